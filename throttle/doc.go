@@ -1,0 +1,33 @@
+// Package throttle keeps callers under a rate limit, locally or across a
+// fleet: it is headway's front door.
+//
+// A [Limiter] hands out permits from a [Bucket]. The bucket decides (is a
+// permit free, and if not, when will one be?); the Limiter waits. Most
+// callers want [Limiter.Acquire]:
+//
+//	lim := throttle.New(b)
+//	if err := lim.Acquire(ctx, 2*time.Second); err != nil {
+//		return err // throttle.ErrTimeout, or ctx's error
+//	}
+//	callTheProvider()
+//
+// maxWait 0 takes a permit only if one is free now; a positive maxWait
+// waits at most that long; [Forever] waits until ctx ends. The earlier of
+// maxWait and ctx's deadline bounds the wait.
+//
+// Buckets: [Local] limits one process, in memory. Package
+// github.com/headway-go/headway/bucket has the Redis-backed buckets that
+// a whole fleet shares (token bucket, fixed window, counter with resetter,
+// sliding log, GCRA, tiers); each states the guarantee it keeps.
+//
+// Guarantees of this package:
+//   - A Limiter never polls: when a bucket refuses it names when to come
+//     back, and the Limiter sleeps until then (on the clock of
+//     [WithClock]), or returns [ErrTimeout] at once when that is beyond
+//     the caller's wait.
+//   - A cancelled context ends a wait at once; no goroutine outlives a call.
+//   - Bad arguments are refused with an error matching [ErrInvalid] that
+//     names the argument; nothing here panics on user input.
+//
+// Package throttle depends on the standard library and clockwork only.
+package throttle

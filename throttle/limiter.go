@@ -1,0 +1,201 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Forever, passed as maxWait, waits for a permit until the context ends.
+// It is the right wait for asynchronous pipelines (a Kafka consumer) that
+// must process every record and have no caller waiting on the other end.
+const Forever time.Duration = math.MaxInt64
+
+// retryFloor is how long a Limiter waits before asking again when a bucket
+// refused without saying for how long.
+const retryFloor = time.Millisecond
+
+// Limiter hands out permits from a [Bucket] and does the waiting.
+//
+// Most callers want [Limiter.Acquire]: it returns nil when the caller may
+// go ahead, [ErrTimeout] when no permit comes within maxWait, or the
+// context's error when the context ends first. A Limiter never polls its
+// bucket: when the bucket has nothing to give it names the time something
+// may be given (a refill, a window's end, a reservation), and the Limiter
+// sleeps until then on its clock. If that time is beyond the caller's wait,
+// Acquire fails at once instead of sleeping in vain.
+//
+// Per-key limits (a tenant, an endpoint) use [Limiter.Key]: one Limiter
+// and one bucket serve every key, each key with its own budget.
+//
+// A Limiter is safe for concurrent use. Its zero value is not usable: build
+// one with [New].
+type Limiter struct {
+	bucket Bucket
+	cfg    config
+}
+
+// New returns a Limiter that draws permits from b. Options: [WithClock],
+// [WithLogger].
+//
+// New does not fail: a nil b gives a Limiter whose every call returns an
+// error matching [ErrInvalid], so that the mistake surfaces where it is
+// used, with a message, instead of as a nil-pointer panic.
+func New(b Bucket, opts ...Option) *Limiter {
+	return &Limiter{bucket: b, cfg: newConfig(opts)}
+}
+
+// Bucket returns the bucket l draws from.
+func (l *Limiter) Bucket() Bucket { return l.bucket }
+
+// Acquire takes one permit, waiting for it at most maxWait:
+//
+//   - maxWait == 0: take a permit only if one is free now.
+//   - maxWait > 0: wait at most that long.
+//   - maxWait == [Forever]: wait until ctx ends.
+//
+// The earlier of maxWait and ctx's deadline bounds the wait. It returns nil
+// when the permit is the caller's; an error matching [ErrTimeout] when none
+// comes in time (also matching context.DeadlineExceeded if ctx's deadline
+// was the bound); ctx's error, wrapped, when ctx ends first; an error
+// matching [ErrInvalid] for a negative maxWait; or the bucket's error
+// (a [*BackendError] when its store fails).
+func (l *Limiter) Acquire(ctx context.Context, maxWait time.Duration) error {
+	return l.acquire(ctx, "", 1, maxWait)
+}
+
+// AcquireN is [Limiter.Acquire] for n permits at once, for calls that cost
+// more than one (a batch API, a weighted endpoint). The n permits are
+// granted together or not at all. n must be at least 1; an n that the
+// bucket can never grant at once returns an error matching
+// [ErrExceedsLimit] without waiting.
+func (l *Limiter) AcquireN(ctx context.Context, n int64, maxWait time.Duration) error {
+	return l.acquire(ctx, "", n, maxWait)
+}
+
+// Key returns a view of l that draws from the budget of key (a tenant, an
+// endpoint, "tenant/endpoint") in the same bucket. It costs nothing: call
+// it per request rather than caching one per key. Key("") is l itself.
+func (l *Limiter) Key(key string) Keyed { return Keyed{l: l, key: key} }
+
+// Keyed is a [Limiter] bound to one key of its bucket. Build it with
+// [Limiter.Key]. The zero Keyed is not usable.
+type Keyed struct {
+	l   *Limiter
+	key string
+}
+
+// Acquire is [Limiter.Acquire] for k's key.
+func (k Keyed) Acquire(ctx context.Context, maxWait time.Duration) error {
+	return k.AcquireN(ctx, 1, maxWait)
+}
+
+// AcquireN is [Limiter.AcquireN] for k's key.
+func (k Keyed) AcquireN(ctx context.Context, n int64, maxWait time.Duration) error {
+	if k.l == nil {
+		return fmt.Errorf("throttle: zero Keyed: %w: build it with Limiter.Key", ErrInvalid)
+	}
+	return k.l.acquire(ctx, k.key, n, maxWait)
+}
+
+// Key returns the key k draws from.
+func (k Keyed) Key() string { return k.key }
+
+// Limiter returns the Limiter k belongs to.
+func (k Keyed) Limiter() *Limiter { return k.l }
+
+func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time.Duration) error {
+	if l.bucket == nil {
+		return Invalid("throttle", "Bucket", nil, "throttle.New needs a non-nil Bucket, such as throttle.NewLocal or one from package bucket")
+	}
+	if n < 1 {
+		return Invalid("throttle", "n", n, "must be at least 1")
+	}
+	if maxWait < 0 {
+		return Invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("throttle: acquire %d permit(s): %w", n, err)
+	}
+
+	clock := l.cfg.clock
+	start := clock.Now()
+	// budget is the whole wait allowed, measured on the limiter's clock
+	// from start. ctxBound records that ctx's deadline, not maxWait, set it.
+	budget, ctxBound := maxWait, false
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < budget {
+			budget, ctxBound = max(left, 0), true
+		}
+	}
+
+	for {
+		left := budget
+		if budget != Forever {
+			left = budget - clock.Since(start)
+			if left < 0 {
+				left = 0
+			}
+		}
+		d, err := l.bucket.Take(ctx, key, n, left)
+		if err != nil {
+			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+				return fmt.Errorf("throttle: acquire %d permit(s): %w (bucket: %v)", n, ctxErr, err)
+			}
+			return err
+		}
+		if d.Granted {
+			if d.Delay <= 0 {
+				return nil
+			}
+			// A reservation: the permits are ours from Delay on.
+			if err := l.sleep(ctx, d.Delay); err != nil {
+				if r, ok := l.bucket.(Refunder); ok {
+					// ctx is done; give the reservation back on a
+					// short context of its own.
+					rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+					if rerr := r.Refund(rctx, key, n); rerr != nil {
+						l.cfg.logger.Warn("throttle: refund of an abandoned reservation failed", "key", key, "n", n, "err", rerr)
+					}
+					cancel()
+				}
+				return err
+			}
+			return nil
+		}
+		wait := d.Delay
+		if wait <= 0 {
+			wait = retryFloor
+		}
+		if wait > left {
+			return timeout(n, maxWait, wait, ctxBound)
+		}
+		if err := l.sleep(ctx, wait); err != nil {
+			return err
+		}
+	}
+}
+
+// sleep waits d on the limiter's clock, or until ctx ends.
+func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
+	t := l.cfg.clock.NewTimer(d)
+	select {
+	case <-t.Chan():
+		return nil
+	case <-ctx.Done():
+		t.Stop()
+		return fmt.Errorf("throttle: waiting for a permit: %w", ctx.Err())
+	}
+}
+
+func timeout(n int64, maxWait, next time.Duration, ctxBound bool) error {
+	if ctxBound {
+		return fmt.Errorf("%w: %d permit(s) not free for %v, beyond the context's deadline (%w)", ErrTimeout, n, next, context.DeadlineExceeded)
+	}
+	if maxWait == 0 {
+		return fmt.Errorf("%w: %d permit(s) not free now (next in %v) and maxWait is 0", ErrTimeout, n, next)
+	}
+	return fmt.Errorf("%w: %d permit(s) not free for %v, beyond maxWait %v", ErrTimeout, n, next, maxWait)
+}
