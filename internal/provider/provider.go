@@ -1,0 +1,239 @@
+// Package provider is a rate-limited HTTP API that counts: the stand-in
+// for "the provider" in headway's end-to-end test, its examples and its
+// load harness. It is for headway's own tests and demos, not for users.
+//
+// A Provider listens on a loopback port, answers each request 200 or 429,
+// and keeps an independent record of what it saw: the arrival time of each
+// request, the records named by the topic, partition and offset query
+// parameters (so that a demo can count records lost or handled twice), and
+// the most requests it ever saw in one window of its policy.
+package provider
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Policy is how a Provider enforces its limit.
+type Policy int
+
+const (
+	// Periods enforces "at most limit per period, periods at least one
+	// interval apart", the guarantee of an on-demand token bucket and of
+	// a counter with a resetter: the first request opens a period, and
+	// the first request at or after its start plus interval (less the
+	// tolerance) opens the next one.
+	Periods Policy = iota
+	// Aligned enforces at most limit per window [k·interval, (k+1)·interval)
+	// on the wall clock, like seed 000's fixed windows.
+	Aligned
+	// Sliding enforces at most limit in any span of one interval.
+	Sliding
+)
+
+// String names the policy.
+func (p Policy) String() string {
+	switch p {
+	case Periods:
+		return "periods"
+	case Aligned:
+		return "aligned windows"
+	case Sliding:
+		return "sliding window"
+	}
+	return "policy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// Config sets a Provider's limit and how it is enforced.
+type Config struct {
+	Limit    int64
+	Interval time.Duration
+	Policy   Policy
+	// Tolerance widens period boundaries for requests that arrive a
+	// little late (the time between a grant and the request reaching the
+	// provider). Default: 0.
+	Tolerance time.Duration
+}
+
+// Provider is a counting, limit-enforcing HTTP server on 127.0.0.1.
+type Provider struct {
+	cfg Config
+	srv *http.Server
+	ln  net.Listener
+
+	mu        sync.Mutex
+	arrivals  []time.Time // accepted requests only
+	rejected  int64
+	seen      map[recordID]int
+	periodAt  time.Time // start of the current period (Periods)
+	windowAt  int64     // start of the current aligned window, ns (Aligned)
+	inWindow  int64     // accepted in the current period or window
+	maxWindow int64     // most accepted in one period or window
+	served    sync.WaitGroup
+}
+
+type recordID struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+// Start listens on a free loopback port and serves until Close.
+func Start(cfg Config) (*Provider, error) {
+	if cfg.Limit < 1 || cfg.Interval <= 0 {
+		return nil, fmt.Errorf("provider: limit %d per %v: need a limit ≥ 1 and a positive interval", cfg.Limit, cfg.Interval)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("provider: listen: %w", err)
+	}
+	p := &Provider{cfg: cfg, ln: ln, seen: make(map[recordID]int)}
+	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 5 * time.Second}
+	p.served.Add(1)
+	go func() {
+		defer p.served.Done()
+		_ = p.srv.Serve(ln)
+	}()
+	return p, nil
+}
+
+// URL is the provider's base URL, like http://127.0.0.1:41234.
+func (p *Provider) URL() string { return "http://" + p.ln.Addr().String() }
+
+// Close stops the server and waits for it.
+func (p *Provider) Close() error {
+	err := p.srv.Close()
+	p.served.Wait()
+	return err
+}
+
+func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	var id recordID
+	q := r.URL.Query()
+	hasID := q.Has("topic")
+	if hasID {
+		id.topic = q.Get("topic")
+		part, err1 := strconv.ParseInt(q.Get("partition"), 10, 32)
+		off, err2 := strconv.ParseInt(q.Get("offset"), 10, 64)
+		if err1 != nil || err2 != nil {
+			http.Error(w, "partition and offset must be integers", http.StatusBadRequest)
+			return
+		}
+		id.partition, id.offset = int32(part), off
+	}
+	ok, retry := p.admit(now)
+	if !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
+		http.Error(w, "rate limit exceeded", http.StatusTooManyRequests)
+		return
+	}
+	if hasID {
+		p.mu.Lock()
+		p.seen[id]++
+		p.mu.Unlock()
+	}
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write([]byte(`{"status":"ok"}`))
+}
+
+// admit applies the policy to a request arriving at now.
+func (p *Provider) admit(now time.Time) (bool, time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.cfg
+	var retry time.Duration
+	switch c.Policy {
+	case Periods:
+		if p.periodAt.IsZero() || !now.Before(p.periodAt.Add(c.Interval-c.Tolerance)) {
+			p.periodAt, p.inWindow = now, 0
+		}
+		retry = p.periodAt.Add(c.Interval).Sub(now)
+	case Aligned:
+		w := now.UnixNano() / int64(c.Interval) * int64(c.Interval)
+		if w != p.windowAt {
+			p.windowAt, p.inWindow = w, 0
+		}
+		retry = time.Duration(w + int64(c.Interval) - now.UnixNano())
+	case Sliding:
+		// Count accepted arrivals within the last interval.
+		from := now.Add(-c.Interval)
+		i, _ := slices.BinarySearchFunc(p.arrivals, from, func(a, t time.Time) int { return a.Compare(t) })
+		p.inWindow = int64(len(p.arrivals) - i)
+		if p.inWindow >= c.Limit {
+			retry = p.arrivals[len(p.arrivals)-int(c.Limit)].Add(c.Interval).Sub(now)
+		}
+	}
+	if p.inWindow >= c.Limit {
+		p.rejected++
+		return false, max(retry, 0)
+	}
+	p.inWindow++
+	p.maxWindow = max(p.maxWindow, p.inWindow)
+	p.arrivals = append(p.arrivals, now)
+	return true, 0
+}
+
+// Stats is what a Provider saw.
+type Stats struct {
+	// Accepted and Rejected (429) requests.
+	Accepted, Rejected int64
+	// MaxInWindow is the most requests accepted in one window of the
+	// policy (a period, an aligned window, or any sliding span).
+	MaxInWindow int64
+	// MaxInAnyInterval is the most requests accepted in any span of one
+	// interval, whatever the policy: at most Limit under Sliding, up to
+	// twice that under Periods or Aligned (the end of one window and the
+	// start of the next).
+	MaxInAnyInterval int64
+	// Records is how many distinct records (topic, partition, offset)
+	// were accepted; Duplicates how many accepted requests named a record
+	// already seen.
+	Records, Duplicates int64
+}
+
+// Stats returns what the provider has seen so far.
+func (p *Provider) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := Stats{Accepted: int64(len(p.arrivals)), Rejected: p.rejected, MaxInWindow: p.maxWindow, Records: int64(len(p.seen))}
+	for _, n := range p.seen {
+		s.Duplicates += int64(n - 1)
+	}
+	lo := 0
+	for hi := range p.arrivals {
+		for p.arrivals[hi].Sub(p.arrivals[lo]) >= p.cfg.Interval {
+			lo++
+		}
+		s.MaxInAnyInterval = max(s.MaxInAnyInterval, int64(hi-lo+1))
+	}
+	return s
+}
+
+// Seen reports how many times the record was accepted.
+func (p *Provider) Seen(topic string, partition int32, offset int64) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seen[recordID{topic, partition, offset}]
+}
+
+// Arrivals returns the arrival times of accepted requests, in order.
+func (p *Provider) Arrivals() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.arrivals)
+}
+
+// Rate returns how many requests were accepted within the last span.
+func (p *Provider) Rate(span time.Duration) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	from := time.Now().Add(-span)
+	i, _ := slices.BinarySearchFunc(p.arrivals, from, func(a, t time.Time) int { return a.Compare(t) })
+	return int64(len(p.arrivals) - i)
+}
