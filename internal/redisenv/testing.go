@@ -1,0 +1,84 @@
+package redisenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+)
+
+// Once per process, New and NewCluster print which kind of Redis the tests
+// use to stderr, besides t.Logf, so `go test -v` and failing runs show it.
+var (
+	announceReal    sync.Once
+	announceStandIn sync.Once
+	announceSkip    sync.Once
+)
+
+// stderr prints a once-per-process line.
+var stderr = func(line string) { fmt.Fprintln(os.Stderr, line) }
+
+// New starts a server with [Start] for the test, closes it in t.Cleanup and
+// fails the test if it cannot start, in particular when redis-server is
+// required ([RequireEnv], [RequireReal]) but not installed. It logs which
+// kind of server runs.
+func New(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	s, err := Start(opts...)
+	if err != nil {
+		if errors.Is(err, ErrNoRedisServer) {
+			t.Fatalf("redisenv: redis-server is required but not installed (install it: apt-get install -y redis-server; unset %s to allow the stand-in): %v", RequireEnv, err)
+		} else {
+			t.Fatalf("redisenv: %v", err)
+		}
+		return nil
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("redisenv: %v", err)
+		}
+	})
+	if s.Real() {
+		line := fmt.Sprintf("redisenv: using real %s at %s", s.Kind(), s.Addr())
+		t.Log(line)
+		announceReal.Do(func() { stderr(line) })
+	} else {
+		line := fmt.Sprintf("redisenv: WARNING: using the %s at %s, NOT a real Redis; install redis-server (apt-get install -y redis-server), and set %s=1 to forbid the stand-in", s.Kind(), s.Addr(), RequireEnv)
+		t.Log(line)
+		announceStandIn.Do(func() { stderr(line) })
+	}
+	return s
+}
+
+// NewCluster starts a cluster with [StartCluster] for the test and closes it
+// in t.Cleanup. Without a redis-server binary it skips the test, loudly, or
+// fails it when [RequireEnv] or [RequireReal] demand a real server; it fails
+// the test on any other error.
+func NewCluster(t testing.TB, opts ...Option) *Cluster {
+	t.Helper()
+	c, err := StartCluster(opts...)
+	if err != nil {
+		if !errors.Is(err, ErrNoRedisServer) {
+			t.Fatalf("redisenv: %v", err)
+			return nil
+		}
+		if cfg, cerr := newConfig(opts); cerr == nil && !cfg.requireReal {
+			line := fmt.Sprintf("redisenv: SKIPPING Redis Cluster test: redis-server is not installed and Cluster has no stand-in; install it: apt-get install -y redis-server (%v)", err)
+			announceSkip.Do(func() { stderr(line) })
+			t.Skip(line)
+			return nil
+		}
+		t.Fatalf("redisenv: redis-server is required but not installed (install it: apt-get install -y redis-server): %v", err)
+		return nil
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("redisenv: %v", err)
+		}
+	})
+	line := fmt.Sprintf("redisenv: using real Redis Cluster (%s) at %v", c.nodes[0].Kind(), c.Addrs())
+	t.Log(line)
+	announceReal.Do(func() { stderr(line) })
+	return c
+}
