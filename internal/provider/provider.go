@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/headway-go/headway/internal/guarantee"
 )
 
 // Policy is how a Provider enforces its limit.
@@ -24,10 +26,11 @@ type Policy int
 
 const (
 	// Periods enforces "at most limit per period, periods at least one
-	// interval apart", the guarantee of an on-demand token bucket and of
-	// a counter with a resetter: the first request opens a period, and
-	// the first request at or after its start plus interval (less the
-	// tolerance) opens the next one.
+	// interval apart (less the tolerance)", the guarantee of an on-demand
+	// token bucket. The provider cannot see the bucket's refills, so it
+	// accepts a request when some placement of period starts explains
+	// every request accepted so far and this one, and answers 429 when
+	// none does. That is the check of guarantee.Periods, run online.
 	Periods Policy = iota
 	// Aligned enforces at most limit per window [k·interval, (k+1)·interval)
 	// on the wall clock, like seed 000's fixed windows.
@@ -70,7 +73,7 @@ type Provider struct {
 	arrivals  []time.Time // accepted requests only
 	rejected  int64
 	seen      map[recordID]int
-	periodAt  time.Time // start of the current period (Periods)
+	periods   periodsMeter
 	windowAt  int64     // start of the current aligned window, ns (Aligned)
 	inWindow  int64     // accepted in the current period or window
 	maxWindow int64     // most accepted in one period or window
@@ -113,7 +116,6 @@ func (p *Provider) Close() error {
 }
 
 func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
-	now := time.Now()
 	var id recordID
 	q := r.URL.Query()
 	hasID := q.Has("topic")
@@ -127,7 +129,7 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		id.partition, id.offset = int32(part), off
 	}
-	ok, retry := p.admit(now)
+	ok, retry := p.admit(time.Now())
 	if !ok {
 		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
 		http.Error(w, "rate limit exceeded", http.StatusTooManyRequests)
@@ -150,10 +152,12 @@ func (p *Provider) admit(now time.Time) (bool, time.Duration) {
 	var retry time.Duration
 	switch c.Policy {
 	case Periods:
-		if p.periodAt.IsZero() || !now.Before(p.periodAt.Add(c.Interval-c.Tolerance)) {
-			p.periodAt, p.inWindow = now, 0
+		if !p.periods.admit(now.UnixNano(), c.Limit, int64(c.Interval-c.Tolerance)) {
+			p.rejected++
+			return false, c.Interval
 		}
-		retry = p.periodAt.Add(c.Interval).Sub(now)
+		p.arrivals = append(p.arrivals, now)
+		return true, 0
 	case Aligned:
 		w := now.UnixNano() / int64(c.Interval) * int64(c.Interval)
 		if w != p.windowAt {
@@ -202,6 +206,9 @@ func (p *Provider) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := Stats{Accepted: int64(len(p.arrivals)), Rejected: p.rejected, MaxInWindow: p.maxWindow, Records: int64(len(p.seen))}
+	if p.cfg.Policy == Periods {
+		s.MaxInWindow = int64(guarantee.Periods(p.arrivals, p.cfg.Limit, p.cfg.Interval, p.cfg.Tolerance).Worst)
+	}
 	for _, n := range p.seen {
 		s.Duplicates += int64(n - 1)
 	}
@@ -237,3 +244,73 @@ func (p *Provider) Rate(span time.Duration) int64 {
 	i, _ := slices.BinarySearchFunc(p.arrivals, from, func(a, t time.Time) int { return a.Compare(t) })
 	return int64(len(p.arrivals) - i)
 }
+
+// periodsMeter decides online whether a request can belong to some
+// placement of periods (at most limit requests each, starts at least gap
+// apart) that also explains every request accepted before it.
+//
+// For each accepted request b it keeps E[b], the earliest time a period
+// opening with b can have started over all valid placements of the
+// requests before it (none if no period can open there). An earlier start
+// only loosens what may follow, so E is all that matters about the past:
+//
+//	E[0] = t0
+//	E[b] = max(t[b-1], M + gap) if that is ≤ t[b], else none,
+//	       M = min E[a] for a in [b-limit, b-1]
+//
+// A request that can open no period must join one opened within the last
+// limit-1 requests; if none did, it is refused. Only the last limit
+// entries matter, so memory stays bounded.
+type periodsMeter struct {
+	base int64   // index of t[0] and e[0] among all accepted requests
+	t, e []int64 // times and E of accepted requests from base on
+	// q holds indices (absolute) with E != none, E increasing: the
+	// sliding-window minimum of E.
+	q []int64
+}
+
+const noStart = int64(^uint64(0) >> 1)
+
+// admit reports whether a request at t (ns, not before the last one) is
+// allowed, and records it if so.
+func (m *periodsMeter) admit(t, limit, gap int64) bool {
+	n := m.base + int64(len(m.t)) // index the request would take
+	for len(m.q) > 0 && m.q[0] < n-limit {
+		m.q = m.q[1:]
+	}
+	e := noStart
+	switch {
+	case n == 0:
+		e = t
+	case len(m.q) > 0:
+		if cand := m.at(m.e, m.q[0]) + gap; cand <= t {
+			e = max(m.at(m.t, n-1), cand)
+		}
+	}
+	if e == noStart && !(len(m.q) > 0 && m.q[0] >= n-limit+1 || len(m.q) > 1) {
+		return false
+	}
+	m.t = append(m.t, t)
+	m.e = append(m.e, e)
+	if e != noStart {
+		for len(m.q) > 0 && m.at(m.e, m.q[len(m.q)-1]) >= e {
+			m.q = m.q[:len(m.q)-1]
+		}
+		m.q = append(m.q, n)
+	}
+	// Keep the last limit entries (and the deque's), dropping the rest.
+	if keep := limit + 1; int64(len(m.t)) > 4*keep {
+		drop := int64(len(m.t)) - keep
+		if len(m.q) > 0 {
+			drop = min(drop, m.q[0]-m.base)
+		}
+		if drop > 0 {
+			m.t = append(m.t[:0], m.t[drop:]...)
+			m.e = append(m.e[:0], m.e[drop:]...)
+			m.base += drop
+		}
+	}
+	return true
+}
+
+func (m *periodsMeter) at(s []int64, i int64) int64 { return s[i-m.base] }

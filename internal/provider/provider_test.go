@@ -66,16 +66,46 @@ func TestProviderCountsDuplicatesAndBadInput(t *testing.T) {
 	assert.Error(t, err)
 }
 
-func TestPeriodsPolicyOpensANewPeriodAfterTheInterval(t *testing.T) {
-	p := &Provider{cfg: Config{Limit: 2, Interval: time.Second, Policy: Periods}, seen: map[recordID]int{}}
-	t0 := time.Unix(1000, 0)
-	steps := []struct {
-		at time.Duration
-		ok bool
-	}{{0, true}, {500 * time.Millisecond, true}, {999 * time.Millisecond, false}, {1500 * time.Millisecond, true}, {1600 * time.Millisecond, true}, {1700 * time.Millisecond, false}, {2499 * time.Millisecond, false}, {2500 * time.Millisecond, true}}
-	for _, s := range steps {
-		ok, _ := p.admit(t0.Add(s.at))
-		assert.Equal(t, s.ok, ok, "request at %v", s.at)
+func TestPeriodsPolicy(t *testing.T) {
+	ms := time.Millisecond
+	tests := []struct {
+		name string
+		at   []time.Duration
+		ok   []bool
+	}{
+		{"two per period", []time.Duration{0, 500 * ms, 999 * ms, 1500 * ms, 1600 * ms, 1700 * ms},
+			[]bool{true, true, false, true, true, false}},
+		// A period need not open with a request: requests at 0, 1.0, 1.5
+		// and 1.9 s fit periods starting at 0 and 1.4 s.
+		{"late refill", []time.Duration{0, 1000 * ms, 1500 * ms, 1900 * ms}, []bool{true, true, true, true}},
+		// Nor as late as possible: 0, 1.2, 1.5, 2.1, 2.15 s fit only with a
+		// period opening between 1.0 and 1.2 s.
+		{"refill between", []time.Duration{0, 1200 * ms, 1500 * ms, 2100 * ms, 2150 * ms}, []bool{true, true, true, true, true}},
+		{"three in a burst", []time.Duration{0, 1 * ms, 2 * ms, 1001 * ms, 1002 * ms, 1003 * ms}, []bool{true, true, false, true, true, false}},
 	}
-	assert.Equal(t, int64(2), p.Stats().MaxInWindow)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &Provider{cfg: Config{Limit: 2, Interval: time.Second, Policy: Periods}, seen: map[recordID]int{}}
+			t0 := time.Unix(1000, 0)
+			for i, at := range tt.at {
+				ok, _ := p.admit(t0.Add(at))
+				assert.Equal(t, tt.ok[i], ok, "request at %v", at)
+			}
+			assert.LessOrEqual(t, p.Stats().MaxInWindow, int64(2))
+		})
+	}
+}
+
+// TestPeriodsMeterMemoryStaysBounded: a long run keeps only the last few
+// periods' requests.
+func TestPeriodsMeterMemoryStaysBounded(t *testing.T) {
+	var m periodsMeter
+	accepted := 0
+	for i := range 100_000 {
+		if m.admit(int64(i)*int64(time.Millisecond), 10, int64(100*time.Millisecond)) {
+			accepted++
+		}
+	}
+	assert.Equal(t, 10_000, accepted, "10 per 100 ms over 100 s")
+	assert.LessOrEqual(t, len(m.t), 4*11)
 }
