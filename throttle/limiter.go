@@ -35,6 +35,7 @@ const retryFloor = time.Millisecond
 type Limiter struct {
 	bucket Bucket
 	cfg    config
+	gates  gates
 }
 
 // New returns a Limiter that draws permits from b. Options: [WithClock],
@@ -44,7 +45,8 @@ type Limiter struct {
 // error matching [ErrInvalid], so that the mistake surfaces where it is
 // used, with a message, instead of as a nil-pointer panic.
 func New(b Bucket, opts ...Option) *Limiter {
-	return &Limiter{bucket: b, cfg: newConfig(opts)}
+	cfg := newConfig(opts)
+	return &Limiter{bucket: b, cfg: cfg, gates: gates{clock: cfg.clock}}
 }
 
 // Bucket returns the bucket l draws from.
@@ -131,15 +133,36 @@ func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time
 		}
 	}
 
+	timeoutErr := func(next time.Duration) error { return timeout(n, maxWait, next, ctxBound) }
+	retry := false
 	for {
 		left := budget
 		if budget != Forever {
-			left = budget - clock.Since(start)
-			if left < 0 {
-				left = 0
+			left = max(budget-clock.Since(start), 0)
+		}
+		// Ask the bucket directly while it grants freely; after a refusal,
+		// queue at the key's gate until the time the bucket named.
+		g := l.gates.get(key)
+		gated := g != nil && !g.open(clock.Now().UnixNano())
+		if gated {
+			if err := g.enter(ctx, retry, left, timeoutErr); err != nil {
+				return err
+			}
+			if budget != Forever {
+				left = max(budget-clock.Since(start), 0)
 			}
 		}
 		d, err := l.bucket.Take(ctx, key, n, left)
+		refused := err == nil && !d.Granted
+		wait := d.Delay
+		if refused && wait <= 0 {
+			wait = retryFloor
+		}
+		if gated {
+			g.leave(refused, wait)
+		} else if refused {
+			l.gates.make(key).closeFor(wait)
+		}
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
 				return fmt.Errorf("throttle: acquire %d permit(s): %w (bucket: %v)", n, ctxErr, err)
@@ -152,29 +175,29 @@ func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time
 			}
 			// A reservation: the permits are ours from Delay on.
 			if err := l.sleep(ctx, d.Delay); err != nil {
-				if r, ok := l.bucket.(Refunder); ok {
-					// ctx is done; give the reservation back on a
-					// short context of its own.
-					rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-					if rerr := r.Refund(rctx, key, n); rerr != nil {
-						l.cfg.logger.Warn("throttle: refund of an abandoned reservation failed", "key", key, "n", n, "err", rerr)
-					}
-					cancel()
-				}
+				l.refund(ctx, key, n)
 				return err
 			}
 			return nil
 		}
-		wait := d.Delay
-		if wait <= 0 {
-			wait = retryFloor
-		}
 		if wait > left {
-			return timeout(n, maxWait, wait, ctxBound)
+			return timeoutErr(wait)
 		}
-		if err := l.sleep(ctx, wait); err != nil {
-			return err
-		}
+		retry = true
+	}
+}
+
+// refund gives back an abandoned reservation, if the bucket can take it.
+func (l *Limiter) refund(ctx context.Context, key string, n int64) {
+	r, ok := l.bucket.(Refunder)
+	if !ok {
+		return
+	}
+	// ctx is done; give the reservation back on a short context of its own.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := r.Refund(rctx, key, n); err != nil {
+		l.cfg.logger.Warn("throttle: refund of an abandoned reservation failed", "key", key, "n", n, "err", err)
 	}
 }
 
@@ -186,8 +209,12 @@ func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	case <-ctx.Done():
 		t.Stop()
-		return fmt.Errorf("throttle: waiting for a permit: %w", ctx.Err())
+		return waitErr(ctx)
 	}
+}
+
+func waitErr(ctx context.Context) error {
+	return fmt.Errorf("throttle: waiting for a permit: %w", ctx.Err())
 }
 
 func timeout(n int64, maxWait, next time.Duration, ctxBound bool) error {

@@ -1,0 +1,76 @@
+package bucket_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+)
+
+func ExampleNewTokenBucket() {
+	// A throwaway Redis for the example; in production, your own client:
+	// rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"}).
+	srv, err := redisenv.Start()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Close()
+	rdb := srv.Client()
+
+	// Two calls per minute, shared by every instance that uses this key.
+	b, err := bucket.NewTokenBucket(rdb, "example-provider", 2, time.Minute)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	lim := throttle.New(b)
+	ctx := context.Background()
+	for i := 1; i <= 3; i++ {
+		err := lim.Acquire(ctx, 0) // take a permit only if one is free now
+		switch {
+		case err == nil:
+			fmt.Printf("call %d: go ahead\n", i)
+		case errors.Is(err, throttle.ErrTimeout):
+			fmt.Printf("call %d: no permit until the next period\n", i)
+		default:
+			fmt.Println(err)
+		}
+	}
+
+	// What a provider-side handler would put in X-RateLimit headers.
+	d, _ := b.Take(ctx, "tenant-a", 1, 0)
+	fmt.Printf("tenant-a: granted=%v limit=%d remaining=%d\n", d.Granted, d.Limit, d.Remaining)
+
+	// Output:
+	// call 1: go ahead
+	// call 2: go ahead
+	// call 3: no permit until the next period
+	// tenant-a: granted=true limit=2 remaining=1
+}
+
+func ExampleNewTiers() {
+	srv, err := redisenv.Start()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Close()
+
+	// Seed 000's tiers: 10 calls per second, and no more than 50 per 10 s.
+	b, err := bucket.NewTiers(srv.Client(), "get-product", []bucket.Tier{
+		{Limit: 10, Period: time.Second},
+		{Limit: 50, Period: 10 * time.Second},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	d, err := b.Take(context.Background(), "org-42", 1, 0)
+	fmt.Println(d.Granted, d.Limit, d.Remaining, err)
+	// Output: true 10 9 <nil>
+}

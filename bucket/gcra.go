@@ -1,0 +1,118 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// GCRA paces permits smoothly with a burst: the generic cell rate algorithm,
+// a token bucket of capacity burst refilled continuously at limit per
+// interval, kept as one timestamp in Redis. No seed has it; it is what seed
+// 004 asks for when it wants the burst at the window's start smoothed. It
+// matches a provider that enforces a smooth rate ("10 per second, at most
+// 20 at once"), a leaky bucket, or any provider you would rather not hit in
+// bursts (WithBurst(1) spaces calls evenly).
+//
+// Guarantee: in any span of time t, at most burst + limit·t/interval
+// permits, counted at the times they may be used, on the Redis server's
+// clock. The emission interval (interval/limit) is rounded up to the
+// microsecond, which can only slow the rate.
+//
+// Reservations: asked with maxWait > 0, GCRA books the next free slot up
+// to maxWait ahead and answers Granted with Delay = the time until it; the
+// Limiter sleeps exactly that long, so waiters are served in order and
+// nobody polls. A reservation the caller abandons goes back with
+// [GCRA.Refund], which the Limiter calls.
+//
+// Round trips per grant: 1. GCRA implements [throttle.Pauser] (a pause
+// moves every slot past its end) and [throttle.Refunder]. It is safe for
+// concurrent use.
+type GCRA struct {
+	common
+	limit     int64
+	burst     int64
+	emission  int64 // µs per permit
+	tolerance int64 // µs, burst × emission
+}
+
+// NewGCRA returns a GCRA bucket of limit permits per interval under key,
+// with a burst of limit unless [WithBurst] says otherwise. Each per-call
+// key gets its own budget.
+//
+// limit must be at least 1 and at most one per microsecond of interval;
+// interval at least 1 ms; burst at least 1. Options: [WithBurst],
+// [WithPrefix].
+func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...Option) (*GCRA, error) {
+	const name = "bucket: NewGCRA"
+	c, err := newCommon(name, rdb, key, opts)
+	if err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, throttle.Invalid(name, "limit", limit, "must be at least 1")
+	}
+	if interval < time.Millisecond {
+		return nil, throttle.Invalid(name, "interval", interval, "must be at least 1ms")
+	}
+	if limit > interval.Microseconds() {
+		return nil, throttle.Invalid(name, "limit", limit, "must be at most one per microsecond of interval "+interval.String())
+	}
+	burst := limit
+	if c.cfg.burst != 0 {
+		burst = c.cfg.burst
+	}
+	if burst < 1 {
+		return nil, throttle.Invalid(name, "burst", burst, "must be at least 1")
+	}
+	emission := (ceilUs(interval) + limit - 1) / limit
+	if burst > (1<<50)/emission {
+		return nil, throttle.Invalid(name, "burst", burst, "too large for the rate: burst × interval/limit must stay below 2^50 µs")
+	}
+	c.name = "bucket: GCRA"
+	return &GCRA{common: c, limit: limit, burst: burst, emission: emission, tolerance: burst * emission}, nil
+}
+
+// Take implements [throttle.Bucket]. With maxWait > 0 it may reserve: a
+// Granted decision with Delay > 0 means the permits may be used from Delay
+// on. Refused, Delay is the time until the permits could be had at once.
+func (b *GCRA) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	if err := b.checkN(n, b.burst); err != nil {
+		return throttle.Decision{}, err
+	}
+	tag, err := b.ks.tag(b.name, key)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	keys := []string{tag + ":gcra", tag + ":pause"}
+	mw := max(maxWait, 0) / time.Microsecond // rounded down: never reserve beyond maxWait
+	r, err := scriptGCRA.Run(ctx, b.rdb, keys, n, b.emission, b.tolerance, int64(mw)).Int64Slice()
+	if err != nil {
+		return throttle.Decision{}, backend("take", keys[0], err)
+	}
+	if len(r) != 4 {
+		return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from gcra.lua"))
+	}
+	return throttle.Decision{Granted: r[0] == 1, Delay: us(r[1]), Limit: b.limit, Remaining: r[2], Reset: us(r[3])}, nil
+}
+
+// Refund implements [throttle.Refunder]: it gives n permits back to key's
+// budget (a reservation the caller abandoned), never making the bucket
+// fuller than full. n < 1 does nothing.
+func (b *GCRA) Refund(ctx context.Context, key string, n int64) error {
+	if n < 1 {
+		return nil
+	}
+	tag, err := b.ks.tag(b.name, key)
+	if err != nil {
+		return err
+	}
+	k := tag + ":gcra"
+	if err := scriptGCRARefund.Run(ctx, b.rdb, []string{k}, min(n, b.burst), b.emission).Err(); err != nil {
+		return backend("refund", k, err)
+	}
+	return nil
+}

@@ -1,0 +1,159 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// MaxKeyLen is the longest key, in bytes before escaping, that a bucket
+// accepts: the constructor's key and every key passed to Take or Pause.
+const MaxKeyLen = 512
+
+// maxPrefixLen bounds WithPrefix.
+const maxPrefixLen = 64
+
+// Key layout. Every key a bucket touches for one budget shares one hash tag:
+//
+//	<prefix>:{<base>}:<kind>          the constructor's key (Take key "")
+//	<prefix>:{<base>/<key>}:<kind>    the budget of a per-call key
+//
+// <base> and <key> are percent-escaped ('%' → %25, '{' → %7B, '}' → %7D, and
+// in <base> also '/' → %2F), so no user key can end the hash tag early or
+// make two budgets share a name. Each per-call key has its own tag, so
+// tenants spread over a cluster's slots, while the keys of one budget
+// (tokens, lock, pause) stay in one slot for the scripts.
+var (
+	escKey  = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+	escBase = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D", "/", "%2F")
+)
+
+// keyspace names the Redis keys of one bucket.
+type keyspace struct {
+	prefix string // "<prefix>:{<escaped base>"
+	root   string // "<prefix>:{<escaped base>}", the tag of key ""
+}
+
+func newKeyspace(prefix, base string) keyspace {
+	p := prefix + ":{" + escBase.Replace(base)
+	return keyspace{prefix: p, root: p + "}"}
+}
+
+// tag returns the "<prefix>:{...}" part of every key of key's budget.
+func (k keyspace) tag(pkg, key string) (string, error) {
+	if key == "" {
+		return k.root, nil
+	}
+	if len(key) > MaxKeyLen {
+		return "", throttle.Invalid(pkg, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+	}
+	return k.prefix + "/" + escKey.Replace(key) + "}", nil
+}
+
+// common holds what every bucket shares: the client, the key layout, the
+// options and the name used in errors.
+type common struct {
+	rdb  redis.UniversalClient
+	ks   keyspace
+	cfg  config
+	name string // "bucket: TokenBucket", for error messages
+}
+
+// newCommon validates what every constructor takes.
+func newCommon(name string, rdb redis.UniversalClient, key string, opts []Option) (common, error) {
+	cfg := newConfig(opts)
+	if isNil(rdb) {
+		return common{}, throttle.Invalid(name, "rdb", "nil", "must be a redis client (*redis.Client, *redis.ClusterClient, *redis.Ring, ...)")
+	}
+	if key == "" {
+		return common{}, throttle.Invalid(name, "key", `""`, "must be non-empty")
+	}
+	if len(key) > MaxKeyLen {
+		return common{}, throttle.Invalid(name, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+	}
+	switch {
+	case cfg.prefix == "":
+		return common{}, throttle.Invalid(name, "prefix", `""`, "must be non-empty")
+	case len(cfg.prefix) > maxPrefixLen:
+		return common{}, throttle.Invalid(name, "prefix", fmt.Sprintf("%q", cfg.prefix), fmt.Sprintf("must be at most %d bytes", maxPrefixLen))
+	case strings.ContainsAny(cfg.prefix, "{}"):
+		return common{}, throttle.Invalid(name, "prefix", fmt.Sprintf("%q", cfg.prefix), "must not contain '{' or '}' (they would break the keys' cluster hash tags)")
+	}
+	if cfg.lockExpiry < 10*time.Millisecond {
+		return common{}, throttle.Invalid(name, "lock expiry", cfg.lockExpiry, "must be at least 10ms")
+	}
+	if cfg.lease < 30*time.Millisecond {
+		return common{}, throttle.Invalid(name, "lease", cfg.lease, "must be at least 30ms")
+	}
+	if cfg.retry < 100*time.Microsecond || cfg.retry > time.Second {
+		return common{}, throttle.Invalid(name, "retry", cfg.retry, "must be between 100µs and 1s")
+	}
+	return common{rdb: rdb, ks: newKeyspace(cfg.prefix, key), cfg: cfg, name: name}, nil
+}
+
+// isNil reports whether v is nil or a typed nil pointer in an interface.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// checkN validates the n of a Take against the most the bucket can grant at
+// once. It needs no round trip.
+func (c *common) checkN(n, capacity int64) error {
+	if n < 1 {
+		return throttle.Invalid(c.name, "n", n, "must be at least 1")
+	}
+	if n > capacity {
+		return fmt.Errorf("%s: %d permits asked at once, at most %d can ever be granted: %w", c.name, n, capacity, throttle.ErrExceedsLimit)
+	}
+	return nil
+}
+
+// backend wraps a Redis error.
+func backend(op, key string, err error) error {
+	return &throttle.BackendError{Op: op, Key: key, Err: err}
+}
+
+// Pause implements [throttle.Pauser]: no permit of key's budget is granted
+// to anyone sharing the bucket until d has passed. A shorter pause never
+// shortens a longer one. d is rounded up to the millisecond; d ≤ 0 does
+// nothing.
+func (c *common) Pause(ctx context.Context, key string, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	tag, err := c.ks.tag(c.name, key)
+	if err != nil {
+		return err
+	}
+	pk := tag + ":pause"
+	if err := scriptPause.Run(ctx, c.rdb, []string{pk}, ceilMs(d)).Err(); err != nil {
+		return backend("pause", pk, err)
+	}
+	return nil
+}
+
+// ceilMs is d in whole milliseconds, rounded up.
+func ceilMs(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// ceilUs is d in whole microseconds, rounded up.
+func ceilUs(d time.Duration) int64 {
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+func us(v int64) time.Duration { return time.Duration(v) * time.Microsecond }

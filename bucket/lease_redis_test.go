@@ -1,0 +1,126 @@
+package bucket_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/guarantee"
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+)
+
+// leaseCalls counts the calls that reach a Redis bucket.
+type leaseCalls struct {
+	throttle.Bucket
+	n atomic.Int64
+}
+
+func (c *leaseCalls) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	c.n.Add(1)
+	return c.Bucket.Take(ctx, key, n, maxWait)
+}
+
+// leaseFleet runs instances that each lease from the same Redis token
+// bucket through a client of their own, with demand[i] requests per second
+// arriving at instance i (served by 16 workers each), for d. It returns
+// the grant times, recorded by the workers, and the calls made to Redis.
+func leaseFleet(t *testing.T, limit int64, interval time.Duration, demand []float64, d time.Duration) ([]time.Time, int64) {
+	t.Helper()
+	srv := redisenv.New(t)
+	var rec guarantee.Recorder
+	var calls []*leaseCalls
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, perSecond := range demand {
+		rdb := redis.NewClient(srv.ClientOptions())
+		t.Cleanup(func() { _ = rdb.Close() })
+		tb, err := bucket.NewTokenBucket(rdb, "lease-fleet", limit, interval)
+		require.NoError(t, err)
+		c := &leaseCalls{Bucket: tb}
+		calls = append(calls, c)
+		leased, err := throttle.NewLeased(c)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = leased.Close() })
+		lim := throttle.New(leased)
+
+		// Requests arrive each millisecond; a full backlog drops them
+		// (the instance is saturated anyway).
+		reqs := make(chan struct{}, 4096)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(reqs)
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			start, sent := time.Now(), 0.0
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case now := <-tick.C:
+					for due := perSecond * now.Sub(start).Seconds(); sent < due; sent++ {
+						select {
+						case reqs <- struct{}{}:
+						default:
+						}
+					}
+				}
+			}
+		}()
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range reqs {
+					if err := lim.Acquire(ctx, throttle.Forever); err != nil {
+						return // the run is over
+					}
+					rec.Record()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	var total int64
+	for _, c := range calls {
+		total += c.n.Load()
+	}
+	return rec.Times(), total
+}
+
+// TestLeasedFleetOverTokenBucket: four instances, each with its own Leased
+// and Redis client over one Redis token bucket, all asking for more than
+// the limit. Counted independently, no period gets more than the limit,
+// the limit is nearly all used, and Redis sees far fewer calls than grants.
+func TestLeasedFleetOverTokenBucket(t *testing.T) {
+	const limit, interval = 1000, 200 * time.Millisecond // 5000/s
+	times, calls := leaseFleet(t, limit, interval, []float64{4000, 4000, 4000, 4000}, 3*time.Second)
+	r := guarantee.Periods(times, limit, interval, 5*time.Millisecond)
+	t.Log(r)
+	assert.Zero(t, r.Violations, r.Detail)
+	assert.GreaterOrEqual(t, r.Utilization, 0.9)
+	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
+}
+
+// TestLeasedFleetSkewed: one instance has 90% of the demand. Leases follow
+// demand, so the fleet still uses the limit (≥ 95%) without breaking it.
+func TestLeasedFleetSkewed(t *testing.T) {
+	const limit, interval = 1000, 200 * time.Millisecond // 5000/s
+	total := 1.5 * 5000.0
+	demand := []float64{0.9 * total, 0.1 * total / 3, 0.1 * total / 3, 0.1 * total / 3}
+	times, calls := leaseFleet(t, limit, interval, demand, 3*time.Second)
+	r := guarantee.Periods(times, limit, interval, 5*time.Millisecond)
+	t.Log(r)
+	assert.Zero(t, r.Violations, r.Detail)
+	assert.GreaterOrEqual(t, r.Utilization, 0.95)
+	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
+}

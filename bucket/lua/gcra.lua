@@ -1,0 +1,46 @@
+-- gcra.lua: generic cell rate algorithm with reservations.
+--
+-- KEYS[1]  theoretical arrival time (TAT): a string, µs since the Unix
+--          epoch on the server's clock; expires once the bucket is full
+-- KEYS[2]  pause key of the budget (see pause.lua)
+-- ARGV[1]  n, permits asked (integer ≥ 1)
+-- ARGV[2]  emission interval in µs: interval / limit, rounded up (≥ 1)
+-- ARGV[3]  tolerance in µs: burst × emission
+-- ARGV[4]  maxWait in µs: how far ahead the caller accepts a slot (≥ 0)
+--
+-- Returns {granted, delay_us, remaining, reset_us}:
+--   granted 1: the permits are the caller's from delay_us on (0: now).
+--   granted 0: the earliest slot is delay_us away, beyond maxWait.
+-- remaining: permits free at once after this call; reset_us: time until
+-- the bucket is full again.
+--
+-- Guarantee: in any span t, at most burst + t / emission permits, counted at
+-- their slot times. A denied call changes nothing. A pause moves every slot
+-- to the pause's end or later.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local n = tonumber(ARGV[1])
+local em = tonumber(ARGV[2])
+local tol = tonumber(ARGV[3])
+local maxWait = tonumber(ARGV[4])
+
+local pl = redis.call('PTTL', KEYS[2])
+if pl > 0 then pl = pl * 1000 else pl = 0 end
+
+local tat = tonumber(redis.call('GET', KEYS[1]) or 0) or 0
+if tat < now + pl then tat = now + pl end
+local new = tat + n * em
+local wait = new - tol - now
+if wait < pl then wait = pl end
+
+if wait > maxWait then
+  local rem = math.floor((now + tol - tat) / em)
+  if rem < 0 then rem = 0 end
+  return {0, wait, rem, tat - now}
+end
+
+redis.call('SET', KEYS[1], string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000) + 1)
+local rem = math.floor((now + tol - new) / em)
+if rem < 0 then rem = 0 end
+if wait < 0 then wait = 0 end
+return {1, wait, rem, new - now}

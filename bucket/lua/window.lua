@@ -1,0 +1,71 @@
+-- window.lua: fixed windows aligned to the server's clock, one or more
+-- tiers that must all pass (FixedWindow is one tier, Tiers several).
+--
+-- KEYS[1]    pause key of the budget (see pause.lua)
+-- KEYS[1+i]  tier i's counter: a hash {w = window start (µs since the Unix
+--            epoch), c = permits granted in that window}, expiring at the
+--            window's end
+-- ARGV[1]    n, permits asked (integer ≥ 1)
+-- ARGV[2i]   tier i's limit (integer ≥ 1)
+-- ARGV[2i+1] tier i's window length in microseconds (integer ≥ 1000)
+--
+-- Windows are aligned to the epoch: start = now - now mod length, with now
+-- the server's TIME.
+--
+-- Returns {granted, delay_us, remaining, reset_us, limit}, the last three
+-- for the tier with the fewest permits left. Denied: delay_us is when every
+-- full tier's window has ended (or the pause).
+--
+-- Guarantee: for each tier, at most limit permits per aligned window; all
+-- tiers or none are charged, and a denied call charges nothing.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local n = tonumber(ARGV[1])
+
+local pause = redis.call('PTTL', KEYS[1])
+if pause > 0 then
+  return {0, pause * 1000, -1, pause * 1000, 0}
+end
+
+local ok, delay = true, 0
+local best, bestReset, bestLimit = nil, 0, 0
+local fresh, starts, ends = {}, {}, {}
+for i = 2, #KEYS do
+  local limit = tonumber(ARGV[2 * (i - 1)])
+  local len = tonumber(ARGV[2 * (i - 1) + 1])
+  local ws = now - math.fmod(now, len)
+  local we = ws + len
+  local h = redis.call('HMGET', KEYS[i], 'w', 'c')
+  local c = 0
+  if h[1] and tonumber(h[1]) == ws then
+    c = tonumber(h[2]) or 0
+  else
+    fresh[i] = true
+  end
+  starts[i], ends[i] = ws, we
+  local rem = limit - c
+  if c + n > limit then
+    ok = false
+    if we - now > delay then delay = we - now end
+  else
+    rem = rem - n
+  end
+  if best == nil or rem < best then
+    best, bestReset, bestLimit = rem, we - now, limit
+  end
+end
+
+if not ok then
+  if best < 0 then best = 0 end
+  return {0, delay, best, bestReset, bestLimit}
+end
+
+for i = 2, #KEYS do
+  if fresh[i] then
+    redis.call('HSET', KEYS[i], 'w', string.format('%.0f', starts[i]), 'c', n)
+    redis.call('PEXPIRE', KEYS[i], math.ceil((ends[i] - now) / 1000))
+  else
+    redis.call('HINCRBY', KEYS[i], 'c', n)
+  end
+end
+return {1, 0, best, bestReset, bestLimit}

@@ -1,0 +1,55 @@
+package bucket
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Lua scripts, one per file under lua/, each with a header comment
+// giving its KEYS/ARGV contract and its guarantee. They run with EVALSHA;
+// go-redis's Script.Run falls back to EVAL (which loads the script) when the
+// server answers NOSCRIPT, as it does after a restart or a failover.
+var (
+	//go:embed lua/pause.lua
+	srcPause string
+	//go:embed lua/tb_take.lua
+	srcTBTake string
+	//go:embed lua/tb_refill.lua
+	srcTBRefill string
+	//go:embed lua/window.lua
+	srcWindow string
+	//go:embed lua/sliding.lua
+	srcSliding string
+	//go:embed lua/gcra.lua
+	srcGCRA string
+	//go:embed lua/gcra_refund.lua
+	srcGCRARefund string
+	//go:embed lua/counter_take.lua
+	srcCounterTake string
+	//go:embed lua/counter_reset.lua
+	srcCounterReset string
+
+	scriptPause        = redis.NewScript(srcPause)
+	scriptTBTake       = redis.NewScript(srcTBTake)
+	scriptTBRefill     = redis.NewScript(srcTBRefill)
+	scriptWindow       = redis.NewScript(srcWindow)
+	scriptSliding      = redis.NewScript(srcSliding)
+	scriptGCRA         = redis.NewScript(srcGCRA)
+	scriptGCRARefund   = redis.NewScript(srcGCRARefund)
+	scriptCounterTake  = redis.NewScript(srcCounterTake)
+	scriptCounterReset = redis.NewScript(srcCounterReset)
+)
+
+// scripts lists every script by file name, for tests.
+var scripts = map[string]*redis.Script{
+	"pause.lua":         scriptPause,
+	"tb_take.lua":       scriptTBTake,
+	"tb_refill.lua":     scriptTBRefill,
+	"window.lua":        scriptWindow,
+	"sliding.lua":       scriptSliding,
+	"gcra.lua":          scriptGCRA,
+	"gcra_refund.lua":   scriptGCRARefund,
+	"counter_take.lua":  scriptCounterTake,
+	"counter_reset.lua": scriptCounterReset,
+}

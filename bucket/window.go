@@ -1,0 +1,210 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// Tier is one limit: at most Limit permits per Period. [NewTiers] takes
+// several fixed-window tiers that must all pass; [NewSlidingLog] several
+// sliding windows.
+type Tier struct {
+	// Limit is the most permits per Period; at least 1.
+	Limit int64
+	// Period is the window's length; at least 1 ms, rounded up to the
+	// microsecond.
+	Period time.Duration
+}
+
+// maxTiers bounds the tiers of one bucket.
+const maxTiers = 16
+
+// windows is the machinery FixedWindow and Tiers share: one script over
+// one or more aligned windows.
+type windows struct {
+	common
+	tiers    []Tier
+	kinds    []string // key suffix per tier
+	args     []any    // ARGV[2..]: limit, length µs per tier
+	capacity int64    // smallest limit
+}
+
+func newWindows(name string, rdb redis.UniversalClient, key string, tiers []Tier, kind string, opts []Option) (windows, error) {
+	c, err := newCommon(name, rdb, key, opts)
+	if err != nil {
+		return windows{}, err
+	}
+	if err := checkTiers(name, tiers); err != nil {
+		return windows{}, err
+	}
+	w := windows{common: c, tiers: append([]Tier(nil), tiers...), capacity: tiers[0].Limit}
+	for _, t := range tiers {
+		usLen := ceilUs(t.Period)
+		w.kinds = append(w.kinds, ":"+kind+":"+strconv.FormatInt(usLen, 10))
+		w.args = append(w.args, t.Limit, usLen)
+		w.capacity = min(w.capacity, t.Limit)
+	}
+	return w, nil
+}
+
+// checkTiers refuses an empty list, a zero or negative limit, a period
+// below 1 ms, and two tiers of the same period.
+func checkTiers(name string, tiers []Tier) error {
+	if len(tiers) == 0 {
+		return throttle.Invalid(name, "tiers", "[]", "must hold at least one tier")
+	}
+	if len(tiers) > maxTiers {
+		return throttle.Invalid(name, "tiers", fmt.Sprintf("%d tiers", len(tiers)), fmt.Sprintf("must hold at most %d", maxTiers))
+	}
+	seen := make(map[int64]bool, len(tiers))
+	for i, t := range tiers {
+		if t.Limit < 1 {
+			return throttle.Invalid(name, fmt.Sprintf("tiers[%d].Limit", i), t.Limit, "must be at least 1")
+		}
+		if t.Period < time.Millisecond {
+			return throttle.Invalid(name, fmt.Sprintf("tiers[%d].Period", i), t.Period, "must be at least 1ms")
+		}
+		if seen[ceilUs(t.Period)] {
+			return throttle.Invalid(name, fmt.Sprintf("tiers[%d].Period", i), t.Period, "must differ from every other tier's period")
+		}
+		seen[ceilUs(t.Period)] = true
+	}
+	return nil
+}
+
+func (w *windows) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
+	if err := w.checkN(n, w.capacity); err != nil {
+		return throttle.Decision{}, err
+	}
+	tag, err := w.ks.tag(w.name, key)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	keys := make([]string, 0, 1+len(w.kinds))
+	keys = append(keys, tag+":pause")
+	for _, k := range w.kinds {
+		keys = append(keys, tag+k)
+	}
+	args := make([]any, 0, 1+len(w.args))
+	args = append(args, n)
+	args = append(args, w.args...)
+	r, err := scriptWindow.Run(ctx, w.rdb, keys, args...).Int64Slice()
+	if err != nil {
+		return throttle.Decision{}, backend("take", keys[1], err)
+	}
+	if len(r) != 5 {
+		return throttle.Decision{}, backend("take", keys[1], errors.New("unexpected reply from window.lua"))
+	}
+	d := throttle.Decision{Granted: r[0] == 1, Remaining: r[2], Reset: us(r[3]), Limit: r[4]}
+	if !d.Granted {
+		d.Delay = us(r[1])
+	}
+	if d.Limit == 0 { // paused: report the tightest tier
+		d.Limit = w.capacity
+	}
+	return d, nil
+}
+
+// FixedWindow counts permits in fixed windows aligned to the Redis server's
+// clock: window k runs from k·interval to (k+1)·interval since the Unix
+// epoch, as in seed 000 (Salesforce: windowStart = now/window*window), which
+// it replaces. It matches a provider whose limit resets on wall-clock
+// boundaries ("1000 calls per 10 s, counters reset at :00, :10, ...").
+//
+// Guarantee: at most limit permits per aligned window. A span of one
+// interval that straddles a boundary can see up to 2·limit (the end of one
+// window, the start of the next); use [SlidingLog] or [GCRA] if the
+// provider counts over a sliding window.
+//
+// How: one script reads the server's TIME, checks the window's counter
+// before it counts (a denied call charges nothing) and sets the counter to
+// expire at the window's end, so old windows clean themselves up. When
+// refused, Decision.Delay is the time until the window ends.
+//
+// Round trips per grant: 1. FixedWindow implements [throttle.Pauser]. It is
+// safe for concurrent use.
+type FixedWindow struct {
+	w windows
+}
+
+// NewFixedWindow returns a fixed-window bucket of limit permits per aligned
+// window of length interval under key. Each per-call key passed to Take
+// gets its own budget.
+//
+// limit must be at least 1 and interval at least 1 ms. Options:
+// [WithPrefix].
+func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...Option) (*FixedWindow, error) {
+	const name = "bucket: NewFixedWindow"
+	if limit < 1 {
+		return nil, throttle.Invalid(name, "limit", limit, "must be at least 1")
+	}
+	if interval < time.Millisecond {
+		return nil, throttle.Invalid(name, "interval", interval, "must be at least 1ms")
+	}
+	w, err := newWindows(name, rdb, key, []Tier{{Limit: limit, Period: interval}}, "fw", opts)
+	if err != nil {
+		return nil, err
+	}
+	w.name = "bucket: FixedWindow"
+	return &FixedWindow{w: w}, nil
+}
+
+// Take implements [throttle.Bucket]. It never reserves: maxWait is
+// ignored.
+func (b *FixedWindow) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
+	return b.w.take(ctx, key, n)
+}
+
+// Pause implements [throttle.Pauser].
+func (b *FixedWindow) Pause(ctx context.Context, key string, d time.Duration) error {
+	return b.w.Pause(ctx, key, d)
+}
+
+// Tiers is several fixed-window limits on one key that must all pass, such
+// as "10 per second and 50 per 10 seconds": the tiers of seed 000's YAML
+// limits, and seed 003's several limits per URL. It matches a provider that
+// publishes several wall-clock-aligned limits at once.
+//
+// Guarantee: each tier's own (see [FixedWindow]): at most Limit permits per
+// aligned window of its Period. A call is charged to every tier or to none;
+// a denied call charges nothing.
+//
+// Round trips per grant: 1 — one script over every tier, whose keys share
+// one hash tag and so one cluster slot. When refused, Decision.Delay is the
+// time until every full tier's window has ended; Limit, Remaining and Reset
+// describe the tier with the fewest permits left.
+//
+// Tiers implements [throttle.Pauser]. It is safe for concurrent use.
+type Tiers struct {
+	w windows
+}
+
+// NewTiers returns a bucket that grants a permit only when every tier has
+// room. Tiers need at least one entry, at most 16, each with Limit ≥ 1 and
+// Period ≥ 1 ms, no two with the same Period. A Take may ask for at most
+// the smallest Limit. Options: [WithPrefix].
+func NewTiers(rdb redis.UniversalClient, key string, tiers []Tier, opts ...Option) (*Tiers, error) {
+	w, err := newWindows("bucket: NewTiers", rdb, key, tiers, "tier", opts)
+	if err != nil {
+		return nil, err
+	}
+	w.name = "bucket: Tiers"
+	return &Tiers{w: w}, nil
+}
+
+// Take implements [throttle.Bucket]. It never reserves: maxWait is
+// ignored.
+func (b *Tiers) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
+	return b.w.take(ctx, key, n)
+}
+
+// Pause implements [throttle.Pauser].
+func (b *Tiers) Pause(ctx context.Context, key string, d time.Duration) error {
+	return b.w.Pause(ctx, key, d)
+}

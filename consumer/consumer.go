@@ -1,0 +1,388 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// Handler handles one record. It is called only once a permit has been
+// acquired for the record, from the goroutine of the record's partition,
+// so calls for one partition never overlap and come in offset order; calls
+// for different partitions run concurrently.
+//
+// ctx ends when the call has run for the handler timeout
+// ([WithHandlerTimeout]). It does not end when the partition is revoked or
+// the consumer shuts down: the call is allowed to finish (up to that
+// timeout) and its record is then committed. A nil error marks the record
+// for commit; an error is retried under [WithRetry]. rec must not be kept
+// after the call returns.
+type Handler func(ctx context.Context, rec *kgo.Record) error
+
+// Consumer consumes Kafka records as a group member and hands each one to
+// a [Handler] once a permit from a [throttle.Limiter] allows it. See the
+// package documentation for what it guarantees.
+//
+// Build one with [New], start it with [Consumer.Run], watch it with
+// [Consumer.Stats]. Its methods are safe for concurrent use.
+type Consumer struct {
+	handler Handler
+	cfg     config
+	log     *slog.Logger
+
+	started atomic.Bool
+
+	// Set by Run before the Kafka client exists, read by callbacks and
+	// partition goroutines.
+	base    context.Context // Run's ctx, without its cancellation
+	stopRun context.CancelCauseFunc
+
+	mu    sync.Mutex
+	parts map[topicPartition]*partition // owned, running
+	// stopping holds partitions being stopped until their goroutine
+	// exits, so that a revocation that races with a shutdown waits for
+	// them too.
+	stopping map[topicPartition]*partition
+	closing  bool           // Run is shutting down: assign nothing more
+	wg       sync.WaitGroup // partition goroutines
+
+	failure atomic.Pointer[error] // first error that stops the consumer
+
+	handled, retried, deadLettered atomic.Int64
+	permitTimeouts, limiterErrors  atomic.Int64
+	waiting, inFlight              atomic.Int64
+	permitWait                     atomic.Int64 // ns
+	peakBuffered                   atomic.Int64
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// New returns a Consumer that hands records to h at the pace of lim (or of
+// the limiter chosen per record by [WithLimiterFor]). The Kafka client is
+// described by [WithKafka], which is required; it is built, and its
+// options checked, by [Consumer.Run].
+//
+// New refuses a nil h or lim, a missing WithKafka and bad option values
+// with an error matching [throttle.ErrInvalid] that names the culprit. A
+// Consumer holds no resources until Run.
+func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
+	cfg := newConfig(opts)
+	switch {
+	case cfg.err != nil:
+		return nil, cfg.err
+	case h == nil:
+		return nil, throttle.Invalid("consumer", "Handler", nil, "must not be nil")
+	case lim == nil:
+		return nil, throttle.Invalid("consumer", "Limiter", nil, "must not be nil; build one with throttle.New")
+	case len(cfg.kafka) == 0:
+		return nil, throttle.Invalid("consumer", "WithKafka", "none", "must give the brokers, the group and the topics")
+	}
+	if cfg.limiterFor == nil {
+		root := lim.Key("")
+		cfg.limiterFor = func(*kgo.Record) throttle.Keyed { return root }
+	}
+	return &Consumer{
+		handler:  h,
+		cfg:      cfg,
+		log:      cfg.logger,
+		parts:    make(map[topicPartition]*partition),
+		stopping: make(map[topicPartition]*partition),
+	}, nil
+}
+
+// Run joins the group, consumes and handles records until ctx ends or a
+// record stops the consumer, then shuts down: waits for permits are
+// cancelled, in-flight handler calls finish (within the handler timeout),
+// what was handled is committed, and the group is left. Run returns after
+// every goroutine it started has ended.
+//
+// Run returns nil after a shutdown caused by ctx; a [*HandlerError] when a
+// record failed every attempt and no dead-letter topic is set; an error
+// when the Kafka client cannot be built, the dead-letter topic cannot be
+// written, the limiter is misconfigured, or the final commit fails (then
+// the records handled since the last commit will be handled again). Run may
+// be called only once.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.started.CompareAndSwap(false, true) {
+		return errors.New("consumer: Run called twice; build a new Consumer")
+	}
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	c.base = context.WithoutCancel(ctx)
+	c.stopRun = stop
+
+	opts := make([]kgo.Opt, 0, len(c.cfg.kafka)+6)
+	opts = append(opts, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	opts = append(opts, c.cfg.kafka...)
+	opts = append(opts,
+		kgo.AutoCommitMarks(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsRevoked(c.revoked),
+		kgo.OnPartitionsLost(c.lost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("consumer: building the Kafka client from WithKafka: %w", err)
+	}
+	if err := c.check(cl); err != nil {
+		c.fail(err) // ends runCtx: straight to the shutdown below
+	} else {
+		c.log.Info("consumer: started", "group", cl.OptValue(kgo.ConsumerGroup))
+	}
+
+	for runCtx.Err() == nil {
+		fetches := cl.PollRecords(runCtx, c.cfg.pollSize)
+		if fetches.IsClientClosed() {
+			cl.AllowRebalance()
+			break
+		}
+		fetches.EachError(func(topic string, partition int32, err error) {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return
+			}
+			c.log.Warn("consumer: fetch error", "topic", topic, "partition", partition, "err", err)
+		})
+		// With BlockRebalanceOnPoll no partition callback runs between
+		// the poll and AllowRebalance, so the records go to the workers
+		// of the assignment they were fetched under. dispatch never
+		// blocks: a full partition is paused instead.
+		c.dispatch(cl, fetches)
+		cl.AllowRebalance()
+	}
+
+	c.mu.Lock()
+	c.closing = true
+	c.mu.Unlock()
+	c.stopAll(cl)
+	commitErr := c.commit(context.Background(), cl, "shutdown")
+	cl.CloseAllowingRebalance() // leaves the group
+	c.wg.Wait()
+	c.log.Info("consumer: stopped", "handled", c.handled.Load(), "dead_lettered", c.deadLettered.Load())
+
+	if errp := c.failure.Load(); errp != nil {
+		return *errp
+	}
+	return commitErr
+}
+
+// check refuses client settings the consumer cannot keep its promises
+// with.
+func (c *Consumer) check(cl *kgo.Client) error {
+	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
+		return throttle.Invalid("consumer", "kgo.ConsumerGroup", `""`, "WithKafka must name a consumer group")
+	}
+	if id, _ := cl.OptValue(kgo.TransactionalID).(string); id != "" {
+		return throttle.Invalid("consumer", "kgo.TransactionalID", id, "transactional clients are not supported")
+	}
+	if rt, _ := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); rt > 0 && 2*c.cfg.handlerTimeout > rt {
+		return throttle.Invalid("consumer", "WithHandlerTimeout", c.cfg.handlerTimeout,
+			fmt.Sprintf("must be at most half the group's rebalance timeout (%v): a rebalance waits for in-flight handlers, then commits", rt))
+	}
+	return nil
+}
+
+// fail stops the consumer with err; the first error wins.
+func (c *Consumer) fail(err error) {
+	if c.failure.CompareAndSwap(nil, &err) {
+		c.log.Error("consumer: stopping", "err", err)
+	}
+	c.stopRun(err)
+}
+
+// dispatch hands polled records to their partitions' queues.
+func (c *Consumer) dispatch(cl *kgo.Client, fetches kgo.Fetches) {
+	fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if len(fp.Records) == 0 {
+			return
+		}
+		c.mu.Lock()
+		p := c.parts[topicPartition{fp.Topic, fp.Partition}]
+		c.mu.Unlock()
+		if p == nil {
+			// Not ours (any more): nothing was marked for these
+			// records, so whoever owns the partition reads them.
+			c.log.Debug("consumer: records for a partition without a worker", "topic", fp.Topic, "partition", fp.Partition, "records", len(fp.Records))
+			return
+		}
+		p.push(fp.Records)
+	})
+}
+
+// assigned is the OnPartitionsAssigned callback: one goroutine per new
+// partition.
+func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	if len(assigned) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		return
+	}
+	c.log.Info("consumer: partitions assigned", "partitions", assigned)
+	for topic, ids := range assigned {
+		for _, id := range ids {
+			key := topicPartition{topic, id}
+			if c.parts[key] != nil {
+				continue
+			}
+			p := newPartition(c, cl, topic, id)
+			c.parts[key] = p
+			c.wg.Add(1)
+			go p.run()
+		}
+	}
+}
+
+// revoked is the OnPartitionsRevoked callback. It returns only once the
+// revoked partitions' goroutines have exited (or been fenced off) and what
+// they handled is committed: a mark made after this would outlive the
+// partition's ownership, since kgo's MarkCommitRecords does not check it.
+// kgo also calls it, with nothing revoked, at the end of every session, and
+// with everything when leaving the group.
+func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	if len(revoked) > 0 {
+		c.log.Info("consumer: partitions revoked", "partitions", revoked)
+		c.stopPartitions(c.take(revoked))
+		cl.ResumeFetchPartitions(revoked)
+	}
+	_ = c.commit(ctx, cl, "revoke")
+}
+
+// lost is the OnPartitionsLost callback: like revoked, but without a
+// commit, which cannot succeed once the partitions belong to someone else.
+func (c *Consumer) lost(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
+	if len(lost) == 0 {
+		return
+	}
+	c.log.Warn("consumer: partitions lost", "partitions", lost)
+	c.stopPartitions(c.take(lost))
+	cl.ResumeFetchPartitions(lost)
+}
+
+// take moves the partitions named from the running set to the stopping
+// set and returns them, with those of them already stopping.
+func (c *Consumer) take(tps map[string][]int32) []*partition {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ps []*partition
+	for topic, ids := range tps {
+		for _, id := range ids {
+			key := topicPartition{topic, id}
+			if p := c.parts[key]; p != nil {
+				delete(c.parts, key)
+				c.stopping[key] = p
+				ps = append(ps, p)
+			} else if p := c.stopping[key]; p != nil {
+				ps = append(ps, p)
+			}
+		}
+	}
+	return ps
+}
+
+// exited forgets p, whose goroutine has exited.
+func (c *Consumer) exited(p *partition) {
+	key := topicPartition{p.topic, p.id}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.parts[key] == p {
+		delete(c.parts, key)
+	}
+	if c.stopping[key] == p {
+		delete(c.stopping, key)
+	}
+}
+
+// stopAll stops every partition, for shutdown.
+func (c *Consumer) stopAll(cl *kgo.Client) {
+	c.mu.Lock()
+	ps := make([]*partition, 0, len(c.parts))
+	tps := make(map[string][]int32)
+	for key, p := range c.parts {
+		ps = append(ps, p)
+		tps[key.topic] = append(tps[key.topic], key.partition)
+		delete(c.parts, key)
+		c.stopping[key] = p
+	}
+	c.mu.Unlock()
+	c.stopPartitions(ps)
+	if len(tps) > 0 {
+		cl.ResumeFetchPartitions(tps)
+	}
+}
+
+// stopPartitions cancels the partitions' waits and waits for their
+// goroutines to exit, at most the handler timeout in all. A partition whose
+// handler is still running then is fenced: its handler's context is
+// cancelled and nothing it does will be marked.
+func (c *Consumer) stopPartitions(ps []*partition) {
+	if len(ps) == 0 {
+		return
+	}
+	for _, p := range ps {
+		p.close()
+	}
+	deadline := time.NewTimer(c.cfg.handlerTimeout)
+	defer deadline.Stop()
+	expired := false
+	for _, p := range ps {
+		if !expired {
+			select {
+			case <-p.done:
+				continue
+			case <-deadline.C:
+				expired = true
+			}
+		}
+		select {
+		case <-p.done:
+		default:
+			p.fence()
+			c.log.Warn("consumer: handler still running after the handler timeout; its result will not be committed",
+				"topic", p.topic, "partition", p.id, "timeout", c.cfg.handlerTimeout)
+		}
+	}
+}
+
+// commit commits the marked offsets synchronously, within the handler
+// timeout.
+func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string) error {
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.handlerTimeout)
+	defer cancel()
+	if err := cl.CommitMarkedOffsets(cctx); err != nil {
+		c.log.Warn("consumer: commit failed; records handled since the last commit will be handled again", "on", why, "err", err)
+		return fmt.Errorf("consumer: committing handled offsets on %s: %w", why, err)
+	}
+	return nil
+}
+
+// backoff is the delay before retry n (n ≥ 1): base·2^(n-1), at most max.
+func (c *Consumer) backoff(n int) time.Duration {
+	d := c.cfg.backoffBase
+	for i := 1; i < n && d < c.cfg.backoffMax; i++ {
+		d *= 2
+	}
+	return min(d, c.cfg.backoffMax)
+}
+
+func (c *Consumer) notePeak(n int64) {
+	for {
+		old := c.peakBuffered.Load()
+		if n <= old || c.peakBuffered.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}

@@ -1,0 +1,75 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/kafkaenv"
+	"github.com/headway-go/headway/throttle"
+)
+
+// A mailer sends one email per record, at most 2 per 100 ms. The Kafka
+// cluster here is an in-process fake; in production, name real brokers in
+// kgo.SeedBrokers and share a Redis bucket (package bucket) across the
+// fleet instead of the in-memory one.
+func Example() {
+	kc, err := kafkaenv.Start(kafkaenv.Topic("emails", 1))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer kc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, to := range []string{"ann", "bob", "cy"} {
+		if err := kc.Produce(ctx, "emails", &kgo.Record{Value: []byte(to)}); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+
+	b, err := throttle.NewLocal(2, 100*time.Millisecond)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	lim := throttle.New(b)
+
+	sent := 0 // one partition: handler calls never overlap
+	send := func(ctx context.Context, rec *kgo.Record) error {
+		fmt.Println("send to", string(rec.Value))
+		if sent++; sent == 3 {
+			cancel() // done: shut down, committing what was sent
+		}
+		return nil
+	}
+	c, err := consumer.New(send, lim,
+		consumer.WithKafka(append(kafkaenv.FastClientOpts(),
+			kgo.SeedBrokers(kc.Addrs()...),
+			kgo.ConsumerGroup("mailer"),
+			kgo.ConsumeTopics("emails"),
+		)...),
+		consumer.WithHandlerTimeout(time.Second), // at most half the rebalance timeout
+		consumer.WithDeadLetter("emails.dlt"),
+		consumer.WithLogger(slog.New(slog.DiscardHandler)),
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.Run(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("handled:", c.Stats().Handled)
+	// Output:
+	// send to ann
+	// send to bob
+	// send to cy
+	// handled: 3
+}

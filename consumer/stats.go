@@ -1,0 +1,97 @@
+package consumer
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// Stats is a snapshot of a [Consumer]'s work, from [Consumer.Stats].
+// Counters run from the start of Run; gauges are read at the call.
+type Stats struct {
+	// Handled counts records whose handler returned nil.
+	Handled int64
+	// Retried counts attempts after a record's first (failed handler
+	// calls, and permit timeouts under TimeoutFail).
+	Retried int64
+	// DeadLettered counts records written to the dead-letter topic.
+	DeadLettered int64
+	// PermitTimeouts counts waits for a permit that ended without one
+	// (only with a finite WithMaxWait).
+	PermitTimeouts int64
+	// LimiterErrors counts failures of the limiter's store (a Redis
+	// error), after which the partition backed off and asked again.
+	LimiterErrors int64
+	// PermitWait is the total time partitions have spent waiting for
+	// permits.
+	PermitWait time.Duration
+
+	// Waiting is how many partitions wait for a permit now.
+	Waiting int
+	// InFlight is how many handler calls are running now.
+	InFlight int
+	// Buffered is how many records the consumer holds now: queued, waiting
+	// for a permit, or being handled. Records still inside the Kafka
+	// client are not counted.
+	Buffered int
+	// PeakBuffered is the most records one partition has held at once
+	// since Run started: at most queue size + poll size (see the package
+	// documentation).
+	PeakBuffered int
+	// Partitions describes each partition the consumer owns now, sorted by
+	// topic and partition.
+	Partitions []PartitionStats
+}
+
+// PartitionStats describes one owned partition in [Stats].
+type PartitionStats struct {
+	Topic     string
+	Partition int32
+	// Buffered is how many of the partition's records the consumer holds.
+	Buffered int
+	// Waiting reports whether the partition waits for a permit.
+	Waiting bool
+	// Paused reports whether the partition's fetches are paused because
+	// its queue is full.
+	Paused bool
+}
+
+// Stats returns a snapshot of the consumer's counters and gauges. It is
+// cheap enough to call every few milliseconds, and may be called before,
+// during and after Run.
+func (c *Consumer) Stats() Stats {
+	s := Stats{
+		Handled:        c.handled.Load(),
+		Retried:        c.retried.Load(),
+		DeadLettered:   c.deadLettered.Load(),
+		PermitTimeouts: c.permitTimeouts.Load(),
+		LimiterErrors:  c.limiterErrors.Load(),
+		PermitWait:     time.Duration(c.permitWait.Load()),
+		Waiting:        int(c.waiting.Load()),
+		InFlight:       int(c.inFlight.Load()),
+		PeakBuffered:   int(c.peakBuffered.Load()),
+	}
+	c.mu.Lock()
+	s.Partitions = make([]PartitionStats, 0, len(c.parts))
+	for _, p := range c.parts {
+		p.mu.Lock()
+		n := len(p.queue)
+		if p.holding {
+			n++
+		}
+		s.Partitions = append(s.Partitions, PartitionStats{
+			Topic:     p.topic,
+			Partition: p.id,
+			Buffered:  n,
+			Waiting:   p.waiting,
+			Paused:    p.paused,
+		})
+		p.mu.Unlock()
+		s.Buffered += n
+	}
+	c.mu.Unlock()
+	slices.SortFunc(s.Partitions, func(a, b PartitionStats) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return s
+}

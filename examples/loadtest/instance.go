@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/guarantee"
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// instance is one member of the fleet: its own Redis client, its own
+// bucket on it, its own Limiter, and, for the counter, its own Resetter.
+type instance struct {
+	rdb      *redis.Client
+	lim      *throttle.Limiter
+	resetter *bucket.Resetter
+}
+
+// newInstance builds an instance's client and bucket as a separate
+// process would.
+func newInstance(c loadConfig, hook redis.Hook) (*instance, error) {
+	if c.Bucket == "local" {
+		// No shared store: each instance gets an even share of the
+		// fleet's limit (the "partial limit" of seed 004).
+		n := int64(c.Instances)
+		b, err := throttle.NewLocal(c.Limit/n, c.Interval, throttle.WithBurst(max(c.Burst/n, 1)))
+		if err != nil {
+			return nil, err
+		}
+		return &instance{lim: throttle.New(timedBucket{b})}, nil
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: c.Redis, PoolSize: c.Workers + 4})
+	rdb.AddHook(hook)
+	in := &instance{rdb: rdb}
+	var (
+		b   throttle.Bucket
+		err error
+	)
+	switch c.Bucket {
+	case "tokenbucket":
+		b, err = bucket.NewTokenBucket(rdb, c.Key, c.Limit, c.Interval)
+	case "fixedwindow":
+		b, err = bucket.NewFixedWindow(rdb, c.Key, c.Limit, c.Interval)
+	case "slidinglog":
+		b, err = bucket.NewSlidingLog(rdb, c.Key, []bucket.Tier{{Limit: c.Limit, Period: c.Interval}})
+	case "gcra":
+		b, err = bucket.NewGCRA(rdb, c.Key, c.Limit, c.Interval, bucket.WithBurst(c.Burst))
+	case "counter":
+		var ctr *bucket.Counter
+		if ctr, err = bucket.NewCounter(rdb, c.Key, c.Limit, c.Interval); err == nil {
+			b = ctr
+			in.resetter, err = ctr.NewResetter("")
+		}
+	}
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	in.lim = throttle.New(timedBucket{b})
+	return in, nil
+}
+
+// guarantee checks the guarantee of c's bucket on grant times.
+func (c loadConfig) guarantee(times []time.Time) guarantee.Report {
+	// Buckets that count in whole milliseconds round the interval up.
+	msInterval := c.Interval.Round(time.Millisecond)
+	if msInterval < c.Interval {
+		msInterval += time.Millisecond
+	}
+	perSecond := func(limit int64) float64 { return float64(limit) / c.Interval.Seconds() }
+	switch c.Bucket {
+	case "tokenbucket":
+		return guarantee.Periods(times, c.Limit, msInterval, c.Tolerance)
+	case "counter":
+		return guarantee.Resets(times, c.Limit, msInterval, c.Tolerance)
+	case "fixedwindow":
+		return guarantee.Aligned(times, c.Limit, c.Interval, 0, c.Tolerance)
+	case "slidinglog":
+		return guarantee.Sliding(times, c.Limit, c.Interval, c.Tolerance)
+	case "gcra":
+		return guarantee.GCRA(times, perSecond(c.Limit), c.Burst, c.Tolerance)
+	default: // local: the instances' shares together
+		n := int64(c.Instances)
+		return guarantee.GCRA(times, perSecond(n*(c.Limit/n)), n*max(c.Burst/n, 1), c.Tolerance)
+	}
+}
+
+// warmUp sends workers PINGs at once on each instance's client, so that
+// its pool holds a connection per worker.
+func warmUp(ctx context.Context, fleet []*instance, workers int) error {
+	var (
+		wg    sync.WaitGroup
+		first atomic.Pointer[error]
+	)
+	for _, in := range fleet {
+		if in.rdb == nil {
+			continue
+		}
+		for range workers {
+			wg.Go(func() {
+				if err := in.rdb.Ping(ctx).Err(); err != nil {
+					first.CompareAndSwap(nil, &err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if err := first.Load(); err != nil {
+		return fmt.Errorf("reaching Redis: %w", *err)
+	}
+	return nil
+}
+
+// cmdCounter is a go-redis hook that counts commands and round trips.
+type cmdCounter struct{ cmds, trips atomic.Int64 }
+
+func (h *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.cmds.Add(1)
+		h.trips.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.cmds.Add(int64(len(cmds)))
+		h.trips.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// timedBucket passes calls to a bucket and notes, for the worker whose
+// context carries a grantedKey, the earliest time at which a grant can have
+// been decided: when the Take that granted it began, plus the reservation's
+// delay. The bucket decides somewhere between then and the Take's return
+// (on loopback the Redis server's clock is the worker's), and the worker
+// records the grant later still, when Acquire returns; so a recorded grant
+// time is late by at most the time since then. The largest such lateness is
+// the measured tolerance: the checker then holds the bucket to its
+// guarantee as tightly as the measurements allow, and no tighter.
+type timedBucket struct{ throttle.Bucket }
+
+type grantedKey struct{}
+
+func (b timedBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	begin := time.Now()
+	d, err := b.Bucket.Take(ctx, key, n, maxWait)
+	if err == nil && d.Granted {
+		if since, ok := ctx.Value(grantedKey{}).(*time.Time); ok {
+			*since = begin.Add(d.Delay)
+		}
+	}
+	return d, err
+}
+
+// Refund passes an abandoned reservation back to buckets that take it.
+func (b timedBucket) Refund(ctx context.Context, key string, n int64) error {
+	if r, ok := b.Bucket.(throttle.Refunder); ok {
+		return r.Refund(ctx, key, n)
+	}
+	return nil
+}

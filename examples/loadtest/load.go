@@ -1,0 +1,361 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/headway-go/headway/internal/guarantee"
+	"github.com/headway-go/headway/throttle"
+)
+
+// buckets names the buckets the load test can drive.
+var buckets = []string{"tokenbucket", "fixedwindow", "counter", "slidinglog", "gcra", "local"}
+
+// loadConfig describes one load run.
+type loadConfig struct {
+	Bucket    string        // one of buckets
+	Limit     int64         // permits per Interval, for the whole fleet
+	Interval  time.Duration // the limit's period
+	Burst     int64         // gcra and local: permits at once; 0 means Limit
+	Instances int           // independent instances, each with its own Redis client and bucket
+	Workers   int           // goroutines per instance
+	Duration  time.Duration // how long workers ask for permits
+	MaxWait   time.Duration // Acquire's maxWait; 0 means Interval
+	Redis     string        // Redis address; not needed for local
+	Key       string        // the bucket's key; "" means a fresh random one
+	Target    string        // optional URL to GET after each grant
+	Tolerance time.Duration // the guarantee checker's tolerance; negative: the measured uncertainty (see timedBucket)
+	MaxGrants int           // stop early after this many grants; 0 means 10× what the guarantee allows
+}
+
+// loadResult is what a run measured. Its JSON form is the -json output.
+type loadResult struct {
+	Bucket      string  `json:"bucket"`
+	Redis       string  `json:"redis"`
+	Limit       int64   `json:"limit"`
+	IntervalMs  float64 `json:"interval_ms"`
+	Instances   int     `json:"instances"`
+	Workers     int     `json:"workers"`
+	DurationS   float64 `json:"duration_s"` // measured, from the first Acquire to the last return
+	Grants      int     `json:"grants"`
+	GrantsPerS  float64 `json:"grants_per_sec"`
+	Utilization float64 `json:"utilization"` // grants ÷ what the guarantee allows over the grants' span
+	Allowed     int     `json:"allowed"`
+	Violations  int     `json:"violations"`
+	Worst       int     `json:"worst"` // fullest window (burst needed, for gcra and local)
+	Guarantee   string  `json:"guarantee"`
+	// ToleranceMs is the checker's tolerance: -tolerance, or by default
+	// MeasuredMs, the most any recorded grant time may be late.
+	ToleranceMs float64 `json:"tolerance_ms"`
+	MeasuredMs  float64 `json:"tolerance_measured_ms"`
+	NeededMs    float64 `json:"tolerance_needed_ms"` // the least tolerance under which the grants pass
+
+	RedisCmdsPerGrant  float64 `json:"redis_cmds_per_grant"`
+	RedisTripsPerGrant float64 `json:"redis_roundtrips_per_grant"`
+	AcquireP50us       float64 `json:"acquire_p50_us"` // granted calls only, waiting included
+	AcquireP99us       float64 `json:"acquire_p99_us"`
+	AcquireMaxUs       float64 `json:"acquire_max_us"`
+	Timeouts           int64   `json:"timeouts"` // Acquire calls that ended with ErrTimeout
+	Errors             int64   `json:"errors"`   // Acquire calls that failed otherwise
+	FirstError         string  `json:"first_error,omitempty"`
+	StoppedEarly       bool    `json:"stopped_early"` // MaxGrants was reached
+
+	TargetOK     int64 `json:"target_ok,omitempty"`
+	Target429    int64 `json:"target_429,omitempty"`
+	TargetErrors int64 `json:"target_errors,omitempty"`
+}
+
+// check validates c and fills in its defaults.
+func (c *loadConfig) check() error {
+	switch {
+	case !slices.Contains(buckets, c.Bucket):
+		return fmt.Errorf("bucket %q: must be one of %v", c.Bucket, buckets)
+	case c.Limit < 1:
+		return fmt.Errorf("limit = %d: must be at least 1", c.Limit)
+	case c.Interval <= 0:
+		return fmt.Errorf("interval = %v: must be positive", c.Interval)
+	case c.Burst < 0:
+		return fmt.Errorf("burst = %d: must be 0 (the limit) or positive", c.Burst)
+	case c.Instances < 1:
+		return fmt.Errorf("instances = %d: must be at least 1", c.Instances)
+	case c.Workers < 1:
+		return fmt.Errorf("workers = %d: must be at least 1", c.Workers)
+	case c.Duration <= 0:
+		return fmt.Errorf("duration = %v: must be positive", c.Duration)
+	case c.MaxWait < 0:
+		return fmt.Errorf("maxwait = %v: must not be negative", c.MaxWait)
+	case c.Bucket == "local" && c.Limit < int64(c.Instances):
+		return fmt.Errorf("limit = %d: the local bucket splits it over %d instances, so it must be at least that", c.Limit, c.Instances)
+	case c.Bucket != "local" && c.Redis == "":
+		return fmt.Errorf("bucket %s needs a Redis address", c.Bucket)
+	}
+	if c.Burst == 0 {
+		c.Burst = c.Limit
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = c.Interval
+	}
+	if c.Key == "" {
+		var raw [6]byte
+		_, _ = rand.Read(raw[:])
+		c.Key = "loadtest-" + hex.EncodeToString(raw[:])
+	}
+	if c.MaxGrants == 0 {
+		periods := float64(c.Duration)/float64(c.Interval) + 2
+		c.MaxGrants = int(min(10*(float64(c.Limit)*periods+float64(c.Burst)), 1e8))
+	}
+	return nil
+}
+
+// tally holds the counts the workers share.
+type tally struct {
+	grants                         atomic.Int64
+	uncertainty                    atomic.Int64 // ns, the most a grant was recorded late
+	timeouts, errors               atomic.Int64
+	targetOK, target429, targetErr atomic.Int64
+	firstErr                       sync.Once
+	firstError                     string
+}
+
+// runLoad drives c.Instances × c.Workers goroutines against the bucket for
+// c.Duration (or until ctx ends, or MaxGrants are granted), records every
+// grant's time as its worker sees it, and checks the bucket's guarantee on
+// those times.
+func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
+	if err := c.check(); err != nil {
+		return loadResult{}, err
+	}
+	hook := &cmdCounter{}
+	fleet := make([]*instance, 0, c.Instances)
+	defer func() {
+		for _, in := range fleet {
+			if in.rdb != nil {
+				in.rdb.Close()
+			}
+		}
+	}()
+	for range c.Instances {
+		in, err := newInstance(c, hook)
+		if err != nil {
+			return loadResult{}, fmt.Errorf("building the %s bucket: %w", c.Bucket, err)
+		}
+		fleet = append(fleet, in)
+	}
+
+	// Open each instance's connections before the clock starts, as a
+	// long-running process would have them, and count commands from then.
+	if err := warmUp(ctx, fleet, c.Workers); err != nil {
+		return loadResult{}, err
+	}
+	hook.cmds.Store(0)
+	hook.trips.Store(0)
+
+	var httpc *http.Client
+	if c.Target != "" {
+		tr := &http.Transport{MaxIdleConnsPerHost: c.Instances * c.Workers}
+		defer tr.CloseIdleConnections()
+		httpc = &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	}
+
+	// Resetters run for as long as the workers, and a little before.
+	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
+	var bgDone sync.WaitGroup
+	defer func() { stopBg(); bgDone.Wait() }()
+	for _, in := range fleet {
+		if in.resetter != nil {
+			bgDone.Go(func() { _ = in.resetter.Run(bg) })
+		}
+	}
+
+	// The run ends by cancellation rather than a deadline: a deadline
+	// would bound every Acquire's wait, and callers near the end would
+	// fail fast and ask again in a loop instead of waiting.
+	run, cancel := context.WithCancel(ctx)
+	defer cancel()
+	end := time.AfterFunc(c.Duration, cancel)
+	defer end.Stop()
+	var (
+		rec   guarantee.Recorder
+		t     tally
+		mu    sync.Mutex
+		waits []time.Duration // granted calls' Acquire latency
+		wg    sync.WaitGroup
+	)
+	start := time.Now()
+	for _, in := range fleet {
+		for range c.Workers {
+			wg.Go(func() {
+				mine := worker(run, cancel, c, in.lim, httpc, &rec, &t)
+				mu.Lock()
+				waits = append(waits, mine...)
+				mu.Unlock()
+			})
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	times := rec.Times()
+	measured := time.Duration(t.uncertainty.Load())
+	if c.Tolerance < 0 {
+		c.Tolerance = measured
+	}
+	rep := c.guarantee(times)
+	slices.Sort(waits)
+	grants := int(t.grants.Load())
+	res := loadResult{
+		Bucket:       c.Bucket,
+		Limit:        c.Limit,
+		IntervalMs:   float64(c.Interval) / float64(time.Millisecond),
+		Instances:    c.Instances,
+		Workers:      c.Workers,
+		DurationS:    elapsed.Seconds(),
+		Grants:       grants,
+		GrantsPerS:   float64(grants) / elapsed.Seconds(),
+		Utilization:  rep.Utilization,
+		Allowed:      rep.Allowed,
+		Violations:   rep.Violations,
+		Worst:        rep.Worst,
+		Guarantee:    rep.Detail,
+		ToleranceMs:  millis(c.Tolerance),
+		MeasuredMs:   millis(measured),
+		NeededMs:     millis(c.needed(times)),
+		AcquireP50us: micros(percentile(waits, 0.50)),
+		AcquireP99us: micros(percentile(waits, 0.99)),
+		Timeouts:     t.timeouts.Load(),
+		Errors:       t.errors.Load(),
+		FirstError:   t.firstError,
+		StoppedEarly: grants >= c.MaxGrants,
+		TargetOK:     t.targetOK.Load(),
+		Target429:    t.target429.Load(),
+		TargetErrors: t.targetErr.Load(),
+	}
+	if len(waits) > 0 {
+		res.AcquireMaxUs = micros(waits[len(waits)-1])
+	}
+	if grants > 0 {
+		res.RedisCmdsPerGrant = float64(hook.cmds.Load()) / float64(grants)
+		res.RedisTripsPerGrant = float64(hook.trips.Load()) / float64(grants)
+	}
+	return res, nil
+}
+
+// worker asks for permits until run ends, records each grant, and returns
+// the latency of its granted calls.
+func worker(run context.Context, stop context.CancelFunc, c loadConfig, lim *throttle.Limiter, httpc *http.Client, rec *guarantee.Recorder, t *tally) []time.Duration {
+	var (
+		waits []time.Duration
+		since time.Time // when the last grant can have been decided, set by timedBucket
+		late  time.Duration
+	)
+	defer func() { storeMax(&t.uncertainty, int64(late)) }()
+	ctx := context.WithValue(run, grantedKey{}, &since)
+	for run.Err() == nil {
+		begin := time.Now()
+		err := lim.Acquire(ctx, c.MaxWait)
+		now := time.Now()
+		switch {
+		case err == nil:
+			rec.RecordAt(now)
+			waits = append(waits, now.Sub(begin))
+			late = max(late, now.Sub(since))
+			if t.grants.Add(1) >= int64(c.MaxGrants) {
+				stop()
+			}
+			if httpc != nil {
+				// A permit taken is a call made, even as the run ends.
+				call(context.WithoutCancel(run), httpc, c.Target, t)
+			}
+		case errors.Is(err, throttle.ErrTimeout):
+			t.timeouts.Add(1)
+		case run.Err() != nil:
+			// The run ended while we waited.
+		default:
+			t.errors.Add(1)
+			t.firstErr.Do(func() { t.firstError = err.Error() })
+			// Do not spin on a failing store.
+			select {
+			case <-run.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	return waits
+}
+
+// call sends one GET to the target, as a worker would call its provider.
+func call(ctx context.Context, httpc *http.Client, url string, t *tally) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.targetErr.Add(1)
+		return
+	}
+	resp, err := httpc.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			t.targetErr.Add(1)
+		}
+		return
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests:
+		t.target429.Add(1)
+	case resp.StatusCode < 300:
+		t.targetOK.Add(1)
+	default:
+		t.targetErr.Add(1)
+	}
+}
+
+// needed returns the least tolerance under which the grants pass, to
+// within 10 µs: 0 if they pass without one, the interval if not even then.
+func (c loadConfig) needed(times []time.Time) time.Duration {
+	pass := func(tol time.Duration) bool {
+		c.Tolerance = tol
+		return c.guarantee(times).Violations == 0
+	}
+	if pass(0) {
+		return 0
+	}
+	lo, hi := time.Duration(0), c.Interval
+	if !pass(hi) {
+		return hi
+	}
+	for hi-lo > 10*time.Microsecond {
+		if mid := lo + (hi-lo)/2; pass(mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}
+
+func storeMax(a *atomic.Int64, v int64) {
+	for old := a.Load(); v > old && !a.CompareAndSwap(old, v); old = a.Load() {
+	}
+}
+
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// percentile returns the nearest-rank p-quantile of sorted d.
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(d))+0.999999) - 1
+	return d[min(max(i, 0), len(d)-1)]
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

@@ -1,0 +1,181 @@
+// Command loadtest measures a headway bucket under load: several instances,
+// each with its own Redis client, bucket and Limiter (as separate processes
+// would have), each running several workers that acquire permits as fast
+// as the bucket hands them out. It records every grant's time as the worker
+// sees it, checks the bucket's guarantee on those times with an independent
+// checker, and reports throughput, utilization, violations, Redis commands
+// per grant and Acquire latency.
+//
+//	go run ./examples/loadtest -bucket tokenbucket -limit 1000 -interval 1s \
+//		-instances 4 -workers 16 -duration 5s -json
+//
+// Buckets: tokenbucket, fixedwindow, counter (with one Resetter per
+// instance; one leads), slidinglog, gcra, and local (throttle.NewLocal: no
+// Redis, each instance gets limit/instances). -limit is always the whole
+// fleet's limit.
+//
+// Without -redis, loadtest starts a real redis-server on a free port when
+// one is installed, or else an in-process stand-in (miniredis), and says
+// which on stderr: numbers from the stand-in say little about Redis.
+//
+// Grant times are measured by the workers, after the fact, so they are a
+// little late; by default (-tolerance auto) the check allows exactly the
+// most lateness it measured (see timedBucket), and it also reports the
+// least tolerance under which the grants would pass. A violation at the
+// measured tolerance is a real one.
+//
+// With -json the last line of standard output is one JSON object; otherwise
+// a readable summary. The exit status is 1 when the guarantee was broken,
+// 2 on any other failure.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/headway-go/headway/internal/redisenv"
+)
+
+func main() {
+	var (
+		c      loadConfig
+		asJSON bool
+	)
+	flag.StringVar(&c.Bucket, "bucket", "tokenbucket", "bucket to load: "+strings.Join(buckets, ", "))
+	flag.Int64Var(&c.Limit, "limit", 1000, "permits per interval, for the whole fleet")
+	flag.DurationVar(&c.Interval, "interval", time.Second, "the limit's interval")
+	flag.Int64Var(&c.Burst, "burst", 0, "gcra and local: permits at once after a quiet spell (0: the limit)")
+	flag.IntVar(&c.Instances, "instances", 4, "independent instances, each with its own Redis client and bucket")
+	flag.IntVar(&c.Workers, "workers", 16, "goroutines per instance")
+	flag.DurationVar(&c.Duration, "duration", 5*time.Second, "how long to run")
+	flag.DurationVar(&c.MaxWait, "maxwait", 0, "Acquire's maxWait (0: one interval)")
+	flag.StringVar(&c.Redis, "redis", "", "Redis address (default: start a redis-server on a free port, or the in-process stand-in)")
+	flag.StringVar(&c.Key, "key", "", "the bucket's Redis key (default: a fresh random one)")
+	flag.StringVar(&c.Target, "target", "", "optional URL to GET once after each grant")
+	c.Tolerance = -1
+	flag.Var((*tolerance)(&c.Tolerance), "tolerance", "how late a recorded grant time may be, for the guarantee check: a duration, or auto for the measured bound")
+	flag.IntVar(&c.MaxGrants, "max-grants", 0, "stop after this many grants (0: ten times what the limit allows)")
+	flag.BoolVar(&asJSON, "json", false, "print one JSON object on the last line instead of a summary")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	err := run(ctx, c, asJSON, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		if errors.As(err, new(errBroken)) {
+			os.Exit(1)
+		}
+		os.Exit(2)
+	}
+}
+
+// tolerance is the -tolerance flag: a duration, or "auto" (stored as -1).
+type tolerance time.Duration
+
+func (t *tolerance) String() string {
+	if t == nil || *t < 0 {
+		return "auto"
+	}
+	return time.Duration(*t).String()
+}
+
+func (t *tolerance) Set(s string) error {
+	if s == "auto" {
+		*t = -1
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return fmt.Errorf("want a non-negative duration or auto, got %q", s)
+	}
+	*t = tolerance(d)
+	return nil
+}
+
+// errBroken reports that the guarantee did not hold.
+type errBroken struct{ violations int }
+
+func (e errBroken) Error() string {
+	return fmt.Sprintf("the guarantee was broken: %d violations", e.violations)
+}
+
+func run(ctx context.Context, c loadConfig, asJSON bool, stdout, stderr io.Writer) error {
+	redisKind := "none"
+	if c.Bucket != "local" {
+		redisKind = "external " + c.Redis
+		if c.Redis == "" {
+			srv, err := redisenv.Start()
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			c.Redis, redisKind = srv.Addr(), srv.Kind()
+			if srv.Real() {
+				fmt.Fprintf(stderr, "loadtest: started %s on %s for this run (pass -redis to use your own)\n", srv.Kind(), srv.Addr())
+			} else {
+				fmt.Fprintf(stderr, "loadtest: WARNING: redis-server is not installed; running against the %s on %s, NOT a real Redis\n", srv.Kind(), srv.Addr())
+			}
+		}
+	} else {
+		fmt.Fprintln(stderr, "loadtest: bucket local is in memory; no Redis")
+	}
+
+	res, err := runLoad(ctx, c)
+	if err != nil {
+		return err
+	}
+	res.Redis = redisKind
+	if asJSON {
+		b, err := json.Marshal(res)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s\n", b)
+	} else {
+		summarize(stdout, res)
+	}
+	if res.Violations > 0 {
+		return errBroken{res.Violations}
+	}
+	return nil
+}
+
+func summarize(w io.Writer, r loadResult) {
+	fmt.Fprintf(w, "%s: %d per %v, %d instances × %d workers, %.1fs, redis: %s\n",
+		r.Bucket, r.Limit, time.Duration(r.IntervalMs*float64(time.Millisecond)), r.Instances, r.Workers, r.DurationS, r.Redis)
+	fmt.Fprintf(w, "  grants       %d (%.0f/s)%s\n", r.Grants, r.GrantsPerS, map[bool]string{true: ", stopped early at -max-grants"}[r.StoppedEarly])
+	verdict := "kept"
+	if r.Violations > 0 {
+		verdict = fmt.Sprintf("BROKEN: %d violations", r.Violations)
+	}
+	fmt.Fprintf(w, "  guarantee    %s at tolerance %.3fms (measured %.3fms; needed %.3fms)\n               %s\n",
+		verdict, r.ToleranceMs, r.MeasuredMs, r.NeededMs, r.Guarantee)
+	fmt.Fprintf(w, "  utilization  %.3f of %d allowed over the grants' span\n", r.Utilization, r.Allowed)
+	if r.Redis != "none" {
+		fmt.Fprintf(w, "  redis        %.2f commands, %.2f round trips per grant\n", r.RedisCmdsPerGrant, r.RedisTripsPerGrant)
+	}
+	fmt.Fprintf(w, "  acquire      p50 %v, p99 %v, max %v (granted calls, waiting included)\n",
+		us(r.AcquireP50us), us(r.AcquireP99us), us(r.AcquireMaxUs))
+	fmt.Fprintf(w, "  refused      %d timeouts, %d errors", r.Timeouts, r.Errors)
+	if r.FirstError != "" {
+		fmt.Fprintf(w, " (first: %s)", r.FirstError)
+	}
+	fmt.Fprintln(w)
+	if r.TargetOK+r.Target429+r.TargetErrors > 0 {
+		fmt.Fprintf(w, "  target       %d ok, %d 429, %d errors\n", r.TargetOK, r.Target429, r.TargetErrors)
+	}
+}
+
+func us(v float64) time.Duration {
+	return time.Duration(v * float64(time.Microsecond)).Round(time.Microsecond)
+}

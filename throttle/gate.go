@@ -1,0 +1,232 @@
+package throttle
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+)
+
+// admitWave is how many queued callers of one key a Limiter lets ask the
+// bucket at once after a refusal. When the bucket has permits again, each
+// caller granted lets the next one in, so the queue drains at the bucket's
+// pace; when it refuses again, at most admitWave-1 other calls were spent
+// learning it.
+const admitWave = 8
+
+const noDeadline = int64(^uint64(0) >> 1)
+
+// gate coordinates a Limiter's callers of one key once the bucket has
+// refused: instead of every caller sleeping until the time the bucket
+// named and then asking all at once (a herd of round trips that mostly
+// come back refused), callers queue in order, the gate sleeps once until
+// the bucket's time, and then admits them a few at a time. While the
+// bucket grants freely, callers pass the gate with two atomic loads.
+type gate struct {
+	clock clockwork.Clock
+	// closedUntil is the clock time (UnixNano) before which the bucket
+	// said asking is useless; queued is len(q), for the lock-free check.
+	closedUntil atomic.Int64
+	queued      atomic.Int32
+
+	mu     sync.Mutex
+	q      []*gateWaiter // FIFO
+	active int           // admitted callers whose bucket call is in flight
+	timer  clockwork.Timer
+}
+
+type gateWaiter struct {
+	ready    chan struct{} // gets a value when admitted or turned away
+	admitted bool          // under gate.mu
+	// deadline is the clock time (UnixNano) the caller waits until at
+	// most; err, set before ready when the gate turns the caller away
+	// because it will not reopen by then.
+	deadline int64
+	timeout  func(next time.Duration) error
+	err      error
+}
+
+// open reports whether a caller may ask the bucket without queueing.
+func (g *gate) open(now int64) bool {
+	return g.closedUntil.Load() <= now && g.queued.Load() == 0
+}
+
+// closeFor records a refusal: asking again is useless for d.
+func (g *gate) closeFor(d time.Duration) {
+	g.mu.Lock()
+	g.closedUntil.Store(g.clock.Now().Add(d).UnixNano())
+	g.admitLocked()
+	g.mu.Unlock()
+}
+
+// enter queues the caller (first in line if retry, as it was already
+// admitted once) until the gate admits it, left runs out (ErrTimeout, at
+// once if the gate opens too late), or ctx ends. On nil the caller holds an
+// admission and must call leave after asking the bucket.
+func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, timeoutErr func(next time.Duration) error) error {
+	g.mu.Lock()
+	now := g.clock.Now().UnixNano()
+	if wait := time.Duration(g.closedUntil.Load() - now); wait > 0 && wait > left {
+		g.mu.Unlock()
+		return timeoutErr(wait)
+	}
+	if g.closedUntil.Load() <= now && len(g.q) == 0 && g.active < admitWave {
+		g.active++
+		g.mu.Unlock()
+		return nil
+	}
+	w := &gateWaiter{ready: make(chan struct{}, 1), deadline: noDeadline, timeout: timeoutErr}
+	if left != Forever {
+		w.deadline = now + int64(left)
+	}
+	if retry {
+		g.q = append([]*gateWaiter{w}, g.q...)
+	} else {
+		g.q = append(g.q, w)
+	}
+	g.queued.Add(1)
+	g.admitLocked()
+	g.mu.Unlock()
+
+	// No timer of our own: the gate's reopening is the only wake-up, and a
+	// gate that closes again past our deadline turns us away at once.
+	select {
+	case <-w.ready:
+		return w.err
+	case <-ctx.Done():
+	}
+	err := waitErr(ctx)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if w.err != nil {
+		return err // turned away as we gave up
+	}
+	if w.admitted {
+		// Admitted as we gave up: pass the admission on.
+		g.active--
+		g.admitLocked()
+		return err
+	}
+	for i, x := range g.q {
+		if x == w {
+			g.q = append(g.q[:i], g.q[i+1:]...)
+			g.queued.Add(-1)
+			break
+		}
+	}
+	return err
+}
+
+// leave ends an admission. A refusal closes the gate for d.
+func (g *gate) leave(refused bool, d time.Duration) {
+	g.mu.Lock()
+	g.active--
+	if refused {
+		g.closedUntil.Store(g.clock.Now().Add(d).UnixNano())
+	}
+	g.admitLocked()
+	g.mu.Unlock()
+}
+
+// admitLocked admits queued callers while the gate is open and fewer than
+// admitWave are in flight. While it is closed, it turns away the callers
+// whose deadline comes before it reopens and arms the timer that reopens
+// it.
+func (g *gate) admitLocked() {
+	now := g.clock.Now().UnixNano()
+	if until := g.closedUntil.Load(); until > now {
+		kept := g.q[:0]
+		for _, w := range g.q {
+			if w.deadline < until {
+				w.err = w.timeout(time.Duration(until - now))
+				w.ready <- struct{}{}
+				g.queued.Add(-1)
+				continue
+			}
+			kept = append(kept, w)
+		}
+		clear(g.q[len(kept):])
+		g.q = kept
+		if len(g.q) > 0 && g.timer == nil {
+			g.timer = g.clock.AfterFunc(time.Duration(until-now), g.reopen)
+		}
+		return
+	}
+	for len(g.q) > 0 && g.active < admitWave {
+		w := g.q[0]
+		g.q[0] = nil
+		g.q = g.q[1:]
+		g.queued.Add(-1)
+		w.admitted = true
+		g.active++
+		w.ready <- struct{}{}
+	}
+}
+
+// reopen runs when the time the bucket named has come.
+func (g *gate) reopen() {
+	g.mu.Lock()
+	g.timer = nil
+	g.admitLocked()
+	g.mu.Unlock()
+}
+
+// idle reports whether the gate holds nothing worth keeping.
+func (g *gate) idle(now int64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.q) == 0 && g.active == 0 && g.timer == nil && g.closedUntil.Load() <= now
+}
+
+// gates holds a Limiter's gates, one per key that has seen a refusal.
+type gates struct {
+	clock   clockwork.Clock
+	root    atomic.Pointer[gate] // key ""
+	keyed   sync.Map             // string → *gate
+	created atomic.Int64
+}
+
+// get returns key's gate, or nil if it has none.
+func (gs *gates) get(key string) *gate {
+	if key == "" {
+		return gs.root.Load()
+	}
+	if g, ok := gs.keyed.Load(key); ok {
+		return g.(*gate)
+	}
+	return nil
+}
+
+// make returns key's gate, creating it.
+func (gs *gates) make(key string) *gate {
+	if key == "" {
+		if g := gs.root.Load(); g != nil {
+			return g
+		}
+		gs.root.CompareAndSwap(nil, &gate{clock: gs.clock})
+		return gs.root.Load()
+	}
+	if g, ok := gs.keyed.Load(key); ok {
+		return g.(*gate)
+	}
+	g, loaded := gs.keyed.LoadOrStore(key, &gate{clock: gs.clock})
+	if !loaded && gs.created.Add(1)%1024 == 0 {
+		gs.sweep()
+	}
+	return g.(*gate)
+}
+
+// sweep forgets idle gates, so that memory follows the keys in use. A
+// caller still holding a forgotten gate only loses herd protection for a
+// moment; the bucket, not the gate, decides who gets permits.
+func (gs *gates) sweep() {
+	now := gs.clock.Now().UnixNano()
+	gs.keyed.Range(func(k, v any) bool {
+		if v.(*gate).idle(now) {
+			gs.keyed.Delete(k)
+		}
+		return true
+	})
+}

@@ -1,0 +1,50 @@
+package throttle_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// roundTrips counts the calls that reach a bucket.
+type roundTrips struct {
+	throttle.Bucket
+	n atomic.Int64
+}
+
+func (r *roundTrips) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	r.n.Add(1)
+	return r.Bucket.Take(ctx, key, n, maxWait)
+}
+
+// Wrap the fleet's shared bucket in a Leased on each instance: permits come
+// from memory and the shared bucket is asked for batches sized by demand.
+// Here an in-memory bucket stands in for the shared Redis bucket, and a
+// wrapper counts the round trips it would cost.
+func ExampleNewLeased() {
+	shared, err := throttle.NewLocal(1000, time.Second) // e.g. bucket.NewTokenBucket(rdb, "api", 1000, time.Second)
+	if err != nil {
+		panic(err)
+	}
+	counted := &roundTrips{Bucket: shared}
+	leased, err := throttle.NewLeased(counted, throttle.WithLeaseTTL(time.Second))
+	if err != nil {
+		panic(err)
+	}
+	defer leased.Close() // hands back what the lease still holds
+
+	lim := throttle.New(leased)
+	for range 200 {
+		if err := lim.Acquire(context.Background(), time.Second); err != nil {
+			panic(err)
+		}
+	}
+	fmt.Println("permits: 200")
+	fmt.Println("fewer than 20 round trips:", counted.n.Load() < 20)
+	// Output:
+	// permits: 200
+	// fewer than 20 round trips: true
+}
