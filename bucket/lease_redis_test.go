@@ -2,6 +2,7 @@ package bucket_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,6 +98,31 @@ func leaseFleet(t *testing.T, limit int64, interval time.Duration, demand []floa
 	return rec.Times(), total
 }
 
+// steadyUtilization is the share of the limit used over whole intervals
+// after the first: grants in [t0+interval, t0+(k+1)·interval) over k·limit,
+// where t0 is the first grant (the first refill) and k as many whole
+// intervals as the run holds. It leaves out the first period, when demand
+// is still arriving, and the last, cut short by the end of the run.
+func steadyUtilization(times []time.Time, limit int64, interval time.Duration) float64 {
+	if len(times) == 0 {
+		return 0
+	}
+	sorted := slices.SortedFunc(slices.Values(times), time.Time.Compare)
+	from := sorted[0].Add(interval)
+	k := int64(sorted[len(sorted)-1].Sub(from) / interval)
+	if k < 1 {
+		return 0
+	}
+	to := from.Add(time.Duration(k) * interval)
+	n := 0
+	for _, tm := range sorted {
+		if !tm.Before(from) && tm.Before(to) {
+			n++
+		}
+	}
+	return float64(n) / float64(k*limit)
+}
+
 // TestLeasedFleetOverTokenBucket: four instances, each with its own Leased
 // and Redis client over one Redis token bucket, all asking for more than
 // the limit. Counted independently, no period gets more than the limit,
@@ -105,9 +131,10 @@ func TestLeasedFleetOverTokenBucket(t *testing.T) {
 	const limit, interval = 1000, 200 * time.Millisecond // 5000/s
 	times, calls := leaseFleet(t, limit, interval, []float64{4000, 4000, 4000, 4000}, 3*time.Second)
 	r := guarantee.Periods(times, limit, interval, 5*time.Millisecond)
-	t.Log(r)
+	u := steadyUtilization(times, limit, interval)
+	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f", r, u, float64(calls)/float64(len(times)))
 	assert.Zero(t, r.Violations, r.Detail)
-	assert.GreaterOrEqual(t, r.Utilization, 0.9)
+	assert.GreaterOrEqual(t, u, 0.95)
 	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
 }
 
@@ -119,8 +146,9 @@ func TestLeasedFleetSkewed(t *testing.T) {
 	demand := []float64{0.9 * total, 0.1 * total / 3, 0.1 * total / 3, 0.1 * total / 3}
 	times, calls := leaseFleet(t, limit, interval, demand, 3*time.Second)
 	r := guarantee.Periods(times, limit, interval, 5*time.Millisecond)
-	t.Log(r)
+	u := steadyUtilization(times, limit, interval)
+	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f", r, u, float64(calls)/float64(len(times)))
 	assert.Zero(t, r.Violations, r.Detail)
-	assert.GreaterOrEqual(t, r.Utilization, 0.95)
+	assert.GreaterOrEqual(t, u, 0.95)
 	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
 }

@@ -90,7 +90,11 @@ import (
 // not in the last tenth of its life, so that a refund reaches the inner
 // bucket before the period it belongs to ends; the Refunder contract asks
 // the bucket to drop a refund that arrives later. Permits of an expired
-// lease are never used nor refunded.
+// lease are never used nor refunded. An inner bucket that is not a
+// Refunder (package bucket's TokenBucket: a token given back could not be
+// told apart from one of the next period) keeps what it leased: leftovers
+// expire with their period, which is why batches are sized to what is left
+// of it.
 //
 // # Decisions
 //
@@ -124,6 +128,7 @@ type Leased struct {
 	closeOnce sync.Once
 	closeErr  error
 	onSweep   func() // test hook, called after each background sweep
+	onWait    func() // test hook, called as a caller starts waiting on a refill
 }
 
 // leaseKey is the lease and the demand of one key.
@@ -187,6 +192,7 @@ type leaseConfig struct {
 	share     float64
 	noSweeper bool
 	onSweep   func()
+	onWait    func()
 }
 
 // WithLeaseHorizon sets how far ahead a [Leased] bucket leases: each batch
@@ -222,6 +228,12 @@ func WithLeaseShare(f float64) Option {
 // so that tests can call sweep at chosen times.
 func withoutLeaseSweeper() Option {
 	return leaseOption(func(c *leaseConfig) { c.noSweeper = true })
+}
+
+// withLeaseWaitHook makes a caller call f as it starts waiting on another
+// caller's refill.
+func withLeaseWaitHook(f func()) Option {
+	return leaseOption(func(c *leaseConfig) { c.onWait = f })
 }
 
 // withLeaseSweepHook makes the background sweep call f after each pass.
@@ -264,6 +276,7 @@ func NewLeased(inner Bucket, opts ...Option) (*Leased, error) {
 		ttl:     lc.ttl.Nanoseconds(),
 		share:   lc.share,
 		onSweep: lc.onSweep,
+		onWait:  lc.onWait,
 	}
 	l.refunder, _ = inner.(Refunder)
 	l.pauser, _ = inner.(Pauser)
@@ -275,9 +288,6 @@ func NewLeased(inner Bucket, opts ...Option) (*Leased, error) {
 	}
 	return l, nil
 }
-
-// Inner returns the bucket l leases from.
-func (l *Leased) Inner() Bucket { return l.inner }
 
 func (l *Leased) now() int64 { return int64(l.clock.Since(l.epoch)) }
 
@@ -304,6 +314,13 @@ func (b *leaseBatch) take(n int64) (int64, bool) {
 			return left - n, true
 		}
 	}
+}
+
+// refundable reports whether the lease's permits may still be handed back:
+// before the last tenth of its life, so that the refund reaches the inner
+// bucket within the period the permits belong to.
+func (b *leaseBatch) refundable(now int64) bool {
+	return (b.expires-now)*10 >= b.expires-b.start && now < b.expires
 }
 
 func (b *leaseBatch) granted(left, now int64) Decision {
@@ -379,15 +396,19 @@ func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, m
 		}
 		if f := k.inflight; f != nil {
 			k.mu.Unlock()
+			if l.onWait != nil {
+				l.onWait()
+			}
 			select {
 			case <-f.done:
 			case <-ctx.Done():
 				return Decision{}, fmt.Errorf("throttle: Leased: waiting for the lease of key %q to be refilled: %w", key, ctx.Err())
 			}
-			if f.err != nil && !isContextError(f.err) {
-				return Decision{}, f.err
+			var be *BackendError
+			if f.err != nil && errors.As(f.err, &be) && !isContextError(f.err) {
+				return Decision{}, f.err // the store failed: it would for us too
 			}
-			continue // the refiller's context ending is not ours: try again
+			continue // granted, refused, or an error of the refiller's own (its context, its n): try again
 		}
 
 		if k.limit > 0 && n > k.limit {
@@ -609,7 +630,7 @@ func (l *Leased) sweep(now int64) {
 			used, span = b.size-left-b.returned, now-b.start
 		}
 		k.swept, k.sweptLeft, k.sweptAt = b, left, now
-		if l.refunder == nil || (b.expires-now)*10 < b.expires-b.start {
+		if l.refunder == nil || !b.refundable(now) {
 			return // nowhere to hand back to, or too late to
 		}
 		keep := int64(0)
@@ -652,7 +673,7 @@ func (l *Leased) Close() error {
 			k.mu.Lock()
 			defer k.mu.Unlock()
 			if b := k.cur.Load(); b != nil {
-				if left := b.left.Swap(0); left > 0 && now < b.expires {
+				if left := b.left.Swap(0); left > 0 && b.refundable(now) {
 					refunds = append(refunds, leaseRefund{key, left})
 				}
 			}

@@ -457,7 +457,8 @@ func TestLeasedWaiterHonoursItsContext(t *testing.T) {
 	local, err := NewLocal(100, time.Second, WithClock(clock))
 	require.NoError(t, err)
 	inner := &counting{Bucket: local, gate: make(chan struct{}), entered: make(chan struct{})}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper())
+	waiting := make(chan struct{}, 1)
+	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), withLeaseWaitHook(func() { waiting <- struct{}{} }))
 	first := make(chan error, 1)
 	go func() {
 		_, err := l.Take(context.Background(), "", 1, 0)
@@ -470,6 +471,7 @@ func TestLeasedWaiterHonoursItsContext(t *testing.T) {
 		_, err := l.Take(ctx, "", 1, 0)
 		second <- err
 	}()
+	<-waiting
 	cancel()
 	err = <-second
 	require.ErrorIs(t, err, context.Canceled)
@@ -730,4 +732,39 @@ type gateOpen struct{}
 
 func (gateOpen) Take(context.Context, string, int64, time.Duration) (Decision, error) {
 	return Decision{Granted: true, Limit: 100}, nil
+}
+
+// TestLeasedWaiterIgnoresTheRefillersOwnError: a caller asking for more
+// than the bucket can grant fails alone; those who waited on its refill
+// are served.
+func TestLeasedWaiterIgnoresTheRefillersOwnError(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	wb := newWindowBucket(clock, 100, time.Second)
+	inner := &counting{Bucket: wb, gate: make(chan struct{}), entered: make(chan struct{})}
+	waiting := make(chan struct{}, 1)
+	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), withLeaseWaitHook(func() { waiting <- struct{}{} }))
+	big := make(chan error, 1)
+	go func() {
+		_, err := l.Take(context.Background(), "", 500, 0)
+		big <- err
+	}()
+	<-inner.entered // the big caller's refill is in flight
+	small := make(chan error, 1)
+	go func() {
+		d, err := l.Take(context.Background(), "", 1, 0)
+		if err == nil && !d.Granted {
+			err = errors.New("not granted")
+		}
+		small <- err
+	}()
+	<-waiting // the small caller waits on the big one's refill
+	inner.gate <- struct{}{}
+	require.ErrorIs(t, <-big, ErrExceedsLimit)
+	go func() { // the small caller may refill on its own
+		for range inner.entered {
+			inner.gate <- struct{}{}
+		}
+	}()
+	require.NoError(t, <-small)
+	close(inner.entered)
 }

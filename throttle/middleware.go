@@ -46,12 +46,13 @@ type SLA struct {
 	Tiers []Tier
 }
 
-// Tier is one limit of an [SLA]: at most Threshold calls per Period.
+// Tier is one limit of an [SLA]: at most Limit calls per Period (the
+// "threshold" of a seed-000 YAML tier).
 type Tier struct {
+	// Limit is how many calls a tenant may make per Period; at least 1.
+	Limit int64
 	// Period is the window's length; positive.
 	Period time.Duration
-	// Threshold is how many calls a tenant may make per Period; at least 1.
-	Threshold int64
 }
 
 // maxTenantLen is the longest tenant used in a key as it is; longer ones
@@ -208,7 +209,7 @@ func NewMiddleware(slas []SLA, newBucket BucketFactory, opts ...Option) (*Middle
 		}
 		var policy []string
 		for _, t := range s.Tiers {
-			policy = append(policy, fmt.Sprintf("%q;q=%d;w=%d", policyName(s.ID, t), t.Threshold, max(1, ceilSeconds(t.Period))))
+			policy = append(policy, fmt.Sprintf("%q;q=%d;w=%d", policyName(s.ID, t), t.Limit, max(1, ceilSeconds(t.Period))))
 		}
 		r.policy = strings.Join(policy, ", ")
 		b, err := newBucket(s)
@@ -252,8 +253,8 @@ func validateSLA(s SLA) error {
 			return Invalid("SLA "+s.ID, fmt.Sprintf("Tiers[%d].Period", j), t.Period, "must differ from the other tiers' periods")
 		}
 		periods[t.Period] = true
-		if t.Threshold < 1 {
-			return Invalid("SLA "+s.ID, fmt.Sprintf("Tiers[%d].Threshold", j), t.Threshold, "must be at least 1")
+		if t.Limit < 1 {
+			return Invalid("SLA "+s.ID, fmt.Sprintf("Tiers[%d].Limit", j), t.Limit, "must be at least 1")
 		}
 	}
 	return nil
@@ -367,7 +368,7 @@ func (m *Middleware) setDraftHeaders(h http.Header, rl *rule, d Decision) {
 	}
 	t := rl.sla.Tiers[0]
 	for _, tt := range rl.sla.Tiers {
-		if tt.Threshold == d.Limit {
+		if tt.Limit == d.Limit {
 			t = tt
 			break
 		}
@@ -382,7 +383,7 @@ func (m *Middleware) setDraftHeaders(h http.Header, rl *rule, d Decision) {
 // times of the calls granted within the last period (a sliding log, as in
 // seed 003). Options: [WithClock].
 //
-// Guarantee, per key: at most Threshold grants in every aligned window of
+// Guarantee, per key: at most Limit grants in every aligned window of
 // each tier (fixed), or in every span of Period (sliding). A call is
 // granted only when every tier has room, and then counts in every tier;
 // a refused call counts nowhere. Such a bucket cannot reserve: it ignores
@@ -396,8 +397,8 @@ func LocalWindows(opts ...Option) BucketFactory {
 			return nil, Invalid("throttle: LocalWindows", "Tiers", "[]", "must have at least one tier")
 		}
 		for j, t := range s.Tiers {
-			if t.Period <= 0 || t.Threshold < 1 {
-				return nil, Invalid("throttle: LocalWindows", fmt.Sprintf("Tiers[%d]", j), fmt.Sprintf("%+v", t), "must have a positive Period and a Threshold of at least 1")
+			if t.Period <= 0 || t.Limit < 1 {
+				return nil, Invalid("throttle: LocalWindows", fmt.Sprintf("Tiers[%d]", j), fmt.Sprintf("%+v", t), "must have a positive Period and a Limit of at least 1")
 			}
 		}
 		w := &localWindow{
@@ -406,10 +407,10 @@ func LocalWindows(opts ...Option) BucketFactory {
 			clock:     clock,
 			keys:      make(map[string]*windowState),
 			sweepSize: 64,
-			maxN:      s.Tiers[0].Threshold,
+			maxN:      s.Tiers[0].Limit,
 		}
 		for _, t := range s.Tiers {
-			w.maxN = min(w.maxN, t.Threshold)
+			w.maxN = min(w.maxN, t.Limit)
 		}
 		return w, nil
 	}
@@ -475,8 +476,8 @@ func (w *localWindow) Take(_ context.Context, key string, n int64, _ time.Durati
 			l = l[k:]
 			st.log[i] = l
 			used = int64(len(l))
-			if used+n > t.Threshold {
-				wait = l[used+n-t.Threshold-1] + p - now
+			if used+n > t.Limit {
+				wait = l[used+n-t.Limit-1] + p - now
 			}
 		} else {
 			start := now - ((now%p)+p)%p // floor, also before 1970
@@ -484,20 +485,20 @@ func (w *localWindow) Take(_ context.Context, key string, n int64, _ time.Durati
 				st.start[i], st.count[i] = start, 0
 			}
 			used = st.count[i]
-			if used+n > t.Threshold {
+			if used+n > t.Limit {
 				wait = start + p - now
 			}
 		}
 		if wait > 0 {
 			if !refused || time.Duration(wait) > delay {
-				report, reportLeft = i, t.Threshold-used
+				report, reportLeft = i, t.Limit-used
 			}
 			refused = true
 			delay = max(delay, time.Duration(wait))
 			continue
 		}
 		if !refused {
-			left := t.Threshold - used - n
+			left := t.Limit - used - n
 			if report < 0 || left < reportLeft || left == reportLeft && t.Period > w.tiers[report].Period {
 				report, reportLeft = i, left
 			}
@@ -515,7 +516,7 @@ func (w *localWindow) Take(_ context.Context, key string, n int64, _ time.Durati
 		}
 	}
 	t := w.tiers[report]
-	d := Decision{Granted: !refused, Limit: t.Threshold, Remaining: max(reportLeft, 0), Reset: w.reset(st, report, now)}
+	d := Decision{Granted: !refused, Limit: t.Limit, Remaining: max(reportLeft, 0), Reset: w.reset(st, report, now)}
 	if refused {
 		d.Delay = delay
 	}

@@ -78,7 +78,7 @@ func TestMiddlewareHeadersThroughAWindow(t *testing.T) {
 		name := map[bool]string{false: "fixed", true: "sliding"}[sliding]
 		t.Run(name, func(t *testing.T) {
 			clk := clockwork.NewFakeClockAt(windowStart)
-			s := getProduct(throttle.Tier{Period: 10 * time.Second, Threshold: 3})
+			s := getProduct(throttle.Tier{Period: 10 * time.Second, Limit: 3})
 			s.Sliding = sliding
 			h, served := newTestMiddleware(t, clk, []throttle.SLA{s})
 
@@ -115,7 +115,7 @@ func TestMiddlewareTiersAllOrNothing(t *testing.T) {
 		name := map[bool]string{false: "fixed", true: "sliding"}[sliding]
 		t.Run(name, func(t *testing.T) {
 			clk := clockwork.NewFakeClockAt(windowStart)
-			s := getProduct(throttle.Tier{Period: time.Second, Threshold: 2}, throttle.Tier{Period: 10 * time.Second, Threshold: 3})
+			s := getProduct(throttle.Tier{Period: time.Second, Limit: 2}, throttle.Tier{Period: 10 * time.Second, Limit: 3})
 			s.Sliding = sliding
 			h, served := newTestMiddleware(t, clk, []throttle.SLA{s})
 
@@ -140,7 +140,7 @@ func TestMiddlewareTiersAllOrNothing(t *testing.T) {
 // unaffected; calls without a tenant share one budget.
 func TestMiddlewareTenantIsolation(t *testing.T) {
 	clk := clockwork.NewFakeClockAt(windowStart)
-	h, _ := newTestMiddleware(t, clk, []throttle.SLA{getProduct(throttle.Tier{Period: 10 * time.Second, Threshold: 2})})
+	h, _ := newTestMiddleware(t, clk, []throttle.SLA{getProduct(throttle.Tier{Period: 10 * time.Second, Limit: 2})})
 	call(h, "GET", "/product/1", "A")
 	call(h, "GET", "/product/1", "A")
 	check(t, "A over", call(h, "GET", "/product/1", "A"), want{429, "2", "0", "10", "10"})
@@ -155,9 +155,9 @@ func TestMiddlewareTenantIsolation(t *testing.T) {
 func TestMiddlewareMatching(t *testing.T) {
 	clk := clockwork.NewFakeClockAt(windowStart)
 	slas := []throttle.SLA{
-		{ID: "put-product", Methods: []string{"PUT"}, Path: "/v1/organizations/*/product/*", Tenant: throttle.TenantPathSegment(2), Tiers: []throttle.Tier{{Period: 10 * time.Second, Threshold: 1}}},
-		{ID: "get-product", Methods: []string{"GET"}, Path: "/v1/organizations/*/product/*", Tenant: throttle.TenantPathSegment(2), Tiers: []throttle.Tier{{Period: 10 * time.Second, Threshold: 5}}},
-		{ID: "anything", Path: "/health", Tiers: []throttle.Tier{{Period: 10 * time.Second, Threshold: 100}}},
+		{ID: "put-product", Methods: []string{"PUT"}, Path: "/v1/organizations/*/product/*", Tenant: throttle.TenantPathSegment(2), Tiers: []throttle.Tier{{Period: 10 * time.Second, Limit: 1}}},
+		{ID: "get-product", Methods: []string{"GET"}, Path: "/v1/organizations/*/product/*", Tenant: throttle.TenantPathSegment(2), Tiers: []throttle.Tier{{Period: 10 * time.Second, Limit: 5}}},
+		{ID: "anything", Path: "/health", Tiers: []throttle.Tier{{Period: 10 * time.Second, Limit: 100}}},
 	}
 	h, _ := newTestMiddleware(t, clk, slas)
 	check(t, "PUT acme", call(h, "PUT", "/v1/organizations/acme/product/7", ""), want{200, "1", "0", "10", ""})
@@ -194,9 +194,9 @@ func TestTenantPathSegment(t *testing.T) {
 func TestMiddlewareDraftHeaders(t *testing.T) {
 	clk := clockwork.NewFakeClockAt(windowStart)
 	h, _ := newTestMiddleware(t, clk, []throttle.SLA{getProduct(
-		throttle.Tier{Period: time.Second, Threshold: 10},
-		throttle.Tier{Period: time.Minute, Threshold: 12},
-		throttle.Tier{Period: 1500 * time.Millisecond, Threshold: 11},
+		throttle.Tier{Period: time.Second, Limit: 10},
+		throttle.Tier{Period: time.Minute, Limit: 12},
+		throttle.Tier{Period: 1500 * time.Millisecond, Limit: 11},
 	)}, throttle.WithDraftHeaders())
 	w := call(h, "GET", "/product/1", "acme")
 	if got, want := w.Header().Get("RateLimit-Policy"), `"get-product/1s";q=10;w=1, "get-product/60s";q=12;w=60, "get-product/1500ms";q=11;w=2`; got != want {
@@ -228,7 +228,7 @@ func (failingBucket) Take(context.Context, string, int64, time.Duration) (thrott
 
 func TestMiddlewareStoreFailure(t *testing.T) {
 	factory := func(throttle.SLA) (throttle.Bucket, error) { return failingBucket{}, nil }
-	slas := []throttle.SLA{getProduct(throttle.Tier{Period: time.Second, Threshold: 1})}
+	slas := []throttle.SLA{getProduct(throttle.Tier{Period: time.Second, Limit: 1})}
 	for _, tt := range []struct {
 		name   string
 		opts   []throttle.Option
@@ -270,7 +270,7 @@ func (k *keyRecorder) Take(_ context.Context, key string, _ int64, _ time.Durati
 // replaced by its digest, and two long tenants stay apart.
 func TestMiddlewareKeys(t *testing.T) {
 	rec := &keyRecorder{}
-	m, err := throttle.NewMiddleware([]throttle.SLA{getProduct(throttle.Tier{Period: time.Second, Threshold: 1})},
+	m, err := throttle.NewMiddleware([]throttle.SLA{getProduct(throttle.Tier{Period: time.Second, Limit: 1})},
 		func(throttle.SLA) (throttle.Bucket, error) { return rec, nil })
 	if err != nil {
 		t.Fatal(err)
@@ -293,7 +293,7 @@ func TestMiddlewareKeys(t *testing.T) {
 }
 
 func TestNewMiddlewareRefusesBadSLAs(t *testing.T) {
-	ok := throttle.Tier{Period: time.Second, Threshold: 1}
+	ok := throttle.Tier{Period: time.Second, Limit: 1}
 	tests := []struct {
 		name  string
 		slas  []throttle.SLA
@@ -306,9 +306,9 @@ func TestNewMiddlewareRefusesBadSLAs(t *testing.T) {
 		{"lower-case method", []throttle.SLA{{ID: "a", Methods: []string{"get"}, Tiers: []throttle.Tier{ok}}}, "Methods[0]"},
 		{"bad pattern", []throttle.SLA{{ID: "a", Path: "/product/[", Tiers: []throttle.Tier{ok}}}, "Path"},
 		{"no tiers", []throttle.SLA{{ID: "a"}}, "Tiers"},
-		{"zero period", []throttle.SLA{{ID: "a", Tiers: []throttle.Tier{{Threshold: 1}}}}, "Tiers[0].Period"},
+		{"zero period", []throttle.SLA{{ID: "a", Tiers: []throttle.Tier{{Limit: 1}}}}, "Tiers[0].Period"},
 		{"repeated period", []throttle.SLA{{ID: "a", Tiers: []throttle.Tier{ok, ok}}}, "Tiers[1].Period"},
-		{"zero threshold", []throttle.SLA{{ID: "a", Tiers: []throttle.Tier{{Period: time.Second}}}}, "Tiers[0].Threshold"},
+		{"zero threshold", []throttle.SLA{{ID: "a", Tiers: []throttle.Tier{{Period: time.Second}}}}, "Tiers[0].Limit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -331,7 +331,7 @@ func TestNewMiddlewareRefusesBadSLAs(t *testing.T) {
 // TestLocalWindowsExceedsLimit: asking for more than the smallest
 // threshold at once can never succeed.
 func TestLocalWindowsExceedsLimit(t *testing.T) {
-	b, err := throttle.LocalWindows()(throttle.SLA{ID: "a", Tiers: []throttle.Tier{{Period: time.Second, Threshold: 5}, {Period: time.Minute, Threshold: 3}}})
+	b, err := throttle.LocalWindows()(throttle.SLA{ID: "a", Tiers: []throttle.Tier{{Period: time.Second, Limit: 5}, {Period: time.Minute, Limit: 3}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +351,7 @@ func TestLocalWindowsExceedsLimit(t *testing.T) {
 func TestLocalWindowsManyKeys(t *testing.T) {
 	clk := clockwork.NewFakeClockAt(windowStart)
 	for _, sliding := range []bool{false, true} {
-		b, err := throttle.LocalWindows(throttle.WithClock(clk))(throttle.SLA{ID: "a", Sliding: sliding, Tiers: []throttle.Tier{{Period: time.Second, Threshold: 1}}})
+		b, err := throttle.LocalWindows(throttle.WithClock(clk))(throttle.SLA{ID: "a", Sliding: sliding, Tiers: []throttle.Tier{{Period: time.Second, Limit: 1}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -378,7 +378,7 @@ func ExampleMiddleware() {
 		Methods: []string{"GET"},
 		Path:    "/product/*",
 		Tenant:  throttle.TenantHeader("X-Org-Id"),
-		Tiers:   []throttle.Tier{{Period: 10 * time.Second, Threshold: 2}},
+		Tiers:   []throttle.Tier{{Period: 10 * time.Second, Limit: 2}},
 	}}, throttle.LocalWindows(throttle.WithClock(clock)))
 	if err != nil {
 		fmt.Println(err)

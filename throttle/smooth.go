@@ -43,10 +43,10 @@ import (
 // saved cost the other.
 //
 // Waiting: a caller refused because its slot has not come is told the time
-// to it (Decision.Delay), so a [Limiter] sleeps until then. Callers waiting
-// for the same key all wake at the next slot and one of them gets it; the
-// others are told the next slot. That costs memory work, never a call to
-// the inner bucket.
+// to it (Decision.Delay), so a [Limiter] sleeps until then. Refusals before
+// the slot cost memory work only, never a call to the inner bucket. When the
+// inner bucket refuses, the slot is given back and its refusal (with its
+// Delay) is the answer.
 //
 // A Smooth is safe for concurrent use; it has no background goroutine.
 // Keys whose pace has caught up with the clock are forgotten.
@@ -137,9 +137,6 @@ func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...Option
 	}
 	return s, nil
 }
-
-// Inner returns the bucket s paces.
-func (s *Smooth) Inner() Bucket { return s.inner }
 
 func (s *Smooth) now() int64 { return int64(s.clock.Since(s.epoch)) }
 

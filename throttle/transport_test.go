@@ -105,7 +105,7 @@ func mustTransport(t *testing.T, lim *throttle.Limiter, opts ...throttle.Option)
 // period, on clock.
 func windowBucket(t *testing.T, clock clockwork.Clock, limit int64, period time.Duration) throttle.Bucket {
 	t.Helper()
-	b, err := throttle.LocalWindows(throttle.WithClock(clock))(throttle.SLA{ID: "shared", Tiers: []throttle.Tier{{Period: period, Threshold: limit}}})
+	b, err := throttle.LocalWindows(throttle.WithClock(clock))(throttle.SLA{ID: "shared", Tiers: []throttle.Tier{{Period: period, Limit: limit}}})
 	if err != nil {
 		t.Fatalf("LocalWindows: %v", err)
 	}

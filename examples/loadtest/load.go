@@ -57,6 +57,7 @@ type loadResult struct {
 	// MeasuredMs, the most any recorded grant time may be late.
 	ToleranceMs float64 `json:"tolerance_ms"`
 	MeasuredMs  float64 `json:"tolerance_measured_ms"`
+	LateP99Ms   float64 `json:"record_late_p99_ms"`  // how late 99% of grant times were recorded, at most
 	NeededMs    float64 `json:"tolerance_needed_ms"` // the least tolerance under which the grants pass
 
 	RedisCmdsPerGrant  float64 `json:"redis_cmds_per_grant"`
@@ -119,7 +120,6 @@ func (c *loadConfig) check() error {
 // tally holds the counts the workers share.
 type tally struct {
 	grants                         atomic.Int64
-	uncertainty                    atomic.Int64 // ns, the most a grant was recorded late
 	timeouts, errors               atomic.Int64
 	targetOK, target429, targetErr atomic.Int64
 	firstErr                       sync.Once
@@ -188,15 +188,17 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		t     tally
 		mu    sync.Mutex
 		waits []time.Duration // granted calls' Acquire latency
+		lates []time.Duration // how late each grant may have been recorded
 		wg    sync.WaitGroup
 	)
 	start := time.Now()
 	for _, in := range fleet {
 		for range c.Workers {
 			wg.Go(func() {
-				mine := worker(run, cancel, c, in.lim, httpc, &rec, &t)
+				w, l := worker(run, cancel, c, in.lim, httpc, &rec, &t)
 				mu.Lock()
-				waits = append(waits, mine...)
+				waits = append(waits, w...)
+				lates = append(lates, l...)
 				mu.Unlock()
 			})
 		}
@@ -205,7 +207,8 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	elapsed := time.Since(start)
 
 	times := rec.Times()
-	measured := time.Duration(t.uncertainty.Load())
+	slices.Sort(lates)
+	measured := percentile(lates, 1)
 	if c.Tolerance < 0 {
 		c.Tolerance = measured
 	}
@@ -228,6 +231,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		Guarantee:    rep.Detail,
 		ToleranceMs:  millis(c.Tolerance),
 		MeasuredMs:   millis(measured),
+		LateP99Ms:    millis(percentile(lates, 0.99)),
 		NeededMs:     millis(c.needed(times)),
 		AcquireP50us: micros(percentile(waits, 0.50)),
 		AcquireP99us: micros(percentile(waits, 0.99)),
@@ -249,15 +253,11 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	return res, nil
 }
 
-// worker asks for permits until run ends, records each grant, and returns
-// the latency of its granted calls.
-func worker(run context.Context, stop context.CancelFunc, c loadConfig, lim *throttle.Limiter, httpc *http.Client, rec *guarantee.Recorder, t *tally) []time.Duration {
-	var (
-		waits []time.Duration
-		since time.Time // when the last grant can have been decided, set by timedBucket
-		late  time.Duration
-	)
-	defer func() { storeMax(&t.uncertainty, int64(late)) }()
+// worker asks for permits until run ends and records each grant. It
+// returns, for each grant, how long Acquire took and how late the grant's
+// time may have been recorded.
+func worker(run context.Context, stop context.CancelFunc, c loadConfig, lim *throttle.Limiter, httpc *http.Client, rec *guarantee.Recorder, t *tally) (waits, lates []time.Duration) {
+	var since time.Time // when the last grant can have been decided, set by timedBucket
 	ctx := context.WithValue(run, grantedKey{}, &since)
 	for run.Err() == nil {
 		begin := time.Now()
@@ -267,7 +267,7 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, lim *thr
 		case err == nil:
 			rec.RecordAt(now)
 			waits = append(waits, now.Sub(begin))
-			late = max(late, now.Sub(since))
+			lates = append(lates, now.Sub(since))
 			if t.grants.Add(1) >= int64(c.MaxGrants) {
 				stop()
 			}
@@ -289,7 +289,7 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, lim *thr
 			}
 		}
 	}
-	return waits
+	return waits, lates
 }
 
 // call sends one GET to the target, as a worker would call its provider.

@@ -200,7 +200,7 @@ func redisBuckets(rdb redis.UniversalClient) throttle.BucketFactory {
 	return func(s throttle.SLA) (throttle.Bucket, error) {
 		tiers := make([]bucket.Tier, len(s.Tiers))
 		for i, t := range s.Tiers {
-			tiers[i] = bucket.Tier{Limit: t.Threshold, Period: t.Period}
+			tiers[i] = bucket.Tier{Limit: t.Limit, Period: t.Period}
 		}
 		if s.Sliding {
 			b, err := bucket.NewSlidingLog(rdb, "sla:"+s.ID, tiers)

@@ -401,7 +401,7 @@ func parseSLA(n *yaml.Node, at string) (throttle.SLA, bool, error) {
 		if err != nil {
 			return s, false, err
 		}
-		s.Tiers = append(s.Tiers, throttle.Tier{Period: time.Duration(period) * time.Second, Threshold: threshold})
+		s.Tiers = append(s.Tiers, throttle.Tier{Period: time.Duration(period) * time.Second, Limit: threshold})
 	}
 	return s, enabled, nil
 }

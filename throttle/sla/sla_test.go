@@ -57,13 +57,13 @@ func TestParse(t *testing.T) {
 	}
 	g, p, c := slas[0], slas[1], slas[2]
 	if g.ID != "get-product" || strings.Join(g.Methods, ",") != "GET,HEAD" || g.Path != "/v1/organizations/*/product/*" || g.Sliding ||
-		len(g.Tiers) != 2 || g.Tiers[0] != (throttle.Tier{Period: time.Second, Threshold: 10}) || g.Tiers[1] != (throttle.Tier{Period: 10 * time.Second, Threshold: 50}) {
+		len(g.Tiers) != 2 || g.Tiers[0] != (throttle.Tier{Period: time.Second, Limit: 10}) || g.Tiers[1] != (throttle.Tier{Period: 10 * time.Second, Limit: 50}) {
 		t.Errorf("get-product = %+v", g)
 	}
 	if tenant := g.Tenant(httptest.NewRequest("GET", "/v1/organizations/acme/product/1", nil)); tenant != "acme" {
 		t.Errorf("get-product's tenant = %q, want acme (path segment 2)", tenant)
 	}
-	if p.ID != "put-product" || !p.Sliding || p.Tiers[0] != (throttle.Tier{Period: 10 * time.Second, Threshold: 100}) {
+	if p.ID != "put-product" || !p.Sliding || p.Tiers[0] != (throttle.Tier{Period: 10 * time.Second, Limit: 100}) {
 		t.Errorf("put-product = %+v", p)
 	}
 	r := httptest.NewRequest("PUT", "/product/1", nil)
@@ -71,7 +71,7 @@ func TestParse(t *testing.T) {
 	if tenant := p.Tenant(r); tenant != "initech" {
 		t.Errorf("put-product's tenant = %q, want initech (header X-Org-Id)", tenant)
 	}
-	if c.ID != "catch-all" || c.Tenant != nil || c.Methods != nil || c.Path != "" || c.Tiers[0] != (throttle.Tier{Period: time.Minute, Threshold: 1000}) {
+	if c.ID != "catch-all" || c.Tenant != nil || c.Methods != nil || c.Path != "" || c.Tiers[0] != (throttle.Tier{Period: time.Minute, Limit: 1000}) {
 		t.Errorf("catch-all = %+v", c)
 	}
 	if _, err := throttle.NewMiddleware(slas, throttle.LocalWindows()); err != nil {
