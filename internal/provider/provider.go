@@ -74,9 +74,9 @@ type Provider struct {
 	rejected  int64
 	seen      map[recordID]int
 	periods   periodsMeter
-	windowAt  int64     // start of the current aligned window, ns (Aligned)
-	inWindow  int64     // accepted in the current period or window
-	maxWindow int64     // most accepted in one period or window
+	windowAt  int64 // start of the current aligned window, ns (Aligned)
+	inWindow  int64 // accepted in the current period or window
+	maxWindow int64 // most accepted in one period or window
 	served    sync.WaitGroup
 }
 
