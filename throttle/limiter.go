@@ -39,7 +39,7 @@ type Limiter struct {
 }
 
 // New returns a Limiter that draws permits from b. Options: [WithClock],
-// [WithLogger].
+// [WithLogger], [WithObserver].
 //
 // New does not fail: a nil b gives a Limiter whose every call returns an
 // error matching [ErrInvalid], so that the mistake surfaces where it is
@@ -109,6 +109,30 @@ func (k Keyed) Key() string { return k.key }
 func (k Keyed) Limiter() *Limiter { return k.l }
 
 func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time.Duration) error {
+	o := l.cfg.observer
+	if o == nil {
+		return l.wait(ctx, key, n, maxWait)
+	}
+	start := l.cfg.clock.Now()
+	err := l.wait(ctx, key, n, maxWait)
+	o.Acquired(key, n, l.cfg.clock.Since(start), err)
+	return err
+}
+
+// take asks the bucket once, reporting the call to the observer.
+func (l *Limiter) take(ctx context.Context, key string, n int64, left time.Duration) (Decision, error) {
+	o := l.cfg.observer
+	if o == nil {
+		return l.bucket.Take(ctx, key, n, left)
+	}
+	start := l.cfg.clock.Now()
+	d, err := l.bucket.Take(ctx, key, n, left)
+	o.BucketCall(key, d, l.cfg.clock.Since(start), err)
+	return d, err
+}
+
+// wait is Acquire's work: it validates, asks the bucket, and waits.
+func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Duration) error {
 	if l.bucket == nil {
 		return Invalid("throttle", "Bucket", nil, "throttle.New needs a non-nil Bucket, such as throttle.NewLocal or one from package bucket")
 	}
@@ -152,7 +176,7 @@ func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time
 				left = max(budget-clock.Since(start), 0)
 			}
 		}
-		d, err := l.bucket.Take(ctx, key, n, left)
+		d, err := l.take(ctx, key, n, left)
 		refused := err == nil && !d.Granted
 		wait := d.Delay
 		if refused && wait <= 0 {

@@ -21,6 +21,8 @@ type config struct {
 	logger *slog.Logger
 	// burst: 0, meaning the Local bucket's limit.
 	burst int64
+	// observer: nil, meaning no reports.
+	observer Observer
 }
 
 func newConfig(opts []Option) config {
