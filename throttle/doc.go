@@ -18,7 +18,20 @@
 // Buckets: [Local] limits one process, in memory. Package
 // github.com/headway-go/headway/bucket has the Redis-backed buckets that
 // a whole fleet shares (token bucket, fixed window, counter with resetter,
-// sliding log, GCRA, tiers); each states the guarantee it keeps.
+// sliding log, GCRA, tiers); each states the guarantee it keeps. Two
+// wrappers work over any bucket: [Leased] takes permits in batches sized
+// by demand and hands them out from memory (far fewer round trips), and
+// [Smooth] spaces permits evenly through the interval.
+//
+// Per key: [Limiter.Key] gives each tenant or endpoint its own budget in
+// one bucket.
+//
+// HTTP: [Transport] takes a permit before each outbound request, bounds
+// the wait per call, and turns a provider's 429 or 503 into a pause of the
+// shared bucket. [Middleware] limits incoming requests per tenant and
+// endpoint from [SLA] definitions (loaded from YAML by package
+// github.com/headway-go/headway/throttle/sla) and sets X-RateLimit-*
+// headers.
 //
 // Guarantees of this package:
 //   - A Limiter never polls: when a bucket refuses it names when to come
