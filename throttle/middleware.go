@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+
+	"github.com/headway-go/headway/internal/slarules"
 )
 
 // SLA is one limit a provider publishes and [Middleware] enforces: calls
@@ -228,11 +230,11 @@ func NewMiddleware(slas []SLA, newBucket BucketFactory, opts ...Option) (*Middle
 // validateSLA checks one SLA and returns an error matching [ErrInvalid]
 // that names the bad field, or nil.
 func validateSLA(s SLA) error {
-	if !validID(s.ID) {
+	if !slarules.ValidID(s.ID) {
 		return Invalid("SLA", "ID", strconv.Quote(s.ID), "must be 1 to 128 letters, digits, '.', '_' or '-'")
 	}
 	for j, meth := range s.Methods {
-		if !validMethod(meth) {
+		if !slarules.ValidMethod(meth) {
 			return Invalid("SLA "+s.ID, fmt.Sprintf("Methods[%d]", j), strconv.Quote(meth), "must be an upper-case HTTP method such as GET")
 		}
 	}
@@ -258,31 +260,6 @@ func validateSLA(s SLA) error {
 		}
 	}
 	return nil
-}
-
-func validID(id string) bool {
-	if id == "" || len(id) > 128 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
-func validMethod(m string) bool {
-	if m == "" || len(m) > 32 {
-		return false
-	}
-	for i := 0; i < len(m); i++ {
-		if c := m[i]; c < 'A' || c > 'Z' {
-			return false
-		}
-	}
-	return true
 }
 
 // policyName names a tier in the draft headers: "<ID>/<period>", the

@@ -47,6 +47,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/headway-go/headway/throttle"
+
+	"github.com/headway-go/headway/internal/slarules"
 )
 
 // MaxPeriod is the longest tier period a file may set, in seconds (366
@@ -272,7 +274,7 @@ func parseSLA(n *yaml.Node, at string) (throttle.SLA, bool, error) {
 	if s.ID, err = scalar(idNode, at+".id", "a name"); err != nil {
 		return s, false, err
 	}
-	if !validID(s.ID) {
+	if !slarules.ValidID(s.ID) {
 		return s, false, fail(idNode, at+".id", "must be 1 to 128 letters, digits, '.', '_' or '-', got %q", s.ID)
 	}
 
@@ -303,7 +305,7 @@ func parseSLA(n *yaml.Node, at string) (throttle.SLA, bool, error) {
 					return s, false, err
 				}
 				v = strings.ToUpper(strings.TrimSpace(v))
-				if !validMethod(v) {
+				if !slarules.ValidMethod(v) {
 					return s, false, fail(mn, mfield, "must be an HTTP method such as GET, got %q", mn.Value)
 				}
 				s.Methods = append(s.Methods, v)
@@ -404,33 +406,6 @@ func parseSLA(n *yaml.Node, at string) (throttle.SLA, bool, error) {
 		s.Tiers = append(s.Tiers, throttle.Tier{Period: time.Duration(period) * time.Second, Limit: threshold})
 	}
 	return s, enabled, nil
-}
-
-// validID is throttle's rule for SLA ids.
-func validID(id string) bool {
-	if id == "" || len(id) > 128 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
-// validMethod is throttle's rule for methods: upper-case letters.
-func validMethod(m string) bool {
-	if m == "" || len(m) > 32 {
-		return false
-	}
-	for i := 0; i < len(m); i++ {
-		if c := m[i]; c < 'A' || c > 'Z' {
-			return false
-		}
-	}
-	return true
 }
 
 // validHeader accepts an HTTP token (RFC 9110) as a header name.
