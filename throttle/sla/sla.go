@@ -46,9 +46,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/headway-go/headway/throttle"
-
 	"github.com/headway-go/headway/internal/slarules"
+	"github.com/headway-go/headway/throttle"
 )
 
 // MaxPeriod is the longest tier period a file may set, in seconds (366
