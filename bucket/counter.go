@@ -65,6 +65,11 @@ func NewCounter(rdb redis.UniversalClient, key string, limit int64, period time.
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *Counter) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
+	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) })
+}
+
+// take is Take's work; bounded runs it.
+func (b *Counter) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
 	if err := b.checkN(n, b.limit); err != nil {
 		return throttle.Decision{}, err
 	}
@@ -73,7 +78,7 @@ func (b *Counter) Take(ctx context.Context, key string, n int64, _ time.Duration
 		return throttle.Decision{}, err
 	}
 	keys := []string{tag + ":ctr", tag + ":pause"}
-	r, err := scriptCounterTake.Run(ctx, b.rdb, keys, n, b.limit).Int64Slice()
+	r, err := b.eval(ctx, scriptCounterTake, keys, n, b.limit)
 	if err != nil {
 		return throttle.Decision{}, backend("take", keys[0], err)
 	}

@@ -44,15 +44,56 @@
 //	<prefix>:{<key>}:<kind>           the constructor's key (Take key "")
 //	<prefix>:{<key>/<tenant>}:<kind>  a per-call key
 //
-// kind is tb and tb:lock (TokenBucket), fw:<µs> (FixedWindow), tier:<µs>
-// (Tiers), log (SlidingLog), gcra (GCRA), ctr and ctr:lock (Counter), and
-// pause for every bucket. The prefix is "headway" unless [WithPrefix] says
+// kind is tb, tb:lock, tb:cap and tb:limit (TokenBucket), fw:<µs> and
+// fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog), gcra
+// and gcra:limit (GCRA), ctr and ctr:lock (Counter), and pause for every
+// bucket; every bucket also writes call:<id> (a granted take's reply, kept
+// 10 s for resends) and, under the constructor's tag only, live (the
+// sorted set of live instances). The prefix is "headway" unless [WithPrefix] says
 // otherwise. User keys are percent-escaped ('%', '{', '}', and '/' in the
 // constructor's key), so a stray brace cannot move a key to another slot,
 // and are at most [MaxKeyLen] bytes. Each tenant has its own tag, so
 // tenants spread over the cluster.
 //
+// # Live limits
+//
+// The limit of a [TokenBucket], [FixedWindow] or [GCRA] can be changed
+// while the fleet runs, without a restart: SetLimit stores it in Redis next
+// to the budget it governs,
+//
+//	<prefix>:{<key>[/<tenant>]}:<kind>:limit
+//
+// in the budget's hash tag (so its cluster slot), and the take script reads
+// it in the round trip it already makes: still one round trip per grant,
+// and every instance sees the change at its next Take. While the key is
+// absent the constructor's limit applies (it is the default), and
+// ClearLimit goes back to it. The override is per budget: a limit set for
+// key "" governs the constructor's key only, a limit set for a tenant
+// governs that tenant only; tenants without one keep the constructor's.
+// It has no expiry. When it applies:
+//
+//	TokenBucket  from the next refill (≤ one interval): the running period keeps its tokens
+//	FixedWindow  from the next window (≤ one interval): a window's limit is fixed by its first grant
+//	GCRA         at once; slots already reserved keep their times
+//
+// So lowering a limit never lets more than the old limit through in the
+// running period or window, and Decision.Limit reports the limit in force
+// (the running period's or window's). State reads a budget's limit,
+// usage, reset and pause in one round trip; examples/headwayctl does both
+// from a shell.
+//
 // # Errors
+//
+// Redis failures come back from Take as [*throttle.BackendError], for a
+// [throttle.Limiter]'s failure policy to decide. Take returns by its
+// context's deadline even when the client blocks (without go-redis's
+// ContextTimeoutEnabled, the round trip goes on in a goroutine until the
+// client's ReadTimeout). A take is never charged twice: scripts go out as
+// commands go-redis must not resend once they may have reached the server,
+// so a take whose reply was lost fails (and the failure policy decides)
+// instead of running again. Each instance beats, piggybacked on a take at
+// most once a second, into a sorted set of live instances, and implements
+// [throttle.Fallbacker] with the count last seen ([WithHeartbeat]).
 //
 // Constructors refuse bad configuration with an error wrapping
 // [throttle.ErrInvalid] that names the field. Take refuses n above what the

@@ -28,6 +28,9 @@ import (
 // nobody polls. A reservation the caller abandons goes back with
 // [GCRA.Refund], which the Limiter calls.
 //
+// Its rate can be changed live, for the whole fleet, with [GCRA.SetLimit];
+// the change applies at once.
+//
 // Round trips per grant: 1. GCRA implements [throttle.Pauser] (a pause
 // moves every slot past its end) and [throttle.Refunder]. It is safe for
 // concurrent use.
@@ -35,8 +38,11 @@ type GCRA struct {
 	common
 	limit     int64
 	burst     int64
-	emission  int64 // µs per permit
-	tolerance int64 // µs, burst × emission
+	emission  int64      // µs per permit
+	tolerance int64      // µs, burst × emission
+	ivUs      int64      // interval in µs, for a live limit
+	fixed     int64      // burst set by WithBurst, 0 when it follows the limit
+	seen      *seenLimit // last live limit seen, for Fallback
 }
 
 // NewGCRA returns a GCRA bucket of limit permits per interval under key,
@@ -73,13 +79,19 @@ func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.D
 		return nil, throttle.Invalid(name, "burst", burst, "too large for the rate: burst × interval/limit must stay below 2^50 µs")
 	}
 	c.name = "bucket: GCRA"
-	return &GCRA{common: c, limit: limit, burst: burst, emission: emission, tolerance: burst * emission}, nil
+	return &GCRA{common: c, limit: limit, burst: burst, emission: emission, tolerance: burst * emission,
+		ivUs: ceilUs(interval), fixed: max(c.cfg.burst, 0), seen: new(seenLimit)}, nil
 }
 
 // Take implements [throttle.Bucket]. With maxWait > 0 it may reserve: a
 // Granted decision with Delay > 0 means the permits may be used from Delay
 // on. Refused, Delay is the time until the permits could be had at once.
 func (b *GCRA) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n, maxWait) })
+}
+
+// take is Take's work; bounded runs it.
+func (b *GCRA) take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	if err := b.checkN(n, b.burst); err != nil {
 		return throttle.Decision{}, err
 	}
@@ -87,16 +99,17 @@ func (b *GCRA) Take(ctx context.Context, key string, n int64, maxWait time.Durat
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	keys := []string{tag + ":gcra", tag + ":pause"}
+	keys := []string{tag + ":gcra", tag + ":pause", tag + ":gcra:limit"}
 	mw := max(maxWait, 0) / time.Microsecond // rounded down: never reserve beyond maxWait
-	r, err := scriptGCRA.Run(ctx, b.rdb, keys, n, b.emission, b.tolerance, int64(mw)).Int64Slice()
+	r, err := b.eval(ctx, scriptGCRA, keys, n, b.emission, b.tolerance, int64(mw), b.ivUs, b.fixed)
 	if err != nil {
 		return throttle.Decision{}, backend("take", keys[0], err)
 	}
-	if len(r) != 4 {
+	if len(r) < 4 {
 		return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from gcra.lua"))
 	}
-	return throttle.Decision{Granted: r[0] == 1, Delay: us(r[1]), Limit: b.limit, Remaining: r[2], Reset: us(r[3])}, nil
+	b.seen.note(key, liveOr(r, 4, b.limit))
+	return throttle.Decision{Granted: r[0] == 1, Delay: us(r[1]), Limit: liveOr(r, 4, b.limit), Remaining: r[2], Reset: us(r[3])}, nil
 }
 
 // Refund implements [throttle.Refunder]: it gives n permits back to key's
@@ -111,7 +124,8 @@ func (b *GCRA) Refund(ctx context.Context, key string, n int64) error {
 		return err
 	}
 	k := tag + ":gcra"
-	if err := scriptGCRARefund.Run(ctx, b.rdb, []string{k}, min(n, b.burst), b.emission).Err(); err != nil {
+	// Sent once, never resent: a refund applied twice would over-admit.
+	if err := b.evalNoRetry(ctx, scriptGCRARefund, []string{k, k + ":limit"}, []any{min(n, b.burst), b.emission, b.ivUs}).Err(); err != nil {
 		return backend("refund", k, err)
 	}
 	return nil

@@ -62,6 +62,8 @@ type common struct {
 	ks   keyspace
 	cfg  config
 	name string // "bucket: TokenBucket", for error messages
+	// calls: heartbeats and bounded, never-resent round trips (call.go).
+	calls *calls
 }
 
 // newCommon validates what every constructor takes.
@@ -93,7 +95,11 @@ func newCommon(name string, rdb redis.UniversalClient, key string, opts []Option
 	if cfg.retry < 100*time.Microsecond || cfg.retry > time.Second {
 		return common{}, throttle.Invalid(name, "retry", cfg.retry, "must be between 100µs and 1s")
 	}
-	return common{rdb: rdb, ks: newKeyspace(cfg.prefix, key), cfg: cfg, name: name}, nil
+	if cfg.liveWindow < 100*time.Millisecond || cfg.liveWindow > time.Hour {
+		return common{}, throttle.Invalid(name, "heartbeat window", cfg.liveWindow, "must be between 100ms and 1h")
+	}
+	ks := newKeyspace(cfg.prefix, key)
+	return common{rdb: rdb, ks: ks, cfg: cfg, name: name, calls: newCalls(rdb, ks, cfg.liveWindow)}, nil
 }
 
 // isNil reports whether v is nil or a typed nil pointer in an interface.

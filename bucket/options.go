@@ -20,6 +20,7 @@ type config struct {
 	lockExpiry time.Duration
 	lease      time.Duration
 	retry      time.Duration
+	liveWindow time.Duration // WithHeartbeat, in call.go
 }
 
 const (
@@ -36,6 +37,7 @@ func newConfig(opts []Option) config {
 		lockExpiry: defaultLockExpiry,
 		lease:      defaultLease,
 		retry:      defaultRetry,
+		liveWindow: defaultLiveWindow,
 	}
 	for _, o := range opts {
 		if o != nil {

@@ -29,6 +29,8 @@ var (
 	srcCounterTake string
 	//go:embed lua/counter_reset.lua
 	srcCounterReset string
+	//go:embed lua/state.lua
+	srcState string
 
 	scriptPause        = redis.NewScript(srcPause)
 	scriptTBTake       = redis.NewScript(srcTBTake)
@@ -39,6 +41,7 @@ var (
 	scriptGCRARefund   = redis.NewScript(srcGCRARefund)
 	scriptCounterTake  = redis.NewScript(srcCounterTake)
 	scriptCounterReset = redis.NewScript(srcCounterReset)
+	scriptState        = redis.NewScript(srcState)
 )
 
 // scripts lists every script by file name, for tests.
@@ -52,4 +55,5 @@ var scripts = map[string]*redis.Script{
 	"gcra_refund.lua":   scriptGCRARefund,
 	"counter_take.lua":  scriptCounterTake,
 	"counter_reset.lua": scriptCounterReset,
+	"state.lua":         scriptState,
 }

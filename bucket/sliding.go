@@ -70,6 +70,11 @@ func NewSlidingLog(rdb redis.UniversalClient, key string, windows []Tier, opts .
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *SlidingLog) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
+	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) })
+}
+
+// take is Take's work; bounded runs it.
+func (b *SlidingLog) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
 	if err := b.checkN(n, b.capacity); err != nil {
 		return throttle.Decision{}, err
 	}
@@ -81,7 +86,7 @@ func (b *SlidingLog) Take(ctx context.Context, key string, n int64, _ time.Durat
 	args := make([]any, 0, 3+len(b.args))
 	args = append(args, n, b.nonce+strconv.FormatUint(b.seq.Add(1), 36), b.longest)
 	args = append(args, b.args...)
-	r, err := scriptSliding.Run(ctx, b.rdb, keys, args...).Int64Slice()
+	r, err := b.eval(ctx, scriptSliding, keys, args...)
 	if err != nil {
 		return throttle.Decision{}, backend("take", keys[0], err)
 	}

@@ -31,12 +31,15 @@ import (
 // sets the tokens only if the period has really ended: a lock holder
 // paused past its lock's expiry can never refill twice in one period.
 // The same script takes the refilling caller's tokens. Callers that find
-// the mutex held are told to come back after WithRetry (1 ms). A caller with no token is told exactly when the period
-// ends (Decision.Delay, from the key's PTTL), so a Limiter sleeps instead
-// of polling.
+// the mutex held are told to come back after WithRetry (1 ms). A caller
+// with no token is told exactly when the period ends (Decision.Delay, from
+// the key's PTTL), so a Limiter sleeps instead of polling.
 //
 // Round trips per grant: 1 in steady state; about once per interval one
 // caller adds 3 (lock, refill-and-take, unlock).
+//
+// Its limit can be changed live, for the whole fleet, with
+// [TokenBucket.SetLimit]; the change applies from the next refill.
 //
 // TokenBucket implements [throttle.Pauser]. It does not implement
 // [throttle.Refunder]: a token given back could not be told apart from
@@ -47,6 +50,7 @@ type TokenBucket struct {
 	limit    int64
 	periodMs int64
 	rs       *redsync.Redsync
+	seen     *seenLimit // last limit in force seen, for Fallback
 
 	// afterLock, when set (tests only), runs between taking the refill
 	// mutex and running the refill script.
@@ -79,6 +83,7 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 		limit:    limit,
 		periodMs: ceilMs(interval),
 		rs:       redsync.New(goredis.NewPool(rdb)),
+		seen:     new(seenLimit),
 	}, nil
 }
 
@@ -86,6 +91,11 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 // ignored. When no token is left, Decision.Delay is the time until the
 // period ends.
 func (b *TokenBucket) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
+	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) })
+}
+
+// take is Take's work; bounded runs it.
+func (b *TokenBucket) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
 	if err := b.checkN(n, b.limit); err != nil {
 		return throttle.Decision{}, err
 	}
@@ -93,28 +103,32 @@ func (b *TokenBucket) Take(ctx context.Context, key string, n int64, _ time.Dura
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	keys := []string{tag + ":tb", tag + ":pause", tag + ":tb:lock"}
+	keys := []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit"}
 	for attempt := 0; ; attempt++ {
-		r, err := scriptTBTake.Run(ctx, b.rdb, keys, n).Int64Slice()
+		r, err := b.eval(ctx, scriptTBTake, keys[:4], n)
 		if err != nil {
 			return throttle.Decision{}, backend("take", keys[0], err)
 		}
-		if len(r) != 4 {
+		if len(r) < 4 {
 			return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
 		}
+		b.seen.note(key, liveOr(r, 4, 0))
 		switch r[0] {
 		case 1:
-			return throttle.Decision{Granted: true, Limit: b.limit, Remaining: r[2], Reset: ms(r[3])}, nil
+			return throttle.Decision{Granted: true, Limit: liveOr(r, 4, b.limit), Remaining: r[2], Reset: ms(r[3])}, nil
 		case 0:
 			// The key expires once the server's clock is past its
 			// expiry: 1 ms after PTTL reads 0.
-			return throttle.Decision{Delay: ms(r[1] + 1), Limit: b.limit, Remaining: r[2], Reset: ms(r[3] + 1)}, nil
+			return throttle.Decision{Delay: ms(r[1] + 1), Limit: liveOr(r, 4, b.limit), Remaining: r[2], Reset: ms(r[3] + 1)}, nil
+		case 4:
+			return throttle.Decision{}, exceeds(b.name, n, liveOr(r, 4, b.limit))
 		case 2:
 			if attempt > 0 {
 				break
 			}
 			d, retry, err := b.refill(ctx, keys, n)
 			if err != nil || !retry {
+				b.seen.note(key, d.Limit)
 				return d, err
 			}
 			continue // someone else refilled first: take from their period
@@ -153,18 +167,21 @@ func (b *TokenBucket) refill(ctx context.Context, keys []string, n int64) (d thr
 	if b.afterLock != nil {
 		b.afterLock()
 	}
-	r, err := scriptTBRefill.Run(ctx, b.rdb, keys[:2], b.limit, b.periodMs, n).Int64Slice()
+	rkeys := []string{keys[0], keys[1], keys[4], keys[3]} // tokens, pause, live limit, period's limit
+	r, err := b.eval(ctx, scriptTBRefill, rkeys, b.limit, b.periodMs, n)
 	if err != nil {
 		return throttle.Decision{}, false, backend("refill", keys[0], err)
 	}
-	if len(r) != 3 {
+	if len(r) < 3 {
 		return throttle.Decision{}, false, backend("refill", keys[0], errors.New("unexpected reply from tb_refill.lua"))
 	}
 	switch r[0] {
 	case 1:
-		return throttle.Decision{Granted: true, Limit: b.limit, Remaining: r[1], Reset: ms(r[2])}, false, nil
+		return throttle.Decision{Granted: true, Limit: liveOr(r, 3, b.limit), Remaining: r[1], Reset: ms(r[2])}, false, nil
 	case 2:
 		return throttle.Decision{}, true, nil // paused: the take says for how long
+	case 3:
+		return throttle.Decision{}, false, exceeds(b.name, n, liveOr(r, 3, b.limit))
 	}
 	return throttle.Decision{}, true, nil
 }

@@ -30,9 +30,11 @@ const maxTiers = 16
 type windows struct {
 	common
 	tiers    []Tier
-	kinds    []string // key suffix per tier
-	args     []any    // ARGV[2..]: limit, length µs per tier
-	capacity int64    // smallest limit
+	kinds    []string   // key suffix per tier
+	live     bool       // pass each tier's live-limit key (FixedWindow)
+	seen     *seenLimit // FixedWindow: last limit in force seen, for Fallback
+	args     []any      // ARGV[2..]: limit, length µs per tier
+	capacity int64      // smallest limit
 }
 
 func newWindows(name string, rdb redis.UniversalClient, key string, tiers []Tier, kind string, opts []Option) (windows, error) {
@@ -86,21 +88,30 @@ func (w *windows) take(ctx context.Context, key string, n int64) (throttle.Decis
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	keys := make([]string, 0, 1+len(w.kinds))
+	keys := make([]string, 0, 1+2*len(w.kinds))
 	keys = append(keys, tag+":pause")
 	for _, k := range w.kinds {
 		keys = append(keys, tag+k)
 	}
+	if w.live {
+		for _, k := range w.kinds {
+			keys = append(keys, tag+k+":limit")
+		}
+	}
 	args := make([]any, 0, 1+len(w.args))
 	args = append(args, n)
 	args = append(args, w.args...)
-	r, err := scriptWindow.Run(ctx, w.rdb, keys, args...).Int64Slice()
+	r, err := w.eval(ctx, scriptWindow, keys, args...)
 	if err != nil {
 		return throttle.Decision{}, backend("take", keys[1], err)
 	}
 	if len(r) != 5 {
 		return throttle.Decision{}, backend("take", keys[1], errors.New("unexpected reply from window.lua"))
 	}
+	if r[0] == 2 {
+		return throttle.Decision{}, exceeds(w.name, n, r[4])
+	}
+	w.seen.note(key, r[4])
 	d := throttle.Decision{Granted: r[0] == 1, Remaining: r[2], Reset: us(r[3]), Limit: r[4]}
 	if !d.Granted {
 		d.Delay = us(r[1])
@@ -127,6 +138,9 @@ func (w *windows) take(ctx context.Context, key string, n int64) (throttle.Decis
 // expire at the window's end, so old windows clean themselves up. When
 // refused, Decision.Delay is the time until the window ends.
 //
+// Its limit can be changed live, for the whole fleet, with
+// [FixedWindow.SetLimit]; the change applies from the next window.
+//
 // Round trips per grant: 1. FixedWindow implements [throttle.Pauser]. It is
 // safe for concurrent use.
 type FixedWindow struct {
@@ -152,13 +166,15 @@ func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval
 		return nil, err
 	}
 	w.name = "bucket: FixedWindow"
+	w.live = true
+	w.seen = new(seenLimit)
 	return &FixedWindow{w: w}, nil
 }
 
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *FixedWindow) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	return b.w.take(ctx, key, n)
+	return bounded(ctx, &b.w.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.w.take(ctx, key, n) })
 }
 
 // Pause implements [throttle.Pauser].
@@ -201,7 +217,7 @@ func NewTiers(rdb redis.UniversalClient, key string, tiers []Tier, opts ...Optio
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *Tiers) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	return b.w.take(ctx, key, n)
+	return bounded(ctx, &b.w.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.w.take(ctx, key, n) })
 }
 
 // Pause implements [throttle.Pauser].

@@ -41,6 +41,11 @@
 //   - A cancelled context ends a wait at once; no goroutine outlives a call.
 //   - Bad arguments are refused with an error matching [ErrInvalid] that
 //     names the argument; nothing here panics on user input.
+//   - Acquire returns by the end of the caller's wait even when the
+//     bucket's store hangs; while the store fails, the Limiter's
+//     [FailurePolicy] decides (default [FailLocal]: this instance's share
+//     of the limit, in memory), and the shared limit resumes at the first
+//     call after the store answers again.
 //
 // Package throttle depends on the standard library and clockwork only.
 package throttle

@@ -110,6 +110,12 @@ func TestGateTurnsAwayWaitersItCannotServeInTime(t *testing.T) {
 	first := make(chan error, 1)
 	second := make(chan error, 1)
 	go func() { first <- lim.Acquire(ctx, 1500*time.Millisecond) }()
+	// The second starts once the first is queued, so that it finds the
+	// gate closed (else both ask the bucket before either closes it).
+	eventually(t, func() bool {
+		g := lim.gates.get("")
+		return g != nil && g.queued.Load() == 1
+	}, "the first caller queued")
 	go func() { second <- lim.Acquire(ctx, 1500*time.Millisecond) }()
 	eventually(t, func() bool {
 		g := lim.gates.get("")

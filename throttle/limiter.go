@@ -36,17 +36,19 @@ type Limiter struct {
 	bucket Bucket
 	cfg    config
 	gates  gates
+	fail   failover
 }
 
 // New returns a Limiter that draws permits from b. Options: [WithClock],
-// [WithLogger], [WithObserver].
+// [WithLogger], [WithObserver], [WithFailurePolicy], [WithStoreTimeout].
 //
 // New does not fail: a nil b gives a Limiter whose every call returns an
 // error matching [ErrInvalid], so that the mistake surfaces where it is
 // used, with a message, instead of as a nil-pointer panic.
 func New(b Bucket, opts ...Option) *Limiter {
 	cfg := newConfig(opts)
-	return &Limiter{bucket: b, cfg: cfg, gates: gates{clock: cfg.clock}}
+	return &Limiter{bucket: b, cfg: cfg, gates: gates{clock: cfg.clock},
+		fail: failover{policy: cfg.policy, timeout: cfg.storeTimeout}}
 }
 
 // Bucket returns the bucket l draws from.
@@ -62,8 +64,13 @@ func (l *Limiter) Bucket() Bucket { return l.bucket }
 // when the permit is the caller's; an error matching [ErrTimeout] when none
 // comes in time (also matching context.DeadlineExceeded if ctx's deadline
 // was the bound); ctx's error, wrapped, when ctx ends first; an error
-// matching [ErrInvalid] for a negative maxWait; or the bucket's error
-// (a [*BackendError] when its store fails).
+// matching [ErrInvalid] for a negative maxWait; or the bucket's error.
+// When the bucket's store fails (a [*BackendError], or no answer within
+// [WithStoreTimeout]), the Limiter's [FailurePolicy] decides instead.
+//
+// Acquire returns by the end of the wait even when the store hangs: each
+// bucket call gets a context with that deadline. A call with maxWait 0
+// may take up to the store timeout ([WithStoreTimeout], 100 ms).
 func (l *Limiter) Acquire(ctx context.Context, maxWait time.Duration) error {
 	return l.acquire(ctx, "", 1, maxWait)
 }
@@ -176,16 +183,30 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 				left = max(budget-clock.Since(start), 0)
 			}
 		}
-		d, err := l.take(ctx, key, n, left)
+		d, degraded, err := l.decide(ctx, key, n, left, budget == 0)
 		refused := err == nil && !d.Granted
 		wait := d.Delay
 		if refused && wait <= 0 {
 			wait = retryFloor
 		}
 		if gated {
-			g.leave(refused, wait)
-		} else if refused {
+			// A degraded refusal must not hold the gate: the shared
+			// bucket may answer again at the next call.
+			g.leave(refused && !degraded, wait)
+		} else if refused && !degraded {
 			l.gates.make(key).closeFor(wait)
+		}
+		if refused && degraded {
+			// The local fallback is in memory: no herd to protect the
+			// store from. Sleep out its delay, then ask (or probe) again.
+			if wait > left {
+				return timeoutErr(wait)
+			}
+			if err := l.sleep(ctx, wait); err != nil {
+				return err
+			}
+			retry = true
+			continue
 		}
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {

@@ -106,7 +106,14 @@ func WithBurst(n int64) Option {
 	return optionFunc(func(c *config) { c.burst = n })
 }
 
-func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+// ceilDiv is a/b rounded up, for a ≥ 0 and b > 0, without overflowing
+// near math.MaxInt64 (FuzzLocalLimits: NewLocal(MaxInt64, MaxInt64)).
+func ceilDiv(a, b int64) int64 {
+	if a == 0 {
+		return 0
+	}
+	return (a-1)/b + 1
+}
 
 // Take implements [Bucket].
 func (b *Local) Take(_ context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {

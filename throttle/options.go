@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/jonboulle/clockwork"
 )
@@ -23,10 +24,13 @@ type config struct {
 	burst int64
 	// observer: nil, meaning no reports.
 	observer Observer
+	// policy: FailLocal. storeTimeout: DefaultStoreTimeout.
+	policy       FailurePolicy
+	storeTimeout time.Duration
 }
 
 func newConfig(opts []Option) config {
-	c := config{clock: clockwork.NewRealClock(), logger: slog.Default()}
+	c := config{clock: clockwork.NewRealClock(), logger: slog.Default(), storeTimeout: DefaultStoreTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)

@@ -7,12 +7,18 @@
 -- ARGV[2]  emission interval in µs: interval / limit, rounded up (≥ 1)
 -- ARGV[3]  tolerance in µs: burst × emission
 -- ARGV[4]  maxWait in µs: how far ahead the caller accepts a slot (≥ 0)
+-- KEYS[3]  optional: live limit, a string set by an operator (SetLimit);
+--          when present, emission = ceil(ARGV[5] / limit) and tolerance =
+--          burst × emission, burst = ARGV[6], or the live limit if 0
+-- ARGV[5]  interval in µs (with KEYS[3])
+-- ARGV[6]  burst set by the caller, or 0 when the burst follows the limit
 --
 -- Returns {granted, delay_us, remaining, reset_us}:
 --   granted 1: the permits are the caller's from delay_us on (0: now).
 --   granted 0: the earliest slot is delay_us away, beyond maxWait.
 -- remaining: permits free at once after this call; reset_us: time until
--- the bucket is full again.
+-- the bucket is full again. A fifth element is the live limit used (0: the
+-- caller's ARGV).
 --
 -- Guarantee: in any span t, at most burst + t / emission permits, counted at
 -- their slot times. A denied call changes nothing. A pause moves every slot
@@ -23,6 +29,16 @@ local n = tonumber(ARGV[1])
 local em = tonumber(ARGV[2])
 local tol = tonumber(ARGV[3])
 local maxWait = tonumber(ARGV[4])
+local live = 0
+if KEYS[3] then
+  live = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+  if live > 0 then
+    em = math.ceil(tonumber(ARGV[5]) / live)
+    local burst = tonumber(ARGV[6])
+    if burst < 1 then burst = live end
+    tol = burst * em
+  end
+end
 
 local pl = redis.call('PTTL', KEYS[2])
 if pl > 0 then pl = pl * 1000 else pl = 0 end
@@ -36,11 +52,11 @@ if wait < pl then wait = pl end
 if wait > maxWait then
   local rem = math.floor((now + tol - tat) / em)
   if rem < 0 then rem = 0 end
-  return {0, wait, rem, tat - now}
+  return {0, wait, rem, tat - now, live}
 end
 
 redis.call('SET', KEYS[1], string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000) + 1)
 local rem = math.floor((now + tol - new) / em)
 if rem < 0 then rem = 0 end
 if wait < 0 then wait = 0 end
-return {1, wait, rem, new - now}
+return {1, wait, rem, new - now, live}

@@ -8,12 +8,19 @@
 -- ARGV[1]    n, permits asked (integer ≥ 1)
 -- ARGV[2i]   tier i's limit (integer ≥ 1)
 -- ARGV[2i+1] tier i's window length in microseconds (integer ≥ 1000)
+-- KEYS[1+T+i] optional, T the number of tiers: tier i's live limit, a
+--            string set by an operator (SetLimit); when present it
+--            replaces ARGV[2i] from the next window on (read only)
+--
+-- A window's limit is fixed by its first grant and kept in its hash
+-- (field l), so a live change applies from the next window.
 --
 -- Windows are aligned to the epoch: start = now - now mod length, with now
 -- the server's TIME.
 --
 -- Returns {granted, delay_us, remaining, reset_us, limit}, the last three
--- for the tier with the fewest permits left. Denied: delay_us is when every
+-- for the tier with the fewest permits left; granted 2: refused, and n is
+-- above some tier's limit in force, so it can never pass in this window. Denied: delay_us is when every
 -- full tier's window has ended (or the pause).
 --
 -- Guarantee: for each tier, at most limit permits per aligned window; all
@@ -27,25 +34,31 @@ if pause > 0 then
   return {0, pause * 1000, -1, pause * 1000, 0}
 end
 
-local ok, delay = true, 0
+local T = (#ARGV - 1) / 2
+local ok, delay, never = true, 0, false
 local best, bestReset, bestLimit = nil, 0, 0
-local fresh, starts, ends = {}, {}, {}
-for i = 2, #KEYS do
+local fresh, starts, ends, limits = {}, {}, {}, {}
+for i = 2, T + 1 do
   local limit = tonumber(ARGV[2 * (i - 1)])
   local len = tonumber(ARGV[2 * (i - 1) + 1])
   local ws = now - math.fmod(now, len)
   local we = ws + len
-  local h = redis.call('HMGET', KEYS[i], 'w', 'c')
+  local h = redis.call('HMGET', KEYS[i], 'w', 'c', 'l')
   local c = 0
   if h[1] and tonumber(h[1]) == ws then
     c = tonumber(h[2]) or 0
+    limit = tonumber(h[3]) or limit
   else
     fresh[i] = true
+    if KEYS[T + i] then
+      limit = tonumber(redis.call('GET', KEYS[T + i]) or limit) or limit
+    end
   end
-  starts[i], ends[i] = ws, we
+  starts[i], ends[i], limits[i] = ws, we, limit
   local rem = limit - c
   if c + n > limit then
     ok = false
+    if n > limit then never = true end
     if we - now > delay then delay = we - now end
   else
     rem = rem - n
@@ -57,12 +70,13 @@ end
 
 if not ok then
   if best < 0 then best = 0 end
+  if never then return {2, delay, best, bestReset, bestLimit} end
   return {0, delay, best, bestReset, bestLimit}
 end
 
-for i = 2, #KEYS do
+for i = 2, T + 1 do
   if fresh[i] then
-    redis.call('HSET', KEYS[i], 'w', string.format('%.0f', starts[i]), 'c', n)
+    redis.call('HSET', KEYS[i], 'w', string.format('%.0f', starts[i]), 'c', n, 'l', limits[i])
     redis.call('PEXPIRE', KEYS[i], math.ceil((ends[i] - now) / 1000))
   else
     redis.call('HINCRBY', KEYS[i], 'c', n)

@@ -14,16 +14,28 @@ import (
 )
 
 // instance is one member of the fleet: its own Redis client, its own
-// bucket on it, its own Limiter, and, for the counter, its own Resetter.
+// bucket on it (wrapped in its own Leased and Smooth layers when asked),
+// its own Limiter, and, for the counter, its own Resetter.
 type instance struct {
 	rdb      *redis.Client
 	lim      *throttle.Limiter
 	resetter *bucket.Resetter
+	leased   *throttle.Leased // nil unless -lease
+	workers  int              // goroutines driving this instance
+	pace     *pacer           // nil: closed loop
+	grants   atomic.Int64
 }
 
-// newInstance builds an instance's client and bucket as a separate
-// process would.
-func newInstance(c loadConfig, hook redis.Hook) (*instance, error) {
+// maxPool caps an instance's connection pool. Workers beyond it wait for
+// a connection; with thousands of workers (the herd mode) most of them
+// wait at the Limiter's gate anyway, and Redis accepts 10,000 clients at
+// most by default.
+const maxPool = 512
+
+// newInstance builds instance i's client and bucket as a separate process
+// would.
+func newInstance(c loadConfig, i int, hook redis.Hook) (*instance, error) {
+	in := &instance{workers: c.workersOf(i), pace: c.pacerOf(i)}
 	if c.Bucket == "local" {
 		// No shared store: each instance gets an even share of the
 		// fleet's limit (the "partial limit" of seed 004).
@@ -32,11 +44,11 @@ func newInstance(c loadConfig, hook redis.Hook) (*instance, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &instance{lim: throttle.New(timedBucket{b})}, nil
+		return in, in.wrap(c, b)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: c.Redis, PoolSize: c.Workers + 4})
+	rdb := redis.NewClient(&redis.Options{Addr: c.Redis, PoolSize: min(in.workers+4, maxPool)})
 	rdb.AddHook(hook)
-	in := &instance{rdb: rdb}
+	in.rdb = rdb
 	var (
 		b   throttle.Bucket
 		err error
@@ -57,16 +69,84 @@ func newInstance(c loadConfig, hook redis.Hook) (*instance, error) {
 			in.resetter, err = ctr.NewResetter("")
 		}
 	}
+	if err == nil {
+		err = in.wrap(c, b)
+	}
 	if err != nil {
 		rdb.Close()
 		return nil, err
 	}
-	in.lim = throttle.New(timedBucket{b})
 	return in, nil
 }
 
+// wrap puts the layers c asks for around the instance's bucket b, in the
+// order their docs recommend (Smooth over Leased over the shared bucket),
+// then timedBucket, and builds the Limiter on top.
+func (in *instance) wrap(c loadConfig, b throttle.Bucket) error {
+	if c.Lease {
+		opts := []throttle.Option{throttle.WithLeaseTTL(c.leaseTTL())}
+		if c.LeaseHorizon > 0 {
+			opts = append(opts, throttle.WithLeaseHorizon(c.LeaseHorizon))
+		}
+		l, err := throttle.NewLeased(b, opts...)
+		if err != nil {
+			return err
+		}
+		in.leased, b = l, l
+	}
+	if c.Smooth {
+		s, err := throttle.NewSmooth(b, c.Limit, c.Interval, throttle.WithSmoothInstances(c.Instances))
+		if err != nil {
+			in.close()
+			return err
+		}
+		b = s
+	}
+	in.lim = throttle.New(timedBucket{b})
+	return nil
+}
+
+// close stops the instance's Leased layer (handing back what it holds,
+// so it needs the client) and then closes its client.
+func (in *instance) close() {
+	if in.leased != nil {
+		_ = in.leased.Close() // a failed refund only costs permits
+		in.leased = nil
+	}
+	if in.rdb != nil {
+		in.rdb.Close()
+		in.rdb = nil
+	}
+}
+
+// leaseTTL is the lease lifetime bound -lease uses: none (0) for buckets
+// whose Decision.Reset is the end of their period, so that leasing keeps
+// their guarantee exactly; the lease horizon for the others (gcra,
+// slidinglog, local), whose guarantee it loosens by that much (see
+// throttle.Leased), and which the check then allows as tolerance.
+func (c loadConfig) leaseTTL() time.Duration {
+	if !c.Lease {
+		return 0
+	}
+	switch c.Bucket {
+	case "tokenbucket", "fixedwindow", "counter":
+		return 0
+	}
+	if c.LeaseHorizon > 0 {
+		return c.LeaseHorizon
+	}
+	return defaultLeaseHorizon
+}
+
+// defaultLeaseHorizon is throttle's default lease horizon.
+const defaultLeaseHorizon = 50 * time.Millisecond
+
 // guarantee checks the guarantee of c's bucket on grant times.
+//
+// With -lease on a bucket whose leases need a TTL, the tolerance grows by
+// that TTL: that is how far Leased may shift a grant (see leaseTTL).
 func (c loadConfig) guarantee(times []time.Time) guarantee.Report {
+	c.Tolerance += c.leaseTTL()
 	// Buckets that count in whole milliseconds round the interval up.
 	msInterval := c.Interval.Round(time.Millisecond)
 	if msInterval < c.Interval {
@@ -90,9 +170,9 @@ func (c loadConfig) guarantee(times []time.Time) guarantee.Report {
 	}
 }
 
-// warmUp sends workers PINGs at once on each instance's client, so that
-// its pool holds a connection per worker.
-func warmUp(ctx context.Context, fleet []*instance, workers int) error {
+// warmUp sends PINGs at once on each instance's client, one per worker
+// (up to the pool's size), so that its pool holds a connection per worker.
+func warmUp(ctx context.Context, fleet []*instance) error {
 	var (
 		wg    sync.WaitGroup
 		first atomic.Pointer[error]
@@ -101,7 +181,7 @@ func warmUp(ctx context.Context, fleet []*instance, workers int) error {
 		if in.rdb == nil {
 			continue
 		}
-		for range workers {
+		for range min(in.workers, maxPool) {
 			wg.Go(func() {
 				if err := in.rdb.Ping(ctx).Err(); err != nil {
 					first.CompareAndSwap(nil, &err)

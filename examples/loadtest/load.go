@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -35,6 +36,28 @@ type loadConfig struct {
 	Target    string        // optional URL to GET after each grant
 	Tolerance time.Duration // the guarantee checker's tolerance; negative: the measured uncertainty (see timedBucket)
 	MaxGrants int           // stop early after this many grants; 0 means 10× what the guarantee allows
+
+	// Lease wraps each instance's bucket in throttle.NewLeased (with
+	// LeaseHorizon, 0 meaning throttle's default of 50 ms).
+	Lease        bool
+	LeaseHorizon time.Duration
+	// Smooth wraps each instance's bucket (over its Leased, if any) in
+	// throttle.NewSmooth(b, Limit, Interval, WithSmoothInstances(Instances)).
+	Smooth bool
+	// Demand paces the workers' asks open-loop at Demand × Limit per
+	// Interval for the whole fleet; 0 means closed loop: every worker asks
+	// again as soon as its Acquire returns.
+	Demand float64
+	// Skew, in (0, 1), gives instance 0 that share of the fleet's
+	// Instances × Workers goroutines and of its Demand; the other
+	// instances split the rest evenly. 0 spreads both evenly. Closed-loop
+	// workers each want more than any limit they are given, so skewing
+	// only goroutines would change nothing; Skew therefore sets Demand to
+	// 2 when it is 0.
+	Skew float64
+	// Ramp starts the workers evenly spread over this time instead of all
+	// at once (0). Measurements still start with the first worker.
+	Ramp time.Duration
 }
 
 // loadResult is what a run measured. Its JSON form is the -json output.
@@ -70,6 +93,29 @@ type loadResult struct {
 	FirstError         string  `json:"first_error,omitempty"`
 	StoppedEarly       bool    `json:"stopped_early"` // MaxGrants was reached
 
+	Lease  bool    `json:"lease"`
+	Smooth bool    `json:"smooth"`
+	Skew   float64 `json:"skew"`
+	Demand float64 `json:"demand"` // offered load ÷ the limit, paced; 0: closed loop
+	RampS  float64 `json:"ramp_s"` // workers' start spread over this many seconds
+	// InstanceWorkers and InstanceGrants are per instance, instance 0 first.
+	InstanceWorkers []int `json:"instance_workers"`
+	InstanceGrants  []int `json:"instance_grants"`
+	// MaxTenth is the most grants recorded in any span of a tenth of the
+	// interval (on the recorded times, no tolerance); compare it with
+	// limit/10. It is what smoothing keeps down.
+	MaxTenth int `json:"max_tenth"`
+	// RedisCmds is every command the fleet sent during the run;
+	// CmdsBeyondGrants is commands less grants, per interval, from the
+	// end of the first interval after the ramp on (the first holds the start-up rush,
+	// before any refusal has closed a Limiter's gate; runs shorter than
+	// two intervals count from the start): what asking cost beyond one
+	// command per grant. With thousands of waiters on one key it shows
+	// whether they poll (it grows with the waiters) or queue (it stays a
+	// small constant). Negative with -lease, where grants cost less.
+	RedisCmds        int64   `json:"redis_cmds"`
+	CmdsBeyondGrants float64 `json:"redis_cmds_beyond_grants_per_interval"`
+
 	TargetOK     int64 `json:"target_ok,omitempty"`
 	Target429    int64 `json:"target_429,omitempty"`
 	TargetErrors int64 `json:"target_errors,omitempty"`
@@ -98,6 +144,19 @@ func (c *loadConfig) check() error {
 		return fmt.Errorf("limit = %d: the local bucket splits it over %d instances, so it must be at least that", c.Limit, c.Instances)
 	case c.Bucket != "local" && c.Redis == "":
 		return fmt.Errorf("bucket %s needs a Redis address", c.Bucket)
+	case c.Ramp < 0 || c.Ramp >= c.Duration:
+		return fmt.Errorf("ramp = %v: must be 0 or positive and shorter than the duration", c.Ramp)
+	case c.LeaseHorizon < 0:
+		return fmt.Errorf("lease-horizon = %v: must not be negative", c.LeaseHorizon)
+	case !(c.Demand >= 0 && c.Demand <= 1e6):
+		return fmt.Errorf("demand = %v: must be 0 (closed loop) or a positive multiple of the limit up to 1e6", c.Demand)
+	case !(c.Skew >= 0 && c.Skew < 1):
+		return fmt.Errorf("skew = %v: must be 0 (even) or in (0, 1)", c.Skew)
+	case c.Skew > 0 && c.Instances < 2:
+		return fmt.Errorf("skew = %v: needs at least 2 instances", c.Skew)
+	}
+	if c.Skew > 0 && c.Demand == 0 {
+		c.Demand = 2
 	}
 	if c.Burst == 0 {
 		c.Burst = c.Limit
@@ -138,13 +197,11 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	fleet := make([]*instance, 0, c.Instances)
 	defer func() {
 		for _, in := range fleet {
-			if in.rdb != nil {
-				in.rdb.Close()
-			}
+			in.close()
 		}
 	}()
-	for range c.Instances {
-		in, err := newInstance(c, hook)
+	for i := range c.Instances {
+		in, err := newInstance(c, i, hook)
 		if err != nil {
 			return loadResult{}, fmt.Errorf("building the %s bucket: %w", c.Bucket, err)
 		}
@@ -153,7 +210,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 
 	// Open each instance's connections before the clock starts, as a
 	// long-running process would have them, and count commands from then.
-	if err := warmUp(ctx, fleet, c.Workers); err != nil {
+	if err := warmUp(ctx, fleet); err != nil {
 		return loadResult{}, err
 	}
 	hook.cmds.Store(0)
@@ -161,7 +218,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 
 	var httpc *http.Client
 	if c.Target != "" {
-		tr := &http.Transport{MaxIdleConnsPerHost: c.Instances * c.Workers}
+		tr := &http.Transport{MaxIdleConnsPerHost: min(c.Instances*c.Workers, 1024)}
 		defer tr.CloseIdleConnections()
 		httpc = &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	}
@@ -191,11 +248,31 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		lates []time.Duration // how late each grant may have been recorded
 		wg    sync.WaitGroup
 	)
+	// The first interval (after the ramp) holds the start-up rush (every
+	// worker asks before any refusal has closed its Limiter's gate); the
+	// herd figure starts after it.
+	var steadyCmds, steadyGrants atomic.Int64
+	steadyCmds.Store(-1)
+	steady := time.AfterFunc(c.Ramp+c.Interval, func() {
+		steadyGrants.Store(t.grants.Load())
+		steadyCmds.Store(hook.cmds.Load())
+	})
+	defer steady.Stop()
 	start := time.Now()
+	total, started := 0, 0
 	for _, in := range fleet {
-		for range c.Workers {
+		total += in.workers
+	}
+	for _, in := range fleet {
+		in.pace.start(start)
+		for range in.workers {
+			delay := c.Ramp * time.Duration(started) / time.Duration(total)
+			started++
 			wg.Go(func() {
-				w, l := worker(run, cancel, c, in.lim, httpc, &rec, &t)
+				if delay > 0 && !sleepCtx(run, delay) {
+					return
+				}
+				w, l := worker(run, cancel, c, in, httpc, &rec, &t)
 				mu.Lock()
 				waits = append(waits, w...)
 				lates = append(lates, l...)
@@ -205,6 +282,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cmds := hook.cmds.Load()
 
 	times := rec.Times()
 	slices.Sort(lates)
@@ -239,6 +317,13 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		Errors:       t.errors.Load(),
 		FirstError:   t.firstError,
 		StoppedEarly: grants >= c.MaxGrants,
+		Lease:        c.Lease,
+		Smooth:       c.Smooth,
+		Skew:         c.Skew,
+		Demand:       c.Demand,
+		RampS:        c.Ramp.Seconds(),
+		MaxTenth:     maxIn(times, c.Interval/10),
+		RedisCmds:    cmds,
 		TargetOK:     t.targetOK.Load(),
 		Target429:    t.target429.Load(),
 		TargetErrors: t.targetErr.Load(),
@@ -246,8 +331,19 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	if len(waits) > 0 {
 		res.AcquireMaxUs = micros(waits[len(waits)-1])
 	}
+	for _, in := range fleet {
+		res.InstanceWorkers = append(res.InstanceWorkers, in.workers)
+		res.InstanceGrants = append(res.InstanceGrants, int(in.grants.Load()))
+	}
+	if c.Bucket != "local" {
+		beyond, span := cmds-int64(grants), elapsed
+		if sc := steadyCmds.Load(); sc >= 0 && elapsed >= c.Ramp+2*c.Interval {
+			beyond, span = beyond-(sc-steadyGrants.Load()), elapsed-c.Ramp-c.Interval
+		}
+		res.CmdsBeyondGrants = float64(beyond) / (float64(span) / float64(c.Interval))
+	}
 	if grants > 0 {
-		res.RedisCmdsPerGrant = float64(hook.cmds.Load()) / float64(grants)
+		res.RedisCmdsPerGrant = float64(cmds) / float64(grants)
 		res.RedisTripsPerGrant = float64(hook.trips.Load()) / float64(grants)
 	}
 	return res, nil
@@ -256,18 +352,22 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 // worker asks for permits until run ends and records each grant. It
 // returns, for each grant, how long Acquire took and how late the grant's
 // time may have been recorded.
-func worker(run context.Context, stop context.CancelFunc, c loadConfig, lim *throttle.Limiter, httpc *http.Client, rec *guarantee.Recorder, t *tally) (waits, lates []time.Duration) {
+func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *instance, httpc *http.Client, rec *guarantee.Recorder, t *tally) (waits, lates []time.Duration) {
 	var since time.Time // when the last grant can have been decided, set by timedBucket
 	ctx := context.WithValue(run, grantedKey{}, &since)
 	for run.Err() == nil {
+		if !in.pace.wait(run) {
+			break
+		}
 		begin := time.Now()
-		err := lim.Acquire(ctx, c.MaxWait)
+		err := in.lim.Acquire(ctx, c.MaxWait)
 		now := time.Now()
 		switch {
 		case err == nil:
 			rec.RecordAt(now)
 			waits = append(waits, now.Sub(begin))
 			lates = append(lates, now.Sub(since))
+			in.grants.Add(1)
 			if t.grants.Add(1) >= int64(c.MaxGrants) {
 				stop()
 			}
@@ -340,6 +440,107 @@ func (c loadConfig) needed(times []time.Time) time.Duration {
 		}
 	}
 	return hi
+}
+
+// workersOf returns how many goroutines instance i runs: Workers each, or
+// with Skew, instance 0 that share of them all (at least 1, and leaving
+// at least 1 to each other instance) and the others the rest, evenly.
+func (c loadConfig) workersOf(i int) int {
+	if c.Skew == 0 {
+		return c.Workers
+	}
+	total, others := c.Instances*c.Workers, c.Instances-1
+	first := min(max(int(math.Round(c.Skew*float64(total))), 1), total-others)
+	if i == 0 {
+		return first
+	}
+	rest := total - first
+	n := rest / others
+	if i <= rest%others {
+		n++
+	}
+	return n
+}
+
+// pacerOf returns instance i's pacer: nil (closed loop) without Demand;
+// with it, the instance's share of Demand × Limit per Interval (Skew for
+// instance 0, the rest split evenly; 1/Instances each without Skew).
+func (c loadConfig) pacerOf(i int) *pacer {
+	if c.Demand == 0 {
+		return nil
+	}
+	share := 1 / float64(c.Instances)
+	if c.Skew > 0 {
+		share = (1 - c.Skew) / float64(c.Instances-1)
+		if i == 0 {
+			share = c.Skew
+		}
+	}
+	perNs := c.Demand * share * float64(c.Limit) / float64(c.Interval)
+	return &pacer{gap: max(int64(1/perNs), 1)}
+}
+
+// pacer hands an instance's workers evenly spaced times at which to ask:
+// an open-loop demand. A worker that finds its time passed asks at once,
+// so an instance whose asks are refused falls behind its schedule and
+// then asks as fast as its workers can until it catches up: its demand
+// is kept, only delayed.
+type pacer struct {
+	base time.Time
+	gap  int64 // ns between asks
+	next atomic.Int64
+}
+
+func (p *pacer) start(t time.Time) {
+	if p != nil {
+		p.base = t
+	}
+}
+
+// wait sleeps until the worker's next ask is due. It returns false if
+// ctx ends first. A nil pacer never waits.
+func (p *pacer) wait(ctx context.Context) bool {
+	if p == nil {
+		return true
+	}
+	due := p.base.Add(time.Duration(p.next.Add(p.gap) - p.gap))
+	d := time.Until(due)
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// sleepCtx sleeps d or until ctx ends, reporting whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// maxIn returns the most of the sorted times that fall in any half-open
+// span [t, t+w).
+func maxIn(times []time.Time, w time.Duration) int {
+	most, lo := 0, 0
+	for hi, t := range times {
+		for t.Sub(times[lo]) >= w {
+			lo++
+		}
+		most = max(most, hi-lo+1)
+	}
+	return most
 }
 
 func storeMax(a *atomic.Int64, v int64) {

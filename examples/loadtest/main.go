@@ -18,6 +18,36 @@
 // one is installed, or else an in-process stand-in (miniredis), and says
 // which on stderr: numbers from the stand-in say little about Redis.
 //
+// Layers and load shapes:
+//
+//   - -lease wraps each instance's bucket in throttle.NewLeased: permits
+//     are taken from the shared bucket in batches sized by the instance's
+//     demand and served from memory. Leased keeps a token bucket's, fixed
+//     window's or counter's guarantee exactly (leases expire with the
+//     period); for gcra, slidinglog and local it needs a lease TTL and
+//     loosens the guarantee by that TTL, which loadtest sets to the lease
+//     horizon and adds to the check's tolerance.
+//   - -smooth wraps each instance's bucket (over its Leased, if any) in
+//     throttle.NewSmooth, paced at limit/instances per interval each; the
+//     result's max_tenth (most grants in any tenth of an interval) is what
+//     it keeps near limit/10.
+//   - -demand X paces the fleet's asks open-loop at X times the limit
+//     instead of letting every worker ask again at once (closed loop).
+//   - -skew F gives instance 0 the share F of all the workers and of the
+//     demand; the other instances split the rest evenly. Closed-loop
+//     workers each want more than any limit, so -skew without -demand
+//     uses -demand 2: the fleet asks for twice the limit, instance 0 for
+//     2F times it, each other instance for 2(1−F)/(instances−1) times it,
+//     less than an even share. It is the load that shows whether the
+//     fleet's limit follows demand (leasing) or is cut into fixed shares.
+//
+// Thousands of workers on one instance (-instances 1 -workers 10000) show
+// the waiting herd: redis_cmds_beyond_grants_per_interval is what the
+// waiters cost beyond one command per grant, per interval, from the end of
+// the first interval after -ramp on. Started all at once, 10,000 workers
+// first ask together (a start-up rush that the figure leaves out); -ramp
+// spreads their start, as a rolling deploy would.
+//
 // Grant times are measured by the workers, after the fact, so they are a
 // little late; by default (-tolerance auto) the check allows exactly the
 // most lateness it measured (see timedBucket), and it also reports the
@@ -63,6 +93,12 @@ func main() {
 	c.Tolerance = -1
 	flag.Var((*tolerance)(&c.Tolerance), "tolerance", "how late a recorded grant time may be, for the guarantee check: a duration, or auto for the measured bound")
 	flag.IntVar(&c.MaxGrants, "max-grants", 0, "stop after this many grants (0: ten times what the limit allows)")
+	flag.BoolVar(&c.Lease, "lease", false, "wrap each instance's bucket in throttle.NewLeased: permits leased in demand-sized batches, served from memory")
+	flag.DurationVar(&c.LeaseHorizon, "lease-horizon", 0, "with -lease: how far ahead an instance leases (0: throttle's default, 50ms)")
+	flag.BoolVar(&c.Smooth, "smooth", false, "wrap each instance's bucket in throttle.NewSmooth, pacing each at limit/instances per interval")
+	flag.Float64Var(&c.Demand, "demand", 0, "pace the fleet's asks at this multiple of the limit (0: closed loop, every worker asks again at once)")
+	flag.Float64Var(&c.Skew, "skew", 0, "give instance 0 this share (0 to 1) of all workers and of the demand; the rest is split evenly (sets -demand 2 if not given)")
+	flag.DurationVar(&c.Ramp, "ramp", 0, "start the workers spread evenly over this time instead of all at once")
 	flag.BoolVar(&asJSON, "json", false, "print one JSON object on the last line instead of a summary")
 	flag.Parse()
 
@@ -151,8 +187,22 @@ func run(ctx context.Context, c loadConfig, asJSON bool, stdout, stderr io.Write
 }
 
 func summarize(w io.Writer, r loadResult) {
+	var layers []string
+	if r.Lease {
+		layers = append(layers, "leased")
+	}
+	if r.Smooth {
+		layers = append(layers, "smooth")
+	}
+	name := strings.Join(append(layers, r.Bucket), " over ")
 	fmt.Fprintf(w, "%s: %d per %v, %d instances × %d workers, %.1fs, redis: %s\n",
-		r.Bucket, r.Limit, time.Duration(r.IntervalMs*float64(time.Millisecond)), r.Instances, r.Workers, r.DurationS, r.Redis)
+		name, r.Limit, time.Duration(r.IntervalMs*float64(time.Millisecond)), r.Instances, r.Workers, r.DurationS, r.Redis)
+	if r.Demand > 0 {
+		fmt.Fprintf(w, "  demand       %.2f × the limit, paced; skew %.2f\n", r.Demand, r.Skew)
+	}
+	if r.Instances > 1 {
+		fmt.Fprintf(w, "  instances    workers %v, grants %v\n", r.InstanceWorkers, r.InstanceGrants)
+	}
 	fmt.Fprintf(w, "  grants       %d (%.0f/s)%s\n", r.Grants, r.GrantsPerS, map[bool]string{true: ", stopped early at -max-grants"}[r.StoppedEarly])
 	verdict := "kept"
 	if r.Violations > 0 {
@@ -162,8 +212,10 @@ func summarize(w io.Writer, r loadResult) {
 	fmt.Fprintf(w, "  grant times  recorded late by at most %.3fms (99%%: %.3fms); the grants pass from a tolerance of %.3fms\n",
 		r.MeasuredMs, r.LateP99Ms, r.NeededMs)
 	fmt.Fprintf(w, "  utilization  %.3f of %d allowed over the grants' span\n", r.Utilization, r.Allowed)
+	fmt.Fprintf(w, "  max tenth    %d grants in one tenth of the interval (limit/10 = %.1f)\n", r.MaxTenth, float64(r.Limit)/10)
 	if r.Redis != "none" {
-		fmt.Fprintf(w, "  redis        %.2f commands, %.2f round trips per grant\n", r.RedisCmdsPerGrant, r.RedisTripsPerGrant)
+		fmt.Fprintf(w, "  redis        %.4g commands, %.4g round trips per grant; %.1f commands per interval beyond one per grant\n",
+			r.RedisCmdsPerGrant, r.RedisTripsPerGrant, r.CmdsBeyondGrants)
 	}
 	fmt.Fprintf(w, "  acquire      p50 %v, p99 %v, max %v (granted calls, waiting included)\n",
 		us(r.AcquireP50us), us(r.AcquireP99us), us(r.AcquireMaxUs))

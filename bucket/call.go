@@ -1,0 +1,260 @@
+package bucket
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// How a bucket talks to Redis when things go wrong.
+//
+// Bounded time: Take returns by its context's deadline even when the client
+// blocks. go-redis ignores context deadlines on reads and writes unless the
+// client was built with ContextTimeoutEnabled, so unless it was, Take runs
+// its round trips in a goroutine and returns at the deadline with a
+// [*throttle.BackendError] wrapping the context's error. That goroutine
+// ends when go-redis gives up on its own: at the client's ReadTimeout
+// (default 3 s) for a server that stopped answering, at once for a closed
+// connection; go-redis does not retry once the context has ended. A client
+// with ContextTimeoutEnabled needs no goroutine and none is started.
+//
+// No double spending: go-redis resends a command after some failures (a
+// reset connection, EOF, a timeout; MaxRetries, 3 by default), including a
+// script that ran but whose reply was lost, which would charge the budget
+// twice. So headway owns the retries of its scripts: each is sent as a
+// command marked NoRetry, which go-redis never resends once it may have
+// reached the server (it still resends one that provably never left, and
+// headway itself resends only after NOSCRIPT, which means the script did
+// not run). A lost reply therefore costs at most the permits of that one
+// call, never twice as many, and surfaces as a [*throttle.BackendError]
+// that the Limiter's failure policy handles. This costs nothing per call:
+// no extra key, no extra command.
+//
+// Heartbeats: at most once per beat interval (see [WithHeartbeat]), a take
+// carries, pipelined in the same round trip, a heartbeat that records the
+// instance in the bucket's instance set and reads how many instances are
+// live; the bucket remembers that count for [throttle.Fallbacker].
+
+//go:embed lua/heartbeat.lua
+var srcHeartbeat string
+
+// defaultLiveWindow is how long an instance counts as live after its last
+// heartbeat, unless WithHeartbeat says otherwise.
+const defaultLiveWindow = 10 * time.Second
+
+// WithHeartbeat sets how long an instance counts as live after its last
+// heartbeat. Default: 10 s. Each bucket instance beats, piggybacked on a
+// take, at most every window/10 (and at most once a second), so it counts
+// as live while it takes at least that often; an idle instance drops out
+// after window. The live count sets each instance's share of the limit
+// under [throttle.FailLocal] while Redis is down: a longer window counts
+// idle instances longer, which makes the shares smaller and safer. It must
+// be between 100 ms and 1 h.
+func WithHeartbeat(window time.Duration) Option {
+	return optionFunc(func(c *config) { c.liveWindow = window })
+}
+
+// calls is a bucket's per-instance state for its round trips. Each bucket
+// value owns one; it is shared by the copies of its common.
+type calls struct {
+	nonce    string // random, names this instance in the live set
+	liveKey  string
+	window   time.Duration
+	every    int64 // ns between beats
+	lastBeat atomic.Int64
+	live     atomic.Int64 // last count seen; 0 before the first beat
+	ctxOK    bool         // the client honours context deadlines itself
+	inflight atomic.Int64 // goroutines still in a round trip, for tests
+}
+
+func newCalls(rdb redis.UniversalClient, ks keyspace, window time.Duration) *calls {
+	var raw [8]byte
+	_, _ = rand.Read(raw[:]) // never fails (crypto/rand panics rather than return an error)
+	every := min(max(window/10, 10*time.Millisecond), time.Second)
+	return &calls{
+		nonce:   hex.EncodeToString(raw[:]),
+		liveKey: ks.root + ":live",
+		window:  window,
+		every:   int64(every),
+		ctxOK:   honoursContext(rdb),
+	}
+}
+
+// honoursContext reports whether rdb applies context deadlines to its
+// reads and writes (ContextTimeoutEnabled), so no goroutine is needed to
+// return by them.
+func honoursContext(rdb redis.UniversalClient) bool {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// beatDue reports whether this call should carry a heartbeat, claiming it.
+func (s *calls) beatDue() bool {
+	now := time.Now().UnixNano()
+	last := s.lastBeat.Load()
+	return now-last >= s.every && s.lastBeat.CompareAndSwap(last, now)
+}
+
+// instances is the live count last seen, at least 1.
+func (s *calls) instances() int64 { return max(s.live.Load(), 1) }
+
+// eval runs script s with keys (all of one budget's hash tag) as one
+// command that go-redis must not resend, and a heartbeat pipelined with it
+// when one is due.
+func (c *common) eval(ctx context.Context, s *redis.Script, keys []string, args ...any) ([]int64, error) {
+	if !c.calls.beatDue() {
+		return c.evalNoRetry(ctx, s, keys, args).Int64Slice()
+	}
+	pipe := c.rdb.Pipeline()
+	// EVAL, not EVALSHA: the heartbeat is tiny and rare, and never hits
+	// NOSCRIPT after a restart.
+	hb := pipe.Eval(ctx, srcHeartbeat, []string{c.calls.liveKey}, c.calls.nonce, c.calls.window.Milliseconds())
+	take := evalSHA(ctx, s, keys, args)
+	_ = pipe.Process(ctx, take)
+	_, _ = pipe.Exec(ctx)
+	if n, err := hb.Int64(); err == nil {
+		c.calls.live.Store(n)
+	} else {
+		c.calls.lastBeat.Store(0) // beat again at the next call
+	}
+	r, err := take.Int64Slice()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return c.evalNoRetry(ctx, s, keys, args).Int64Slice() // loads it
+	}
+	return r, err
+}
+
+// evalNoRetry sends EVALSHA as a command go-redis must not resend, and
+// after NOSCRIPT (the script did not run: the server restarted or flushed
+// its scripts) loads the script and sends it once more.
+func (c *common) evalNoRetry(ctx context.Context, s *redis.Script, keys []string, args []any) *redis.Cmd {
+	cmd := evalSHA(ctx, s, keys, args)
+	_ = c.rdb.Process(ctx, cmd)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := s.Load(ctx, c.rdb).Err(); err != nil {
+			cmd.SetErr(err)
+			return cmd.Cmd
+		}
+		cmd = evalSHA(ctx, s, keys, args)
+		_ = c.rdb.Process(ctx, cmd)
+	}
+	return cmd.Cmd
+}
+
+// noRetry is a command go-redis must not resend after it may have reached
+// the server (go-redis v9 asks every command's NoRetry before a retry).
+type noRetry struct{ *redis.Cmd }
+
+// NoRetry implements redis.Cmder: never resend.
+func (noRetry) NoRetry() bool { return true }
+
+// evalSHA builds EVALSHA of s on keys and args as a noRetry command.
+func evalSHA(ctx context.Context, s *redis.Script, keys []string, args []any) noRetry {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "evalsha", s.Hash(), len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	a = append(a, args...)
+	return noRetry{redis.NewCmd(ctx, a...)}
+}
+
+// bounded runs f, a bucket's decision (one or more round trips), so that it
+// returns by ctx's end even if the client blocks: see the comment at the
+// top of this file.
+func bounded(ctx context.Context, c *common, key string, f func(context.Context) (throttle.Decision, error)) (throttle.Decision, error) {
+	if ctx.Done() == nil || c.calls.ctxOK {
+		return f(ctx)
+	}
+	type result struct {
+		d   throttle.Decision
+		err error
+	}
+	ch := make(chan result, 1)
+	c.calls.inflight.Add(1)
+	go func() {
+		defer c.calls.inflight.Add(-1)
+		d, err := f(ctx)
+		ch <- result{d, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.d, r.err
+	case <-ctx.Done():
+	}
+	select {
+	case r := <-ch: // both ready: the answer wins
+		return r.d, r.err
+	default:
+	}
+	tag, _ := c.ks.tag(c.name, key)
+	return throttle.Decision{}, backend("take", tag, fmt.Errorf("no reply from redis before the context ended: %w", ctx.Err()))
+}
+
+// Fallback implements [throttle.Fallbacker]: limit per interval, and the
+// live instances last counted.
+func (b *TokenBucket) Fallback() (int64, time.Duration, int64) {
+	return b.limitInForce(), ms(b.periodMs), b.calls.instances()
+}
+
+// Fallback implements [throttle.Fallbacker]: limit per interval, and the
+// live instances last counted.
+func (b *Counter) Fallback() (int64, time.Duration, int64) {
+	return b.limit, ms(b.periodMs), b.calls.instances()
+}
+
+// Fallback implements [throttle.Fallbacker]: limit per interval, and the
+// live instances last counted.
+func (b *GCRA) Fallback() (int64, time.Duration, int64) {
+	return b.limitInForce(), us(b.emission * b.limit), b.calls.instances()
+}
+
+// Fallback implements [throttle.Fallbacker]: limit per interval, and the
+// live instances last counted.
+func (b *FixedWindow) Fallback() (int64, time.Duration, int64) {
+	return b.limitInForce(), b.w.tiers[0].Period, b.w.calls.instances()
+}
+
+// Fallback implements [throttle.Fallbacker] conservatively for several
+// tiers: the smallest limit per the longest period, a rate and a burst
+// that no tier's is below.
+func (b *Tiers) Fallback() (int64, time.Duration, int64) {
+	l, p := tightest(b.w.tiers)
+	return l, p, b.w.calls.instances()
+}
+
+// Fallback implements [throttle.Fallbacker] as [Tiers.Fallback] does.
+func (b *SlidingLog) Fallback() (int64, time.Duration, int64) {
+	tiers := make([]Tier, 0, len(b.args)/2)
+	for i := 0; i+1 < len(b.args); i += 2 {
+		tiers = append(tiers, Tier{Limit: b.args[i].(int64), Period: us(b.args[i+1].(int64))})
+	}
+	l, p := tightest(tiers)
+	return l, p, b.calls.instances()
+}
+
+func tightest(tiers []Tier) (int64, time.Duration) {
+	l, p := tiers[0].Limit, tiers[0].Period
+	for _, t := range tiers[1:] {
+		l, p = min(l, t.Limit), max(p, t.Period)
+	}
+	return l, p
+}
+
+// inflight counts round trips still running after their Take returned; for
+// tests, which wait for it to reach 0 before checking for leaks.
+func (c *common) inflight() int64 { return c.calls.inflight.Load() }

@@ -1,0 +1,180 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// MaxLimit is the largest limit SetLimit accepts: a billion permits per
+// interval. Anything larger is almost surely a typo.
+const MaxLimit int64 = 1_000_000_000
+
+// checkLimit validates a live limit.
+func checkLimit(name string, limit int64) error {
+	if limit < 1 {
+		return throttle.Invalid(name, "limit", limit, "must be at least 1")
+	}
+	if limit > MaxLimit {
+		return throttle.Invalid(name, "limit", limit, fmt.Sprintf("must be at most %d (bucket.MaxLimit)", MaxLimit))
+	}
+	return nil
+}
+
+// limitKey names the live-limit key of key's budget; kind is the budget's
+// key suffix (":tb", ":gcra", ":fw:<µs>").
+func (c *common) limitKey(op, key, kind string) (string, error) {
+	tag, err := c.ks.tag(c.name+"."+op, key)
+	if err != nil {
+		return "", err
+	}
+	return tag + kind + ":limit", nil
+}
+
+func (c *common) setLimit(ctx context.Context, key, kind string, limit int64) error {
+	k, err := c.limitKey("SetLimit", key, kind)
+	if err != nil {
+		return err
+	}
+	if err := c.rdb.Set(ctx, k, limit, 0).Err(); err != nil {
+		return backend("set limit", k, err)
+	}
+	return nil
+}
+
+func (c *common) clearLimit(ctx context.Context, key, kind string) error {
+	k, err := c.limitKey("ClearLimit", key, kind)
+	if err != nil {
+		return err
+	}
+	if err := c.rdb.Del(ctx, k).Err(); err != nil {
+		return backend("clear limit", k, err)
+	}
+	return nil
+}
+
+// seenLimit remembers the last limit in force a script reported for the
+// constructor's key, so that what runs without Redis (a Limiter's
+// FailLocal share, through Fallback) can follow a live change. 0: none seen.
+type seenLimit struct{ v atomic.Int64 }
+
+// note records a limit reported for key.
+func (s *seenLimit) note(key string, limit int64) {
+	if s != nil && key == "" && limit > 0 && s.v.Load() != limit {
+		s.v.Store(limit)
+	}
+}
+
+// or returns the last limit seen, or def.
+func (s *seenLimit) or(def int64) int64 {
+	if s == nil {
+		return def
+	}
+	if v := s.v.Load(); v > 0 {
+		return v
+	}
+	return def
+}
+
+// liveOr returns r[i], a limit a script reported, or def when the script
+// did not report one (0 or absent).
+func liveOr(r []int64, i int, def int64) int64 {
+	if len(r) > i && r[i] > 0 {
+		return r[i]
+	}
+	return def
+}
+
+// exceeds is the error for n above a limit lowered live.
+func exceeds(name string, n, limit int64) error {
+	return fmt.Errorf("%s: %d permits asked at once, the limit in force is %d (set live with SetLimit): %w", name, n, limit, throttle.ErrExceedsLimit)
+}
+
+// SetLimit changes the limit of key's budget ("" for the constructor's key)
+// for every instance sharing the bucket, until [TokenBucket.ClearLimit].
+// It applies from the next refill, at most one interval away: the running
+// period keeps the tokens it was given, so lowering the limit never lets
+// more than the old limit through in that period, and raising it gives the
+// new limit at the next refill.
+//
+// limit must be between 1 and [MaxLimit]. A Take may still ask for at most
+// the constructor's limit at once; one asking more than a lowered limit
+// gets an error wrapping [throttle.ErrExceedsLimit].
+func (b *TokenBucket) SetLimit(ctx context.Context, key string, limit int64) error {
+	if err := checkLimit(b.name+".SetLimit", limit); err != nil {
+		return err
+	}
+	return b.setLimit(ctx, key, ":tb", limit)
+}
+
+// ClearLimit removes the limit SetLimit stored for key's budget: the
+// constructor's limit applies again from the next refill. Clearing a
+// budget without one does nothing.
+func (b *TokenBucket) ClearLimit(ctx context.Context, key string) error {
+	return b.clearLimit(ctx, key, ":tb")
+}
+
+// SetLimit changes the limit of key's budget ("" for the constructor's key)
+// for every instance sharing the bucket, until [FixedWindow.ClearLimit].
+// It applies from the next window, at most one interval away: a window's
+// limit is fixed by its first grant, so lowering never lets more than the
+// old limit through in the running window.
+//
+// limit must be between 1 and [MaxLimit]. A Take may still ask for at most
+// the constructor's limit at once; one asking more than a lowered limit
+// gets an error wrapping [throttle.ErrExceedsLimit].
+func (b *FixedWindow) SetLimit(ctx context.Context, key string, limit int64) error {
+	if err := checkLimit(b.w.name+".SetLimit", limit); err != nil {
+		return err
+	}
+	return b.w.setLimit(ctx, key, b.w.kinds[0], limit)
+}
+
+// ClearLimit removes the limit SetLimit stored for key's budget: the
+// constructor's limit applies again from the next window.
+func (b *FixedWindow) ClearLimit(ctx context.Context, key string) error {
+	return b.w.clearLimit(ctx, key, b.w.kinds[0])
+}
+
+// SetLimit changes the rate of key's budget ("" for the constructor's key)
+// to limit per interval for every instance sharing the bucket, until
+// [GCRA.ClearLimit]. It applies at once, to the next Take: the emission
+// interval becomes interval/limit, and the burst follows the limit unless
+// [WithBurst] fixed it. Slots already reserved (at most the callers'
+// maxWait ahead) keep their times.
+//
+// limit must be between 1 and [MaxLimit], and at most one per microsecond
+// of interval. A Take may still ask for at most the constructor's burst.
+func (b *GCRA) SetLimit(ctx context.Context, key string, limit int64) error {
+	name := b.name + ".SetLimit"
+	if err := checkLimit(name, limit); err != nil {
+		return err
+	}
+	if limit > b.ivUs {
+		return throttle.Invalid(name, "limit", limit, fmt.Sprintf("must be at most one per microsecond of the interval (%d)", b.ivUs))
+	}
+	if em := (b.ivUs + limit - 1) / limit; b.fixed > (1<<50)/em {
+		return throttle.Invalid(name, "limit", limit, fmt.Sprintf("too small for the burst %d: burst × interval/limit must stay below 2^50 µs", b.fixed))
+	}
+	return b.setLimit(ctx, key, ":gcra", limit)
+}
+
+// ClearLimit removes the rate SetLimit stored for key's budget: the
+// constructor's applies again from the next Take.
+func (b *GCRA) ClearLimit(ctx context.Context, key string) error {
+	return b.clearLimit(ctx, key, ":gcra")
+}
+
+// limitInForce is the limit of the constructor key's budget last seen in
+// force (a live one when set), or the constructor's before any take. A
+// Fallback that gives each instance its share should use it, so that a
+// limit lowered live stays lowered while Redis is down.
+func (b *TokenBucket) limitInForce() int64 { return b.seen.or(b.limit) }
+
+// limitInForce: see [TokenBucket.limitInForce].
+func (b *FixedWindow) limitInForce() int64 { return b.w.seen.or(b.w.tiers[0].Limit) }
+
+// limitInForce: see [TokenBucket.limitInForce]; the rate per interval.
+func (b *GCRA) limitInForce() int64 { return b.seen.or(b.limit) }

@@ -1,0 +1,255 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// State is a snapshot of one budget of a bucket, read from Redis in two
+// round trips by the bucket's State method, for operators and tools such as
+// examples/headwayctl. Nothing in it is needed to take permits.
+type State struct {
+	// Limit is the limit configured now: the live limit stored with
+	// SetLimit when Live, else Default.
+	Limit int64
+	// Live reports whether Limit was set with SetLimit.
+	Live bool
+	// Default is the limit the bucket was built with in this process.
+	Default int64
+	// Interval is the bucket's interval (rounded as the bucket rounds it).
+	Interval time.Duration
+
+	// Running reports whether a period or window has started and not ended:
+	// TokenBucket, a refilled period; FixedWindow, a window with a grant;
+	// GCRA, a bucket not full (some permits taken recently).
+	Running bool
+	// Current is the limit in force now: the running period's or window's
+	// (TokenBucket, FixedWindow: the limit at its start, which a live
+	// change does not alter), or the live rate (GCRA). When nothing runs,
+	// the limit the next period or window will start with.
+	Current int64
+	// Used is the permits granted in the running period or window; for
+	// GCRA, the permits still counted against the burst.
+	Used int64
+	// Remaining is the permits that could be had at once now, pause aside.
+	Remaining int64
+	// Reset is the time until the running period ends (TokenBucket: the
+	// next refill is due), the window ends (FixedWindow), or the bucket is
+	// full again (GCRA). 0 when nothing runs.
+	Reset time.Duration
+	// Paused is the time left of a pause set with Pause; 0 when none.
+	Paused time.Duration
+	// Instances is how many bucket instances (processes, or several
+	// buckets in one) of the constructor's key took a permit, for any
+	// budget, within the heartbeat window ([WithHeartbeat], default 10 s),
+	// as their heartbeats say. 0 when none did.
+	Instances int64
+}
+
+// String formats s on one line, for logs.
+func (s State) String() string {
+	src := "default"
+	if s.Live {
+		src = "live"
+	}
+	return fmt.Sprintf("limit=%d (%s, default %d) per %v; current=%d used=%d remaining=%d reset=%v paused=%v instances=%d",
+		s.Limit, src, s.Default, s.Interval, s.Current, s.Used, s.Remaining, s.Reset, s.Paused, s.Instances)
+}
+
+// snapshot is what state.lua read: the server's time and, per key, its
+// PTTL and value.
+type snapshot struct {
+	now   int64 // µs since the Unix epoch, server's clock
+	pttl  []int64
+	str   []string            // string values ("" otherwise)
+	hash  []map[string]string // hash values (nil otherwise)
+	found []bool
+}
+
+func (c *common) snapshot(ctx context.Context, keys []string) (snapshot, error) {
+	raw, err := scriptState.Run(ctx, c.rdb, keys).Slice()
+	if err != nil {
+		return snapshot{}, backend("state", keys[0], err)
+	}
+	bad := backend("state", keys[0], errors.New("unexpected reply from state.lua"))
+	if len(raw) != 2+2*len(keys) {
+		return snapshot{}, bad
+	}
+	sec, ok1 := raw[0].(int64)
+	usec, ok2 := raw[1].(int64)
+	if !ok1 || !ok2 {
+		return snapshot{}, bad
+	}
+	s := snapshot{now: sec*1_000_000 + usec}
+	for i := range keys {
+		p, ok := raw[2+2*i].(int64)
+		if !ok {
+			return snapshot{}, bad
+		}
+		s.pttl = append(s.pttl, p)
+		s.found = append(s.found, p != -2)
+		var str string
+		var h map[string]string
+		switch v := raw[3+2*i].(type) {
+		case string:
+			str = v
+		case []any:
+			h = make(map[string]string, len(v)/2)
+			for j := 0; j+1 < len(v); j += 2 {
+				k, _ := v[j].(string)
+				val, _ := v[j+1].(string)
+				h[k] = val
+			}
+		}
+		s.str = append(s.str, str)
+		s.hash = append(s.hash, h)
+	}
+	return s, nil
+}
+
+// instances counts the bucket's live instances from their heartbeats, at
+// the server time nowUs. The instance set lives under the constructor's
+// key's tag, not a tenant's, so this is a round trip of its own.
+func (c *common) instances(ctx context.Context, nowUs int64) (int64, error) {
+	from := nowUs/1000 - c.calls.window.Milliseconds()
+	n, err := c.rdb.ZCount(ctx, c.calls.liveKey, "("+strconv.FormatInt(from, 10), "+inf").Result()
+	if err != nil {
+		return 0, backend("state", c.calls.liveKey, err)
+	}
+	return n, nil
+}
+
+// int returns key i's string value as an integer, and whether it was one.
+func (s snapshot) int(i int) (int64, bool) {
+	if !s.found[i] {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(s.str[i], 10, 64)
+	return v, err == nil
+}
+
+// paused is the pause left according to key i (the pause key).
+func (s snapshot) paused(i int) time.Duration {
+	if s.pttl[i] > 0 {
+		return ms(s.pttl[i])
+	}
+	return 0
+}
+
+// base fills the fields every bucket shares.
+func (s snapshot) base(def int64, interval time.Duration, limitIdx, pauseIdx int) State {
+	st := State{Limit: def, Default: def, Interval: interval, Paused: s.paused(pauseIdx)}
+	if v, ok := s.int(limitIdx); ok && v > 0 {
+		st.Limit, st.Live = v, true
+	}
+	return st
+}
+
+// State reads key's budget ("" for the constructor's key): the limit
+// configured and the running period's, the tokens used and left, the time
+// until the next refill is due, the pause left and the live instances. It
+// takes two round trips (the budget's keys, then the instances) and
+// changes nothing.
+func (b *TokenBucket) State(ctx context.Context, key string) (State, error) {
+	tag, err := b.ks.tag(b.name+".State", key)
+	if err != nil {
+		return State{}, err
+	}
+	s, err := b.snapshot(ctx, []string{tag + ":tb", tag + ":tb:cap", tag + ":tb:limit", tag + ":pause"})
+	if err != nil {
+		return State{}, err
+	}
+	st := s.base(b.limit, ms(b.periodMs), 2, 3)
+	if st.Instances, err = b.instances(ctx, s.now); err != nil {
+		return State{}, err
+	}
+	st.Current, st.Remaining = st.Limit, st.Limit
+	if left, ok := s.int(0); ok && s.pttl[0] >= 0 {
+		st.Running = true
+		st.Remaining = max(left, 0)
+		if c, ok := s.int(1); ok && c > 0 {
+			st.Current = c
+		} else {
+			st.Current = b.limit // a period refilled before live limits existed
+		}
+		st.Used = max(st.Current-left, 0)
+		st.Reset = ms(s.pttl[0] + 1) // the key expires 1 ms after PTTL reads 0
+	}
+	return st, nil
+}
+
+// State reads key's budget ("" for the constructor's key): the limit
+// configured and the running window's, the permits granted and left in
+// it, the time until it ends, the pause left and the live instances. It
+// takes two round trips and changes nothing.
+func (b *FixedWindow) State(ctx context.Context, key string) (State, error) {
+	tag, err := b.w.ks.tag(b.w.name+".State", key)
+	if err != nil {
+		return State{}, err
+	}
+	k := tag + b.w.kinds[0]
+	s, err := b.w.snapshot(ctx, []string{k, k + ":limit", tag + ":pause"})
+	if err != nil {
+		return State{}, err
+	}
+	t := b.w.tiers[0]
+	st := s.base(t.Limit, us(ceilUs(t.Period)), 1, 2)
+	if st.Instances, err = b.w.instances(ctx, s.now); err != nil {
+		return State{}, err
+	}
+	length := ceilUs(t.Period)
+	ws := s.now - s.now%length
+	st.Current, st.Remaining, st.Reset = st.Limit, st.Limit, us(ws+length-s.now)
+	if h := s.hash[0]; h != nil && h["w"] == strconv.FormatInt(ws, 10) {
+		st.Running = true
+		st.Used, _ = strconv.ParseInt(h["c"], 10, 64)
+		st.Current = b.w.tiers[0].Limit // a window started before live limits existed
+		if l, err := strconv.ParseInt(h["l"], 10, 64); err == nil && l > 0 {
+			st.Current = l
+		}
+		st.Remaining = max(st.Current-st.Used, 0)
+	}
+	return st, nil
+}
+
+// State reads key's budget ("" for the constructor's key): the rate
+// configured (in force at once), the permits that could be had at once,
+// those still counted against the burst, the time until the bucket is full
+// again, the pause left and the live instances. It takes two round trips
+// and changes nothing.
+func (b *GCRA) State(ctx context.Context, key string) (State, error) {
+	tag, err := b.ks.tag(b.name+".State", key)
+	if err != nil {
+		return State{}, err
+	}
+	s, err := b.snapshot(ctx, []string{tag + ":gcra", tag + ":gcra:limit", tag + ":pause"})
+	if err != nil {
+		return State{}, err
+	}
+	st := s.base(b.limit, us(b.ivUs), 1, 2)
+	if st.Instances, err = b.instances(ctx, s.now); err != nil {
+		return State{}, err
+	}
+	st.Current = st.Limit
+	em, tol := b.emission, b.tolerance
+	if st.Live {
+		em = (b.ivUs + st.Limit - 1) / st.Limit
+		burst := b.fixed
+		if burst == 0 {
+			burst = st.Limit
+		}
+		tol = burst * em
+	}
+	tat, _ := s.int(0)
+	tat = max(tat, s.now)
+	st.Remaining = max((s.now+tol-tat)/em, 0)
+	st.Used = (tat - s.now + em - 1) / em
+	if tat > s.now {
+		st.Running = true
+		st.Reset = us(tat - s.now)
+	}
+	return st, nil
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// A guarantee is what a contender promises about its grants, checked on
+// the times its callers saw them, never on the limiter's own numbers. It
+// is a small stand-in for headway's internal/guarantee package, which a
+// separate module may not import.
+type guarantee struct {
+	// periods: at most limit grants per refill, refills at least interval
+	// apart (a token bucket refilled to full on demand: headway's
+	// TokenBucket, Leased over it, the lock-per-call design).
+	// Otherwise: at most burst + limit·t/interval grants in any span t
+	// (GCRA, redis_rate, x/time/rate).
+	periods  bool
+	limit    int64
+	interval time.Duration
+	burst    int64 // GCRA form only
+}
+
+func (g guarantee) String() string {
+	if g.periods {
+		return fmt.Sprintf("≤ %d per refill, refills ≥ %v apart", g.limit, g.interval)
+	}
+	return fmt.Sprintf("≤ %d + %d/%v·t in any span t", g.burst, g.limit, g.interval)
+}
+
+// check returns how many grants the guarantee cannot account for
+// (scanning in time order, setting each such grant aside) and how many
+// grants it allows at most between the first and the last grant. times
+// are sorted nanosecond offsets; tol relaxes each time comparison by at
+// most tol (grant times are recorded a little late).
+func (g guarantee) check(times []int64, tol time.Duration) (violations int, allowed float64) {
+	if len(times) == 0 {
+		return 0, 0
+	}
+	span := float64(times[len(times)-1] - times[0])
+	if g.periods {
+		return checkPeriods(times, g.limit, int64(g.interval-tol)),
+			float64(g.limit) * (math.Floor(span/float64(g.interval)) + 1)
+	}
+	return checkGCRA(times, g.limit, g.interval, g.burst, tol),
+		float64(g.burst) + float64(g.limit)*span/float64(g.interval)
+}
+
+// checkPeriods asks whether some placement of refills r0 < r1 < … explains
+// the grants: each refill after the grants of the period before it and at
+// or before the first grant of its own, refills at least gap apart, at
+// most limit grants per period. e[m] is the earliest time a period opening
+// at kept grant m can have been refilled (none if it cannot open there):
+// an earlier refill only loosens what follows, so it is all the past that
+// matters, and e[m] = max(t[m−1], min(e[a]) + gap) over the starts a of
+// the period before, a ∈ [m−limit, m−1], if that is ≤ t[m]. A monotonic
+// deque gives the minimum. A grant that no period can hold is a violation.
+func checkPeriods(t []int64, limit, gap int64) (violations int) {
+	const none = math.MaxInt64
+	kt := make([]int64, 0, len(t)) // kept grants' times
+	e := make([]int64, 0, len(t))
+	var q []int // kept indices with e != none, e increasing
+	for _, ti := range t {
+		m := len(kt)
+		for len(q) > 0 && int64(q[0]) < int64(m)-limit {
+			q = q[1:]
+		}
+		em := int64(none)
+		switch {
+		case m == 0:
+			em = ti
+		case len(q) > 0 && e[q[0]]+gap <= ti:
+			em = max(kt[m-1], e[q[0]]+gap)
+		}
+		if em == none && (len(q) == 0 || int64(q[len(q)-1]) < int64(m)-limit+1) {
+			violations++ // neither opens a period nor fits in an open one
+			continue
+		}
+		kt, e = append(kt, ti), append(e, em)
+		if em != none {
+			for len(q) > 0 && e[q[len(q)-1]] >= em {
+				q = q[:len(q)-1]
+			}
+			q = append(q, m)
+		}
+	}
+	return violations
+}
+
+// checkGCRA runs the virtual scheduling of the generic cell rate
+// algorithm: grants conform to "at most burst + rate·t in any span t"
+// exactly when each comes no earlier than its theoretical arrival time
+// less (burst−1) emission intervals; tol lengthens every span by tol.
+func checkGCRA(t []int64, limit int64, interval time.Duration, burst int64, tol time.Duration) (violations int) {
+	T := float64(interval) / float64(limit)
+	tau := float64(burst-1)*T + float64(tol)
+	tat := float64(t[0])
+	for _, ti := range t {
+		f := float64(ti)
+		if f < tat-tau-0.5 { // half a nanosecond for rounding
+			violations++
+			continue
+		}
+		tat = max(tat, f) + T
+	}
+	return violations
+}

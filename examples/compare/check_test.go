@@ -1,0 +1,76 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+func secs(s ...float64) []int64 {
+	out := make([]int64, len(s))
+	for i, v := range s {
+		out[i] = int64(v * float64(time.Second))
+	}
+	return out
+}
+
+func TestCheckPeriods(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		times []int64
+		limit int64
+		tol   time.Duration
+		want  int
+	}{
+		{"one period full", secs(0, 0.1, 0.2), 3, 0, 0},
+		{"one too many in a period", secs(0, 0.1, 0.2, 0.3), 3, 0, 1},
+		{"next period after the interval", secs(0, 0.1, 1.0, 1.1), 2, 0, 0},
+		{"next period too early", secs(0, 0.1, 0.9, 1.1), 2, 0, 1},
+		{"tolerance absorbs a late record", secs(0, 0.1, 0.99, 1.1), 2, 20 * time.Millisecond, 0},
+		// Greedy refills at 1.0 would reject this; refills at 0 and 1.4 explain it.
+		{"refill need not be at a grant", secs(0, 1.0, 1.5, 1.9), 2, 0, 0},
+		// Only a refill between 1.0 and 1.2 explains it.
+		{"refill in between", secs(0, 1.2, 1.5, 2.1, 2.15), 2, 0, 0},
+		{"double refill", secs(0, 0.1, 0.2, 0.3, 0.4, 0.5), 3, 0, 3},
+		{"steady", secs(0, 0.5, 1, 1.5, 2, 2.5, 3), 2, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := checkPeriods(tc.times, tc.limit, int64(time.Second-tc.tol)); got != tc.want {
+				t.Errorf("violations = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckGCRA(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		times        []int64
+		limit, burst int64
+		tol          time.Duration
+		want         int
+	}{
+		{"burst at once", secs(0, 0, 0), 10, 3, 0, 0},
+		{"one beyond the burst", secs(0, 0, 0, 0), 10, 3, 0, 1},
+		{"paced at the rate", secs(0, 0.1, 0.2, 0.3, 0.4), 10, 1, 0, 0},
+		{"a bit fast", secs(0, 0.1, 0.19), 10, 1, 0, 1},
+		{"tolerance", secs(0, 0.1, 0.19), 10, 1, 10 * time.Millisecond, 0},
+		{"refilled after a pause", secs(0, 0, 1, 1), 10, 2, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := checkGCRA(tc.times, tc.limit, time.Second, tc.burst, tc.tol); got != tc.want {
+				t.Errorf("violations = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestGuaranteeAllowed(t *testing.T) {
+	g := guarantee{periods: true, limit: 100, interval: time.Second}
+	if _, a := g.check(secs(0, 2.5), 0); a != 300 {
+		t.Errorf("periods allowed = %v, want 300", a)
+	}
+	g = guarantee{limit: 100, interval: time.Second, burst: 10}
+	if _, a := g.check(secs(0, 2.5), 0); a != 260 {
+		t.Errorf("gcra allowed = %v, want 260", a)
+	}
+}

@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+)
+
+// A contender is one rate limiter under test.
+type contender struct {
+	name  string
+	note  string
+	redis bool // needs Redis (and gets a client of its own)
+	// guarantee returns what the contender promises for limit per interval.
+	guarantee func(limit int64, interval time.Duration) guarantee
+	// build makes a fresh limiter for one run.
+	build func(s setup) (acquirer, error)
+}
+
+// setup is what a contender is built with for one run.
+type setup struct {
+	rdb       *redis.Client // nil for local contenders
+	key       string        // fresh for each run
+	limit     int64
+	interval  time.Duration
+	lockRetry time.Duration
+}
+
+// An acquirer hands out permits the way its library's users wait for one.
+type acquirer interface {
+	// acquire waits at most maxWait for one permit. ctx carries decided
+	// under decidedKey. It returns whether it
+	// was granted and, in decided, the start of the attempt that got it:
+	// the earliest moment the grant can have been decided (for a
+	// reservation, plus the reservation's delay).
+	acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error)
+	close()
+}
+
+func periods(limit int64, interval time.Duration) guarantee {
+	return guarantee{periods: true, limit: limit, interval: interval}
+}
+
+func gcra(limit int64, interval time.Duration) guarantee {
+	return guarantee{limit: limit, interval: interval, burst: limit}
+}
+
+// contenders lists every contender, in the order of the tables.
+var contenders = []contender{
+	{
+		name: "headway-tokenbucket", redis: true, guarantee: periods,
+		note: "bucket.TokenBucket (refill on demand under a Redsync mutex, the default) through throttle.Limiter",
+		build: func(s setup) (acquirer, error) {
+			b, err := bucket.NewTokenBucket(s.rdb, s.key, s.limit, s.interval)
+			return newHeadway(b, nil), err
+		},
+	},
+	{
+		name: "headway-gcra", redis: true, guarantee: gcra,
+		note: "bucket.GCRA, burst = limit, reserving ahead within maxWait, through throttle.Limiter",
+		build: func(s setup) (acquirer, error) {
+			b, err := bucket.NewGCRA(s.rdb, s.key, s.limit, s.interval)
+			return newHeadway(b, nil), err
+		},
+	},
+	{
+		name: "headway-leased", redis: true, guarantee: periods,
+		note: "throttle.Leased (default options) over bucket.TokenBucket, through throttle.Limiter",
+		build: func(s setup) (acquirer, error) {
+			b, err := bucket.NewTokenBucket(s.rdb, s.key, s.limit, s.interval)
+			if err != nil {
+				return nil, err
+			}
+			l, err := throttle.NewLeased(b)
+			if err != nil {
+				return nil, err
+			}
+			return newHeadway(l, l.Close), nil
+		},
+	},
+	{
+		name: "redis_rate", redis: true, guarantee: gcra,
+		note: "go-redis/redis_rate v10, its default burst (= rate); refused callers sleep RetryAfter and ask again",
+		build: func(s setup) (acquirer, error) {
+			return &redisRate{
+				lim:   redis_rate.NewLimiter(s.rdb),
+				key:   s.key,
+				limit: redis_rate.Limit{Rate: int(s.limit), Burst: int(s.limit), Period: s.interval},
+			}, nil
+		},
+	},
+	{
+		name: "lock-per-call", redis: true, guarantee: periods,
+		note: "seed 002 literally: Redsync lock, read and refill, unlock, DECR; refused callers ask again after 1 ms",
+		build: func(s setup) (acquirer, error) {
+			return &lockAcquirer{newLockPerCall(s.rdb, s.key, s.limit, s.interval, s.lockRetry)}, nil
+		},
+	},
+	{
+		name: "x/time/rate", guarantee: gcra,
+		note: "golang.org/x/time/rate, burst = limit, in memory: the local baseline (Reserve, then sleep, as Wait does)",
+		build: func(s setup) (acquirer, error) {
+			r := rate.Limit(float64(s.limit) / s.interval.Seconds())
+			return &xrate{lim: rate.NewLimiter(r, int(s.limit))}, nil
+		},
+	},
+}
+
+// headway acquires through a throttle.Limiter. A timed layer directly
+// under the Limiter notes when the granting Take began.
+type headway struct {
+	lim    *throttle.Limiter
+	closer func() error
+}
+
+func newHeadway(b throttle.Bucket, closer func() error) *headway {
+	if closer == nil {
+		closer = func() error { return nil }
+	}
+	return &headway{lim: throttle.New(timed{b}), closer: closer}
+}
+
+// acquire calls Acquire; the timed layer sets the *time.Time that ctx
+// carries under decidedKey (the caller's decided).
+func (h *headway) acquire(ctx context.Context, maxWait time.Duration, _ *time.Time) (bool, error) {
+	err := h.lim.Acquire(ctx, maxWait)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, throttle.ErrTimeout):
+		return false, nil
+	}
+	return false, err
+}
+
+// timed passes Takes on and records, in the *time.Time the context
+// carries, when a granting Take began (plus a reservation's delay).
+type timed struct{ throttle.Bucket }
+
+type decidedKey struct{}
+
+func (b timed) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	begin := time.Now()
+	d, err := b.Bucket.Take(ctx, key, n, maxWait)
+	if err == nil && d.Granted {
+		if p, ok := ctx.Value(decidedKey{}).(*time.Time); ok {
+			*p = begin.Add(d.Delay)
+		}
+	}
+	return d, err
+}
+
+// Refund passes a Limiter's refund of an abandoned reservation on.
+func (b timed) Refund(ctx context.Context, key string, n int64) error {
+	if r, ok := b.Bucket.(throttle.Refunder); ok {
+		return r.Refund(ctx, key, n)
+	}
+	return nil
+}
+
+// redisRate waits the way redis_rate's users must: it has no wait of its
+// own, so a refused caller sleeps the RetryAfter it was told and asks
+// again, and gives up at once when that is beyond its wait.
+type redisRate struct {
+	lim   *redis_rate.Limiter
+	key   string
+	limit redis_rate.Limit
+}
+
+func (r *redisRate) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+	deadline := time.Now().Add(maxWait)
+	for {
+		at := time.Now()
+		res, err := r.lim.Allow(ctx, r.key, r.limit)
+		if err != nil {
+			return false, err
+		}
+		if res.Allowed > 0 {
+			*decided = at
+			return true, nil
+		}
+		if res.RetryAfter < 0 || time.Now().Add(res.RetryAfter).After(deadline) {
+			return false, nil
+		}
+		if !sleep(ctx, res.RetryAfter) {
+			return false, ctx.Err()
+		}
+	}
+}
+
+// lockAcquirer waits for the lock-per-call design: it cannot tell when a
+// token will come, so a refused caller asks again after a millisecond.
+type lockAcquirer struct{ b *lockPerCall }
+
+// lockPoll is how long a refused lock-per-call caller sleeps.
+const lockPoll = time.Millisecond
+
+func (l *lockAcquirer) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+	deadline := time.Now().Add(maxWait)
+	for {
+		at := time.Now()
+		lctx, cancel := context.WithDeadline(ctx, deadline)
+		ok, err := l.b.take(lctx)
+		cancel()
+		if ok {
+			*decided = at
+			return true, nil
+		}
+		if err != nil {
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				return false, nil // the lock's wait ran out: a timeout
+			}
+			return false, err
+		}
+		if time.Now().Add(lockPoll).After(deadline) {
+			return false, nil
+		}
+		if !sleep(ctx, lockPoll) {
+			return false, ctx.Err()
+		}
+	}
+}
+
+// xrate is golang.org/x/time/rate, acquired as its Wait does: reserve,
+// give the reservation back if it is beyond the wait, else sleep until it.
+type xrate struct{ lim *rate.Limiter }
+
+func (x *xrate) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+	now := time.Now()
+	r := x.lim.ReserveN(now, 1)
+	d := r.DelayFrom(now)
+	if !r.OK() || d > maxWait {
+		r.CancelAt(now)
+		return false, nil
+	}
+	if d > 0 && !sleep(ctx, d) {
+		r.Cancel()
+		return false, ctx.Err()
+	}
+	*decided = now.Add(d)
+	return true, nil
+}
+
+func (h *headway) close()    { _ = h.closer() }
+func (*redisRate) close()    {}
+func (*lockAcquirer) close() {}
+func (*xrate) close()        {}
+
+// sleep waits d or until ctx ends, reporting whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,342 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+)
+
+// config is what a soak runs.
+type config struct {
+	Duration time.Duration
+	Keys     int
+	Workers  int
+	Bucket   string
+	Redis    string // "" starts a redis-server
+	Limit    int64
+	Period   time.Duration
+	MaxWait  time.Duration
+	Sample   time.Duration
+}
+
+func defaultConfig() config {
+	return config{
+		Duration: 60 * time.Second,
+		Keys:     1000,
+		Workers:  100,
+		Bucket:   "tokenbucket",
+		Limit:    50,
+		Period:   time.Second,
+		MaxWait:  10 * time.Millisecond,
+		Sample:   5 * time.Second,
+	}
+}
+
+// Growth thresholds: the mean of the last third of the samples may exceed
+// the mean of the first third by at most this factor plus this slack.
+const (
+	growthFactor  = 1.25
+	heapSlack     = 2 << 20 // bytes
+	redisMemSlack = 2 << 20 // bytes
+	dbSizeSlack   = 100     // keys
+)
+
+// goroutineSlack is how many more goroutines the last third may hold than
+// the first: 10, plus a quarter of the workers, since a worker inside a
+// TokenBucket refill briefly runs one more (Redsync's lock and unlock run
+// on a goroutine of their own), so the count swings with the load's
+// timing. A leak shows after the load instead: the count must be back at
+// its level before the load, within leakSlack, within settleTime.
+func goroutineSlack(workers int) float64 { return 10 + float64(workers)/4 }
+
+const (
+	leakSlack  = 2
+	settleTime = 2 * time.Second
+)
+
+// heartbeat is the buckets' heartbeat window: the set of live instances
+// expires two windows after the last take, so a short one lets the soak
+// see every key gone soon after the load stops.
+var heartbeat = bucket.WithHeartbeat(time.Second)
+
+// buckets builds each bucket the soak can run.
+var buckets = map[string]func(rdb redis.UniversalClient, limit int64, period time.Duration) (throttle.Bucket, error){
+	"tokenbucket": func(rdb redis.UniversalClient, limit int64, period time.Duration) (throttle.Bucket, error) {
+		return bucket.NewTokenBucket(rdb, "soak", limit, period, heartbeat)
+	},
+	"fixedwindow": func(rdb redis.UniversalClient, limit int64, period time.Duration) (throttle.Bucket, error) {
+		return bucket.NewFixedWindow(rdb, "soak", limit, period, heartbeat)
+	},
+	"gcra": func(rdb redis.UniversalClient, limit int64, period time.Duration) (throttle.Bucket, error) {
+		return bucket.NewGCRA(rdb, "soak", limit, period, heartbeat)
+	},
+	"sliding": func(rdb redis.UniversalClient, limit int64, period time.Duration) (throttle.Bucket, error) {
+		return bucket.NewSlidingLog(rdb, "soak", []bucket.Tier{{Limit: limit, Period: period}}, heartbeat)
+	},
+	"tiers": func(rdb redis.UniversalClient, limit int64, period time.Duration) (throttle.Bucket, error) {
+		return bucket.NewTiers(rdb, "soak", []bucket.Tier{{Limit: limit, Period: period}, {Limit: 5 * limit, Period: 10 * period}}, heartbeat)
+	},
+}
+
+func bucketNames() string {
+	names := make([]string, 0, len(buckets))
+	for n := range buckets {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+// sample is one row of the table.
+type sample struct {
+	At         time.Duration
+	Heap       uint64 // live heap after a GC, bytes
+	Goroutines int
+	RedisMem   int64 // INFO memory used_memory, bytes
+	DBSize     int64
+	Acquires   int64 // so far
+}
+
+// report is what a soak saw.
+type report struct {
+	Samples                          []sample
+	Workers                          int
+	Granted, Timeouts, Errors        int64
+	BucketCalls                      int64 // Redis round trips (Take calls)
+	FirstErr                         error
+	BaselineGoroutines, EndGoroutine int
+}
+
+// thirds returns the means of the first and last thirds of the samples of
+// f; ok is false with fewer than three samples.
+func (r report) thirds(f func(sample) float64) (first, last float64, ok bool) {
+	n := len(r.Samples) / 3
+	if n == 0 {
+		return 0, 0, false
+	}
+	mean := func(s []sample) float64 {
+		var sum float64
+		for _, x := range s {
+			sum += f(x)
+		}
+		return sum / float64(len(s))
+	}
+	return mean(r.Samples[:n]), mean(r.Samples[len(r.Samples)-n:]), true
+}
+
+// Failures names every figure that grew beyond its threshold, and Acquire
+// errors.
+func (r report) Failures() []string {
+	var out []string
+	if r.Errors > 0 {
+		out = append(out, fmt.Sprintf("%d Acquire calls failed; first: %v", r.Errors, r.FirstErr))
+	}
+	if len(r.Samples) < 3 {
+		return append(out, fmt.Sprintf("%d samples: too few to compare thirds (run longer than 3 × -sample)", len(r.Samples)))
+	}
+	check := func(name string, f func(sample) float64, factor, slack float64) {
+		first, last, _ := r.thirds(f)
+		if limit := first*factor + slack; last > limit {
+			out = append(out, fmt.Sprintf("%s grew: last third %.0f > first third %.0f × %.2f + %.0f", name, last, first, factor, slack))
+		}
+	}
+	check("heap", func(s sample) float64 { return float64(s.Heap) }, growthFactor, heapSlack)
+	check("redis used_memory", func(s sample) float64 { return float64(s.RedisMem) }, growthFactor, redisMemSlack)
+	check("redis DBSIZE", func(s sample) float64 { return float64(s.DBSize) }, growthFactor, dbSizeSlack)
+	check("goroutines", func(s sample) float64 { return float64(s.Goroutines) }, 1, goroutineSlack(r.Workers))
+	if r.EndGoroutine > r.BaselineGoroutines+leakSlack {
+		out = append(out, fmt.Sprintf("goroutines leaked: %d %v after the load, %d before it", r.EndGoroutine, settleTime, r.BaselineGoroutines))
+	}
+	return out
+}
+
+// run runs the soak and prints its table to w.
+func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
+	newBucket, ok := buckets[cfg.Bucket]
+	switch {
+	case !ok:
+		return report{}, fmt.Errorf("-bucket %q: want one of %s", cfg.Bucket, bucketNames())
+	case cfg.Keys < 1 || cfg.Workers < 1:
+		return report{}, errors.New("-keys and -workers must be at least 1")
+	case cfg.Sample <= 0 || cfg.Duration <= 0:
+		return report{}, errors.New("-sample and -duration must be positive")
+	}
+	addr := cfg.Redis
+	if addr == "" {
+		srv, err := redisenv.Start()
+		if err != nil {
+			return report{}, err
+		}
+		defer func() { _ = srv.Close() }()
+		addr = srv.Addr()
+		printf(w, "redis: %s at %s\n", srv.Kind(), addr)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: cfg.Workers})
+	defer func() { _ = rdb.Close() }()
+	admin := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1})
+	defer func() { _ = admin.Close() }()
+	if err := admin.Ping(ctx).Err(); err != nil {
+		return report{}, fmt.Errorf("redis at %s: %w", addr, err)
+	}
+	b, err := newBucket(rdb, cfg.Limit, cfg.Period)
+	if err != nil {
+		return report{}, err
+	}
+	cb := &counted{inner: b}
+	lim := throttle.New(cb)
+	keys := make([]string, cfg.Keys)
+	for i := range keys {
+		keys[i] = "tenant-" + strconv.Itoa(i)
+	}
+
+	rep := report{BaselineGoroutines: runtime.NumGoroutine(), Workers: cfg.Workers}
+	var granted, timeouts, acquires atomic.Int64
+	var errMu sync.Mutex
+	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.Duration)
+	defer stopLoad()
+	var wg sync.WaitGroup
+	for i := range cfg.Workers {
+		rng := rand.New(rand.NewPCG(uint64(i), 42))
+		wg.Go(func() {
+			for loadCtx.Err() == nil {
+				err := lim.Key(keys[rng.IntN(len(keys))]).Acquire(loadCtx, cfg.MaxWait)
+				acquires.Add(1)
+				switch {
+				case err == nil:
+					granted.Add(1)
+				case errors.Is(err, throttle.ErrTimeout), loadCtx.Err() != nil:
+					timeouts.Add(1)
+				default:
+					errMu.Lock()
+					rep.Errors++
+					if rep.FirstErr == nil {
+						rep.FirstErr = err
+					}
+					errMu.Unlock()
+				}
+			}
+		})
+	}
+
+	printf(w, "soak: bucket %s, %d keys, %d workers, limit %d per %v, maxWait %v, for %v\n",
+		cfg.Bucket, cfg.Keys, cfg.Workers, cfg.Limit, cfg.Period, cfg.MaxWait, cfg.Duration)
+	printf(w, "%8s %12s %10s %14s %8s %12s\n", "t", "heap_live", "goroutines", "redis_memory", "dbsize", "acquires")
+	start := time.Now()
+	tick := time.NewTicker(cfg.Sample)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-tick.C:
+		case <-loadCtx.Done():
+			done = true
+			continue
+		}
+		if loadCtx.Err() != nil {
+			break // the load has ended: a sample now would not show it
+		}
+		s, err := measure(ctx, admin)
+		if err != nil {
+			stopLoad()
+			wg.Wait()
+			return rep, err
+		}
+		if loadCtx.Err() != nil {
+			break // the load ended while measuring
+		}
+		s.At = time.Since(start).Round(time.Second)
+		s.Acquires = acquires.Load()
+		rep.Samples = append(rep.Samples, s)
+		printf(w, "%8v %12s %10d %14s %8d %12d\n", s.At, mib(int64(s.Heap)), s.Goroutines, mib(s.RedisMem), s.DBSize, s.Acquires)
+	}
+	wg.Wait()
+	rep.Granted, rep.Timeouts = granted.Load(), timeouts.Load()
+	// Goroutines back to their level before the load (what finishes
+	// after the workers, such as a Redsync unlock abandoned at the end,
+	// has settleTime).
+	for settle := time.Now().Add(settleTime); ; time.Sleep(10 * time.Millisecond) {
+		rep.EndGoroutine = runtime.NumGoroutine()
+		if rep.EndGoroutine <= rep.BaselineGoroutines || time.Now().After(settle) {
+			break
+		}
+	}
+	printf(w, "goroutines: %d before the load, %d after it\n", rep.BaselineGoroutines, rep.EndGoroutine)
+	rep.BucketCalls = cb.calls.Load()
+	elapsed := time.Since(start).Seconds()
+	printf(w, "acquires: %d granted, %d timed out, %d failed (%.0f/s); bucket (Redis) calls: %d (%.0f/s)\n",
+		rep.Granted, rep.Timeouts, rep.Errors, float64(acquires.Load())/elapsed, rep.BucketCalls, float64(rep.BucketCalls)/elapsed)
+	if len(rep.Samples) >= 3 {
+		for _, c := range []struct {
+			name string
+			f    func(sample) float64
+			unit func(float64) string
+		}{
+			{"heap_live", func(s sample) float64 { return float64(s.Heap) }, func(v float64) string { return mib(int64(v)) }},
+			{"goroutines", func(s sample) float64 { return float64(s.Goroutines) }, func(v float64) string { return fmt.Sprintf("%.1f", v) }},
+			{"redis_memory", func(s sample) float64 { return float64(s.RedisMem) }, func(v float64) string { return mib(int64(v)) }},
+			{"dbsize", func(s sample) float64 { return float64(s.DBSize) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		} {
+			first, last, _ := rep.thirds(c.f)
+			printf(w, "%-12s first third %10s  last third %10s  (%+.1f%%)\n", c.name, c.unit(first), c.unit(last), 100*(last-first)/max(first, 1))
+		}
+	}
+	return rep, nil
+}
+
+// counted counts the Limiter's calls to its bucket: the Redis round
+// trips, as the local gates answer most refusals without one.
+type counted struct {
+	inner throttle.Bucket
+	calls atomic.Int64
+}
+
+func (c *counted) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	c.calls.Add(1)
+	return c.inner.Take(ctx, key, n, maxWait)
+}
+
+// measure reads the process's and Redis's figures.
+func measure(ctx context.Context, admin *redis.Client) (sample, error) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	s := sample{Heap: ms.HeapAlloc, Goroutines: runtime.NumGoroutine()}
+	info, err := admin.Info(ctx, "memory").Result()
+	if err != nil {
+		return s, fmt.Errorf("redis INFO memory: %w", err)
+	}
+	s.RedisMem, err = infoInt(info, "used_memory")
+	if err != nil {
+		return s, err
+	}
+	if s.DBSize, err = admin.DBSize(ctx).Result(); err != nil {
+		return s, fmt.Errorf("redis DBSIZE: %w", err)
+	}
+	return s, nil
+}
+
+// infoInt reads an integer field of INFO's output.
+func infoInt(info, field string) (int64, error) {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("redis INFO: no %s", field)
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20)) }

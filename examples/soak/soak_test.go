@@ -1,0 +1,76 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/headway-go/headway/internal/redisenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The short soak CI runs: 5 s, 200 keys, 20 workers, a sample a second,
+// for each bucket kind. Redis holds at most a few keys per limiter key
+// while the load runs, and none shortly after it stops (every key
+// expires); the goroutines and the heap stay flat; no Acquire fails.
+func TestShortSoak(t *testing.T) {
+	for _, kind := range []string{"tokenbucket", "gcra", "sliding"} {
+		t.Run(kind, func(t *testing.T) {
+			srv := redisenv.New(t)
+			cfg := defaultConfig()
+			cfg.Duration, cfg.Keys, cfg.Workers, cfg.Sample = 5*time.Second, 200, 20, time.Second
+			cfg.Bucket, cfg.Redis = kind, srv.Addr()
+			var out bytes.Buffer
+			rep, err := run(context.Background(), cfg, &out)
+			t.Log("\n" + out.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bad := rep.Failures(); len(bad) > 0 {
+				t.Errorf("the soak failed: %q", bad)
+			}
+			if rep.Granted == 0 {
+				t.Error("nothing granted: the soak tested nothing")
+			}
+			for _, s := range rep.Samples {
+				// At most 3 Redis keys per limiter key (tokens, a lock, a
+				// pause), whatever the bucket, and the set of live
+				// instances.
+				if s.DBSize > int64(3*cfg.Keys+1) {
+					t.Errorf("at %v: DBSIZE %d, more than 3 per key (%d keys)", s.At, s.DBSize, cfg.Keys)
+				}
+				if s.Goroutines > rep.BaselineGoroutines+cfg.Workers+10 {
+					t.Errorf("at %v: %d goroutines; %d before the load, plus %d workers", s.At, s.Goroutines, rep.BaselineGoroutines, cfg.Workers)
+				}
+			}
+			if rep.EndGoroutine > rep.BaselineGoroutines+2 {
+				t.Errorf("%d goroutines after the load, %d before", rep.EndGoroutine, rep.BaselineGoroutines)
+			}
+
+			// Every key expires: DBSIZE reaches 0 within two periods
+			// (plus slack) once the load has stopped.
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+			defer rdb.Close()
+			deadline := time.Now().Add(2*cfg.Period + 3*time.Second)
+			for {
+				n, err := rdb.DBSize(context.Background()).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					keys, _ := rdb.Keys(context.Background(), "*").Result()
+					t.Fatalf("%d keys left %v after the load stopped, e.g. %q", n, 2*cfg.Period+3*time.Second, keys[:min(len(keys), 5)])
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}

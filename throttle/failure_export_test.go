@@ -1,0 +1,4 @@
+package throttle
+
+// ShareForTest exposes share to the external tests.
+var ShareForTest = share

@@ -1,0 +1,205 @@
+package throttle_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// checkRefusal fails t unless err is a refusal of bad input: an error
+// matching ErrInvalid.
+func checkRefusal(t *testing.T, what string, err error) {
+	t.Helper()
+	if !errors.Is(err, throttle.ErrInvalid) {
+		t.Fatalf("%s: %v, not an error matching ErrInvalid", what, err)
+	}
+}
+
+// FuzzLocalLimits checks NewLocal's arithmetic on any limit, interval and
+// burst: it never panics, refuses bad values with ErrInvalid, and a bucket
+// it accepts grants its burst at once, then refuses with a positive delay
+// of at most one interval per permit asked, without overflowing.
+func FuzzLocalLimits(f *testing.F) {
+	for _, s := range [][3]int64{
+		{10, int64(time.Second), 0}, {1, 1, 0}, {1, 1, 1}, {0, int64(time.Second), 0},
+		{-1, int64(time.Second), 0}, {5, 0, 0}, {5, -1, 0}, {2, 1, 0},
+		{math.MaxInt64, math.MaxInt64, 0}, {1, math.MaxInt64, math.MaxInt64}, {3, int64(time.Hour), 1 << 62},
+		{7, int64(time.Second), -3}, {1000, int64(time.Millisecond), 1},
+	} {
+		f.Add(s[0], s[1], s[2])
+	}
+	f.Fuzz(func(t *testing.T, limit, interval, burst int64) {
+		clock := clockwork.NewFakeClock()
+		opts := []throttle.Option{throttle.WithClock(clock)}
+		if burst != 0 {
+			opts = append(opts, throttle.WithBurst(burst))
+		}
+		b, err := throttle.NewLocal(limit, time.Duration(interval), opts...)
+		if err != nil {
+			checkRefusal(t, "NewLocal", err)
+			return
+		}
+		if limit < 1 || interval < 1 || limit > interval {
+			t.Fatalf("NewLocal(%d, %d) accepted", limit, interval)
+		}
+		eff := burst
+		if eff == 0 {
+			eff = limit
+		}
+		ctx := context.Background()
+		// The whole burst at once (capped, so the test stays quick).
+		n := min(eff, 1<<20)
+		d, err := b.Take(ctx, "k", n, 0)
+		if err != nil || !d.Granted || d.Delay != 0 {
+			t.Fatalf("Take(%d) on a full bucket of burst %d: %+v, %v", n, eff, d, err)
+		}
+		if n == eff {
+			d, err = b.Take(ctx, "k", 1, 0)
+			if err != nil || d.Granted || d.Delay <= 0 || d.Delay > time.Duration(interval) {
+				t.Fatalf("Take(1) on an empty bucket: %+v, %v; want a refusal within one interval", d, err)
+			}
+			if _, err := b.Take(ctx, "k", eff+1, throttle.Forever); !errors.Is(err, throttle.ErrExceedsLimit) && eff < math.MaxInt64 {
+				t.Fatalf("Take(burst+1): %v, want ErrExceedsLimit", err)
+			}
+		}
+		for _, bad := range []int64{0, -1, math.MinInt64} {
+			if _, err := b.Take(ctx, "k", bad, 0); err == nil {
+				t.Fatalf("Take(%d) accepted", bad)
+			}
+		}
+	})
+}
+
+// FuzzWrapperLimits checks the constructors of the wrapping buckets
+// (Smooth, Leased) on any limit, interval and option value: no panic, and
+// every refusal matches ErrInvalid.
+func FuzzWrapperLimits(f *testing.F) {
+	f.Add(int64(10), int64(time.Second), 1, 0.1, int64(time.Second), int64(time.Minute))
+	f.Add(int64(0), int64(0), 0, 0.0, int64(0), int64(0))
+	f.Add(int64(-1), int64(-1), -1, -1.0, int64(-1), int64(-1))
+	f.Add(int64(1), int64(1), 1<<30, math.NaN(), int64(1), int64(1))
+	f.Add(int64(math.MaxInt64), int64(math.MaxInt64), math.MaxInt, math.Inf(1), int64(math.MaxInt64), int64(math.MaxInt64))
+	f.Add(int64(3), int64(time.Millisecond), 2, 1.0, int64(time.Millisecond), int64(time.Hour))
+	f.Fuzz(func(t *testing.T, limit, interval int64, instances int, share float64, horizon, ttl int64) {
+		inner, err := throttle.NewLocal(100, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := throttle.NewSmooth(inner, limit, time.Duration(interval), throttle.WithSmoothInstances(instances))
+		if err != nil {
+			checkRefusal(t, "NewSmooth", err)
+		} else {
+			if limit < 1 || interval < 1 || instances < 1 {
+				t.Fatalf("NewSmooth(%d, %d, instances %d) accepted", limit, interval, instances)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+			d, err := s.Take(ctx, "", 1, 0)
+			cancel()
+			if err == nil && d.Delay < 0 {
+				t.Fatalf("Smooth Take: negative delay %v", d.Delay)
+			}
+		}
+		l, err := throttle.NewLeased(inner,
+			throttle.WithLeaseShare(share),
+			throttle.WithLeaseHorizon(time.Duration(horizon)),
+			throttle.WithLeaseTTL(time.Duration(ttl)))
+		if err != nil {
+			checkRefusal(t, "NewLeased", err)
+			return
+		}
+		if !(share > 0 && share <= 1) {
+			t.Fatalf("NewLeased accepted share %v", share)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatalf("Leased.Close: %v", err)
+		}
+	})
+}
+
+// FuzzAcquireArgs checks Acquire's arguments: any n and maxWait is
+// answered (granted, refused or ErrInvalid) without a panic and within the
+// context's deadline.
+func FuzzAcquireArgs(f *testing.F) {
+	for _, s := range [][2]int64{{1, 0}, {0, 0}, {-1, 0}, {1, -1}, {11, 0}, {10, int64(throttle.Forever)}, {math.MaxInt64, math.MaxInt64}, {math.MinInt64, math.MinInt64}, {5, int64(time.Hour)}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, n, maxWait int64) {
+		b, err := throttle.NewLocal(10, time.Second, throttle.WithBurst(10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim := throttle.New(b)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err = lim.AcquireN(ctx, n, time.Duration(maxWait))
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("AcquireN(%d, %d) took %v, beyond the context's 20 ms", n, maxWait, took)
+		}
+		switch {
+		case n < 1 || maxWait < 0:
+			checkRefusal(t, "AcquireN", err)
+		case n > 10:
+			if !errors.Is(err, throttle.ErrExceedsLimit) {
+				t.Fatalf("AcquireN(%d): %v, want ErrExceedsLimit", n, err)
+			}
+		case err != nil:
+			t.Fatalf("AcquireN(%d, %d) on a full bucket: %v", n, maxWait, err)
+		}
+	})
+}
+
+// FuzzMiddlewareRequest sends any method, path and tenant header through a
+// Middleware that reads the tenant from the header or from a path segment:
+// no panic, the answer is 200 or 429, and the rate-limit headers it sets
+// are numbers.
+func FuzzMiddlewareRequest(f *testing.F) {
+	for _, s := range [][3]string{
+		{"GET", "/v1/orgs/acme/product/7", "acme"}, {"POST", "/", ""}, {"", "", ""},
+		{"get", "//", "\x00"}, {"GET", "/v1/orgs/%zz/product", "a/b{c}"}, {"DELETE", "/product/*", string(make([]byte, 300))},
+		{"GET", "/v1/orgs/" + string(make([]byte, 200)) + "/x", "é"},
+	} {
+		f.Add(s[0], s[1], s[2])
+	}
+	slas := []throttle.SLA{
+		{ID: "by-header", Methods: []string{"GET"}, Path: "/product/*", Tiers: []throttle.Tier{{Limit: 2, Period: time.Second}}},
+		{ID: "by-path", Path: "/v1/orgs/*/product/*", Tenant: throttle.TenantPathSegment(2),
+			Tiers: []throttle.Tier{{Limit: 1, Period: time.Second}, {Limit: 5, Period: time.Minute}}},
+		{ID: "rest", Sliding: true, Tenant: throttle.TenantHeader("X-Org"), Tiers: []throttle.Tier{{Limit: 3, Period: time.Second}}},
+	}
+	mw, err := throttle.NewMiddleware(slas, throttle.LocalWindows())
+	if err != nil {
+		f.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
+	f.Fuzz(func(t *testing.T, method, path, tenant string) {
+		r := &http.Request{Method: method, URL: &url.URL{Path: path}, Header: http.Header{}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}
+		r.Header.Set(throttle.DefaultTenantHeader, tenant)
+		r.Header.Set("X-Org", tenant)
+		r = r.WithContext(context.Background())
+		for range 3 {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code != http.StatusOK && w.Code != http.StatusTooManyRequests {
+				t.Fatalf("%s %q tenant %q: status %d", method, path, tenant, w.Code)
+			}
+			for _, name := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
+				if v := w.Header().Get(name); v != "" {
+					if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 0 {
+						t.Fatalf("%s %q: header %s: %q is not a non-negative number", method, path, name, v)
+					}
+				}
+			}
+		}
+	})
+}

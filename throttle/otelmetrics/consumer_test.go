@@ -1,0 +1,95 @@
+package otelmetrics_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/kafkaenv"
+	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/otelmetrics"
+)
+
+// A consumer on a real (in-process) Kafka: its figures reach the reader,
+// the gauges show a partition waiting while the limiter holds it back, and
+// unregister stops the reports.
+func TestObserveConsumer(t *testing.T) {
+	const parts, records = 2, 40
+	kc := kafkaenv.New(t, kafkaenv.Topic("metrics", parts))
+	recs := make([]*kgo.Record, records)
+	for i := range recs {
+		recs[i] = &kgo.Record{Key: []byte{byte(i)}, Value: []byte("v")}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, kc.Produce(ctx, "metrics", recs...))
+
+	// 20 permits at once, then one a minute: the consumer handles 20 and
+	// then waits.
+	local, err := throttle.NewLocal(20, 20*time.Minute)
+	require.NoError(t, err)
+	var handled atomic.Int64
+	c, err := consumer.New(func(context.Context, *kgo.Record) error {
+		handled.Add(1)
+		return nil
+	}, throttle.New(local),
+		consumer.WithKafka(append(kafkaenv.FastClientOpts(),
+			kgo.SeedBrokers(kc.Addrs()...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("metrics"))...),
+		consumer.WithHandlerTimeout(time.Second),
+		consumer.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
+	)
+	require.NoError(t, err)
+
+	r := newReader(t)
+	unregister, err := otelmetrics.ObserveConsumer(r.mp, "mailer", c)
+	require.NoError(t, err)
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+
+	// Wait, bounded, until 20 are handled and a partition waits.
+	const series = "headway.consumer=mailer"
+	var got map[string]int64
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		m := r.collect(t)
+		if m["headway.consumer.handled"] != nil && m["headway.consumer.waiting"] != nil {
+			got = sums(t, m["headway.consumer.handled"])
+			w := gauges(t, m["headway.consumer.waiting"])
+			if got[series] == 20 && w[series] >= 1 {
+				assert.Equal(t, int64(parts), gauges(t, m["headway.consumer.partitions"])[series])
+				assert.Equal(t, int64(records-20), gauges(t, m["headway.consumer.buffered"])[series], "every record not handled is buffered")
+				assert.Zero(t, gauges(t, m["headway.consumer.in_flight"])[series])
+				assert.Zero(t, sums(t, m["headway.consumer.dead_lettered"])[series])
+				pw, ok := m["headway.consumer.permit.wait"].(metricdata.Sum[float64])
+				assert.True(t, ok && len(pw.DataPoints) == 1 && pw.IsMonotonic, "permit.wait: %#v", m["headway.consumer.permit.wait"])
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("handled %v, not 20 with a partition waiting, within 20 s", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	assert.EqualValues(t, 20, handled.Load(), "the reader's figure is the handler's own count")
+
+	require.NoError(t, unregister())
+	m := r.collect(t)
+	if h := m["headway.consumer.handled"]; h != nil {
+		assert.Empty(t, sums(t, h), "no report after unregister")
+	}
+}
