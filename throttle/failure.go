@@ -190,7 +190,7 @@ func (l *Limiter) fallback() *Local {
 // expired or not, means the store failed (as opposed to an error about the
 // call). ctx is the caller's.
 func storeFailure(ctx context.Context, expired bool, err error) bool {
-	if ctx.Err() != nil || errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) {
+	if ctx.Err() != nil || errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) || errors.Is(err, ErrTimeout) {
 		return false
 	}
 	var be *BackendError
@@ -221,10 +221,15 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 		defer f.probing.Store(false)
 	}
 
-	tctx, cancel, d0, budgetBound := l.storeContext(ctx, left, noWait)
+	tctx, cancel, d0, budgetBound := ctx, context.CancelFunc(nil), time.Duration(0), false
+	if _, ok := l.bucket.(selfBounded); !ok {
+		tctx, cancel, d0, budgetBound = l.storeContext(ctx, left, noWait)
+	}
 	d, err = l.take(tctx, key, n, left)
-	expired := errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-	cancel()
+	expired := tctx != ctx && errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+	if cancel != nil {
+		cancel()
+	}
 	if err == nil {
 		if (probe || f.down.Load()) && f.down.CompareAndSwap(true, false) {
 			l.cfg.logger.Info("throttle: bucket store answers again; shared limit resumed", "policy", f.policy.String())
@@ -251,18 +256,25 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 
 // storeContext returns the context for one bucket call, its timeout d (0:
 // none of its own), and whether the caller's wait (rather than the store
-// timeout) set it. A call that waits gets the end of its wait (maxWait or
-// ctx's deadline), less a margin of a tenth, at most storeMargin, so that
-// the failure policy can still decide before the caller's ctx ends; at
-// least minStoreCall. A call that does not wait (maxWait 0) gets the store
-// timeout. [Forever] without a ctx deadline gets none.
+// timeout) set it. See boundStoreCall.
 func (l *Limiter) storeContext(ctx context.Context, left time.Duration, noWait bool) (context.Context, context.CancelFunc, time.Duration, bool) {
+	return boundStoreCall(ctx, left, noWait, l.fail.timeout)
+}
+
+// boundStoreCall bounds one call to a bucket's store. A call that waits
+// gets the end of its wait (left, or ctx's deadline), less a margin of a
+// tenth, at most storeMargin, so that the failure policy can still decide
+// before the caller's ctx ends; at least minStoreCall. A call that does not
+// wait (maxWait 0) gets timeout. [Forever] without a ctx deadline gets
+// none. It returns the context, its cancel, its timeout d (0: none of its
+// own) and whether the caller's wait set it.
+func boundStoreCall(ctx context.Context, left time.Duration, noWait bool, timeout time.Duration) (context.Context, context.CancelFunc, time.Duration, bool) {
 	var d time.Duration
 	budgetBound := false
 	switch {
 	case left == Forever:
 	case noWait:
-		d = l.fail.timeout
+		d = timeout
 	default:
 		d, budgetBound = left, true
 	}
@@ -279,6 +291,14 @@ func (l *Limiter) storeContext(ctx context.Context, left time.Duration, noWait b
 	}
 	tctx, cancel := context.WithTimeout(ctx, d)
 	return tctx, cancel, d, budgetBound
+}
+
+// selfBounded is implemented by this package's wrappers ([Leased],
+// [Smooth]): they answer from memory most of the time and bound their own
+// calls to the inner bucket's store, so a Limiter need not build a store
+// context for every call to them.
+type selfBounded interface {
+	boundsStoreCalls()
 }
 
 const (

@@ -44,13 +44,19 @@ type gateWaiter struct {
 	// most; err, set before ready when the gate turns the caller away
 	// because it will not reopen by then.
 	deadline int64
-	timeout  func(next time.Duration) error
+	timeout  timeoutBound
 	err      error
 }
 
-// open reports whether a caller may ask the bucket without queueing.
-func (g *gate) open(now int64) bool {
-	return g.closedUntil.Load() <= now && g.queued.Load() == 0
+// open reports whether a caller may ask the bucket without queueing. It
+// reads the clock only while the gate has a closing time (closedUntil is
+// reset to 0 once the gate has reopened with nobody queued).
+func (g *gate) open(clock clockwork.Clock) bool {
+	if g.queued.Load() != 0 {
+		return false
+	}
+	until := g.closedUntil.Load()
+	return until == 0 || until <= clock.Now().UnixNano()
 }
 
 // closeFor records a refusal: asking again is useless for d.
@@ -65,19 +71,19 @@ func (g *gate) closeFor(d time.Duration) {
 // admitted once) until the gate admits it, left runs out (ErrTimeout, at
 // once if the gate opens too late), or ctx ends. On nil the caller holds an
 // admission and must call leave after asking the bucket.
-func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, timeoutErr func(next time.Duration) error) error {
+func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb timeoutBound) error {
 	g.mu.Lock()
 	now := g.clock.Now().UnixNano()
 	if wait := time.Duration(g.closedUntil.Load() - now); wait > 0 && wait > left {
 		g.mu.Unlock()
-		return timeoutErr(wait)
+		return tb.err(wait)
 	}
 	if g.closedUntil.Load() <= now && len(g.q) == 0 && g.active < admitWave {
 		g.active++
 		g.mu.Unlock()
 		return nil
 	}
-	w := &gateWaiter{ready: make(chan struct{}, 1), deadline: noDeadline, timeout: timeoutErr}
+	w := &gateWaiter{ready: make(chan struct{}, 1), deadline: noDeadline, timeout: tb}
 	if left != Forever {
 		w.deadline = now + int64(left)
 	}
@@ -136,11 +142,12 @@ func (g *gate) leave(refused bool, d time.Duration) {
 // it.
 func (g *gate) admitLocked() {
 	now := g.clock.Now().UnixNano()
-	if until := g.closedUntil.Load(); until > now {
+	until := g.closedUntil.Load()
+	if until > now {
 		kept := g.q[:0]
 		for _, w := range g.q {
 			if w.deadline < until {
-				w.err = w.timeout(time.Duration(until - now))
+				w.err = w.timeout.err(time.Duration(until - now))
 				w.ready <- struct{}{}
 				g.queued.Add(-1)
 				continue
@@ -153,6 +160,11 @@ func (g *gate) admitLocked() {
 			g.timer = g.clock.AfterFunc(time.Duration(until-now), g.reopen)
 		}
 		return
+	}
+	if until != 0 && len(g.q) == 0 {
+		// Reopened, nobody waiting: callers may pass without reading
+		// the clock (see open).
+		g.closedUntil.Store(0)
 	}
 	for len(g.q) > 0 && g.active < admitWave {
 		w := g.q[0]

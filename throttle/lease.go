@@ -327,6 +327,18 @@ func (b *leaseBatch) granted(left, now int64) Decision {
 	return Decision{Granted: true, Limit: b.limit, Remaining: left, Reset: time.Duration(max(b.expires-now, 0))}
 }
 
+func (l *Leased) boundsStoreCalls() {}
+
+// Fallback implements [Fallbacker] for a Limiter's failure policy: the
+// inner bucket's figures, or none (the policy then fails closed) when the
+// inner bucket is not a Fallbacker.
+func (l *Leased) Fallback() (limit int64, interval time.Duration, instances int64) {
+	if fb, ok := l.inner.(Fallbacker); ok {
+		return fb.Fallback()
+	}
+	return 0, 0, 0
+}
+
 // Take implements [Bucket]. maxWait is not used (the inner bucket is asked
 // with 0) except after Close, when the call goes straight to the inner
 // bucket.
@@ -374,7 +386,10 @@ func (k *leaseKey) dryUntilAtLeast(until int64) {
 func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, maxWait time.Duration) (Decision, error) {
 	for {
 		if l.closed.Load() {
-			return l.inner.Take(ctx, key, n, maxWait)
+			ictx, cancel, _, _ := boundStoreCall(ctx, maxWait, maxWait == 0, DefaultStoreTimeout)
+			d, err := l.inner.Take(ictx, key, n, maxWait)
+			cancel()
+			return d, err
 		}
 		k.mu.Lock()
 		if k.dead {
@@ -428,7 +443,7 @@ func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, m
 		want := l.want(k, prev, need, now)
 		k.mu.Unlock()
 
-		d, err := l.fetchAndInstall(ctx, k, key, prev, held, need, want)
+		d, err := l.fetchAndInstall(ctx, k, key, prev, held, need, want, maxWait)
 
 		k.mu.Lock()
 		k.inflight = nil
@@ -442,15 +457,19 @@ func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, m
 // fetchAndInstall takes need+want permits from the inner bucket and
 // publishes the new lease. held permits of prev are the caller's too; they
 // go back into prev if the inner bucket refuses.
-func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, prev *leaseBatch, held, need, want int64) (Decision, error) {
+func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, prev *leaseBatch, held, need, want int64, maxWait time.Duration) (Decision, error) {
 	restore := func() {
 		if held > 0 {
 			prev.left.Add(held)
 		}
 	}
+	// Bound the inner bucket's round trips by the caller's wait, as a
+	// Limiter does for a bucket it calls directly (Leased is selfBounded).
+	ictx, cancel, d0, budgetBound := boundStoreCall(ctx, maxWait, maxWait == 0, DefaultStoreTimeout)
+	defer cancel()
 	ask := need + want
 	t0 := l.now()
-	d, err := l.inner.Take(ctx, key, ask, 0)
+	d, err := l.inner.Take(ictx, key, ask, 0)
 	if want > 0 {
 		// A batch too big for what is left (or for the bucket) must not
 		// cost the caller its own permits: ask again for what can be had.
@@ -471,12 +490,17 @@ func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, p
 		if retry > 0 {
 			ask = retry
 			t0 = l.now()
-			d, err = l.inner.Take(ctx, key, ask, 0)
+			d, err = l.inner.Take(ictx, key, ask, 0)
 		}
 	}
 	t1 := l.now()
 	if err != nil {
 		restore()
+		if budgetBound && d0 < DefaultStoreTimeout/4 && ctx.Err() == nil && errors.Is(ictx.Err(), context.DeadlineExceeded) {
+			// The caller's wait cut the refill short of a fair chance: no
+			// evidence that the store is down. The wait ran out.
+			return Decision{}, fmt.Errorf("%w: the inner bucket did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)
+		}
 		return Decision{}, err
 	}
 	if d.Granted && d.Delay > 0 {

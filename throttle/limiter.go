@@ -154,7 +154,6 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 	}
 
 	clock := l.cfg.clock
-	start := clock.Now()
 	// budget is the whole wait allowed, measured on the limiter's clock
 	// from start. ctxBound records that ctx's deadline, not maxWait, set it.
 	budget, ctxBound := maxWait, false
@@ -163,23 +162,29 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 			budget, ctxBound = max(left, 0), true
 		}
 	}
-
-	timeoutErr := func(next time.Duration) error { return timeout(n, maxWait, next, ctxBound) }
+	// The clock is read only for a wait that can run out: a call that may
+	// not wait, or may wait forever, measures nothing.
+	var start time.Time
+	measured := budget > 0 && budget != Forever
+	if measured {
+		start = clock.Now()
+	}
+	tb := timeoutBound{n: n, maxWait: maxWait, ctxBound: ctxBound}
 	retry := false
-	for {
+	for first := true; ; first = false {
 		left := budget
-		if budget != Forever {
+		if measured && !first {
 			left = max(budget-clock.Since(start), 0)
 		}
 		// Ask the bucket directly while it grants freely; after a refusal,
 		// queue at the key's gate until the time the bucket named.
 		g := l.gates.get(key)
-		gated := g != nil && !g.open(clock.Now().UnixNano())
+		gated := g != nil && !g.open(clock)
 		if gated {
-			if err := g.enter(ctx, retry, left, timeoutErr); err != nil {
+			if err := g.enter(ctx, retry, left, tb); err != nil {
 				return err
 			}
-			if budget != Forever {
+			if measured {
 				left = max(budget-clock.Since(start), 0)
 			}
 		}
@@ -200,7 +205,7 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 			// The local fallback is in memory: no herd to protect the
 			// store from. Sleep out its delay, then ask (or probe) again.
 			if wait > left {
-				return timeoutErr(wait)
+				return tb.err(wait)
 			}
 			if err := l.sleep(ctx, wait); err != nil {
 				return err
@@ -226,7 +231,7 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 			return nil
 		}
 		if wait > left {
-			return timeoutErr(wait)
+			return tb.err(wait)
 		}
 		retry = true
 	}
@@ -260,6 +265,19 @@ func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
 
 func waitErr(ctx context.Context) error {
 	return fmt.Errorf("throttle: waiting for a permit: %w", ctx.Err())
+}
+
+// timeoutBound is what an ErrTimeout of one Acquire says: how many
+// permits, the maxWait, and whether ctx's deadline was the bound.
+type timeoutBound struct {
+	n        int64
+	maxWait  time.Duration
+	ctxBound bool
+}
+
+// err is the ErrTimeout for a permit that comes only after next.
+func (b timeoutBound) err(next time.Duration) error {
+	return timeout(b.n, b.maxWait, next, b.ctxBound)
 }
 
 func timeout(n int64, maxWait, next time.Duration, ctxBound bool) error {

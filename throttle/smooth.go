@@ -140,6 +140,16 @@ func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...Option
 
 func (s *Smooth) now() int64 { return int64(s.clock.Since(s.epoch)) }
 
+// Fallback implements [Fallbacker] for a Limiter's failure policy: the
+// inner bucket's figures, or none (the policy then fails closed) when the
+// inner bucket is not a Fallbacker.
+func (s *Smooth) Fallback() (limit int64, interval time.Duration, instances int64) {
+	if fb, ok := s.inner.(Fallbacker); ok {
+		return fb.Fallback()
+	}
+	return 0, 0, 0
+}
+
 // Take implements [Bucket]: when key's next slot has come it takes it and
 // returns the inner bucket's decision for n permits (asked with maxWait);
 // before that it refuses with the time to the slot.
