@@ -51,6 +51,7 @@ type TokenBucket struct {
 	periodMs int64
 	rs       *redsync.Redsync
 	seen     *seenLimit // last limit in force seen, for Fallback
+	rootKeys []string   // tbKeys of key "", built once: the hot path
 
 	// afterLock, when set (tests only), runs between taking the refill
 	// mutex and running the refill script.
@@ -84,7 +85,15 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 		periodMs: ceilMs(interval),
 		rs:       redsync.New(goredis.NewPool(rdb)),
 		seen:     new(seenLimit),
+		rootKeys: tbKeys(c.ks.root),
 	}, nil
+}
+
+// tbKeys lists a budget's keys: tokens, pause, refill mutex, the running
+// period's limit, the live limit. Scripts read them and never change the
+// slice.
+func tbKeys(tag string) []string {
+	return []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit"}
 }
 
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
@@ -99,11 +108,14 @@ func (b *TokenBucket) take(ctx context.Context, key string, n int64) (throttle.D
 	if err := b.checkN(n, b.limit); err != nil {
 		return throttle.Decision{}, err
 	}
-	tag, err := b.ks.tag(b.name, key)
-	if err != nil {
-		return throttle.Decision{}, err
+	keys := b.rootKeys
+	if key != "" {
+		tag, err := b.ks.tag(b.name, key)
+		if err != nil {
+			return throttle.Decision{}, err
+		}
+		keys = tbKeys(tag)
 	}
-	keys := []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit"}
 	for attempt := 0; ; attempt++ {
 		r, err := b.eval(ctx, scriptTBTake, keys[:4], n)
 		if err != nil {

@@ -223,7 +223,7 @@ func runOne(ctx context.Context, c config, ct contender, limit int64, interval, 
 	s := setup{key: "compare-" + hex.EncodeToString(raw[:]), limit: limit, interval: interval, lockRetry: c.lockRetry}
 	hook := &counter{}
 	if ct.redis {
-		s.rdb = redis.NewClient(&redis.Options{Addr: c.redis, PoolSize: c.goroutines + 8})
+		s.rdb = redis.NewClient(&redis.Options{Addr: c.redis, PoolSize: c.goroutines + 8, ContextTimeoutEnabled: true})
 		defer s.rdb.Close()
 		s.rdb.AddHook(hook)
 		if err := warmUp(ctx, s.rdb, c.goroutines); err != nil {
