@@ -74,8 +74,9 @@ type acquireRecord struct {
 }
 
 type recordings struct {
-	mu   sync.Mutex
-	recs []acquireRecord
+	mu       sync.Mutex
+	recs     []acquireRecord
+	firstErr error // of the first refusal between last looked at
 }
 
 func (r *recordings) add(a acquireRecord) {
@@ -95,6 +96,9 @@ func (r *recordings) between(from, to time.Time) (granted, refused int, worst ti
 			granted++
 		} else {
 			refused++
+			if r.firstErr == nil {
+				r.firstErr = a.err
+			}
 		}
 		worst = max(worst, a.overshoot)
 	}
@@ -147,7 +151,7 @@ func hammer(lims []*throttle.Limiter, g int, stop <-chan struct{}, rec *recordin
 // return past its bound. The measured worst is logged and recorded in
 // RELIABILITY.md; under -race on 2 cores, scheduling alone reaches tens of
 // ms, so 10 ms cannot be asserted without flaking.
-const overshootBound = 50 * time.Millisecond
+const overshootBound = 10 * time.Millisecond
 
 // TestRedisPausedUnderLoad: SIGSTOP for 2 s while 2 instances × 4
 // goroutines acquire. Every Acquire returns within its bound; the policy
@@ -203,7 +207,9 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 			// Paused: skip the first interval, when callers still queue
 			// behind the last refusal Redis gave before it stopped.
 			pg, pr, _ := rec.between(pausedAt.Add(interval), resumedAt)
+			pausedErr := rec.firstErr
 			_, _, worst := rec.between(time.Time{}, time.Now().Add(time.Hour))
+			rec.firstErr = pausedErr
 			after, _, _ := rec.between(resumedAt.Add(interval), resumedAt.Add(3*interval))
 			t.Logf("%s: paused %v: %d granted, %d refused; worst overshoot %v; degraded %d granted / %d refused, the last %v after the resume; after resume+1 interval, %d grants in 2 intervals",
 				policy, pause, pg, pr, worst, obs.granted.Load(), obs.refused.Load(), time.Unix(0, obs.last.Load()).Sub(resumedAt).Round(time.Millisecond), after)
@@ -223,7 +229,7 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 				}
 			case throttle.FailOpen:
 				if pr != 0 || pg == 0 {
-					t.Errorf("FailOpen: %d granted, %d refused while paused, want all granted", pg, pr)
+					t.Errorf("FailOpen: %d granted, %d refused while paused, want all granted; first refusal: %v", pg, pr, rec.firstErr)
 				}
 			}
 			if last := time.Unix(0, obs.last.Load()); last.After(resumedAt.Add(interval)) {

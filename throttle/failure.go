@@ -239,10 +239,11 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 	if !storeFailure(ctx, expired, err) {
 		return d, false, err
 	}
-	if expired && budgetBound && d0 < f.timeout/4 {
+	if expired && budgetBound && d0 < f.timeout/4 && !probe {
 		// The caller's wait cut the call short of a fair chance (a
 		// quarter of the store timeout): no evidence that the store is
-		// down, so no degraded decision either. The wait ran out.
+		// down, so no degraded decision either. The wait ran out. (A
+		// probe has the evidence already: the store was down before.)
 		return Decision{}, false, fmt.Errorf("%w: the bucket store did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)
 	}
 	e := err
@@ -263,7 +264,7 @@ func (l *Limiter) storeContext(ctx context.Context, left time.Duration, noWait b
 
 // boundStoreCall bounds one call to a bucket's store. A call that waits
 // gets the end of its wait (left, or ctx's deadline), less a margin of a
-// tenth, at most storeMargin, so that the failure policy can still decide
+// quarter, at most storeMargin, so that the failure policy can still decide
 // before the caller's ctx ends; at least minStoreCall. A call that does not
 // wait (maxWait 0) gets timeout. [Forever] without a ctx deadline gets
 // none. It returns the context, its cancel, its timeout d (0: none of its
@@ -284,7 +285,7 @@ func boundStoreCall(ctx context.Context, left time.Duration, noWait bool, timeou
 		}
 	}
 	if budgetBound {
-		d = max(d-min(d/10, storeMargin), minStoreCall)
+		d = max(d-min(d/4, storeMargin), minStoreCall)
 	}
 	if d <= 0 {
 		return ctx, func() {}, 0, false
@@ -306,9 +307,10 @@ const (
 	// caller whose wait has (all but) run out.
 	minStoreCall = time.Millisecond
 	// storeMargin is the most a Limiter keeps back from the end of a
-	// caller's wait, to decide by the failure policy if the store has not
-	// answered by then.
-	storeMargin = 2 * time.Millisecond
+	// caller's wait (at most a quarter of it), to decide by the failure
+	// policy if the store has not answered by then: enough for a busy
+	// machine to schedule the caller again before its own deadline.
+	storeMargin = 10 * time.Millisecond
 )
 
 // degrade makes the decision of the failure policy for a store that failed

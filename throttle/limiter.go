@@ -189,6 +189,11 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 			}
 		}
 		d, degraded, err := l.decide(ctx, key, n, left, budget == 0)
+		if measured {
+			// The bucket call took time too: sleep only within what is
+			// left of the wait now.
+			left = max(budget-clock.Since(start), 0)
+		}
 		refused := err == nil && !d.Granted
 		wait := d.Delay
 		if refused && wait <= 0 {
@@ -215,6 +220,10 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 		}
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+				if errors.Is(ctxErr, context.DeadlineExceeded) {
+					// The deadline ran out while the bucket was asked.
+					return fmt.Errorf("%w (bucket: %v)", tb.err(0), err)
+				}
 				return fmt.Errorf("throttle: acquire %d permit(s): %w (bucket: %v)", n, ctxErr, err)
 			}
 			return err
@@ -223,7 +232,13 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 			if d.Delay <= 0 {
 				return nil
 			}
-			// A reservation: the permits are ours from Delay on.
+			// A reservation: the permits are ours from Delay on, unless
+			// the bucket call itself ate into the wait so far that they
+			// now come too late.
+			if d.Delay > left {
+				l.refund(ctx, key, n)
+				return tb.err(d.Delay)
+			}
 			if err := l.sleep(ctx, d.Delay); err != nil {
 				l.refund(ctx, key, n)
 				return err
