@@ -294,10 +294,9 @@ func boundStoreCall(ctx context.Context, left time.Duration, noWait bool, timeou
 	return tctx, cancel, d, budgetBound
 }
 
-// selfBounded is implemented by this package's wrappers ([Leased],
-// [Smooth]): they answer from memory most of the time and bound their own
-// calls to the inner bucket's store, so a Limiter need not build a store
-// context for every call to them.
+// selfBounded is implemented by [Leased]: it answers from memory most of
+// the time and bounds its own calls to the inner bucket's store, so a
+// Limiter need not build a store context for every call to it.
 type selfBounded interface {
 	boundsStoreCalls()
 }

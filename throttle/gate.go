@@ -18,6 +18,14 @@ const admitWave = 8
 
 const noDeadline = int64(^uint64(0) >> 1)
 
+// addSat returns t + d, saturating at noDeadline instead of overflowing.
+func addSat(t int64, d time.Duration) int64 {
+	if d >= time.Duration(noDeadline-t) {
+		return noDeadline
+	}
+	return t + int64(d)
+}
+
 // gate coordinates a Limiter's callers of one key once the bucket has
 // refused: instead of every caller sleeping until the time the bucket
 // named and then asking all at once (a herd of round trips that mostly
@@ -31,10 +39,11 @@ type gate struct {
 	closedUntil atomic.Int64
 	queued      atomic.Int32
 
-	mu     sync.Mutex
-	q      []*gateWaiter // FIFO
-	active int           // admitted callers whose bucket call is in flight
-	timer  clockwork.Timer
+	mu      sync.Mutex
+	q       []*gateWaiter // FIFO
+	active  int           // admitted callers whose bucket call is in flight
+	timer   clockwork.Timer
+	timerAt int64 // when timer fires (UnixNano on clock)
 }
 
 type gateWaiter struct {
@@ -62,7 +71,7 @@ func (g *gate) open(clock clockwork.Clock) bool {
 // closeFor records a refusal: asking again is useless for d.
 func (g *gate) closeFor(d time.Duration) {
 	g.mu.Lock()
-	g.closedUntil.Store(g.clock.Now().Add(d).UnixNano())
+	g.closedUntil.Store(addSat(g.clock.Now().UnixNano(), d))
 	g.admitLocked()
 	g.mu.Unlock()
 }
@@ -78,14 +87,17 @@ func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb tim
 		g.mu.Unlock()
 		return tb.err(wait)
 	}
-	if g.closedUntil.Load() <= now && len(g.q) == 0 && g.active < admitWave {
+	// An open gate admits at once while fewer than admitWave are in
+	// flight; a caller that may not wait at all is admitted while the
+	// gate is open however many are in flight (it cannot queue).
+	if g.closedUntil.Load() <= now && (left == 0 || len(g.q) == 0 && g.active < admitWave) {
 		g.active++
 		g.mu.Unlock()
 		return nil
 	}
 	w := &gateWaiter{ready: make(chan struct{}, 1), deadline: noDeadline, timeout: tb}
 	if left != Forever {
-		w.deadline = now + int64(left)
+		w.deadline = addSat(now, left)
 	}
 	if retry {
 		g.q = append([]*gateWaiter{w}, g.q...)
@@ -96,14 +108,24 @@ func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb tim
 	g.admitLocked()
 	g.mu.Unlock()
 
-	// No timer of our own: the gate's reopening is the only wake-up, and a
-	// gate that closes again past our deadline turns us away at once.
+	// A gate that closes again past our deadline turns us away at once;
+	// the timer bounds the wait behind callers in flight (an open gate
+	// with admitWave calls to a slow store).
+	var deadline <-chan time.Time
+	if left != Forever {
+		t := g.clock.NewTimer(left)
+		defer t.Stop()
+		deadline = t.Chan()
+	}
+	var err error
 	select {
 	case <-w.ready:
 		return w.err
 	case <-ctx.Done():
+		err = waitErr(ctx)
+	case <-deadline:
+		err = tb.err(left)
 	}
-	err := waitErr(ctx)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if w.err != nil {
@@ -130,7 +152,7 @@ func (g *gate) leave(refused bool, d time.Duration) {
 	g.mu.Lock()
 	g.active--
 	if refused {
-		g.closedUntil.Store(g.clock.Now().Add(d).UnixNano())
+		g.closedUntil.Store(addSat(g.clock.Now().UnixNano(), d))
 	}
 	g.admitLocked()
 	g.mu.Unlock()
@@ -156,8 +178,13 @@ func (g *gate) admitLocked() {
 		}
 		clear(g.q[len(kept):])
 		g.q = kept
+		if len(g.q) > 0 && g.timer != nil && until < g.timerAt {
+			// Reopens sooner than the timer was set for: set it again.
+			g.timer.Stop()
+			g.timer = nil
+		}
 		if len(g.q) > 0 && g.timer == nil {
-			g.timer = g.clock.AfterFunc(time.Duration(until-now), g.reopen)
+			g.timer, g.timerAt = g.clock.AfterFunc(time.Duration(until-now), g.reopen), until
 		}
 		return
 	}

@@ -118,6 +118,9 @@ type Leased struct {
 	horizon  int64 // ns
 	ttl      int64 // ns; 0: bounded by Decision.Reset only
 	share    float64
+	// storeTimeout bounds the inner bucket's calls for callers that do
+	// not wait (WithStoreTimeout; default DefaultStoreTimeout).
+	storeTimeout time.Duration
 
 	root leaseKey
 	keys sync.Map // string → *leaseKey
@@ -242,7 +245,7 @@ func withLeaseSweepHook(f func()) Option {
 }
 
 // NewLeased returns a [Leased] bucket that leases permits from inner.
-// Options: [WithClock], [WithLogger], [WithLeaseHorizon], [WithLeaseTTL],
+// Options: [WithClock], [WithLogger], [WithStoreTimeout], [WithLeaseHorizon], [WithLeaseTTL],
 // [WithLeaseShare].
 //
 // It starts one background goroutine (the sweep that hands back unneeded
@@ -268,15 +271,17 @@ func NewLeased(inner Bucket, opts ...Option) (*Leased, error) {
 		return nil, Invalid("throttle: NewLeased", "share", lc.share, "must be in (0, 1]")
 	}
 	l := &Leased{
-		inner:   inner,
-		clock:   base.clock,
-		epoch:   base.clock.Now(),
-		logger:  base.logger,
-		horizon: lc.horizon.Nanoseconds(),
-		ttl:     lc.ttl.Nanoseconds(),
-		share:   lc.share,
-		onSweep: lc.onSweep,
-		onWait:  lc.onWait,
+		inner:  inner,
+		clock:  base.clock,
+		epoch:  base.clock.Now(),
+		logger: base.logger,
+
+		storeTimeout: base.storeTimeout,
+		horizon:      lc.horizon.Nanoseconds(),
+		ttl:          lc.ttl.Nanoseconds(),
+		share:        lc.share,
+		onSweep:      lc.onSweep,
+		onWait:       lc.onWait,
 	}
 	l.refunder, _ = inner.(Refunder)
 	l.pauser, _ = inner.(Pauser)
@@ -386,7 +391,7 @@ func (k *leaseKey) dryUntilAtLeast(until int64) {
 func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, maxWait time.Duration) (Decision, error) {
 	for {
 		if l.closed.Load() {
-			ictx, cancel, _, _ := boundStoreCall(ctx, maxWait, maxWait == 0, DefaultStoreTimeout)
+			ictx, cancel, _, _ := boundStoreCall(ctx, maxWait, maxWait == 0, l.storeTimeout)
 			d, err := l.inner.Take(ictx, key, n, maxWait)
 			cancel()
 			return d, err
@@ -414,10 +419,19 @@ func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, m
 			if l.onWait != nil {
 				l.onWait()
 			}
+			// Wait for the refill at most as long as this caller may:
+			// the refiller's own store call may be bounded later, or not
+			// at all (a Forever caller).
+			wctx, cancel, _, _ := boundStoreCall(ctx, maxWait, maxWait == 0, l.storeTimeout)
 			select {
 			case <-f.done:
-			case <-ctx.Done():
-				return Decision{}, fmt.Errorf("throttle: Leased: waiting for the lease of key %q to be refilled: %w", key, ctx.Err())
+				cancel()
+			case <-wctx.Done():
+				cancel()
+				if ctx.Err() != nil {
+					return Decision{}, fmt.Errorf("throttle: Leased: waiting for the lease of key %q to be refilled: %w", key, ctx.Err())
+				}
+				return Decision{}, fmt.Errorf("%w: the lease of key %q was still being refilled when the wait ran out", ErrTimeout, key)
 			}
 			var be *BackendError
 			if f.err != nil && errors.As(f.err, &be) && !isContextError(f.err) {
@@ -465,7 +479,7 @@ func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, p
 	}
 	// Bound the inner bucket's round trips by the caller's wait, as a
 	// Limiter does for a bucket it calls directly (Leased is selfBounded).
-	ictx, cancel, d0, budgetBound := boundStoreCall(ctx, maxWait, maxWait == 0, DefaultStoreTimeout)
+	ictx, cancel, d0, budgetBound := boundStoreCall(ctx, maxWait, maxWait == 0, l.storeTimeout)
 	defer cancel()
 	ask := need + want
 	t0 := l.now()
@@ -496,7 +510,7 @@ func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, p
 	t1 := l.now()
 	if err != nil {
 		restore()
-		if budgetBound && d0 < DefaultStoreTimeout/4 && ctx.Err() == nil && errors.Is(ictx.Err(), context.DeadlineExceeded) {
+		if budgetBound && d0 < l.storeTimeout/4 && ctx.Err() == nil && errors.Is(ictx.Err(), context.DeadlineExceeded) {
 			// The caller's wait cut the refill short of a fair chance: no
 			// evidence that the store is down. The wait ran out.
 			return Decision{}, fmt.Errorf("%w: the inner bucket did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)

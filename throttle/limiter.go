@@ -199,16 +199,19 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 		if refused && wait <= 0 {
 			wait = retryFloor
 		}
+		// A refusal closes the key's gate for everyone only when it says
+		// something about one permit from the shared bucket: not a
+		// degraded one (the bucket may answer at the next call), nor one
+		// for n > 1 (a single permit may come sooner).
+		shared := !degraded && n == 1
 		if gated {
-			// A degraded refusal must not hold the gate: the shared
-			// bucket may answer again at the next call.
-			g.leave(refused && !degraded, wait)
-		} else if refused && !degraded {
+			g.leave(refused && shared, wait)
+		} else if refused && shared {
 			l.gates.make(key).closeFor(wait)
 		}
-		if refused && degraded {
-			// The local fallback is in memory: no herd to protect the
-			// store from. Sleep out its delay, then ask (or probe) again.
+		if refused && !shared {
+			// No herd to protect the store from here: sleep out the
+			// delay privately, then ask (or probe) again.
 			if wait > left {
 				return tb.err(wait)
 			}

@@ -126,6 +126,8 @@ type Middleware struct {
 	rules []rule
 	cfg   middlewareConfig
 	log   *slog.Logger
+	// storeTimeout bounds each bucket call ([WithStoreTimeout]).
+	storeTimeout time.Duration
 }
 
 type rule struct {
@@ -171,7 +173,8 @@ func WithFailClosed() MiddlewareOption {
 
 // NewMiddleware checks slas, builds one bucket per SLA with newBucket, and
 // returns the Middleware enforcing them. Options: [WithDraftHeaders],
-// [WithFailClosed], [WithLogger].
+// [WithFailClosed], [WithLogger], [WithStoreTimeout] (each bucket call is
+// bounded by it, so a hung store delays a request by at most that).
 //
 // It refuses, with an error matching [ErrInvalid] that names the SLA and
 // the field: an empty or malformed or repeated ID, no tiers, a period
@@ -182,7 +185,8 @@ func NewMiddleware(slas []SLA, newBucket BucketFactory, opts ...Option) (*Middle
 	if newBucket == nil {
 		return nil, Invalid("throttle: NewMiddleware", "newBucket", nil, "must be a BucketFactory such as throttle.LocalWindows()")
 	}
-	m := &Middleware{log: newConfig(opts).logger}
+	base := newConfig(opts)
+	m := &Middleware{log: base.logger, storeTimeout: base.storeTimeout}
 	for _, o := range opts {
 		if mo, ok := o.(MiddlewareOption); ok {
 			mo.middleware(&m.cfg)
@@ -290,7 +294,11 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			sum := sha256.Sum256([]byte(tenant))
 			tenant = "sha256:" + hex.EncodeToString(sum[:])
 		}
-		d, err := rl.bucket.Take(r.Context(), rl.sla.ID+":"+tenant, 1, 0)
+		// Bounded like a Limiter's call that may not wait, so that a hung
+		// store delays a request by at most the store timeout.
+		tctx, cancel, _, _ := boundStoreCall(r.Context(), 0, true, m.storeTimeout)
+		d, err := rl.bucket.Take(tctx, rl.sla.ID+":"+tenant, 1, 0)
+		cancel()
 		if err != nil {
 			if m.cfg.failClosed {
 				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
