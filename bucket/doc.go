@@ -47,9 +47,9 @@
 // kind is tb, tb:lock, tb:cap and tb:limit (TokenBucket), fw:<µs> and
 // fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog), gcra
 // and gcra:limit (GCRA), ctr and ctr:lock (Counter), and pause for every
-// bucket; every bucket also writes call:<id> (a granted take's reply, kept
-// 10 s for resends) and, under the constructor's tag only, live (the
-// sorted set of live instances). The prefix is "headway" unless [WithPrefix] says
+// bucket; under the constructor's tag only, every bucket also writes live
+// (the sorted set of live instances, which expires two heartbeat windows
+// after the last take). The prefix is "headway" unless [WithPrefix] says
 // otherwise. User keys are percent-escaped ('%', '{', '}', and '/' in the
 // constructor's key), so a stray brace cannot move a key to another slot,
 // and are at most [MaxKeyLen] bytes. Each tenant has its own tag, so

@@ -25,15 +25,17 @@ import (
 // Reservations: asked with maxWait > 0, GCRA books the next free slot up
 // to maxWait ahead and answers Granted with Delay = the time until it; the
 // Limiter sleeps exactly that long, so waiters are served in order and
-// nobody polls. A reservation the caller abandons goes back with
-// [GCRA.Refund], which the Limiter calls.
+// nobody polls. A reservation the caller abandons is not given back: GCRA
+// does not implement [throttle.Refunder], because a refund cannot tell
+// which of several queued reservations it frees, and freeing one in the
+// middle of the queue would put two permits in one slot. An abandoned
+// slot only costs throughput.
 //
 // Its rate can be changed live, for the whole fleet, with [GCRA.SetLimit];
 // the change applies at once.
 //
 // Round trips per grant: 1. GCRA implements [throttle.Pauser] (a pause
-// moves every slot past its end) and [throttle.Refunder]. It is safe for
-// concurrent use.
+// moves every slot past its end). It is safe for concurrent use.
 type GCRA struct {
 	common
 	limit     int64
@@ -109,24 +111,9 @@ func (b *GCRA) take(ctx context.Context, key string, n int64, maxWait time.Durat
 		return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from gcra.lua"))
 	}
 	b.seen.note(key, liveOr(r, 4, b.limit))
+	if r[0] == 2 {
+		return throttle.Decision{}, exceeds(b.name, n, liveOr(r, 4, b.limit)) // the burst in force is below n
+	}
 	return throttle.Decision{Granted: r[0] == 1, Delay: us(r[1]), Limit: liveOr(r, 4, b.limit), Remaining: r[2], Reset: us(r[3])}, nil
 }
 
-// Refund implements [throttle.Refunder]: it gives n permits back to key's
-// budget (a reservation the caller abandoned), never making the bucket
-// fuller than full. n < 1 does nothing.
-func (b *GCRA) Refund(ctx context.Context, key string, n int64) error {
-	if n < 1 {
-		return nil
-	}
-	tag, err := b.ks.tag(b.name, key)
-	if err != nil {
-		return err
-	}
-	k := tag + ":gcra"
-	// Sent once, never resent: a refund applied twice would over-admit.
-	if err := b.evalNoRetry(ctx, scriptGCRARefund, []string{k, k + ":limit"}, []any{min(n, b.burst), b.emission, b.ivUs}).Err(); err != nil {
-		return backend("refund", k, err)
-	}
-	return nil
-}

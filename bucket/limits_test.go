@@ -279,16 +279,6 @@ func TestGCRALiveLimit(t *testing.T) {
 	if st.Limit != 100 || !st.Live || st.Current != 100 || st.Remaining != 0 || st.Used != 100 || !st.Running || st.Reset < 59*time.Minute {
 		t.Fatalf("State = %+v", st)
 	}
-	// A refund gives back at the live rate: one slot.
-	if err := b.Refund(ctx, "", 1); err != nil {
-		t.Fatal(err)
-	}
-	if d := mustTake(t, b, "", 1); !d.Granted {
-		t.Fatalf("after a refund of 1: %+v", d)
-	}
-	if d := mustTake(t, b, "", 1); d.Granted {
-		t.Fatalf("a refund of 1 gave back more than one slot: %+v", d)
-	}
 	// Lowered: applies at once.
 	if err := b.SetLimit(ctx, "tenant", 2); err != nil {
 		t.Fatal(err)
@@ -308,5 +298,30 @@ func TestGCRALiveLimit(t *testing.T) {
 	// the next slot is 6 min away.
 	if d := mustTake(t, b, "tenant", 1); d.Granted || d.Limit != 10 || d.Delay < 5*time.Minute || d.Delay > 6*time.Minute {
 		t.Fatalf("after ClearLimit, the default rate 10/h: %+v, want refused for about 6 min", d)
+	}
+}
+
+// TestGCRALoweredLimitBelowN is the regression test for a GCRA whose live
+// limit (and so its burst) was lowered below n: the call must fail with
+// ErrExceedsLimit, not be granted more than the burst at once nor told to
+// wait for a slot that can never come.
+func TestGCRALoweredLimitBelowN(t *testing.T) {
+	rdb := redisenv.New(t).Client()
+	ctx := context.Background()
+	b, err := NewGCRA(rdb, "lowered", 10, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetLimit(ctx, "", 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, maxWait := range []time.Duration{0, 10 * time.Second} {
+		d, err := b.Take(ctx, "", 10, maxWait)
+		if !errors.Is(err, throttle.ErrExceedsLimit) {
+			t.Fatalf("maxWait %v: Take(10) under a live limit of 2 = %+v, %v; want ErrExceedsLimit", maxWait, d, err)
+		}
+	}
+	if d, err := b.Take(ctx, "", 2, 0); err != nil || !d.Granted {
+		t.Fatalf("Take(2) under a live limit of 2 = %+v, %v; want granted", d, err)
 	}
 }

@@ -23,8 +23,6 @@ var (
 	srcSliding string
 	//go:embed lua/gcra.lua
 	srcGCRA string
-	//go:embed lua/gcra_refund.lua
-	srcGCRARefund string
 	//go:embed lua/counter_take.lua
 	srcCounterTake string
 	//go:embed lua/counter_reset.lua
@@ -38,7 +36,6 @@ var (
 	scriptWindow       = redis.NewScript(srcWindow)
 	scriptSliding      = redis.NewScript(srcSliding)
 	scriptGCRA         = redis.NewScript(srcGCRA)
-	scriptGCRARefund   = redis.NewScript(srcGCRARefund)
 	scriptCounterTake  = redis.NewScript(srcCounterTake)
 	scriptCounterReset = redis.NewScript(srcCounterReset)
 	scriptState        = redis.NewScript(srcState)
@@ -52,7 +49,6 @@ var scripts = map[string]*redis.Script{
 	"window.lua":        scriptWindow,
 	"sliding.lua":       scriptSliding,
 	"gcra.lua":          scriptGCRA,
-	"gcra_refund.lua":   scriptGCRARefund,
 	"counter_take.lua":  scriptCounterTake,
 	"counter_reset.lua": scriptCounterReset,
 	"state.lua":         scriptState,

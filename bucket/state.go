@@ -37,8 +37,9 @@ type State struct {
 	// Remaining is the permits that could be had at once now, pause aside.
 	Remaining int64
 	// Reset is the time until the running period ends (TokenBucket: the
-	// next refill is due), the window ends (FixedWindow), or the bucket is
-	// full again (GCRA). 0 when nothing runs.
+	// next refill is due; 0 when no period runs), the current aligned
+	// window ends (FixedWindow: windows run whether used or not), or the
+	// bucket is full again (GCRA; 0 when full).
 	Reset time.Duration
 	// Paused is the time left of a pause set with Pause; 0 when none.
 	Paused time.Duration

@@ -16,6 +16,8 @@
 -- Returns {granted, delay_us, remaining, reset_us}:
 --   granted 1: the permits are the caller's from delay_us on (0: now).
 --   granted 0: the earliest slot is delay_us away, beyond maxWait.
+--   granted 2: n is above the burst in force (a live limit lowered it):
+--              no wait would help.
 -- remaining: permits free at once after this call; reset_us: time until
 -- the bucket is full again. A fifth element is the live limit used (0: the
 -- caller's ARGV).
@@ -38,6 +40,10 @@ if KEYS[3] then
     if burst < 1 then burst = live end
     tol = burst * em
   end
+end
+
+if n * em > tol then
+  return {2, 0, 0, 0, live}
 end
 
 local pl = redis.call('PTTL', KEYS[2])
