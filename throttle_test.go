@@ -164,9 +164,11 @@ func TestFleetSharesOneLimitAcrossARebalance(t *testing.T) {
 	require.NoError(t, rep.Err(), "independent check of the token bucket's guarantee at the provider")
 	t.Logf("guarantee: %s", rep)
 	// Duplicates are possible only around the two rebalances, and a clean
-	// revocation commits before handing a partition on: there should be
-	// none, and never more than one queue's worth per moved partition.
-	assert.LessOrEqual(t, s.Duplicates, int64(2*partitions*64), "duplicates beyond what two rebalances can explain")
+	// revocation commits what was handled before handing a partition on:
+	// there should be none. At most one per partition is tolerated, for a
+	// handler abandoned at its timeout on a slow machine; a missing commit
+	// on revoke would show hundreds.
+	assert.LessOrEqual(t, s.Duplicates, int64(partitions), "duplicates beyond what clean rebalances allow")
 	t.Logf("duplicates around the rebalances: %d", s.Duplicates)
 
 	// Per-partition order of first deliveries.

@@ -239,6 +239,11 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 				continue
 			}
 			p := newPartition(c, cl, topic, id)
+			// A goroutine of an earlier ownership of this partition may
+			// still run (a handler that outlived the handler timeout and
+			// was fenced): the new one starts only once it has exited, so
+			// that calls for one partition never overlap.
+			p.after = c.stopping[key]
 			c.parts[key] = p
 			c.wg.Add(1)
 			go p.run()

@@ -51,10 +51,10 @@
 // has its fetches paused until its goroutine has worked the queue down to
 // half; while paused, none of its records are polled, and what the client
 // had already fetched for it is dropped and fetched again later. Since one
-// poll takes at most [WithPollSize] records (default 256), the consumer
+// poll takes at most [WithPollSize] records (default 64), the consumer
 // holds at most
 //
-//	queue size + poll size records per partition (320 by default),
+//	queue size + poll size records per partition (128 by default),
 //
 // counting the one waiting for a permit or being handled; see
 // Stats.PeakBuffered. Besides these, the Kafka client buffers at most one

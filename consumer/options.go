@@ -57,7 +57,7 @@ type config struct {
 	deadLetter string
 	// handlerTimeout: 10 s.
 	handlerTimeout time.Duration
-	// queueSize: 64 records per partition. pollSize: 256 records per poll.
+	// queueSize: 64 records per partition. pollSize: 64 records per poll.
 	queueSize, pollSize int
 	// logger: slog.Default().
 	logger *slog.Logger
@@ -72,7 +72,7 @@ const (
 	defaultBackoffMax     = 5 * time.Second
 	defaultHandlerTimeout = 10 * time.Second
 	defaultQueueSize      = 64
-	defaultPollSize       = 256
+	defaultPollSize       = 64
 )
 
 func newConfig(opts []Option) config {
@@ -233,8 +233,10 @@ func WithQueueSize(n int) Option {
 }
 
 // WithPollSize sets the most records taken from the Kafka client at once
-// (kgo's PollRecords), over all partitions. Default: 256. n must be at
-// least 1. See the package documentation for the bound on buffered
+// (kgo's PollRecords), over all partitions. Default: 64, the default queue
+// size, so that one poll cannot overfill a partition's queue many times
+// over (a paused partition's fetched records are dropped and fetched
+// again). n must be at least 1. See the package documentation for the bound on buffered
 // records.
 func WithPollSize(n int) Option {
 	return optionFunc(func(c *config) {

@@ -32,6 +32,9 @@ type partition struct {
 
 	done chan struct{} // closed when run has exited
 	wake chan struct{} // a push happened; capacity 1
+	// after is the goroutine of an earlier ownership of this partition
+	// that had not exited when this one was assigned; run waits for it.
+	after *partition
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
@@ -150,6 +153,13 @@ func (p *partition) run() {
 		p.closed, p.queue, p.holding = true, nil, false
 		p.mu.Unlock()
 	}()
+	if p.after != nil {
+		select {
+		case <-p.after.done:
+		case <-p.soft.Done():
+			return
+		}
+	}
 	for {
 		rec := p.pop()
 		if rec == nil || !p.process(rec) {
