@@ -116,4 +116,3 @@ func (b *GCRA) take(ctx context.Context, key string, n int64, maxWait time.Durat
 	}
 	return throttle.Decision{Granted: r[0] == 1, Delay: us(r[1]), Limit: liveOr(r, 4, b.limit), Remaining: r[2], Reset: us(r[3])}, nil
 }
-
