@@ -112,8 +112,8 @@ func (s *calls) beatDue() bool {
 	return now-last >= s.every && s.lastBeat.CompareAndSwap(last, now)
 }
 
-// instances is the live count last seen, at least 1.
-func (s *calls) instances() int64 { return max(s.live.Load(), 1) }
+// instances is the live count last seen; 0 before the first heartbeat.
+func (s *calls) instances() int64 { return s.live.Load() }
 
 // eval runs script s with keys (all of one budget's hash tag) as one
 // command that go-redis must not resend, and a heartbeat pipelined with it

@@ -145,10 +145,15 @@ func (c *common) Pause(ctx context.Context, key string, d time.Duration) error {
 		return err
 	}
 	pk := tag + ":pause"
-	if err := scriptPause.Run(ctx, c.rdb, []string{pk}, ceilMs(d)).Err(); err != nil {
-		return backend("pause", pk, err)
-	}
-	return nil
+	// Bounded like a take: a hung store must not hold the caller (a
+	// Transport reacting to a 429) past its context.
+	_, err = bounded(ctx, c, key, func(ctx context.Context) (throttle.Decision, error) {
+		if err := scriptPause.Run(ctx, c.rdb, []string{pk}, ceilMs(d)).Err(); err != nil {
+			return throttle.Decision{}, backend("pause", pk, err)
+		}
+		return throttle.Decision{}, nil
+	})
+	return err
 }
 
 // ceilMs is d in whole milliseconds, rounded up.

@@ -114,9 +114,10 @@ func WithStoreTimeout(d time.Duration) Option {
 // implement it.
 type Fallbacker interface {
 	// Fallback returns the bucket's limit per interval and the number of
-	// live instances sharing it, as last seen while the store answered
-	// (at least 1; 1 when never seen). It must not block: it is called
-	// while the store is down.
+	// live instances sharing it, as last seen while the store answered;
+	// instances is 0 when never seen (an instance that started while the
+	// store was down cannot know its share, and the Limiter then fails
+	// closed). It must not block: it is called while the store is down.
 	Fallback() (limit int64, interval time.Duration, instances int64)
 }
 
@@ -168,8 +169,8 @@ func (l *Limiter) fallback() *Local {
 		return nil
 	}
 	limit, interval, inst := fb.Fallback()
-	if limit < 1 || interval <= 0 {
-		return nil
+	if limit < 1 || interval <= 0 || inst < 1 {
+		return nil // no share known: fail closed
 	}
 	f := &l.fail
 	f.mu.Lock()

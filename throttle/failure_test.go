@@ -256,3 +256,19 @@ func TestShare(t *testing.T) {
 		assert.LessOrEqual(t, float64(l)/i.Seconds(), float64(tc.limit)/tc.interval.Seconds()/float64(max(tc.instances, 1))+1e-9, "never above the exact share")
 	}
 }
+
+// TestFailLocalWithoutAKnownShareFailsClosed: an instance that has never
+// seen how many instances share the limit (it started while the store was
+// down) cannot know its share, so FailLocal refuses instead of granting
+// the whole limit on every instance.
+func TestFailLocalWithoutAKnownShareFailsClosed(t *testing.T) {
+	f := &flaky{limit: 100, interval: time.Second, instances: 0}
+	f.set(true, false)
+	lim := throttle.New(f) // FailLocal is the default
+	err := lim.Acquire(context.Background(), 0)
+	var be *throttle.BackendError
+	require.ErrorAs(t, err, &be, "no share known: the store's error, not a grant")
+
+	f.instances = 4
+	require.NoError(t, lim.Acquire(context.Background(), 0), "with a share known, FailLocal grants within it")
+}
