@@ -131,6 +131,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return usageError{err.Error()}
 	}
+	if *timeout <= 0 {
+		return usagef("-timeout = %v: must be positive", *timeout)
+	}
 	if g.NArg() == 0 {
 		g.Usage()
 		return usagef("no command given (show, set-limit, clear-limit, pause)")

@@ -362,6 +362,9 @@ func outcomeOf(err error) int {
 		return outGranted
 	case errors.Is(err, throttle.ErrTimeout):
 		return outTimeout
+	case errors.Is(err, context.Canceled):
+		// The caller gave up, even if a store call was cut by it.
+		return outCanceled
 	case isBackend(err):
 		// A store failure, even one cut by the Limiter's own store
 		// deadline (which wraps context.DeadlineExceeded).

@@ -91,7 +91,14 @@ func (e *Error) Unwrap() error { return throttle.ErrInvalid }
 
 // LoadFile reads and parses the limits file at name; see [Parse].
 func LoadFile(name string) ([]throttle.SLA, error) {
-	data, err := os.ReadFile(name)
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("sla: reading limits: %w", err)
+	}
+	defer f.Close()
+	// Read at most one byte past the limit, so that Parse reports an
+	// oversized file (or /dev/zero) instead of reading it all.
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("sla: reading limits: %w", err)
 	}
@@ -219,7 +226,8 @@ func integer(n *yaml.Node, field, what string, lo, hi int64) (int64, error) {
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
 		return 0, fail(n, field, "must be %s, got %q", want, n.Value)
 	}
-	v, err := strconv.ParseInt(strings.ReplaceAll(n.Value, "_", ""), 0, 64)
+	// Base 10 only: "010" is ten seconds, not eight; 0x and 0b refused.
+	v, err := strconv.ParseInt(strings.TrimPrefix(strings.ReplaceAll(n.Value, "_", ""), "+"), 10, 64)
 	if err != nil || v < lo || v > hi {
 		return 0, fail(n, field, "must be %s, got %q", want, n.Value)
 	}
@@ -293,6 +301,11 @@ func parseSLA(n *yaml.Node, at string) (throttle.SLA, bool, error) {
 			field := at + ".match.methods"
 			if ms.Kind != yaml.SequenceNode {
 				return s, false, fail(ms, field, "must be a list of HTTP methods, such as [GET, HEAD]")
+			}
+			if len(ms.Content) == 0 {
+				// An empty list would match every method: most likely a
+				// template that lost its values.
+				return s, false, fail(ms, field, "must list at least one method, or be left out to match every method")
 			}
 			for j, mn := range ms.Content {
 				mfield := fmt.Sprintf("%s[%d]", field, j)

@@ -44,7 +44,7 @@ slas:
     enabled: false
     tiers: [{period: 60, threshold: 1}]
   - id: catch-all
-    tiers: [{period: 0x3c, threshold: 1_000}]
+    tiers: [{period: 60, threshold: 1_000}]
 `
 
 func TestParse(t *testing.T) {
@@ -121,6 +121,8 @@ func TestParseErrors(t *testing.T) {
 		{"match not a mapping", "slas:\n  - id: a\n    match: GET\n", 3, "slas[0].match", "mapping"},
 		{"unknown match field", "slas:\n  - id: a\n    match:\n      path: /x\n", 4, "slas[0].match.path", "unknown field"},
 		{"methods not a list", "slas:\n  - id: a\n    match:\n      methods: GET\n", 4, "slas[0].match.methods", "list"},
+		{"methods empty", "slas:\n  - id: a\n    match:\n      methods: []\n", 4, "slas[0].match.methods", "at least one method"},
+		{"period in hex", "slas:\n  - id: a\n    tiers: [{period: 0x3c, threshold: 1}]\n", 3, "slas[0].tiers[0].period", "whole number"},
 		{"bad method", "slas:\n  - id: a\n    match:\n      methods:\n        - GET\n        - 'GET /x'\n", 6, "slas[0].match.methods[1]", "HTTP method"},
 		{"bad pattern", "slas:\n  - id: a\n    match:\n      pathPattern: /product/[\n", 4, "slas[0].match.pathPattern", "path pattern"},
 		{"relative pattern", "slas:\n  - id: a\n    match:\n      pathPattern: product/*\n", 4, "slas[0].match.pathPattern", "starting with /"},
