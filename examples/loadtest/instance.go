@@ -241,6 +241,23 @@ func (b timedBucket) Take(ctx context.Context, key string, n int64, maxWait time
 	return d, err
 }
 
+// Fallback passes the bucket's figures on, so that a Limiter's FailLocal
+// policy works through the wrapper.
+func (b timedBucket) Fallback() (int64, time.Duration, int64) {
+	if fb, ok := b.Bucket.(throttle.Fallbacker); ok {
+		return fb.Fallback()
+	}
+	return 0, 0, 0
+}
+
+// Pause passes a pause on to buckets that take it.
+func (b timedBucket) Pause(ctx context.Context, key string, d time.Duration) error {
+	if p, ok := b.Bucket.(throttle.Pauser); ok {
+		return p.Pause(ctx, key, d)
+	}
+	return nil
+}
+
 // Refund passes an abandoned reservation back to buckets that take it.
 func (b timedBucket) Refund(ctx context.Context, key string, n int64) error {
 	if r, ok := b.Bucket.(throttle.Refunder); ok {

@@ -11,8 +11,9 @@ import (
 // server's clock (on loopback, the same clock as the caller's; offset is 0
 // unless the provider's windows start elsewhere).
 //
-// Tolerance: a grant within tol of a window's edge may count in either
-// window it touches (any window that meets [t − tol, t + tol]). The checker
+// Tolerance: a grant recorded at t was decided somewhere in [t − tol, t]
+// (a recorded time is only ever late), so a grant recorded within tol after
+// a window's start may count in the window before it. The checker
 // assigns such grants so as to leave the fewest grants over a window's
 // limit: in time order, each grant goes to the earliest window it may
 // count in that still has room. Because grants later in time never may
@@ -56,7 +57,7 @@ func Aligned(times []time.Time, limit int64, window, offset, tol time.Duration) 
 		first string
 	)
 	for j, t := range ts {
-		lo, hi := idx(t-d), idx(t+d)
+		lo, hi := idx(t-d), idx(t) // decided in [t-d, t]: never a later window
 		if cur < lo {
 			cur, fill = lo, 0
 		}

@@ -106,7 +106,7 @@ func TestAlignedMatchesBruteForce(t *testing.T) {
 				best = min(best, excess)
 				return
 			}
-			for k := floorDiv(ns[i]-d, w); k <= floorDiv(ns[i]+d, w); k++ {
+			for k := floorDiv(ns[i]-d, w); k <= floorDiv(ns[i], w); k++ { // decided in [t-d, t]
 				counts[k]++
 				try(i+1, counts)
 				counts[k]--

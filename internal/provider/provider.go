@@ -129,7 +129,7 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		id.partition, id.offset = int32(part), off
 	}
-	ok, retry := p.admit(time.Now())
+	ok, retry := p.admitNow()
 	if !ok {
 		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
 		http.Error(w, "rate limit exceeded", http.StatusTooManyRequests)
@@ -144,10 +144,24 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(`{"status":"ok"}`))
 }
 
-// admit applies the policy to a request arriving at now.
+// admitNow applies the policy to a request arriving now. The clock is read
+// under the lock, so that requests are decided in the order of their
+// arrival times (the policies rely on it).
+func (p *Provider) admitNow() (bool, time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.admitLocked(time.Now())
+}
+
+// admit applies the policy to a request arriving at now (not before the
+// last one's).
 func (p *Provider) admit(now time.Time) (bool, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.admitLocked(now)
+}
+
+func (p *Provider) admitLocked(now time.Time) (bool, time.Duration) {
 	c := p.cfg
 	var retry time.Duration
 	switch c.Policy {

@@ -52,6 +52,10 @@ type proc struct {
 // waits until that very process answers, or returns an error carrying the
 // tail of its logs; errAddrInUse is in the chain when the port was taken.
 func launch(bin, dir string, port int, extra []string, timeout time.Duration) (p *proc, version string, err error) {
+	// redis-server appends to its log: start each attempt with an empty
+	// one, so that an earlier attempt's lines cannot explain this one's
+	// failure.
+	_ = os.Remove(filepath.Join(dir, logName))
 	args := []string{
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
