@@ -227,7 +227,7 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 		tctx, cancel, d0, budgetBound = l.storeContext(ctx, left, noWait)
 	}
 	d, err = l.take(tctx, key, n, left)
-	expired := tctx != ctx && errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+	expired := tctx != ctx && ctx.Err() == nil && deadlinePassed(tctx)
 	if cancel != nil {
 		cancel()
 	}
@@ -293,6 +293,18 @@ func boundStoreCall(ctx context.Context, left time.Duration, noWait bool, timeou
 	}
 	tctx, cancel := context.WithTimeout(ctx, d)
 	return tctx, cancel, d, budgetBound
+}
+
+// deadlinePassed reports whether ctx's deadline has come: its Err says so,
+// or the clock does (a client that sets its socket deadlines from ctx, such
+// as go-redis with ContextTimeoutEnabled, can fail at the deadline an
+// instant before ctx's own timer fires).
+func deadlinePassed(ctx context.Context) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // selfBounded is implemented by [Leased]: it answers from memory most of

@@ -510,7 +510,7 @@ func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, p
 	t1 := l.now()
 	if err != nil {
 		restore()
-		if budgetBound && d0 < l.storeTimeout/4 && ctx.Err() == nil && errors.Is(ictx.Err(), context.DeadlineExceeded) {
+		if budgetBound && d0 < l.storeTimeout/4 && ctx.Err() == nil && deadlinePassed(ictx) {
 			// The caller's wait cut the refill short of a fair chance: no
 			// evidence that the store is down. The wait ran out.
 			return Decision{}, fmt.Errorf("%w: the inner bucket did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)

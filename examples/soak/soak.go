@@ -186,7 +186,9 @@ func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
 		addr = srv.Addr()
 		printf(w, "redis: %s at %s\n", srv.Kind(), addr)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: cfg.Workers})
+	// ContextTimeoutEnabled, as headway recommends: the buckets then bound
+	// each call by its context without a goroutine of their own.
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: cfg.Workers, ContextTimeoutEnabled: true})
 	defer func() { _ = rdb.Close() }()
 	admin := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1})
 	defer func() { _ = admin.Close() }()
