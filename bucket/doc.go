@@ -88,7 +88,9 @@
 // [throttle.Limiter]'s failure policy to decide. Take returns by its
 // context's deadline even when the client blocks (without go-redis's
 // ContextTimeoutEnabled, the round trip goes on in a goroutine until the
-// client's ReadTimeout). A take is never charged twice: scripts go out as
+// client's ReadTimeout). Build the client with ContextTimeoutEnabled: true:
+// that bound then costs nothing, where otherwise each call pays for a
+// goroutine. A take is never charged twice: scripts go out as
 // commands go-redis must not resend once they may have reached the server,
 // so a take whose reply was lost fails (and the failure policy decides)
 // instead of running again. Each instance beats, piggybacked on a take at
