@@ -508,14 +508,7 @@ func (p *pacer) wait(ctx context.Context) bool {
 	if d <= 0 {
 		return true
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return sleepCtx(ctx, d)
 }
 
 // sleepCtx sleeps d or until ctx ends, reporting whether d passed.
