@@ -39,6 +39,10 @@
 //     [WithClock]), or returns [ErrTimeout] at once when that is beyond
 //     the caller's wait.
 //   - A cancelled context ends a wait at once; no goroutine outlives a call.
+//   - Acquire returns within its wait (maxWait or ctx's deadline) even when
+//     the bucket's store hangs; while the store fails, the Limiter's
+//     [FailurePolicy] decides (by default each instance's share of the
+//     limit, [FailLocal]).
 //   - Bad arguments are refused with an error matching [ErrInvalid] that
 //     names the argument; nothing here panics on user input.
 //   - Acquire returns by the end of the caller's wait even when the

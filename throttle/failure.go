@@ -37,8 +37,10 @@ const (
 	// and a burst of one share). The bucket must implement [Fallbacker]
 	// (the Redis buckets of package bucket do; they count live instances
 	// with heartbeats and remember the count while Redis is down). With a
-	// bucket that does not, FailLocal acts as [FailClosed]. Waiting for a
-	// local permit stays within the caller's wait, as any other.
+	// bucket that does not, or before the first live count is known (an
+	// instance that started while the store was down), FailLocal acts as
+	// [FailClosed]. Waiting for a local permit stays within the caller's
+	// wait, as any other.
 	//
 	// Bound: while the store fails, the fleet grants at most about the
 	// shared limit per interval (each live instance its share; a local
