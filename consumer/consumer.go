@@ -290,7 +290,9 @@ func (c *Consumer) take(tps map[string][]int32) []*partition {
 				delete(c.parts, key)
 				c.stopping[key] = p
 				ps = append(ps, p)
-			} else if p := c.stopping[key]; p != nil {
+			} else if p := c.stopping[key]; p != nil && !c.closing {
+				// Still stopping from an earlier revoke: wait for it
+				// too. (At shutdown, stopAll has waited for it already.)
 				ps = append(ps, p)
 			}
 		}
