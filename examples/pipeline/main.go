@@ -164,8 +164,10 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		var err error
 		prov, err = provider.Start(provider.Config{
 			Limit: c.limit, Interval: c.interval, Policy: provider.Periods,
-			// Requests reach the provider a little after their grant.
-			Tolerance: c.interval / 10,
+			// Requests reach the provider a little after their grant:
+			// allow a tenth of the interval, at least 30 ms (a busy
+			// machine), at most half of it.
+			Tolerance: min(max(c.interval/10, 30*time.Millisecond), c.interval/2),
 		})
 		if err != nil {
 			return summary{}, err
