@@ -159,9 +159,7 @@ const overshootBound = 10 * time.Millisecond
 // the resume.
 func TestRedisPausedUnderLoad(t *testing.T) {
 	srv := redisenv.New(t)
-	if !srv.Real() {
-		t.Skip("needs a real redis-server to SIGSTOP")
-	}
+	redisenv.NeedReal(t, srv, "SIGSTOP")
 	const (
 		limit    = 20
 		interval = 500 * time.Millisecond
@@ -184,11 +182,21 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 			rec := &recordings{}
 			stop := make(chan struct{})
 			wg := hammer(lims, 4, stop, rec)
-			time.Sleep(600 * time.Millisecond) // heartbeats: each instance sees 2
-			for i, b := range bs {
-				if n := b.calls.instances(); n != 2 {
-					t.Errorf("instance %d counts %d live instances, want 2", i, n)
+			// Heartbeats ride on takes: wait until each instance sees 2.
+			seeTwo := func() bool {
+				for _, b := range bs {
+					if b.calls.instances() != 2 {
+						return false
+					}
 				}
+				return true
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for !seeTwo() {
+				if time.Now().After(deadline) {
+					t.Fatalf("instances do not count each other: %d, %d live", bs[0].calls.instances(), bs[1].calls.instances())
+				}
+				time.Sleep(10 * time.Millisecond) // polls an outcome, bounded
 			}
 			pausedAt := time.Now()
 			if err := srv.Pause(); err != nil {
@@ -248,9 +256,7 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 // over-admission is at most one window's limit.
 func TestRedisRestartedEmpty(t *testing.T) {
 	srv := redisenv.New(t)
-	if !srv.Real() {
-		t.Skip("needs a real redis-server to restart")
-	}
+	redisenv.NeedReal(t, srv, "restarting")
 	const (
 		limit    = 20
 		interval = 500 * time.Millisecond

@@ -46,7 +46,15 @@ func TestTokenBucketFence(t *testing.T) {
 		resA <- result{d.Granted, err}
 	}()
 	<-stalled
-	time.Sleep(3 * lockExpiry) // A's mutex has expired; A does not know
+	// A's mutex expires on the server while A is stalled (A does not know).
+	lockKey := a.rootKeys[2]
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.Client().Exists(ctx, lockKey).Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the refill mutex %s did not expire", lockKey)
+		}
+		time.Sleep(lockExpiry / 10) // polls the server's state, bounded
+	}
 
 	granted := 0
 	for range 3 * limit {

@@ -287,9 +287,7 @@ func TestGuarantees(t *testing.T) {
 // one fresh window's worth.
 func TestRestart(t *testing.T) {
 	srv := redisenv.New(t)
-	if !srv.Real() {
-		t.Skip("needs a real redis-server")
-	}
+	redisenv.NeedReal(t, srv, "restarting")
 	for _, c := range bucketCases() {
 		t.Run(c.name, func(t *testing.T) {
 			var clients []redis.UniversalClient

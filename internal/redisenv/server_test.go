@@ -19,9 +19,7 @@ func kinds(t *testing.T, fn func(t *testing.T, s *Server)) {
 	t.Run("real", func(t *testing.T) {
 		t.Parallel()
 		s := New(t)
-		if !s.Real() {
-			t.Skip("redis-server is not installed")
-		}
+		NeedReal(t, s, "the real half of this test")
 		fn(t, s)
 	})
 	t.Run("stand-in", func(t *testing.T) {
@@ -233,7 +231,7 @@ func TestCloseWhilePaused(t *testing.T) {
 
 func TestStartReportsLogTail(t *testing.T) {
 	if _, err := findBinary(); err != nil {
-		t.Skip("redis-server is not installed")
+		needBinary(t, "starting redis-server with a bad option")
 	}
 	_, err := Start(Args("--no-such-directive", "1"))
 	if err == nil {
@@ -247,7 +245,7 @@ func TestStartReportsLogTail(t *testing.T) {
 func TestStartRetriesTakenPort(t *testing.T) {
 	bin, err := findBinary()
 	if err != nil {
-		t.Skip("redis-server is not installed")
+		needBinary(t, "a taken port")
 	}
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -82,3 +82,25 @@ func NewCluster(t testing.TB, opts ...Option) *Cluster {
 	announceReal.Do(func() { stderr(line) })
 	return c
 }
+
+// NeedReal stops a test that needs a real redis-server (to pause, kill or
+// restart it) when s is the in-process stand-in: it fails the test when
+// [RequireEnv] is "1" (as in CI, so that nothing is skipped there) and
+// skips it otherwise, saying why.
+func NeedReal(t testing.TB, s *Server, why string) {
+	t.Helper()
+	if s.Real() {
+		return
+	}
+	needBinary(t, why)
+}
+
+// needBinary fails (under RequireEnv) or skips a test that cannot run
+// without the redis-server binary.
+func needBinary(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv(RequireEnv) == "1" {
+		t.Fatalf("redisenv: %s needs a real redis-server and %s=1 forbids skipping: install it (apt-get install -y redis-server)", why, RequireEnv)
+	}
+	t.Skipf("redisenv: %s needs a real redis-server, which is not installed", why)
+}
