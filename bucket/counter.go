@@ -52,11 +52,8 @@ func NewCounter(rdb redis.UniversalClient, key string, limit int64, period time.
 	if err != nil {
 		return nil, err
 	}
-	if limit < 1 {
-		return nil, throttle.Invalid(name, "limit", limit, "must be at least 1")
-	}
-	if period < time.Millisecond {
-		return nil, throttle.Invalid(name, "period", period, "must be at least 1ms")
+	if err := checkRate(name, limit, "period", period); err != nil {
+		return nil, err
 	}
 	c.name = "bucket: Counter"
 	return &Counter{common: c, limit: limit, periodMs: ceilMs(period)}, nil

@@ -60,11 +60,8 @@ func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.D
 	if err != nil {
 		return nil, err
 	}
-	if limit < 1 {
-		return nil, throttle.Invalid(name, "limit", limit, "must be at least 1")
-	}
-	if interval < time.Millisecond {
-		return nil, throttle.Invalid(name, "interval", interval, "must be at least 1ms")
+	if err := checkRate(name, limit, "interval", interval); err != nil {
+		return nil, err
 	}
 	if limit > interval.Microseconds() {
 		return nil, throttle.Invalid(name, "limit", limit, "must be at most one per microsecond of interval "+interval.String())

@@ -66,6 +66,19 @@ type common struct {
 	calls *calls
 }
 
+// checkRate validates a constructor's limit per interval: limit ≥ 1 and
+// interval ≥ 1 ms. intervalField names the interval as the constructor's
+// parameter ("interval", "period").
+func checkRate(name string, limit int64, intervalField string, interval time.Duration) error {
+	if limit < 1 {
+		return throttle.Invalid(name, "limit", limit, "must be at least 1")
+	}
+	if interval < time.Millisecond {
+		return throttle.Invalid(name, intervalField, interval, "must be at least 1ms")
+	}
+	return nil
+}
+
 // newCommon validates what every constructor takes.
 func newCommon(name string, rdb redis.UniversalClient, key string, opts []Option) (common, error) {
 	cfg := newConfig(opts)

@@ -72,11 +72,8 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 	if err != nil {
 		return nil, err
 	}
-	if limit < 1 {
-		return nil, throttle.Invalid(name, "limit", limit, "must be at least 1")
-	}
-	if interval < time.Millisecond {
-		return nil, throttle.Invalid(name, "interval", interval, "must be at least 1ms")
+	if err := checkRate(name, limit, "interval", interval); err != nil {
+		return nil, err
 	}
 	c.name = "bucket: TokenBucket"
 	return &TokenBucket{

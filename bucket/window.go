@@ -155,11 +155,8 @@ type FixedWindow struct {
 // [WithPrefix].
 func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...Option) (*FixedWindow, error) {
 	const name = "bucket: NewFixedWindow"
-	if limit < 1 {
-		return nil, throttle.Invalid(name, "limit", limit, "must be at least 1")
-	}
-	if interval < time.Millisecond {
-		return nil, throttle.Invalid(name, "interval", interval, "must be at least 1ms")
+	if err := checkRate(name, limit, "interval", interval); err != nil {
+		return nil, err
 	}
 	w, err := newWindows(name, rdb, key, []Tier{{Limit: limit, Period: interval}}, "fw", opts)
 	if err != nil {
