@@ -22,7 +22,7 @@ func TestConstructorsRefuseBadInput(t *testing.T) {
 	var nilClient *redis.Client
 	long := strings.Repeat("k", MaxKeyLen+1)
 	sec := time.Second
-	tb := func(rdb redis.UniversalClient, key string, limit int64, iv time.Duration, opts ...Option) error {
+	tb := func(rdb redis.UniversalClient, key string, limit int64, iv time.Duration, opts ...TokenBucketOption) error {
 		_, err := NewTokenBucket(rdb, key, limit, iv, opts...)
 		return err
 	}
@@ -41,7 +41,6 @@ func TestConstructorsRefuseBadInput(t *testing.T) {
 		{"sub-ms interval", tb(rdb, "k", 1, time.Microsecond), "interval"},
 		{"empty prefix", tb(rdb, "k", 1, sec, WithPrefix("")), "prefix"},
 		{"brace prefix", tb(rdb, "k", 1, sec, WithPrefix("a{b")), "prefix"},
-		{"short lock expiry", tb(rdb, "k", 1, sec, WithLockExpiry(time.Millisecond)), "lock expiry"},
 		{"zero retry", tb(rdb, "k", 1, sec, WithRetry(0)), "retry"},
 		{"fw zero limit", func() error { _, err := NewFixedWindow(rdb, "k", 0, sec); return err }(), "limit"},
 		{"fw zero interval", func() error { _, err := NewFixedWindow(rdb, "k", 1, 0); return err }(), "interval"},
@@ -53,22 +52,55 @@ func TestConstructorsRefuseBadInput(t *testing.T) {
 		{"gcra empty key", func() error { _, err := NewGCRA(rdb, "", 1, sec); return err }(), "key"},
 		{"counter zero period", func() error { _, err := NewCounter(rdb, "k", 1, 0); return err }(), "period"},
 		{"counter zero limit", func() error { _, err := NewCounter(rdb, "k", 0, sec); return err }(), "limit"},
-		{"counter short lease", func() error { _, err := NewCounter(rdb, "k", 1, sec, WithLease(time.Millisecond)); return err }(), "lease"},
+		{"counter short lease", func() error { _, err := NewCounter(rdb, "k", 1, sec, WithLeaderLease(time.Millisecond)); return err }(), "lease"},
 		{"tiers none", func() error { _, err := NewTiers(rdb, "k", nil); return err }(), "tiers"},
-		{"tiers zero limit", func() error { _, err := NewTiers(rdb, "k", []Tier{{0, sec}}); return err }(), "tiers[0].Limit"},
-		{"tiers negative period", func() error { _, err := NewTiers(rdb, "k", []Tier{{1, sec}, {1, -sec}}); return err }(), "tiers[1].Period"},
-		{"tiers duplicate", func() error { _, err := NewTiers(rdb, "k", []Tier{{1, sec}, {2, sec}}); return err }(), "tiers[1].Period"},
+		{"tiers zero limit", func() error { _, err := NewTiers(rdb, "k", []throttle.Tier{{Limit: 0, Period: sec}}); return err }(), "tiers[0].Limit"},
+		{"tiers negative period", func() error {
+			_, err := NewTiers(rdb, "k", []throttle.Tier{{Limit: 1, Period: sec}, {Limit: 1, Period: -sec}})
+			return err
+		}(), "tiers[1].Period"},
+		{"tiers duplicate", func() error {
+			_, err := NewTiers(rdb, "k", []throttle.Tier{{Limit: 1, Period: sec}, {Limit: 2, Period: sec}})
+			return err
+		}(), "tiers[1].Period"},
 		{"tiers too many", func() error {
-			var ts []Tier
+			var ts []throttle.Tier
 			for i := range maxTiers + 1 {
-				ts = append(ts, Tier{1, time.Duration(i+1) * sec})
+				ts = append(ts, throttle.Tier{Limit: 1, Period: time.Duration(i+1) * sec})
 			}
 			_, err := NewTiers(rdb, "k", ts)
 			return err
 		}(), "tiers"},
-		{"sliding none", func() error { _, err := NewSlidingLog(rdb, "k", []Tier{}); return err }(), "tiers"},
-		{"sliding zero period", func() error { _, err := NewSlidingLog(rdb, "k", []Tier{{1, 0}}); return err }(), "tiers[0].Period"},
-		{"sliding duplicate", func() error { _, err := NewSlidingLog(rdb, "k", []Tier{{1, sec}, {1, sec}}); return err }(), "tiers[1].Period"},
+		{"sliding none", func() error { _, err := NewSlidingLog(rdb, "k", []throttle.Tier{}); return err }(), "tiers"},
+		{"sliding zero period", func() error { _, err := NewSlidingLog(rdb, "k", []throttle.Tier{{Limit: 1, Period: 0}}); return err }(), "tiers[0].Period"},
+		{"sliding duplicate", func() error {
+			_, err := NewSlidingLog(rdb, "k", []throttle.Tier{{Limit: 1, Period: sec}, {Limit: 1, Period: sec}})
+			return err
+		}(), "tiers[1].Period"},
+		{"sliding negative margin", func() error {
+			_, err := NewSlidingLog(rdb, "k", []throttle.Tier{{Limit: 5, Period: sec}}, WithArrivalMargin(-1))
+			return err
+		}(), "arrival margin"},
+		{"sliding margin ≥ period", func() error {
+			_, err := NewSlidingLog(rdb, "k", []throttle.Tier{{Limit: 5, Period: sec}}, WithArrivalMargin(sec))
+			return err
+		}(), "arrival margin"},
+		// Issue 12, defect 3: intervals whose µs or ms overflow.
+		{"tb Forever", tb(rdb, "k", 5, throttle.Forever), "interval"},
+		{"tb above a year", tb(rdb, "k", 5, MaxInterval+time.Millisecond), "interval"},
+		{"fw Forever", func() error { _, err := NewFixedWindow(rdb, "k", 5, throttle.Forever); return err }(), "interval"},
+		{"fw µs overflow", func() error { _, err := NewFixedWindow(rdb, "k", 5, throttle.Forever-500); return err }(), "interval"},
+		{"gcra Forever", func() error { _, err := NewGCRA(rdb, "k", 5, throttle.Forever); return err }(), "interval"},
+		{"counter Forever", func() error { _, err := NewCounter(rdb, "k", 5, throttle.Forever); return err }(), "period"},
+		{"tiers Forever", func() error {
+			_, err := NewTiers(rdb, "k", []throttle.Tier{{Limit: 5, Period: sec}, {Limit: 50, Period: throttle.Forever}})
+			return err
+		}(), "tiers[1].Period"},
+		{"sliding Forever", func() error {
+			_, err := NewSlidingLog(rdb, "k", []throttle.Tier{{Limit: 5, Period: throttle.Forever}})
+			return err
+		}(), "tiers[0].Period"},
+		{"lease Forever", func() error { _, err := NewCounter(rdb, "k", 1, sec, WithLeaderLease(throttle.Forever)); return err }(), "lease"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,8 +140,8 @@ func allBuckets(t testing.TB, rdb redis.UniversalClient, key string, limit int64
 		"TokenBucket": must(NewTokenBucket(rdb, key, limit, iv)),
 		"GCRA":        must(NewGCRA(rdb, key, limit, iv)),
 		"FixedWindow": must(NewFixedWindow(rdb, key, limit, iv)),
-		"SlidingLog":  must(NewSlidingLog(rdb, key, []Tier{{limit, iv}, {limit * 3, 3 * iv}})),
-		"Tiers":       must(NewTiers(rdb, key, []Tier{{limit, iv}, {limit * 3, 3 * iv}})),
+		"SlidingLog":  must(NewSlidingLog(rdb, key, []throttle.Tier{{Limit: limit, Period: iv}, {Limit: limit * 3, Period: 3 * iv}})),
+		"Tiers":       must(NewTiers(rdb, key, []throttle.Tier{{Limit: limit, Period: iv}, {Limit: limit * 3, Period: 3 * iv}})),
 		"Counter":     must(NewCounter(rdb, key, limit, iv)),
 	}
 }
@@ -246,6 +278,31 @@ func TestPause(t *testing.T) {
 	}
 }
 
+// TestPauseForever (issue 12, defect 7): a pause too long for the
+// millisecond arithmetic is clamped to throttle.MaxPause, not dropped.
+func TestPauseForever(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	for name, b := range allBuckets(t, srv.Client(), "pauseforever", 5, time.Second) {
+		if name == "Counter" {
+			continue // grants only after a reset; its pause is TestPause's
+		}
+		for _, key := range []string{"a", "b", "c"} {
+			d := map[string]time.Duration{"a": throttle.Forever, "b": throttle.Forever - time.Microsecond, "c": throttle.MaxPause + time.Hour}[key]
+			if err := b.(throttle.Pauser).Pause(ctx, key, d); err != nil {
+				t.Fatalf("%s: Pause(%v) = %v", name, d, err)
+			}
+			dec, err := b.Take(ctx, key, 1, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dec.Granted || dec.Delay < throttle.MaxPause-time.Minute || dec.Delay > throttle.MaxPause+time.Millisecond {
+				t.Errorf("%s: Take after Pause(%v) = %+v, want refused for about throttle.MaxPause", name, d, dec)
+			}
+		}
+	}
+}
+
 // TestGCRAReserves: with maxWait, GCRA books a future slot, and later
 // callers queue behind it; GCRA gives nothing back (it is no Refunder: a
 // refund could not tell which queued slot it frees).
@@ -285,7 +342,7 @@ func TestKeyEscaping(t *testing.T) {
 	ctx := context.Background()
 	base := "api{v1}%"
 	ks := newKeyspace(defaultPrefix, base)
-	tiers, err := NewTiers(rdb, base, []Tier{{5, time.Second}, {10, 10 * time.Second}, {20, time.Minute}})
+	tiers, err := NewTiers(rdb, base, []throttle.Tier{{Limit: 5, Period: time.Second}, {Limit: 10, Period: 10 * time.Second}, {Limit: 20, Period: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}

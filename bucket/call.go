@@ -60,8 +60,8 @@ const defaultLiveWindow = 10 * time.Second
 // under [throttle.FailLocal] while Redis is down: a longer window counts
 // idle instances longer, which makes the shares smaller and safer. It must
 // be between 100 ms and 1 h.
-func WithHeartbeat(window time.Duration) Option {
-	return optionFunc(func(c *config) { c.liveWindow = window })
+func WithHeartbeat(window time.Duration) CommonOption {
+	return commonOption(func(c *config) { c.liveWindow = window })
 }
 
 // calls is a bucket's per-instance state for its round trips. Each bucket
@@ -73,6 +73,8 @@ type calls struct {
 	every    int64 // ns between beats
 	lastBeat atomic.Int64
 	live     atomic.Int64 // last count seen; 0 before the first beat
+	maxLive  atomic.Int64 // largest count seen
+	heard    atomic.Int64 // when live was last counted, Unix ns
 	ctxOK    bool         // the client honours context deadlines itself
 	inflight atomic.Int64 // goroutines still in a round trip, for tests
 }
@@ -112,8 +114,30 @@ func (s *calls) beatDue() bool {
 	return now-last >= s.every && s.lastBeat.CompareAndSwap(last, now)
 }
 
-// instances is the live count last seen; 0 before the first heartbeat.
-func (s *calls) instances() int64 { return s.live.Load() }
+// instances is the live count last seen while it is fresh (counted
+// within two beat intervals); after that, the largest count ever seen: an
+// instance that has not heard from Redis recently cannot know who joined
+// meanwhile, and a larger count gives it a smaller, safer share (issue 12,
+// defect 5). 0 before the first heartbeat.
+func (s *calls) instances() int64 {
+	live := s.live.Load()
+	if time.Now().UnixNano()-s.heard.Load() > 2*s.every {
+		return max(live, s.maxLive.Load())
+	}
+	return live
+}
+
+// noteLive records a live count just read from Redis.
+func (s *calls) noteLive(n int64) {
+	s.live.Store(n)
+	s.heard.Store(time.Now().UnixNano())
+	for {
+		old := s.maxLive.Load()
+		if n <= old || s.maxLive.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
 
 // eval runs script s with keys (all of one budget's hash tag) as one
 // command that go-redis must not resend, and a heartbeat pipelined with it
@@ -130,7 +154,7 @@ func (c *common) eval(ctx context.Context, s *redis.Script, keys []string, args 
 	_ = pipe.Process(ctx, take)
 	_, _ = pipe.Exec(ctx)
 	if n, err := hb.Int64(); err == nil {
-		c.calls.live.Store(n)
+		c.calls.noteLive(n)
 	} else {
 		c.calls.lastBeat.Store(0) // beat again at the next call
 	}
@@ -242,15 +266,15 @@ func (b *Tiers) Fallback() (int64, time.Duration, int64) {
 
 // Fallback implements [throttle.Fallbacker] as [Tiers.Fallback] does.
 func (b *SlidingLog) Fallback() (int64, time.Duration, int64) {
-	tiers := make([]Tier, 0, len(b.args)/2)
+	tiers := make([]throttle.Tier, 0, len(b.args)/2)
 	for i := 0; i+1 < len(b.args); i += 2 {
-		tiers = append(tiers, Tier{Limit: b.args[i].(int64), Period: us(b.args[i+1].(int64))})
+		tiers = append(tiers, throttle.Tier{Limit: b.args[i].(int64), Period: us(b.args[i+1].(int64))})
 	}
 	l, p := tightest(tiers)
 	return l, p, b.calls.instances()
 }
 
-func tightest(tiers []Tier) (int64, time.Duration) {
+func tightest(tiers []throttle.Tier) (int64, time.Duration) {
 	l, p := tiers[0].Limit, tiers[0].Period
 	for _, t := range tiers[1:] {
 		l, p = min(l, t.Limit), max(p, t.Period)

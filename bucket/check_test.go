@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/headway-go/headway/throttle"
 )
 
 // grant is one permit the test saw granted: the server decided it at some
@@ -23,11 +25,17 @@ type grant struct {
 // after start (µs since the epoch; nothing was granted before it).
 type checker func(gs []grant, start int64) error
 
-func (g grant) mid() int64 { return (g.lo + g.hi) / 2 }
+// at is when the checkers take g to have been decided: when its Take
+// returned. The script that granted it ran in the last round trip before
+// that: a coalesced take (bucket/coalesce.go) may wait in line, or through
+// a refused batch into the next period, so the middle of [lo, hi] can lie
+// a whole period before the decision (seen: a take of 217 ms, granted by
+// the next period's refill, counted by its middle in the period before).
+func (g grant) at() int64 { return g.hi }
 
 func sortGrants(gs []grant) []grant {
 	gs = slices.Clone(gs)
-	slices.SortFunc(gs, func(a, b grant) int { return int(a.mid() - b.mid()) })
+	slices.SortFunc(gs, func(a, b grant) int { return int(a.at() - b.at()) })
 	return gs
 }
 
@@ -35,7 +43,7 @@ func sortGrants(gs []grant) []grant {
 // each tier, counting the grants known to lie inside the window (a grant
 // whose [lo, hi] straddles a boundary is counted in neither: that is the
 // tolerance for measuring on our side of the network).
-func checkWindows(tiers []Tier) checker {
+func checkWindows(tiers []throttle.Tier) checker {
 	return func(gs []grant, start int64) error {
 		for _, t := range tiers {
 			p := t.Period.Microseconds()
@@ -58,7 +66,7 @@ func checkWindows(tiers []Tier) checker {
 // checkSliding: for each window, no limit+1 grants within a span shorter
 // than its period. The span of a group is measured pessimistically for the
 // bucket (latest hi minus earliest lo), so only a certain violation fails.
-func checkSliding(windows []Tier) checker {
+func checkSliding(windows []throttle.Tier) checker {
 	return func(gs []grant, start int64) error {
 		gs = sortGrants(gs)
 		for _, w := range windows {
@@ -119,12 +127,12 @@ func checkPeriods(limit int64, interval, tol time.Duration) checker {
 		}
 		f[0] = start
 		for k := 1; k < n; k++ {
-			s := gs[k].mid()
+			s := gs[k].at()
 			for i := max(0, k-l); i < k; i++ {
 				if f[i] == inf || f[i]+iv > s {
 					continue
 				}
-				f[k] = min(f[k], max(f[i]+iv, gs[k-1].mid()))
+				f[k] = min(f[k], max(f[i]+iv, gs[k-1].at()))
 			}
 		}
 		for i := max(0, n-l); i < n; i++ {
@@ -140,6 +148,6 @@ func checkPeriods(limit int64, interval, tol time.Duration) checker {
 			}
 		}
 		return fmt.Errorf("no split into periods of ≤ %d grants, ≥ %v apart: stuck after grant %d of %d (at %d µs); the next %d grants span %d µs",
-			limit, interval-tol, last, n, gs[last].mid(), min(l+1, n-last), gs[min(last+l, n-1)].mid()-gs[last].mid())
+			limit, interval-tol, last, n, gs[last].at(), min(l+1, n-last), gs[min(last+l, n-1)].at()-gs[last].at())
 	}
 }

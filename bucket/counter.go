@@ -44,9 +44,9 @@ type Counter struct {
 // its own Resetter.
 //
 // limit must be at least 1 and period at least 1 ms (rounded up to the
-// millisecond). Options: [WithPrefix], [WithRetry], and the Resetter's
-// [WithLease] and [WithLogger], which its resetters inherit.
-func NewCounter(rdb redis.UniversalClient, key string, limit int64, period time.Duration, opts ...Option) (*Counter, error) {
+// millisecond). Options: [WithPrefix], [WithHeartbeat], [WithRetry], and
+// the Resetter's [WithLeaderLease] and [WithLogger], which its resetters inherit.
+func NewCounter(rdb redis.UniversalClient, key string, limit int64, period time.Duration, opts ...CounterOption) (*Counter, error) {
 	const name = "bucket: NewCounter"
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {
@@ -62,7 +62,11 @@ func NewCounter(rdb redis.UniversalClient, key string, limit int64, period time.
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *Counter) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) })
+	one := func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) }
+	if n != 1 {
+		return bounded(ctx, &b.common, key, one)
+	}
+	return b.coalesced(ctx, key, 0, one, b.takeUpTo)
 }
 
 // take is Take's work; bounded runs it.
@@ -70,33 +74,48 @@ func (b *Counter) take(ctx context.Context, key string, n int64) (throttle.Decis
 	if err := b.checkN(n, b.limit); err != nil {
 		return throttle.Decision{}, err
 	}
+	u, err := b.run(ctx, key, n)
+	return u.granted, err
+}
+
+// takeUpTo counts up to k calls, as many as the limit leaves room for.
+func (b *Counter) takeUpTo(ctx context.Context, key string, k int64, _ time.Duration) (upTo, error) {
+	return b.run(ctx, key, -k)
+}
+
+// run is one round trip of counter_take.lua; n < 0 asks for up to -n.
+func (b *Counter) run(ctx context.Context, key string, n int64) (upTo, error) {
 	tag, err := b.ks.tag(b.name, key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return upTo{}, err
 	}
 	keys := []string{tag + ":ctr", tag + ":pause"}
 	r, err := b.eval(ctx, scriptCounterTake, keys, n, b.limit)
 	if err != nil {
-		return throttle.Decision{}, backend("take", keys[0], err)
+		return upTo{}, backend("take", keys[0], err)
 	}
-	if len(r) != 4 {
-		return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from counter_take.lua"))
+	if len(r) != 5 {
+		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from counter_take.lua"))
 	}
+	// The reset is due 1 ms after PTTL reads 0; the Resetter runs about
+	// then.
+	refused := throttle.Decision{Delay: ms(r[1] + 1), Limit: b.limit, Remaining: max(r[2], 0), Reset: ms(r[3] + 1)}
 	switch r[0] {
 	case 1:
-		return throttle.Decision{Granted: true, Limit: b.limit, Remaining: r[2], Reset: ms(r[3])}, nil
+		refused.Remaining = 0
+		d := throttle.Decision{Granted: true, Limit: b.limit, Remaining: r[2], Reset: ms(r[3])}
+		return upTo{granted: d, got: r[4], rest: refused}, nil
 	case 0:
-		// The reset is due 1 ms after PTTL reads 0; the Resetter runs
-		// about then.
-		return throttle.Decision{Delay: ms(r[1] + 1), Limit: b.limit, Remaining: max(r[2], 0), Reset: ms(r[3] + 1)}, nil
+		return upTo{granted: refused, rest: refused}, nil
 	}
-	return throttle.Decision{Delay: b.cfg.retry, Limit: b.limit, Remaining: 0, Reset: b.cfg.retry}, nil
+	d := throttle.Decision{Delay: b.cfg.retry, Limit: b.limit, Remaining: 0, Reset: b.cfg.retry}
+	return upTo{granted: d, rest: d}, nil
 }
 
 // NewResetter returns a Resetter for key's counter ("" for the Counter's
-// own key). Options given here override the Counter's: [WithLease],
+// own key). Options given here override the Counter's: [WithLeaderLease],
 // [WithLogger].
-func (b *Counter) NewResetter(key string, opts ...Option) (*Resetter, error) {
+func (b *Counter) NewResetter(key string, opts ...ResetterOption) (*Resetter, error) {
 	tag, err := b.ks.tag("bucket: Counter.NewResetter", key)
 	if err != nil {
 		return nil, err
@@ -107,8 +126,8 @@ func (b *Counter) NewResetter(key string, opts ...Option) (*Resetter, error) {
 			o.apply(&cfg)
 		}
 	}
-	if cfg.lease < 30*time.Millisecond {
-		return nil, throttle.Invalid("bucket: Counter.NewResetter", "lease", cfg.lease, "must be at least 30ms")
+	if err := checkDuration("bucket: Counter.NewResetter", "lease", cfg.lease, 30*time.Millisecond); err != nil {
+		return nil, err
 	}
 	return &Resetter{
 		rdb:      b.rdb,
@@ -121,7 +140,7 @@ func (b *Counter) NewResetter(key string, opts ...Option) (*Resetter, error) {
 }
 
 // Resetter zeroes a [Counter] every period. Run several for availability:
-// they elect one leader through a Redsync mutex whose lease (WithLease,
+// they elect one leader through a Redsync mutex whose lease (WithLeaderLease,
 // default 1 s) the leader extends every lease/3 while it is alive. The
 // others try to take the mutex every lease/4, so when a leader dies without
 // releasing it another takes over within about one lease; a leader whose

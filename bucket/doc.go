@@ -12,7 +12,7 @@
 // Pick the bucket that matches how the provider counts:
 //
 //	bucket       provider policy                      guarantee                           trips/grant  seed
-//	TokenBucket  N per period, then wait (default)    ≤ limit per refill, refills         1            002
+//	TokenBucket  N per period, then wait (default)    ≤ limit per refill, refills         ≤ 1          002
 //	                                                  ≥ interval apart
 //	FixedWindow  wall-clock-aligned windows           ≤ limit per aligned window          1            000
 //	Tiers        several aligned windows at once      each tier's own, all-or-nothing     1            000, 003
@@ -24,8 +24,11 @@
 // Every bucket:
 //   - decides on the Redis server's clock (TIME inside scripts, or key
 //     expiry), never on the caller's, so instances with skewed clocks agree;
-//   - takes one round trip per decision in steady state: one Lua script,
-//     run with EVALSHA and reloaded after NOSCRIPT (a restart, a failover);
+//   - takes at most one round trip per decision: one Lua script, run with
+//     EVALSHA and reloaded after NOSCRIPT (a restart, a failover); the
+//     TokenBucket's refill is part of its take script;
+//   - coalesces concurrent takes of one permit for the same key in one
+//     process into one round trip (see Coalesced takes below);
 //   - charges nothing for a denied call, and grants n permits all or none;
 //   - names, when it refuses, the time after which asking again can succeed
 //     (Decision.Delay), so a Limiter sleeps instead of polling; [GCRA] even
@@ -34,6 +37,33 @@
 //   - keeps an independent budget per key passed to Take (a tenant, an
 //     endpoint), and implements [throttle.Pauser]: one instance that sees a
 //     429 with Retry-After can hold the whole fleet.
+//
+// # Coalesced takes
+//
+// While a take for a key is on its way to Redis, other takes of one permit
+// for the same key in the same process queue behind it; when it returns,
+// one script call asks for "up to k" permits, k the callers queued at that
+// moment, and the script grants as many as it can, from 1 to k, at once.
+// The first callers in arrival order get them; the others get the refusal
+// the script gave for the rest (the period's end, the next slot) and wait
+// as they would have. So under load a process makes one round trip per
+// batch, not per caller (64 goroutines: about 0.03–0.04 commands per
+// grant), with no permit taken ahead of demand and none refunded: each
+// bucket's guarantee holds as it is, because the script counts an up-to-k
+// take exactly as k takes of one. [GCRA] reserves one slot per caller, in
+// arrival order, within the smallest maxWait among them.
+//
+// A take of n > 1 permits (AcquireN) is not coalesced: it goes to Redis on
+// its own, all or nothing. A caller whose context ends while queued leaves
+// the queue; one whose context ends while its batch is in flight returns
+// at once with a [*throttle.BackendError] (as an uncoalesced call cut off
+// mid-flight does), and the permit the batch took for it goes to the next
+// caller in line, or, if none is left, is lost as an abandoned uncoalesced
+// call's permit is. A batch runs on a goroutine of its own that ends when
+// its call returns, at the latest a few milliseconds after the latest
+// deadline of its callers. When a call in flight has not returned for
+// 50 ms (a dead connection), one caller of its key at a time asks Redis
+// around it; the others stay in line.
 //
 // # Keys and Redis Cluster
 //

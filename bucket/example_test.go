@@ -62,7 +62,7 @@ func ExampleNewTiers() {
 	defer srv.Close()
 
 	// Seed 000's tiers: 10 calls per second, and no more than 50 per 10 s.
-	b, err := bucket.NewTiers(srv.Client(), "get-product", []bucket.Tier{
+	b, err := bucket.NewTiers(srv.Client(), "get-product", []throttle.Tier{
 		{Limit: 10, Period: time.Second},
 		{Limit: 50, Period: 10 * time.Second},
 	})

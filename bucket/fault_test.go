@@ -148,10 +148,16 @@ func hammer(lims []*throttle.Limiter, g int, stop <-chan struct{}, rec *recordin
 }
 
 // overshootBound is what the fault tests assert on how late an Acquire may
-// return past its bound. The measured worst is logged and recorded in
-// RELIABILITY.md; under -race on 2 cores, scheduling alone reaches tens of
-// ms, so 10 ms cannot be asserted without flaking.
-const overshootBound = 10 * time.Millisecond
+// return past its bound. What it guards against is an Acquire held through
+// the fault: without the deadline on store calls, one returns the whole
+// pause (2 s) late. Scheduling alone is far smaller but not small: under
+// -race on 2 cores with 8 greedy callers, 2–10 ms on a quiet machine and
+// 9.9 ms with two busy loops beside it (a CI run failed a 10 ms bound).
+// The measured worst is logged; internal/faultproxy/RELIABILITY.md records it.
+// Tests add the worst stall of the whole process measured beside them
+// (stallMeter): a host that stops the process for 50 ms is not the code's
+// doing.
+const overshootBound = 25 * time.Millisecond
 
 // TestRedisPausedUnderLoad: SIGSTOP for 2 s while 2 instances × 4
 // goroutines acquire. Every Acquire returns within its bound; the policy
@@ -180,6 +186,7 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 				lims = append(lims, throttle.New(b, throttle.WithFailurePolicy(policy), throttle.WithObserver(obs)))
 			}
 			rec := &recordings{}
+			stall := startStallMeter(t)
 			stop := make(chan struct{})
 			wg := hammer(lims, 4, stop, rec)
 			// Heartbeats ride on takes: wait until each instance sees 2.
@@ -210,6 +217,7 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 			time.Sleep(4 * interval)
 			close(stop)
 			wg.Wait()
+			stalled := stall.Stop()
 			waitInflight(t, bs...)
 
 			// Paused: skip the first interval, when callers still queue
@@ -221,8 +229,9 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 			after, _, _ := rec.between(resumedAt.Add(interval), resumedAt.Add(3*interval))
 			t.Logf("%s: paused %v: %d granted, %d refused; worst overshoot %v; degraded %d granted / %d refused, the last %v after the resume; after resume+1 interval, %d grants in 2 intervals",
 				policy, pause, pg, pr, worst, obs.granted.Load(), obs.refused.Load(), time.Unix(0, obs.last.Load()).Sub(resumedAt).Round(time.Millisecond), after)
-			if worst > overshootBound {
-				t.Errorf("an Acquire returned %v past its bound, want ≤ %v", worst, overshootBound)
+			t.Logf("%s: the process's worst scheduling stall: %v", policy, stalled)
+			if worst > overshootBound+stalled {
+				t.Errorf("an Acquire returned %v past its bound, want ≤ %v + the process's worst stall %v", worst, overshootBound, stalled)
 			}
 			switch policy {
 			case throttle.FailLocal:
@@ -240,8 +249,8 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 					t.Errorf("FailOpen: %d granted, %d refused while paused, want all granted; first refusal: %v", pg, pr, rec.firstErr)
 				}
 			}
-			if last := time.Unix(0, obs.last.Load()); last.After(resumedAt.Add(interval)) {
-				t.Errorf("degraded decision at +%v after the resume, want none after one interval (%v)", last.Sub(resumedAt), interval)
+			if last := time.Unix(0, obs.last.Load()); last.After(resumedAt.Add(interval + stalled)) {
+				t.Errorf("degraded decision at +%v after the resume, want none after one interval (%v) + the process's worst stall %v", last.Sub(resumedAt), interval, stalled)
 			}
 			// Two intervals of the shared limit touch at most 3 periods.
 			if after == 0 || after > 3*limit {
@@ -345,8 +354,8 @@ func onceBuckets(t *testing.T, rdb redis.UniversalClient, key string) map[string
 		"TokenBucket": must(NewTokenBucket(rdb, key, 10, time.Hour)),
 		"GCRA":        must(NewGCRA(rdb, key, 10, time.Hour)),
 		"FixedWindow": must(NewFixedWindow(rdb, key, 10, time.Hour)),
-		"SlidingLog":  must(NewSlidingLog(rdb, key, []Tier{{10, time.Hour}})),
-		"Tiers":       must(NewTiers(rdb, key, []Tier{{10, time.Hour}, {20, 2 * time.Hour}})),
+		"SlidingLog":  must(NewSlidingLog(rdb, key, []throttle.Tier{{Limit: 10, Period: time.Hour}})),
+		"Tiers":       must(NewTiers(rdb, key, []throttle.Tier{{Limit: 10, Period: time.Hour}, {Limit: 20, Period: 2 * time.Hour}})),
 	}
 }
 
@@ -515,7 +524,9 @@ func TestClockSkew(t *testing.T) {
 			"TokenBucket": func() (throttle.Bucket, error) { return NewTokenBucket(rdb, key, 7, time.Hour) },
 			"FixedWindow": func() (throttle.Bucket, error) { return NewFixedWindow(rdb, key, 7, time.Hour) },
 			"GCRA":        func() (throttle.Bucket, error) { return NewGCRA(rdb, key, 7, time.Hour) },
-			"SlidingLog":  func() (throttle.Bucket, error) { return NewSlidingLog(rdb, key, []Tier{{7, time.Hour}}) },
+			"SlidingLog": func() (throttle.Bucket, error) {
+				return NewSlidingLog(rdb, key, []throttle.Tier{{Limit: 7, Period: time.Hour}})
+			},
 		} {
 			var lims []*throttle.Limiter
 			for _, c := range clocks {

@@ -2,60 +2,46 @@ package bucket
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/headway-go/headway/internal/redisenv"
 )
 
-// TestTokenBucketFence: instance A takes the refill mutex and stalls past
-// the mutex's expiry; meanwhile B takes the mutex, refills and drains the
-// period. When A resumes and runs its refill, the fence (the period has not
-// ended) makes it a no-op: the period never gives more than one refill's
-// worth.
-func TestTokenBucketFence(t *testing.T) {
+// TestTokenBucketRedsyncHolderExcludesRefill: another Redsync user holding
+// the bucket's refill mutex (same key, Redsync's own format) keeps every
+// take from refilling; once it unlocks, the next take refills, exactly
+// one period's worth.
+func TestTokenBucketRedsyncHolderExcludesRefill(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
 	ctx := context.Background()
 	const limit = 5
-	const lockExpiry = 30 * time.Millisecond
-	a, err := NewTokenBucket(rdb, "fence", limit, time.Second, WithLockExpiry(lockExpiry))
+	b, err := NewTokenBucket(rdb, "fence", limit, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := NewTokenBucket(srv.Client(), "fence", limit, time.Second, WithLockExpiry(lockExpiry))
-	if err != nil {
+	m := redsync.New(goredis.NewPool(rdb)).NewMutex(b.rootKeys[2], redsync.WithTries(1), redsync.WithExpiry(10*time.Second))
+	if err := m.LockContext(ctx); err != nil {
 		t.Fatal(err)
 	}
-	stalled, resume := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	a.afterLock = func() {
-		once.Do(func() {
-			close(stalled)
-			<-resume
-		})
-	}
-	type result struct {
-		granted bool
-		err     error
-	}
-	resA := make(chan result, 1)
-	go func() {
-		d, err := a.Take(ctx, "", 1, 0)
-		resA <- result{d.Granted, err}
-	}()
-	<-stalled
-	// A's mutex expires on the server while A is stalled (A does not know).
-	lockKey := a.rootKeys[2]
-	deadline := time.Now().Add(5 * time.Second)
-	for srv.Client().Exists(ctx, lockKey).Val() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the refill mutex %s did not expire", lockKey)
+	for range 3 {
+		d, err := b.Take(ctx, "", 1, 0)
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(lockExpiry / 10) // polls the server's state, bounded
+		if d.Granted || d.Delay != defaultRetry {
+			t.Fatalf("take while another Redsync user holds the mutex: %+v, want refused with the retry delay", d)
+		}
 	}
-
+	if n, _ := rdb.Exists(ctx, b.rootKeys[0]).Result(); n != 0 {
+		t.Fatal("the bucket refilled while the mutex was held")
+	}
+	if ok, err := m.UnlockContext(ctx); !ok || err != nil {
+		t.Fatalf("unlock: %v %v", ok, err)
+	}
 	granted := 0
 	for range 3 * limit {
 		d, err := b.Take(ctx, "", 1, 0)
@@ -67,51 +53,44 @@ func TestTokenBucketFence(t *testing.T) {
 		}
 	}
 	if granted != limit {
-		t.Fatalf("B was granted %d, want the whole period's %d", granted, limit)
-	}
-
-	close(resume) // A runs its refill now, inside B's period
-	r := <-resA
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.granted {
-		granted++
-	}
-	for range 3 * limit {
-		for _, x := range []*TokenBucket{a, b} {
-			d, err := x.Take(ctx, "", 1, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d.Granted {
-				granted++
-			}
-		}
-	}
-	if granted != limit {
-		t.Fatalf("%d grants in one period, want %d: the stalled refill was not fenced", granted, limit)
+		t.Fatalf("%d grants after the unlock, want one period's %d", granted, limit)
 	}
 }
 
-// TestTokenBucketRefillScript checks the fence at the script level: a
-// second refill in a running period does nothing.
+// TestTokenBucketRefillScript checks the fence at the script level: a take
+// that finds the period over refills and takes in one call; takes in the
+// running period never refill again; a take asking "up to k" gets what is
+// left and no more.
 func TestTokenBucketRefillScript(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
 	ctx := context.Background()
-	keys := []string{"t:{x}:tb", "t:{x}:pause"}
-	for i, want := range []int64{1, 0, 0} {
-		r, err := scriptTBRefill.Run(ctx, rdb, keys, 10, 1000, 1).Int64Slice()
+	keys := tbKeys("t:{x}")
+	for i, want := range []int64{1, 1, 1} {
+		r, err := scriptTBTake.Run(ctx, rdb, keys, 1, 10, 1000).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r[0] != want {
-			t.Fatalf("refill %d: status %d, want %d", i, r[0], want)
+		if r[0] != want || r[2] != int64(9-i) {
+			t.Fatalf("take %d: %v, want status %d and %d left", i, r, want, 9-i)
 		}
 	}
-	if v, _ := rdb.Get(ctx, keys[0]).Int64(); v != 9 {
-		t.Fatalf("tokens = %d, want 9 (10 refilled, 1 taken, once)", v)
+	r, err := scriptTBTake.Run(ctx, rdb, keys, -100, 10, 1000).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r[0] != 1 || r[5] != 7 || r[2] != 0 {
+		t.Fatalf("take up to 100 with 7 left: %v, want status 1, 7 taken, 0 left", r)
+	}
+	r, err = scriptTBTake.Run(ctx, rdb, keys, -100, 10, 1000).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r[0] != 0 || r[5] != 0 || r[1] <= 0 {
+		t.Fatalf("take up to 100 with none left: %v, want refused until the period ends", r)
+	}
+	if v, _ := rdb.Get(ctx, keys[0]).Int64(); v != 0 {
+		t.Fatalf("tokens = %d, want 0 (10 refilled once, all taken)", v)
 	}
 }
 

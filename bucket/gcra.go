@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
 )
@@ -54,7 +55,7 @@ type GCRA struct {
 // limit must be at least 1 and at most one per microsecond of interval;
 // interval at least 1 ms; burst at least 1. Options: [WithBurst],
 // [WithPrefix].
-func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...Option) (*GCRA, error) {
+func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...GCRAOption) (*GCRA, error) {
 	const name = "bucket: NewGCRA"
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {
@@ -64,52 +65,82 @@ func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.D
 		return nil, err
 	}
 	if limit > interval.Microseconds() {
-		return nil, throttle.Invalid(name, "limit", limit, "must be at most one per microsecond of interval "+interval.String())
+		return nil, errs.Invalid(name, "limit", limit, "must be at most one per microsecond of interval "+interval.String())
 	}
 	burst := limit
 	if c.cfg.burst != 0 {
 		burst = c.cfg.burst
 	}
 	if burst < 1 {
-		return nil, throttle.Invalid(name, "burst", burst, "must be at least 1")
+		return nil, errs.Invalid(name, "burst", burst, "must be at least 1")
 	}
 	emission := (ceilUs(interval) + limit - 1) / limit
 	if burst > (1<<50)/emission {
-		return nil, throttle.Invalid(name, "burst", burst, "too large for the rate: burst × interval/limit must stay below 2^50 µs")
+		return nil, errs.Invalid(name, "burst", burst, "too large for the rate: burst × interval/limit must stay below 2^50 µs")
 	}
 	c.name = "bucket: GCRA"
 	return &GCRA{common: c, limit: limit, burst: burst, emission: emission, tolerance: burst * emission,
 		ivUs: ceilUs(interval), fixed: max(c.cfg.burst, 0), seen: new(seenLimit)}, nil
 }
 
-// Take implements [throttle.Bucket]. With maxWait > 0 it may reserve: a
-// Granted decision with Delay > 0 means the permits may be used from Delay
-// on. Refused, Delay is the time until the permits could be had at once.
+// Take implements [throttle.Bucket]: it grants, or reserves a slot at most
+// maxWait ahead (Decision.Delay). Concurrent takes of one permit for the
+// same key are coalesced into one round trip (see the package doc): each
+// caller gets its own slot, in arrival order, within the smallest maxWait
+// among them.
 func (b *GCRA) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
-	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n, maxWait) })
+	one := func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n, maxWait) }
+	if n != 1 {
+		return bounded(ctx, &b.common, key, one)
+	}
+	return b.coalesced(ctx, key, maxWait, one, b.takeUpTo)
 }
 
-// take is Take's work; bounded runs it.
 func (b *GCRA) take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	if err := b.checkN(n, b.burst); err != nil {
 		return throttle.Decision{}, err
 	}
+	u, err := b.run(ctx, key, n, maxWait)
+	return u.granted, err
+}
+
+// takeUpTo reserves up to k slots within maxWait, at least one.
+func (b *GCRA) takeUpTo(ctx context.Context, key string, k int64, maxWait time.Duration) (upTo, error) {
+	return b.run(ctx, key, -k, maxWait)
+}
+
+// run is one round trip of gcra.lua; n < 0 asks for up to -n permits.
+func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Duration) (upTo, error) {
 	tag, err := b.ks.tag(b.name, key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return upTo{}, err
 	}
 	keys := []string{tag + ":gcra", tag + ":pause", tag + ":gcra:limit"}
 	mw := max(maxWait, 0) / time.Microsecond // rounded down: never reserve beyond maxWait
 	r, err := b.eval(ctx, scriptGCRA, keys, n, b.emission, b.tolerance, int64(mw), b.ivUs, b.fixed)
 	if err != nil {
-		return throttle.Decision{}, backend("take", keys[0], err)
+		return upTo{}, backend("take", keys[0], err)
 	}
-	if len(r) < 4 {
-		return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from gcra.lua"))
+	if len(r) < 9 {
+		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from gcra.lua"))
 	}
 	b.seen.note(key, liveOr(r, 4, b.limit))
+	limit := liveOr(r, 4, b.limit)
 	if r[0] == 2 {
-		return throttle.Decision{}, exceeds(b.name, n, liveOr(r, 4, b.limit)) // the burst in force is below n
+		return upTo{}, exceeds(b.name, max(n, -n), limit) // the burst in force is below n
 	}
-	return throttle.Decision{Granted: r[0] == 1, Delay: us(r[1]), Limit: liveOr(r, 4, b.limit), Remaining: r[2], Reset: us(r[3])}, nil
+	rest := throttle.Decision{Delay: us(r[8]), Limit: limit, Remaining: 0, Reset: us(r[3])}
+	if r[0] != 1 {
+		rest.Remaining = r[2]
+		return upTo{granted: rest, rest: rest}, nil
+	}
+	d := throttle.Decision{Granted: true, Delay: us(r[1]), Limit: limit, Remaining: r[2], Reset: us(r[3])}
+	u := upTo{granted: d, got: r[5], rest: rest}
+	if n < 0 && len(r) >= 10 {
+		// Caller i's slot: max(first + i·emission, pause left, 0).
+		u.granted.Delay = max(us(r[9]), us(r[7]), 0)
+		u.step, u.floor = us(r[6]), us(r[7])
+		u.first = us(r[9])
+	}
+	return u, nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
 )
@@ -50,7 +51,7 @@ func (k keyspace) tag(pkg, key string) (string, error) {
 		return k.root, nil
 	}
 	if len(key) > MaxKeyLen {
-		return "", throttle.Invalid(pkg, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+		return "", errs.Invalid(pkg, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
 	}
 	return k.prefix + "/" + escKey.Replace(key) + "}", nil
 }
@@ -64,55 +65,86 @@ type common struct {
 	name string // "bucket: TokenBucket", for error messages
 	// calls: heartbeats and bounded, never-resent round trips (call.go).
 	calls *calls
+	// co: coalesced takes of one permit (coalesce.go).
+	co *coalescer
 }
 
-// checkRate validates a constructor's limit per interval: limit ≥ 1 and
-// interval ≥ 1 ms. intervalField names the interval as the constructor's
-// parameter ("interval", "period").
+// MaxInterval is the longest interval (period, window, expiry) a bucket
+// accepts: a year. Longer ones, throttle.Forever among them, would overflow
+// the microsecond and millisecond arithmetic of the scripts (a window of
+// negative length grants without limit), so constructors refuse them.
+const MaxInterval = 365 * 24 * time.Hour
+
+// checkRate validates a constructor's limit per interval: 1 ≤ limit ≤ 2^50 and
+// 1 ms ≤ interval ≤ MaxInterval. intervalField names the interval as the
+// constructor's parameter ("interval", "period").
 func checkRate(name string, limit int64, intervalField string, interval time.Duration) error {
-	if limit < 1 {
-		return throttle.Invalid(name, "limit", limit, "must be at least 1")
+	if err := checkLimitRange(name, "limit", limit); err != nil {
+		return err
 	}
-	if interval < time.Millisecond {
-		return throttle.Invalid(name, intervalField, interval, "must be at least 1ms")
+	return checkDuration(name, intervalField, interval, time.Millisecond)
+}
+
+// maxRateLimit is the largest limit a constructor accepts. The scripts
+// count in Lua doubles, and Redis writes a double of 10^17 or more back
+// with an exponent ("1e+17"), which INCRBY and DECRBY then refuse; 2^50
+// keeps every count exact and written as an integer.
+const maxRateLimit = 1 << 50
+
+// checkLimitRange refuses a constructor's limit below 1 or above
+// maxRateLimit.
+func checkLimitRange(name, field string, limit int64) error {
+	if limit < 1 {
+		return errs.Invalid(name, field, limit, "must be at least 1")
+	}
+	if limit > maxRateLimit {
+		return errs.Invalid(name, field, limit, "must be at most 2^50 (the scripts' arithmetic is exact only below it)")
+	}
+	return nil
+}
+
+// checkDuration refuses a duration below least or above MaxInterval.
+func checkDuration(name, field string, d, least time.Duration) error {
+	if d < least {
+		return errs.Invalid(name, field, d, "must be at least "+least.String())
+	}
+	if d > MaxInterval {
+		return errs.Invalid(name, field, d, "must be at most a year (bucket.MaxInterval); for no limit at all, use no bucket")
 	}
 	return nil
 }
 
 // newCommon validates what every constructor takes.
-func newCommon(name string, rdb redis.UniversalClient, key string, opts []Option) (common, error) {
+func newCommon[O interface{ apply(*config) }](name string, rdb redis.UniversalClient, key string, opts []O) (common, error) {
 	cfg := newConfig(opts)
 	if isNil(rdb) {
-		return common{}, throttle.Invalid(name, "rdb", "nil", "must be a redis client (*redis.Client, *redis.ClusterClient, *redis.Ring, ...)")
+		return common{}, errs.Invalid(name, "rdb", "nil", "must be a redis client (*redis.Client, *redis.ClusterClient, *redis.Ring, ...)")
 	}
 	if key == "" {
-		return common{}, throttle.Invalid(name, "key", `""`, "must be non-empty")
+		return common{}, errs.Invalid(name, "key", `""`, "must be non-empty")
 	}
 	if len(key) > MaxKeyLen {
-		return common{}, throttle.Invalid(name, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+		return common{}, errs.Invalid(name, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
 	}
 	switch {
 	case cfg.prefix == "":
-		return common{}, throttle.Invalid(name, "prefix", `""`, "must be non-empty")
+		return common{}, errs.Invalid(name, "prefix", `""`, "must be non-empty")
 	case len(cfg.prefix) > maxPrefixLen:
-		return common{}, throttle.Invalid(name, "prefix", fmt.Sprintf("%q", cfg.prefix), fmt.Sprintf("must be at most %d bytes", maxPrefixLen))
+		return common{}, errs.Invalid(name, "prefix", fmt.Sprintf("%q", cfg.prefix), fmt.Sprintf("must be at most %d bytes", maxPrefixLen))
 	case strings.ContainsAny(cfg.prefix, "{}"):
-		return common{}, throttle.Invalid(name, "prefix", fmt.Sprintf("%q", cfg.prefix), "must not contain '{' or '}' (they would break the keys' cluster hash tags)")
+		return common{}, errs.Invalid(name, "prefix", fmt.Sprintf("%q", cfg.prefix), "must not contain '{' or '}' (they would break the keys' cluster hash tags)")
 	}
-	if cfg.lockExpiry < 10*time.Millisecond {
-		return common{}, throttle.Invalid(name, "lock expiry", cfg.lockExpiry, "must be at least 10ms")
-	}
-	if cfg.lease < 30*time.Millisecond {
-		return common{}, throttle.Invalid(name, "lease", cfg.lease, "must be at least 30ms")
+	if err := checkDuration(name, "lease", cfg.lease, 30*time.Millisecond); err != nil {
+		return common{}, err
 	}
 	if cfg.retry < 100*time.Microsecond || cfg.retry > time.Second {
-		return common{}, throttle.Invalid(name, "retry", cfg.retry, "must be between 100µs and 1s")
+		return common{}, errs.Invalid(name, "retry", cfg.retry, "must be between 100µs and 1s")
 	}
 	if cfg.liveWindow < 100*time.Millisecond || cfg.liveWindow > time.Hour {
-		return common{}, throttle.Invalid(name, "heartbeat window", cfg.liveWindow, "must be between 100ms and 1h")
+		return common{}, errs.Invalid(name, "heartbeat window", cfg.liveWindow, "must be between 100ms and 1h")
 	}
 	ks := newKeyspace(cfg.prefix, key)
-	return common{rdb: rdb, ks: ks, cfg: cfg, name: name, calls: newCalls(rdb, ks, cfg.liveWindow)}, nil
+	return common{rdb: rdb, ks: ks, cfg: cfg, name: name, calls: newCalls(rdb, ks, cfg.liveWindow), co: newCoalescer()}, nil
 }
 
 // isNil reports whether v is nil or a typed nil pointer in an interface.
@@ -132,7 +164,7 @@ func isNil(v any) bool {
 // once. It needs no round trip.
 func (c *common) checkN(n, capacity int64) error {
 	if n < 1 {
-		return throttle.Invalid(c.name, "n", n, "must be at least 1")
+		return errs.Invalid(c.name, "n", n, "must be at least 1")
 	}
 	if n > capacity {
 		return fmt.Errorf("%s: %d permits asked at once, at most %d can ever be granted: %w", c.name, n, capacity, throttle.ErrExceedsLimit)
@@ -147,9 +179,10 @@ func backend(op, key string, err error) error {
 
 // Pause implements [throttle.Pauser]: no permit of key's budget is granted
 // to anyone sharing the bucket until d has passed. A shorter pause never
-// shortens a longer one. d is rounded up to the millisecond; d ≤ 0 does
-// nothing.
+// shortens a longer one. d is rounded up to the millisecond and clamped to
+// [throttle.MaxPause]; d ≤ 0 does nothing.
 func (c *common) Pause(ctx context.Context, key string, d time.Duration) error {
+	d = min(d, throttle.MaxPause) // ceilMs(Forever) would overflow and pause nothing
 	if d <= 0 {
 		return nil
 	}

@@ -161,26 +161,29 @@ func FuzzBucketLimits(f *testing.F) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialed
 	f.Cleanup(func() { _ = rdb.Close() })
-	f.Fuzz(func(t *testing.T, limit, interval, burst, lockExpiry, retry, period2 int64) {
+	f.Fuzz(func(t *testing.T, limit, interval, burst, lease, retry, period2 int64) {
 		iv := time.Duration(interval)
-		var opts []Option
+		var tbOpts []TokenBucketOption
+		var gcraOpts []GCRAOption
+		var ctrOpts []CounterOption
 		if burst != 0 {
-			opts = append(opts, WithBurst(burst))
+			gcraOpts = append(gcraOpts, WithBurst(burst))
 		}
-		if lockExpiry != 0 {
-			opts = append(opts, WithLockExpiry(time.Duration(lockExpiry)))
+		if lease != 0 {
+			ctrOpts = append(ctrOpts, WithLeaderLease(time.Duration(lease)))
 		}
 		if retry != 0 {
-			opts = append(opts, WithRetry(time.Duration(retry)))
+			tbOpts = append(tbOpts, WithRetry(time.Duration(retry)))
+			ctrOpts = append(ctrOpts, WithRetry(time.Duration(retry)))
 		}
-		tiers := []Tier{{limit, iv}, {limit, time.Duration(period2)}}
+		tiers := []throttle.Tier{{Limit: limit, Period: iv}, {Limit: limit, Period: time.Duration(period2)}}
 		for name, build := range map[string]func() (any, error){
-			"NewTokenBucket": func() (any, error) { return NewTokenBucket(rdb, "k", limit, iv, opts...) },
-			"NewFixedWindow": func() (any, error) { return NewFixedWindow(rdb, "k", limit, iv, opts...) },
-			"NewGCRA":        func() (any, error) { return NewGCRA(rdb, "k", limit, iv, opts...) },
-			"NewCounter":     func() (any, error) { return NewCounter(rdb, "k", limit, iv, opts...) },
-			"NewSlidingLog":  func() (any, error) { return NewSlidingLog(rdb, "k", tiers[:1], opts...) },
-			"NewTiers":       func() (any, error) { return NewTiers(rdb, "k", tiers, opts...) },
+			"NewTokenBucket": func() (any, error) { return NewTokenBucket(rdb, "k", limit, iv, tbOpts...) },
+			"NewFixedWindow": func() (any, error) { return NewFixedWindow(rdb, "k", limit, iv) },
+			"NewGCRA":        func() (any, error) { return NewGCRA(rdb, "k", limit, iv, gcraOpts...) },
+			"NewCounter":     func() (any, error) { return NewCounter(rdb, "k", limit, iv, ctrOpts...) },
+			"NewSlidingLog":  func() (any, error) { return NewSlidingLog(rdb, "k", tiers[:1]) },
+			"NewTiers":       func() (any, error) { return NewTiers(rdb, "k", tiers) },
 		} {
 			b, err := build()
 			if err != nil {

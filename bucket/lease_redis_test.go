@@ -134,7 +134,9 @@ func TestLeasedFleetOverTokenBucket(t *testing.T) {
 	u := steadyUtilization(times, limit, interval)
 	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f", r, u, float64(calls)/float64(len(times)))
 	assert.Zero(t, r.Violations, r.Detail)
-	assert.GreaterOrEqual(t, u, 0.95)
+	if u < 0.95 {
+		redisenv.Shortfall(t, "steady utilization %.3f, want ≥ 0.95", u)
+	}
 	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
 }
 
@@ -149,6 +151,8 @@ func TestLeasedFleetSkewed(t *testing.T) {
 	u := steadyUtilization(times, limit, interval)
 	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f", r, u, float64(calls)/float64(len(times)))
 	assert.Zero(t, r.Violations, r.Detail)
-	assert.GreaterOrEqual(t, u, 0.95)
+	if u < 0.95 {
+		redisenv.Shortfall(t, "steady utilization %.3f, want ≥ 0.95", u)
+	}
 	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -15,10 +16,10 @@ const MaxLimit int64 = 1_000_000_000
 // checkLimit validates a live limit.
 func checkLimit(name string, limit int64) error {
 	if limit < 1 {
-		return throttle.Invalid(name, "limit", limit, "must be at least 1")
+		return errs.Invalid(name, "limit", limit, "must be at least 1")
 	}
 	if limit > MaxLimit {
-		return throttle.Invalid(name, "limit", limit, fmt.Sprintf("must be at most %d (bucket.MaxLimit)", MaxLimit))
+		return errs.Invalid(name, "limit", limit, fmt.Sprintf("must be at most %d (bucket.MaxLimit)", MaxLimit))
 	}
 	return nil
 }
@@ -153,10 +154,10 @@ func (b *GCRA) SetLimit(ctx context.Context, key string, limit int64) error {
 		return err
 	}
 	if limit > b.ivUs {
-		return throttle.Invalid(name, "limit", limit, fmt.Sprintf("must be at most one per microsecond of the interval (%d)", b.ivUs))
+		return errs.Invalid(name, "limit", limit, fmt.Sprintf("must be at most one per microsecond of the interval (%d)", b.ivUs))
 	}
 	if em := (b.ivUs + limit - 1) / limit; b.fixed > (1<<50)/em {
-		return throttle.Invalid(name, "limit", limit, fmt.Sprintf("too small for the burst %d: burst × interval/limit must stay below 2^50 µs", b.fixed))
+		return errs.Invalid(name, "limit", limit, fmt.Sprintf("too small for the burst %d: burst × interval/limit must stay below 2^50 µs", b.fixed))
 	}
 	return b.setLimit(ctx, key, ":gcra", limit)
 }

@@ -5,66 +5,149 @@ import (
 	"time"
 )
 
-// Option configures a bucket or a [Resetter]. Options that make no sense
-// for what they are given to are ignored. A nil Option is ignored.
-type Option interface {
+// Each constructor has its own option type, so that an option given to a
+// constructor that does not read it fails to compile. An option read by
+// several constructors implements several of these interfaces. A nil
+// option is ignored.
+
+// TokenBucketOption configures [NewTokenBucket]: [WithPrefix],
+// [WithHeartbeat], [WithRetry].
+type TokenBucketOption interface {
 	apply(*config)
+	tokenBucketOption()
 }
 
-// config holds every setting an Option can change. Its defaults are set in
+// GCRAOption configures [NewGCRA]: [WithPrefix], [WithHeartbeat],
+// [WithBurst].
+type GCRAOption interface {
+	apply(*config)
+	gcraOption()
+}
+
+// CounterOption configures [NewCounter]: [WithPrefix], [WithHeartbeat],
+// [WithRetry], and [WithLeaderLease] and [WithLogger], which the Counter's
+// resetters inherit.
+type CounterOption interface {
+	apply(*config)
+	counterOption()
+}
+
+// ResetterOption configures [Counter.NewResetter]: [WithLeaderLease],
+// [WithLogger].
+type ResetterOption interface {
+	apply(*config)
+	resetterOption()
+}
+
+// SlidingLogOption configures [NewSlidingLog]: [WithPrefix],
+// [WithHeartbeat], [WithArrivalMargin].
+type SlidingLogOption interface {
+	apply(*config)
+	slidingLogOption()
+}
+
+// CommonOption configures every bucket constructor: [WithPrefix],
+// [WithHeartbeat]. [NewFixedWindow], [NewTiers] and [NewSlidingLog] read
+// no other options.
+type CommonOption interface {
+	TokenBucketOption
+	GCRAOption
+	CounterOption
+	SlidingLogOption
+}
+
+// LeaderOption configures a Counter's resetters, given to [NewCounter]
+// or to [Counter.NewResetter]: [WithLeaderLease], [WithLogger].
+type LeaderOption interface {
+	CounterOption
+	ResetterOption
+}
+
+// RetryOption configures the buckets that may ask a caller to retry
+// shortly, [NewTokenBucket] and [NewCounter]: [WithRetry].
+type RetryOption interface {
+	TokenBucketOption
+	CounterOption
+}
+
+type commonOption func(*config)
+
+func (f commonOption) apply(c *config)  { f(c) }
+func (commonOption) tokenBucketOption() {}
+func (commonOption) gcraOption()        {}
+func (commonOption) counterOption()     {}
+func (commonOption) slidingLogOption()  {}
+
+type leaderOption func(*config)
+
+func (f leaderOption) apply(c *config) { f(c) }
+func (leaderOption) counterOption()    {}
+func (leaderOption) resetterOption()   {}
+
+type retryOption func(*config)
+
+func (f retryOption) apply(c *config)  { f(c) }
+func (retryOption) tokenBucketOption() {}
+func (retryOption) counterOption()     {}
+
+type slidingLogOnly func(*config)
+
+func (f slidingLogOnly) apply(c *config) { f(c) }
+func (slidingLogOnly) slidingLogOption() {}
+
+type gcraOnly func(*config)
+
+func (f gcraOnly) apply(c *config) { f(c) }
+func (gcraOnly) gcraOption()       {}
+
+// config holds every setting an option can change. Its defaults are set in
 // newConfig, and each is documented on its option.
 type config struct {
 	prefix     string
 	logger     *slog.Logger
 	burst      int64
-	lockExpiry time.Duration
 	lease      time.Duration
 	retry      time.Duration
 	liveWindow time.Duration // WithHeartbeat, in call.go
+	margin     time.Duration
 }
 
 const (
-	defaultPrefix     = "headway"
-	defaultLockExpiry = 200 * time.Millisecond
-	defaultLease      = time.Second
-	defaultRetry      = time.Millisecond
+	defaultPrefix = "headway"
+	defaultLease  = time.Second
+	defaultRetry  = time.Millisecond
 )
 
-func newConfig(opts []Option) config {
+func newConfig[O interface{ apply(*config) }](opts []O) config {
 	c := config{
 		prefix:     defaultPrefix,
 		logger:     slog.Default(),
-		lockExpiry: defaultLockExpiry,
 		lease:      defaultLease,
 		retry:      defaultRetry,
 		liveWindow: defaultLiveWindow,
 	}
 	for _, o := range opts {
-		if o != nil {
+		if any(o) != nil {
 			o.apply(&c)
 		}
 	}
 	return c
 }
 
-type optionFunc func(*config)
-
-func (f optionFunc) apply(c *config) { f(c) }
-
 // WithPrefix sets the first segment of every Redis key the bucket uses, so
 // that several applications can share one Redis. Default: "headway". It
 // must be non-empty, at most 64 bytes, and contain no '{' or '}' (they would
 // change the keys' cluster hash slot); constructors refuse it otherwise.
-func WithPrefix(p string) Option {
-	return optionFunc(func(c *config) { c.prefix = p })
+func WithPrefix(p string) CommonOption {
+	return commonOption(func(c *config) { c.prefix = p })
 }
 
-// WithLogger sets the logger for rare events: a Resetter winning or losing
-// its leadership, a Redis error in a Resetter's loop. Default:
+// WithLogger sets a Resetter's logger for rare events: winning or losing
+// its leadership, a Redis error in its loop. Default:
 // slog.Default(). Nothing is logged per permit. A nil logger keeps the
 // default.
-func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(c *config) {
+func WithLogger(l *slog.Logger) LeaderOption {
+	return leaderOption(func(c *config) {
 		if l != nil {
 			c.logger = l
 		}
@@ -73,33 +156,36 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithBurst sets how many permits a [GCRA] bucket may grant at once after a
 // quiet spell. Default: the limit. 1 spaces permits evenly, interval/limit
-// apart. It must be at least 1. Ignored by other buckets.
-func WithBurst(n int64) Option {
-	return optionFunc(func(c *config) { c.burst = n })
+// apart. It must be at least 1.
+func WithBurst(n int64) GCRAOption {
+	return gcraOnly(func(c *config) { c.burst = n })
 }
 
-// WithLockExpiry sets how long a [TokenBucket]'s refill mutex is held at
-// most before Redis drops it, should its holder stall or die. Default:
-// 200 ms. A refill takes one round trip, so the default is ample; a longer
-// expiry only delays the refill after a holder dies. It must be at least
-// 10 ms. Correctness never depends on it: the refill is fenced by the
-// period itself. Ignored by other buckets.
-func WithLockExpiry(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.lockExpiry = d })
-}
-
-// WithLease sets a [Resetter]'s leadership lease: the Redsync mutex's
+// WithLeaderLease sets a [Resetter]'s leadership lease: the Redsync mutex's
 // expiry, extended every lease/3 while the leader is alive. When the leader
 // dies without releasing it, another Resetter takes over within about one
-// lease. Default: 1 s. It must be at least 30 ms. Ignored by buckets.
-func WithLease(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.lease = d })
+// lease. Default: 1 s. It must be at least 30 ms.
+func WithLeaderLease(d time.Duration) LeaderOption {
+	return leaderOption(func(c *config) { c.lease = d })
 }
 
 // WithRetry sets how long a caller is told to wait (Decision.Delay) in the
 // rare moments when the bucket cannot name a time: another instance is
 // refilling a [TokenBucket] right now, or a [Counter]'s reset is due but its
 // Resetter has not run yet. Default: 1 ms. It must be between 100 µs and 1 s.
-func WithRetry(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.retry = d })
+func WithRetry(d time.Duration) RetryOption {
+	return retryOption(func(c *config) { c.retry = d })
+}
+
+// WithArrivalMargin makes a [SlidingLog] keep each window d longer than its
+// Period, so that a provider counting the calls by their arrival sees at
+// most Limit in any span of Period even when calls granted together reach
+// it up to d apart (network and scheduling jitter between a grant and its
+// call). Default: 0. It costs throughput: at most Period/(Period+d) of the
+// limit is used (16 ms on a 1 s window: 1.6 %). Set it to the measured
+// delay between a grant and the provider's arrival at a high percentile
+// (the loadtest reports record_late_p99_ms). It must be at least 0 and
+// below every window's Period.
+func WithArrivalMargin(d time.Duration) SlidingLogOption {
+	return slidingLogOnly(func(c *config) { c.margin = d })
 }

@@ -25,7 +25,7 @@ func TestResetterFailover(t *testing.T) {
 		{"leader stops", false, lease/4 + 50*time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := NewCounter(srv.Client(), "failover-"+tc.name, 5, 50*time.Millisecond, WithLease(lease))
+			c, err := NewCounter(srv.Client(), "failover-"+tc.name, 5, 50*time.Millisecond, WithLeaderLease(lease))
 			if err != nil {
 				t.Fatal(err)
 			}

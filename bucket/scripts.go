@@ -15,8 +15,6 @@ var (
 	srcPause string
 	//go:embed lua/tb_take.lua
 	srcTBTake string
-	//go:embed lua/tb_refill.lua
-	srcTBRefill string
 	//go:embed lua/window.lua
 	srcWindow string
 	//go:embed lua/sliding.lua
@@ -32,7 +30,6 @@ var (
 
 	scriptPause        = redis.NewScript(srcPause)
 	scriptTBTake       = redis.NewScript(srcTBTake)
-	scriptTBRefill     = redis.NewScript(srcTBRefill)
 	scriptWindow       = redis.NewScript(srcWindow)
 	scriptSliding      = redis.NewScript(srcSliding)
 	scriptGCRA         = redis.NewScript(srcGCRA)
@@ -45,7 +42,6 @@ var (
 var scripts = map[string]*redis.Script{
 	"pause.lua":         scriptPause,
 	"tb_take.lua":       scriptTBTake,
-	"tb_refill.lua":     scriptTBRefill,
 	"window.lua":        scriptWindow,
 	"sliding.lua":       scriptSliding,
 	"gcra.lua":          scriptGCRA,

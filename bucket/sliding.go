@@ -5,10 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
 )
@@ -29,6 +31,10 @@ import (
 // after the longest window. When refused, Decision.Delay is the time until
 // enough of the oldest entries have left every full window.
 //
+// Arrival jitter: calls granted in the same instant can reach the
+// provider some milliseconds apart, which compresses one of its windows;
+// [WithArrivalMargin] keeps every window that much longer.
+//
 // Round trips per grant: 1. Memory: one entry per permit granted within
 // the longest window. SlidingLog implements [throttle.Pauser]. It is safe
 // for concurrent use.
@@ -44,8 +50,8 @@ type SlidingLog struct {
 // NewSlidingLog returns a sliding-log bucket checking every window of
 // windows (at least one, at most 16, Limit ≥ 1, Period ≥ 1 ms, distinct
 // periods). A Take may ask for at most the smallest Limit. Each per-call key
-// gets its own log. Options: [WithPrefix].
-func NewSlidingLog(rdb redis.UniversalClient, key string, windows []Tier, opts ...Option) (*SlidingLog, error) {
+// gets its own log. Options: [WithPrefix], [WithHeartbeat], [WithArrivalMargin].
+func NewSlidingLog(rdb redis.UniversalClient, key string, windows []throttle.Tier, opts ...SlidingLogOption) (*SlidingLog, error) {
 	const name = "bucket: NewSlidingLog"
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {
@@ -58,8 +64,11 @@ func NewSlidingLog(rdb redis.UniversalClient, key string, windows []Tier, opts .
 	_, _ = rand.Read(raw[:]) // never fails (crypto/rand panics rather than return an error)
 	c.name = "bucket: SlidingLog"
 	b := &SlidingLog{common: c, capacity: windows[0].Limit, nonce: hex.EncodeToString(raw[:])}
-	for _, w := range windows {
-		l := ceilUs(w.Period)
+	for i, w := range windows {
+		if c.cfg.margin < 0 || c.cfg.margin >= w.Period {
+			return nil, errs.Invalid(name, "arrival margin", c.cfg.margin, fmt.Sprintf("must be at least 0 and below windows[%d].Period %v", i, w.Period))
+		}
+		l := ceilUs(w.Period + c.cfg.margin)
 		b.args = append(b.args, w.Limit, l)
 		b.longest = max(b.longest, l)
 		b.capacity = min(b.capacity, w.Limit)
@@ -69,18 +78,32 @@ func NewSlidingLog(rdb redis.UniversalClient, key string, windows []Tier, opts .
 
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
-func (b *SlidingLog) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) })
+func (b *SlidingLog) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	one := func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) }
+	if n != 1 {
+		return bounded(ctx, &b.common, key, one)
+	}
+	return b.coalesced(ctx, key, maxWait, one, b.takeUpTo)
 }
 
-// take is Take's work; bounded runs it.
 func (b *SlidingLog) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
 	if err := b.checkN(n, b.capacity); err != nil {
 		return throttle.Decision{}, err
 	}
+	u, err := b.run(ctx, key, n)
+	return u.granted, err
+}
+
+// takeUpTo logs up to k permits, as many as every window has room for.
+func (b *SlidingLog) takeUpTo(ctx context.Context, key string, k int64, _ time.Duration) (upTo, error) {
+	return b.run(ctx, key, -k)
+}
+
+// run is one round trip of sliding.lua; n < 0 asks for up to -n permits.
+func (b *SlidingLog) run(ctx context.Context, key string, n int64) (upTo, error) {
 	tag, err := b.ks.tag(b.name, key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return upTo{}, err
 	}
 	keys := []string{tag + ":log", tag + ":pause"}
 	args := make([]any, 0, 3+len(b.args))
@@ -88,10 +111,10 @@ func (b *SlidingLog) take(ctx context.Context, key string, n int64) (throttle.De
 	args = append(args, b.args...)
 	r, err := b.eval(ctx, scriptSliding, keys, args...)
 	if err != nil {
-		return throttle.Decision{}, backend("take", keys[0], err)
+		return upTo{}, backend("take", keys[0], err)
 	}
-	if len(r) != 5 {
-		return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from sliding.lua"))
+	if len(r) < 6 || r[0] == 1 && len(r) < 7 {
+		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from sliding.lua"))
 	}
 	d := throttle.Decision{Granted: r[0] == 1, Remaining: r[2], Reset: us(r[3]), Limit: r[4]}
 	if !d.Granted {
@@ -100,5 +123,9 @@ func (b *SlidingLog) take(ctx context.Context, key string, n int64) (throttle.De
 	if d.Limit == 0 {
 		d.Limit = b.capacity
 	}
-	return d, nil
+	if !d.Granted {
+		return upTo{granted: d, rest: d}, nil
+	}
+	rest := throttle.Decision{Delay: us(r[6]), Limit: d.Limit, Remaining: 0, Reset: d.Reset}
+	return upTo{granted: d, got: r[5], rest: rest}, nil
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/go-redsync/redsync/v4"
-	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
 )
@@ -26,17 +24,21 @@ import (
 // How: the period's tokens live in one key whose expiry is the period's
 // end. A take is one script (one round trip) that decrements the tokens
 // only if enough are left, so a denied take consumes nothing, from this
-// period or the next. When the key has expired, the first caller to notice
-// takes a Redsync mutex with a single try and runs a refill script that
-// sets the tokens only if the period has really ended: a lock holder
-// paused past its lock's expiry can never refill twice in one period.
-// The same script takes the refilling caller's tokens. Callers that find
-// the mutex held are told to come back after WithRetry (1 ms). A caller
-// with no token is told exactly when the period ends (Decision.Delay, from
-// the key's PTTL), so a Limiter sleeps instead of polling.
+// period or the next. When the key has expired, the same script starts the
+// next period (the refill) and takes the caller's tokens from it. The
+// script runs atomically and refills only when the period has really ended
+// on the server's clock, so two refills can never land in one period, and
+// no caller can be paused between the check and the refill. The refill
+// mutex of seed 002 is kept as an exclusion for others: while anyone holds
+// the Redsync mutex on the bucket's lock key (an operator's tool, an older
+// instance), the script does not refill, and callers are told to come back
+// after WithRetry (1 ms). A caller with no token is told exactly when the
+// period ends (Decision.Delay, from the key's PTTL), so a Limiter sleeps
+// instead of polling.
 //
-// Round trips per grant: 1 in steady state; about once per interval one
-// caller adds 3 (lock, refill-and-take, unlock).
+// Round trips per grant: at most 1, the refill included; concurrent takes
+// of one token for the same key in one process share one round trip
+// (coalesced, see the package doc), so under load it is well below 1.
 //
 // Its limit can be changed live, for the whole fleet, with
 // [TokenBucket.SetLimit]; the change applies from the next refill.
@@ -49,13 +51,8 @@ type TokenBucket struct {
 	common
 	limit    int64
 	periodMs int64
-	rs       *redsync.Redsync
 	seen     *seenLimit // last limit in force seen, for Fallback
 	rootKeys []string   // tbKeys of key "", built once: the hot path
-
-	// afterLock, when set (tests only), runs between taking the refill
-	// mutex and running the refill script.
-	afterLock func()
 }
 
 // NewTokenBucket returns a token bucket of limit tokens per interval under
@@ -64,9 +61,8 @@ type TokenBucket struct {
 // per interval.
 //
 // limit must be at least 1 and interval at least 1 ms (it is rounded up to
-// the millisecond). Options: [WithPrefix], [WithLockExpiry], [WithRetry],
-// [WithLogger].
-func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...Option) (*TokenBucket, error) {
+// the millisecond). Options: [WithPrefix], [WithHeartbeat], [WithRetry].
+func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...TokenBucketOption) (*TokenBucket, error) {
 	const name = "bucket: NewTokenBucket"
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {
@@ -80,7 +76,6 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 		common:   c,
 		limit:    limit,
 		periodMs: ceilMs(interval),
-		rs:       redsync.New(goredis.NewPool(rdb)),
 		seen:     new(seenLimit),
 		rootKeys: tbKeys(c.ks.root),
 	}, nil
@@ -95,102 +90,79 @@ func tbKeys(tag string) []string {
 
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored. When no token is left, Decision.Delay is the time until the
-// period ends.
-func (b *TokenBucket) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) })
+// period ends. Concurrent takes of one token for the same key are
+// coalesced into one round trip (see the package doc).
+func (b *TokenBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	one := func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) }
+	if n != 1 {
+		return bounded(ctx, &b.common, key, one)
+	}
+	return b.coalesced(ctx, key, maxWait, one, b.takeUpTo)
 }
 
-// take is Take's work; bounded runs it.
+// keys returns the keys of key's budget.
+func (b *TokenBucket) keys(key string) ([]string, error) {
+	if key == "" {
+		return b.rootKeys, nil
+	}
+	tag, err := b.ks.tag(b.name, key)
+	if err != nil {
+		return nil, err
+	}
+	return tbKeys(tag), nil
+}
+
+// take is Take's work for n tokens, all or nothing; bounded runs it.
 func (b *TokenBucket) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
 	if err := b.checkN(n, b.limit); err != nil {
 		return throttle.Decision{}, err
 	}
-	keys := b.rootKeys
-	if key != "" {
-		tag, err := b.ks.tag(b.name, key)
-		if err != nil {
-			return throttle.Decision{}, err
-		}
-		keys = tbKeys(tag)
+	u, err := b.run(ctx, key, n)
+	if err != nil {
+		return throttle.Decision{}, err
 	}
-	for attempt := 0; ; attempt++ {
-		r, err := b.eval(ctx, scriptTBTake, keys[:4], n)
-		if err != nil {
-			return throttle.Decision{}, backend("take", keys[0], err)
-		}
-		if len(r) < 4 {
-			return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
-		}
-		b.seen.note(key, liveOr(r, 4, 0))
-		switch r[0] {
-		case 1:
-			return throttle.Decision{Granted: true, Limit: liveOr(r, 4, b.limit), Remaining: r[2], Reset: ms(r[3])}, nil
-		case 0:
-			// The key expires once the server's clock is past its
-			// expiry: 1 ms after PTTL reads 0.
-			return throttle.Decision{Delay: ms(r[1] + 1), Limit: liveOr(r, 4, b.limit), Remaining: r[2], Reset: ms(r[3] + 1)}, nil
-		case 4:
-			return throttle.Decision{}, exceeds(b.name, n, liveOr(r, 4, b.limit))
-		case 2:
-			if attempt > 0 {
-				break
-			}
-			d, retry, err := b.refill(ctx, keys, n)
-			if err != nil || !retry {
-				b.seen.note(key, d.Limit)
-				return d, err
-			}
-			continue // someone else refilled first: take from their period
-		}
-		// Someone else is refilling right now.
-		return b.retryLater(), nil
+	return u.granted, nil
+}
+
+// takeUpTo takes up to k tokens: as many as are left, at least one.
+func (b *TokenBucket) takeUpTo(ctx context.Context, key string, k int64, _ time.Duration) (upTo, error) {
+	return b.run(ctx, key, -k)
+}
+
+// run is one round trip of tb_take.lua; n < 0 asks for up to -n tokens.
+// The answer for an all-or-nothing take is in granted (also when refused).
+func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error) {
+	keys, err := b.keys(key)
+	if err != nil {
+		return upTo{}, err
 	}
+	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.periodMs)
+	if err != nil {
+		return upTo{}, backend("take", keys[0], err)
+	}
+	if len(r) < 6 {
+		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
+	}
+	b.seen.note(key, r[4])
+	limit := liveOr(r, 4, b.limit)
+	// The key expires once the server's clock is past its expiry: 1 ms
+	// after PTTL reads 0.
+	refused := throttle.Decision{Delay: ms(r[1] + 1), Limit: limit, Remaining: r[2], Reset: ms(r[3] + 1)}
+	switch r[0] {
+	case 1:
+		granted := throttle.Decision{Granted: true, Limit: limit, Remaining: r[2], Reset: ms(r[3])}
+		refused.Remaining = 0
+		return upTo{granted: granted, got: r[5], rest: refused}, nil
+	case 0:
+		return upTo{granted: refused, rest: refused}, nil
+	case 4:
+		return upTo{}, exceeds(b.name, max(n, -n), limit)
+	}
+	// Someone else holds the refill mutex.
+	d := b.retryLater()
+	return upTo{granted: d, rest: d}, nil
 }
 
 func (b *TokenBucket) retryLater() throttle.Decision {
 	return throttle.Decision{Delay: b.cfg.retry, Limit: b.limit, Remaining: 0, Reset: b.cfg.retry}
-}
-
-// refill takes the refill mutex with one try and runs the fenced refill,
-// which also takes the caller's n tokens from the new period. retry
-// reports that the caller should take again (the period was already
-// running).
-func (b *TokenBucket) refill(ctx context.Context, keys []string, n int64) (d throttle.Decision, retry bool, err error) {
-	m := b.rs.NewMutex(keys[2],
-		redsync.WithTries(1),
-		redsync.WithExpiry(b.cfg.lockExpiry),
-		redsync.WithTimeoutFactor(0.5),
-	)
-	if err := m.TryLockContext(ctx); err != nil {
-		var rerr *redsync.RedisError
-		if errors.As(err, &rerr) {
-			return throttle.Decision{}, false, backend("lock", m.Name(), err)
-		}
-		return b.retryLater(), false, nil // taken: someone else is refilling
-	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.lockExpiry)
-		defer cancel()
-		_, _ = m.UnlockContext(uctx) // it expires on its own if this fails
-	}()
-	if b.afterLock != nil {
-		b.afterLock()
-	}
-	rkeys := []string{keys[0], keys[1], keys[4], keys[3]} // tokens, pause, live limit, period's limit
-	r, err := b.eval(ctx, scriptTBRefill, rkeys, b.limit, b.periodMs, n)
-	if err != nil {
-		return throttle.Decision{}, false, backend("refill", keys[0], err)
-	}
-	if len(r) < 3 {
-		return throttle.Decision{}, false, backend("refill", keys[0], errors.New("unexpected reply from tb_refill.lua"))
-	}
-	switch r[0] {
-	case 1:
-		return throttle.Decision{Granted: true, Limit: liveOr(r, 3, b.limit), Remaining: r[1], Reset: ms(r[2])}, false, nil
-	case 2:
-		return throttle.Decision{}, true, nil // paused: the take says for how long
-	case 3:
-		return throttle.Decision{}, false, exceeds(b.name, n, liveOr(r, 3, b.limit))
-	}
-	return throttle.Decision{}, true, nil
 }

@@ -7,20 +7,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
 )
-
-// Tier is one limit: at most Limit permits per Period. [NewTiers] takes
-// several fixed-window tiers that must all pass; [NewSlidingLog] several
-// sliding windows.
-type Tier struct {
-	// Limit is the most permits per Period; at least 1.
-	Limit int64
-	// Period is the window's length; at least 1 ms, rounded up to the
-	// microsecond.
-	Period time.Duration
-}
 
 // maxTiers bounds the tiers of one bucket.
 const maxTiers = 16
@@ -29,7 +19,7 @@ const maxTiers = 16
 // one or more aligned windows.
 type windows struct {
 	common
-	tiers    []Tier
+	tiers    []throttle.Tier
 	kinds    []string   // key suffix per tier
 	live     bool       // pass each tier's live-limit key (FixedWindow)
 	seen     *seenLimit // FixedWindow: last limit in force seen, for Fallback
@@ -37,7 +27,7 @@ type windows struct {
 	capacity int64      // smallest limit
 }
 
-func newWindows(name string, rdb redis.UniversalClient, key string, tiers []Tier, kind string, opts []Option) (windows, error) {
+func newWindows(name string, rdb redis.UniversalClient, key string, tiers []throttle.Tier, kind string, opts []CommonOption) (windows, error) {
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {
 		return windows{}, err
@@ -45,7 +35,7 @@ func newWindows(name string, rdb redis.UniversalClient, key string, tiers []Tier
 	if err := checkTiers(name, tiers); err != nil {
 		return windows{}, err
 	}
-	w := windows{common: c, tiers: append([]Tier(nil), tiers...), capacity: tiers[0].Limit}
+	w := windows{common: c, tiers: append([]throttle.Tier(nil), tiers...), capacity: tiers[0].Limit}
 	for _, t := range tiers {
 		usLen := ceilUs(t.Period)
 		w.kinds = append(w.kinds, ":"+kind+":"+strconv.FormatInt(usLen, 10))
@@ -57,36 +47,57 @@ func newWindows(name string, rdb redis.UniversalClient, key string, tiers []Tier
 
 // checkTiers refuses an empty list, a zero or negative limit, a period
 // below 1 ms, and two tiers of the same period.
-func checkTiers(name string, tiers []Tier) error {
+func checkTiers(name string, tiers []throttle.Tier) error {
 	if len(tiers) == 0 {
-		return throttle.Invalid(name, "tiers", "[]", "must hold at least one tier")
+		return errs.Invalid(name, "tiers", "[]", "must hold at least one tier")
 	}
 	if len(tiers) > maxTiers {
-		return throttle.Invalid(name, "tiers", fmt.Sprintf("%d tiers", len(tiers)), fmt.Sprintf("must hold at most %d", maxTiers))
+		return errs.Invalid(name, "tiers", fmt.Sprintf("%d tiers", len(tiers)), fmt.Sprintf("must hold at most %d", maxTiers))
 	}
 	seen := make(map[int64]bool, len(tiers))
 	for i, t := range tiers {
-		if t.Limit < 1 {
-			return throttle.Invalid(name, fmt.Sprintf("tiers[%d].Limit", i), t.Limit, "must be at least 1")
+		if err := checkLimitRange(name, fmt.Sprintf("tiers[%d].Limit", i), t.Limit); err != nil {
+			return err
 		}
-		if t.Period < time.Millisecond {
-			return throttle.Invalid(name, fmt.Sprintf("tiers[%d].Period", i), t.Period, "must be at least 1ms")
+		if err := checkDuration(name, fmt.Sprintf("tiers[%d].Period", i), t.Period, time.Millisecond); err != nil {
+			return err
 		}
 		if seen[ceilUs(t.Period)] {
-			return throttle.Invalid(name, fmt.Sprintf("tiers[%d].Period", i), t.Period, "must differ from every other tier's period")
+			return errs.Invalid(name, fmt.Sprintf("tiers[%d].Period", i), t.Period, "must differ from every other tier's period")
 		}
 		seen[ceilUs(t.Period)] = true
 	}
 	return nil
 }
 
+// takeN takes n permits, all or nothing, or (n == 1) through the
+// coalescer.
+func (w *windows) takeN(ctx context.Context, key string, n int64) (throttle.Decision, error) {
+	one := func(ctx context.Context) (throttle.Decision, error) { return w.take(ctx, key, n) }
+	if n != 1 {
+		return bounded(ctx, &w.common, key, one)
+	}
+	return w.coalesced(ctx, key, 0, one, w.takeUpTo)
+}
+
 func (w *windows) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
 	if err := w.checkN(n, w.capacity); err != nil {
 		return throttle.Decision{}, err
 	}
+	u, err := w.run(ctx, key, n)
+	return u.granted, err
+}
+
+// takeUpTo takes up to k permits, as many as every tier has room for.
+func (w *windows) takeUpTo(ctx context.Context, key string, k int64, _ time.Duration) (upTo, error) {
+	return w.run(ctx, key, -k)
+}
+
+// run is one round trip of window.lua; n < 0 asks for up to -n permits.
+func (w *windows) run(ctx context.Context, key string, n int64) (upTo, error) {
 	tag, err := w.ks.tag(w.name, key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return upTo{}, err
 	}
 	keys := make([]string, 0, 1+2*len(w.kinds))
 	keys = append(keys, tag+":pause")
@@ -103,13 +114,13 @@ func (w *windows) take(ctx context.Context, key string, n int64) (throttle.Decis
 	args = append(args, w.args...)
 	r, err := w.eval(ctx, scriptWindow, keys, args...)
 	if err != nil {
-		return throttle.Decision{}, backend("take", keys[1], err)
+		return upTo{}, backend("take", keys[1], err)
 	}
-	if len(r) != 5 {
-		return throttle.Decision{}, backend("take", keys[1], errors.New("unexpected reply from window.lua"))
+	if len(r) < 6 || r[0] == 1 && len(r) < 7 {
+		return upTo{}, backend("take", keys[1], errors.New("unexpected reply from window.lua"))
 	}
 	if r[0] == 2 {
-		return throttle.Decision{}, exceeds(w.name, n, r[4])
+		return upTo{}, exceeds(w.name, n, r[4])
 	}
 	w.seen.note(key, r[4])
 	d := throttle.Decision{Granted: r[0] == 1, Remaining: r[2], Reset: us(r[3]), Limit: r[4]}
@@ -119,7 +130,11 @@ func (w *windows) take(ctx context.Context, key string, n int64) (throttle.Decis
 	if d.Limit == 0 { // paused: report the tightest tier
 		d.Limit = w.capacity
 	}
-	return d, nil
+	if !d.Granted {
+		return upTo{granted: d, rest: d}, nil
+	}
+	rest := throttle.Decision{Delay: us(r[6]), Limit: d.Limit, Remaining: 0, Reset: d.Reset}
+	return upTo{granted: d, got: r[5], rest: rest}, nil
 }
 
 // FixedWindow counts permits in fixed windows aligned to the Redis server's
@@ -153,12 +168,12 @@ type FixedWindow struct {
 //
 // limit must be at least 1 and interval at least 1 ms. Options:
 // [WithPrefix].
-func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...Option) (*FixedWindow, error) {
+func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...CommonOption) (*FixedWindow, error) {
 	const name = "bucket: NewFixedWindow"
 	if err := checkRate(name, limit, "interval", interval); err != nil {
 		return nil, err
 	}
-	w, err := newWindows(name, rdb, key, []Tier{{Limit: limit, Period: interval}}, "fw", opts)
+	w, err := newWindows(name, rdb, key, []throttle.Tier{{Limit: limit, Period: interval}}, "fw", opts)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +186,7 @@ func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *FixedWindow) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	return bounded(ctx, &b.w.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.w.take(ctx, key, n) })
+	return b.w.takeN(ctx, key, n)
 }
 
 // Pause implements [throttle.Pauser].
@@ -201,8 +216,8 @@ type Tiers struct {
 // NewTiers returns a bucket that grants a permit only when every tier has
 // room. Tiers need at least one entry, at most 16, each with Limit ≥ 1 and
 // Period ≥ 1 ms, no two with the same Period. A Take may ask for at most
-// the smallest Limit. Options: [WithPrefix].
-func NewTiers(rdb redis.UniversalClient, key string, tiers []Tier, opts ...Option) (*Tiers, error) {
+// the smallest Limit. Options: [WithPrefix], [WithHeartbeat].
+func NewTiers(rdb redis.UniversalClient, key string, tiers []throttle.Tier, opts ...CommonOption) (*Tiers, error) {
 	w, err := newWindows("bucket: NewTiers", rdb, key, tiers, "tier", opts)
 	if err != nil {
 		return nil, err
@@ -214,7 +229,7 @@ func NewTiers(rdb redis.UniversalClient, key string, tiers []Tier, opts ...Optio
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *Tiers) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	return bounded(ctx, &b.w.common, key, func(ctx context.Context) (throttle.Decision, error) { return b.w.take(ctx, key, n) })
+	return b.w.takeN(ctx, key, n)
 }
 
 // Pause implements [throttle.Pauser].

@@ -5,25 +5,29 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 )
 
 // Handler handles one record. It is called only once a permit has been
-// acquired for the record, from the goroutine of the record's partition,
-// so calls for one partition never overlap and come in offset order; calls
-// for different partitions run concurrently.
+// acquired for the attempt, and concurrently for records the ordering
+// ([WithOrdering]) lets run together: by default, calls for records with
+// the same key never overlap and come in offset order, and calls for
+// different keys or partitions run concurrently, up to [WithMaxInFlight]
+// at once. A Handler must therefore be safe for concurrent use.
 //
 // ctx ends when the call has run for the handler timeout
 // ([WithHandlerTimeout]). It does not end when the partition is revoked or
 // the consumer shuts down: the call is allowed to finish (up to that
-// timeout) and its record is then committed. A nil error marks the record
-// for commit; an error is retried under [WithRetry]. rec must not be kept
+// timeout) and its record may then be committed. A nil error finishes the
+// record; an error is retried under [WithRetry]. rec must not be kept
 // after the call returns.
 type Handler func(ctx context.Context, rec *kgo.Record) error
 
@@ -45,12 +49,22 @@ type Consumer struct {
 	base    context.Context // Run's ctx, without its cancellation
 	stopRun context.CancelCauseFunc
 
+	// slots bounds the records in work at once (WithMaxInFlight): a
+	// worker sends before it starts and receives when it ends.
+	slots chan struct{}
+
+	// commitTimeout bounds each commit: at least the handler timeout and
+	// defaultCommitTimeout, at most what a rebalance leaves after waiting
+	// for handlers (set by check, which may race with a callback). In ns.
+	commitTimeout atomic.Int64
+
 	mu    sync.Mutex
 	parts map[topicPartition]*partition // owned, running
-	// stopping holds partitions being stopped until their goroutine
-	// exits, so that a revocation that races with a shutdown waits for
-	// them too.
-	stopping map[topicPartition]*partition
+	// stopping holds, per partition, the earlier ownerships being stopped
+	// or abandoned until their goroutines exit: a new ownership waits for
+	// all of them, and a revocation that races with a shutdown waits for
+	// those not yet fenced.
+	stopping map[topicPartition][]*partition
 	closing  bool           // Run is shutting down: assign nothing more
 	wg       sync.WaitGroup // partition goroutines
 
@@ -58,9 +72,10 @@ type Consumer struct {
 
 	handled, retried, deadLettered atomic.Int64
 	permitTimeouts, limiterErrors  atomic.Int64
-	waiting, inFlight              atomic.Int64
+	waitingRecords, inFlight       atomic.Int64
+	active                         atomic.Int64
 	permitWait                     atomic.Int64 // ns
-	peakBuffered                   atomic.Int64
+	peakBuffered, peakInFlight     atomic.Int64
 }
 
 type topicPartition struct {
@@ -82,23 +97,26 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 	case cfg.err != nil:
 		return nil, cfg.err
 	case h == nil:
-		return nil, throttle.Invalid("consumer", "Handler", nil, "must not be nil")
+		return nil, errs.Invalid("consumer", "Handler", nil, "must not be nil")
 	case lim == nil:
-		return nil, throttle.Invalid("consumer", "Limiter", nil, "must not be nil; build one with throttle.New")
+		return nil, errs.Invalid("consumer", "Limiter", nil, "must not be nil; build one with throttle.New")
 	case len(cfg.kafka) == 0:
-		return nil, throttle.Invalid("consumer", "WithKafka", "none", "must give the brokers, the group and the topics")
+		return nil, errs.Invalid("consumer", "WithKafka", "none", "must give the brokers, the group and the topics")
 	}
 	if cfg.limiterFor == nil {
 		root := lim.Key("")
 		cfg.limiterFor = func(*kgo.Record) throttle.Keyed { return root }
 	}
-	return &Consumer{
+	c := &Consumer{
 		handler:  h,
 		cfg:      cfg,
 		log:      cfg.logger,
+		slots:    make(chan struct{}, cfg.maxInFlight),
 		parts:    make(map[topicPartition]*partition),
-		stopping: make(map[topicPartition]*partition),
-	}, nil
+		stopping: make(map[topicPartition][]*partition),
+	}
+	c.commitTimeout.Store(int64(max(cfg.handlerTimeout, defaultCommitTimeout))) // check caps it
+	return c, nil
 }
 
 // Run joins the group, consumes and handles records until ctx ends or a
@@ -117,10 +135,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run called twice; build a new Consumer")
 	}
-	runCtx, stop := context.WithCancelCause(ctx)
+	runCtx, stop := c.prepare(ctx)
 	defer stop(nil)
-	c.base = context.WithoutCancel(ctx)
-	c.stopRun = stop
 
 	opts := make([]kgo.Opt, 0, len(c.cfg.kafka)+6)
 	opts = append(opts, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
@@ -177,18 +193,33 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return commitErr
 }
 
+// prepare sets what callbacks and partitions read, before the Kafka client
+// exists, and returns Run's own context.
+func (c *Consumer) prepare(ctx context.Context) (context.Context, context.CancelCauseFunc) {
+	runCtx, stop := context.WithCancelCause(ctx)
+	c.base = context.WithoutCancel(ctx)
+	c.stopRun = stop
+	return runCtx, stop
+}
+
 // check refuses client settings the consumer cannot keep its promises
 // with.
 func (c *Consumer) check(cl *kgo.Client) error {
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
-		return throttle.Invalid("consumer", "kgo.ConsumerGroup", `""`, "WithKafka must name a consumer group")
+		return errs.Invalid("consumer", "kgo.ConsumerGroup", `""`, "WithKafka must name a consumer group")
 	}
 	if id, _ := cl.OptValue(kgo.TransactionalID).(string); id != "" {
-		return throttle.Invalid("consumer", "kgo.TransactionalID", id, "transactional clients are not supported")
+		return errs.Invalid("consumer", "kgo.TransactionalID", id, "transactional clients are not supported")
 	}
-	if rt, _ := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); rt > 0 && 2*c.cfg.handlerTimeout > rt {
-		return throttle.Invalid("consumer", "WithHandlerTimeout", c.cfg.handlerTimeout,
+	rt, _ := cl.OptValue(kgo.RebalanceTimeout).(time.Duration)
+	if rt > 0 && c.cfg.handlerTimeout > rt/2 { // not 2*timeout > rt: that overflows for throttle.Forever
+		return errs.Invalid("consumer", "WithHandlerTimeout", c.cfg.handlerTimeout,
 			fmt.Sprintf("must be at most half the group's rebalance timeout (%v): a rebalance waits for in-flight handlers, then commits", rt))
+	}
+	if rt > 0 {
+		// A rebalance waits for handlers, then commits: the commit has
+		// what is left, which is at least the handler timeout.
+		c.commitTimeout.Store(min(c.commitTimeout.Load(), int64(rt-c.cfg.handlerTimeout)))
 	}
 	return nil
 }
@@ -239,11 +270,12 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 				continue
 			}
 			p := newPartition(c, cl, topic, id)
-			// A goroutine of an earlier ownership of this partition may
-			// still run (a handler that outlived the handler timeout and
-			// was fenced): the new one starts only once it has exited, so
-			// that calls for one partition never overlap.
-			p.after = c.stopping[key]
+			// Goroutines of earlier ownerships of this partition may
+			// still run (handlers that outlived the handler timeout and
+			// were fenced), however many revocations ago: the new one
+			// starts only once all have exited, so that calls for one
+			// key never overlap.
+			p.after = append([]*partition(nil), c.stopping[key]...)
 			c.parts[key] = p
 			c.wg.Add(1)
 			go p.run()
@@ -278,7 +310,10 @@ func (c *Consumer) lost(_ context.Context, cl *kgo.Client, lost map[string][]int
 }
 
 // take moves the partitions named from the running set to the stopping
-// set and returns them, with those of them already stopping.
+// set and returns them, with those of them still stopping and not fenced:
+// an earlier revocation's, or the shutdown's when a rebalance arrives
+// while Run shuts down. A fenced ownership can mark nothing more, so it
+// need not be waited for again; the next ownership waits for it.
 func (c *Consumer) take(tps map[string][]int32) []*partition {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -286,13 +321,14 @@ func (c *Consumer) take(tps map[string][]int32) []*partition {
 	for topic, ids := range tps {
 		for _, id := range ids {
 			key := topicPartition{topic, id}
+			for _, p := range c.stopping[key] {
+				if !p.isFenced() {
+					ps = append(ps, p)
+				}
+			}
 			if p := c.parts[key]; p != nil {
 				delete(c.parts, key)
-				c.stopping[key] = p
-				ps = append(ps, p)
-			} else if p := c.stopping[key]; p != nil && !c.closing {
-				// Still stopping from an earlier revoke: wait for it
-				// too. (At shutdown, stopAll has waited for it already.)
+				c.stopping[key] = append(c.stopping[key], p)
 				ps = append(ps, p)
 			}
 		}
@@ -300,7 +336,7 @@ func (c *Consumer) take(tps map[string][]int32) []*partition {
 	return ps
 }
 
-// exited forgets p, whose goroutine has exited.
+// exited forgets p, whose goroutines have all exited.
 func (c *Consumer) exited(p *partition) {
 	key := topicPartition{p.topic, p.id}
 	c.mu.Lock()
@@ -308,8 +344,11 @@ func (c *Consumer) exited(p *partition) {
 	if c.parts[key] == p {
 		delete(c.parts, key)
 	}
-	if c.stopping[key] == p {
+	rest := slices.DeleteFunc(c.stopping[key], func(q *partition) bool { return q == p })
+	if len(rest) == 0 {
 		delete(c.stopping, key)
+	} else {
+		c.stopping[key] = rest
 	}
 }
 
@@ -322,7 +361,7 @@ func (c *Consumer) stopAll(cl *kgo.Client) {
 		ps = append(ps, p)
 		tps[key.topic] = append(tps[key.topic], key.partition)
 		delete(c.parts, key)
-		c.stopping[key] = p
+		c.stopping[key] = append(c.stopping[key], p)
 	}
 	c.mu.Unlock()
 	c.stopPartitions(ps)
@@ -332,9 +371,9 @@ func (c *Consumer) stopAll(cl *kgo.Client) {
 }
 
 // stopPartitions cancels the partitions' waits and waits for their
-// goroutines to exit, at most the handler timeout in all. A partition whose
-// handler is still running then is fenced: its handler's context is
-// cancelled and nothing it does will be marked.
+// goroutines to exit, at most the handler timeout in all. A partition with
+// a handler (or dead-letter write) still running then is fenced: its
+// handlers' contexts are cancelled and nothing it does will be marked.
 func (c *Consumer) stopPartitions(ps []*partition) {
 	if len(ps) == 0 {
 		return
@@ -364,10 +403,9 @@ func (c *Consumer) stopPartitions(ps []*partition) {
 	}
 }
 
-// commit commits the marked offsets synchronously, within the handler
-// timeout.
+// commit commits the marked offsets synchronously, within commitTimeout.
 func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string) error {
-	cctx, cancel := context.WithTimeout(ctx, c.cfg.handlerTimeout)
+	cctx, cancel := context.WithTimeout(ctx, time.Duration(c.commitTimeout.Load()))
 	defer cancel()
 	if err := cl.CommitMarkedOffsets(cctx); err != nil {
 		c.log.Warn("consumer: commit failed; records handled since the last commit will be handled again", "on", why, "err", err)
@@ -385,10 +423,15 @@ func (c *Consumer) backoff(n int) time.Duration {
 	return min(d, c.cfg.backoffMax)
 }
 
-func (c *Consumer) notePeak(n int64) {
+func (c *Consumer) notePeak(n int64) { raise(&c.peakBuffered, n) }
+
+func (c *Consumer) notePeakInFlight(n int64) { raise(&c.peakInFlight, n) }
+
+// raise sets v to n if n is larger.
+func raise(v *atomic.Int64, n int64) {
 	for {
-		old := c.peakBuffered.Load()
-		if n <= old || c.peakBuffered.CompareAndSwap(old, n) {
+		old := v.Load()
+		if n <= old || v.CompareAndSwap(old, n) {
 			return
 		}
 	}

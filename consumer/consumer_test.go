@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/internal/kafkaenv"
 	"github.com/headway-go/headway/throttle"
 )
@@ -492,7 +493,7 @@ func TestPausedPartitionIsFetchedAgainAfterRevoke(t *testing.T) {
 
 // A record whose handler always fails goes to the dead-letter topic after
 // its attempts, with headers saying where it came from and why, and its
-// partition moves on.
+// partition moves on (in order: ByPartition, since the keys differ).
 func TestDeadLetter(t *testing.T) {
 	t.Parallel()
 	const parts, perPart = 2, 10
@@ -515,6 +516,7 @@ func TestDeadLetter(t *testing.T) {
 	}
 	c, err := consumer.New(handler, limiter(t, 1000, 100*time.Millisecond), append(base(kc, "g", "in"),
 		consumer.WithRetry(3, time.Millisecond, 4*time.Millisecond),
+		consumer.WithOrdering(consumer.ByPartition),
 		consumer.WithDeadLetter("dlt"))...)
 	require.NoError(t, err)
 	r := start(t, c)
@@ -652,6 +654,8 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"nil handler", nil, lim, []consumer.Option{k}, "Handler"},
 		{"nil limiter", h, nil, []consumer.Option{k}, "Limiter"},
 		{"no kafka", h, lim, nil, "WithKafka"},
+		// kgo.NewClient panics on a nil kgo.Opt: refused by New instead.
+		{"nil kafka option", h, lim, []consumer.Option{consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), nil)}, "WithKafka"},
 		{"negative wait", h, lim, []consumer.Option{k, consumer.WithMaxWait(-1, consumer.TimeoutRetry)}, "WithMaxWait"},
 		{"bad policy", h, lim, []consumer.Option{k, consumer.WithMaxWait(1, 7)}, "policy"},
 		{"no attempts", h, lim, []consumer.Option{k, consumer.WithRetry(0, 1, 1)}, "attempts"},
@@ -661,6 +665,8 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"zero handler timeout", h, lim, []consumer.Option{k, consumer.WithHandlerTimeout(0)}, "WithHandlerTimeout"},
 		{"zero queue", h, lim, []consumer.Option{k, consumer.WithQueueSize(0)}, "WithQueueSize"},
 		{"zero poll", h, lim, []consumer.Option{k, consumer.WithPollSize(0)}, "WithPollSize"},
+		{"bad ordering", h, lim, []consumer.Option{k, consumer.WithOrdering(9)}, "WithOrdering"},
+		{"zero in flight", h, lim, []consumer.Option{k, consumer.WithMaxInFlight(0)}, "WithMaxInFlight"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := consumer.New(tc.h, tc.lim, tc.opts...)
@@ -733,7 +739,7 @@ func TestLimiterFailures(t *testing.T) {
 		assert.Zero(t, s.Retried)
 	})
 	t.Run("misconfigured", func(t *testing.T) {
-		fb := &flakyBucket{err: throttle.Invalid("test", "limit", 0, "must be at least 1")}
+		fb := &flakyBucket{err: errs.Invalid("test", "limit", 0, "must be at least 1")}
 		fb.failures.Store(1)
 		h := newHandled(5)
 		c, err := consumer.New(h.handler("a"), throttle.New(fb), base(kc, "bad", "in")...)
@@ -760,4 +766,39 @@ func TestLimiterFailures(t *testing.T) {
 		assert.Zero(t, s.Retried)
 		assert.Equal(t, []int64{5}, committed(t, kc, "retry", "in", 1))
 	})
+}
+
+// A handler timeout so large that twice it overflows (throttle.Forever,
+// "no timeout") must still be refused against the rebalance timeout: a
+// rebalance would otherwise wait without end for a stuck handler.
+func TestRunRefusesAHandlerTimeoutThatOverflows(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	h := func(context.Context, *kgo.Record) error { return nil }
+	c, err := consumer.New(h, limiter(t, 1, time.Second), kafka(kc, "g", "in"),
+		consumer.WithHandlerTimeout(throttle.Forever), consumer.WithLogger(testLogger()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = c.Run(ctx)
+	require.ErrorIs(t, err, throttle.ErrInvalid)
+	assert.Contains(t, err.Error(), "rebalance timeout")
+}
+
+// A short handler timeout bounds handler calls, not commits: a consumer
+// whose calls are bounded to a microsecond still commits what it handled
+// (before the fix the commit had the handler timeout too, so every
+// commit failed and Run returned an error).
+func TestShortHandlerTimeoutStillCommits(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, 5, nil)
+	h := newHandled(5)
+	c, err := consumer.New(h.handler("a"), limiter(t, 100, time.Second), kafka(kc, "g", "in"),
+		consumer.WithHandlerTimeout(time.Microsecond), consumer.WithLogger(testLogger()))
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 10*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, []int64{5}, committed(t, kc, "g", "in", 1))
 }

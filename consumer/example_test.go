@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -40,7 +41,7 @@ func Example() {
 	}
 	lim := throttle.New(b)
 
-	sent := 0 // one partition: handler calls never overlap
+	sent := 0 // records without a key share one key: calls never overlap
 	send := func(ctx context.Context, rec *kgo.Record) error {
 		fmt.Println("send to", string(rec.Value))
 		if sent++; sent == 3 {
@@ -72,4 +73,68 @@ func Example() {
 	// send to bob
 	// send to cy
 	// handled: 3
+}
+
+// By default (ByKey) records with the same key are handled one at a time,
+// in offset order, while different keys run concurrently: here the calls
+// for "ann" and "bob" may interleave, but each customer's records come in
+// the order they were produced.
+func ExampleWithOrdering() {
+	kc, err := kafkaenv.Start(kafkaenv.Topic("events", 1))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer kc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i, who := range []string{"ann", "bob", "ann", "bob", "ann", "bob"} {
+		rec := &kgo.Record{Key: []byte(who), Value: fmt.Appendf(nil, "event %d", i)}
+		if err := kc.Produce(ctx, "events", rec); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	b, err := throttle.NewLocal(100, 100*time.Millisecond)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	var mu sync.Mutex // calls for different keys run concurrently
+	seen := map[string][]string{}
+	n := 0
+	handle := func(ctx context.Context, rec *kgo.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[string(rec.Key)] = append(seen[string(rec.Key)], string(rec.Value))
+		if n++; n == 6 {
+			cancel()
+		}
+		return nil
+	}
+	c, err := consumer.New(handle, throttle.New(b),
+		consumer.WithKafka(append(kafkaenv.FastClientOpts(),
+			kgo.SeedBrokers(kc.Addrs()...),
+			kgo.ConsumerGroup("crm"),
+			kgo.ConsumeTopics("events"),
+		)...),
+		consumer.WithOrdering(consumer.ByKey), // the default
+		consumer.WithMaxInFlight(16),
+		consumer.WithHandlerTimeout(time.Second),
+		consumer.WithLogger(slog.New(slog.DiscardHandler)),
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.Run(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("ann:", seen["ann"])
+	fmt.Println("bob:", seen["bob"])
+	// Output:
+	// ann: [event 0 event 2 event 4]
+	// bob: [event 1 event 3 event 5]
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -21,14 +22,15 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// TimeoutPolicy says what a partition does when no permit comes within the
-// wait set by [WithMaxWait].
+// TimeoutPolicy says what happens to a record that gets no permit within
+// the wait set by [WithMaxWait].
 type TimeoutPolicy int
 
 const (
-	// TimeoutRetry keeps the record: the partition backs off (the delays
-	// of [WithRetry], growing with each timeout in a row) and asks for a
-	// permit again, for as long as it takes. The record's handler attempts
+	// TimeoutRetry keeps the record: it backs off (the delays of
+	// [WithRetry], growing with each timeout in a row) and asks for a
+	// permit again, for as long as it takes, holding its key (see
+	// [WithOrdering]) and its in-flight slot. The record's handler attempts
 	// are not used up. Each timeout is counted in Stats.PermitTimeouts.
 	TimeoutRetry TimeoutPolicy = iota
 	// TimeoutFail counts a timeout as a failed attempt of the record, as if
@@ -57,7 +59,13 @@ type config struct {
 	deadLetter string
 	// handlerTimeout: 10 s.
 	handlerTimeout time.Duration
-	// queueSize: 64 records per partition. pollSize: 64 records per poll.
+	// ordering: ByKey. maxInFlight: 128 records per consumer instance
+	// between taking a slot and finishing (permit waits, handler calls,
+	// retry delays).
+	ordering    Ordering
+	maxInFlight int
+	// queueSize: 256 records per partition. pollSize: 256 records per
+	// poll.
 	queueSize, pollSize int
 	// logger: slog.Default().
 	logger *slog.Logger
@@ -71,8 +79,12 @@ const (
 	defaultBackoffBase    = 100 * time.Millisecond
 	defaultBackoffMax     = 5 * time.Second
 	defaultHandlerTimeout = 10 * time.Second
-	defaultQueueSize      = 64
-	defaultPollSize       = 64
+	// defaultCommitTimeout is the least a commit is given, whatever the
+	// handler timeout (see Consumer.commitTimeout).
+	defaultCommitTimeout = 10 * time.Second
+	defaultQueueSize     = 256
+	defaultPollSize      = 256
+	defaultMaxInFlight   = 128
 )
 
 func newConfig(opts []Option) config {
@@ -83,6 +95,8 @@ func newConfig(opts []Option) config {
 		backoffBase:    defaultBackoffBase,
 		backoffMax:     defaultBackoffMax,
 		handlerTimeout: defaultHandlerTimeout,
+		ordering:       ByKey,
+		maxInFlight:    defaultMaxInFlight,
 		queueSize:      defaultQueueSize,
 		pollSize:       defaultPollSize,
 		logger:         slog.Default(),
@@ -98,7 +112,7 @@ func newConfig(opts []Option) config {
 // invalid records the first bad option.
 func (c *config) invalid(field string, value any, want string) {
 	if c.err == nil {
-		c.err = throttle.Invalid("consumer", field, value, want)
+		c.err = errs.Invalid("consumer", field, value, want)
 	}
 }
 
@@ -115,11 +129,19 @@ func (c *config) invalid(field string, value any, want string) {
 // kgo.BlockRebalanceOnPoll and the OnPartitionsAssigned, Revoked and Lost
 // callbacks. Run refuses options that conflict with these
 // (kgo.DisableAutoCommit, kgo.GreedyAutoCommit), a share group and a
-// transactional ID. kgo's autocommit interval
+// transactional ID; New refuses a nil kgo.Opt. kgo's autocommit interval
 // (kgo.AutoCommitInterval, default 5 s) sets how often marked offsets are
 // committed between rebalances.
 func WithKafka(opts ...kgo.Opt) Option {
-	return optionFunc(func(c *config) { c.kafka = append(c.kafka, opts...) })
+	return optionFunc(func(c *config) {
+		for i, o := range opts {
+			if o == nil {
+				c.invalid("WithKafka", fmt.Sprintf("nil kgo.Opt at position %d", i), "must not be nil; leave the option out instead")
+				return
+			}
+		}
+		c.kafka = append(c.kafka, opts...)
+	})
 }
 
 // WithLimiterFor chooses the limiter budget of each record. Default: the
@@ -131,9 +153,14 @@ func WithKafka(opts ...kgo.Opt) Option {
 //		return lim.Key(string(r.Key))
 //	})
 //
-// (a record without a key then draws from the limiter's own budget). fn is
-// called once per attempt, from the record's partition goroutine, and must
-// be fast and safe for concurrent use. A nil fn keeps the default.
+// (a record without a key then draws from the limiter's own budget). The
+// budgets are separate, but the [WithMaxInFlight] slots of an instance are
+// shared, and a record holds its slot while it waits for its permit: a
+// tenant with more records waiting than the instance has slots holds them
+// all, and the other tenants' records wait for a slot until its permits
+// come. fn is called once per attempt, from the record's worker goroutine, concurrently
+// with other records', and must be fast and safe for concurrent use. A nil
+// fn keeps the default.
 func WithLimiterFor(fn func(*kgo.Record) throttle.Keyed) Option {
 	return optionFunc(func(c *config) { c.limiterFor = fn })
 }
@@ -141,7 +168,8 @@ func WithLimiterFor(fn func(*kgo.Record) throttle.Keyed) Option {
 // WithMaxWait bounds how long a record waits for a permit, and says what
 // happens when none comes in time (see [TimeoutPolicy]). Default:
 // [throttle.Forever]: a record waits until a permit comes, its partition is
-// revoked, or the consumer shuts down; no timeout ever happens. d must not
+// revoked, or the consumer shuts down; no timeout ever happens. A waiting
+// record holds one of the [WithMaxInFlight] slots. d must not
 // be negative; 0 asks for a permit only if one is free at once.
 func WithMaxWait(d time.Duration, onTimeout TimeoutPolicy) Option {
 	return optionFunc(func(c *config) {
@@ -191,6 +219,14 @@ func WithRetry(attempts int, base, max time.Duration) Option {
 // is marked for commit only once the broker has acknowledged the
 // dead-letter record; if producing fails, the consumer stops with that
 // error. The topic must exist (or the cluster must create topics on use).
+//
+// A write waits for the broker's acknowledgement for as long as kgo keeps
+// trying (kgo.RecordDeliveryTimeout and kgo.RecordRetries, through
+// [WithKafka]; by default without end), holding its record's key and
+// in-flight slot; it is not cut short by its partition's revocation, since
+// dead-letter records of several partitions share produce batches. A
+// revocation waits for it like for a handler call, up to the handler
+// timeout.
 func WithDeadLetter(topic string) Option {
 	return optionFunc(func(c *config) {
 		if topic == "" {
@@ -207,7 +243,9 @@ func WithDeadLetter(topic string) Option {
 // (its result is never committed) and Run waits for it before returning.
 // Default: 10 s. d must be positive and, since a rebalance waits for it, at
 // most half the group's rebalance timeout (kgo.RebalanceTimeout, 60 s by
-// default); Run checks the latter.
+// default); Run checks the latter. Commits (on revocation and at shutdown)
+// are not bounded by d: each gets the larger of d and 10 s, at most the
+// rebalance timeout less d.
 func WithHandlerTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d <= 0 {
@@ -218,10 +256,13 @@ func WithHandlerTimeout(d time.Duration) Option {
 	})
 }
 
-// WithQueueSize sets how many records a partition queues before its
-// fetching is paused; it is resumed when the queue is down to half. Default:
-// 64. n must be at least 1. See the package documentation for the bound on
-// buffered records.
+// WithQueueSize sets how many records a partition may hold before its
+// fetching is paused: records queued, in flight, and finished but not yet
+// committable (behind an unfinished one). Fetching resumes when the
+// partition holds half as many. Default: 256. n must be at least 1, and
+// should exceed the records a partition has in flight ([WithMaxInFlight]),
+// or the partition pauses before it has enough work to fill them. See the
+// package documentation for the bound on buffered records.
 func WithQueueSize(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {
@@ -233,11 +274,11 @@ func WithQueueSize(n int) Option {
 }
 
 // WithPollSize sets the most records taken from the Kafka client at once
-// (kgo's PollRecords), over all partitions. Default: 64, the default queue
+// (kgo's PollRecords), over all partitions. Default: 256, the default queue
 // size, so that one poll cannot overfill a partition's queue many times
 // over (a paused partition's fetched records are dropped and fetched
-// again). n must be at least 1. See the package documentation for the bound on buffered
-// records.
+// again). n must be at least 1. See the package documentation for the
+// bound on buffered records.
 func WithPollSize(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {
@@ -257,5 +298,74 @@ func WithLogger(l *slog.Logger) Option {
 		if l != nil {
 			c.logger = l
 		}
+	})
+}
+
+// Ordering says which records of a partition must be handled one after
+// the other, in offset order; see [WithOrdering].
+type Ordering int
+
+const (
+	// ByKey handles records with the same Kafka key one at a time, in
+	// offset order (retries included); records with different keys run
+	// concurrently. Records without a key (nil or empty) share one key:
+	// they keep their offset order among themselves. This is the default:
+	// what a pipeline calling an API usually needs (per-entity order,
+	// concurrency across entities).
+	ByKey Ordering = iota
+	// ByPartition handles a partition's records one at a time, in offset
+	// order; partitions run concurrently. A partition's throughput is then
+	// at most one record per handler latency.
+	ByPartition
+	// Unordered handles any records concurrently, up to the in-flight
+	// bound; a record's retries still never overlap each other.
+	Unordered
+)
+
+// String names the ordering.
+func (o Ordering) String() string {
+	switch o {
+	case ByKey:
+		return "by key"
+	case ByPartition:
+		return "by partition"
+	case Unordered:
+		return "unordered"
+	}
+	return fmt.Sprintf("Ordering(%d)", int(o))
+}
+
+// WithOrdering sets which records are handled in order; see [Ordering].
+// Default: [ByKey]. Whatever the ordering, offsets are committed only up
+// to the first record of each partition not yet finished (see the package
+// documentation).
+func WithOrdering(o Ordering) Option {
+	return optionFunc(func(c *config) {
+		if o != ByKey && o != ByPartition && o != Unordered {
+			c.invalid("WithOrdering", int(o), "must be ByKey, ByPartition or Unordered")
+			return
+		}
+		c.ordering = o
+	})
+}
+
+// WithMaxInFlight bounds the records one consumer instance works on at
+// once, over all its partitions: a record takes one of n slots before it
+// waits for its permit and keeps it through its handler calls, retry
+// delays and dead-lettering. Default: 128. n must be at least 1.
+//
+// To reach a limit of R calls per second with handlers that take L, the
+// fleet needs about R·L slots in all (500/s at 100 ms: 50), more when
+// permits come in bursts (a token bucket refills at once); the default
+// leaves room for a few hundred calls per second per instance at 100 ms
+// to 500 ms of latency. A partition's records in flight are also bounded
+// by [WithQueueSize].
+func WithMaxInFlight(n int) Option {
+	return optionFunc(func(c *config) {
+		if n < 1 {
+			c.invalid("WithMaxInFlight", n, "must be at least 1")
+			return
+		}
+		c.maxInFlight = n
 	})
 }

@@ -26,13 +26,24 @@ type Stats struct {
 	// permits.
 	PermitWait time.Duration
 
-	// Waiting is how many partitions wait for a permit now.
+	// Waiting is how many partitions have a record waiting for a permit
+	// now.
 	Waiting int
+	// WaitingRecords is how many records wait for a permit now.
+	WaitingRecords int
 	// InFlight is how many handler calls are running now.
 	InFlight int
-	// Buffered is how many records the consumer holds now: queued, waiting
-	// for a permit, or being handled. Records still inside the Kafka
-	// client are not counted.
+	// Active is how many records hold one of the WithMaxInFlight slots
+	// now: waiting for a permit, in a handler call, between retries or
+	// being dead-lettered.
+	Active int
+	// PeakInFlight is the most handler calls that ran at once since Run
+	// started: at most WithMaxInFlight.
+	PeakInFlight int
+	// Buffered is how many records the consumer holds now: queued, in
+	// work, or finished behind an unfinished record of their partition
+	// (not yet committable). Records still inside the Kafka client are
+	// not counted.
 	Buffered int
 	// PeakBuffered is the most records one partition has held at once
 	// since Run started: at most queue size + poll size (see the package
@@ -49,7 +60,8 @@ type PartitionStats struct {
 	Partition int32
 	// Buffered is how many of the partition's records the consumer holds.
 	Buffered int
-	// Waiting reports whether the partition waits for a permit.
+	// Waiting reports whether a record of the partition waits for a
+	// permit.
 	Waiting bool
 	// Paused reports whether the partition's fetches are paused because
 	// its queue is full.
@@ -67,27 +79,29 @@ func (c *Consumer) Stats() Stats {
 		PermitTimeouts: c.permitTimeouts.Load(),
 		LimiterErrors:  c.limiterErrors.Load(),
 		PermitWait:     time.Duration(c.permitWait.Load()),
-		Waiting:        int(c.waiting.Load()),
+		WaitingRecords: int(c.waitingRecords.Load()),
 		InFlight:       int(c.inFlight.Load()),
+		Active:         int(c.active.Load()),
+		PeakInFlight:   int(c.peakInFlight.Load()),
 		PeakBuffered:   int(c.peakBuffered.Load()),
 	}
 	c.mu.Lock()
 	s.Partitions = make([]PartitionStats, 0, len(c.parts))
 	for _, p := range c.parts {
 		p.mu.Lock()
-		n := len(p.queue)
-		if p.holding {
-			n++
-		}
+		n, w := len(p.pending), p.waiting.Load() > 0
 		s.Partitions = append(s.Partitions, PartitionStats{
 			Topic:     p.topic,
 			Partition: p.id,
 			Buffered:  n,
-			Waiting:   p.waiting,
+			Waiting:   w,
 			Paused:    p.paused,
 		})
 		p.mu.Unlock()
 		s.Buffered += n
+		if w {
+			s.Waiting++
+		}
 	}
 	c.mu.Unlock()
 	slices.SortFunc(s.Partitions, func(a, b PartitionStats) int {

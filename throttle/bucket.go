@@ -56,6 +56,11 @@ type Decision struct {
 	// Reset is the time until the current interval ends or the bucket is
 	// full again. 0 if unknown.
 	Reset time.Duration
+
+	// ticket names a reservation of a [Local] bucket (its state right
+	// after the grant), so that an abandoned reservation can be given back
+	// exactly; 0 for anything else.
+	ticket int64
 }
 
 // Refunder is implemented by buckets that can take back permits a caller
@@ -72,8 +77,27 @@ type Refunder interface {
 // the whole fleet: Take answers "not granted" with Delay set to the pause
 // left until it ends. A shorter pause never shortens a longer one.
 //
-// [Transport] calls Pause when a provider answers 429 or 503 with a retry
-// time.
+// The Transport of package throttle/httpclient calls Pause when a
+// provider answers "too many requests" with a retry time.
+//
+// A pause longer than [MaxPause] (throttle.Forever, say) is clamped to
+// MaxPause by every Pauser of this module: it holds for a year rather
+// than overflow the clock's arithmetic and do nothing.
 type Pauser interface {
 	Pause(ctx context.Context, key string, d time.Duration) error
 }
+
+// Tier is one limit: at most Limit permits per Period. Buckets that keep
+// several limits at once (package bucket's Tiers and SlidingLog, the SLAs
+// of package httpserver) take a list of them, and grant a call only when
+// every tier has room.
+type Tier struct {
+	// Limit is how many permits a key may take per Period; at least 1.
+	Limit int64
+	// Period is the window's length; positive.
+	Period time.Duration
+}
+
+// MaxPause is the longest pause the Pausers of this module keep; a longer
+// one is clamped to it (see [Pauser]).
+const MaxPause = 365 * 24 * time.Hour

@@ -26,12 +26,17 @@
 // Per key: [Limiter.Key] gives each tenant or endpoint its own budget in
 // one bucket.
 //
-// HTTP: [Transport] takes a permit before each outbound request, bounds
-// the wait per call, and turns a provider's 429 or 503 into a pause of the
-// shared bucket. [Middleware] limits incoming requests per tenant and
-// endpoint from [SLA] definitions (loaded from YAML by package
-// github.com/headway-go/headway/throttle/sla) and sets X-RateLimit-*
-// headers.
+// Around the core, in packages of their own: throttle/httpclient has an
+// http.RoundTripper that takes a permit before each outbound request and
+// turns a provider's "too many requests" into a pause of the shared
+// bucket; throttle/httpserver limits a provider's own API per tenant and
+// endpoint; throttle/otelmetrics reports a Limiter's work to
+// OpenTelemetry.
+//
+// Options: each constructor has its own option type ([LimiterOption],
+// [LocalOption], [LeasedOption], [SmoothOption]); an option read by
+// several constructors, such as [WithClock], implements several, and an
+// option given to a constructor that does not read it does not compile.
 //
 // Guarantees of this package:
 //   - A Limiter never polls: when a bucket refuses it names when to come
@@ -39,10 +44,6 @@
 //     [WithClock]), or returns [ErrTimeout] at once when that is beyond
 //     the caller's wait.
 //   - A cancelled context ends a wait at once; no goroutine outlives a call.
-//   - Acquire returns within its wait (maxWait or ctx's deadline) even when
-//     the bucket's store hangs; while the store fails, the Limiter's
-//     [FailurePolicy] decides (by default each instance's share of the
-//     limit, [FailLocal]).
 //   - Bad arguments are refused with an error matching [ErrInvalid] that
 //     names the argument; nothing here panics on user input.
 //   - Acquire returns by the end of the caller's wait even when the

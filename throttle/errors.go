@@ -47,11 +47,12 @@ func (e *BackendError) Error() string {
 // Unwrap returns the underlying error.
 func (e *BackendError) Unwrap() error { return e.Err }
 
-// Invalid returns an error that wraps [ErrInvalid] and names the bad field,
-// its value and what is expected. Bucket implementations use it so that
-// every configuration error reads the same way, for example:
+// invalid returns an error that wraps [ErrInvalid] and names the bad field,
+// its value and what is expected, for example:
 //
-//	bucket: limit = 0: invalid argument: must be at least 1
-func Invalid(pkg, field string, value any, want string) error {
+//	throttle: NewLocal: limit = 0: invalid argument: must be at least 1
+//
+// Package internal/errs has the same for the module's other packages.
+func invalid(pkg, field string, value any, want string) error {
 	return fmt.Errorf("%s: %s = %v: %w: %s", pkg, field, value, ErrInvalid, want)
 }

@@ -32,20 +32,32 @@ type FailurePolicy int
 
 const (
 	// FailLocal, the default, limits each instance on its own while the
-	// store fails: the instance's share of the shared limit, limit ÷ live
-	// instances per interval, in memory (a [Local] bucket of that rate
-	// and a burst of one share). The bucket must implement [Fallbacker]
-	// (the Redis buckets of package bucket do; they count live instances
-	// with heartbeats and remember the count while Redis is down). With a
-	// bucket that does not, or before the first live count is known (an
-	// instance that started while the store was down), FailLocal acts as
-	// [FailClosed]. Waiting for a local permit stays within the caller's
-	// wait, as any other.
+	// store fails, to its share of the shared limit: limit ÷ live
+	// instances per interval, paced evenly (one permit every
+	// interval·instances/limit), per key. The bucket must implement
+	// [Fallbacker] (the Redis buckets of package bucket do; they count
+	// live instances with heartbeats). With a bucket that does not, before
+	// the first live count is known (an instance that started while the
+	// store was down), or when the share is below one permit per interval
+	// (more instances than the limit), FailLocal acts as [FailClosed].
+	// Waiting for a local permit stays within the caller's wait, as any
+	// other.
 	//
-	// Bound: while the store fails, the fleet grants at most about the
-	// shared limit per interval (each live instance its share; a local
-	// bucket starts full, so up to two shares in the first interval),
-	// on top of what the store granted in the interval it failed in.
+	// The degraded mode cannot double the fleet at the outage's edges:
+	// in the shared period running when the store failed, an instance
+	// grants at most its share of what that period had left (its last
+	// shared decision's Remaining, until its Reset); if it knows nothing
+	// of that period, it grants nothing until one interval after the
+	// failure. A key keeps its own limit (one set live included, as its
+	// last shared decision reported it). When the store answers again,
+	// the permits granted locally in the last two intervals are taken from
+	// the shared bucket before the key's shared grants resume.
+	//
+	// Bound: while the store fails, the fleet grants at most the shared
+	// limit in any span of one interval, when every instance sees the
+	// outage (a store down, paused or unreachable for all). An instance
+	// cut off alone (a partition) grants its share on top of what the
+	// others share: up to limit·(1 + 1/instances).
 	FailLocal FailurePolicy = iota
 	// FailClosed refuses while the store fails: Acquire returns the
 	// store's error, a [*BackendError]. If the caller's wait ran out while
@@ -76,13 +88,11 @@ func (p FailurePolicy) String() string {
 const DefaultStoreTimeout = 100 * time.Millisecond
 
 // WithFailurePolicy sets what a Limiter decides while its bucket's store
-// fails. Default: [FailLocal]. An unknown policy keeps the default.
-func WithFailurePolicy(p FailurePolicy) Option {
-	return optionFunc(func(c *config) {
-		if p >= FailLocal && p <= FailOpen {
-			c.policy = p
-		}
-	})
+// fails. Default: [FailLocal]. A policy other than FailLocal, FailClosed
+// and FailOpen makes every call of the Limiter fail with an error matching
+// [ErrInvalid].
+func WithFailurePolicy(p FailurePolicy) LimiterOption {
+	return limiterOnly(func(c *config) { c.policy = p })
 }
 
 // WithStoreTimeout bounds the bucket calls of Acquire with maxWait 0 (and
@@ -106,8 +116,8 @@ func WithFailurePolicy(p FailurePolicy) Option {
 // The buckets of package bucket return by this deadline even when their
 // Redis client blocks (go-redis ignores context deadlines unless
 // ContextTimeoutEnabled is set); see that package.
-func WithStoreTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.storeTimeout = d })
+func WithStoreTimeout(d time.Duration) StoreOption {
+	return storeOption(func(c *config) { c.storeTimeout = d })
 }
 
 // Fallbacker is implemented by buckets whose limit a fleet of instances
@@ -131,62 +141,35 @@ type failover struct {
 	down    atomic.Bool // the last store call failed
 	probing atomic.Bool // a call is asking the store during an outage
 	lastErr atomic.Pointer[error]
+	// downSince is when the call that began the outage was sent (ns on
+	// the Limiter's clock since epoch): no shared grant is assumed after it.
+	downSince atomic.Int64
+
+	// seen remembers each key's last shared decision, for FailLocal.
+	seen  seenDecisions
+	epoch time.Time
 
 	mu    sync.Mutex
-	local *fallbackLocal // under mu
+	local map[string]*degradedKey // under mu: FailLocal's pacers, by key
+	// pending counts the keys in local, so that the hot path skips the
+	// lookup when no outage left local grants to account for.
+	pending atomic.Int64
 }
 
-// fallbackLocal is the in-memory bucket FailLocal uses, with the share it
-// was built for.
-type fallbackLocal struct {
-	limit     int64
-	interval  time.Duration
-	instances int64
-	b         *Local
+// init sets the failure policy's state for a Limiter built with cfg.
+func (f *failover) init(cfg config) {
+	f.policy, f.timeout, f.epoch = cfg.policy, cfg.storeTimeout, cfg.clock.Now()
+	f.seen.init()
 }
 
-// share returns one instance's share of limit per interval among
-// instances, as a rate (permits per period): limit/instances per interval,
-// rounded down, or, when that is below 1, one permit per
-// interval·instances/limit, rounded up. It never exceeds the exact share.
-func share(limit int64, interval time.Duration, instances int64) (int64, time.Duration) {
-	instances = max(instances, 1)
-	if limit >= instances {
-		return limit / instances, interval
+// fallbackLimit is the bucket's own limit as [Fallbacker] reports it; 0
+// when the bucket is not a Fallbacker.
+func (l *Limiter) fallbackLimit() int64 {
+	if fb, ok := l.bucket.(Fallbacker); ok {
+		limit, _, _ := fb.Fallback()
+		return limit
 	}
-	// limit < instances: at most one permit per period of
-	// interval·instances/limit. Guard against overflow.
-	per := interval / time.Duration(limit)
-	if per > time.Duration(1<<62)/time.Duration(instances) {
-		return 1, time.Duration(1 << 62)
-	}
-	return 1, per*time.Duration(instances) + time.Duration(limit-1) // round up
-}
-
-// fallback returns the local bucket for the share the bucket reports now,
-// building it when the share changed, or nil when the bucket cannot say.
-func (l *Limiter) fallback() *Local {
-	fb, ok := l.bucket.(Fallbacker)
-	if !ok {
-		return nil
-	}
-	limit, interval, inst := fb.Fallback()
-	if limit < 1 || interval <= 0 || inst < 1 {
-		return nil // no share known: fail closed
-	}
-	f := &l.fail
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if c := f.local; c != nil && c.limit == limit && c.interval == interval && c.instances == inst {
-		return c.b
-	}
-	sl, si := share(limit, interval, inst)
-	b, err := NewLocal(sl, si, WithClock(l.cfg.clock))
-	if err != nil {
-		return nil // a share the Local cannot express (limit above 1/ns): fail closed
-	}
-	f.local = &fallbackLocal{limit: limit, interval: interval, instances: inst, b: b}
-	return b
+	return 0
 }
 
 // storeFailure reports whether err, from a Take whose own deadline has
@@ -225,10 +208,31 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 	}
 
 	tctx, cancel, d0, budgetBound := ctx, context.CancelFunc(nil), time.Duration(0), false
-	if _, ok := l.bucket.(selfBounded); !ok {
+	// A selfBounded bucket reads maxWait 0 as a caller that may not wait
+	// (its store timeout); a wait that has run out gets the last short
+	// call here, as any bucket does.
+	if _, ok := l.bucket.(selfBounded); !ok || left == 0 && !noWait {
 		tctx, cancel, d0, budgetBound = l.storeContext(ctx, left, noWait)
 	}
-	d, err = l.take(tctx, key, n, left)
+	sent, callStart := f.now(l), time.Now()
+	debt := int64(0)
+	if f.policy == FailLocal && f.pending.Load() > 0 {
+		// The call carries what this instance granted locally for key
+		// (the probe, or the key's first call after it): the first thing
+		// the store does for the key when it answers again is to account
+		// for those permits, before any shared grant of the key here.
+		debt = l.claimDebt(key)
+	}
+	if debt > 0 {
+		d, err = l.take(tctx, key, n+debt, left)
+		if errors.Is(err, ErrExceedsLimit) {
+			l.releaseDebt(key)
+			debt = 0 // more than the bucket grants at once: settle it apart
+			d, err = l.take(tctx, key, n, left)
+		}
+	} else {
+		d, err = l.take(tctx, key, n, left)
+	}
 	expired := tctx != ctx && ctx.Err() == nil && deadlinePassed(tctx)
 	if cancel != nil {
 		cancel()
@@ -237,7 +241,23 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 		if (probe || f.down.Load()) && f.down.CompareAndSwap(true, false) {
 			l.cfg.logger.Info("throttle: bucket store answers again; shared limit resumed", "policy", f.policy.String())
 		}
+		if f.policy == FailLocal {
+			f.seen.note(key, d, f.now(l), l.fallbackLimit)
+			if debt > 0 && d.Granted {
+				l.settled(key) // the debt came with the call's permits
+			} else {
+				if debt > 0 {
+					l.releaseDebt(key)
+				}
+				if f.pending.Load() > 0 {
+					l.settle(ctx, key, left, noWait, time.Since(callStart))
+				}
+			}
+		}
 		return d, false, nil
+	}
+	if debt > 0 {
+		l.releaseDebt(key)
 	}
 	if !storeFailure(ctx, expired, err) {
 		return d, false, err
@@ -251,7 +271,16 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 	}
 	e := err
 	f.lastErr.Store(&e)
-	if f.down.CompareAndSwap(false, true) {
+	// One start per outage, under mu, so that FailLocal's pacers (set
+	// under mu too) see one downSince for it and start afresh in the next.
+	f.mu.Lock()
+	began := !f.down.Load()
+	if began {
+		f.downSince.Store(sent)
+		f.down.Store(true)
+	}
+	f.mu.Unlock()
+	if began {
 		l.cfg.logger.Warn("throttle: bucket store failed; deciding by the failure policy until it answers", "policy", f.policy.String(), "err", err)
 	}
 	d, err = l.degrade(ctx, key, n, err, budgetBound && expired)
@@ -332,30 +361,31 @@ const (
 // store was asked.
 func (l *Limiter) degrade(ctx context.Context, key string, n int64, err error, outOfTime bool) (Decision, error) {
 	policy := l.fail.policy
-	var b *Local
-	if policy == FailLocal {
-		if b = l.fallback(); b == nil {
-			policy = FailClosed
-		}
-	}
 	var d Decision
 	var derr error
+	if policy == FailLocal {
+		// Never reserve: refused, the Limiter waits for the Delay as for
+		// any bucket, then asks (or probes) again.
+		var ok bool
+		var lerr error
+		d, ok, lerr = l.localTake(key, n)
+		switch {
+		case !ok:
+			policy = FailClosed // no share known
+		case lerr != nil:
+			// n above one share: this instance cannot grant it alone.
+			policy, d = FailClosed, Decision{}
+			derr = fmt.Errorf("%w: %w", lerr, err)
+		}
+	}
 	switch policy {
 	case FailOpen:
 		d = Decision{Granted: true, Remaining: -1}
 	case FailLocal:
-		// Never reserve: a reservation would have to be refunded to the
-		// local bucket, not to the Limiter's. Refused, the Limiter waits
-		// for the Delay as for any bucket, then asks (or probes) again.
-		var lerr error
-		if d, lerr = b.Take(ctx, key, n, 0); lerr != nil {
-			// n above one share: this instance cannot grant it alone.
-			policy, d = FailClosed, Decision{}
-			derr = fmt.Errorf("throttle: acquire %d permit(s): bucket store failed and %d permit(s) exceed this instance's local share: %w", n, n, err)
+	default:
+		if derr != nil {
 			break
 		}
-		d.Limit, d.Remaining = 0, -1 // the shared figures are unknown
-	default:
 		if outOfTime {
 			derr = fmt.Errorf("%w: the bucket store did not answer within the wait: %w", ErrTimeout, err)
 		} else {

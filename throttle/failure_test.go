@@ -2,6 +2,7 @@ package throttle_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,10 @@ type flaky struct {
 	limit     int64
 	interval  time.Duration
 	instances int64
+	// reset and remaining, when reset > 0, are what a grant reports: the
+	// period's end and the permits it has left.
+	reset     time.Duration
+	remaining int64
 }
 
 func (f *flaky) set(down, hung bool) {
@@ -45,6 +50,9 @@ func (f *flaky) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (t
 	}
 	if down {
 		return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: io.ErrUnexpectedEOF}
+	}
+	if f.reset > 0 {
+		return throttle.Decision{Granted: true, Limit: f.limit, Remaining: f.remaining, Reset: f.reset}, nil
 	}
 	return throttle.Decision{Granted: true}, nil
 }
@@ -117,6 +125,9 @@ func TestFailurePolicyClosedReturnsTheStoreError(t *testing.T) {
 	require.NoError(t, lim.Acquire(context.Background(), 0), "the shared bucket decides again at the next call")
 }
 
+// TestFailLocalGrantsTheInstanceShare: with nothing known of the period
+// running when the store failed, FailLocal assumes it used up and starts
+// one interval later, then paces this instance's share evenly.
 func TestFailLocalGrantsTheInstanceShare(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	// 10 per second shared by 4 instances: 2 per second here.
@@ -124,19 +135,21 @@ func TestFailLocalGrantsTheInstanceShare(t *testing.T) {
 	obs := &degradedCounter{}
 	lim := throttle.New(f, throttle.WithClock(clock), throttle.WithObserver(obs))
 	granted := 0
-	for range 20 {
-		if lim.Acquire(context.Background(), 0) == nil {
+	greedy := func() {
+		for lim.Acquire(context.Background(), 0) == nil {
 			granted++
 		}
 	}
-	assert.Equal(t, 2, granted, "FailLocal grants limit ÷ instances (rounded down) per interval")
+	greedy()
+	assert.Zero(t, granted, "the running period may be used up: nothing in its first interval")
+	for range 19 { // to 1.9 s in steps of 100 ms
+		clock.Advance(100 * time.Millisecond)
+		greedy()
+	}
+	assert.Equal(t, 2, granted, "FailLocal grants limit ÷ instances per interval, evenly (at 1 s and 1.5 s)")
 	g, r := obs.counts("local")
 	assert.Equal(t, 2, g)
 	assert.Positive(t, r)
-
-	clock.Advance(500 * time.Millisecond)
-	require.NoError(t, lim.Acquire(context.Background(), 0), "the local share refills at its rate")
-	require.ErrorIs(t, lim.Acquire(context.Background(), 0), throttle.ErrTimeout)
 
 	// Back up: the shared bucket grants everything again at the next call.
 	f.set(false, false)
@@ -145,11 +158,31 @@ func TestFailLocalGrantsTheInstanceShare(t *testing.T) {
 	}
 }
 
+// TestFailLocalStartsWhereTheSharedPeriodLeftOff: the last shared decision
+// said 6 permits were left and the period ends in 400 ms; this instance (one
+// of 2) takes at most its half of them before the end, then its share.
+func TestFailLocalStartsWhereTheSharedPeriodLeftOff(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	f := &flaky{limit: 10, interval: time.Second, instances: 2, reset: 400 * time.Millisecond, remaining: 6}
+	lim := throttle.New(f, throttle.WithClock(clock))
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0))
+	f.set(true, false)
+	counts := map[int]int{}
+	for step := range 20 {
+		for lim.Acquire(ctx, 0) == nil {
+			counts[(step*100+600)/1000]++ // period 0 ends 400 ms from now
+		}
+		clock.Advance(100 * time.Millisecond)
+	}
+	assert.Equal(t, 2, counts[0], "half of the 6 left, before the period's end: 3, paced 200 ms apart (only 2 fit)")
+	assert.Equal(t, 5, counts[1], "then the share of 5 per period")
+}
+
 func TestFailLocalWaitsForTheLocalShareWithinMaxWait(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	f := &flaky{down: true, limit: 1, interval: time.Second, instances: 1}
 	lim := throttle.New(f, throttle.WithClock(clock))
-	require.NoError(t, lim.Acquire(context.Background(), 0))
 	done := result(func() error { return lim.Acquire(context.Background(), 2*time.Second) })
 	waitForSleepers(t, clock, 1)
 	clock.Advance(time.Second)
@@ -178,7 +211,7 @@ func TestErrorsAboutTheCallAreNotDegraded(t *testing.T) {
 	for _, policy := range []throttle.FailurePolicy{throttle.FailOpen, throttle.FailLocal, throttle.FailClosed} {
 		lim := throttle.New(errBucket{throttle.ErrExceedsLimit}, throttle.WithFailurePolicy(policy), throttle.WithObserver(obs))
 		require.ErrorIs(t, lim.Acquire(context.Background(), 0), throttle.ErrExceedsLimit, policy.String())
-		lim = throttle.New(errBucket{throttle.Invalid("test", "key", "x", "bad")}, throttle.WithFailurePolicy(policy), throttle.WithObserver(obs))
+		lim = throttle.New(errBucket{fmt.Errorf("test: key = x: %w", throttle.ErrInvalid)}, throttle.WithFailurePolicy(policy), throttle.WithObserver(obs))
 		require.ErrorIs(t, lim.Acquire(context.Background(), 0), throttle.ErrInvalid, policy.String())
 	}
 	for _, p := range []string{"open", "local", "closed"} {
@@ -197,6 +230,9 @@ func (e errBucket) Take(context.Context, string, int64, time.Duration) (throttle
 // maxWait 0), and while one caller probes it the others decide at once.
 func TestHungStoreIsBoundedAndProbedOnce(t *testing.T) {
 	f := &flaky{hung: true, limit: 1000, interval: time.Second, instances: 1}
+	// The period running when the store hangs has permits left: FailLocal
+	// grants from them at once.
+	f.reset, f.remaining = time.Hour, 1000
 	for _, tc := range []struct {
 		name    string
 		policy  throttle.FailurePolicy
@@ -212,6 +248,10 @@ func TestHungStoreIsBoundedAndProbedOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f.calls.Store(0)
 			lim := throttle.New(f, throttle.WithFailurePolicy(tc.policy), throttle.WithStoreTimeout(30*time.Millisecond))
+			f.set(false, false)
+			require.NoError(t, lim.Acquire(context.Background(), 0))
+			f.set(false, true)
+			f.calls.Store(0)
 			start := time.Now()
 			err := lim.Acquire(context.Background(), tc.maxWait)
 			took := time.Since(start)
@@ -237,38 +277,32 @@ func TestHungStoreIsBoundedAndProbedOnce(t *testing.T) {
 	}
 }
 
-func TestShare(t *testing.T) {
-	for _, tc := range []struct {
-		limit     int64
-		interval  time.Duration
-		instances int64
-		wantL     int64
-		wantI     time.Duration
-	}{
-		{10, time.Second, 1, 10, time.Second},
-		{10, time.Second, 3, 3, time.Second},
-		{10, time.Second, 0, 10, time.Second},
-		{2, time.Second, 5, 1, 2500 * time.Millisecond},
-	} {
-		l, i := throttle.ShareForTest(tc.limit, tc.interval, tc.instances)
-		assert.Equal(t, tc.wantL, l, "%+v", tc)
-		assert.Equal(t, tc.wantI, i.Round(time.Millisecond), "%+v", tc)
-		assert.LessOrEqual(t, float64(l)/i.Seconds(), float64(tc.limit)/tc.interval.Seconds()/float64(max(tc.instances, 1))+1e-9, "never above the exact share")
-	}
-}
-
 // TestFailLocalWithoutAKnownShareFailsClosed: an instance that has never
 // seen how many instances share the limit (it started while the store was
 // down) cannot know its share, so FailLocal refuses instead of granting
 // the whole limit on every instance.
 func TestFailLocalWithoutAKnownShareFailsClosed(t *testing.T) {
-	f := &flaky{limit: 100, interval: time.Second, instances: 0}
+	f := &flaky{limit: 100, interval: time.Second, instances: 0, reset: time.Hour, remaining: 100}
+	lim0 := throttle.New(f)
+	require.NoError(t, lim0.Acquire(context.Background(), 0))
 	f.set(true, false)
-	lim := throttle.New(f) // FailLocal is the default
+	lim := lim0 // FailLocal is the default
 	err := lim.Acquire(context.Background(), 0)
 	var be *throttle.BackendError
 	require.ErrorAs(t, err, &be, "no share known: the store's error, not a grant")
 
 	f.instances = 4
 	require.NoError(t, lim.Acquire(context.Background(), 0), "with a share known, FailLocal grants within it")
+}
+
+// TestUnknownFailurePolicyIsRefused: a policy outside the three named ones
+// is a mistake, reported by every call; it used to fall back silently to
+// FailLocal.
+func TestUnknownFailurePolicyIsRefused(t *testing.T) {
+	b, err := throttle.NewLocal(10, time.Second)
+	require.NoError(t, err)
+	lim := throttle.New(b, throttle.WithFailurePolicy(throttle.FailurePolicy(7)))
+	err = lim.Acquire(context.Background(), 0)
+	require.ErrorIs(t, err, throttle.ErrInvalid)
+	assert.Contains(t, err.Error(), "WithFailurePolicy")
 }

@@ -184,10 +184,11 @@ const (
 	leaseRefundTimeout = time.Second
 )
 
-// leaseOption is an [Option] that only [NewLeased] reads.
+// leaseOption is a [LeasedOption] that only [NewLeased] reads.
 type leaseOption func(*leaseConfig)
 
 func (leaseOption) apply(*config) {}
+func (leaseOption) leasedOption() {}
 
 type leaseConfig struct {
 	horizon   time.Duration
@@ -202,9 +203,8 @@ type leaseConfig struct {
 // is about the permits the key's measured demand uses in d. Default: 50 ms.
 // Longer means fewer round trips and more permits held per instance
 // (more left unused when a period ends); shorter the reverse. The
-// background sweep also runs once per d. d must be positive. Ignored by
-// everything but NewLeased.
-func WithLeaseHorizon(d time.Duration) Option {
+// background sweep also runs once per d. d must be positive.
+func WithLeaseHorizon(d time.Duration) LeasedOption {
 	return leaseOption(func(c *leaseConfig) { c.horizon = d })
 }
 
@@ -213,8 +213,8 @@ func WithLeaseHorizon(d time.Duration) Option {
 // longer. Default: 0, no bound but the inner Decision.Reset, which is right
 // for token buckets, fixed windows and counters. Set it for GCRA, [Local]
 // and sliding-log inner buckets; see [Leased] for what it keeps of their
-// guarantee. d must not be negative. Ignored by everything but NewLeased.
-func WithLeaseTTL(d time.Duration) Option {
+// guarantee. d must not be negative.
+func WithLeaseTTL(d time.Duration) LeasedOption {
 	return leaseOption(func(c *leaseConfig) { c.ttl = d })
 }
 
@@ -222,25 +222,25 @@ func WithLeaseTTL(d time.Duration) Option {
 // bucket's limit (Decision.Limit). Default: 0.1. A fleet of k busy
 // instances leaves at most about k·f·limit unused at a period's end;
 // lower f for large fleets, raise it for few instances with a small limit.
-// f must be in (0, 1]. Ignored by everything but NewLeased.
-func WithLeaseShare(f float64) Option {
+// f must be in (0, 1].
+func WithLeaseShare(f float64) LeasedOption {
 	return leaseOption(func(c *leaseConfig) { c.share = f })
 }
 
 // withoutLeaseSweeper keeps NewLeased from starting its background sweep,
 // so that tests can call sweep at chosen times.
-func withoutLeaseSweeper() Option {
+func withoutLeaseSweeper() LeasedOption {
 	return leaseOption(func(c *leaseConfig) { c.noSweeper = true })
 }
 
 // withLeaseWaitHook makes a caller call f as it starts waiting on another
 // caller's refill.
-func withLeaseWaitHook(f func()) Option {
+func withLeaseWaitHook(f func()) LeasedOption {
 	return leaseOption(func(c *leaseConfig) { c.onWait = f })
 }
 
 // withLeaseSweepHook makes the background sweep call f after each pass.
-func withLeaseSweepHook(f func()) Option {
+func withLeaseSweepHook(f func()) LeasedOption {
 	return leaseOption(func(c *leaseConfig) { c.onSweep = f })
 }
 
@@ -250,9 +250,9 @@ func withLeaseSweepHook(f func()) Option {
 //
 // It starts one background goroutine (the sweep that hands back unneeded
 // permits); call [Leased.Close] when done with it.
-func NewLeased(inner Bucket, opts ...Option) (*Leased, error) {
+func NewLeased(inner Bucket, opts ...LeasedOption) (*Leased, error) {
 	if inner == nil {
-		return nil, Invalid("throttle: NewLeased", "inner", nil, "must be a Bucket, such as one from package bucket")
+		return nil, invalid("throttle: NewLeased", "inner", nil, "must be a Bucket, such as one from package bucket")
 	}
 	base := newConfig(opts)
 	lc := leaseConfig{horizon: defaultLeaseHorizon, share: defaultLeaseShare}
@@ -262,13 +262,13 @@ func NewLeased(inner Bucket, opts ...Option) (*Leased, error) {
 		}
 	}
 	if lc.horizon <= 0 {
-		return nil, Invalid("throttle: NewLeased", "horizon", lc.horizon, "must be positive")
+		return nil, invalid("throttle: NewLeased", "horizon", lc.horizon, "must be positive")
 	}
 	if lc.ttl < 0 {
-		return nil, Invalid("throttle: NewLeased", "ttl", lc.ttl, "must be 0 (bounded by the inner bucket's Reset) or positive")
+		return nil, invalid("throttle: NewLeased", "ttl", lc.ttl, "must be 0 (bounded by the inner bucket's Reset) or positive")
 	}
 	if !(lc.share > 0 && lc.share <= 1) {
-		return nil, Invalid("throttle: NewLeased", "share", lc.share, "must be in (0, 1]")
+		return nil, invalid("throttle: NewLeased", "share", lc.share, "must be in (0, 1]")
 	}
 	l := &Leased{
 		inner:  inner,
@@ -349,7 +349,7 @@ func (l *Leased) Fallback() (limit int64, interval time.Duration, instances int6
 // bucket.
 func (l *Leased) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
 	if n < 1 {
-		return Decision{}, Invalid("throttle: Leased", "n", n, "must be at least 1")
+		return Decision{}, invalid("throttle: Leased", "n", n, "must be at least 1")
 	}
 	k := &l.root
 	if key != "" {
@@ -388,11 +388,24 @@ func (k *leaseKey) dryUntilAtLeast(until int64) {
 
 // refill is Take's slow path: one caller per key refills the lease, the
 // others wait for it and try again.
+//
+// Each pass bounds its store call, or its wait on another caller's
+// refill, by what is left of maxWait, not maxWait itself: a caller that
+// waited on a refill that failed, then refills itself, must still return
+// within its wait.
 func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, maxWait time.Duration) (Decision, error) {
-	for {
+	start := l.now()
+	for first := true; ; first = false {
+		left := maxWait
+		if !first && maxWait > 0 && maxWait != Forever {
+			left = maxWait - time.Duration(l.now()-start)
+			if left <= 0 {
+				return Decision{}, fmt.Errorf("%w: the wait ran out while the lease of key %q was being refilled", ErrTimeout, key)
+			}
+		}
 		if l.closed.Load() {
-			ictx, cancel, _, _ := boundStoreCall(ctx, maxWait, maxWait == 0, l.storeTimeout)
-			d, err := l.inner.Take(ictx, key, n, maxWait)
+			ictx, cancel, _, _ := boundStoreCall(ctx, left, maxWait == 0, l.storeTimeout)
+			d, err := l.inner.Take(ictx, key, n, left)
 			cancel()
 			return d, err
 		}
@@ -422,7 +435,7 @@ func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, m
 			// Wait for the refill at most as long as this caller may:
 			// the refiller's own store call may be bounded later, or not
 			// at all (a Forever caller).
-			wctx, cancel, _, _ := boundStoreCall(ctx, maxWait, maxWait == 0, l.storeTimeout)
+			wctx, cancel, _, _ := boundStoreCall(ctx, left, maxWait == 0, l.storeTimeout)
 			select {
 			case <-f.done:
 				cancel()
@@ -457,13 +470,18 @@ func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, m
 		want := l.want(k, prev, need, now)
 		k.mu.Unlock()
 
-		d, err := l.fetchAndInstall(ctx, k, key, prev, held, need, want, maxWait)
+		d, again, err := l.fetchAndInstall(ctx, k, key, prev, held, need, want, left)
 
 		k.mu.Lock()
 		k.inflight = nil
 		f.err = err
 		close(f.done)
 		k.mu.Unlock()
+		if again {
+			// The held permits expired with their period while the rest
+			// was fetched: take all n from the new lease (or refill again).
+			continue
+		}
 		return d, err
 	}
 }
@@ -471,7 +489,15 @@ func (l *Leased) refill(ctx context.Context, k *leaseKey, key string, n int64, m
 // fetchAndInstall takes need+want permits from the inner bucket and
 // publishes the new lease. held permits of prev are the caller's too; they
 // go back into prev if the inner bucket refuses.
-func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, prev *leaseBatch, held, need, want int64, maxWait time.Duration) (Decision, error) {
+//
+// Held permits belong to prev's period and may be handed out only before
+// prev expires. When the fetch returns after that (the inner bucket may
+// have begun a new period meanwhile), they are dropped, everything fetched
+// goes into the new lease, and again is true: the caller must take its n
+// permits anew, all from the new period. Otherwise a weighted take across a
+// period's end would hand out old permits in a period that also grants its
+// full limit (issue 12, defect 1).
+func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, prev *leaseBatch, held, need, want int64, maxWait time.Duration) (d Decision, again bool, err error) {
 	restore := func() {
 		if held > 0 {
 			prev.left.Add(held)
@@ -483,7 +509,7 @@ func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, p
 	defer cancel()
 	ask := need + want
 	t0 := l.now()
-	d, err := l.inner.Take(ictx, key, ask, 0)
+	d, err = l.inner.Take(ictx, key, ask, 0)
 	if want > 0 {
 		// A batch too big for what is left (or for the bucket) must not
 		// cost the caller its own permits: ask again for what can be had.
@@ -513,9 +539,9 @@ func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, p
 		if budgetBound && d0 < l.storeTimeout/4 && ctx.Err() == nil && deadlinePassed(ictx) {
 			// The caller's wait cut the refill short of a fair chance: no
 			// evidence that the store is down. The wait ran out.
-			return Decision{}, fmt.Errorf("%w: the inner bucket did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)
+			return Decision{}, false, fmt.Errorf("%w: the inner bucket did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)
 		}
-		return Decision{}, err
+		return Decision{}, false, err
 	}
 	if d.Granted && d.Delay > 0 {
 		// A reservation, though none was asked for: treat it as "not yet".
@@ -527,7 +553,7 @@ func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, p
 		if d.Delay > 0 {
 			k.dryUntilAtLeast(t1 + int64(d.Delay))
 		}
-		return Decision{Delay: d.Delay, Limit: d.Limit, Remaining: max(d.Remaining, 0), Reset: d.Reset}, nil
+		return Decision{Delay: d.Delay, Limit: d.Limit, Remaining: max(d.Remaining, 0), Reset: d.Reset}, false, nil
 	}
 
 	life := l.ttl
@@ -542,7 +568,12 @@ func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, p
 		limit:    d.Limit,
 		periodic: periodic,
 	}
-	b.left.Store(ask - need)
+	again = held > 0 && t1 >= prev.expires
+	if again {
+		b.left.Store(ask) // the held permits expired: the caller's n come from here
+	} else {
+		b.left.Store(ask - need)
+	}
 
 	k.mu.Lock()
 	k.limit = d.Limit
@@ -558,7 +589,10 @@ func (l *Leased) fetchAndInstall(ctx context.Context, k *leaseKey, key string, p
 	if extra > 0 {
 		_ = l.refund(key, extra) // logged; lost permits only cost throughput
 	}
-	return b.granted(b.left.Load(), t1), nil
+	if again {
+		return Decision{}, true, nil
+	}
+	return b.granted(b.left.Load(), t1), false, nil
 }
 
 // measure records the key's demand on the lease prev, once per lease: the
@@ -736,14 +770,27 @@ func (l *Leased) Close() error {
 // once (its lease for key is dropped), and the pause is passed on to the
 // inner bucket if it is a Pauser, so that the rest of the fleet stops too.
 // Other instances stop as soon as they next ask the inner bucket, at the
-// latest when their leases expire.
+// latest when their leases expire. d is clamped to [MaxPause].
 func (l *Leased) Pause(ctx context.Context, key string, d time.Duration) error {
-	if d > 0 {
-		k := l.key(key)
+	d = min(d, MaxPause)
+	for d > 0 {
+		k := &l.root
+		if key != "" {
+			k = l.key(key)
+		}
+		k.mu.Lock()
+		if k.dead {
+			// The sweeper forgot the key meanwhile: pause the one that
+			// Take will find.
+			k.mu.Unlock()
+			continue
+		}
 		k.dryUntilAtLeast(l.now() + int64(d))
 		if b := k.cur.Load(); b != nil {
 			b.left.Swap(0)
 		}
+		k.mu.Unlock()
+		break
 	}
 	if l.pauser != nil {
 		return l.pauser.Pause(ctx, key, d)

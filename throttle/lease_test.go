@@ -127,7 +127,7 @@ func (c *counting) Pause(ctx context.Context, key string, d time.Duration) error
 	return nil
 }
 
-func newLeasedT(t testing.TB, inner Bucket, opts ...Option) *Leased {
+func newLeasedT(t testing.TB, inner Bucket, opts ...LeasedOption) *Leased {
 	t.Helper()
 	l, err := NewLeased(inner, opts...)
 	require.NoError(t, err)
@@ -139,16 +139,16 @@ func TestNewLeasedRefusesBadConfig(t *testing.T) {
 	inner := newWindowBucket(clockwork.NewFakeClock(), 10, time.Second)
 	tests := []struct {
 		inner Bucket
-		opts  []Option
+		opts  []LeasedOption
 		want  string
 	}{
 		{nil, nil, "inner = <nil>"},
-		{inner, []Option{WithLeaseHorizon(0)}, "horizon = 0s"},
-		{inner, []Option{WithLeaseHorizon(-time.Second)}, "horizon = -1s"},
-		{inner, []Option{WithLeaseTTL(-time.Millisecond)}, "ttl = -1ms"},
-		{inner, []Option{WithLeaseShare(0)}, "share = 0"},
-		{inner, []Option{WithLeaseShare(1.5)}, "share = 1.5"},
-		{inner, []Option{WithLeaseShare(math.NaN())}, "share = NaN"},
+		{inner, []LeasedOption{WithLeaseHorizon(0)}, "horizon = 0s"},
+		{inner, []LeasedOption{WithLeaseHorizon(-time.Second)}, "horizon = -1s"},
+		{inner, []LeasedOption{WithLeaseTTL(-time.Millisecond)}, "ttl = -1ms"},
+		{inner, []LeasedOption{WithLeaseShare(0)}, "share = 0"},
+		{inner, []LeasedOption{WithLeaseShare(1.5)}, "share = 1.5"},
+		{inner, []LeasedOption{WithLeaseShare(math.NaN())}, "share = NaN"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -161,16 +161,6 @@ func TestNewLeasedRefusesBadConfig(t *testing.T) {
 	l := newLeasedT(t, inner)
 	_, err := l.Take(context.Background(), "", 0, 0)
 	require.ErrorIs(t, err, ErrInvalid)
-}
-
-// TestLeasedOptionsIgnoredElsewhere: lease options given to NewLocal and
-// the Limiter change nothing there.
-func TestLeasedOptionsIgnoredElsewhere(t *testing.T) {
-	b, err := NewLocal(3, time.Second, WithLeaseShare(7), WithLeaseHorizon(-1), WithSmoothInstances(-1))
-	require.NoError(t, err)
-	d, err := b.Take(context.Background(), "", 3, 0)
-	require.NoError(t, err)
-	assert.True(t, d.Granted)
 }
 
 // TestLeasedNeverExceedsTheWindow drives a Leased over a fixed-window
@@ -534,9 +524,8 @@ func testCtx(t *testing.T) context.Context {
 // every key, and later takes go straight to the inner bucket.
 func TestLeasedRefundsOnClose(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	local, err := NewLocal(1000, time.Second, WithClock(clock))
-	require.NoError(t, err)
-	inner := &counting{Bucket: local}
+	wb := newWindowBucket(clock, 1000, time.Second)
+	inner := &counting{Bucket: wb}
 	l, err := NewLeased(inner, WithClock(clock), withoutLeaseSweeper())
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -551,9 +540,7 @@ func TestLeasedRefundsOnClose(t *testing.T) {
 	require.NoError(t, l.Close())
 	assert.Equal(t, held, inner.refunded.Load(), "every held permit goes back")
 	assert.Zero(t, l.held("")+l.held("a")+l.held("b"))
-	d, err := local.Take(ctx, "a", 970, 0)
-	require.NoError(t, err)
-	assert.True(t, d.Granted, "key a's budget: 1000 minus the 30 used")
+	assert.Equal(t, int64(90), wb.grantedIn(0), "the inner budget: only the 3 × 30 used")
 
 	calls := inner.calls.Load()
 	_, err = l.Take(ctx, "", 1, 0)
@@ -767,4 +754,106 @@ func TestLeasedWaiterIgnoresTheRefillersOwnError(t *testing.T) {
 	}()
 	require.NoError(t, <-small)
 	close(inner.entered)
+}
+
+// TestLeasedWaiterRefillsWithinItsWait: a caller that waited on another's
+// refill, which failed when the store did not answer, refills itself only
+// with what is left of its wait; with nothing left it times out at once
+// instead of starting a store call with its whole wait anew.
+func TestLeasedWaiterRefillsWithinItsWait(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	inner := &stalled{entered: make(chan struct{}), release: make(chan error)}
+	waiting := make(chan struct{}, 1)
+	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), withLeaseWaitHook(func() { waiting <- struct{}{} }))
+	const maxWait = 10 * time.Second
+	first := make(chan error, 1)
+	go func() {
+		_, err := l.Take(context.Background(), "", 1, maxWait)
+		first <- err
+	}()
+	<-inner.entered // the first caller's refill meets a stalled store
+	second := make(chan error, 1)
+	go func() {
+		_, err := l.Take(context.Background(), "", 1, maxWait)
+		second <- err
+	}()
+	<-waiting
+	clock.Advance(maxWait) // both waits are spent while the store is stalled
+	inner.release <- &BackendError{Op: "take", Err: context.DeadlineExceeded}
+	var be *BackendError
+	require.ErrorAs(t, <-first, &be)
+	select {
+	case err := <-second:
+		require.ErrorIs(t, err, ErrTimeout)
+	case <-inner.entered:
+		inner.release <- &BackendError{Op: "take", Err: context.DeadlineExceeded}
+		<-second
+		t.Fatal("the waiter called the stalled store again with its whole wait, though none was left")
+	}
+	assert.Equal(t, int64(1), inner.calls.Load())
+}
+
+// stalled is a bucket whose store does not answer: each Take hangs until
+// the test releases it with an error, or its context ends.
+type stalled struct {
+	calls   atomic.Int64
+	entered chan struct{}
+	release chan error
+}
+
+func (s *stalled) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (Decision, error) {
+	s.calls.Add(1)
+	s.entered <- struct{}{}
+	select {
+	case err := <-s.release:
+		return Decision{}, err
+	case <-ctx.Done():
+		return Decision{}, &BackendError{Op: "take", Err: ctx.Err()}
+	}
+}
+
+// TestLeasedLimiterSpentWaitGetsTheShortLastCall: when a Limiter's wait has
+// run out and it asks once more (left 0), a Leased bucket's store call gets
+// the same short last call as any bucket (minStoreCall), not the store
+// timeout of a caller that may not wait at all: with a stalled store, that
+// made an Acquire over Leased return up to a store timeout past its wait.
+func TestLeasedLimiterSpentWaitGetsTheShortLastCall(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		noWait      bool
+		least, most time.Duration
+	}{
+		{"wait run out", false, 0, minStoreCall},
+		{"no wait", true, DefaultStoreTimeout / 2, DefaultStoreTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := clockwork.NewFakeClock()
+			inner := &deadlineOf{}
+			lim := New(newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper()), WithClock(clock))
+			d, _, err := lim.decide(context.Background(), "", 1, 0, tc.noWait)
+			require.NoError(t, err)
+			require.True(t, d.Granted)
+			require.Equal(t, int64(1), inner.calls.Load())
+			left := time.Duration(inner.left.Load())
+			assert.Greater(t, left, tc.least, "the store call's deadline")
+			assert.LessOrEqual(t, left, tc.most, "the store call's deadline")
+		})
+	}
+}
+
+// deadlineOf is a bucket that grants and records how much time its last
+// call's context had left (-1: no deadline).
+type deadlineOf struct {
+	calls atomic.Int64
+	left  atomic.Int64
+}
+
+func (b *deadlineOf) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (Decision, error) {
+	b.calls.Add(1)
+	left := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok {
+		left = time.Until(dl)
+	}
+	b.left.Store(int64(left))
+	return Decision{Granted: true, Limit: 10, Reset: time.Second}, nil
 }

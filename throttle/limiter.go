@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 // Forever, passed as maxWait, waits for a permit until the context ends.
@@ -37,22 +39,31 @@ type Limiter struct {
 	cfg    config
 	gates  gates
 	fail   failover
+	adapt  *adapter // the adaptive rate (report.go)
 }
 
 // New returns a Limiter that draws permits from b. Options: [WithClock],
 // [WithLogger], [WithObserver], [WithFailurePolicy], [WithStoreTimeout].
 //
-// New does not fail: a nil b gives a Limiter whose every call returns an
-// error matching [ErrInvalid], so that the mistake surfaces where it is
-// used, with a message, instead of as a nil-pointer panic.
-func New(b Bucket, opts ...Option) *Limiter {
+// New does not fail: a nil b, or an unknown [FailurePolicy], gives a
+// Limiter whose every call returns an error matching [ErrInvalid] that
+// names the mistake, so that it surfaces where the Limiter is used, with a
+// message, instead of as a nil-pointer panic or a silent default.
+func New(b Bucket, opts ...LimiterOption) *Limiter {
 	cfg := newConfig(opts)
-	return &Limiter{bucket: b, cfg: cfg, gates: gates{clock: cfg.clock},
-		fail: failover{policy: cfg.policy, timeout: cfg.storeTimeout}}
+	l := &Limiter{bucket: b, cfg: cfg, gates: gates{clock: cfg.clock}}
+	l.fail.init(cfg)
+	l.adapt = newAdapter(l)
+	return l
 }
 
 // Bucket returns the bucket l draws from.
 func (l *Limiter) Bucket() Bucket { return l.bucket }
+
+// Clock returns the clock l sleeps on ([WithClock]), so that code waiting
+// alongside l (an HTTP client honouring a provider's pause) measures time
+// the same way.
+func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 
 // Acquire takes one permit, waiting for it at most maxWait:
 //
@@ -141,13 +152,16 @@ func (l *Limiter) take(ctx context.Context, key string, n int64, left time.Durat
 // wait is Acquire's work: it validates, asks the bucket, and waits.
 func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Duration) error {
 	if l.bucket == nil {
-		return Invalid("throttle", "Bucket", nil, "throttle.New needs a non-nil Bucket, such as throttle.NewLocal or one from package bucket")
+		return invalid("throttle", "Bucket", nil, "throttle.New needs a non-nil Bucket, such as throttle.NewLocal or one from package bucket")
+	}
+	if p := l.cfg.policy; p < FailLocal || p > FailOpen {
+		return invalid("throttle", "WithFailurePolicy", p, "must be throttle.FailLocal, FailClosed or FailOpen")
 	}
 	if n < 1 {
-		return Invalid("throttle", "n", n, "must be at least 1")
+		return invalid("throttle", "n", n, "must be at least 1")
 	}
 	if maxWait < 0 {
-		return Invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
+		return invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("throttle: acquire %d permit(s): %w", n, err)
@@ -187,6 +201,17 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 			if measured {
 				left = max(budget-clock.Since(start), 0)
 			}
+		}
+		// While the provider's answers have lowered the adaptive rate,
+		// each ask waits for an evenly spaced slot first (report.go);
+		// free otherwise.
+		if paced, err := l.adapt.pace(ctx, key, n, left, tb); err != nil {
+			if gated {
+				g.leave(false, 0)
+			}
+			return err
+		} else if paced && measured {
+			left = max(budget-clock.Since(start), 0)
 		}
 		d, degraded, err := l.decide(ctx, key, n, left, budget == 0)
 		if measured {
@@ -239,11 +264,11 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 			// the bucket call itself ate into the wait so far that they
 			// now come too late.
 			if d.Delay > left {
-				l.refund(ctx, key, n)
+				l.refund(ctx, key, n, d)
 				return tb.err(d.Delay)
 			}
 			if err := l.sleep(ctx, d.Delay); err != nil {
-				l.refund(ctx, key, n)
+				l.refund(ctx, key, n, d)
 				return err
 			}
 			return nil
@@ -255,8 +280,12 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 	}
 }
 
-// refund gives back an abandoned reservation, if the bucket can take it.
-func (l *Limiter) refund(ctx context.Context, key string, n int64) {
+// refund gives back an abandoned reservation d, if the bucket can take it.
+func (l *Limiter) refund(ctx context.Context, key string, n int64, d Decision) {
+	if b, ok := l.bucket.(*Local); ok {
+		b.refundReservation(key, n, d.ticket)
+		return
+	}
 	r, ok := l.bucket.(Refunder)
 	if !ok {
 		return

@@ -61,27 +61,27 @@ type localShard struct {
 //
 // limit must be at least 1 and at most one per nanosecond of interval;
 // interval must be positive.
-func NewLocal(limit int64, interval time.Duration, opts ...Option) (*Local, error) {
+func NewLocal(limit int64, interval time.Duration, opts ...LocalOption) (*Local, error) {
 	cfg := newConfig(opts)
 	if limit < 1 {
-		return nil, Invalid("throttle: NewLocal", "limit", limit, "must be at least 1")
+		return nil, invalid("throttle: NewLocal", "limit", limit, "must be at least 1")
 	}
 	if interval <= 0 {
-		return nil, Invalid("throttle: NewLocal", "interval", interval, "must be positive")
+		return nil, invalid("throttle: NewLocal", "interval", interval, "must be positive")
 	}
 	if limit > interval.Nanoseconds() {
-		return nil, Invalid("throttle: NewLocal", "limit", limit, "must be at most one per nanosecond of interval "+interval.String())
+		return nil, invalid("throttle: NewLocal", "limit", limit, "must be at most one per nanosecond of interval "+interval.String())
 	}
 	burst := limit
 	if cfg.burst != 0 {
 		burst = cfg.burst
 	}
 	if burst < 1 {
-		return nil, Invalid("throttle: NewLocal", "burst", burst, "must be at least 1")
+		return nil, invalid("throttle: NewLocal", "burst", burst, "must be at least 1")
 	}
 	emission := ceilDiv(interval.Nanoseconds(), limit)
 	if burst > (1<<62)/emission {
-		return nil, Invalid("throttle: NewLocal", "burst", burst, "too large for the interval: burst × interval/limit overflows")
+		return nil, invalid("throttle: NewLocal", "burst", burst, "too large for the interval: burst × interval/limit overflows")
 	}
 	b := &Local{
 		emission:  emission,
@@ -101,9 +101,9 @@ func NewLocal(limit int64, interval time.Duration, opts ...Option) (*Local, erro
 
 // WithBurst sets how many permits a [Local] bucket may grant at once after
 // a quiet spell. Default: the limit. 1 spaces permits evenly, interval/limit
-// apart. Ignored by a Limiter.
-func WithBurst(n int64) Option {
-	return optionFunc(func(c *config) { c.burst = n })
+// apart.
+func WithBurst(n int64) LocalOption {
+	return localOnly(func(c *config) { c.burst = n })
 }
 
 // ceilDiv is a/b rounded up, for a ≥ 0 and b > 0, without overflowing
@@ -118,7 +118,7 @@ func ceilDiv(a, b int64) int64 {
 // Take implements [Bucket].
 func (b *Local) Take(_ context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
 	if n < 1 {
-		return Decision{}, Invalid("throttle: Local", "n", n, "must be at least 1")
+		return Decision{}, invalid("throttle: Local", "n", n, "must be at least 1")
 	}
 	if n > b.burst {
 		return Decision{}, fmt.Errorf("throttle: Local: %d permits asked at once, at most %d can ever be granted: %w", n, b.burst, ErrExceedsLimit)
@@ -165,38 +165,49 @@ func (b *Local) decide(tat, now, n int64, maxWait time.Duration) (Decision, int6
 			Reset:     time.Duration(t - now),
 		}, tat
 	}
-	return Decision{
+	d := Decision{
 		Granted:   true,
 		Delay:     time.Duration(max(wait, 0)),
 		Limit:     b.limit,
 		Remaining: max(0, (now+b.tolerance-next)/b.emission),
 		Reset:     time.Duration(next - now),
-	}, next
+	}
+	if wait > 0 {
+		d.ticket = next
+	}
+	return d, next
 }
 
-// Refund implements [Refunder]: it gives back n permits to key, never
-// making the budget fuller than full.
-func (b *Local) Refund(_ context.Context, key string, n int64) error {
-	if n < 1 {
-		return nil
+// Refund implements [Refunder] and gives nothing back: a Local cannot
+// tell which of the permits it granted are returned, and giving back slots
+// that a caller queued behind them still holds would put two permits in
+// one slot (issue 12, defect 2). A [Limiter] over a Local gives back an
+// abandoned reservation exactly, when it is still the last one booked.
+func (b *Local) Refund(context.Context, string, int64) error { return nil }
+
+// refundReservation gives back the n permits of the reservation named by
+// ticket (its Decision's), if no later grant has been booked since and its
+// slot has not begun: the budget is then as if it had never been made.
+// Otherwise it does nothing; the slot goes unused.
+func (b *Local) refundReservation(key string, n int64, ticket int64) {
+	if ticket == 0 || n < 1 {
+		return
 	}
 	now := b.clock.Now().Sub(b.epoch).Nanoseconds()
-	dec := n * b.emission
+	if ticket-b.tolerance <= now {
+		return // the slot has begun: the permits count as used
+	}
+	back := max(ticket-n*b.emission, now)
 	if key == "" {
-		for {
-			old := b.root.Load()
-			if old <= now || b.root.CompareAndSwap(old, max(old-dec, now)) {
-				return nil
-			}
-		}
+		b.root.CompareAndSwap(ticket, back)
+		return
 	}
 	s := b.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old, ok := s.tats[key]; ok && old > now {
-		s.tats[key] = max(old-dec, now)
+	if s.tats[key] == ticket {
+		s.tats[key] = back
 	}
-	return nil
 }
 
 func (b *Local) shard(key string) *localShard {

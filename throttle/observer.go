@@ -25,6 +25,6 @@ type Observer interface {
 }
 
 // WithObserver sets the Observer a Limiter reports to. Default: none.
-func WithObserver(o Observer) Option {
-	return optionFunc(func(c *config) { c.observer = o })
+func WithObserver(o Observer) LimiterOption {
+	return limiterOnly(func(c *config) { c.observer = o })
 }

@@ -68,10 +68,11 @@ type Smooth struct {
 // idlePace is the pace of a key never seen: long caught up with any clock.
 const idlePace = math.MinInt64 / 4
 
-// smoothOption is an [Option] that only [NewSmooth] reads.
-type smoothOption func(*smoothConfig)
+// smoothOnly is a [SmoothOption] that only [NewSmooth] reads.
+type smoothOnly func(*smoothConfig)
 
-func (smoothOption) apply(*config) {}
+func (smoothOnly) apply(*config) {}
+func (smoothOnly) smoothOption() {}
 
 type smoothConfig struct {
 	instances int
@@ -79,10 +80,9 @@ type smoothConfig struct {
 
 // WithSmoothInstances tells a [Smooth] bucket that k instances share its
 // limit: it paces its own callers at limit/k per interval, so that the
-// fleet together stays smooth. Default: 1. k must be at least 1. Ignored
-// by everything but NewSmooth.
-func WithSmoothInstances(k int) Option {
-	return smoothOption(func(c *smoothConfig) { c.instances = k })
+// fleet together stays smooth. Default: 1. k must be at least 1.
+func WithSmoothInstances(k int) SmoothOption {
+	return smoothOnly(func(c *smoothConfig) { c.instances = k })
 }
 
 // NewSmooth returns a [Smooth] bucket that paces permits from inner at
@@ -91,32 +91,32 @@ func WithSmoothInstances(k int) Option {
 //
 // limit must be at least 1 and interval positive, with at most one permit
 // per nanosecond per instance.
-func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...Option) (*Smooth, error) {
+func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...SmoothOption) (*Smooth, error) {
 	if inner == nil {
-		return nil, Invalid("throttle: NewSmooth", "inner", nil, "must be a Bucket, such as one from package bucket")
+		return nil, invalid("throttle: NewSmooth", "inner", nil, "must be a Bucket, such as one from package bucket")
 	}
 	base := newConfig(opts)
 	sc := smoothConfig{instances: 1}
 	for _, o := range opts {
-		if so, ok := o.(smoothOption); ok && so != nil {
+		if so, ok := o.(smoothOnly); ok && so != nil {
 			so(&sc)
 		}
 	}
 	if limit < 1 {
-		return nil, Invalid("throttle: NewSmooth", "limit", limit, "must be at least 1")
+		return nil, invalid("throttle: NewSmooth", "limit", limit, "must be at least 1")
 	}
 	if interval <= 0 {
-		return nil, Invalid("throttle: NewSmooth", "interval", interval, "must be positive")
+		return nil, invalid("throttle: NewSmooth", "interval", interval, "must be positive")
 	}
 	if sc.instances < 1 {
-		return nil, Invalid("throttle: NewSmooth", "instances", sc.instances, "must be at least 1")
+		return nil, invalid("throttle: NewSmooth", "instances", sc.instances, "must be at least 1")
 	}
 	if int64(sc.instances) > math.MaxInt64/interval.Nanoseconds() {
-		return nil, Invalid("throttle: NewSmooth", "instances", sc.instances, "too many for the interval: instances × interval overflows")
+		return nil, invalid("throttle: NewSmooth", "instances", sc.instances, "too many for the interval: instances × interval overflows")
 	}
 	span := int64(sc.instances) * interval.Nanoseconds()
 	if limit > span {
-		return nil, Invalid("throttle: NewSmooth", "limit", limit, "must be at most one per nanosecond of interval "+interval.String()+" per instance")
+		return nil, invalid("throttle: NewSmooth", "limit", limit, "must be at most one per nanosecond of interval "+interval.String()+" per instance")
 	}
 	e := ceilDiv(span, limit)
 	s := &Smooth{
@@ -155,7 +155,7 @@ func (s *Smooth) Fallback() (limit int64, interval time.Duration, instances int6
 // before that it refuses with the time to the slot.
 func (s *Smooth) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
 	if n < 1 {
-		return Decision{}, Invalid("throttle: Smooth", "n", n, "must be at least 1")
+		return Decision{}, invalid("throttle: Smooth", "n", n, "must be at least 1")
 	}
 	if n > math.MaxInt64/4/s.emission {
 		return Decision{}, fmt.Errorf("throttle: Smooth: %d permits asked at once overflow the pace: %w", n, ErrExceedsLimit)
@@ -246,8 +246,9 @@ func (s *Smooth) Refund(ctx context.Context, key string, n int64) error {
 
 // Pause implements [Pauser]: this instance gives key no slot for d, and
 // the pause is passed on to the inner bucket if it is a Pauser, so that
-// the rest of the fleet stops too.
+// the rest of the fleet stops too. d is clamped to [MaxPause].
 func (s *Smooth) Pause(ctx context.Context, key string, d time.Duration) error {
+	d = min(d, MaxPause)
 	if d > 0 {
 		until := s.now() + int64(d)
 		if key == "" {

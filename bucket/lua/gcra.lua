@@ -3,7 +3,9 @@
 -- KEYS[1]  theoretical arrival time (TAT): a string, µs since the Unix
 --          epoch on the server's clock; expires once the bucket is full
 -- KEYS[2]  pause key of the budget (see pause.lua)
--- ARGV[1]  n, permits asked (integer ≥ 1)
+-- ARGV[1]  n, permits asked (integer ≥ 1), all or nothing. A negative
+--          value -k asks for up to k (coalesced callers): as many slots as
+--          fit within maxWait, from 1 to k.
 -- ARGV[2]  emission interval in µs: interval / limit, rounded up (≥ 1)
 -- ARGV[3]  tolerance in µs: burst × emission
 -- ARGV[4]  maxWait in µs: how far ahead the caller accepts a slot (≥ 0)
@@ -20,7 +22,12 @@
 --              no wait would help.
 -- remaining: permits free at once after this call; reset_us: time until
 -- the bucket is full again. A fifth element is the live limit used (0: the
--- caller's ARGV).
+-- caller's ARGV). Then {taken, emission_us, floor_us, next_us, first_us}:
+-- the permits granted (0 when denied), the emission interval used, the
+-- pause left, the wait for one more permit after this call, and (granted
+-- only) the unclamped wait of the first slot granted: for an up-to call,
+-- permit i (0-based) is the caller's from max(first_us + i × emission_us,
+-- floor_us, 0) on.
 --
 -- Guarantee: in any span t, at most burst + t / emission permits, counted at
 -- their slot times. A denied call changes nothing. A pause moves every slot
@@ -28,6 +35,8 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local n = tonumber(ARGV[1])
+local upTo = n < 0
+if upTo then n = -n end
 local em = tonumber(ARGV[2])
 local tol = tonumber(ARGV[3])
 local maxWait = tonumber(ARGV[4])
@@ -42,8 +51,13 @@ if KEYS[3] then
   end
 end
 
+if upTo then
+  local fit = math.floor(tol / em)
+  if n > fit then n = fit end
+  if n < 1 then n = 1 end
+end
 if n * em > tol then
-  return {2, 0, 0, 0, live}
+  return {2, 0, 0, 0, live, 0, em, 0, 0}
 end
 
 local pl = redis.call('PTTL', KEYS[2])
@@ -51,6 +65,14 @@ if pl > 0 then pl = pl * 1000 else pl = 0 end
 
 local tat = tonumber(redis.call('GET', KEYS[1]) or 0) or 0
 if tat < now + pl then tat = now + pl end
+if upTo then
+  -- slot i (1-based) waits tat + i × em - tol - now: keep those within
+  -- maxWait (and the pause floor, which only moves slots later)
+  local fit = math.floor((maxWait + tol + now - tat) / em)
+  if fit < n then n = fit end
+  if n < 1 then n = 1 end
+end
+local first = tat + em - tol - now
 local new = tat + n * em
 local wait = new - tol - now
 if wait < pl then wait = pl end
@@ -58,11 +80,13 @@ if wait < pl then wait = pl end
 if wait > maxWait then
   local rem = math.floor((now + tol - tat) / em)
   if rem < 0 then rem = 0 end
-  return {0, wait, rem, tat - now, live}
+  return {0, wait, rem, tat - now, live, 0, em, pl, wait}
 end
 
 redis.call('SET', KEYS[1], string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000) + 1)
 local rem = math.floor((now + tol - new) / em)
 if rem < 0 then rem = 0 end
 if wait < 0 then wait = 0 end
-return {1, wait, rem, new - now, live}
+local nxt = new + em - tol - now
+if nxt < pl then nxt = pl end
+return {1, wait, rem, new - now, live, n, em, pl, nxt, first}

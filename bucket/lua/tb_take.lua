@@ -1,51 +1,77 @@
--- tb_take.lua: take n tokens from a token bucket's current period.
+-- tb_take.lua: take tokens from a token bucket's current period, starting
+-- the next period first (the refill) when the current one has ended.
 --
 -- KEYS[1]  tokens key: a string holding the tokens left in the current
---          period; its expiry is the period's end. Only tb_refill.lua
+--          period; its expiry is the period's end. Only this script
 --          creates it, always with an expiry.
 -- KEYS[2]  pause key of the same budget (see pause.lua)
--- KEYS[3]  the refill mutex's key (Redsync's; only read here)
--- KEYS[4]  optional: the period's limit, written by tb_refill.lua with
---          the tokens' expiry (only read here)
--- ARGV[1]  n, tokens asked (integer ≥ 1)
+-- KEYS[3]  the refill mutex's key, Redsync's format (only read here: a
+--          Redsync user holding it, an operator's tool for example, keeps
+--          this script from refilling until it is released)
+-- KEYS[4]  the period's limit, written here with the tokens' expiry
+-- KEYS[5]  live limit, a string set by an operator (TokenBucket.SetLimit);
+--          when present it replaces ARGV[2] from the next refill on
+-- ARGV[1]  n, tokens asked (integer ≥ 1): all or nothing. A negative
+--          value -k asks for up to k (coalesced callers): any number from
+--          1 to k is granted, as many as are left.
+-- ARGV[2]  limit: tokens per period (integer ≥ 1)
+-- ARGV[3]  period in milliseconds (integer ≥ 1)
 --
--- Returns {status, delay_ms, remaining, reset_ms}:
---   status 1: granted; remaining = tokens left; reset_ms = period left.
+-- Returns {status, delay_ms, remaining, reset_ms, limit, taken}:
+--   status 1: granted taken tokens; remaining = tokens left; reset_ms =
+--             period left; delay_ms = time until the period ends (when
+--             fewer than asked were taken, the others can come then).
 --   status 0: denied; delay_ms = time until the period (or the pause) ends.
---   status 2: the period has ended (key absent, or without expiry) and no
---             one holds the refill mutex: take it, run tb_refill.lua.
 --   status 3: the period has ended and someone holds the refill mutex:
 --             ask again shortly.
 --   status 4: n is above the period's limit (lowered live): it can never
 --             fit in this period.
--- Statuses 0, 1 and 4 add a fifth element: the period's limit (0 when
--- unknown).
+-- limit is the period's limit (0 when unknown).
 --
--- Guarantee: all or nothing. A denied take changes nothing, so it never
--- consumes tokens of this period or of the next; the key is never
--- re-created without an expiry.
+-- Guarantee: at most the period's limit in tokens per refill, and refills
+-- at least one period apart on the server's clock: the script refills only
+-- when the tokens key has expired, and it runs atomically, so two refills
+-- can never land in one period (no lock holder can be paused between the
+-- check and the refill; there is nothing between them). All or nothing for
+-- n > 0; a denied take changes nothing, so it never consumes tokens of this
+-- period or of the next.
 local n = tonumber(ARGV[1])
+local upTo = n < 0
+if upTo then n = -n end
 local pause = redis.call('PTTL', KEYS[2])
 if pause > 0 then
-  return {0, pause, -1, pause}
+  return {0, pause, -1, pause, 0, 0}
 end
 local ttl = redis.call('PTTL', KEYS[1])
+local left, cap
 if ttl < 0 then
   if redis.call('EXISTS', KEYS[3]) == 1 then
-    return {3, 0, 0, 0}
+    return {3, 0, 0, 0, 0, 0}
   end
-  return {2, 0, 0, 0}
-end
-local left = tonumber(redis.call('GET', KEYS[1])) or 0
-local cap = 0
-if KEYS[4] then
+  cap = tonumber(ARGV[2])
+  cap = tonumber(redis.call('GET', KEYS[5]) or cap) or cap
+  ttl = tonumber(ARGV[3])
+  redis.call('SET', KEYS[4], cap, 'PX', ttl)
+  local take = n
+  if upTo and cap < n then take = cap end
+  if take <= cap then
+    -- the refilling caller's tokens, taken as the period starts
+    redis.call('SET', KEYS[1], cap - take, 'PX', ttl)
+    return {1, ttl, cap - take, ttl, cap, take}
+  end
+  redis.call('SET', KEYS[1], cap, 'PX', ttl)
+  left = cap
+else
+  left = tonumber(redis.call('GET', KEYS[1])) or 0
   cap = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
 end
-if left >= n then
-  left = redis.call('DECRBY', KEYS[1], n)
-  return {1, 0, left, ttl, cap}
+local take = n
+if upTo and left < n then take = left end
+if take >= 1 and left >= take then
+  left = redis.call('DECRBY', KEYS[1], take)
+  return {1, ttl, left, ttl, cap, take}
 end
-if cap > 0 and n > cap then
-  return {4, ttl, left, ttl, cap}
+if not upTo and cap > 0 and n > cap then
+  return {4, ttl, left, ttl, cap, 0}
 end
-return {0, ttl, left, ttl, cap}
+return {0, ttl, left, ttl, cap, 0}

@@ -16,7 +16,10 @@ type guarantee struct {
 	// TokenBucket, Leased over it, the lock-per-call design).
 	// Otherwise: at most burst + limit·t/interval grants in any span t
 	// (GCRA, redis_rate, x/time/rate).
-	periods  bool
+	periods bool
+	// sliding: at most limit grants in any window of interval (headway's
+	// SlidingLog).
+	sliding  bool
 	limit    int64
 	interval time.Duration
 	burst    int64 // GCRA form only
@@ -25,6 +28,9 @@ type guarantee struct {
 func (g guarantee) String() string {
 	if g.periods {
 		return fmt.Sprintf("≤ %d per refill, refills ≥ %v apart", g.limit, g.interval)
+	}
+	if g.sliding {
+		return fmt.Sprintf("≤ %d in any window of %v", g.limit, g.interval)
 	}
 	return fmt.Sprintf("≤ %d + %d/%v·t in any span t", g.burst, g.limit, g.interval)
 }
@@ -41,6 +47,10 @@ func (g guarantee) check(times []int64, tol time.Duration) (violations int, allo
 	span := float64(times[len(times)-1] - times[0])
 	if g.periods {
 		return checkPeriods(times, g.limit, int64(g.interval-tol)),
+			float64(g.limit) * (math.Floor(span/float64(g.interval)) + 1)
+	}
+	if g.sliding {
+		return checkSliding(times, g.limit, int64(g.interval-tol)),
 			float64(g.limit) * (math.Floor(span/float64(g.interval)) + 1)
 	}
 	return checkGCRA(times, g.limit, g.interval, g.burst, tol),
@@ -103,6 +113,21 @@ func checkGCRA(t []int64, limit int64, interval time.Duration, burst int64, tol 
 			continue
 		}
 		tat = max(tat, f) + T
+	}
+	return violations
+}
+
+// checkSliding counts the grants of sorted times t that would put more
+// than limit grants in a span shorter than window (the interval less the
+// tolerance); a grant counted as a violation is left out of later spans.
+func checkSliding(t []int64, limit, window int64) (violations int) {
+	kept := make([]int64, 0, len(t))
+	for _, ti := range t {
+		if m := int64(len(kept)); m >= limit && ti-kept[m-limit] < window {
+			violations++
+			continue
+		}
+		kept = append(kept, ti)
 	}
 	return violations
 }

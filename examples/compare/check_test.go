@@ -74,3 +74,21 @@ func TestGuaranteeAllowed(t *testing.T) {
 		t.Errorf("gcra allowed = %v, want 260", a)
 	}
 }
+
+func TestCheckSliding(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		times []int64
+		limit int64
+		want  int
+	}{
+		{"limit in one window", secs(0, 0.1, 0.2), 3, 0},
+		{"one too many in a window", secs(0, 0.5, 0.9, 0.95), 3, 1},
+		{"window slides past the oldest", secs(0, 0.5, 0.9, 1.0), 3, 0},
+		{"a refused grant does not count later", secs(0, 0.1, 0.2, 0.3, 1.05), 2, 2},
+	} {
+		if got := checkSliding(tc.times, tc.limit, int64(time.Second)); got != tc.want {
+			t.Errorf("%s: %d violations, want %d", tc.name, got, tc.want)
+		}
+	}
+}

@@ -47,6 +47,10 @@ func periods(limit int64, interval time.Duration) guarantee {
 	return guarantee{periods: true, limit: limit, interval: interval}
 }
 
+func sliding(limit int64, interval time.Duration) guarantee {
+	return guarantee{sliding: true, limit: limit, interval: interval}
+}
+
 func gcra(limit int64, interval time.Duration) guarantee {
 	return guarantee{limit: limit, interval: interval, burst: limit}
 }
@@ -55,7 +59,7 @@ func gcra(limit int64, interval time.Duration) guarantee {
 var contenders = []contender{
 	{
 		name: "headway-tokenbucket", redis: true, guarantee: periods,
-		note: "bucket.TokenBucket (refill on demand under a Redsync mutex, the default) through throttle.Limiter",
+		note: "bucket.TokenBucket (refill on demand, the default; concurrent takes coalesced) through throttle.Limiter",
 		build: func(s setup) (acquirer, error) {
 			b, err := bucket.NewTokenBucket(s.rdb, s.key, s.limit, s.interval)
 			return newHeadway(b, nil), err
@@ -66,6 +70,14 @@ var contenders = []contender{
 		note: "bucket.GCRA, burst = limit, reserving ahead within maxWait, through throttle.Limiter",
 		build: func(s setup) (acquirer, error) {
 			b, err := bucket.NewGCRA(s.rdb, s.key, s.limit, s.interval)
+			return newHeadway(b, nil), err
+		},
+	},
+	{
+		name: "headway-slidinglog", redis: true, guarantee: sliding,
+		note: "bucket.SlidingLog, one window of the interval, through throttle.Limiter",
+		build: func(s setup) (acquirer, error) {
+			b, err := bucket.NewSlidingLog(s.rdb, s.key, []throttle.Tier{{Limit: s.limit, Period: s.interval}})
 			return newHeadway(b, nil), err
 		},
 	},

@@ -40,11 +40,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime"
 	"slices"
 	"strings"
@@ -53,6 +51,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/internal/cli"
 )
 
 // The capacity mode's limit: far above any contender's throughput, with a
@@ -76,34 +76,41 @@ type config struct {
 	redis      string
 	only       []string
 	lockRetry  time.Duration
+	rounds     int
 }
 
 func main() {
+	os.Exit(command(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// command is main, returning the exit code (see internal/cli).
+func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := cli.New("compare", "compare runs headway's buckets and other Go rate limiters under the same load,\nat a binding limit and at capacity, and prints grants/s, latency and Redis calls.")
+	fs := cmd.Flags
 	var (
 		c           config
 		modes, only string
 	)
-	flag.Int64Var(&c.limit, "limit", 1000, "limit mode: permits per interval")
-	flag.DurationVar(&c.interval, "interval", time.Second, "limit mode: the limit's interval")
-	flag.IntVar(&c.goroutines, "goroutines", 64, "goroutines asking for permits, per contender")
-	flag.DurationVar(&c.duration, "duration", 10*time.Second, "time per contender, split evenly between the modes run")
-	flag.StringVar(&modes, "mode", "limit,capacity", "modes to run: limit, capacity, or both")
-	flag.StringVar(&c.redis, "redis", "", "Redis address (default: start redis-server on a free loopback port)")
-	flag.StringVar(&only, "only", "", "comma list of contenders to run (default all): "+strings.Join(names(), ", "))
-	flag.DurationVar(&c.lockRetry, "lock-retry", time.Millisecond, "lock-per-call: Redsync's retry delay for a taken lock (Redsync's own default is 50-250ms)")
-	flag.Parse()
-	if modes == "both" {
-		modes = "limit,capacity"
+	fs.Int64Var(&c.limit, "limit", 1000, "limit mode: permits per interval")
+	fs.DurationVar(&c.interval, "interval", time.Second, "limit mode: the limit's interval")
+	fs.IntVar(&c.goroutines, "goroutines", 64, "goroutines asking for permits, per contender")
+	fs.DurationVar(&c.duration, "duration", 10*time.Second, "time per contender, split evenly between the modes run")
+	fs.StringVar(&modes, "mode", "limit,capacity", "modes to run: limit, capacity, or both")
+	fs.StringVar(&c.redis, "redis", "", "Redis address (default: start redis-server on a free loopback port)")
+	fs.StringVar(&only, "only", "", "comma list of contenders to run (default all): "+strings.Join(names(), ", "))
+	fs.IntVar(&c.rounds, "rounds", 1, "rounds per mode; each runs every contender in turn, and the tables show medians with their range")
+	fs.DurationVar(&c.lockRetry, "lock-retry", time.Millisecond, "lock-per-call: Redsync's retry delay for a taken lock (Redsync's own default is 50-250ms)")
+	read := func() error {
+		if modes == "both" {
+			modes = "limit,capacity"
+		}
+		c.modes = split(modes)
+		c.only = split(only)
+		return c.check()
 	}
-	c.modes = split(modes)
-	c.only = split(only)
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, c, os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "compare:", err)
-		os.Exit(1)
-	}
+	return cmd.Run(ctx, args, stdout, stderr, read, func(ctx context.Context) error {
+		return run(ctx, c, stdout, stderr)
+	})
 }
 
 func run(ctx context.Context, c config, stdout, stderr io.Writer) error {
@@ -113,7 +120,7 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) error {
 	if c.redis == "" && slices.ContainsFunc(c.selected(), func(ct contender) bool { return ct.redis }) {
 		srv, err := startRedis(ctx)
 		if err != nil {
-			return err
+			return cli.Usagef("%w", err)
 		}
 		defer srv.close()
 		c.redis = srv.addr
@@ -126,15 +133,20 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) error {
 		if mode == "capacity" {
 			limit, interval = capacityLimit, capacityInterval
 		}
-		var results []result
-		for _, ct := range c.selected() {
-			fmt.Fprintf(stderr, "compare: %s mode: %s...\n", mode, ct.name)
-			r, err := runOne(ctx, c, ct, limit, interval, c.duration/time.Duration(len(c.modes)))
-			if err != nil {
-				return fmt.Errorf("%s, %s mode: %w", ct.name, mode, err)
+		var rounds [][]result
+		for round := range c.rounds {
+			var results []result
+			for _, ct := range c.selected() {
+				fmt.Fprintf(stderr, "compare: %s mode, round %d: %s...\n", mode, round+1, ct.name)
+				r, err := runOne(ctx, c, ct, limit, interval, c.duration/time.Duration(len(c.modes)))
+				if err != nil {
+					return fmt.Errorf("%s, %s mode: %w", ct.name, mode, err)
+				}
+				results = append(results, r)
 			}
-			results = append(results, r)
+			rounds = append(rounds, results)
 		}
+		results := medianRound(rounds)
 		if mode == "limit" {
 			fmt.Fprintf(stdout, "## limit mode: %d per %v (%.0f/s), demand far above it\n\n", limit, interval, float64(limit)/interval.Seconds())
 		} else {
@@ -142,6 +154,10 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) error {
 		}
 		table(stdout, results, mode == "limit")
 		fmt.Fprintln(stdout)
+		if len(rounds) > 1 {
+			summary(stdout, rounds)
+			fmt.Fprintln(stdout)
+		}
 	}
 	fmt.Fprintln(stdout, "Contenders:")
 	for _, ct := range c.selected() {
@@ -162,6 +178,8 @@ func (c *config) check() error {
 		return fmt.Errorf("-goroutines %d: must be 1 to 10000", c.goroutines)
 	case c.duration < 100*time.Millisecond || c.duration > 10*time.Minute:
 		return fmt.Errorf("-duration %v: must be 100ms to 10m", c.duration)
+	case c.rounds < 1 || c.rounds > 50:
+		return fmt.Errorf("-rounds %d: must be 1 to 50", c.rounds)
 	case c.lockRetry <= 0:
 		return fmt.Errorf("-lock-retry %v: must be positive", c.lockRetry)
 	case len(c.modes) == 0:
@@ -405,6 +423,69 @@ func table(w io.Writer, rs []result, limitMode bool) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// medianRound returns, for each contender, its result of the round with
+// its median grants/s.
+func medianRound(rounds [][]result) []result {
+	out := make([]result, len(rounds[0]))
+	for i := range out {
+		var rs []result
+		for _, round := range rounds {
+			rs = append(rs, round[i])
+		}
+		slices.SortFunc(rs, func(a, b result) int { return cmpFloat(a.perSec(), b.perSec()) })
+		out[i] = rs[(len(rs)-1)/2]
+	}
+	return out
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// summary prints, per contender, the median and range over the rounds of
+// grants/s and of the ratios to redis_rate of the same round.
+func summary(w io.Writer, rounds [][]result) {
+	base := slices.IndexFunc(rounds[0], func(r result) bool { return r.name == "redis_rate" })
+	fmt.Fprintf(w, "Over %d rounds (median [min–max]); ratios are to redis_rate in the same round:\n\n", len(rounds))
+	fmt.Fprintln(w, "| contender | grants/s | ×redis_rate | p99 ×redis_rate | cmds/grant | violations (sum) |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	for i := range rounds[0] {
+		var perSec, ratio, p99, cmds []float64
+		viol := 0
+		for _, round := range rounds {
+			r := round[i]
+			perSec = append(perSec, r.perSec())
+			if r.grants > 0 {
+				cmds = append(cmds, float64(r.cmds)/float64(r.grants))
+			}
+			viol += r.violations
+			if base >= 0 && round[base].grants > 0 && r.grants > 0 {
+				ratio = append(ratio, r.perSec()/round[base].perSec())
+				if round[base].p99 > 0 {
+					p99 = append(p99, float64(r.p99)/float64(round[base].p99))
+				}
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d |\n", rounds[0][i].name,
+			spread(perSec, "%.0f"), spread(ratio, "%.2f"), spread(p99, "%.2f"), spread(cmds, "%.3g"), viol)
+	}
+}
+
+// spread formats the median of xs and its range.
+func spread(xs []float64, f string) string {
+	if len(xs) == 0 {
+		return "—"
+	}
+	slices.Sort(xs)
+	return fmt.Sprintf(f+" ["+f+"–"+f+"]", xs[(len(xs)-1)/2], xs[0], xs[len(xs)-1])
 }
 
 // machine describes where the run happens.

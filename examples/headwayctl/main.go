@@ -96,6 +96,7 @@ type live interface {
 	SetLimit(ctx context.Context, key string, limit int64) error
 	ClearLimit(ctx context.Context, key string) error
 	State(ctx context.Context, key string) (bucket.State, error)
+	Adaptive(ctx context.Context, key string) (throttle.AdaptiveState, error)
 }
 
 // run is the whole command; it returns the exit status.
@@ -116,17 +117,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	g := flag.NewFlagSet("headwayctl", flag.ContinueOnError)
-	g.SetOutput(stderr)
+	g.SetOutput(io.Discard) // errors are reported in one line by run; -h prints the usage
 	addr := g.String("redis", "127.0.0.1:6379", "Redis address; with -cluster, a comma-separated list of seed nodes")
 	cluster := g.Bool("cluster", false, "connect to a Redis Cluster")
 	prefix := g.String("prefix", "headway", "key prefix the fleet uses (bucket.WithPrefix)")
 	timeout := g.Duration("timeout", 5*time.Second, "give up on Redis after this long")
-	g.Usage = func() {
-		fmt.Fprint(stderr, usage)
+	g.Usage = func() {} // flag calls it on errors too; those are one line
+	printUsage := func() {
+		fmt.Fprint(stdout, usage)
+		g.SetOutput(stdout)
 		g.PrintDefaults()
+		g.SetOutput(io.Discard)
 	}
 	if err := g.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			printUsage()
 			return err
 		}
 		return usageError{err.Error()}
@@ -135,13 +140,12 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usagef("-timeout = %v: must be positive", *timeout)
 	}
 	if g.NArg() == 0 {
-		g.Usage()
-		return usagef("no command given (show, set-limit, clear-limit, pause)")
+		return usagef("no command given (show, set-limit, clear-limit, pause); see headwayctl -h")
 	}
 	cmd, rest := g.Arg(0), g.Args()[1:]
 
 	f := flag.NewFlagSet("headwayctl "+cmd, flag.ContinueOnError)
-	f.SetOutput(stderr)
+	f.SetOutput(io.Discard)
 	var t target
 	f.StringVar(&t.kind, "bucket", "tokenbucket", "bucket kind: tokenbucket, fixedwindow or gcra")
 	f.StringVar(&t.key, "key", "", "the bucket's key, as passed to its constructor (required)")
@@ -165,18 +169,21 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		f.DurationVar(&pauseD, "for", 0, "how long to pause (required; rounded up to the millisecond)")
 		needArg = "for"
 	case "help", "-h", "--help":
-		g.Usage()
+		printUsage()
 		return nil
 	default:
-		g.Usage()
 		return usagef("unknown command %q (show, set-limit, clear-limit, pause)", cmd)
 	}
-	f.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: headwayctl [global flags] %s [flags]\n\nFlags:\n", cmd)
+	f.Usage = func() {}
+	printCmdUsage := func() {
+		fmt.Fprintf(stdout, "Usage: headwayctl [global flags] %s [flags]\n\nFlags:\n", cmd)
+		f.SetOutput(stdout)
 		f.PrintDefaults()
+		f.SetOutput(io.Discard)
 	}
 	if err := f.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			printCmdUsage()
 			return err
 		}
 		return usageError{err.Error()}
@@ -211,6 +218,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return printJSON(stdout, t, st)
 		}
 		printState(stdout, t, st)
+		return printAdaptive(ctx, stdout, b, t) // adaptive.go
 	case "set-limit":
 		if err := b.SetLimit(ctx, t.tenant, limit); err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
 )
 
@@ -151,8 +153,6 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"pause", "-key", "k", "-for", "-1s"}, 2, "must be positive"},
 		{[]string{"show", "-key", "k", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"show", "-nope"}, 2, "flag provided but not defined"},
-		{[]string{"-h"}, 0, "Commands:"},
-		{[]string{"show", "-h"}, 0, "-tenant"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -169,4 +169,29 @@ func TestRedisDown(t *testing.T) {
 	if code != 1 || !strings.Contains(errs, "headwayctl: ") || !strings.Contains(errs, "127.0.0.1:1") {
 		t.Fatalf("exit %d, stderr %q; want 1 and the address", code, errs)
 	}
+}
+
+// TestCommandLine checks the conventions every example tool keeps (see
+// internal/cli), in headwayctl's form with commands: usage on -h (global
+// or a command's) exits 0; bad usage exits 2 with one line; a Redis that
+// does not answer exits 1. It runs one command and exits, so it has no
+// summary to print on SIGTERM.
+func TestCommandLine(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	cli.Check(t, run, []cli.Case{
+		{Name: "-h", Args: []string{"-h"}, Code: cli.ExitOK, Stdout: "Usage:"},
+		{Name: "-help", Args: []string{"-help"}, Code: cli.ExitOK, Stdout: "Global flags"},
+		{Name: "command -h", Args: []string{"show", "-h"}, Code: cli.ExitOK, Stdout: "-tenant"},
+		{Name: "help", Args: []string{"help"}, Code: cli.ExitOK, Stdout: "Commands:"},
+		{Name: "no command", Args: nil, Code: cli.ExitUsage, Stderr: "no command given"},
+		{Name: "unknown command", Args: []string{"stray", "-h"}, Code: cli.ExitUsage, Stderr: `unknown command "stray"`},
+		{Name: "bad value", Args: []string{"-timeout", "soon", "show"}, Code: cli.ExitUsage, Stderr: "-timeout"},
+		{Name: "unknown flag", Args: []string{"show", "-key", "k", "-nope"}, Code: cli.ExitUsage, Stderr: "-nope"},
+		{Name: "stray after command", Args: []string{"show", "-key", "k", "extra"}, Code: cli.ExitUsage, Stderr: `unexpected argument "extra"`},
+		{Name: "redis not answering", Args: []string{"-redis", closed.Addr().String(), "-timeout", "300ms", "show", "-key", "k"}, Code: cli.ExitFailed, Stderr: "headwayctl:"},
+	})
 }

@@ -35,28 +35,37 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/signal"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/httpclient"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "httpclient:", err)
-		os.Exit(1)
-	}
+	os.Exit(command(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// config is what the flags set.
+// command is main, returning the exit code (see internal/cli): 1 when
+// every call failed.
+func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := cli.New("httpclient", "httpclient calls -target at -rate through a throttle.Transport that keeps\n-limit calls per -interval, shared through Redis with -redis, and prints a summary.")
+	read := defineFlags(cmd.Flags)
+	var c config
+	validate := func() (err error) {
+		c, err = read()
+		return err
+	}
+	return cmd.Run(ctx, args, stdout, stderr, validate, func(ctx context.Context) error {
+		return runConfig(ctx, c, stdout)
+	})
+}
+
 type config struct {
 	target   *url.URL
 	limit    int64
@@ -70,9 +79,20 @@ type config struct {
 	org      string
 }
 
+// parseFlags parses args on a flag set of its own.
 func parseFlags(args []string, out io.Writer) (config, error) {
 	fs := flag.NewFlagSet("httpclient", flag.ContinueOnError)
 	fs.SetOutput(out)
+	read := defineFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	return read()
+}
+
+// defineFlags defines the flags on fs and returns the function that reads
+// and checks them once fs is parsed.
+func defineFlags(fs *flag.FlagSet) func() (config, error) {
 	target := fs.String("target", "http://127.0.0.1:8080/product/1", "URL to call")
 	remote := fs.Bool("remote", false, "allow a -target that is not on loopback")
 	limit := fs.Int64("limit", 5, "calls allowed per -interval")
@@ -84,18 +104,21 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	rdb := fs.String("redis", "", "Redis address (host:port) to share the limit with other instances; empty: in process")
 	duration := fs.Duration("duration", 5*time.Second, "how long calls arrive")
 	org := fs.String("org", "acme", "X-Org-Id header sent (the tenant at examples/provider)")
-	if err := fs.Parse(args); err != nil {
-		return config{}, err
+	return func() (config, error) {
+		return readFlags(*target, *remote, config{limit: *limit, interval: *interval, workers: *workers, rate: *rate, maxWait: *maxWait,
+			timeout: *timeout, redis: *rdb, duration: *duration, org: *org})
 	}
-	c := config{limit: *limit, interval: *interval, workers: *workers, rate: *rate, maxWait: *maxWait,
-		timeout: *timeout, redis: *rdb, duration: *duration, org: *org}
-	u, err := url.Parse(*target)
+}
+
+// readFlags checks c, filling in c.target from target.
+func readFlags(target string, remote bool, c config) (config, error) {
+	u, err := url.Parse(target)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return c, fmt.Errorf("-target %q: want an http or https URL", *target)
+		return c, fmt.Errorf("-target %q: want an http or https URL", target)
 	}
 	c.target = u
-	if !*remote && !loopback(u.Hostname()) {
-		return c, fmt.Errorf("-target %q: not on loopback; pass -remote to call another machine", *target)
+	if !remote && !loopback(u.Hostname()) {
+		return c, fmt.Errorf("-target %q: not on loopback; pass -remote to call another machine", target)
 	}
 	switch {
 	case c.workers < 1 || c.workers > 10_000:
@@ -135,9 +158,15 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	return runConfig(ctx, c, out)
+}
+
+// runConfig is run with the flags parsed: a setup error matches
+// cli.ErrUsage, a run in which every call failed cli.ErrFailed.
+func runConfig(ctx context.Context, c config, out io.Writer) error {
 	b, closeStore, err := newBucket(ctx, c)
 	if err != nil {
-		return err
+		return cli.Usagef("%w", err)
 	}
 	defer closeStore()
 	lim := throttle.New(b)
@@ -145,17 +174,18 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	var n counts
 	base := &countingTransport{base: http.DefaultTransport.(*http.Transport).Clone(), n: &n}
 	defer base.base.CloseIdleConnections()
-	tr, err := throttle.NewTransport(lim,
-		throttle.WithBase(base),
-		throttle.WithClientMaxWait(c.maxWait),
+	tr, err := httpclient.NewTransport(lim,
+		httpclient.WithBase(base),
+		httpclient.WithMaxWait(c.maxWait),
 		// One budget per provider host: the key the pause applies to.
-		throttle.WithRequestKey(func(r *http.Request) throttle.Keyed { return lim.Key(r.URL.Host) }),
+		httpclient.WithRequestKey(func(r *http.Request) throttle.Keyed { return lim.Key(r.URL.Host) }),
 	)
 	if err != nil {
 		return err
 	}
 	client := &http.Client{Transport: tr}
 
+	fmt.Fprintf(out, "httpclient: calling %s at %.0f/s for %v, %d per %v allowed\n", c.target, c.rate, c.duration, c.limit, c.interval)
 	ctx, cancel := context.WithTimeout(ctx, c.duration)
 	defer cancel()
 	calls := make(chan struct{})
@@ -173,6 +203,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	wg.Wait()
 	fmt.Fprintf(out, "httpclient: sent %d, ok %d, 429s %d (%d returned to callers), timeouts %d, errors %d in %v\n",
 		n.sent.Load(), n.ok.Load(), n.seen429.Load(), n.returned429.Load(), n.timeouts.Load(), n.errors.Load(), time.Since(start).Round(10*time.Millisecond))
+	if n.sent.Load() > 0 && n.ok.Load() == 0 {
+		return cli.Failedf("every call failed: %d sent, none answered 2xx", n.sent.Load())
+	}
 	return nil
 }
 
@@ -249,7 +282,7 @@ func call(ctx context.Context, client *http.Client, c config, n *counts) {
 }
 
 // countingTransport counts the requests that go out and the 429s that
-// come back, under the throttle.Transport (so retries count).
+// come back, under the httpclient.Transport (so retries count).
 type countingTransport struct {
 	base *http.Transport
 	n    *counts

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
 )
 
@@ -60,7 +62,8 @@ func summary(t *testing.T, args ...string) (sent, ok, seen429, returned429, time
 		t.Fatalf("run: %v", err)
 	}
 	var took string
-	if _, err := fmt.Sscanf(out.String(), "httpclient: sent %d, ok %d, 429s %d (%d returned to callers), timeouts %d, errors %d in %s",
+	_, last, _ := strings.Cut(out.String(), "\n") // after the "calling" line
+	if _, err := fmt.Sscanf(last, "httpclient: sent %d, ok %d, 429s %d (%d returned to callers), timeouts %d, errors %d in %s",
 		&sent, &ok, &seen429, &returned429, &timeouts, &errs, &took); err != nil {
 		t.Fatalf("summary %q: %v", out.String(), err)
 	}
@@ -135,4 +138,26 @@ func TestClientRefusesBadFlags(t *testing.T) {
 			t.Errorf("run(%q): %v; want an error mentioning %q", tt.args, err, tt.want)
 		}
 	}
+}
+
+// TestCommandLine checks the conventions every example tool keeps (see
+// internal/cli): usage on -h, exit 2 with one line for bad usage and a
+// Redis that does not answer, exit 1 when every call failed, and the
+// summary on SIGTERM.
+func TestCommandLine(t *testing.T) {
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	defer ok.Close()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "http://" + closed.Addr().String() + "/"
+	closed.Close() // nothing listens there any more: every call is refused
+
+	cli.Check(t, command, append(cli.Conventions("httpclient", "-workers=0", "-target=ftp://x", "-target=http://example.com/", "-rate=x"),
+		cli.Case{Name: "ok", Args: []string{"-target", ok.URL, "-duration", "300ms", "-limit", "100"}, Code: cli.ExitOK, Stdout: "httpclient: sent"},
+		cli.Case{Name: "every call failed", Args: []string{"-target", refused, "-duration", "300ms"}, Code: cli.ExitFailed, Stderr: "every call failed"},
+		cli.Case{Name: "redis not answering", Args: []string{"-target", ok.URL, "-redis", closed.Addr().String()}, Code: cli.ExitUsage, Stderr: "-redis"},
+	))
+	cli.Terminate(t, command, []string{"-target", ok.URL, "-duration", "1m"}, "httpclient: calling", "httpclient: sent", cli.ExitOK)
 }

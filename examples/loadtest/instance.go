@@ -59,7 +59,7 @@ func newInstance(c loadConfig, i int, hook redis.Hook) (*instance, error) {
 	case "fixedwindow":
 		b, err = bucket.NewFixedWindow(rdb, c.Key, c.Limit, c.Interval)
 	case "slidinglog":
-		b, err = bucket.NewSlidingLog(rdb, c.Key, []bucket.Tier{{Limit: c.Limit, Period: c.Interval}})
+		b, err = bucket.NewSlidingLog(rdb, c.Key, []throttle.Tier{{Limit: c.Limit, Period: c.Interval}})
 	case "gcra":
 		b, err = bucket.NewGCRA(rdb, c.Key, c.Limit, c.Interval, bucket.WithBurst(c.Burst))
 	case "counter":
@@ -84,7 +84,7 @@ func newInstance(c loadConfig, i int, hook redis.Hook) (*instance, error) {
 // then timedBucket, and builds the Limiter on top.
 func (in *instance) wrap(c loadConfig, b throttle.Bucket) error {
 	if c.Lease {
-		opts := []throttle.Option{throttle.WithLeaseTTL(c.leaseTTL())}
+		opts := []throttle.LeasedOption{throttle.WithLeaseTTL(c.leaseTTL())}
 		if c.LeaseHorizon > 0 {
 			opts = append(opts, throttle.WithLeaseHorizon(c.LeaseHorizon))
 		}

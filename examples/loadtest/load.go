@@ -88,10 +88,17 @@ type loadResult struct {
 	AcquireP50us       float64 `json:"acquire_p50_us"` // granted calls only, waiting included
 	AcquireP99us       float64 `json:"acquire_p99_us"`
 	AcquireMaxUs       float64 `json:"acquire_max_us"`
-	Timeouts           int64   `json:"timeouts"` // Acquire calls that ended with ErrTimeout
-	Errors             int64   `json:"errors"`   // Acquire calls that failed otherwise
-	FirstError         string  `json:"first_error,omitempty"`
-	StoppedEarly       bool    `json:"stopped_early"` // MaxGrants was reached
+	// DegradedGrants counts grants no bucket call made (the Limiter's
+	// failure policy decided them while the store failed). Their record
+	// times are not used to measure the tolerance: the checker's
+	// tolerance comes from normal operation only, so a fault cannot widen
+	// it until its own over-admission fits; Violations then counts what
+	// the fault let through.
+	DegradedGrants int64  `json:"degraded_grants"`
+	Timeouts       int64  `json:"timeouts"` // Acquire calls that ended with ErrTimeout
+	Errors         int64  `json:"errors"`   // Acquire calls that failed otherwise
+	FirstError     string `json:"first_error,omitempty"`
+	StoppedEarly   bool   `json:"stopped_early"` // MaxGrants was reached
 
 	Lease  bool    `json:"lease"`
 	Smooth bool    `json:"smooth"`
@@ -179,6 +186,7 @@ func (c *loadConfig) check() error {
 // tally holds the counts the workers share.
 type tally struct {
 	grants                         atomic.Int64
+	degraded                       atomic.Int64 // grants no bucket call made
 	timeouts, errors               atomic.Int64
 	targetOK, target429, targetErr atomic.Int64
 	firstErr                       sync.Once
@@ -294,39 +302,40 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	slices.Sort(waits)
 	grants := int(t.grants.Load())
 	res := loadResult{
-		Bucket:       c.Bucket,
-		Limit:        c.Limit,
-		IntervalMs:   float64(c.Interval) / float64(time.Millisecond),
-		Instances:    c.Instances,
-		Workers:      c.Workers,
-		DurationS:    elapsed.Seconds(),
-		Grants:       grants,
-		GrantsPerS:   float64(grants) / elapsed.Seconds(),
-		Utilization:  rep.Utilization,
-		Allowed:      rep.Allowed,
-		Violations:   rep.Violations,
-		Worst:        rep.Worst,
-		Guarantee:    rep.Detail,
-		ToleranceMs:  millis(c.Tolerance),
-		MeasuredMs:   millis(measured),
-		LateP99Ms:    millis(percentile(lates, 0.99)),
-		NeededMs:     millis(c.needed(times)),
-		AcquireP50us: micros(percentile(waits, 0.50)),
-		AcquireP99us: micros(percentile(waits, 0.99)),
-		Timeouts:     t.timeouts.Load(),
-		Errors:       t.errors.Load(),
-		FirstError:   t.firstError,
-		StoppedEarly: grants >= c.MaxGrants,
-		Lease:        c.Lease,
-		Smooth:       c.Smooth,
-		Skew:         c.Skew,
-		Demand:       c.Demand,
-		RampS:        c.Ramp.Seconds(),
-		MaxTenth:     maxIn(times, c.Interval/10),
-		RedisCmds:    cmds,
-		TargetOK:     t.targetOK.Load(),
-		Target429:    t.target429.Load(),
-		TargetErrors: t.targetErr.Load(),
+		Bucket:         c.Bucket,
+		Limit:          c.Limit,
+		IntervalMs:     float64(c.Interval) / float64(time.Millisecond),
+		Instances:      c.Instances,
+		Workers:        c.Workers,
+		DurationS:      elapsed.Seconds(),
+		Grants:         grants,
+		GrantsPerS:     float64(grants) / elapsed.Seconds(),
+		Utilization:    rep.Utilization,
+		Allowed:        rep.Allowed,
+		Violations:     rep.Violations,
+		Worst:          rep.Worst,
+		Guarantee:      rep.Detail,
+		ToleranceMs:    millis(c.Tolerance),
+		MeasuredMs:     millis(measured),
+		LateP99Ms:      millis(percentile(lates, 0.99)),
+		NeededMs:       millis(c.needed(times)),
+		AcquireP50us:   micros(percentile(waits, 0.50)),
+		AcquireP99us:   micros(percentile(waits, 0.99)),
+		DegradedGrants: t.degraded.Load(),
+		Timeouts:       t.timeouts.Load(),
+		Errors:         t.errors.Load(),
+		FirstError:     t.firstError,
+		StoppedEarly:   grants >= c.MaxGrants,
+		Lease:          c.Lease,
+		Smooth:         c.Smooth,
+		Skew:           c.Skew,
+		Demand:         c.Demand,
+		RampS:          c.Ramp.Seconds(),
+		MaxTenth:       maxIn(times, c.Interval/10),
+		RedisCmds:      cmds,
+		TargetOK:       t.targetOK.Load(),
+		Target429:      t.target429.Load(),
+		TargetErrors:   t.targetErr.Load(),
 	}
 	if len(waits) > 0 {
 		res.AcquireMaxUs = micros(waits[len(waits)-1])
@@ -366,7 +375,11 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *inst
 		case err == nil:
 			rec.RecordAt(now)
 			waits = append(waits, now.Sub(begin))
-			lates = append(lates, now.Sub(since))
+			if late, ok := lateness(begin, since, now); ok {
+				lates = append(lates, late)
+			} else {
+				t.degraded.Add(1)
+			}
 			in.grants.Add(1)
 			if t.grants.Add(1) >= int64(c.MaxGrants) {
 				stop()
@@ -390,6 +403,19 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *inst
 		}
 	}
 	return waits, lates
+}
+
+// lateness is how late a grant recorded at now may be, given that the
+// Acquire began at begin and the last bucket call that granted began at
+// since (plus its reservation's delay). ok is false when no bucket call of
+// this Acquire granted (since is older than begin): the failure policy
+// decided it, at a time that says nothing about normal operation, so it
+// must not set the checker's tolerance.
+func lateness(begin, since, now time.Time) (late time.Duration, ok bool) {
+	if since.Before(begin) {
+		return 0, false
+	}
+	return now.Sub(since), true
 }
 
 // call sends one GET to the target, as a worker would call its provider.

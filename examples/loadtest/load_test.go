@@ -11,14 +11,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
+// TestMain quiets the library's logs (HEADWAY_TEST_LOG=1 shows them) and
+// fails the package if any goroutine outlives its tests.
 func TestMain(m *testing.M) {
+	redisenv.QuietLogs()
 	goleak.VerifyTestMain(m)
+}
+
+// loadServer starts Redis for a test that measures load figures (grants
+// per second, utilization, commands per grant, late grant records). Those
+// need a real redis-server: the in-process stand-in builds a fresh Lua
+// interpreter for each script call and serves a few hundred a second under
+// -race, so store calls pass their bound and the figures measure the
+// failure policy instead of the bucket.
+func loadServer(t *testing.T) *redisenv.Server {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "a load measurement at 2,000 grants/s")
+	return srv
 }
 
 // smallRun is about a second of load: ten intervals of 200 permits.
@@ -52,7 +68,7 @@ func TestRunLoad(t *testing.T) {
 		t.Run(tc.bucket, func(t *testing.T) {
 			addr := ""
 			if tc.bucket != "local" {
-				addr = redisenv.New(t).Addr()
+				addr = loadServer(t).Addr()
 			}
 			res, err := runLoad(context.Background(), smallRun(tc.bucket, addr))
 			require.NoError(t, err)
@@ -65,7 +81,9 @@ func TestRunLoad(t *testing.T) {
 			if tc.bucket == "local" {
 				assert.Zero(t, res.RedisCmdsPerGrant)
 			} else {
-				assert.GreaterOrEqual(t, res.RedisCmdsPerGrant, 1.0, "every grant costs at least one command")
+				// Concurrent takes of one key coalesce into one command,
+				// so a grant may cost less than one.
+				assert.Positive(t, res.RedisCmdsPerGrant, "grants cost Redis commands")
 				assert.Less(t, res.RedisCmdsPerGrant, 3.0)
 			}
 		})
@@ -124,7 +142,7 @@ func TestConfigRefused(t *testing.T) {
 }
 
 func TestRunLoadLayers(t *testing.T) {
-	addr := redisenv.New(t).Addr()
+	addr := loadServer(t).Addr()
 	for _, tc := range []struct {
 		name string
 		set  func(*loadConfig)
@@ -150,15 +168,16 @@ func TestRunLoadLayers(t *testing.T) {
 			assert.Greater(t, res.Utilization, tc.util, res.Guarantee)
 			assert.Equal(t, c.Lease, res.Lease)
 			assert.Len(t, res.InstanceGrants, c.Instances)
-			if c.Lease {
-				// Over a GCRA, which refills continuously, what can be
-				// leased at once is small: fewer round trips than one per
-				// grant, not few (0.5 to 0.9 measured under -race).
-				most := map[string]float64{"tokenbucket": 0.2}[c.Bucket]
-				if most == 0 {
-					most = 1
-				}
-				assert.Less(t, res.RedisCmdsPerGrant, most, "leasing saves round trips")
+			if c.Lease && c.Bucket == "tokenbucket" {
+				// A token bucket's whole period can be leased at once:
+				// few round trips per grant. Over a GCRA, which frees one
+				// slot at a time, what can be leased at once is small,
+				// and refused asks cost round trips too: 0.7 to 1.4 per
+				// grant measured (less without -race, more on a loaded
+				// machine, about as with coalesced takes and no lease).
+				// That is a figure for the loadtest to report, not a
+				// property for a unit test to assert.
+				assert.Less(t, res.RedisCmdsPerGrant, 0.2, "leasing a token bucket's periods saves round trips")
 			}
 			if c.Smooth {
 				assert.LessOrEqual(t, float64(res.MaxTenth), 1.5*float64(c.Limit)/10, "smoothing spreads grants")
@@ -204,4 +223,27 @@ func TestMaxIn(t *testing.T) {
 	assert.Equal(t, 0, maxIn(nil, time.Second))
 	assert.Equal(t, 3, maxIn(at(0, 50, 99, 100, 150), 100*time.Millisecond))
 	assert.Equal(t, 2, maxIn(at(0, 100, 200, 250), 100*time.Millisecond))
+}
+
+// TestLatenessIgnoresDegradedGrants (issue 12): a grant that the failure
+// policy made without a bucket call (the last granting call began before
+// this Acquire) must not set the checker's tolerance; one a bucket call
+// made is late by the time since that call began.
+func TestLatenessIgnoresDegradedGrants(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	late, ok := lateness(t0, t0.Add(time.Millisecond), t0.Add(3*time.Millisecond))
+	assert.True(t, ok)
+	assert.Equal(t, 2*time.Millisecond, late)
+	_, ok = lateness(t0.Add(2*time.Second), t0, t0.Add(2*time.Second+time.Millisecond))
+	assert.False(t, ok, "a grant decided 2 s after the last bucket grant is the failure policy's: no lateness measured")
+}
+
+// TestCommandLine checks the conventions every example tool keeps (see
+// internal/cli): usage on -h; exit 2 with one line for bad usage, before
+// any redis-server starts; the summary on SIGTERM.
+func TestCommandLine(t *testing.T) {
+	cli.Check(t, command, append(cli.Conventions("loadtest", "-bucket=nonsense", "-limit=0", "-skew=2", "-tolerance=soon"),
+		cli.Case{Name: "ok", Args: []string{"-bucket", "local", "-duration", "300ms", "-limit", "50", "-interval", "100ms"}, Code: cli.ExitOK, Stdout: "grants"},
+	))
+	cli.Terminate(t, command, []string{"-bucket", "local", "-duration", "1m", "-limit", "50", "-interval", "100ms"}, "bucket local is in memory", "grants", cli.ExitOK)
 }

@@ -62,57 +62,60 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
 	"time"
 
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
 )
 
 func main() {
+	os.Exit(command(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// command is main, returning the exit code (see internal/cli): 1 when the
+// guarantee was broken.
+func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := cli.New("loadtest", "loadtest runs -instances × -workers goroutines acquiring from one bucket for\n-duration, checks the guarantee independently and prints grants, utilization and latency.")
+	fs := cmd.Flags
 	var (
 		c      loadConfig
 		asJSON bool
 	)
-	flag.StringVar(&c.Bucket, "bucket", "tokenbucket", "bucket to load: "+strings.Join(buckets, ", "))
-	flag.Int64Var(&c.Limit, "limit", 1000, "permits per interval, for the whole fleet")
-	flag.DurationVar(&c.Interval, "interval", time.Second, "the limit's interval")
-	flag.Int64Var(&c.Burst, "burst", 0, "gcra and local: permits at once after a quiet spell (0: the limit)")
-	flag.IntVar(&c.Instances, "instances", 4, "independent instances, each with its own Redis client and bucket")
-	flag.IntVar(&c.Workers, "workers", 16, "goroutines per instance")
-	flag.DurationVar(&c.Duration, "duration", 5*time.Second, "how long to run")
-	flag.DurationVar(&c.MaxWait, "maxwait", 0, "Acquire's maxWait (0: one interval)")
-	flag.StringVar(&c.Redis, "redis", "", "Redis address (default: start a redis-server on a free port, or the in-process stand-in)")
-	flag.StringVar(&c.Key, "key", "", "the bucket's Redis key (default: a fresh random one)")
-	flag.StringVar(&c.Target, "target", "", "optional URL to GET once after each grant")
+	fs.StringVar(&c.Bucket, "bucket", "tokenbucket", "bucket to load: "+strings.Join(buckets, ", "))
+	fs.Int64Var(&c.Limit, "limit", 1000, "permits per interval, for the whole fleet")
+	fs.DurationVar(&c.Interval, "interval", time.Second, "the limit's interval")
+	fs.Int64Var(&c.Burst, "burst", 0, "gcra and local: permits at once after a quiet spell (0: the limit)")
+	fs.IntVar(&c.Instances, "instances", 4, "independent instances, each with its own Redis client and bucket")
+	fs.IntVar(&c.Workers, "workers", 16, "goroutines per instance")
+	fs.DurationVar(&c.Duration, "duration", 5*time.Second, "how long to run")
+	fs.DurationVar(&c.MaxWait, "maxwait", 0, "Acquire's maxWait (0: one interval)")
+	fs.StringVar(&c.Redis, "redis", "", "Redis address (default: start a redis-server on a free port, or the in-process stand-in)")
+	fs.StringVar(&c.Key, "key", "", "the bucket's Redis key (default: a fresh random one)")
+	fs.StringVar(&c.Target, "target", "", "optional URL to GET once after each grant")
 	c.Tolerance = -1
-	flag.Var((*tolerance)(&c.Tolerance), "tolerance", "how late a recorded grant time may be, for the guarantee check: a duration, or auto for the measured bound")
-	flag.IntVar(&c.MaxGrants, "max-grants", 0, "stop after this many grants (0: ten times what the limit allows)")
-	flag.BoolVar(&c.Lease, "lease", false, "wrap each instance's bucket in throttle.NewLeased: permits leased in demand-sized batches, served from memory")
-	flag.DurationVar(&c.LeaseHorizon, "lease-horizon", 0, "with -lease: how far ahead an instance leases (0: throttle's default, 50ms)")
-	flag.BoolVar(&c.Smooth, "smooth", false, "wrap each instance's bucket in throttle.NewSmooth, pacing each at limit/instances per interval")
-	flag.Float64Var(&c.Demand, "demand", 0, "pace the fleet's asks at this multiple of the limit (0: closed loop, every worker asks again at once)")
-	flag.Float64Var(&c.Skew, "skew", 0, "give instance 0 this share (0 to 1) of all workers and of the demand; the rest is split evenly (sets -demand 2 if not given)")
-	flag.DurationVar(&c.Ramp, "ramp", 0, "start the workers spread evenly over this time instead of all at once")
-	flag.BoolVar(&asJSON, "json", false, "print one JSON object on the last line instead of a summary")
-	flag.Parse()
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	err := run(ctx, c, asJSON, os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "loadtest:", err)
-		if errors.As(err, new(errBroken)) {
-			os.Exit(1)
+	fs.Var((*tolerance)(&c.Tolerance), "tolerance", "how late a recorded grant time may be, for the guarantee check: a duration, or auto for the measured bound")
+	fs.IntVar(&c.MaxGrants, "max-grants", 0, "stop after this many grants (0: ten times what the limit allows)")
+	fs.BoolVar(&c.Lease, "lease", false, "wrap each instance's bucket in throttle.NewLeased: permits leased in demand-sized batches, served from memory")
+	fs.DurationVar(&c.LeaseHorizon, "lease-horizon", 0, "with -lease: how far ahead an instance leases (0: throttle's default, 50ms)")
+	fs.BoolVar(&c.Smooth, "smooth", false, "wrap each instance's bucket in throttle.NewSmooth, pacing each at limit/instances per interval")
+	fs.Float64Var(&c.Demand, "demand", 0, "pace the fleet's asks at this multiple of the limit (0: closed loop, every worker asks again at once)")
+	fs.Float64Var(&c.Skew, "skew", 0, "give instance 0 this share (0 to 1) of all workers and of the demand; the rest is split evenly (sets -demand 2 if not given)")
+	fs.DurationVar(&c.Ramp, "ramp", 0, "start the workers spread evenly over this time instead of all at once")
+	fs.BoolVar(&asJSON, "json", false, "print one JSON object on the last line instead of a summary")
+	validate := func() error {
+		cc := c // check fills in defaults; run checks its own copy again
+		if cc.Redis == "" {
+			cc.Redis = "127.0.0.1:6379" // run starts one; only its presence is checked here
 		}
-		os.Exit(2)
+		return cc.check()
 	}
+	return cmd.Run(ctx, args, stdout, stderr, validate, func(ctx context.Context) error {
+		return run(ctx, c, asJSON, stdout, stderr)
+	})
 }
 
 // tolerance is the -tolerance flag: a duration, or "auto" (stored as -1).
@@ -152,7 +155,7 @@ func run(ctx context.Context, c loadConfig, asJSON bool, stdout, stderr io.Write
 		if c.Redis == "" {
 			srv, err := redisenv.Start()
 			if err != nil {
-				return err
+				return cli.Usagef("%w", err)
 			}
 			defer srv.Close()
 			c.Redis, redisKind = srv.Addr(), srv.Kind()
@@ -181,7 +184,7 @@ func run(ctx context.Context, c loadConfig, asJSON bool, stdout, stderr io.Write
 		summarize(stdout, res)
 	}
 	if res.Violations > 0 {
-		return errBroken{res.Violations}
+		return cli.Failedf("%w", errBroken{res.Violations})
 	}
 	return nil
 }

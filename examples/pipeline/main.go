@@ -4,12 +4,20 @@
 // The instances share one limit through a Redis token bucket, so together
 // they never call the provider faster than it allows.
 //
+// The built-in provider takes -latency (50 ms by default) to answer each
+// call, as a real API does; the consumers keep many calls in flight
+// (records with different keys run concurrently, -ordering and -inflight
+// say how) so that the fleet still uses the whole limit. The summary
+// counts, at the provider by arrival time, the calls of each full second
+// of steady state and their share of the limit.
+//
 // With no flags it needs nothing but Go: Kafka is embedded (kfake), Redis is
 // a real redis-server on a free port if one is on PATH (otherwise an
 // in-process stand-in, and it says so), and the provider is built in.
 //
 //	go run ./examples/pipeline
 //	go run ./examples/pipeline -records 5000 -limit 200 -interval 500ms -instances 4
+//	go run ./examples/pipeline -records 6000 -limit 500 -interval 1s -instances 3 -partitions 6 -latency 100ms
 //	go run ./examples/pipeline -brokers 127.0.0.1:9092 -redis 127.0.0.1:6379   # docker compose up -d
 //
 // While it runs it prints one line per second; at the end, a summary of
@@ -20,14 +28,12 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +47,7 @@ import (
 
 	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/kafkaenv"
 	"github.com/headway-go/headway/internal/provider"
 	"github.com/headway-go/headway/internal/redisenv"
@@ -59,33 +66,49 @@ type config struct {
 	target     string
 	timeout    time.Duration
 	topic      string
+	latency    time.Duration // the built-in provider's time to answer
+	ordering   string        // key, partition or none
+	inFlight   int           // per instance; 0: the consumer's default
 }
 
 func main() {
-	var c config
-	flag.IntVar(&c.records, "records", 3000, "records to produce and handle")
-	flag.Int64Var(&c.limit, "limit", 100, "provider calls allowed per interval, for the whole fleet")
-	flag.DurationVar(&c.interval, "interval", 250*time.Millisecond, "the limit's interval")
-	flag.IntVar(&c.instances, "instances", 3, "consumer instances in the group, each with its own Redis and Kafka clients")
-	flag.IntVar(&c.partitions, "partitions", 6, "partitions of the topic")
-	flag.StringVar(&c.brokers, "brokers", "", "comma-separated Kafka seed brokers (default: an embedded Kafka)")
-	flag.StringVar(&c.redisAddr, "redis", "", "Redis address (default: start redis-server on a free port, or an in-process stand-in)")
-	flag.StringVar(&c.target, "target", "", "URL to call per record instead of the built-in provider; gets topic, partition and offset query parameters")
-	flag.DurationVar(&c.timeout, "timeout", 2*time.Minute, "give up after this long")
-	flag.StringVar(&c.topic, "topic", "headway-pipeline", "topic to use")
-	flag.Parse()
+	os.Exit(command(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	sum, err := run(ctx, c, os.Stdout, log)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "pipeline:", err)
-		os.Exit(1)
-	}
-	if sum.Lost > 0 {
-		os.Exit(2)
-	}
+// command is main, returning the exit code (see internal/cli): 1 when a
+// record was not handled.
+func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := cli.New("pipeline", "pipeline runs producer, consumer group, shared Redis limit and a rate-limited\nprovider in one process, and checks that no record is lost and the limit holds.")
+	fs := cmd.Flags
+	var c config
+	fs.IntVar(&c.records, "records", 3000, "records to produce and handle")
+	fs.Int64Var(&c.limit, "limit", 100, "provider calls allowed per interval, for the whole fleet")
+	fs.DurationVar(&c.interval, "interval", 250*time.Millisecond, "the limit's interval")
+	fs.IntVar(&c.instances, "instances", 3, "consumer instances in the group, each with its own Redis and Kafka clients")
+	fs.IntVar(&c.partitions, "partitions", 6, "partitions of the topic")
+	fs.StringVar(&c.brokers, "brokers", "", "comma-separated Kafka seed brokers (default: an embedded Kafka)")
+	fs.StringVar(&c.redisAddr, "redis", "", "Redis address (default: start redis-server on a free port, or an in-process stand-in; "+redisenv.StandInEnv+"=1 forces the stand-in)")
+	fs.StringVar(&c.target, "target", "", "URL to call per record instead of the built-in provider; gets topic, partition and offset query parameters")
+	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "give up after this long")
+	fs.StringVar(&c.topic, "topic", "headway-pipeline", "topic to use")
+	fs.DurationVar(&c.latency, "latency", 50*time.Millisecond, "how long the built-in provider takes to answer each call")
+	fs.StringVar(&c.ordering, "ordering", "key", "which records are handled in order: key (records with one key, one at a time), partition, or none")
+	fs.IntVar(&c.inFlight, "inflight", 0, "records each instance works on at once (0: the consumer's default, 128)")
+
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return cmd.Run(ctx, args, stdout, stderr, func() error { return c.check() }, func(ctx context.Context) error {
+		sum, err := run(ctx, c, stdout, log)
+		if ctx.Err() != nil && sum.Produced > 0 {
+			return cli.Failedf("stopped by a signal with %d of %d records not handled yet", sum.Lost, sum.Produced)
+		}
+		if err != nil {
+			return err
+		}
+		if sum.Lost > 0 {
+			return cli.Failedf("%d records lost", sum.Lost)
+		}
+		return nil
+	})
 }
 
 func (c config) check() error {
@@ -102,6 +125,13 @@ func (c config) check() error {
 		return fmt.Errorf("-partitions %d: must be between 1 and 1024", c.partitions)
 	case c.timeout <= 0:
 		return fmt.Errorf("-timeout %v: must be positive", c.timeout)
+	case c.latency < 0:
+		return fmt.Errorf("-latency %v: must not be negative", c.latency)
+	case c.inFlight < 0:
+		return fmt.Errorf("-inflight %d: must be 0 (the default) or positive", c.inFlight)
+	}
+	if _, err := c.order(); err != nil {
+		return err
 	}
 	if c.target != "" {
 		if u, err := url.Parse(c.target); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
@@ -111,11 +141,38 @@ func (c config) check() error {
 	return nil
 }
 
+// order returns the consumer's ordering named by -ordering.
+func (c config) order() (consumer.Ordering, error) {
+	switch c.ordering {
+	case "key", "":
+		return consumer.ByKey, nil
+	case "partition":
+		return consumer.ByPartition, nil
+	case "none":
+		return consumer.Unordered, nil
+	}
+	return 0, fmt.Errorf("-ordering %q: want key, partition or none", c.ordering)
+}
+
 // summary is what the run ends with.
 type summary struct {
 	Produced, Handled, Lost, Twice, Provider429 int64
 	MaxInWindow                                 int64
 	Elapsed                                     time.Duration
+	// Steady is the calls the provider accepted in each full second of
+	// steady state (see steadySeconds); SteadyMin and SteadyMedian are
+	// their lowest and median share of the limit (1 = the limit).
+	Steady                  []int64
+	SteadyMin, SteadyMedian float64
+	// SteadyMean is the calls of all those seconds over the limit's
+	// worth for as many seconds: unlike a single second's count, it does
+	// not depend on where refills fall within the seconds.
+	SteadyMean float64
+	// PeakInFlight is the most handler calls one instance ran at once.
+	PeakInFlight int
+	// Settled is when, after the start, the group's assignment last
+	// changed.
+	Settled time.Duration
 }
 
 func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summary, error) {
@@ -168,17 +225,26 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 			// allow a tenth of the interval, at least 30 ms (a busy
 			// machine), at most half of it.
 			Tolerance: min(max(c.interval/10, 30*time.Millisecond), c.interval/2),
+			Latency:   c.latency,
 		})
 		if err != nil {
 			return summary{}, err
 		}
 		defer prov.Close()
 		target = prov.URL() + "/call"
-		fmt.Fprintf(out, "provider: %s, %d calls per %v, answers 429 above that\n", target, c.limit, c.interval)
+		fmt.Fprintf(out, "provider: %s, %d calls per %v, answers 429 above that, each call takes %v\n", target, c.limit, c.interval, c.latency)
 	} else {
 		fmt.Fprintf(out, "provider: %s\n", target)
 	}
-	fmt.Fprintf(out, "fleet:    %d instances share one token bucket of %d per %v in Redis\n\n", c.instances, c.limit, c.interval)
+	ordering, _ := c.order()
+	inFlight := []consumer.Option{consumer.WithOrdering(ordering)}
+	inFlightText := "default"
+	if c.inFlight > 0 {
+		inFlight = append(inFlight, consumer.WithMaxInFlight(c.inFlight))
+		inFlightText = strconv.Itoa(c.inFlight)
+	}
+	fmt.Fprintf(out, "fleet:    %d instances share one token bucket of %d per %v in Redis; ordering %s, records in flight per instance: %s\n\n",
+		c.instances, c.limit, c.interval, ordering, inFlightText)
 
 	// The producer fills the topic while the consumers run.
 	var produced atomic.Int64
@@ -225,7 +291,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		if err != nil {
 			return summary{}, err
 		}
-		cons, err := consumer.New(handler, throttle.New(b),
+		cons, err := consumer.New(handler, throttle.New(b), append(inFlight,
 			consumer.WithKafka(
 				kgo.SeedBrokers(seeds...),
 				kgo.ConsumerGroup("headway-pipeline-demo"),
@@ -239,7 +305,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 			consumer.WithRetry(10, 50*time.Millisecond, time.Second),
 			consumer.WithHandlerTimeout(2*time.Second),
 			consumer.WithLogger(log),
-		)
+		)...)
 		if err != nil {
 			return summary{}, err
 		}
@@ -263,6 +329,9 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	defer poll.Stop()
 	var last int64
 	var rates []float64
+	// settled is when the group's assignment last changed, as far as
+	// polling every 20 ms can tell: the steady state starts after it.
+	lastOwners, settled := "", start
 	nextLine := start.Add(time.Second)
 	perSecond := float64(c.limit) * float64(time.Second) / float64(c.interval)
 	for done := false; !done; {
@@ -277,24 +346,32 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		case now := <-poll.C:
 			h := handledNow()
 			done = h >= int64(c.records) && produced.Load() == int64(c.records)
+			if o := owners(consumers); o != lastOwners {
+				lastOwners, settled = o, now
+			}
 			if now.Before(nextLine) || done {
 				continue
 			}
 			nextLine = nextLine.Add(time.Second)
-			waiting := 0
+			waiting, inCalls := 0, 0
 			for _, cons := range consumers {
-				waiting += cons.Stats().Waiting
+				st := cons.Stats()
+				waiting += st.WaitingRecords
+				inCalls += st.InFlight
 			}
 			rate := float64(h - last)
 			last = h
 			if h < int64(c.records) {
 				rates = append(rates, rate) // a full second with records left
 			}
-			fmt.Fprintf(out, "%5.1fs  %6d/%d handled  %6.0f/s of %.0f/s %s  %2d partitions waiting for permits\n",
-				now.Sub(start).Seconds(), h, c.records, rate, perSecond, bar(rate/perSecond, 20), waiting)
+			fmt.Fprintf(out, "%5.1fs  %6d/%d handled  %6.0f/s of %.0f/s %s  %3d calls in flight, %3d records waiting for permits\n",
+				now.Sub(start).Seconds(), h, c.records, rate, perSecond, bar(rate/perSecond, 20), inCalls, waiting)
 		}
 	}
 	elapsed := time.Since(start)
+	if prodErr != nil {
+		<-prodErr // stopped early: the producer ends with ctx; leave nothing running
+	}
 	stopFleet()
 	var firstErr error
 	for range consumers {
@@ -307,9 +384,22 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	}
 
 	s := summary{Produced: produced.Load(), Elapsed: elapsed, Provider429: got429.Load()}
+	for _, cons := range consumers {
+		s.PeakInFlight = max(s.PeakInFlight, cons.Stats().PeakInFlight)
+	}
 	if prov != nil {
 		ps := prov.Stats()
 		s.Handled, s.Twice, s.Provider429, s.MaxInWindow = ps.Records, ps.Duplicates, ps.Rejected, ps.MaxInWindow
+		s.Steady = steadySeconds(prov.Arrivals(), settled)
+		s.Settled = settled.Sub(start)
+		s.SteadyMin, s.SteadyMedian = shares(s.Steady, perSecond)
+		if len(s.Steady) > 0 {
+			var sum int64
+			for _, n := range s.Steady {
+				sum += n
+			}
+			s.SteadyMean = float64(sum) / (perSecond * float64(len(s.Steady)))
+		}
 	} else {
 		seen.Range(func(_, v any) bool {
 			s.Handled++
@@ -321,8 +411,18 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	fmt.Fprintf(out, "\nproduced %d, handled %d, lost %d, handled twice %d, provider 429s %d\n", s.Produced, s.Handled, s.Lost, s.Twice, s.Provider429)
 	if prov != nil {
 		fmt.Fprintf(out, "most calls the provider saw in one period: %d (limit %d per %v)\n", s.MaxInWindow, c.limit, c.interval)
-	}
-	if len(rates) > 1 {
+		if len(s.Steady) > 0 {
+			list := ""
+			if len(s.Steady) <= 15 {
+				list = fmt.Sprintf(" %v", s.Steady)
+			}
+			fmt.Fprintf(out, "steady state at the provider (%d full seconds from the first call after the last rebalance, at %.1fs, to the last second with calls):%s calls per second; lowest %.1f%%, median %.1f%%, all of them %.1f%% of the limit\n",
+				len(s.Steady), s.Settled.Seconds(), list, 100*s.SteadyMin, 100*s.SteadyMedian, 100*s.SteadyMean)
+		} else {
+			fmt.Fprintf(out, "steady state at the provider: the run was shorter than two seconds\n")
+		}
+		fmt.Fprintf(out, "most handler calls in flight in one instance: %d\n", s.PeakInFlight)
+	} else if len(rates) > 1 {
 		// The first second includes joining the group; skip it.
 		lo, hi := slices.Min(rates[1:]), slices.Max(rates[1:])
 		fmt.Fprintf(out, "paced rate while records waited: %.0f to %.0f per second (%.0f%% to %.0f%% of the limit)\n",
@@ -335,7 +435,52 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	return s, nil
 }
 
-// produce writes c.records records, spread evenly over the partitions.
+// owners describes how many partitions each consumer owns.
+func owners(cs []*consumer.Consumer) string {
+	var b strings.Builder
+	for _, c := range cs {
+		fmt.Fprintf(&b, "%d,", len(c.Stats().Partitions))
+	}
+	return b.String()
+}
+
+// steadySeconds counts arrivals in each full second from the first one at
+// or after from (the group settled), leaving out the last second that has
+// arrivals (the run ends inside it, when records run out): the steady
+// state.
+func steadySeconds(arrivals []time.Time, from time.Time) []int64 {
+	i, _ := slices.BinarySearchFunc(arrivals, from, func(a, t time.Time) int { return a.Compare(t) })
+	arrivals = arrivals[i:]
+	if len(arrivals) == 0 {
+		return nil
+	}
+	first := arrivals[0]
+	last := int(arrivals[len(arrivals)-1].Sub(first) / time.Second)
+	counts := make([]int64, last+1)
+	for _, a := range arrivals {
+		counts[int(a.Sub(first)/time.Second)]++
+	}
+	return counts[:last]
+}
+
+// shares returns the lowest and the median of counts as shares of
+// perSecond.
+func shares(counts []int64, perSecond float64) (lowest, median float64) {
+	if len(counts) == 0 {
+		return 0, 0
+	}
+	sorted := slices.Clone(counts)
+	slices.Sort(sorted)
+	mid := float64(sorted[len(sorted)/2])
+	if len(sorted)%2 == 0 {
+		mid = float64(sorted[len(sorted)/2-1]+sorted[len(sorted)/2]) / 2
+	}
+	return float64(sorted[0]) / perSecond, mid / perSecond
+}
+
+// produce writes c.records records, spread evenly over the partitions,
+// with keys spread over 1000 entities (record i has key entity-<i mod
+// 1000>), as an outbox of events about many customers would be.
 func produce(ctx context.Context, seeds []string, c config, produced *atomic.Int64) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(c.topic))
 	if err != nil {
@@ -345,7 +490,7 @@ func produce(ctx context.Context, seeds []string, c config, produced *atomic.Int
 	var first error
 	var mu sync.Mutex
 	for i := range c.records {
-		rec := &kgo.Record{Partition: int32(i % c.partitions), Value: []byte("record " + strconv.Itoa(i))}
+		rec := &kgo.Record{Partition: int32(i % c.partitions), Key: []byte("entity-" + strconv.Itoa(i%1000)), Value: []byte("record " + strconv.Itoa(i))}
 		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 			if err != nil {
 				mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -17,7 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestPipelineLosesNothingAndStaysUnderTheLimit(t *testing.T) {
 	var out bytes.Buffer
-	c := config{records: 400, limit: 80, interval: 200 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-test"}
+	c := config{records: 400, limit: 80, interval: 200 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-test", latency: 20 * time.Millisecond}
 	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err, out.String())
 	assert.Equal(t, int64(400), s.Produced)
@@ -26,6 +27,27 @@ func TestPipelineLosesNothingAndStaysUnderTheLimit(t *testing.T) {
 	assert.Zero(t, s.Provider429)
 	assert.LessOrEqual(t, s.MaxInWindow, int64(80))
 	assert.Contains(t, out.String(), "produced 400, handled 400, lost 0")
+	assert.Contains(t, out.String(), "steady state at the provider")
+	assert.Positive(t, s.PeakInFlight)
+}
+
+func TestSteadySeconds(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	at := func(ms ...int) []time.Time {
+		var ts []time.Time
+		for _, m := range ms {
+			ts = append(ts, t0.Add(time.Duration(m)*time.Millisecond))
+		}
+		return ts
+	}
+	assert.Nil(t, steadySeconds(nil, t0))
+	assert.Empty(t, steadySeconds(at(0, 10, 999), t0), "one second, the last: no steady state")
+	assert.Equal(t, []int64{3, 0, 1}, steadySeconds(at(0, 10, 999, 2500, 3000, 3100), t0))
+	assert.Equal(t, []int64{2, 1}, steadySeconds(at(0, 10, 999, 1500, 1600, 2600, 3600), t0.Add(time.Second)),
+		"from the first call after the group settled")
+	lo, med := shares([]int64{50, 100, 80, 90}, 100)
+	assert.Equal(t, 0.5, lo)
+	assert.Equal(t, 0.85, med)
 }
 
 func TestPipelineRefusesBadFlags(t *testing.T) {
@@ -42,6 +64,9 @@ func TestPipelineRefusesBadFlags(t *testing.T) {
 		{"partitions", func(c *config) { c.partitions = 5000 }, "-partitions 5000"},
 		{"timeout", func(c *config) { c.timeout = 0 }, "-timeout 0s"},
 		{"target", func(c *config) { c.target = "ftp://x" }, `-target "ftp://x"`},
+		{"latency", func(c *config) { c.latency = -time.Second }, "-latency -1s"},
+		{"inflight", func(c *config) { c.inFlight = -1 }, "-inflight -1"},
+		{"ordering", func(c *config) { c.ordering = "chaos" }, `-ordering "chaos"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,4 +77,14 @@ func TestPipelineRefusesBadFlags(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
+}
+
+// TestCommandLine checks the conventions every example tool keeps (see
+// internal/cli): usage on -h, exit 2 with one line for bad usage, exit 1
+// when the run fails its own check, and the summary on SIGTERM.
+func TestCommandLine(t *testing.T) {
+	cli.Check(t, command, append(cli.Conventions("pipeline", "-records=0", "-interval=1us", "-target=ftp://x", "-records=many"),
+		cli.Case{Name: "records not handled in time", Args: []string{"-records", "100000", "-timeout", "4s"}, Code: cli.ExitFailed, Stdout: "produced", Stderr: "records not handled yet"},
+	))
+	cli.Terminate(t, command, []string{"-records", "100000"}, "/100000 handled", "produced", cli.ExitFailed)
 }

@@ -19,8 +19,8 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -37,25 +37,45 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/consumer/otelconsumer"
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/kafkaenv"
 	"github.com/headway-go/headway/throttle"
 	"github.com/headway-go/headway/throttle/otelmetrics"
 )
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:9464", "where to serve /metrics (loopback only)")
-	duration := flag.Duration("duration", 5*time.Second, "how long to run")
-	records := flag.Int("records", 2000, "records in the topic")
-	limit := flag.Int64("limit", 50, "permits per interval, shared by the consumer and the callers")
-	interval := flag.Duration("interval", 100*time.Millisecond, "length of the interval")
-	flag.Parse()
-	if err := run(*addr, *duration, *records, *limit, *interval); err != nil {
-		slog.Error("prometheus example", "err", err)
-		os.Exit(1)
-	}
+	os.Exit(command(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(addr string, duration time.Duration, records int, limit int64, interval time.Duration) error {
+// command is main, returning the exit code (see internal/cli).
+func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := cli.New("prometheus", "prometheus runs a rate-limited consumer and callers for -duration, serves headway's\nOpenTelemetry metrics at /metrics on -addr, and prints one scrape at the end.")
+	fs := cmd.Flags
+	addr := fs.String("addr", "127.0.0.1:9464", "where to serve /metrics (loopback only)")
+	duration := fs.Duration("duration", 5*time.Second, "how long to run")
+	records := fs.Int("records", 2000, "records in the topic")
+	limit := fs.Int64("limit", 50, "permits per interval, shared by the consumer and the callers")
+	interval := fs.Duration("interval", 100*time.Millisecond, "length of the interval")
+	validate := func() error {
+		if *duration <= 0 {
+			return fmt.Errorf("-duration %v: must be positive", *duration)
+		}
+		if *records < 0 {
+			return fmt.Errorf("-records %d: must be 0 or more", *records)
+		}
+		if _, err := throttle.NewLocal(*limit, *interval); err != nil {
+			return err
+		}
+		return checkAddr(*addr)
+	}
+	return cmd.Run(ctx, args, stdout, stderr, validate, func(ctx context.Context) error {
+		return run(ctx, stdout, *addr, *duration, *records, *limit, *interval)
+	})
+}
+
+// checkAddr accepts loopback addresses only.
+func checkAddr(addr string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("-addr %q: %w", addr, err)
@@ -63,7 +83,14 @@ func run(addr string, duration time.Duration, records int, limit int64, interval
 	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
 		return fmt.Errorf("-addr %q: must be a loopback address such as 127.0.0.1:9464", addr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), duration)
+	return nil
+}
+
+func run(ctx context.Context, out io.Writer, addr string, duration time.Duration, records int, limit int64, interval time.Duration) error {
+	if err := checkAddr(addr); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, duration) // SIGINT or SIGTERM ends it sooner
 	defer cancel()
 
 	// The OpenTelemetry SDK, reading into a Prometheus registry of our own.
@@ -105,7 +132,7 @@ func run(addr string, duration time.Duration, records int, limit int64, interval
 	if err != nil {
 		return err
 	}
-	unregister, err := otelmetrics.ObserveConsumer(mp, "mailer", c)
+	unregister, err := otelconsumer.Observe(mp, "mailer", c)
 	if err != nil {
 		return err
 	}
@@ -113,12 +140,12 @@ func run(addr string, duration time.Duration, records int, limit int64, interval
 
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return cli.Usagef("%w", err)
 	}
 	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
-	slog.Info("serving metrics", "url", "http://"+l.Addr().String()+"/metrics", "for", duration)
+	fmt.Fprintf(out, "serving metrics at http://%s/metrics for %v\n", l.Addr(), duration)
 
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -138,7 +165,7 @@ func run(addr string, duration time.Duration, records int, limit int64, interval
 	wg.Wait()
 
 	// Scrape ourselves once before leaving.
-	err = printScrape("http://" + l.Addr().String() + "/metrics")
+	err = printScrape(out, "http://"+l.Addr().String()+"/metrics")
 	shutCtx, shutCancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer shutCancel()
 	if sErr := srv.Shutdown(shutCtx); sErr != nil {
@@ -160,7 +187,7 @@ func produce(ctx context.Context, kc *kafkaenv.Cluster, n int) error {
 
 // printScrape prints the headway series of one scrape, histogram buckets
 // left out.
-func printScrape(url string) error {
+func printScrape(out io.Writer, url string) error {
 	resp, err := http.Get(url)
 	if err != nil {
 		return err
@@ -175,7 +202,7 @@ func printScrape(url string) error {
 	for sc.Scan() {
 		line := sc.Text()
 		if strings.HasPrefix(line, "headway_") && !strings.Contains(line, "_bucket{") {
-			fmt.Println(line)
+			fmt.Fprintln(out, line)
 			n++
 		}
 	}

@@ -1,6 +1,6 @@
 // Command provider is an HTTP API that enforces per-tenant, per-endpoint
 // limits with headway's middleware: the provider's side of a rate limit.
-// The limits come from a YAML file (throttle/sla); by default the one
+// The limits come from a YAML file (throttle/httpserver); by default the one
 // shipped beside this program, limits.yaml: GET /product/* at 10 per
 // second and 50 per 10 s, PUT /product/* at 10 per sliding 10 s, per
 // X-Org-Id.
@@ -30,66 +30,87 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"path"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/throttle"
-	"github.com/headway-go/headway/throttle/sla"
+	"github.com/headway-go/headway/throttle/httpserver"
 )
 
 //go:embed limits.yaml
 var defaultLimits []byte
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, nil); err != nil {
-		fmt.Fprintln(os.Stderr, "provider:", err)
-		os.Exit(1)
+	os.Exit(command(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// command is main, returning the exit code (see internal/cli).
+func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := cli.New("provider", "provider serves a small HTTP API rate-limited per tenant by the SLAs in -config\n(through throttle's middleware), counted in memory or in Redis with -redis.")
+	read := defineFlags(cmd.Flags)
+	var c config
+	validate := func() (err error) {
+		c, err = read()
+		return err
 	}
+	return cmd.Run(ctx, args, stdout, stderr, validate, func(ctx context.Context) error {
+		return serve(ctx, c, stdout, nil)
+	})
 }
 
 // config is what the flags set.
 type config struct {
 	addr     string
-	limits   []throttle.SLA
+	limits   []httpserver.SLA
 	source   string // where the limits came from
 	redis    string
 	duration time.Duration
 }
 
+// parseFlags parses args on a flag set of its own.
 func parseFlags(args []string, out io.Writer) (config, error) {
 	fs := flag.NewFlagSet("provider", flag.ContinueOnError)
 	fs.SetOutput(out)
-	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
-	public := fs.Bool("public", false, "allow an -addr that is not loopback")
-	file := fs.String("config", "", "limits file (YAML, see throttle/sla); empty: the limits.yaml shipped with this program")
-	rdb := fs.String("redis", "", "Redis address (host:port) to share the limits with other instances; empty: in memory")
-	duration := fs.Duration("duration", time.Minute, "how long to serve; 0: until interrupted")
+	read := defineFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
-	c := config{addr: *addr, redis: *rdb, duration: *duration, source: "the shipped limits.yaml"}
+	return read()
+}
+
+// defineFlags defines the flags on fs and returns the function that reads
+// and checks them once fs is parsed.
+func defineFlags(fs *flag.FlagSet) func() (config, error) {
+	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
+	public := fs.Bool("public", false, "allow an -addr that is not loopback")
+	file := fs.String("config", "", "limits file (YAML, see throttle/httpserver); empty: the limits.yaml shipped with this program")
+	rdb := fs.String("redis", "", "Redis address (host:port) to share the limits with other instances; empty: in memory")
+	duration := fs.Duration("duration", time.Minute, "how long to serve; 0: until interrupted")
+	return func() (config, error) { return readFlags(*file, *public, *addr, *rdb, *duration) }
+}
+
+// readFlags checks the flags' values and loads the limits.
+func readFlags(file string, public bool, addr, rdb string, duration time.Duration) (config, error) {
+	c := config{addr: addr, redis: rdb, duration: duration, source: "the shipped limits.yaml"}
 	if c.duration < 0 {
 		return c, fmt.Errorf("-duration %v: must be 0 or positive", c.duration)
 	}
-	if !*public {
+	if !public {
 		if err := loopbackOnly(c.addr); err != nil {
 			return c, err
 		}
 	}
 	var err error
-	if *file != "" {
-		c.source = *file
-		c.limits, err = sla.LoadFile(*file)
+	if file != "" {
+		c.source = file
+		c.limits, err = httpserver.LoadSLAs(file)
 	} else {
-		c.limits, err = sla.Parse(defaultLimits)
+		c.limits, err = httpserver.ParseSLAs(defaultLimits)
 	}
 	if err != nil {
 		return c, fmt.Errorf("-config: %w", err)
@@ -119,14 +140,24 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 	if err != nil {
 		return err
 	}
+	return serve(ctx, c, out, ready)
+}
+
+// serve is run with the flags parsed; setup errors (Redis, the limits,
+// the listening address) match cli.ErrUsage.
+func serve(ctx context.Context, c config, out io.Writer, ready func(addr string)) error {
 	factory, closeStore, err := buckets(ctx, c.redis)
 	if err != nil {
-		return err
+		return cli.Usagef("%w", err)
 	}
 	defer closeStore()
-	m, err := throttle.NewMiddleware(c.limits, factory, throttle.WithDraftHeaders())
+	// The demo trusts the X-Org-Id header for SLAs that do not name their
+	// tenant. A real provider takes the tenant from the caller's verified
+	// credentials (an API key, a token's subject), never from a header the
+	// caller may set freely: see httpserver.NewMiddleware.
+	m, err := httpserver.NewMiddleware(c.limits, factory, httpserver.TenantHeader("X-Org-Id"), httpserver.WithDraftHeaders())
 	if err != nil {
-		return err
+		return cli.Usagef("%w", err)
 	}
 	var served, refused atomic.Int64
 	api := m.Wrap(products(&served))
@@ -140,7 +171,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", c.addr, err)
+		return cli.Usagef("listening on %s: %w", c.addr, err)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	store := "in memory (this process only)"
@@ -178,9 +209,9 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 
 // buckets returns the factory of the SLAs' buckets: in memory, or Redis
 // buckets shared by every instance using the same Redis.
-func buckets(ctx context.Context, addr string) (throttle.BucketFactory, func(), error) {
+func buckets(ctx context.Context, addr string) (httpserver.BucketFactory, func(), error) {
 	if addr == "" {
-		return throttle.LocalWindows(), func() {}, nil
+		return httpserver.LocalWindows(nil), func() {}, nil
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -195,21 +226,17 @@ func buckets(ctx context.Context, addr string) (throttle.BucketFactory, func(), 
 // redisBuckets builds each SLA's bucket in Redis: its tiers as fixed
 // windows (bucket.NewTiers) or, for a sliding SLA, as a sliding log
 // (bucket.NewSlidingLog), under the key "sla:<ID>". Copy it to wire
-// throttle/sla limits to Redis.
-func redisBuckets(rdb redis.UniversalClient) throttle.BucketFactory {
-	return func(s throttle.SLA) (throttle.Bucket, error) {
-		tiers := make([]bucket.Tier, len(s.Tiers))
-		for i, t := range s.Tiers {
-			tiers[i] = bucket.Tier{Limit: t.Limit, Period: t.Period}
-		}
+// httpserver limits to Redis.
+func redisBuckets(rdb redis.UniversalClient) httpserver.BucketFactory {
+	return func(s httpserver.SLA) (throttle.Bucket, error) {
 		if s.Sliding {
-			b, err := bucket.NewSlidingLog(rdb, "sla:"+s.ID, tiers)
+			b, err := bucket.NewSlidingLog(rdb, "sla:"+s.ID, s.Tiers)
 			if err != nil {
 				return nil, err
 			}
 			return b, nil
 		}
-		b, err := bucket.NewTiers(rdb, "sla:"+s.ID, tiers)
+		b, err := bucket.NewTiers(rdb, "sla:"+s.ID, s.Tiers)
 		if err != nil {
 			return nil, err
 		}

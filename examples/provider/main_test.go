@@ -1,47 +1,29 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
 
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// syncBuffer is a bytes.Buffer safe for the server goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // start runs the provider with args on a free loopback port until the
 // test ends, and returns its base URL and output.
-func start(t *testing.T, args ...string) (string, *syncBuffer) {
+func start(t *testing.T, args ...string) (string, *cli.SyncBuffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
+	out := &cli.SyncBuffer{}
 	addrc := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
@@ -180,9 +162,27 @@ func TestProviderRefusesBadFlags(t *testing.T) {
 		{[]string{"-redis", "127.0.0.1:1"}, "-redis"},
 	}
 	for _, tt := range tests {
-		err := run(context.Background(), tt.args, &syncBuffer{}, nil)
+		err := run(context.Background(), tt.args, &cli.SyncBuffer{}, nil)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("run(%q): %v; want an error mentioning %q", tt.args, err, tt.want)
 		}
 	}
+}
+
+// TestCommandLine checks the conventions every example tool keeps (see
+// internal/cli): usage on -h, exit 2 with one line for bad usage or setup
+// (a stray argument used to hide every flag after it), and the summary on
+// SIGTERM. The provider has no check of its own to fail.
+func TestCommandLine(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	cli.Check(t, command, append(cli.Conventions("provider", "-duration=-1s", "-addr=192.0.2.1:80", "-config=/no/such/file.yaml"),
+		cli.Case{Name: "stray before flags", Args: []string{"stray", "-duration", "300ms"}, Code: cli.ExitUsage, Stderr: `unexpected argument "stray"`},
+		cli.Case{Name: "ok", Args: []string{"-addr", "127.0.0.1:0", "-duration", "200ms"}, Code: cli.ExitOK, Stdout: "provider: served"},
+		cli.Case{Name: "redis not answering", Args: []string{"-addr", "127.0.0.1:0", "-redis", closed.Addr().String()}, Code: cli.ExitUsage, Stderr: "provider: "},
+	))
+	cli.Terminate(t, command, []string{"-addr", "127.0.0.1:0", "-duration", "0"}, "provider: serving", "provider: served", cli.ExitOK)
 }

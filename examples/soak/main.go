@@ -24,41 +24,47 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"os/signal"
+
+	"github.com/headway-go/headway/internal/cli"
 )
 
 func main() {
-	cfg := defaultConfig()
-	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the load runs")
-	flag.IntVar(&cfg.Keys, "keys", cfg.Keys, "distinct limiter keys (tenants)")
-	flag.IntVar(&cfg.Workers, "workers", cfg.Workers, "goroutines calling Acquire")
-	flag.StringVar(&cfg.Bucket, "bucket", cfg.Bucket, "bucket: "+bucketNames())
-	flag.StringVar(&cfg.Redis, "redis", "", "Redis address; empty starts a redis-server")
-	flag.Int64Var(&cfg.Limit, "limit", cfg.Limit, "permits per key per -period")
-	flag.DurationVar(&cfg.Period, "period", cfg.Period, "the bucket's interval (keys expire about this long after their last use)")
-	flag.DurationVar(&cfg.MaxWait, "maxwait", cfg.MaxWait, "each Acquire's maxWait")
-	flag.DurationVar(&cfg.Sample, "sample", cfg.Sample, "time between samples")
-	flag.Parse()
+	os.Exit(command(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	rep, err := run(ctx, cfg, os.Stdout)
-	if err != nil {
-		slog.Error("soak", "err", err)
-		os.Exit(2)
-	}
-	if bad := rep.Failures(); len(bad) > 0 {
-		for _, b := range bad {
-			fmt.Fprintln(os.Stdout, "FAIL:", b)
+// command is main, returning the exit code (see internal/cli): 1 when
+// something grew (heap, goroutines, Redis keys or memory) or an Acquire
+// failed.
+func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := cli.New("soak", "soak runs a steady load on many limiter keys for -duration, sampling heap,\ngoroutines and Redis keys and memory, and fails if any of them grows.")
+	fs := cmd.Flags
+	cfg := defaultConfig()
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the load runs")
+	fs.IntVar(&cfg.Keys, "keys", cfg.Keys, "distinct limiter keys (tenants)")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "goroutines calling Acquire")
+	fs.StringVar(&cfg.Bucket, "bucket", cfg.Bucket, "bucket: "+bucketNames())
+	fs.StringVar(&cfg.Redis, "redis", "", "Redis address; empty starts a redis-server")
+	fs.Int64Var(&cfg.Limit, "limit", cfg.Limit, "permits per key per -period")
+	fs.DurationVar(&cfg.Period, "period", cfg.Period, "the bucket's interval (keys expire about this long after their last use)")
+	fs.DurationVar(&cfg.MaxWait, "maxwait", cfg.MaxWait, "each Acquire's maxWait")
+	fs.DurationVar(&cfg.Sample, "sample", cfg.Sample, "time between samples")
+	return cmd.Run(ctx, args, stdout, stderr, func() error { return cfg.check() }, func(ctx context.Context) error {
+		rep, err := run(ctx, cfg, stdout)
+		if err != nil {
+			return err
 		}
-		os.Exit(1)
-	}
-	fmt.Fprintln(os.Stdout, "PASS: flat")
+		if bad := rep.Failures(); len(bad) > 0 {
+			for _, b := range bad {
+				fmt.Fprintln(stdout, "FAIL:", b)
+			}
+			return cli.Failedf("the soak failed: %d figures grew or failed", len(bad))
+		}
+		fmt.Fprintln(stdout, "PASS: flat")
+		return nil
+	})
 }
 
 // printf writes to w, ignoring errors (it is a report to a terminal).

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 )
@@ -86,10 +87,10 @@ var buckets = map[string]func(rdb redis.UniversalClient, limit int64, period tim
 		return bucket.NewGCRA(rdb, "soak", limit, period, heartbeat)
 	},
 	"sliding": func(rdb redis.UniversalClient, limit int64, period time.Duration) (throttle.Bucket, error) {
-		return bucket.NewSlidingLog(rdb, "soak", []bucket.Tier{{Limit: limit, Period: period}}, heartbeat)
+		return bucket.NewSlidingLog(rdb, "soak", []throttle.Tier{{Limit: limit, Period: period}}, heartbeat)
 	},
 	"tiers": func(rdb redis.UniversalClient, limit int64, period time.Duration) (throttle.Bucket, error) {
-		return bucket.NewTiers(rdb, "soak", []bucket.Tier{{Limit: limit, Period: period}, {Limit: 5 * limit, Period: 10 * period}}, heartbeat)
+		return bucket.NewTiers(rdb, "soak", []throttle.Tier{{Limit: limit, Period: period}, {Limit: 5 * limit, Period: 10 * period}}, heartbeat)
 	},
 }
 
@@ -165,22 +166,30 @@ func (r report) Failures() []string {
 	return out
 }
 
+// check refuses settings the soak cannot run with.
+func (cfg config) check() error {
+	switch {
+	case buckets[cfg.Bucket] == nil:
+		return fmt.Errorf("-bucket %q: want one of %s", cfg.Bucket, bucketNames())
+	case cfg.Keys < 1 || cfg.Workers < 1:
+		return errors.New("-keys and -workers must be at least 1")
+	case cfg.Sample <= 0 || cfg.Duration <= 0:
+		return errors.New("-sample and -duration must be positive")
+	}
+	return nil
+}
+
 // run runs the soak and prints its table to w.
 func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
-	newBucket, ok := buckets[cfg.Bucket]
-	switch {
-	case !ok:
-		return report{}, fmt.Errorf("-bucket %q: want one of %s", cfg.Bucket, bucketNames())
-	case cfg.Keys < 1 || cfg.Workers < 1:
-		return report{}, errors.New("-keys and -workers must be at least 1")
-	case cfg.Sample <= 0 || cfg.Duration <= 0:
-		return report{}, errors.New("-sample and -duration must be positive")
+	if err := cfg.check(); err != nil {
+		return report{}, err
 	}
+	newBucket := buckets[cfg.Bucket]
 	addr := cfg.Redis
 	if addr == "" {
 		srv, err := redisenv.Start()
 		if err != nil {
-			return report{}, err
+			return report{}, cli.Usagef("%w", err)
 		}
 		defer func() { _ = srv.Close() }()
 		addr = srv.Addr()
@@ -252,6 +261,9 @@ func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
 			break // the load has ended: a sample now would not show it
 		}
 		s, err := measure(ctx, admin)
+		if err != nil && loadCtx.Err() != nil {
+			break // a signal ended the load while measuring: report what ran
+		}
 		if err != nil {
 			stopLoad()
 			wg.Wait()

@@ -6,7 +6,9 @@
 // and keeps an independent record of what it saw: the arrival time of each
 // request, the records named by the topic, partition and offset query
 // parameters (so that a demo can count records lost or handled twice), and
-// the most requests it ever saw in one window of its policy.
+// the most requests it ever saw in one window of its policy. The path
+// /healthz answers 200 and is not counted, so a client can open its
+// connections before a measured run.
 package provider
 
 import (
@@ -48,6 +50,8 @@ func (p Policy) String() string {
 		return "aligned windows"
 	case Sliding:
 		return "sliding window"
+	case Leaky:
+		return "leaky bucket"
 	}
 	return "policy(" + strconv.Itoa(int(p)) + ")"
 }
@@ -61,6 +65,16 @@ type Config struct {
 	// little late (the time between a grant and the request reaching the
 	// provider). Default: 0.
 	Tolerance time.Duration
+	// Latency is how long the provider takes to answer an accepted
+	// request, as a real API would; the request is counted (and decided)
+	// when it arrives. Default: 0, an answer at once.
+	Latency time.Duration
+	// Burst is the Leaky policy's burst (default 1). NoHint answers 429
+	// without Retry-After, as many real providers do. Phases change the
+	// limit during the run (policies.go).
+	Burst  int64
+	NoHint bool
+	Phases []Phase
 }
 
 // Provider is a counting, limit-enforcing HTTP server on 127.0.0.1.
@@ -71,6 +85,7 @@ type Provider struct {
 
 	mu        sync.Mutex
 	arrivals  []time.Time // accepted requests only
+	calls     []Call      // accepted requests naming a record
 	rejected  int64
 	seen      map[recordID]int
 	periods   periodsMeter
@@ -78,6 +93,9 @@ type Provider struct {
 	inWindow  int64 // accepted in the current period or window
 	maxWindow int64 // most accepted in one period or window
 	served    sync.WaitGroup
+	started   time.Time   // for Phases and Tallies
+	refusals  []time.Time // arrival times of refused requests
+	tat       time.Time   // Leaky: theoretical arrival time
 }
 
 type recordID struct {
@@ -86,16 +104,29 @@ type recordID struct {
 	offset    int64
 }
 
+// Call is an accepted request that named a record (topic, partition and
+// offset query parameters, and optionally key), with its arrival time.
+type Call struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       string
+	At        time.Time
+}
+
 // Start listens on a free loopback port and serves until Close.
 func Start(cfg Config) (*Provider, error) {
 	if cfg.Limit < 1 || cfg.Interval <= 0 {
 		return nil, fmt.Errorf("provider: limit %d per %v: need a limit ≥ 1 and a positive interval", cfg.Limit, cfg.Interval)
 	}
+	if cfg.Latency < 0 {
+		return nil, fmt.Errorf("provider: latency %v: must not be negative", cfg.Latency)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("provider: listen: %w", err)
 	}
-	p := &Provider{cfg: cfg, ln: ln, seen: make(map[recordID]int)}
+	p := &Provider{cfg: cfg, ln: ln, seen: make(map[recordID]int), started: time.Now()}
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 5 * time.Second}
 	p.served.Add(1)
 	go func() {
@@ -115,7 +146,14 @@ func (p *Provider) Close() error {
 	return err
 }
 
+// HealthPath answers 200 without counting (see the package doc).
+const HealthPath = "/healthz"
+
 func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == HealthPath {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	var id recordID
 	q := r.URL.Query()
 	hasID := q.Has("topic")
@@ -129,28 +167,37 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		id.partition, id.offset = int32(part), off
 	}
-	ok, retry := p.admitNow()
+	// Decide and record under one lock, with the clock read under it:
+	// requests are decided, and Calls lists them, in arrival order.
+	p.mu.Lock()
+	now := time.Now()
+	ok, retry := p.admitLocked(now)
 	if !ok {
+		p.refusals = append(p.refusals, now)
+	}
+	if ok && hasID {
+		p.seen[id]++
+		p.calls = append(p.calls, Call{Topic: id.topic, Partition: id.partition, Offset: id.offset, Key: q.Get("key"), At: now})
+	}
+	p.mu.Unlock()
+	if !ok && !p.cfg.NoHint {
 		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
+	}
+	if !ok {
 		http.Error(w, "rate limit exceeded", http.StatusTooManyRequests)
 		return
 	}
-	if hasID {
-		p.mu.Lock()
-		p.seen[id]++
-		p.mu.Unlock()
+	if p.cfg.Latency > 0 {
+		t := time.NewTimer(p.cfg.Latency)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		}
 	}
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write([]byte(`{"status":"ok"}`))
-}
-
-// admitNow applies the policy to a request arriving now. The clock is read
-// under the lock, so that requests are decided in the order of their
-// arrival times (the policies rely on it).
-func (p *Provider) admitNow() (bool, time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.admitLocked(time.Now())
 }
 
 // admit applies the policy to a request arriving at now (not before the
@@ -163,8 +210,11 @@ func (p *Provider) admit(now time.Time) (bool, time.Duration) {
 
 func (p *Provider) admitLocked(now time.Time) (bool, time.Duration) {
 	c := p.cfg
+	c.Limit = p.limitAt(now)
 	var retry time.Duration
 	switch c.Policy {
+	case Leaky:
+		return p.admitLeaky(now, c.Limit)
 	case Periods:
 		if !p.periods.admit(now.UnixNano(), c.Limit, int64(c.Interval-c.Tolerance)) {
 			p.rejected++
@@ -241,6 +291,14 @@ func (p *Provider) Seen(topic string, partition int32, offset int64) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.seen[recordID{topic, partition, offset}]
+}
+
+// Calls returns the accepted requests that named a record, in the order of
+// their arrival (not of their answers).
+func (p *Provider) Calls() []Call {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.calls)
 }
 
 // Arrivals returns the arrival times of accepted requests, in order.

@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"testing"
@@ -108,4 +109,39 @@ func TestPeriodsMeterMemoryStaysBounded(t *testing.T) {
 	}
 	assert.Equal(t, 10_000, accepted, "10 per 100 ms over 100 s")
 	assert.LessOrEqual(t, len(m.t), 4*11)
+}
+
+// With a latency, a request is counted when it arrives and answered only
+// later: here never, until the caller gives up, and Close still returns.
+func TestLatencyCountsOnArrival(t *testing.T) {
+	_, err := Start(Config{Limit: 1, Interval: time.Hour, Latency: -time.Second})
+	require.ErrorContains(t, err, "latency")
+
+	p, err := Start(Config{Limit: 10, Interval: time.Hour, Latency: time.Hour})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	answered := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.URL()+"/call?topic=t&partition=0&offset=0&key=k", nil)
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		answered <- err
+	}()
+	require.Eventually(t, func() bool { return p.Stats().Accepted == 1 }, 10*time.Second, time.Millisecond)
+	select {
+	case err := <-answered:
+		t.Fatalf("answered before its latency: %v", err)
+	default:
+	}
+	assert.Equal(t, 1, p.Seen("t", 0, 0))
+	calls := p.Calls()
+	require.Len(t, calls, 1)
+	assert.Equal(t, Call{Topic: "t", Partition: 0, Offset: 0, Key: "k", At: calls[0].At}, calls[0])
+	cancel()
+	assert.ErrorIs(t, <-answered, context.Canceled)
 }

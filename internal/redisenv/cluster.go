@@ -46,7 +46,10 @@ func StartCluster(opts ...Option) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	bin, err := findBinary()
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	bin, err := binary(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w; Redis Cluster has no in-process stand-in", err)
 	}

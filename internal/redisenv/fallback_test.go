@@ -5,15 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // withoutBinary hides redis-server for the rest of the test. Such tests
 // cannot run in parallel.
 func withoutBinary(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
+	t.Setenv(StandInEnv, "")
 	saved := binaryCandidates
 	binaryCandidates = nil
 	t.Cleanup(func() { binaryCandidates = saved })
@@ -28,6 +31,8 @@ type fakeTB struct {
 	mu       sync.Mutex
 	fatal    string
 	skipped  string
+	errored  string
+	logged   string
 	cleanups []func()
 }
 
@@ -43,6 +48,21 @@ func (f *fakeTB) Skip(args ...any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.skipped = fmt.Sprint(args...)
+}
+func (f *fakeTB) Errorf(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.errored = fmt.Sprintf(format, args...)
+}
+func (f *fakeTB) Logf(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.logged = fmt.Sprintf(format, args...)
+}
+func (f *fakeTB) Skipf(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.skipped = fmt.Sprintf(format, args...)
 }
 func (f *fakeTB) cleanup() {
 	for i := len(f.cleanups) - 1; i >= 0; i-- {
@@ -130,4 +150,149 @@ func TestRequireWithoutBinary(t *testing.T) {
 		t.Fatalf("StartStandIn under %s=1: %v", RequireEnv, err)
 	}
 	s.Close()
+}
+
+// TestStandInKeepsRealTime checks what the buckets need of the stand-in: a
+// key set with PX expires as the wall clock passes, without anyone moving
+// the stand-in's clock, PTTL counts down, and TIME (from a client and from
+// Lua) is the wall clock. Before ClockTTL was turned on, the key lived
+// forever and a token bucket's period never ended.
+func TestStandInKeepsRealTime(t *testing.T) {
+	t.Parallel()
+	s, err := StartStandIn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := s.Client()
+	ctx := ctxT(t)
+
+	for _, src := range []string{"client", "lua"} {
+		var got time.Time
+		if src == "client" {
+			got, err = c.Time(ctx).Result()
+		} else {
+			var r []any
+			r, err = c.Eval(ctx, "return redis.call('TIME')", nil).Slice()
+			if err == nil {
+				sec, _ := strconv.ParseInt(r[0].(string), 10, 64)
+				usec, _ := strconv.ParseInt(r[1].(string), 10, 64)
+				got = time.Unix(sec, usec*1000)
+			}
+		}
+		if err != nil {
+			t.Fatalf("TIME from %s: %v", src, err)
+		}
+		if d := time.Since(got); d < -50*time.Millisecond || d > 50*time.Millisecond {
+			t.Fatalf("TIME from %s is %v away from the wall clock", src, d)
+		}
+	}
+
+	const ttl = 150 * time.Millisecond
+	start := time.Now()
+	if err := c.Set(ctx, "k", "v", ttl).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Poll on the server's own answer: the condition is the server's clock.
+	prev := ttl + time.Millisecond
+	for {
+		pttl, err := c.PTTL(ctx, "k").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pttl < 0 {
+			break // -2: gone
+		}
+		if pttl >= prev {
+			t.Fatalf("PTTL %v after %v: not counting down", pttl, prev)
+		}
+		prev = pttl
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("key still there %v after a %v TTL (PTTL %v)", time.Since(start), ttl, pttl)
+		}
+		time.Sleep(10 * time.Millisecond) // the server's clock must pass; nothing to wait on
+	}
+	if elapsed := time.Since(start); elapsed < ttl {
+		t.Fatalf("key gone after %v, before its %v TTL", elapsed, ttl)
+	}
+	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS after expiry = %d, %v", n, err)
+	}
+}
+
+// TestStandInForced checks StandInEnv: Start gives the stand-in although a
+// binary may be installed, StartCluster refuses, NewCluster and NeedReal
+// skip saying why, and together with RequireEnv it is an error.
+func TestStandInForced(t *testing.T) {
+	t.Setenv(StandInEnv, "1")
+	t.Setenv(RequireEnv, "")
+	s, err := Start()
+	if err != nil {
+		t.Fatalf("Start with %s=1: %v", StandInEnv, err)
+	}
+	defer s.Close()
+	if s.Real() {
+		t.Fatalf("Start with %s=1 gave %s", StandInEnv, s.Kind())
+	}
+	if _, err := StartCluster(); !errors.Is(err, ErrNoRedisServer) {
+		t.Fatalf("StartCluster with %s=1 = %v, want ErrNoRedisServer", StandInEnv, err)
+	}
+	f := &fakeTB{TB: t}
+	if c := NewCluster(f); c != nil || !strings.Contains(f.skipped, StandInEnv) || f.fatal != "" {
+		t.Fatalf("NewCluster = %v, skipped %q, fatal %q; want a skip naming %s", c, f.skipped, f.fatal, StandInEnv)
+	}
+	f = &fakeTB{TB: t}
+	NeedReal(f, s, "pausing the server")
+	if !strings.Contains(f.skipped, "pausing the server") || !strings.Contains(f.skipped, StandInEnv) || f.fatal != "" {
+		t.Fatalf("NeedReal: skipped %q, fatal %q", f.skipped, f.fatal)
+	}
+
+	t.Setenv(RequireEnv, "1")
+	if _, err := Start(); !errors.Is(err, errContradiction) {
+		t.Fatalf("Start with both %s and %s = %v, want the contradiction", StandInEnv, RequireEnv, err)
+	}
+	f = &fakeTB{TB: t}
+	NeedReal(f, s, "pausing the server")
+	if !strings.Contains(f.fatal, "needs a real redis-server") || f.skipped != "" {
+		t.Fatalf("NeedReal under %s=1: fatal %q, skipped %q; want a failure", RequireEnv, f.fatal, f.skipped)
+	}
+}
+
+// TestShortfall: a throughput figure below its bound fails a test against a
+// real server and is only logged against the stand-in, as UsesStandIn says.
+func TestShortfall(t *testing.T) {
+	for _, tc := range []struct {
+		name, standIn, require string
+		hide, want             bool
+	}{
+		{"forced", "1", "", false, true},
+		{"no binary", "", "", true, true},
+		{"no binary, required", "", "1", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.hide {
+				withoutBinary(t)
+			}
+			t.Setenv(StandInEnv, tc.standIn)
+			t.Setenv(RequireEnv, tc.require)
+			if got := UsesStandIn(); got != tc.want {
+				t.Fatalf("UsesStandIn() = %v, want %v", got, tc.want)
+			}
+			f := &fakeTB{TB: t}
+			Shortfall(f, "utilization %d%%", 40)
+			if tc.want && (f.errored != "" || !strings.Contains(f.logged, "utilization 40%")) {
+				t.Errorf("on the stand-in: errored %q, logged %q; want only a log line", f.errored, f.logged)
+			}
+			if !tc.want && f.errored != "utilization 40%" {
+				t.Errorf("on a real server: errored %q; want the failure", f.errored)
+			}
+		})
+	}
+	if _, err := findBinary(); err == nil {
+		t.Setenv(StandInEnv, "")
+		t.Setenv(RequireEnv, "")
+		if UsesStandIn() {
+			t.Error("UsesStandIn() with redis-server installed and nothing forced = true")
+		}
+	}
 }

@@ -11,6 +11,14 @@ import (
 // binary is installed, and [NewCluster] fails instead of skipping. CI sets it.
 const RequireEnv = "HEADWAY_REQUIRE_REDIS"
 
+// StandInEnv names the environment variable that, when set to "1", makes
+// [Start] use the in-process stand-in even when redis-server is installed,
+// and makes [StartCluster] fail as if no binary were installed (so
+// [NewCluster] skips): the machine looks like a fresh one with only Go.
+// CI sets it to prove that path. Setting it together with [RequireEnv] is a
+// contradiction that Start and StartCluster report as an error.
+const StandInEnv = "HEADWAY_REDIS_STANDIN"
+
 // Option configures [Start], [StartCluster], [New] and [NewCluster].
 type Option interface {
 	apply(*config) error
@@ -22,6 +30,7 @@ func (f optionFunc) apply(c *config) error { return f(c) }
 
 type config struct {
 	requireReal  bool
+	standIn      bool // StandInEnv=1: behave as if no binary were installed
 	startTimeout time.Duration
 	args         []string
 }
@@ -29,6 +38,7 @@ type config struct {
 func newConfig(opts []Option) (config, error) {
 	c := config{
 		requireReal:  os.Getenv(RequireEnv) == "1",
+		standIn:      os.Getenv(StandInEnv) == "1",
 		startTimeout: 10 * time.Second,
 	}
 	for _, o := range opts {
@@ -37,6 +47,18 @@ func newConfig(opts []Option) (config, error) {
 		}
 	}
 	return c, nil
+}
+
+// errContradiction reports StandInEnv together with RequireEnv or
+// RequireReal.
+var errContradiction = fmt.Errorf("redisenv: %s=1 forces the stand-in but a real redis-server is required (%s=1 or RequireReal): unset one of them", StandInEnv, RequireEnv)
+
+// check reports settings that contradict each other.
+func (c config) check() error {
+	if c.standIn && c.requireReal {
+		return errContradiction
+	}
+	return nil
 }
 
 // RequireReal makes [Start] and [New] fail rather than fall back to the

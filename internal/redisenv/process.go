@@ -18,6 +18,19 @@ import (
 // binaryCandidates are tried, in order, after PATH. Tests replace it.
 var binaryCandidates = []string{"/usr/bin/redis-server", "/usr/local/bin/redis-server"}
 
+// errHidden is wrapped, together with ErrNoRedisServer, when StandInEnv
+// hides an installed binary.
+var errHidden = errors.New("redis-server hidden by " + StandInEnv + "=1")
+
+// binary returns the redis-server binary cfg may use: none when cfg forces
+// the stand-in.
+func binary(cfg config) (string, error) {
+	if cfg.standIn {
+		return "", fmt.Errorf("%w (%w)", ErrNoRedisServer, errHidden)
+	}
+	return findBinary()
+}
+
 // findBinary returns the path of a redis-server binary or ErrNoRedisServer.
 func findBinary() (string, error) {
 	if p, err := exec.LookPath("redis-server"); err == nil {

@@ -74,7 +74,10 @@ func Start(opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	bin, err := findBinary()
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	bin, err := binary(cfg)
 	if err != nil {
 		if cfg.requireReal {
 			return nil, fmt.Errorf("%w; the in-process stand-in is forbidden (%s=1 or RequireReal)", err, RequireEnv)
@@ -84,6 +87,11 @@ func Start(opts ...Option) (*Server, error) {
 			return nil, err
 		}
 		fallbackWarning.Do(func() {
+			if cfg.standIn {
+				slog.Warn("redisenv: using the in-process stand-in (miniredis) because "+StandInEnv+"=1, although redis-server may be installed",
+					"addr", s.Addr())
+				return
+			}
 			slog.Warn("redisenv: redis-server is NOT installed; tests and examples are running against an in-process stand-in (miniredis), NOT a real Redis. Install it: apt-get install -y redis-server",
 				"addr", s.Addr(), "require_with", RequireEnv+"=1")
 		})
@@ -94,9 +102,10 @@ func Start(opts ...Option) (*Server, error) {
 
 // StartStandIn starts the in-process miniredis stand-in on a free 127.0.0.1
 // port, whether or not redis-server is installed and regardless of
-// [RequireEnv]. The stand-in implements most commands and Lua, but not
-// every behaviour of a real server; headway's tests use it only to check the
-// fallback itself. The caller must call [Server.Close].
+// [RequireEnv] and [StandInEnv]. The stand-in implements most commands and
+// Lua, and keeps real time: keys expire as the wall clock passes and TIME
+// is the wall clock. It cannot be stopped or killed like a process (see
+// [Server.Pause]) and has no Cluster. The caller must call [Server.Close].
 func StartStandIn(opts ...Option) (*Server, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -106,12 +115,23 @@ func StartStandIn(opts ...Option) (*Server, error) {
 }
 
 func startStandIn(cfg config) (*Server, error) {
-	m := miniredis.NewMiniRedis()
+	m := newMini()
 	if err := m.StartAddr("127.0.0.1:0"); err != nil {
 		return nil, fmt.Errorf("redisenv: starting the stand-in: %w", err)
 	}
 	port, _ := strconv.Atoi(m.Port())
 	return &Server{cfg: cfg, addr: m.Addr(), port: port, kind: KindStandIn, mini: m}, nil
+}
+
+// newMini returns a miniredis that keeps time like a real server: keys
+// expire as the wall clock passes (miniredis's ClockTTL, checked on every
+// command) and TIME, also inside Lua, is the wall clock. Without ClockTTL a
+// miniredis's keys only expire when told to, and a token bucket's period
+// would never end.
+func newMini() *miniredis.Miniredis {
+	m := miniredis.NewMiniRedis()
+	m.ClockTTL(true)
+	return m
 }
 
 // startReal starts bin in a new temporary directory on a port from pick,
@@ -220,7 +240,7 @@ func (s *Server) Restart() error {
 	if s.mini != nil {
 		s.openGateLocked()
 		s.mini.Close()
-		m := miniredis.NewMiniRedis()
+		m := newMini()
 		if err := retryAddrInUse(s.cfg.startTimeout, func() error { return m.StartAddr(s.addr) }); err != nil {
 			return fmt.Errorf("redisenv: restarting the stand-in on %s: %w", s.addr, err)
 		}

@@ -230,10 +230,14 @@ func TestCloseWhilePaused(t *testing.T) {
 }
 
 func TestStartReportsLogTail(t *testing.T) {
-	if _, err := findBinary(); err != nil {
+	cfg, err := newConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := binary(cfg); err != nil {
 		needBinary(t, "starting redis-server with a bad option")
 	}
-	_, err := Start(Args("--no-such-directive", "1"))
+	_, err = Start(Args("--no-such-directive", "1"))
 	if err == nil {
 		t.Fatal("Start with a bad directive succeeded")
 	}

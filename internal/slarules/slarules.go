@@ -1,5 +1,5 @@
 // Package slarules holds the rules an SLA's fields must follow, shared by
-// throttle's middleware (which checks SLAs built in Go) and throttle/sla
+// throttle/httpserver's middleware (which checks SLAs built in Go) and its YAML loader
 // (which checks them as it reads YAML, to name the line at fault).
 package slarules
 

@@ -38,7 +38,7 @@ func ExampleNew() {
 		panic(err)
 	}
 	for _, m := range rm.ScopeMetrics[0].Metrics {
-		if m.Name != "headway.limiter.acquires" {
+		if m.Name != "headway.limiter.acquire.calls" {
 			continue
 		}
 		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {

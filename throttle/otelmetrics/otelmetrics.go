@@ -1,7 +1,9 @@
 // Package otelmetrics reports what headway does through the OpenTelemetry
 // metrics API: permits granted and refused, time spent waiting, calls to
-// the bucket's store (Redis) with their errors and latency, decisions made
-// under a failure policy, and the state of a consumer.
+// the bucket's store (Redis) with their errors and latency, and decisions
+// made under a failure policy. It depends on package throttle and the
+// OpenTelemetry API only; the consumer's metrics are in package
+// github.com/headway-go/headway/consumer/otelconsumer.
 //
 // It costs nothing unless asked: [New] with a nil MeterProvider records
 // into a no-op provider, and a Limiter without [throttle.WithObserver]
@@ -12,40 +14,27 @@
 //	if err != nil { ... }
 //	lim := throttle.New(b, throttle.WithObserver(obs))
 //
-//	unregister, err := otelmetrics.ObserveConsumer(meterProvider, "mailer", c)
-//	if err != nil { ... }
-//	defer unregister()
-//
 // # Instruments
 //
 // From an [Observer], every one carrying the attributes of [WithAttributes]:
 //
-//	headway.limiter.acquires        counter    {call}    headway.outcome: granted, timeout, canceled, error
-//	headway.limiter.permits         counter    {permit}  permits granted (n of AcquireN)
-//	headway.limiter.wait.duration   histogram  s         headway.outcome, as above
-//	headway.bucket.calls            counter    {call}    headway.result: granted, refused, error
-//	headway.bucket.call.duration    histogram  s         headway.result, as above
-//	headway.limiter.degraded        counter    {call}    headway.policy, headway.granted
+//	headway.limiter.acquire.calls       counter    {call}      headway.outcome: granted, timeout, canceled, error
+//	headway.limiter.granted.permits     counter    {permit}    permits granted (n of AcquireN)
+//	headway.limiter.wait.duration       histogram  s           headway.outcome, as above
+//	headway.bucket.calls                counter    {call}      headway.result: granted, refused, error
+//	headway.bucket.call.duration        histogram  s           headway.result, as above
+//	headway.limiter.degraded.decisions  counter    {decision}  headway.policy, headway.granted
+//
+// Names and units follow OpenTelemetry's semantic-convention rules: a
+// dotted namespace, counts of things named in the plural with a {thing}
+// unit, durations in seconds. The meter's instrumentation scope is
+// [ScopeName] with headway's module version.
 //
 // A bucket call's result "error" counts the store's failures (a Redis
 // error or timeout) and misconfiguration alike; its duration is the
 // store's latency as the caller sees it. An acquire's outcome "timeout"
 // means no permit within maxWait or the context's deadline
 // ([throttle.ErrTimeout]); "canceled" means the context ended first.
-//
-// From [ObserveConsumer], read from [consumer.Consumer.Stats] at each
-// collection, with headway.consumer set to the name given:
-//
-//	headway.consumer.partitions        gauge    {partition}  partitions owned
-//	headway.consumer.waiting           gauge    {partition}  partitions waiting for a permit
-//	headway.consumer.buffered          gauge    {record}     records held: queued, waiting or in a handler
-//	headway.consumer.in_flight         gauge    {call}       handler calls running
-//	headway.consumer.handled           counter  {record}     records handled
-//	headway.consumer.retried           counter  {call}       attempts after a record's first
-//	headway.consumer.dead_lettered     counter  {record}     records sent to the dead-letter topic
-//	headway.consumer.permit_timeouts   counter  {call}       permit waits that timed out
-//	headway.consumer.limiter_errors    counter  {call}       limiter store failures
-//	headway.consumer.permit.wait       counter  s            total time spent waiting for permits
 //
 // # Cardinality
 //
@@ -64,6 +53,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/headway-go/headway/internal/buildinfo"
+	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -85,8 +76,6 @@ const (
 	// KeyKey is the limiter key (a tenant, an endpoint), only with
 	// [WithKeyAttribute].
 	KeyKey = attribute.Key("headway.key")
-	// ConsumerKey names the consumer of [ObserveConsumer].
-	ConsumerKey = attribute.Key("headway.consumer")
 )
 
 // Outcomes of an acquire, in the order of the outcome index.
@@ -122,7 +111,7 @@ var (
 	callBounds = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5}
 )
 
-// Option configures [New] and [ObserveConsumer].
+// Option configures [New].
 type Option interface {
 	apply(*config)
 }
@@ -141,7 +130,7 @@ type config struct {
 // WithAttributes adds attributes to every measurement, for example the
 // name of the limiter when several share a MeterProvider:
 //
-//	otelmetrics.WithAttributes(attribute.String("headway.limiter", "mparticle"))
+//	otelmetrics.WithAttributes(attribute.String("headway.limiter", "billing-api"))
 //
 // Default: none. The attribute keys of this package are taken by it and
 // must not be given here.
@@ -176,11 +165,11 @@ func newConfig(opts []Option) (config, error) {
 	}
 	for _, kv := range c.attrs {
 		switch kv.Key {
-		case OutcomeKey, ResultKey, PolicyKey, GrantedKey, KeyKey, ConsumerKey:
-			return c, throttle.Invalid("otelmetrics", "WithAttributes", string(kv.Key), "must not use an attribute key of package otelmetrics")
+		case OutcomeKey, ResultKey, PolicyKey, GrantedKey, KeyKey:
+			return c, errs.Invalid("otelmetrics", "WithAttributes", string(kv.Key), "must not use an attribute key of package otelmetrics")
 		}
 		if !kv.Valid() {
-			return c, throttle.Invalid("otelmetrics", "WithAttributes", fmt.Sprintf("%q", kv.Key), "must be a valid attribute (non-empty key, set value)")
+			return c, errs.Invalid("otelmetrics", "WithAttributes", fmt.Sprintf("%q", kv.Key), "must be a valid attribute (non-empty key, set value)")
 		}
 	}
 	return c, nil
@@ -191,7 +180,7 @@ func meter(mp metric.MeterProvider) metric.Meter {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
-	return mp.Meter(ScopeName)
+	return mp.Meter(ScopeName, metric.WithInstrumentationVersion(buildinfo.Version()))
 }
 
 // Observer implements [throttle.Observer] with OpenTelemetry instruments.
@@ -208,6 +197,7 @@ type Observer struct {
 	calls     metric.Int64Counter
 	callTime  metric.Float64Histogram
 	degraded  metric.Int64Counter
+	adaptive  metric.Float64Gauge // adaptive.go
 	base      []attribute.KeyValue
 	keyAttr   func(string) string
 	plain     measure // the base attributes only
@@ -241,12 +231,12 @@ func New(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 	}
 	m := meter(mp)
 	o := &Observer{base: cfg.attrs, keyAttr: cfg.keyAttr, noContext: context.Background()}
-	if o.acquires, err = m.Int64Counter("headway.limiter.acquires",
+	if o.acquires, err = m.Int64Counter("headway.limiter.acquire.calls",
 		metric.WithUnit("{call}"),
 		metric.WithDescription("Acquire and AcquireN calls, by outcome.")); err != nil {
 		return nil, instrumentErr(err)
 	}
-	if o.permits, err = m.Int64Counter("headway.limiter.permits",
+	if o.permits, err = m.Int64Counter("headway.limiter.granted.permits",
 		metric.WithUnit("{permit}"),
 		metric.WithDescription("Permits granted by Acquire and AcquireN.")); err != nil {
 		return nil, instrumentErr(err)
@@ -268,9 +258,12 @@ func New(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 		metric.WithExplicitBucketBoundaries(callBounds...)); err != nil {
 		return nil, instrumentErr(err)
 	}
-	if o.degraded, err = m.Int64Counter("headway.limiter.degraded",
-		metric.WithUnit("{call}"),
+	if o.degraded, err = m.Int64Counter("headway.limiter.degraded.decisions",
+		metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions made without the bucket because its store failed, by failure policy and decision.")); err != nil {
+		return nil, instrumentErr(err)
+	}
+	if err = o.newAdaptive(m); err != nil {
 		return nil, instrumentErr(err)
 	}
 	o.plain = newMeasure(o.with())

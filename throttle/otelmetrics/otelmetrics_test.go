@@ -4,110 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/redis/go-redis/v9"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 
 	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/oteltest"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 	"github.com/headway-go/headway/throttle/otelmetrics"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// reader is a MeterProvider with a ManualReader, and ways to read back what
-// was recorded.
-type reader struct {
-	mp *sdkmetric.MeterProvider
-	r  *sdkmetric.ManualReader
-}
-
-func newReader(t testing.TB) *reader {
-	r := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	return &reader{mp: mp, r: r}
-}
-
-// collect returns the metrics of the package's scope, by name.
-func (r *reader) collect(t testing.TB) map[string]metricdata.Aggregation {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, r.r.Collect(context.Background(), &rm))
-	out := map[string]metricdata.Aggregation{}
-	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != otelmetrics.ScopeName {
-			continue
-		}
-		for _, m := range sm.Metrics {
-			out[m.Name] = m.Data
-		}
-	}
-	return out
-}
-
-// sums returns an int64 sum's data points keyed by their attributes, as
-// "k=v,k=v" in attribute order.
-func sums(t testing.TB, a metricdata.Aggregation) map[string]int64 {
-	t.Helper()
-	s, ok := a.(metricdata.Sum[int64])
-	require.True(t, ok, "%T is not an int64 sum", a)
-	out := map[string]int64{}
-	for _, dp := range s.DataPoints {
-		out[attrs(dp.Attributes)] = dp.Value
-	}
-	return out
-}
-
-// gauges is sums for an int64 gauge.
-func gauges(t testing.TB, a metricdata.Aggregation) map[string]int64 {
-	t.Helper()
-	g, ok := a.(metricdata.Gauge[int64])
-	require.True(t, ok, "%T is not an int64 gauge", a)
-	out := map[string]int64{}
-	for _, dp := range g.DataPoints {
-		out[attrs(dp.Attributes)] = dp.Value
-	}
-	return out
-}
-
-type hist struct {
-	count uint64
-	sum   float64
-}
-
-func hists(t testing.TB, a metricdata.Aggregation) map[string]hist {
-	t.Helper()
-	h, ok := a.(metricdata.Histogram[float64])
-	require.True(t, ok, "%T is not a float64 histogram", a)
-	out := map[string]hist{}
-	for _, dp := range h.DataPoints {
-		out[attrs(dp.Attributes)] = hist{dp.Count, dp.Sum}
-	}
-	return out
-}
-
-func attrs(s attribute.Set) string {
-	out := ""
-	for i, kv := range s.ToSlice() {
-		if i > 0 {
-			out += ","
-		}
-		out += string(kv.Key) + "=" + kv.Value.Emit()
-	}
-	return out
-}
 
 // counting wraps a bucket and counts its answers independently of the
 // Observer.
@@ -132,8 +48,8 @@ func (c *counting) Take(ctx context.Context, key string, n int64, maxWait time.D
 // Real Acquire calls on a fake clock: every outcome is counted, permits
 // add up n, and the wait histogram holds the exact time waited.
 func TestObserverCountsAcquires(t *testing.T) {
-	r := newReader(t)
-	obs, err := otelmetrics.New(r.mp, otelmetrics.WithAttributes(attribute.String("headway.limiter", "test")))
+	r := oteltest.NewReader(t, otelmetrics.ScopeName)
+	obs, err := otelmetrics.New(r.MP, otelmetrics.WithAttributes(attribute.String("headway.limiter", "test")))
 	require.NoError(t, err)
 	clock := clockwork.NewFakeClock()
 	local, err := throttle.NewLocal(3, time.Second, throttle.WithClock(clock))
@@ -178,31 +94,31 @@ func TestObserverCountsAcquires(t *testing.T) {
 	require.ErrorIs(t, lim.Acquire(cctx, time.Second), context.Canceled)
 	require.ErrorIs(t, lim.Acquire(ctx, -1), throttle.ErrInvalid)
 
-	got := r.collect(t)
+	got := r.Collect(t)
 	const lt = "headway.limiter=test,"
 	assert.Equal(t, map[string]int64{
 		lt + "headway.outcome=granted":  3,
 		lt + "headway.outcome=timeout":  2,
 		lt + "headway.outcome=canceled": 1,
 		lt + "headway.outcome=error":    1,
-	}, sums(t, got["headway.limiter.acquires"]))
-	assert.Equal(t, map[string]int64{"headway.limiter=test": 2 + 1 + 3}, sums(t, got["headway.limiter.permits"]))
-	w := hists(t, got["headway.limiter.wait.duration"])
-	assert.EqualValues(t, 3, w[lt+"headway.outcome=granted"].count)
-	assert.InDelta(t, 1.0, w[lt+"headway.outcome=granted"].sum, 1e-6, "granted: 2 at once, 1 after one interval (1 s, rounded up to the ns per permit)")
-	assert.Equal(t, hist{2, 0}, w[lt+"headway.outcome=timeout"])
+	}, oteltest.Sums(t, got["headway.limiter.acquire.calls"]))
+	assert.Equal(t, map[string]int64{"headway.limiter=test": 2 + 1 + 3}, oteltest.Sums(t, got["headway.limiter.granted.permits"]))
+	w := oteltest.Hists(t, got["headway.limiter.wait.duration"])
+	assert.EqualValues(t, 3, w[lt+"headway.outcome=granted"].Count)
+	assert.InDelta(t, 1.0, w[lt+"headway.outcome=granted"].Sum, 1e-6, "granted: 2 at once, 1 after one interval (1 s, rounded up to the ns per permit)")
+	assert.Equal(t, oteltest.Hist{Count: 2}, w[lt+"headway.outcome=timeout"])
 
 	// Bucket calls, against the independent count.
-	calls := sums(t, got["headway.bucket.calls"])
+	calls := oteltest.Sums(t, got["headway.bucket.calls"])
 	assert.Equal(t, cb.granted.Load(), calls[lt+"headway.result=granted"])
 	assert.Equal(t, cb.refused.Load(), calls[lt+"headway.result=refused"])
 	assert.EqualValues(t, 3, cb.granted.Load())
 	assert.GreaterOrEqual(t, cb.refused.Load(), int64(1))
 	assert.NotContains(t, calls, lt+"headway.result=error")
-	ct := hists(t, got["headway.bucket.call.duration"])
-	assert.EqualValues(t, cb.granted.Load(), ct[lt+"headway.result=granted"].count)
-	assert.Zero(t, ct[lt+"headway.result=granted"].sum, "a Local bucket takes no time on a fake clock")
-	assert.NotContains(t, got, "headway.limiter.degraded", "nothing degraded")
+	ct := oteltest.Hists(t, got["headway.bucket.call.duration"])
+	assert.EqualValues(t, cb.granted.Load(), ct[lt+"headway.result=granted"].Count)
+	assert.Zero(t, ct[lt+"headway.result=granted"].Sum, "a Local bucket takes no time on a fake clock")
+	assert.NotContains(t, got, "headway.limiter.degraded.decisions", "nothing degraded")
 }
 
 // A Redis bucket whose server goes away: the store's errors are counted as
@@ -213,8 +129,8 @@ func TestObserverCountsRedisErrors(t *testing.T) {
 	// No retries: once the server is gone, each call fails at once.
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	r := newReader(t)
-	obs, err := otelmetrics.New(r.mp)
+	r := oteltest.NewReader(t, otelmetrics.ScopeName)
+	obs, err := otelmetrics.New(r.MP)
 	require.NoError(t, err)
 	tb, err := bucket.NewTokenBucket(rdb, t.Name(), 5, 10*time.Second)
 	require.NoError(t, err)
@@ -256,31 +172,31 @@ func TestObserverCountsRedisErrors(t *testing.T) {
 		}
 	}
 
-	got := r.collect(t)
-	assert.Equal(t, want, sums(t, got["headway.limiter.acquires"]))
+	got := r.Collect(t)
+	assert.Equal(t, want, oteltest.Sums(t, got["headway.limiter.acquire.calls"]))
 	if degradedGrants > 0 {
-		assert.NotEmpty(t, got["headway.limiter.degraded"], "grants while Redis was gone are reported as degraded")
+		assert.NotEmpty(t, got["headway.limiter.degraded.decisions"], "grants while Redis was gone are reported as degraded")
 	}
-	calls := sums(t, got["headway.bucket.calls"])
+	calls := oteltest.Sums(t, got["headway.bucket.calls"])
 	assert.Equal(t, map[string]int64{
 		"headway.result=granted": cb.granted.Load(),
 		"headway.result=refused": cb.refused.Load(),
 		"headway.result=error":   cb.error.Load(),
 	}, calls)
 	assert.Positive(t, cb.error.Load(), "the bucket was asked while Redis was gone")
-	ct := hists(t, got["headway.bucket.call.duration"])
+	ct := oteltest.Hists(t, got["headway.bucket.call.duration"])
 	var n uint64
 	var sum float64
 	for _, h := range ct {
-		n += h.count
-		sum += h.sum
+		n += h.Count
+		sum += h.Sum
 	}
 	assert.EqualValues(t, cb.granted.Load()+cb.refused.Load()+cb.error.Load(), n)
 	assert.Positive(t, sum, "real Redis round trips take time")
 }
 
 func TestObserverDegradedAndKeyAttribute(t *testing.T) {
-	r := newReader(t)
+	r := oteltest.NewReader(t, otelmetrics.ScopeName)
 	class := func(key string) string { // "tenant/endpoint" → "endpoint"
 		for i := len(key) - 1; i >= 0; i-- {
 			if key[i] == '/' {
@@ -289,7 +205,7 @@ func TestObserverDegradedAndKeyAttribute(t *testing.T) {
 		}
 		return key
 	}
-	obs, err := otelmetrics.New(r.mp, otelmetrics.WithKeyAttribute(class))
+	obs, err := otelmetrics.New(r.MP, otelmetrics.WithKeyAttribute(class))
 	require.NoError(t, err)
 	storeErr := &throttle.BackendError{Op: "take", Err: errors.New("connection refused")}
 	obs.Degraded("t1/search", "open", true, storeErr)
@@ -305,21 +221,21 @@ func TestObserverDegradedAndKeyAttribute(t *testing.T) {
 		require.NoError(t, lim.Key(tenant+"/search").Acquire(context.Background(), 0))
 	}
 
-	got := r.collect(t)
+	got := r.Collect(t)
 	assert.Equal(t, map[string]int64{
 		"headway.granted=true,headway.key=search,headway.policy=open":  2,
 		"headway.granted=false,headway.key=send,headway.policy=closed": 1,
 		"headway.granted=false,headway.key=send,headway.policy=custom": 1,
-	}, sums(t, got["headway.limiter.degraded"]))
+	}, oteltest.Sums(t, got["headway.limiter.degraded.decisions"]))
 	assert.Equal(t, map[string]int64{"headway.key=search,headway.outcome=granted": 3},
-		sums(t, got["headway.limiter.acquires"]), "three tenants, one series")
+		oteltest.Sums(t, got["headway.limiter.acquire.calls"]), "three tenants, one series")
 }
 
 // Without a key attribute, the limiter key never reaches an attribute:
 // a thousand tenants make one series per outcome.
 func TestObserverNoKeyByDefault(t *testing.T) {
-	r := newReader(t)
-	obs, err := otelmetrics.New(r.mp)
+	r := oteltest.NewReader(t, otelmetrics.ScopeName)
+	obs, err := otelmetrics.New(r.MP)
 	require.NoError(t, err)
 	local, err := throttle.NewLocal(1, time.Hour)
 	require.NoError(t, err)
@@ -327,9 +243,9 @@ func TestObserverNoKeyByDefault(t *testing.T) {
 	for i := range 1000 {
 		require.NoError(t, lim.Key(fmt.Sprint("tenant-", i)).Acquire(context.Background(), 0))
 	}
-	got := r.collect(t)
-	assert.Equal(t, map[string]int64{"headway.outcome=granted": 1000}, sums(t, got["headway.limiter.acquires"]))
-	assert.Equal(t, map[string]int64{"headway.result=granted": 1000}, sums(t, got["headway.bucket.calls"]))
+	got := r.Collect(t)
+	assert.Equal(t, map[string]int64{"headway.outcome=granted": 1000}, oteltest.Sums(t, got["headway.limiter.acquire.calls"]))
+	assert.Equal(t, map[string]int64{"headway.result=granted": 1000}, oteltest.Sums(t, got["headway.bucket.calls"]))
 }
 
 // The hot path allocates nothing of its own: with a nil MeterProvider
@@ -338,7 +254,7 @@ func TestObserverNoKeyByDefault(t *testing.T) {
 func TestObserverAllocations(t *testing.T) {
 	noop, err := otelmetrics.New(nil)
 	require.NoError(t, err)
-	sdk, err := otelmetrics.New(newReader(t).mp, otelmetrics.WithAttributes(attribute.String("headway.limiter", "x")))
+	sdk, err := otelmetrics.New(oteltest.NewReader(t, otelmetrics.ScopeName).MP, otelmetrics.WithAttributes(attribute.String("headway.limiter", "x")))
 	require.NoError(t, err)
 	d := throttle.Decision{Granted: true}
 	timeoutErr := fmt.Errorf("%w: test", throttle.ErrTimeout)
@@ -356,8 +272,8 @@ func TestObserverAllocations(t *testing.T) {
 
 // One Observer serves many goroutines at once (run with -race).
 func TestObserverConcurrent(t *testing.T) {
-	r := newReader(t)
-	obs, err := otelmetrics.New(r.mp)
+	r := oteltest.NewReader(t, otelmetrics.ScopeName)
+	obs, err := otelmetrics.New(r.MP)
 	require.NoError(t, err)
 	local, err := throttle.NewLocal(1_000_000, time.Second)
 	require.NoError(t, err)
@@ -371,14 +287,12 @@ func TestObserverConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	assert.Equal(t, map[string]int64{"headway.outcome=granted": 4000}, sums(t, r.collect(t)["headway.limiter.acquires"]))
+	assert.Equal(t, map[string]int64{"headway.outcome=granted": 4000}, oteltest.Sums(t, r.Collect(t)["headway.limiter.acquire.calls"]))
 }
 
 func TestNewRefusesReservedAttributes(t *testing.T) {
 	_, err := otelmetrics.New(nil, otelmetrics.WithAttributes(otelmetrics.OutcomeKey.String("x")))
 	assert.ErrorIs(t, err, throttle.ErrInvalid)
 	_, err = otelmetrics.New(nil, otelmetrics.WithAttributes(attribute.KeyValue{}))
-	assert.ErrorIs(t, err, throttle.ErrInvalid)
-	_, err = otelmetrics.ObserveConsumer(nil, "c", nil)
 	assert.ErrorIs(t, err, throttle.ErrInvalid)
 }

@@ -1,0 +1,136 @@
+package bucket
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestAdaptiveScripts: the adaptive scripts load under the SHA1 Go
+// computed and carry their header.
+func TestAdaptiveScripts(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	for name, s := range adaptScripts {
+		src, err := os.ReadFile("lua/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha1.Sum(src)
+		if got := hex.EncodeToString(sum[:]); got != s.Hash() {
+			t.Errorf("%s: embedded hash %s, file hash %s", name, s.Hash(), got)
+		}
+		if !strings.HasPrefix(string(src), "-- "+name+":") || !strings.Contains(string(src), "KEYS[1]") || !strings.Contains(string(src), "Guarantee") {
+			t.Errorf("%s: header comment must name the file, give KEYS/ARGV and the guarantee", name)
+		}
+		if sha, err := s.Load(context.Background(), rdb).Result(); err != nil || sha != s.Hash() {
+			t.Errorf("%s: SCRIPT LOAD = %s, %v; want %s", name, sha, err, s.Hash())
+		}
+	}
+}
+
+// TestAdaptiveStateIsShared: for every bucket, on one node and on a
+// cluster, a refusal reported through one instance's Limiter is the
+// state every other instance reads and paces by, with one slot for the
+// fleet, and a swap computed from a stale version loses.
+func TestAdaptiveStateIsShared(t *testing.T) {
+	single := redisenv.New(t).Client()
+	cluster := redisenv.NewCluster(t).Client()
+	for topo, rdb := range map[string]redis.UniversalClient{"node": single, "cluster": cluster} {
+		t.Run(topo, func(t *testing.T) {
+			ctx := context.Background()
+			// 10 per 10 s, so that a paced slot (at 9) is 1.11 s from the next.
+			for name := range allBuckets(t, rdb, "adapt", 10, 10*time.Second) {
+				t.Run(name, func(t *testing.T) {
+					// Two instances of one bucket; each kind its own key
+					// (kinds built on one key share its pause and state).
+					b := allBuckets(t, rdb, "adapt-"+name, 10, 10*time.Second)[name]
+					b2 := allBuckets(t, rdb, "adapt-"+name, 10, 10*time.Second)[name]
+					store := b.(throttle.AdaptiveStore)
+					other := b2.(throttle.AdaptiveStore)
+					p, err := other.PaceAdaptive(ctx, "tenant", 1, 10*time.Second, 0)
+					if err != nil || !p.Granted || p.State.Active() {
+						t.Fatalf("before any refusal: PaceAdaptive = %+v, %v; want granted, not adapting", p, err)
+					}
+
+					if err := throttle.New(b).Key("tenant").Report(ctx, throttle.Answer{Refused: true}); err != nil {
+						t.Fatal(err)
+					}
+					s, err := throttle.New(b2).AdaptiveState(ctx, "tenant")
+					if err != nil || s.Rate != 9 || s.Ceiling != 10 || s.Peak != 10 || s.Version != 1 {
+						t.Fatalf("the other instance reads %+v, %v; want rate 9 of 10, version 1", s, err)
+					}
+					if d := time.Since(s.Decreased); d < 0 || d > 5*time.Second {
+						t.Errorf("decreased %v ago on the server's clock", d)
+					}
+
+					// One slot for the fleet: the first instance takes it,
+					// the other is told how far the next one is.
+					if p, err := store.PaceAdaptive(ctx, "tenant", 1, 10*time.Second, 0); err != nil || !p.Granted || p.Delay != 0 {
+						t.Fatalf("first slot: %+v, %v", p, err)
+					}
+					p, err = other.PaceAdaptive(ctx, "tenant", 1, 10*time.Second, 0)
+					if err != nil || p.Granted || p.Delay < time.Second || p.Delay > 1430*time.Millisecond {
+						t.Fatalf("second slot: %+v, %v; want refused, about 1.11 s away", p, err)
+					}
+					// Within a horizon that reaches it, the slot is reserved.
+					p, err = other.PaceAdaptive(ctx, "tenant", 1, 10*time.Second, 2*time.Second)
+					if err != nil || !p.Granted || p.Delay < time.Second {
+						t.Fatalf("reserved slot: %+v, %v", p, err)
+					}
+
+					// A stale swap loses; the fresh one wins.
+					next := s
+					next.Rate = 5
+					if _, ok, err := store.SwapAdaptive(ctx, "tenant", throttle.AdaptiveState{Version: 0}, next, time.Minute); err != nil || ok {
+						t.Fatalf("stale swap: swapped %v, %v", ok, err)
+					}
+					got, ok, err := other.SwapAdaptive(ctx, "tenant", s, next, time.Minute)
+					if err != nil || !ok || got.Rate != 5 || got.Version != 2 {
+						t.Fatalf("fresh swap: %+v, %v, %v", got, ok, err)
+					}
+					// Each budget has its own state.
+					if s, err := throttle.New(b).AdaptiveState(ctx, ""); err != nil || s.Active() {
+						t.Errorf("key \"\": %+v, %v; want not adapting", s, err)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestAdaptiveStoreErrors: a bad key is refused before any round trip; a
+// dead server is a BackendError, and the Limiter then grants as its
+// failure policy says rather than hang on pacing.
+func TestAdaptiveStoreErrors(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	b, err := NewTokenBucket(rdb, "k", 5, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := b.PaceAdaptive(ctx, strings.Repeat("x", MaxKeyLen+1), 1, time.Second, 0); !errors.Is(err, throttle.ErrInvalid) {
+		t.Errorf("long key: %v, want ErrInvalid", err)
+	}
+	_, err = b.PaceAdaptive(ctx, "", 1, time.Second, 0)
+	var be *throttle.BackendError
+	if !errors.As(err, &be) {
+		t.Errorf("dead server: %v, want a BackendError", err)
+	}
+	if _, _, err := b.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Second); !errors.As(err, &be) {
+		t.Errorf("dead server: %v, want a BackendError", err)
+	}
+	if err := throttle.New(b).Report(ctx, throttle.Answer{Refused: true}); !errors.As(err, &be) {
+		t.Errorf("Report on a dead server: %v, want a BackendError", err)
+	}
+}

@@ -1,0 +1,360 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// Coalesced takes.
+//
+// Concurrent takes of one permit for the same key in one process are
+// combined: while one call for a key is in flight, later callers queue, and
+// when it returns one call asks Redis for "up to k" permits, k the callers
+// queued at that moment. The script grants min(available, k), all at once;
+// the first callers in arrival order get them, and the others get the
+// refusal the script gave for the rest (with its delay: the period's end,
+// the next slot), so they wait as an uncoalesced caller would.
+//
+// Nothing is taken ahead of demand (k is the number of callers waiting,
+// never more) and nothing is refunded, so every bucket's guarantee is
+// unchanged: a coalesced call is, for the script, one take of up to k
+// permits, and each bucket's script counts it like k takes of one.
+//
+// A take of n > 1 permits (AcquireN) is never coalesced: it goes to Redis
+// on its own, all or nothing, as before.
+//
+// A caller whose context ends while queued leaves the queue and is not
+// counted. A caller whose context ends while its batch is in flight
+// returns at once with the same error as an uncoalesced caller cut off
+// mid-call ([*throttle.BackendError] wrapping the context's error); when
+// the batch returns, the permit meant for it goes to the next caller in
+// line (a later one of the batch, or the first still queued for the next
+// batch), so it is used, never granted twice. Only when nobody is left to
+// take it is it lost, as an uncoalesced call's permit is when its caller
+// gives up mid-call; the bucket counts it (see stranded).
+
+// upTo is one coalesced call's answer: the first got callers are granted
+// (with step > 0, caller i's Delay is max(first + i·step, floor, 0):
+// GCRA's reserved slots; buckets that never reserve leave step 0); the
+// others get rest. An all-or-nothing take's answer is granted alone.
+type upTo struct {
+	granted throttle.Decision // for caller 0; Remaining counts after all got
+	got     int64
+	first   time.Duration
+	step    time.Duration
+	floor   time.Duration
+	rest    throttle.Decision // for callers beyond got: not granted
+}
+
+// forCaller is the Decision of caller i (0-based) of a batch.
+func (u *upTo) forCaller(i int64) throttle.Decision {
+	if i >= u.got {
+		return u.rest
+	}
+	d := u.granted
+	d.Remaining += u.got - 1 - i
+	if u.step > 0 {
+		d.Delay = max(u.first+time.Duration(i)*u.step, u.floor, 0)
+	}
+	return d
+}
+
+// takeUpTo asks the store for up to k ≥ 1 permits of key, each of which
+// may be reserved at most maxWait ahead.
+type takeUpTo func(ctx context.Context, key string, k int64, maxWait time.Duration) (upTo, error)
+
+const coalesceShards = 64
+
+// coalescer holds, per key, the callers waiting for the next coalesced
+// call. A key is in a shard's map exactly while a call for it is in
+// flight.
+type coalescer struct {
+	seed   maphash.Seed
+	shards [coalesceShards]shard
+	// stranded counts permits granted to a batch whose callers had all
+	// given up, with nobody queued to take them.
+	stranded atomic.Int64
+	// stallAfter: see the constant; tests that hold a line set it longer.
+	stallAfter time.Duration
+	// beforeBatch, when set (tests only), runs before each coalesced
+	// call with its k.
+	beforeBatch func(k int64)
+}
+
+type shard struct {
+	mu    sync.Mutex
+	lines map[string]*line
+}
+
+// line is one key's queue while a call for it is in flight.
+type line struct {
+	q         []*waiter
+	since     time.Time // when the call in flight began
+	bypassing bool      // a caller asks around a stuck call (at most one)
+}
+
+type waiter struct {
+	ctx     context.Context
+	maxWait time.Duration // counted from since
+	since   time.Time     // when its Take queued
+	ch      chan answer   // buffered: the runner never blocks on it
+	state   atomic.Int32
+}
+
+const (
+	waiting int32 = iota // queued for the next batch
+	batched              // in a batch whose call is in flight
+	gone                 // the caller gave up, or asked on its own
+	served               // an answer was sent
+)
+
+// stallAfter is how long a call in flight may hold up the callers of its
+// key before one of them (one at a time, never a crowd: that would fill
+// the connection pool) asks Redis on its own around it: a caller arriving
+// while the call has run longer than that, or queued behind it that long.
+// It covers a call stuck on a dead connection; a slow store slows every
+// call alike, and the others keep waiting in line.
+const stallAfter = 50 * time.Millisecond
+
+type answer struct {
+	d   throttle.Decision
+	err error
+}
+
+func newCoalescer() *coalescer {
+	return &coalescer{seed: maphash.MakeSeed(), stallAfter: stallAfter}
+}
+
+func (c *coalescer) shard(key string) *shard {
+	return &c.shards[maphash.String(c.seed, key)%coalesceShards]
+}
+
+// coalesced is Take for n == 1 through the coalescer: one is the uncoalesced
+// take (run in the caller's goroutine when no call for key is in flight),
+// many the coalesced one.
+func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duration,
+	one func(context.Context) (throttle.Decision, error), many takeUpTo) (throttle.Decision, error) {
+	c := b.co
+	if c == nil { // coalescing off (benchmarks' baseline)
+		return bounded(ctx, b, key, one)
+	}
+	s := c.shard(key)
+	s.mu.Lock()
+	now := time.Now()
+	ln := s.lines[key]
+	if ln == nil {
+		if s.lines == nil {
+			s.lines = make(map[string]*line)
+		}
+		s.lines[key] = &line{since: now}
+		s.mu.Unlock()
+		d, err := bounded(ctx, b, key, one)
+		b.handOff(s, key, many)
+		return d, err
+	}
+	stalled := c.stallAfter - now.Sub(ln.since)
+	if stalled <= 0 && !ln.bypassing {
+		// The call in flight is stuck (a stalled store, a dead
+		// connection): ask on our own, one caller at a time.
+		ln.bypassing = true
+		s.mu.Unlock()
+		return b.bypass(ctx, s, ln, key, one)
+	}
+	w := &waiter{ctx: ctx, maxWait: maxWait, since: now, ch: make(chan answer, 1)}
+	ln.q = append(ln.q, w)
+	s.mu.Unlock()
+	t := time.NewTimer(max(stalled, c.stallAfter/4))
+	defer t.Stop()
+	for {
+		select {
+		case a := <-w.ch:
+			return a.d, a.err
+		case <-t.C:
+			s.mu.Lock()
+			if !ln.bypassing && time.Since(ln.since) >= c.stallAfter && w.state.CompareAndSwap(waiting, gone) {
+				// Still queued behind a call that has not returned in
+				// stallAfter, and nobody else is asking around it.
+				ln.bypassing = true
+				s.mu.Unlock()
+				return b.bypass(ctx, s, ln, key, one)
+			}
+			s.mu.Unlock()
+			if w.state.Load() == waiting {
+				t.Reset(c.stallAfter / 4)
+			}
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
+	if !w.state.CompareAndSwap(waiting, gone) && !w.state.CompareAndSwap(batched, gone) {
+		a := <-w.ch // answered as we gave up: the answer wins
+		return a.d, a.err
+	}
+	tag, _ := b.ks.tag(b.name, key)
+	return throttle.Decision{}, backend("take", tag, fmt.Errorf("no reply from redis before the context ended: %w", ctx.Err()))
+}
+
+// bypass is an uncoalesced take by the one caller of key allowed to ask
+// around a stuck call in flight.
+func (b *common) bypass(ctx context.Context, s *shard, ln *line, key string, one func(context.Context) (throttle.Decision, error)) (throttle.Decision, error) {
+	defer func() {
+		s.mu.Lock()
+		ln.bypassing = false
+		s.mu.Unlock()
+	}()
+	return bounded(ctx, b, key, one)
+}
+
+// handOff ends a call for key: if callers queued meanwhile, a runner
+// serves them; otherwise the key leaves the map.
+func (b *common) handOff(s *shard, key string, many takeUpTo) {
+	s.mu.Lock()
+	ln := s.lines[key]
+	if len(ln.q) == 0 {
+		delete(s.lines, key)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	b.calls.inflight.Add(1)
+	go b.run(s, key, ln, many)
+}
+
+// run serves key's queue, one coalesced call at a time, until it is empty.
+// Its lifetime is bounded by the calls it makes, each bounded by the
+// latest deadline of its callers.
+func (b *common) run(s *shard, key string, ln *line, many takeUpTo) {
+	defer b.calls.inflight.Add(-1)
+	var batch []*waiter
+	for {
+		s.mu.Lock()
+		batch = batch[:0]
+		now := time.Now()
+		for _, w := range ln.q {
+			// A caller whose deadline has passed is left out: it
+			// returns when its context's timer fires (which may lag
+			// the clock on a busy machine), and asking Redis for it
+			// would only fail at once.
+			if dl, ok := w.ctx.Deadline(); (!ok || dl.After(now)) && w.state.CompareAndSwap(waiting, batched) {
+				batch = append(batch, w)
+			}
+		}
+		ln.since = now
+		clear(ln.q)
+		ln.q = ln.q[:0]
+		if len(batch) == 0 {
+			delete(s.lines, key)
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		b.serve(s, ln, key, batch, many)
+	}
+}
+
+// serve makes one coalesced call for batch and hands out its answer.
+func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many takeUpTo) {
+	ctx, cancel, maxWait := batchContext(batch)
+	defer cancel()
+	k := int64(len(batch))
+	if b.co.beforeBatch != nil {
+		b.co.beforeBatch(k)
+	}
+	u, err := many(ctx, key, k, maxWait)
+	if err != nil {
+		for _, w := range batch {
+			w.send(answer{err: err})
+		}
+		return
+	}
+	var i int64
+	for _, w := range batch {
+		// One that gave up is skipped: its permit goes to the next.
+		if w.send(answer{d: u.forCaller(i)}) {
+			i++
+		}
+	}
+	if i >= u.got {
+		return
+	}
+	// Permits left whose callers gave up: the first callers queued for
+	// the next batch take them (reserved slots only if within their wait).
+	s.mu.Lock()
+	kept := ln.q[:0]
+	for _, w := range ln.q {
+		if i < u.got && w.state.Load() == waiting {
+			d := u.forCaller(i)
+			if d.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: d}) {
+				i++
+				continue
+			}
+		}
+		kept = append(kept, w)
+	}
+	clear(ln.q[len(kept):])
+	ln.q = kept
+	s.mu.Unlock()
+	if i < u.got {
+		b.co.stranded.Add(u.got - i)
+	}
+}
+
+// waitLeft is what is left at now of w's maxWait, which counts from its
+// Take: a slot reserved for it must come within that, not within maxWait
+// from the moment its batch is sent.
+func (w *waiter) waitLeft(now time.Time) time.Duration {
+	return max(w.maxWait-now.Sub(w.since), 0)
+}
+
+// send answers w, in a batch or still queued, unless it gave up; it
+// reports whether w got the answer.
+func (w *waiter) send(a answer) bool {
+	if !w.state.CompareAndSwap(batched, served) && !w.state.CompareAndSwap(waiting, served) {
+		return false
+	}
+	w.ch <- a
+	return true
+}
+
+// batchGrace is how long a coalesced call outlives the latest deadline of
+// its callers, so that a caller always sees its own context end (and
+// returns as an uncoalesced caller cut off mid-call does) before the call
+// fails for the same deadline.
+const batchGrace = 5 * time.Millisecond
+
+// batchContext is the context of a coalesced call: it keeps the values of
+// the first caller's, ends batchGrace after the latest deadline among the
+// callers (none if one has none), and is not cancelled when a caller's
+// context is. The call may reserve at most the smallest wait left among
+// them.
+func batchContext(batch []*waiter) (context.Context, context.CancelFunc, time.Duration) {
+	base := context.WithoutCancel(batch[0].ctx)
+	now := time.Now()
+	maxWait := batch[0].waitLeft(now)
+	var latest time.Time
+	bounded := true
+	for _, w := range batch {
+		maxWait = min(maxWait, w.waitLeft(now))
+		dl, ok := w.ctx.Deadline()
+		if !ok {
+			bounded = false
+			continue
+		}
+		if dl.After(latest) {
+			latest = dl
+		}
+	}
+	if !bounded {
+		ctx, cancel := context.WithCancel(base)
+		return ctx, cancel, maxWait
+	}
+	ctx, cancel := context.WithDeadline(base, latest.Add(batchGrace))
+	return ctx, cancel, maxWait
+}

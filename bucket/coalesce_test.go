@@ -1,0 +1,502 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/headway-go/headway/internal/faultproxy"
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// coalescing gives a test control of one bucket's coalescer: it holds a
+// key's line as if a call were in flight, queues callers behind it in a
+// known order, and releases the line so that one coalesced call serves
+// them.
+type coalescing struct {
+	t    *testing.T
+	c    *common
+	many takeUpTo
+	key  string
+}
+
+// coalescingOf returns the coalescer controls of b (one of package
+// bucket's buckets) for key.
+func coalescingOf(t *testing.T, b throttle.Bucket, key string) *coalescing {
+	t.Helper()
+	switch x := b.(type) {
+	case *TokenBucket:
+		return &coalescing{t, &x.common, x.takeUpTo, key}
+	case *GCRA:
+		return &coalescing{t, &x.common, x.takeUpTo, key}
+	case *SlidingLog:
+		return &coalescing{t, &x.common, x.takeUpTo, key}
+	case *FixedWindow:
+		return &coalescing{t, &x.w.common, x.w.takeUpTo, key}
+	case *Tiers:
+		return &coalescing{t, &x.w.common, x.w.takeUpTo, key}
+	case *Counter:
+		return &coalescing{t, &x.common, x.takeUpTo, key}
+	}
+	t.Fatalf("no coalescer in %T", b)
+	return nil
+}
+
+// hold marks a call for the key as in flight: later takes queue.
+func (h *coalescing) hold() {
+	s := h.c.co.shard(h.key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lines == nil {
+		s.lines = make(map[string]*line)
+	}
+	if s.lines[h.key] != nil {
+		h.t.Fatal("line already held")
+	}
+	h.c.co.stallAfter = time.Hour // the test decides when the line moves
+	s.lines[h.key] = &line{since: time.Now()}
+}
+
+// queued is how many callers wait in the key's line.
+func (h *coalescing) queued() int {
+	s := h.c.co.shard(h.key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ln := s.lines[h.key]; ln != nil {
+		return len(ln.q)
+	}
+	return 0
+}
+
+// waitQueued waits (bounded) until n callers are queued.
+func (h *coalescing) waitQueued(n int) {
+	h.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.queued() != n {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%d callers queued, want %d", h.queued(), n)
+		}
+		time.Sleep(time.Millisecond) // a goroutine reaching the queue: no channel to wait on
+	}
+}
+
+// release ends the held call: the queued callers are served.
+func (h *coalescing) release() {
+	h.c.handOff(h.c.co.shard(h.key), h.key, h.many)
+}
+
+type takeResult struct {
+	d   throttle.Decision
+	err error
+}
+
+// queue starts a Take of one permit and waits until it is queued, so that
+// callers queue in the order this is called.
+func (h *coalescing) queue(ctx context.Context, b throttle.Bucket, maxWait time.Duration) <-chan takeResult {
+	h.t.Helper()
+	n := h.queued()
+	ch := make(chan takeResult, 1)
+	go func() {
+		d, err := b.Take(ctx, h.key, 1, maxWait)
+		ch <- takeResult{d, err}
+	}()
+	h.waitQueued(n + 1)
+	return ch
+}
+
+// coalescedBuckets builds one of each Redis bucket with limit per hour
+// (no period ends during a test), the Counter reset once.
+func coalescedBuckets(t *testing.T, rdb redis.UniversalClient, key string, limit int64) map[string]throttle.Bucket {
+	t.Helper()
+	bs := allBuckets(t, rdb, key, limit, time.Hour)
+	c := bs["Counter"].(*Counter)
+	if err := scriptCounterReset.Run(context.Background(), rdb, []string{c.ks.root + ":ctr"}, time.Hour.Milliseconds()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return bs
+}
+
+// TestCoalescedPartialGrant: with 3 permits left, one coalesced call for 6
+// queued callers grants exactly 3, to the first 3 in arrival order; the
+// other 3 are refused with a delay (they wait as uncoalesced callers do),
+// and the bucket is then empty: nothing taken ahead, nothing refunded.
+func TestCoalescedPartialGrant(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	for name, b := range coalescedBuckets(t, rdb, "partial", 10) {
+		t.Run(name, func(t *testing.T) {
+			for i := range 7 {
+				if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted {
+					t.Fatalf("take %d: %+v, %v", i, d, err)
+				}
+			}
+			h := coalescingOf(t, b, "")
+			var ks []int64
+			h.c.co.beforeBatch = func(k int64) { ks = append(ks, k) }
+			defer func() { h.c.co.beforeBatch = nil }()
+			h.hold()
+			var res []<-chan takeResult
+			for range 6 {
+				res = append(res, h.queue(ctx, b, 0))
+			}
+			h.release()
+			for i, ch := range res {
+				r := <-ch
+				if r.err != nil {
+					t.Fatalf("caller %d: %v", i, r.err)
+				}
+				if r.d.Granted != (i < 3) {
+					t.Fatalf("caller %d: %+v; want the first 3 in arrival order granted", i, r.d)
+				}
+				if !r.d.Granted && r.d.Delay <= 0 {
+					t.Fatalf("caller %d refused without a delay: %+v", i, r.d)
+				}
+			}
+			waitInflight(t, h.c)
+			if len(ks) != 1 || ks[0] != 6 {
+				t.Fatalf("coalesced calls asked for %v, want one call for 6", ks)
+			}
+			if left := drain(t, b); left != 0 {
+				t.Fatalf("%d permits left after a partial grant, want 0", left)
+			}
+		})
+	}
+}
+
+// TestCoalescedWaiterCancelledInFlight: a caller whose context ends while
+// its batch is in flight returns at once; the permit the batch took for it
+// goes to the next caller in line, so it is neither lost nor granted
+// twice. With nobody left in line, the permit is counted as stranded.
+func TestCoalescedWaiterCancelledInFlight(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	for _, later := range []bool{true, false} {
+		b, err := NewTokenBucket(rdb, "cancel-"+map[bool]string{true: "later", false: "alone"}[later], 10, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := coalescingOf(t, b, "")
+		inFlight, proceed := make(chan struct{}), make(chan struct{})
+		h.c.co.beforeBatch = func(int64) {
+			close(inFlight)
+			<-proceed
+		}
+		h.hold()
+		cctx, cancel := context.WithCancel(context.Background())
+		first := h.queue(cctx, b, 0)
+		second := h.queue(context.Background(), b, 0)
+		third := h.queue(context.Background(), b, 0)
+		h.release()
+		<-inFlight
+		cancel()
+		r := <-first
+		var be *throttle.BackendError
+		if !errors.As(r.err, &be) || !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("cancelled caller: %+v, %v; want a BackendError wrapping context.Canceled", r.d, r.err)
+		}
+		var fourth <-chan takeResult
+		if later {
+			fourth = h.queue(context.Background(), b, 0) // queued for the next batch
+		}
+		h.c.co.beforeBatch = nil
+		close(proceed)
+		granted := 0
+		for _, ch := range []<-chan takeResult{second, third, fourth} {
+			if ch == nil {
+				continue
+			}
+			r := <-ch
+			if r.err != nil || !r.d.Granted {
+				t.Fatalf("later=%v: %+v, %v; want granted", later, r.d, r.err)
+			}
+			granted++
+		}
+		waitInflight(t, h.c)
+		stranded := h.c.co.stranded.Load()
+		if left := drain(t, b); left != 10-3 {
+			t.Fatalf("later=%v: %d left, want 7: the batch of 3 was charged %d", later, left, 10-left)
+		}
+		if later && (granted != 3 || stranded != 0) {
+			t.Fatalf("%d granted, %d stranded; want the cancelled caller's permit to go to the next in line", granted, stranded)
+		}
+		if !later && (granted != 2 || stranded != 1) {
+			t.Fatalf("%d granted, %d stranded; want 2 granted and the third permit counted as stranded", granted, stranded)
+		}
+	}
+}
+
+// TestCoalescedTakeCrossesPeriodEnd: a coalesced call that reaches Redis
+// after the period ended refills in the same script and grants at most one
+// period's limit, in arrival order; the rest wait for the next period.
+func TestCoalescedTakeCrossesPeriodEnd(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const limit, period = 3, 200 * time.Millisecond
+	b, err := NewTokenBucket(rdb, "cross", limit, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range limit {
+		if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	h := coalescingOf(t, b, "")
+	h.c.co.beforeBatch = func(int64) {
+		// The period ends on the server while the batch is on its way.
+		deadline := time.Now().Add(5 * time.Second)
+		for rdb.Exists(ctx, b.rootKeys[0]).Val() != 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond) // polls the server's clock, bounded
+		}
+	}
+	h.hold()
+	var res []<-chan takeResult
+	for range 5 {
+		res = append(res, h.queue(ctx, b, 0))
+	}
+	h.release()
+	for i, ch := range res {
+		r := <-ch
+		if r.err != nil || r.d.Granted != (i < limit) {
+			t.Fatalf("caller %d: %+v, %v; want the first %d granted", i, r.d, r.err, limit)
+		}
+		if !r.d.Granted && (r.d.Delay <= period/2 || r.d.Delay > period+time.Millisecond) {
+			t.Fatalf("caller %d: delay %v, want the new period's end (about %v)", i, r.d.Delay, period)
+		}
+	}
+	waitInflight(t, h.c)
+	h.c.co.beforeBatch = nil
+	if left := drain(t, b); left != 0 {
+		t.Fatalf("%d left in the new period, want 0", left)
+	}
+}
+
+// TestCoalescedGCRAReservesWithinEachWait: a coalesced GCRA call reserves
+// one slot per caller, in arrival order, one emission interval apart,
+// each within the callers' wait; callers whose slot would come later are
+// refused with the time of the next slot.
+func TestCoalescedGCRAReservesWithinEachWait(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b, err := NewGCRA(srv.Client(), "gcra-co", 10, 10*time.Second) // a slot every second, burst 10
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted || d.Delay != 0 {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	h := coalescingOf(t, b, "")
+	h.hold()
+	const maxWait = 2500 * time.Millisecond // slots in about 1 s and 2 s fit; 3 s does not
+	var res []<-chan takeResult
+	for range 4 {
+		res = append(res, h.queue(ctx, b, maxWait))
+	}
+	h.release()
+	var delays []time.Duration
+	for i, ch := range res {
+		r := <-ch
+		if r.err != nil || r.d.Granted != (i < 2) {
+			t.Fatalf("caller %d: %+v, %v; want the first 2 reserved", i, r.d, r.err)
+		}
+		if r.d.Granted {
+			if r.d.Delay <= 0 || r.d.Delay > maxWait {
+				t.Fatalf("caller %d: slot in %v, want within (0, %v]", i, r.d.Delay, maxWait)
+			}
+			delays = append(delays, r.d.Delay)
+		} else if r.d.Delay <= maxWait {
+			t.Fatalf("caller %d refused with delay %v, want the next slot beyond %v", i, r.d.Delay, maxWait)
+		}
+	}
+	if gap := delays[1] - delays[0]; gap != time.Second {
+		t.Fatalf("slots %v apart, want one emission interval (1s)", gap)
+	}
+	waitInflight(t, h.c)
+}
+
+// TestWeightedTakeNotCoalesced: a take of n > 1 never joins a line (it
+// could be split across grants): it goes to Redis at once, all or nothing,
+// even while a call for its key is in flight.
+func TestWeightedTakeNotCoalesced(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	for name, b := range coalescedBuckets(t, srv.Client(), "weighted", 10) {
+		h := coalescingOf(t, b, "")
+		h.hold()
+		if d, err := b.Take(ctx, "", 4, 0); err != nil || !d.Granted {
+			t.Fatalf("%s: take 4 while a call is in flight: %+v, %v", name, d, err)
+		}
+		if h.queued() != 0 {
+			t.Fatalf("%s: a weighted take joined the line", name)
+		}
+		h.release()
+		if left := drain(t, b); left != 6 {
+			t.Fatalf("%s: %d left, want 6", name, left)
+		}
+	}
+}
+
+// TestCoalescedStuckCallBypassed: a call in flight that does not return
+// (a stalled store, a dead connection) holds up the callers of its key for
+// at most stallAfter: a caller queued behind it then asks on its own, and
+// a caller arriving later does not queue at all.
+func TestCoalescedStuckCallBypassed(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b, err := NewTokenBucket(srv.Client(), "stuck", 10, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := coalescingOf(t, b, "")
+	h.hold() // never released: the call in flight is stuck
+	h.c.co.stallAfter = 30 * time.Millisecond
+	start := time.Now()
+	queued := h.queue(ctx, b, 0)
+	r := <-queued
+	if r.err != nil || !r.d.Granted {
+		t.Fatalf("caller queued behind a stuck call: %+v, %v; want granted on its own", r.d, r.err)
+	}
+	if took := time.Since(start); took < 30*time.Millisecond {
+		t.Fatalf("left the line after %v, before stallAfter", took)
+	}
+	if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted || h.queued() != 1 {
+		t.Fatalf("caller arriving after the stall: %+v, %v, %d queued; want granted at once, not queued", d, err, h.queued())
+	}
+	if left := drain(t, b); left != 8 {
+		t.Fatalf("%d left, want 8", left)
+	}
+}
+
+// TestRefillUnlockStalledAcquireInTime (issue 12, defect 6): the refill
+// used to end with an unlock that ran on a context of its own (the lock's
+// expiry, 200 ms); with Redis stalled right after the refill's reply,
+// Acquire(maxWait = 50 ms) returned after ~240 ms. The refill is now part
+// of the take script: nothing runs after the reply, and Acquire returns by
+// its wait.
+func TestRefillUnlockStalledAcquireInTime(t *testing.T) {
+	srv := redisenv.New(t)
+	p, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	defer p.Resume()
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	b, err := NewTokenBucket(rdb, "unlock-stall", 10, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Load the scripts and beat once on another budget, so that the
+	// measured Acquire is the refill alone.
+	if _, err := b.Take(context.Background(), "warm", 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	rdb.AddHook(stallAfterGrant{p})
+	lim := throttle.New(b)
+	const maxWait = 50 * time.Millisecond
+	stall := startStallMeter(t)
+	start := time.Now()
+	err = lim.Acquire(context.Background(), maxWait)
+	took := time.Since(start)
+	stalled := stall.Stop()
+	if err != nil {
+		t.Fatalf("Acquire: %v, want the refill's permit", err)
+	}
+	if took > maxWait+overshootBound+stalled {
+		t.Fatalf("Acquire(maxWait=%v) returned after %v (the process's worst stall %v): a call after the refill's reply held it", maxWait, took, stalled)
+	}
+	p.Resume()
+	waitInflight(t, &b.common)
+}
+
+// stallAfterGrant stalls the proxy as soon as a script's reply grants
+// (status 1), so that any command sent after it hangs.
+type stallAfterGrant struct{ p *faultproxy.Proxy }
+
+func (stallAfterGrant) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h stallAfterGrant) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.check(cmd)
+		return err
+	}
+}
+
+func (h stallAfterGrant) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			h.check(c)
+		}
+		return err
+	}
+}
+
+func (h stallAfterGrant) check(cmd redis.Cmder) {
+	if cmd.Name() != "evalsha" {
+		return
+	}
+	c, ok := cmd.(interface{ Int64Slice() ([]int64, error) })
+	if !ok {
+		return
+	}
+	if r, err := c.Int64Slice(); err == nil && len(r) > 0 && r[0] == 1 {
+		h.p.Stall()
+	}
+}
+
+// TestCrowdOnOneKey: 10,000 goroutines ask for one permit of one key in the
+// same instant, through one Limiter, with a binding limit (issue 15: this
+// crowd used to saturate a 512-connection pool and time out refill-lock
+// attempts). No error; every caller is granted within its wait; the
+// grants keep the period limit; and the crowd costs fewer Redis commands
+// than grants, because each batch serves many callers.
+func TestCrowdOnOneKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10,000 goroutines over about a second of real time")
+	}
+	srv := redisenv.New(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 512, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	const crowd, limit, period = 10_000, 2_000, 100 * time.Millisecond
+	b, err := NewTokenBucket(rdb, "crowd", limit, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := throttle.New(b)
+	start := make(chan struct{})
+	errs := make(chan error, crowd)
+	var wg sync.WaitGroup
+	for range crowd {
+		wg.Go(func() {
+			<-start
+			errs <- lim.Acquire(context.Background(), 10*time.Second)
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("an Acquire of the crowd: %v", err)
+		}
+	}
+	cmds := hook.n.Load()
+	t.Logf("%d grants, %d Redis commands", crowd, cmds)
+	if cmds >= crowd {
+		t.Fatalf("%d commands for %d grants: the crowd's takes did not coalesce", cmds, crowd)
+	}
+	waitInflight(t, &b.common)
+}

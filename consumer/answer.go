@@ -1,0 +1,25 @@
+package consumer
+
+import (
+	"context"
+
+	"github.com/headway-go/headway/throttle"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// reportAnswer passes the provider's answer that a handler's error
+// carries ([throttle.AnswerError]) to the record's limiter, so that the
+// fleet adapts to a provider that refused the call, as it does for calls
+// through the Transport of throttle/httpclient: a retry time pauses the bucket for the
+// whole fleet, a refusal without one lowers the fleet's adaptive rate.
+// The record is then retried as any failed attempt is, and its next
+// permit comes at the adapted pace.
+func (c *Consumer) reportAnswer(ctx context.Context, rec *kgo.Record, err error) {
+	a, ok := throttle.AnswerOf(err)
+	if !ok {
+		return
+	}
+	if rerr := c.cfg.limiterFor(rec).Report(ctx, a); rerr != nil {
+		c.log.Warn("consumer: reporting the provider's answer failed", "topic", rec.Topic, "partition", rec.Partition, "err", rerr)
+	}
+}

@@ -1,0 +1,21 @@
+package main
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/headway-go/headway/internal/cli"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestCommandLine checks the conventions every example tool keeps (see
+// internal/cli): usage on -h, exit 2 with one line for bad usage before
+// any redis-server starts, and the summary so far on SIGTERM.
+func TestCommandLine(t *testing.T) {
+	cli.Check(t, command, append(cli.Conventions("compare", "-mode=nonsense", "-goroutines=0", "-only=nobody", "-duration=x"),
+		cli.Case{Name: "ok", Args: []string{"-only", "x/time/rate", "-mode", "limit", "-duration", "200ms", "-goroutines", "4"}, Code: cli.ExitOK, Stdout: "x/time/rate"},
+	))
+	cli.Terminate(t, command, []string{"-only", "x/time/rate", "-mode", "limit", "-duration", "1m", "-goroutines", "4"}, "limit mode, round 1: x/time/rate", "| x/time/rate", cli.ExitOK)
+}

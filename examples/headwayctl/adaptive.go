@@ -1,0 +1,31 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+)
+
+// printAdaptive prints the line of `show` about the fleet's adaptive
+// rate: the rate the fleet paces its grants at since the provider refused
+// calls without a retry hint, or that it is not adapting.
+func printAdaptive(ctx context.Context, w io.Writer, b live, t target) error {
+	s, err := b.Adaptive(ctx, t.tenant)
+	if err != nil {
+		return err
+	}
+	if !s.Active() {
+		_, err = fmt.Fprintf(w, "adaptive   off: grants are not paced (no refusal without a retry hint remembered)\n")
+		return err
+	}
+	ago := func(at time.Time) string {
+		if at.IsZero() {
+			return "never"
+		}
+		return s.At.Sub(at).Round(time.Millisecond).String() + " ago"
+	}
+	_, err = fmt.Fprintf(w, "adaptive   %.1f per interval, paced evenly (ceiling %.1f, last refused at %.1f); decreased %s, increased %s\n",
+		s.Rate, s.Ceiling, s.Peak, ago(s.Decreased), ago(s.Increased))
+	return err
+}

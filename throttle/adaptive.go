@@ -1,0 +1,247 @@
+package throttle
+
+import (
+	"context"
+	"time"
+)
+
+// The adaptive rate: how a fleet learns a provider's real limit from its
+// answers (see [Limiter.Report]).
+//
+// The control law is additive increase, multiplicative decrease (AIMD, as
+// TCP's congestion control), with a memory of the rate that was refused:
+//
+//   - A refusal without a retry hint lowers the rate to 0.7 of what it
+//     was, at most once per interval, so that a burst of refusals seen by
+//     many callers at once counts once. The first such refusal switches
+//     the fleet to paced grants (evenly spaced at the adaptive rate, on
+//     top of whatever the bucket decides) and lowers the rate only to 0.9
+//     of the limit: a provider that refuses a fleet at its configured
+//     limit most often refuses its bursts, which pacing alone removes. So
+//     does a refusal while the rate is within 5 % of the rate refused last
+//     time: the fleet found the provider's limit again and overshot it a
+//     little (a sliding window meeting network jitter). If refusals go on,
+//     the next interval's decrease is a full one.
+//   - Each interval without a refusal raises it quickly (half the gap, at
+//     least 4 % of the limit) back toward a plateau just below the rate
+//     that was refused (0.97 of it: a provider counting a sliding window
+//     refuses an even pace at exactly its limit as soon as the network
+//     jitters). After two quiet intervals on the plateau it probes
+//     beyond, by a step that doubles every interval (from 4 % of the
+//     limit), so that a provider that raised its limit again is found in
+//     a few intervals (examples/adaptive: a limit back from 25 to 50 per
+//     second followed within 7 s, where four intervals on the plateau
+//     and steps from 2 % took longer than the 8 s it was given).
+//   - The rate never goes below the floor (5 % of the limit, at least one
+//     permit per interval) nor above the ceiling: the configured limit, or
+//     a lower limit the provider advertises. Once the fleet has been
+//     refused at the ceiling itself, increases stop at 0.98 of it: there
+//     is nothing above to find, and a provider counting a sliding or
+//     fixed window refuses an even pace at exactly its limit now and then
+//     (network jitter), which cost a refusal on each probe to the
+//     ceiling (a second with 2.1 % refused in examples/adaptive).
+//   - A refusal with a retry hint (Retry-After and the like) pauses the
+//     bucket as before and changes nothing here: the provider said what it
+//     wants, there is nothing to infer.
+//
+// The law is pure: [adaptLaw] takes the state and the time and returns the
+// next state. Where the state lives is the bucket's business: a bucket that
+// implements [AdaptiveStore] (the Redis buckets) keeps it in its shared
+// store, so every instance of the fleet paces at one rate; for any other
+// bucket the Limiter keeps it in memory, for this process alone.
+
+// AdaptiveState is the adaptive rate of one budget (a bucket's key), as an
+// [AdaptiveStore] keeps it. Rates are in permits per interval of the
+// bucket. The zero value means "not adapting": grants are not paced and
+// the bucket's own limit is the only one.
+type AdaptiveState struct {
+	// Rate is the rate grants are paced at; 0 when not adapting.
+	Rate float64
+	// Ceiling is the highest Rate may reach: the configured limit, or a
+	// lower one the provider advertised. 0 when not adapting.
+	Ceiling float64
+	// Peak is the rate at the last decrease: increases approach it
+	// quickly, then probe beyond it.
+	Peak float64
+	// Step is the next probe step beyond Peak.
+	Step float64
+	// Decreased, Increased and Refused are the times of the last decrease,
+	// the last increase and the last refusal without a hint, on the
+	// store's clock (the Redis server's for a Redis bucket).
+	Decreased, Increased, Refused time.Time
+	// Version counts the state's changes, for [AdaptiveStore.SwapAdaptive].
+	Version int64
+	// At is the store's time when the state was read.
+	At time.Time
+}
+
+// Active reports whether the state paces grants.
+func (s AdaptiveState) Active() bool { return s.Rate > 0 }
+
+// AdaptivePace is an [AdaptiveStore]'s answer to a paced take.
+type AdaptivePace struct {
+	// Granted reports that a slot was reserved: the caller may go on
+	// after Delay. Not granted, Delay is how far the first free slot is.
+	// When the state is not active, Granted is true and Delay 0: no
+	// pacing.
+	Granted bool
+	Delay   time.Duration
+	// State is the adaptive state read with the slot, at State.At.
+	State AdaptiveState
+}
+
+// AdaptiveStore is implemented by buckets that keep the adaptive rate of
+// each of their keys in their shared store, so that a refusal seen by one
+// instance slows the whole fleet (the Redis buckets of package bucket).
+// A Limiter whose bucket does not implement it keeps the state in memory,
+// for its own process.
+//
+// Both calls read the time from the store's clock and return it in
+// AdaptiveState.At; the Limiter applies the law at that time.
+type AdaptiveStore interface {
+	// PaceAdaptive reserves n evenly spaced slots of key at the stored
+	// rate (emission interval/Rate, burst 1), when the slot is at most
+	// horizon away; it changes nothing when the state is not active.
+	PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (AdaptivePace, error)
+	// SwapAdaptive replaces key's state by next if its version is still
+	// old.Version, and returns the state in the store afterwards (next
+	// with its new version, or the one that won) and whether it swapped.
+	// The stored state expires after ttl without a swap. With old.Version
+	// below 0 it only reads.
+	SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error)
+}
+
+// Defaults of the law.
+const (
+	adaptDecrease = 0.7  // a refusal: rate × 0.7
+	adaptNear     = 0.95 // a refusal within 5 % of the last refused rate ...
+	adaptGentle   = 0.9  // ... lowers it only to 0.9
+	adaptApproach = 0.5  // below the plateau: half the gap per interval
+	adaptPlateau  = 0.97 // the plateau, of the last refused rate
+	adaptHold     = 2    // intervals on the plateau before probing
+	adaptProbe    = 0.04 // beyond it: 4 % of the limit, doubling
+	adaptMaxStep  = 0.25 // the probe step's cap, of the limit
+	adaptFloor    = 0.05 // the floor, of the limit
+	adaptTop      = 0.98 // refused at the ceiling: increases stop here, of it
+	// adaptMemory is how long a fleet remembers its adaptive rate without
+	// a change: after that, grants are no longer paced, and a provider
+	// that still refuses bursts teaches the fleet again.
+	adaptMemory = 10 * time.Minute
+)
+
+// adaptLaw is the control law for one bucket: its configured limit per
+// interval. Every method is pure: it takes the state and the time.
+type adaptLaw struct {
+	limit    float64
+	interval time.Duration
+}
+
+func (a adaptLaw) floor() float64 { return max(1, adaptFloor*a.limit) }
+
+// ceiling is s's ceiling, the configured limit when s is not active.
+func (a adaptLaw) ceiling(s AdaptiveState) float64 {
+	if s.Ceiling > 0 {
+		return min(s.Ceiling, a.limit)
+	}
+	return a.limit
+}
+
+// top is how far increases may take s's rate: its ceiling, or adaptTop of
+// it once the fleet was refused at (or within 2 % of) the ceiling.
+func (a adaptLaw) top(s AdaptiveState) float64 {
+	c := a.ceiling(s)
+	if s.Peak >= adaptTop*c {
+		return adaptTop * c
+	}
+	return c
+}
+
+// refused applies a refusal without a retry hint at now. It reports false
+// when nothing changed worth storing: a refusal within the interval after
+// a decrease counts once, and only its time is noted (which delays the
+// next increase), at most ten times an interval.
+func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
+	if s.Active() && now.Sub(s.Decreased) < a.interval {
+		if now.Sub(s.Refused) < a.interval/10 {
+			return s, false
+		}
+		s.Refused = now
+		return s, true
+	}
+	ceiling := a.ceiling(s)
+	rate := ceiling
+	if s.Active() {
+		rate = min(s.Rate, ceiling)
+	}
+	factor := adaptDecrease
+	if !s.Active() || s.Peak > 0 && rate >= adaptNear*s.Peak {
+		factor = adaptGentle
+	}
+	s.Ceiling = ceiling
+	s.Peak = rate
+	s.Rate = max(a.floor(), min(rate*factor, ceiling))
+	s.Step = adaptProbe * a.limit
+	s.Decreased, s.Refused = now, now
+	return s, true
+}
+
+// increase applies an interval of success: it reports false when no
+// increase is due at now (less than an interval since the last change or
+// refusal, or the rate at its ceiling already).
+func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
+	if !s.Active() {
+		return s, false
+	}
+	last := s.Decreased
+	for _, t := range []time.Time{s.Increased, s.Refused} {
+		if t.After(last) {
+			last = t
+		}
+	}
+	ceiling := a.top(s)
+	plateau := min(adaptPlateau*s.Peak, ceiling)
+	// A rate a store rounded down (thousandths, and float error) from the
+	// top is at it.
+	if now.Sub(last) < a.interval || s.Rate >= ceiling-0.002 {
+		return s, false
+	}
+	// A store may round the rates it keeps (the Redis buckets keep
+	// thousandths): a rate within a hundredth of the plateau is on it,
+	// or rounding would keep it "approaching" forever.
+	if s.Rate < plateau-0.01 {
+		s.Rate = min(s.Rate+max(adaptApproach*(plateau-s.Rate), adaptProbe*a.limit), plateau)
+	} else {
+		if s.Rate < s.Peak && now.Sub(last) < adaptHold*a.interval {
+			return s, false // on the plateau: hold
+		}
+		step := max(s.Step, adaptProbe*a.limit)
+		s.Rate += step
+		s.Step = min(2*step, adaptMaxStep*a.limit)
+	}
+	s.Rate = min(s.Rate, ceiling)
+	s.Increased = now
+	return s, true
+}
+
+// advertised applies a limit the provider advertised, already converted
+// to permits per interval of the bucket: it becomes the ceiling (never
+// above the configured limit nor below the floor), and the rate no higher
+// than it. An advertised limit at or above the configured one restores the
+// configured ceiling. It reports false when nothing changed.
+func (a adaptLaw) advertised(s AdaptiveState, limit float64, now time.Time) (AdaptiveState, bool) {
+	c := min(max(limit, a.floor()), a.limit)
+	if !s.Active() {
+		if c >= a.limit {
+			return s, false // not adapting, and nothing to learn
+		}
+		s.Rate = c
+		s.Peak = c
+		s.Increased = now
+	}
+	if s.Ceiling == c && s.Rate <= c {
+		return s, false
+	}
+	s.Ceiling = c
+	s.Rate = min(s.Rate, c)
+	return s, true
+}

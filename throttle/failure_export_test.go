@@ -1,4 +1,0 @@
-package throttle
-
-// ShareForTest exposes share to the external tests.
-var ShareForTest = share

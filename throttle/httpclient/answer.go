@@ -1,0 +1,131 @@
+package httpclient
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// ReadAnswer reads what an HTTP response says about the provider's limit,
+// at time now, as the header conventions mean it, for
+// [throttle.Limiter.Report] (the Transport reports every answer itself; a
+// consumer handler that calls the provider can return it in a
+// [throttle.AnswerError]):
+//
+//   - 429 Too Many Requests is a refusal. With a retry time ([RetryAfter]),
+//     or 503 Service Unavailable with one, Retry is set: the caller should
+//     pause, not infer. A 503 without one says nothing about the rate.
+//   - Any other status with nothing remaining (X-RateLimit-Remaining or
+//     RateLimit-Remaining 0, or a draft RateLimit item with r=0) and a
+//     reset time sets Retry: calls before the reset would be refused.
+//     Remaining above 0 asks for nothing; a Retry-After on such a status
+//     is ignored.
+//   - The advertised limit, from X-RateLimit-Limit (per the bucket's own
+//     interval, as the header names no window), RateLimit-Limit (draft
+//     ≤ 06, with an optional `;w=` window) or RateLimit-Policy (`q=`
+//     and `w=` of draft 07 on, or `limit;w=` before): the smallest rate
+//     among the policies given.
+func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
+	var a throttle.Answer
+	if resp == nil {
+		return a
+	}
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests:
+		a.Refused = true
+		a.RetryAfter, a.Retry = RetryAfter(resp, now)
+	case http.StatusServiceUnavailable:
+		a.RetryAfter, a.Retry = RetryAfter(resp, now)
+	default:
+		// Only a reset with nothing remaining counts here: RetryAfter
+		// applies that rule to resets; a bare Retry-After on a success
+		// is not a limit.
+		h := resp.Header.Clone()
+		h.Del("Retry-After")
+		a.RetryAfter, a.Retry = RetryAfter(&http.Response{StatusCode: resp.StatusCode, Header: h}, now)
+	}
+	a.Limit, a.Window = advertisedLimit(resp.Header)
+	return a
+}
+
+// report tells k's Limiter what the provider answered (see
+// [throttle.Limiter.Report]), so that the fleet adapts to a provider that
+// refuses without saying when to come back, or advertises a lower limit.
+// An answer with a retry time on a limit status is left to RoundTrip,
+// which pauses the bucket itself: a hint beats inference.
+func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Response, now time.Time) {
+	a := ReadAnswer(resp, now)
+	if a.Retry && t.limit[resp.StatusCode] {
+		a.Retry, a.Refused = false, false
+	}
+	if !a.Refused && !a.Retry && a.Limit == 0 {
+		return
+	}
+	if err := k.Report(ctx, a); err != nil {
+		t.log.Warn("httpclient: reporting the provider's answer failed", "key", k.Key(), "err", err)
+	}
+}
+
+// advertisedLimit is the tightest limit the headers advertise, and its
+// window (0: unknown).
+func advertisedLimit(h http.Header) (int64, time.Duration) {
+	var (
+		best   int64
+		window time.Duration
+	)
+	// consider keeps the smaller rate; a limit without a window is
+	// compared as if its window were one second.
+	consider := func(q int64, w time.Duration) {
+		if q < 1 {
+			return
+		}
+		if best == 0 || float64(q)/seconds(w) < float64(best)/seconds(window) {
+			best, window = q, w
+		}
+	}
+	if v := h.Get("X-RateLimit-Limit"); v != "" {
+		if q, _, ok := parseDecimal(v, false); ok {
+			consider(q, 0)
+		}
+	}
+	for _, name := range []string{"RateLimit-Limit", "RateLimit-Policy"} {
+		v := h.Values(name)
+		if len(v) == 0 {
+			continue
+		}
+		for _, item := range splitOutsideQuotes(strings.Join(v, ","), ',') {
+			params := splitOutsideQuotes(item, ';')
+			var q int64
+			var w time.Duration
+			if n, _, ok := parseDecimal(params[0], false); ok {
+				q = n // draft ≤ 06: `100;w=60`
+			}
+			for _, p := range params[1:] {
+				k, val, _ := strings.Cut(strings.TrimSpace(p), "=")
+				switch k {
+				case "q":
+					if n, _, ok := parseDecimal(val, false); ok {
+						q = n
+					}
+				case "w":
+					if d, ok := parseSeconds(val, false); ok && d > 0 {
+						w = d
+					}
+				}
+			}
+			consider(q, w)
+		}
+	}
+	return best, window
+}
+
+// seconds is w in seconds, a window of 0 (unknown) counting as one.
+func seconds(w time.Duration) float64 {
+	if w <= 0 {
+		return 1
+	}
+	return w.Seconds()
+}

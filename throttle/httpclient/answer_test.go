@@ -1,0 +1,82 @@
+package httpclient_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/httpclient"
+)
+
+func TestReadAnswer(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	tests := []struct {
+		name   string
+		status int
+		h      map[string]string
+		want   throttle.Answer
+	}{
+		{"429 without hint", 429, nil, throttle.Answer{Refused: true}},
+		{"429 with Retry-After", 429, map[string]string{"Retry-After": "3"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 3 * time.Second}},
+		{"503 without hint says nothing", 503, nil, throttle.Answer{}},
+		{"200 with nothing remaining", 200, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2"}, throttle.Answer{Retry: true, RetryAfter: 2 * time.Second}},
+		{"200 with some remaining", 200, map[string]string{"X-RateLimit-Remaining": "4", "X-RateLimit-Reset": "2", "X-RateLimit-Limit": "50"}, throttle.Answer{Limit: 50}},
+		{"draft RateLimit exhausted", 200, map[string]string{"RateLimit": `"default";r=0;t=7`}, throttle.Answer{Retry: true, RetryAfter: 7 * time.Second}},
+		{"draft RateLimit not exhausted", 200, map[string]string{"RateLimit": `"default";r=3;t=7`}, throttle.Answer{}},
+		{"RateLimit-Policy q and w", 200, map[string]string{"RateLimit-Policy": `"burst";q=100;w=60, "daily";q=1000;w=86400`}, throttle.Answer{Limit: 1000, Window: 86400 * time.Second}},
+		{"old RateLimit-Limit with window", 200, map[string]string{"RateLimit-Limit": "10, 10;w=1, 50;w=60"}, throttle.Answer{Limit: 50, Window: time.Minute}},
+		{"garbage", 200, map[string]string{"X-RateLimit-Limit": "-5", "RateLimit-Policy": "x;q=y"}, throttle.Answer{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := &http.Response{StatusCode: tt.status, Header: http.Header{}}
+			for k, v := range tt.h {
+				resp.Header.Set(k, v)
+			}
+			assert.Equal(t, tt.want, httpclient.ReadAnswer(resp, now))
+		})
+	}
+	assert.Equal(t, throttle.Answer{}, httpclient.ReadAnswer(nil, now))
+}
+
+func TestTransportReportsRefusalsWithoutHint(t *testing.T) {
+	var refuse atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if refuse.Load() {
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.Header().Set("X-RateLimit-Limit", "1000") // above the configured limit: nothing to learn
+	}))
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	b, err := throttle.NewLocal(50, time.Second)
+	require.NoError(t, err)
+	lim := throttle.New(b)
+	tr, err := httpclient.NewTransport(lim, httpclient.WithBase(srv.Client().Transport))
+	require.NoError(t, err)
+	client := &http.Client{Transport: tr}
+	get := func() int {
+		resp, err := client.Get(srv.URL)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, get())
+	s, err := lim.AdaptiveState(context.Background(), "")
+	require.NoError(t, err)
+	assert.False(t, s.Active())
+
+	refuse.Store(true)
+	require.Equal(t, http.StatusTooManyRequests, get(), "a 429 without a retry time is returned as it is")
+	s, err = lim.AdaptiveState(context.Background(), "")
+	require.NoError(t, err)
+	assert.InDelta(t, 45, s.Rate, 1e-9, "and lowers the adaptive rate")
+}

@@ -1,0 +1,245 @@
+package httpclient
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Header parsing: how long a provider asks its callers to stay away.
+
+// epochSeconds is the smallest reset value read as a Unix time in
+// seconds rather than a number of seconds from now: 10⁹ s is about 31.7
+// years as a delay and 2001-09-09 as a date; no window is 31 years long
+// and no provider sends a reset time before 2001, so the two readings
+// never overlap.
+const epochSeconds = 1_000_000_000
+
+// epochMillis is the smallest reset value read as a Unix time in
+// milliseconds: 10¹² ms is 2001-09-09 again, while 10¹² s is a date in
+// the year 33658 that no provider sends.
+const epochMillis = 1_000_000_000_000
+
+// maxHeaderSeconds caps every number of seconds read from a header, so that
+// converting it to a time.Duration cannot overflow (2³³ s ≈ 272 years).
+const maxHeaderSeconds = 1 << 33
+
+// RetryAfter reports how long resp asks its caller to wait before trying
+// again, at time now, and whether it says so at all. The first of these
+// that applies wins:
+//
+//  1. Retry-After (RFC 9110): a whole number of seconds, or an HTTP date
+//     (IMF-fixdate, RFC 850 or asctime). It always applies.
+//  2. RateLimit-Reset (IETF draft up to -06, GitLab and others), when
+//     nothing remains: seconds from now, or a Unix time (see below).
+//  3. RateLimit (IETF draft): in the dictionary form of draft -07,
+//     `limit=100, remaining=0, reset=30`, the reset when remaining is 0;
+//     in the list form of drafts -08 on, `"default";r=0;t=30`, the
+//     largest t of the items whose r is 0.
+//  4. X-RateLimit-Reset (GitHub, Twitter, Salesforce and others), when
+//     nothing remains: seconds from now, or a Unix time in seconds or
+//     milliseconds. A fraction is accepted ("1.5", "1470173023.123").
+//
+// A reset header tells when a window ends, not that the caller must wait
+// for it: it applies only when its remaining count (RateLimit-Remaining,
+// X-RateLimit-Remaining) is 0, or when resp's status is 429 Too Many
+// Requests. A 503 with "X-RateLimit-Remaining: 4999" is an outage, not a
+// limit, and its reset is ignored.
+//
+// A reset value of 10⁹ or more is a Unix time in seconds (10⁹ s is 31.7
+// years as a delay, but 2001-09-09 as a date, so the readings cannot be
+// confused), and one of 10¹² or more a Unix time in milliseconds.
+//
+// Numbers must be plain decimal digits (no sign, exponent or hex); a value
+// that does not parse is skipped and the next header is tried. A time in
+// the past gives 0 with ok true: the caller may go again now. Values are
+// capped at 2³³ seconds so that nothing overflows.
+func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
+	h := resp.Header
+	if v := h.Get("Retry-After"); v != "" {
+		if d, ok := parseSeconds(v, false); ok {
+			return d, true
+		}
+		if t, err := http.ParseTime(strings.TrimSpace(v)); err == nil {
+			return until(t, now), true
+		}
+	}
+	limited := resp.StatusCode == http.StatusTooManyRequests
+	if v := h.Get("RateLimit-Reset"); v != "" && (limited || noneLeft(h, "RateLimit-Remaining")) {
+		if d, ok := parseReset(v, now, false); ok {
+			return d, true
+		}
+	}
+	if v := h.Values("RateLimit"); len(v) > 0 {
+		if d, ok := parseRateLimitField(strings.Join(v, ","), now); ok {
+			return d, true
+		}
+	}
+	if v := h.Get("X-RateLimit-Reset"); v != "" && (limited || noneLeft(h, "X-RateLimit-Remaining")) {
+		if d, ok := parseReset(v, now, true); ok {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+// noneLeft reports whether header name of h is the number 0.
+func noneLeft(h http.Header, name string) bool {
+	n, _, ok := parseDecimal(h.Get(name), false)
+	return ok && n == 0
+}
+
+// until is t - now, never negative and capped at maxHeaderSeconds.
+func until(t, now time.Time) time.Duration {
+	return min(max(t.Sub(now), 0), maxHeaderSeconds*time.Second)
+}
+
+// parseReset reads a reset: seconds from now, or a Unix time in seconds
+// or milliseconds (see RetryAfter), with a fraction when fraction is true.
+func parseReset(v string, now time.Time, fraction bool) (time.Duration, bool) {
+	secs, nanos, ok := parseDecimal(v, fraction)
+	switch {
+	case !ok:
+		return 0, false
+	case secs >= epochMillis:
+		return until(time.UnixMilli(secs), now), true
+	case secs >= epochSeconds:
+		return until(time.Unix(secs, nanos), now), true
+	}
+	return time.Duration(secs)*time.Second + time.Duration(nanos), true
+}
+
+// parseSeconds reads a number of seconds: digits, and a fraction when
+// fraction is true.
+func parseSeconds(s string, fraction bool) (time.Duration, bool) {
+	secs, nanos, ok := parseDecimal(s, fraction)
+	if !ok {
+		return 0, false
+	}
+	return time.Duration(min(secs, maxHeaderSeconds))*time.Second + time.Duration(nanos), true
+}
+
+// parseDecimal reads `digits[.digits]` (the fraction only when fraction is
+// true) after trimming spaces, and returns the whole number, capped at
+// 10¹⁸ (so that it tells a Unix time in milliseconds from one in seconds),
+// and the fraction in nanoseconds (digits beyond the ninth are dropped).
+func parseDecimal(s string, fraction bool) (secs, nanos int64, ok bool) {
+	s = strings.TrimSpace(s)
+	whole, frac, hasFrac := strings.Cut(s, ".")
+	if whole == "" || !allDigits(whole) {
+		return 0, 0, false
+	}
+	if hasFrac && (!fraction || frac == "" || !allDigits(frac)) {
+		return 0, 0, false
+	}
+	whole = strings.TrimLeft(whole, "0")
+	if len(whole) > 18 { // beyond 10¹⁸: cap
+		secs = 1_000_000_000_000_000_000
+	} else if whole != "" {
+		v, err := strconv.ParseInt(whole, 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		secs = v
+	}
+	if hasFrac {
+		if len(frac) > 9 {
+			frac = frac[:9]
+		}
+		f, err := strconv.ParseInt(frac+strings.Repeat("0", 9-len(frac)), 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		nanos = f
+	}
+	return secs, nanos, true
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// parseRateLimitField reads the draft RateLimit field. Draft -07 made it
+// a dictionary, `limit=100, remaining=0, reset=30`: the reset applies when
+// remaining is 0. Drafts -08 on made it a list of named policies,
+// `"policy";r=remaining;t=reset`: the answer is the largest t among the
+// items whose r is 0, the time until every exhausted policy allows calls
+// again. It is lenient about spaces and ignores parameters it does not
+// know; it does not unescape quoted strings, which it never needs.
+func parseRateLimitField(v string, now time.Time) (time.Duration, bool) {
+	var best time.Duration
+	found := false
+	var dictRemaining, dictReset string
+	dict := false
+	for _, item := range splitOutsideQuotes(v, ',') {
+		params := splitOutsideQuotes(item, ';')
+		if k, val, isMember := strings.Cut(strings.TrimSpace(params[0]), "="); isMember {
+			// A dictionary member (draft -07).
+			switch strings.TrimSpace(k) {
+			case "remaining":
+				dictRemaining, dict = val, true
+			case "reset":
+				dictReset, dict = val, true
+			}
+			continue
+		}
+		var r, t string
+		hasR, hasT := false, false
+		for _, p := range params[1:] {
+			k, val, _ := strings.Cut(strings.TrimSpace(p), "=")
+			switch k {
+			case "r":
+				r, hasR = val, true
+			case "t":
+				t, hasT = val, true
+			}
+		}
+		if !hasR || !hasT {
+			continue
+		}
+		if rem, _, ok := parseDecimal(r, false); !ok || rem != 0 {
+			continue
+		}
+		d, ok := parseSeconds(t, false)
+		if !ok {
+			continue
+		}
+		if !found || d > best {
+			best, found = d, true
+		}
+	}
+	if found {
+		return best, true
+	}
+	if dict {
+		if rem, _, ok := parseDecimal(dictRemaining, false); ok && rem == 0 {
+			return parseReset(dictReset, now, false)
+		}
+	}
+	return 0, false
+}
+
+// splitOutsideQuotes splits s at sep, except inside double-quoted strings
+// (where a backslash escapes the next byte).
+func splitOutsideQuotes(s string, sep byte) []string {
+	var out []string
+	start, quoted := 0, false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case quoted && c == '\\':
+			i++
+		case c == '"':
+			quoted = !quoted
+		case !quoted && c == sep:
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return append(out, s[start:])
+}

@@ -1,0 +1,472 @@
+package httpclient
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/headway-go/headway/internal/errs"
+	"github.com/headway-go/headway/throttle"
+)
+
+// maxPause caps the pause a provider's answer can impose: a provider that
+// asks for more is asked again after an hour (one request), rather than a
+// typo in its header stopping the fleet for days.
+const maxPause = time.Hour
+
+// Transport is an http.RoundTripper that takes a permit from a
+// [throttle.Limiter] before each request, so that every client sharing the
+// limiter's bucket stays under the provider's limit together, and that
+// pauses the bucket for all of them when the provider says "too many"
+// anyway. Build it with [NewTransport]; use it as an http.Client's
+// Transport. It is safe for concurrent use.
+//
+// Waiting. Before sending, a request waits for a permit at most the
+// client's maxWait ([WithMaxWait]; default [throttle.Forever]), or the
+// request's own ([ContextWithMaxWait]), and never beyond its context's
+// deadline (which includes http.Client.Timeout). When no permit can come
+// in time, RoundTrip returns an error matching [throttle.ErrTimeout] at
+// once, and nothing is sent. Several retries of one request share one
+// maxWait.
+//
+// Reacting. When the provider answers with a status that signals a limit
+// (by default 429 Too Many Requests, 503 Service Unavailable and 403
+// Forbidden, as GitHub and Salesforce use; see [WithLimitStatuses]) and a
+// retry time (read by [RetryAfter]: Retry-After, or a reset when nothing
+// remains; capped at one hour), the Transport pauses the request's bucket
+// key until then. A 403 or 503 without a retry time, or whose reset
+// headers show calls remaining, is an answer like any other.
+//
+//   - If the bucket implements [throttle.Pauser] (the Redis buckets do),
+//     it calls Pause, so that every instance sharing the bucket stops:
+//     requests already waiting, and new ones, wait for the pause's end (or
+//     time out at once when it is beyond their wait).
+//   - Always, it also records the pause in the Transport itself, so that
+//     this Transport's requests wait even when the bucket is not a Pauser
+//     or Pause failed. For a bucket that is not a Pauser (a
+//     [throttle.Local]), that local pause is the only one: other
+//     Transports and other processes do not see it.
+//
+// Retrying. The request is then sent again after the pause, at most n
+// times ([WithRetries]; default 2), when the pause ends within the
+// request's wait (maxWait and deadline) and the request is safe to
+// repeat, by net/http's rule: its body can be had again (none, or
+// GetBody set, as http.NewRequest does for in-memory bodies), and its
+// method is GET, HEAD, OPTIONS or TRACE or it carries an Idempotency-Key
+// or X-Idempotency-Key header. [WithRetryAnyMethod] also resends other
+// methods (POST, PATCH, PUT, DELETE) whose body can be had again, for a
+// provider known to refuse before it acts. Otherwise the limit response
+// itself is returned to the caller. The bodies of responses that are not
+// returned are read (up to 64 KiB) and closed.
+//
+// Adapting. Every answer is also read by [ReadAnswer] and reported to the
+// request's Limiter ([throttle.Limiter.Report]): a 429 without a retry
+// time lowers the fleet's adaptive rate and paces its grants, an
+// advertised limit below the configured one lowers its ceiling, and a
+// success with nothing remaining pauses the bucket until the reset.
+//
+// Errors. RoundTrip's errors do not repeat the request's method and URL:
+// http.Client wraps them in a *url.Error that names both.
+type Transport struct {
+	lim     *throttle.Limiter
+	base    http.RoundTripper
+	key     func(*http.Request) throttle.Keyed
+	maxWait time.Duration
+	retries int
+	log     *slog.Logger
+	limit   map[int]bool // statuses that signal a limit
+	anyVerb bool         // WithRetryAnyMethod
+
+	mu     sync.Mutex
+	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
+}
+
+type pauseKey struct {
+	l   *throttle.Limiter
+	key string
+}
+
+// Option configures [NewTransport].
+type Option interface {
+	apply(*transportConfig)
+}
+
+type transportConfig struct {
+	base    http.RoundTripper                  // WithBase; default http.DefaultTransport
+	key     func(*http.Request) throttle.Keyed // WithRequestKey; default nil
+	maxWait time.Duration                      // WithMaxWait; default Forever
+	retries int                                // WithRetries; default 2
+	log     *slog.Logger                       // WithLogger; default slog.Default()
+	limit   []int                              // WithLimitStatuses; default 429, 503, 403
+	anyVerb bool                               // WithRetryAnyMethod; default false
+}
+
+type transportOption func(*transportConfig)
+
+func (f transportOption) apply(c *transportConfig) { f(c) }
+
+// WithBase sets the RoundTripper a [Transport] sends requests through.
+// Default (and nil): http.DefaultTransport.
+func WithBase(rt http.RoundTripper) Option {
+	return transportOption(func(c *transportConfig) { c.base = rt })
+}
+
+// WithRequestKey makes a [Transport] choose, per request, the limiter and
+// key it draws from: per host, endpoint or tenant, for example
+//
+//	httpclient.WithRequestKey(func(r *http.Request) throttle.Keyed {
+//		return lim.Key(r.URL.Host)
+//	})
+//
+// f is called once per RoundTrip, concurrently; it must not block. A zero
+// Keyed from f means the Transport's own limiter, unkeyed. Default: the
+// Transport's limiter, unkeyed, for every request.
+func WithRequestKey(f func(*http.Request) throttle.Keyed) Option {
+	return transportOption(func(c *transportConfig) { c.key = f })
+}
+
+// WithMaxWait sets how long a request through a [Transport] may wait for
+// a permit (0: only a permit free now; [throttle.Forever]: until the
+// request's context ends). A request's context can override it with
+// [ContextWithMaxWait]. Default: Forever. Negative values are refused by
+// NewTransport.
+func WithMaxWait(d time.Duration) Option {
+	return transportOption(func(c *transportConfig) { c.maxWait = d })
+}
+
+// WithRetries sets how many times a [Transport] sends a request again
+// after the provider paused it (see [Transport]). Default: 2. 0 never
+// retries: the 429 or 503 is returned, after pausing the bucket. Negative
+// values are refused by NewTransport.
+func WithRetries(n int) Option {
+	return transportOption(func(c *transportConfig) { c.retries = n })
+}
+
+type maxWaitKey struct{}
+
+// WithLimitStatuses sets the response statuses that may signal a limit:
+// a response with one of them and a retry time (see [RetryAfter]) pauses
+// the bucket, and may be retried. Default: 429, 503 and 403 (GitHub and
+// Salesforce answer 403 when a limit is reached). A 403 or 503 counts only
+// with Retry-After or a reset whose remaining count is 0; a 429 with any
+// reset. Each code must be from 400 to 599; none at all turns the
+// reaction off.
+func WithLimitStatuses(codes ...int) Option {
+	return transportOption(func(c *transportConfig) { c.limit = append([]int{}, codes...) })
+}
+
+// WithRetryAnyMethod makes a [Transport] resend, after a provider's pause,
+// requests of any method whose body can be had again, not only those safe
+// to repeat by net/http's rule (GET, HEAD, OPTIONS, TRACE, or an
+// Idempotency-Key header). Use it only for a provider that refuses a
+// limited request before acting on it. Default: off.
+func WithRetryAnyMethod() Option {
+	return transportOption(func(c *transportConfig) { c.anyVerb = true })
+}
+
+// WithLogger sets the logger for a Pause of the bucket that failed.
+// Default: slog.Default(). A nil logger keeps the default.
+func WithLogger(l *slog.Logger) Option {
+	return transportOption(func(c *transportConfig) {
+		if l != nil {
+			c.log = l
+		}
+	})
+}
+
+// ContextWithMaxWait returns a copy of ctx that makes a [Transport] wait
+// at most d for a permit for requests made with it, instead of the
+// client's maxWait ([WithMaxWait]). 0 takes only a permit free now;
+// [throttle.Forever] waits until ctx ends. A negative d makes those
+// requests fail with an error matching [throttle.ErrInvalid].
+func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, maxWaitKey{}, d)
+}
+
+// NewTransport returns a [Transport] drawing permits from lim, or from
+// the limiter [WithRequestKey] chooses per request. Options:
+// [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
+// [WithLimitStatuses], [WithRetryAnyMethod],
+// [WithLogger]. The Transport sleeps on the clock of the request's
+// Limiter ([throttle.Limiter.Clock]).
+//
+// It refuses, with an error matching [throttle.ErrInvalid]: a nil lim
+// without WithRequestKey, a negative maxWait, a negative number of
+// retries.
+func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
+	c := transportConfig{base: http.DefaultTransport, maxWait: throttle.Forever, retries: 2, log: slog.Default(),
+		limit: []int{http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden}}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if lim == nil && c.key == nil {
+		return nil, errs.Invalid("httpclient: NewTransport", "lim", nil, "must be a Limiter unless WithRequestKey chooses one per request")
+	}
+	if c.maxWait < 0 {
+		return nil, errs.Invalid("httpclient: NewTransport", "WithMaxWait", c.maxWait, "must be 0, positive or throttle.Forever")
+	}
+	if c.retries < 0 {
+		return nil, errs.Invalid("httpclient: NewTransport", "WithRetries", c.retries, "must be 0 or more")
+	}
+	limit := make(map[int]bool, len(c.limit))
+	for _, code := range c.limit {
+		if code < 400 || code > 599 {
+			return nil, errs.Invalid("httpclient: NewTransport", "WithLimitStatuses", code, "must be an error status, from 400 to 599")
+		}
+		limit[code] = true
+	}
+	if c.base == nil {
+		c.base = http.DefaultTransport
+	}
+	return &Transport{
+		lim:     lim,
+		base:    c.base,
+		key:     c.key,
+		maxWait: c.maxWait,
+		retries: c.retries,
+		log:     c.log,
+		limit:   limit,
+		anyVerb: c.anyVerb,
+		paused:  make(map[pauseKey]time.Time),
+	}, nil
+}
+
+// RoundTrip implements http.RoundTripper: it waits for a permit, sends
+// req through the base RoundTripper, and reacts to a limit as the
+// [Transport] doc says. When no permit comes within the wait it returns
+// an error matching [throttle.ErrTimeout] (and context.DeadlineExceeded
+// when the deadline was the bound) without sending anything; when the
+// context ends it returns the context's error.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	r := req
+	fail := func(err error) (*http.Response, error) {
+		if r.Body != nil {
+			r.Body.Close() // a RoundTripper closes the body, even on errors
+		}
+		return nil, fmt.Errorf("httpclient: %w", err)
+	}
+	ctx := req.Context()
+	var k throttle.Keyed
+	if t.key != nil {
+		k = t.key(req)
+	}
+	if k.Limiter() == nil && t.lim != nil {
+		k = t.lim.Key("")
+	}
+	if k.Limiter() == nil {
+		return fail(errs.Invalid("Transport", "WithRequestKey", "zero Keyed", "must return a Keyed from Limiter.Key when NewTransport has no Limiter"))
+	}
+	maxWait := t.maxWait
+	if d, ok := ctx.Value(maxWaitKey{}).(time.Duration); ok {
+		maxWait = d
+	}
+	if maxWait < 0 {
+		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
+	}
+	clock := k.Limiter().Clock()
+
+	var waited time.Duration
+	for attempt := 0; ; attempt++ {
+		left := throttle.Forever
+		if maxWait != throttle.Forever {
+			left = max(maxWait-waited, 0)
+		}
+		start := clock.Now()
+		err := t.acquire(ctx, k, left)
+		waited += clock.Since(start)
+		if err != nil {
+			return fail(err)
+		}
+		resp, err := t.base.RoundTrip(r)
+		if err == nil {
+			t.report(ctx, k, resp, clock.Now()) // the adaptive rate (answer.go)
+		}
+		if err != nil || !t.limit[resp.StatusCode] {
+			return resp, err
+		}
+		pause, ok := RetryAfter(resp, clock.Now())
+		if !ok {
+			return resp, nil
+		}
+		pause = min(pause, maxPause)
+		t.pause(ctx, k, pause)
+		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited) {
+			return resp, nil
+		}
+		next, err := rewind(req)
+		if err != nil {
+			return resp, nil // the body cannot be had again: give the answer
+		}
+		discard(resp)
+		r = next
+	}
+}
+
+// CloseIdleConnections closes the idle connections of the base
+// RoundTripper, if it has any (http.Client.CloseIdleConnections calls it).
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// acquire waits out any local pause of k, then takes a permit within left.
+func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration) error {
+	clock := k.Limiter().Clock()
+	start := clock.Now()
+	for {
+		remaining := left
+		if left != throttle.Forever {
+			remaining = max(left-clock.Since(start), 0)
+		}
+		if wait := t.pauseLeft(k); wait > 0 {
+			ctxBound := false
+			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+				ctxBound = true
+			}
+			if ctxBound || wait > remaining {
+				return pausedErr(left, wait, ctxBound)
+			}
+			if err := sleep(ctx, clock, wait); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := k.Acquire(ctx, remaining); err != nil {
+			return err
+		}
+		// A pause that began while we waited for a reserved permit holds
+		// too: give the permit back if we can, and wait again.
+		if t.pauseLeft(k) > 0 {
+			if r, ok := k.Limiter().Bucket().(throttle.Refunder); ok {
+				_ = r.Refund(ctx, k.Key(), 1) // best effort
+			}
+			continue
+		}
+		return nil
+	}
+}
+
+// pauseLeft is how long k stays paused locally.
+func (t *Transport) pauseLeft(k throttle.Keyed) time.Duration {
+	t.mu.Lock()
+	until, ok := t.paused[pauseKey{k.Limiter(), k.Key()}]
+	t.mu.Unlock()
+	if !ok {
+		return 0
+	}
+	return until.Sub(k.Limiter().Clock().Now())
+}
+
+// sleep waits d on clock, or until ctx ends.
+func sleep(ctx context.Context, clock clockwork.Clock, d time.Duration) error {
+	tm := clock.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.Chan():
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting out the provider's pause: %w", ctx.Err())
+	}
+}
+
+// pausedErr is the error of a request whose wait ends before a pause the
+// provider asked for: it matches throttle.ErrTimeout, and
+// context.DeadlineExceeded when ctx's deadline was the bound.
+func pausedErr(maxWait, pause time.Duration, ctxBound bool) error {
+	if ctxBound {
+		return fmt.Errorf("%w: the provider paused the limit for %v, beyond the context's deadline (%w)", throttle.ErrTimeout, pause, context.DeadlineExceeded)
+	}
+	return fmt.Errorf("%w: the provider paused the limit for %v, beyond maxWait %v", throttle.ErrTimeout, pause, maxWait)
+}
+
+// pause stops k for d: in the bucket when it is a Pauser, and locally.
+func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	now := k.Limiter().Clock().Now()
+	until := now.Add(d)
+	pk := pauseKey{k.Limiter(), k.Key()}
+	t.mu.Lock()
+	if until.After(t.paused[pk]) {
+		t.paused[pk] = until
+	}
+	for key, u := range t.paused { // few keys: one per paused limit
+		if !u.After(now) {
+			delete(t.paused, key)
+		}
+	}
+	t.mu.Unlock()
+	if p, ok := k.Limiter().Bucket().(throttle.Pauser); ok {
+		// The pause matters beyond this request: do not let its
+		// cancellation skip it, but do not hang on a sick store either.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if err := p.Pause(pctx, k.Key(), d); err != nil {
+			t.log.Warn("httpclient: pausing the bucket failed; paused this Transport only", "key", k.Key(), "pause", d, "err", err)
+		}
+	}
+}
+
+// fits reports whether a retry after pause stays within the request's wait:
+// maxWait (of which waited is used) and its context's deadline.
+func fits(ctx context.Context, pause, maxWait, waited time.Duration) bool {
+	if maxWait != throttle.Forever && pause > maxWait-waited {
+		return false
+	}
+	if dl, ok := ctx.Deadline(); ok && pause >= time.Until(dl) {
+		return false
+	}
+	return ctx.Err() == nil
+}
+
+// replayable reports whether req may be sent again after the provider
+// paused it: see the Transport doc. It follows net/http's rule for
+// retrying a request on a fresh connection, unless WithRetryAnyMethod.
+func (t *Transport) replayable(req *http.Request) bool {
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		return false // the body is gone
+	}
+	if t.anyVerb {
+		return true
+	}
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, key := req.Header["Idempotency-Key"]
+	_, xKey := req.Header["X-Idempotency-Key"]
+	return key || xKey
+}
+
+// rewind returns a copy of req with a fresh body, for a retry.
+func rewind(req *http.Request) (*http.Request, error) {
+	r := req.Clone(req.Context())
+	if req.Body != nil && req.Body != http.NoBody {
+		b, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		r.Body = b
+	}
+	return r, nil
+}
+
+// discard reads a little of a response's body, so that its connection can
+// be reused, and closes it.
+func discard(resp *http.Response) {
+	if resp.Body == nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+	_ = resp.Body.Close()
+}

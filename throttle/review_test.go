@@ -1,0 +1,253 @@
+package throttle_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// TestFailLocalWeightedTakesKeepTheShare: in degraded mode an instance
+// grants at most its share in any span of one interval, weighted takes
+// included. With a share of 5 per second (one slot every 200 ms), takes of
+// 3 used to be granted 600 ms apart: 6 in one second; and a take of 1
+// followed by one of 5, 200 ms later: 6 as well.
+func TestFailLocalWeightedTakesKeepTheShare(t *testing.T) {
+	for _, seq := range [][]int64{{3}, {1, 5}, {2, 4}} {
+		t.Run(fmt.Sprint(seq), func(t *testing.T) {
+			clock := clockwork.NewFakeClock()
+			start := clock.Now()
+			// 10 per second shared by 2 instances: 5 per second here.
+			f := &flaky{down: true, limit: 10, interval: time.Second, instances: 2}
+			lim := throttle.New(f, throttle.WithClock(clock))
+			ctx := context.Background()
+			type grant struct {
+				at time.Duration
+				n  int64
+			}
+			var grants []grant
+			i := 0
+			for range 60 { // 6 s in steps of 100 ms
+				for {
+					n := seq[i%len(seq)]
+					if lim.AcquireN(ctx, n, 0) != nil {
+						break
+					}
+					grants = append(grants, grant{clock.Since(start), n})
+					i++
+				}
+				clock.Advance(100 * time.Millisecond)
+			}
+			require.NotEmpty(t, grants)
+			for j, g := range grants {
+				sum := int64(0)
+				for _, h := range grants[j:] {
+					if h.at-g.at < time.Second {
+						sum += h.n
+					}
+				}
+				assert.LessOrEqual(t, sum, int64(5), "%d permits granted in the second from %v (share 5): %v", sum, g.at, grants)
+			}
+		})
+	}
+}
+
+// TestFailLocalKeepsPerKeyLimitsOfIdleKeys: a tenant whose limit was
+// lowered live keeps it while the store is down even after it was idle for
+// a while and many other keys were used meanwhile. The record of its last
+// decision used to be swept with those of ended periods, and the outage
+// then gave it the base key's limit (100 per second instead of 3).
+func TestFailLocalKeepsPerKeyLimitsOfIdleKeys(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	s := &keyedStore{base: 100, inst: 1, limits: map[string]int64{"tenant": 3}}
+	lim := throttle.New(s, throttle.WithClock(clock))
+	ctx := context.Background()
+	require.NoError(t, lim.Key("tenant").Acquire(ctx, 0))
+	clock.Advance(2 * time.Second) // the tenant's period is over; it stays idle
+	for i := range 5000 {          // other keys: enough to sweep every shard
+		require.NoError(t, lim.Key(fmt.Sprint("other-", i)).Acquire(ctx, 0))
+	}
+	s.set(true)
+	granted := 0
+	for range 30 { // 3 s in steps of 100 ms
+		for lim.Key("tenant").Acquire(ctx, 0) == nil {
+			granted++
+		}
+		clock.Advance(100 * time.Millisecond)
+	}
+	assert.LessOrEqual(t, granted, 9, "3 per second for 3 s at most; the base key's 100 per second would give far more")
+	assert.Positive(t, granted)
+}
+
+// periodStore is a shared-store stand-in with limit permits per key per
+// aligned period of its clock; while down it fails. It counts, per key and
+// period, what it granted (its own numbers, for the store's view).
+type periodStore struct {
+	clock    clockwork.Clock
+	start    time.Time
+	limit    int64
+	interval time.Duration
+	inst     int64
+
+	mu   sync.Mutex
+	down bool
+	used map[string]int64 // "key/period" → permits charged
+}
+
+func (s *periodStore) set(down bool) { s.mu.Lock(); s.down = down; s.mu.Unlock() }
+
+func (s *periodStore) Take(_ context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.down {
+		return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: io.ErrUnexpectedEOF}
+	}
+	since := s.clock.Since(s.start)
+	p := int64(since / s.interval)
+	reset := time.Duration(p+1)*s.interval - since
+	k := fmt.Sprintf("%s/%d", key, p)
+	if s.used == nil {
+		s.used = map[string]int64{}
+	}
+	if s.used[k]+n > s.limit {
+		return throttle.Decision{Delay: reset, Limit: s.limit, Remaining: s.limit - s.used[k], Reset: reset}, nil
+	}
+	s.used[k] += n
+	return throttle.Decision{Granted: true, Limit: s.limit, Remaining: s.limit - s.used[k], Reset: reset}, nil
+}
+
+func (s *periodStore) Fallback() (int64, time.Duration, int64) { return s.limit, s.interval, s.inst }
+
+// TestFailLocalRecoveryChargesTheDebtFirstOnEveryKey: after an outage the
+// permits a key granted locally are charged to the shared bucket before
+// its next shared grant, for every key, not only the key of the call that
+// found the store up again. Key "b" used to be granted its permit first
+// and charged its debt only from what was left after it: one permit above
+// the limit in the period.
+func TestFailLocalRecoveryChargesTheDebtFirstOnEveryKey(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	s := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 1}
+	lim := throttle.New(s, throttle.WithClock(clock))
+	ctx := context.Background()
+	real := 0 // permits of key "b" in period 0, counted here
+	require.NoError(t, lim.Key("a").Acquire(ctx, 0))
+	require.NoError(t, lim.Key("b").Acquire(ctx, 0))
+	real++
+	s.set(true)
+	for range 9 { // 0 to 0.8 s: b's 9 left, granted locally
+		for lim.Key("b").Acquire(ctx, 0) == nil {
+			real++
+		}
+		clock.Advance(100 * time.Millisecond)
+	}
+	require.Equal(t, 10, real, "the shared grant and the 9 left, locally")
+	s.set(false)
+	require.NoError(t, lim.Key("a").Acquire(ctx, 0), "the store answers again (the probe is a's)")
+	for lim.Key("b").Acquire(ctx, 0) == nil {
+		real++
+	}
+	require.Less(t, clock.Since(s.start), time.Second, "still period 0")
+	assert.LessOrEqual(t, real, 10, "key b granted %d permits in a period of limit 10", real)
+}
+
+// TestFailLocalSecondOutageStartsAfresh: a key that granted locally in one
+// outage and was not called while the store was up again must not carry
+// its old pace into the next outage. Its pace from the first outage let
+// it grant at once in a period the rest of the fleet had used up.
+func TestFailLocalSecondOutageStartsAfresh(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	start := clock.Now()
+	// 10 per second shared by 2 instances: a share of 5 here.
+	s := &periodStore{clock: clock, start: start, limit: 10, interval: time.Second, inst: 2}
+	lim := throttle.New(s, throttle.WithClock(clock))
+	ctx := context.Background()
+	require.NoError(t, lim.Key("b").Acquire(ctx, 0))
+	s.set(true)
+	require.NoError(t, lim.Key("b").Acquire(ctx, 0), "outage 1: b's share of what period 0 had left")
+	clock.Advance(100 * time.Millisecond)
+	s.set(false)
+	require.NoError(t, lim.Key("a").Acquire(ctx, 0), "the store answers again; b is not called")
+
+	clock.Advance(time.Second) // period 1: the other instance uses all of b's
+	s.mu.Lock()
+	s.used["b/1"] = 10
+	s.mu.Unlock()
+	require.NoError(t, lim.Key("a").Acquire(ctx, 0))
+	clock.Advance(300 * time.Millisecond) // 1.4 s
+	s.set(true)
+	_ = lim.Key("a").Acquire(ctx, 0) // outage 2 begins
+	inPeriod1 := 0
+	for clock.Since(start) < 2*time.Second {
+		for lim.Key("b").Acquire(ctx, 0) == nil {
+			inPeriod1++
+		}
+		clock.Advance(50 * time.Millisecond)
+	}
+	assert.Zero(t, inPeriod1, "b granted %d locally in a period the fleet had used up (its last shared decision was in period 0)", inPeriod1)
+}
+
+// slowRecovery is a store that, once up again after an outage, takes 35 ms
+// to refuse a call carrying a debt (n > 1, more than it has left) and
+// hangs on the next one until its context ends.
+type slowRecovery struct {
+	mu    sync.Mutex
+	down  bool
+	calls int
+}
+
+func (s *slowRecovery) Take(ctx context.Context, _ string, n int64, _ time.Duration) (throttle.Decision, error) {
+	s.mu.Lock()
+	down := s.down
+	s.calls++
+	s.mu.Unlock()
+	switch {
+	case down:
+		return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: io.ErrUnexpectedEOF}
+	case n == 1:
+		return throttle.Decision{Granted: true, Limit: 1000, Remaining: 999, Reset: time.Second}, nil
+	}
+	select {
+	case <-time.After(35 * time.Millisecond): // the round trip's latency
+	case <-ctx.Done():
+		return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: ctx.Err()}
+	}
+	return throttle.Decision{Delay: time.Second, Limit: 1000, Remaining: 1, Reset: time.Second}, nil
+}
+
+func (s *slowRecovery) Fallback() (int64, time.Duration, int64) { return 1000, time.Second, 1 }
+
+// TestRecoveryDebtStaysWithinTheWait: accounting for the local grants
+// after an outage shares the caller's deadline with the caller's own store
+// call; it used to get a deadline of its own, the whole wait again, and
+// Acquire(50 ms) returned after about 75 ms.
+func TestRecoveryDebtStaysWithinTheWait(t *testing.T) {
+	s := &slowRecovery{}
+	lim := throttle.New(s)
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0))
+	s.mu.Lock()
+	s.down = true
+	s.mu.Unlock()
+	local := 0
+	for range 5 {
+		if lim.Acquire(ctx, 20*time.Millisecond) == nil {
+			local++
+		}
+	}
+	require.Positive(t, local)
+	s.mu.Lock()
+	s.down = false
+	s.mu.Unlock()
+	start := time.Now()
+	_ = lim.Acquire(ctx, 50*time.Millisecond)
+	took := time.Since(start)
+	assert.Less(t, took, 60*time.Millisecond, "Acquire(50 ms) returned after %v", took)
+}
