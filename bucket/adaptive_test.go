@@ -66,8 +66,8 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 						t.Fatal(err)
 					}
 					s, err := throttle.New(b2).AdaptiveState(ctx, "tenant")
-					if err != nil || s.Rate != 9 || s.Ceiling != 10 || s.Peak != 10 || s.Version != 1 {
-						t.Fatalf("the other instance reads %+v, %v; want rate 9 of 10, version 1", s, err)
+					if err != nil || s.Rate != 9 || s.Ceiling != 0 || s.Peak != 10 || s.Version != 1 {
+						t.Fatalf("the other instance reads %+v, %v; want rate 9 (refused at 10, the configured ceiling: Ceiling 0), version 1", s, err)
 					}
 					if d := time.Since(s.Decreased); d < 0 || d > 5*time.Second {
 						t.Errorf("decreased %v ago on the server's clock", d)

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"math"
 	"time"
 )
 
@@ -19,8 +20,9 @@ import (
 //     of the limit: a provider that refuses a fleet at its configured
 //     limit most often refuses its bursts, which pacing alone removes. So
 //     does a refusal while the rate is within 5 % of the rate refused last
-//     time: the fleet found the provider's limit again and overshot it a
-//     little (a sliding window meeting network jitter). If refusals go on,
+//     time, or above it: the fleet found the provider's limit again and
+//     overshot it a little (a sliding window meeting network jitter), or
+//     probed beyond it to a limit the provider raised and overshot that. If refusals go on,
 //     the next interval's decrease is a full one.
 //   - Each interval without a refusal raises it quickly (half the gap, at
 //     least 4 % of the limit) back toward a plateau just below the rate
@@ -32,9 +34,10 @@ import (
 //     a few intervals (examples/adaptive: a limit back from 25 to 50 per
 //     second followed within 7 s, where four intervals on the plateau
 //     and steps from 2 % took longer than the 8 s it was given).
-//   - The rate never goes below the floor (5 % of the limit, at least one
-//     permit per interval) nor above the ceiling: the configured limit, or
-//     a lower limit the provider advertises. Once the fleet has been
+//   - The rate never goes below the floor (5 % of the ceiling, at least
+//     one permit per interval unless the ceiling is lower) nor above the
+//     ceiling: the configured limit, or a lower limit the provider
+//     advertises. Once the fleet has been
 //     refused at the ceiling itself, increases stop at 0.98 of it: there
 //     is nothing above to find, and a provider counting a sliding or
 //     fixed window refuses an even pace at exactly its limit now and then
@@ -43,6 +46,11 @@ import (
 //   - A refusal with a retry hint (Retry-After and the like) pauses the
 //     bucket as before and changes nothing here: the provider said what it
 //     wants, there is nothing to infer.
+//
+// Times are the store's (the Redis server's clock), which may step back (a
+// failover to a node whose clock is behind): a time in the state that lies
+// ahead of now counts as an interval ago, so that the law goes on rather
+// than wait for the clock to catch up.
 //
 // The law is pure: [adaptLaw] takes the state and the time and returns the
 // next state. Where the state lives is the bucket's business: a bucket that
@@ -57,8 +65,10 @@ import (
 type AdaptiveState struct {
 	// Rate is the rate grants are paced at; 0 when not adapting.
 	Rate float64
-	// Ceiling is the highest Rate may reach: the configured limit, or a
-	// lower one the provider advertised. 0 when not adapting.
+	// Ceiling is a limit the provider advertised below the configured
+	// one: the highest Rate may reach. 0 when it advertised none: then
+	// each instance's configured limit is the ceiling (so that a limit
+	// raised in a rolling deploy is not held down by the old one).
 	Ceiling float64
 	// Peak is the rate at the last decrease: increases approach it
 	// quickly, then probe beyond it.
@@ -121,8 +131,15 @@ const (
 	adaptHold     = 2    // intervals on the plateau before probing
 	adaptProbe    = 0.04 // beyond it: 4 % of the limit, doubling
 	adaptMaxStep  = 0.25 // the probe step's cap, of the limit
-	adaptFloor    = 0.05 // the floor, of the limit
+	adaptFloor    = 0.05 // the floor, of the ceiling
 	adaptTop      = 0.98 // refused at the ceiling: increases stop here, of it
+	// adaptMinRate is the lowest ceiling an advertised limit sets, in
+	// permits per interval: the Redis buckets keep rates in thousandths.
+	adaptMinRate = 0.001
+	// adaptSlack is how far a stored rate may lie from the one the law
+	// computed: the Redis buckets round down to thousandths, and float
+	// arithmetic adds its own error.
+	adaptSlack = 0.002
 	// adaptMemory is how long a fleet remembers its adaptive rate without
 	// a change: after that, grants are no longer paced, and a provider
 	// that still refuses bursts teaches the fleet again.
@@ -136,9 +153,11 @@ type adaptLaw struct {
 	interval time.Duration
 }
 
-func (a adaptLaw) floor() float64 { return max(1, adaptFloor*a.limit) }
+// floor is the lowest rate a decrease goes to under ceiling c: 5 % of it,
+// at least one permit per interval, never above c itself.
+func (a adaptLaw) floor(c float64) float64 { return min(c, max(1, adaptFloor*c)) }
 
-// ceiling is s's ceiling, the configured limit when s is not active.
+// ceiling is s's ceiling: the advertised one, or the configured limit.
 func (a adaptLaw) ceiling(s AdaptiveState) float64 {
 	if s.Ceiling > 0 {
 		return min(s.Ceiling, a.limit)
@@ -147,13 +166,24 @@ func (a adaptLaw) ceiling(s AdaptiveState) float64 {
 }
 
 // top is how far increases may take s's rate: its ceiling, or adaptTop of
-// it once the fleet was refused at (or within 2 % of) the ceiling.
+// it once the fleet was refused at (or within 2 % of) the ceiling. The
+// Peak a store kept may be rounded down from the rate refused.
 func (a adaptLaw) top(s AdaptiveState) float64 {
 	c := a.ceiling(s)
-	if s.Peak >= adaptTop*c {
+	if s.Peak >= adaptTop*c-adaptSlack {
 		return adaptTop * c
 	}
 	return c
+}
+
+// since is now - t, or, when t lies ahead of now (the store's clock
+// stepped back), an interval: the law goes on as if t were an interval
+// ago.
+func (a adaptLaw) since(now, t time.Time) time.Duration {
+	if t.After(now) {
+		return a.interval
+	}
+	return now.Sub(t)
 }
 
 // refused applies a refusal without a retry hint at now. It reports false
@@ -161,8 +191,8 @@ func (a adaptLaw) top(s AdaptiveState) float64 {
 // a decrease counts once, and only its time is noted (which delays the
 // next increase), at most ten times an interval.
 func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
-	if s.Active() && now.Sub(s.Decreased) < a.interval {
-		if now.Sub(s.Refused) < a.interval/10 {
+	if s.Active() && a.since(now, s.Decreased) < a.interval {
+		if a.since(now, s.Refused) < a.interval/10 {
 			return s, false
 		}
 		s.Refused = now
@@ -177,9 +207,10 @@ func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) 
 	if !s.Active() || s.Peak > 0 && rate >= adaptNear*s.Peak {
 		factor = adaptGentle
 	}
-	s.Ceiling = ceiling
 	s.Peak = rate
-	s.Rate = max(a.floor(), min(rate*factor, ceiling))
+	// Never up: a rate already below the floor (an instance with a
+	// higher configured limit, a rolling deploy) stays where it is.
+	s.Rate = min(max(a.floor(ceiling), rate*factor), rate)
 	s.Step = adaptProbe * a.limit
 	s.Decreased, s.Refused = now, now
 	return s, true
@@ -202,7 +233,7 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 	plateau := min(adaptPlateau*s.Peak, ceiling)
 	// A rate a store rounded down (thousandths, and float error) from the
 	// top is at it.
-	if now.Sub(last) < a.interval || s.Rate >= ceiling-0.002 {
+	if a.since(now, last) < a.interval || s.Rate >= ceiling-adaptSlack {
 		return s, false
 	}
 	// A store may round the rates it keeps (the Redis buckets keep
@@ -211,7 +242,7 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 	if s.Rate < plateau-0.01 {
 		s.Rate = min(s.Rate+max(adaptApproach*(plateau-s.Rate), adaptProbe*a.limit), plateau)
 	} else {
-		if s.Rate < s.Peak && now.Sub(last) < adaptHold*a.interval {
+		if s.Rate < s.Peak && a.since(now, last) < adaptHold*a.interval {
 			return s, false // on the plateau: hold
 		}
 		step := max(s.Step, adaptProbe*a.limit)
@@ -225,23 +256,28 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 
 // advertised applies a limit the provider advertised, already converted
 // to permits per interval of the bucket: it becomes the ceiling (never
-// above the configured limit nor below the floor), and the rate no higher
-// than it. An advertised limit at or above the configured one restores the
-// configured ceiling. It reports false when nothing changed.
+// above the configured limit, nor below adaptMinRate), and the rate and
+// the rate refused last no higher than it. An advertised limit at or
+// above the configured one restores the configured ceiling. It reports
+// false when nothing changed, allowing for the rounding of a store.
 func (a adaptLaw) advertised(s AdaptiveState, limit float64, now time.Time) (AdaptiveState, bool) {
-	c := min(max(limit, a.floor()), a.limit)
+	c := min(max(limit, adaptMinRate), a.limit)
+	stored := c // what s.Ceiling holds for it: 0 for the configured limit
+	if c >= a.limit {
+		stored = 0
+	}
 	if !s.Active() {
-		if c >= a.limit {
+		if stored == 0 {
 			return s, false // not adapting, and nothing to learn
 		}
 		s.Rate = c
 		s.Peak = c
 		s.Increased = now
-	}
-	if s.Ceiling == c && s.Rate <= c {
+	} else if math.Abs(s.Ceiling-stored) <= adaptSlack && s.Rate <= c+adaptSlack {
 		return s, false
 	}
-	s.Ceiling = c
+	s.Ceiling = stored
 	s.Rate = min(s.Rate, c)
+	s.Peak = min(s.Peak, c)
 	return s, true
 }

@@ -151,11 +151,16 @@ func TestAdaptLawCeiling(t *testing.T) {
 
 	s, changed = law.advertised(s, 500, clock.Now())
 	require.True(t, changed)
-	assert.InDelta(t, 100, s.Ceiling, 1e-9, "a higher advertised limit restores the configured ceiling, no higher")
+	assert.Zero(t, s.Ceiling, "a higher advertised limit restores the configured ceiling")
+	assert.InDelta(t, 100, law.ceiling(s), 1e-9, "no higher")
 	assert.InDelta(t, 27, s.Rate, 1e-9, "the rate climbs back by increases, not at once")
 
 	s, _ = law.advertised(s, 0.01, clock.Now())
-	assert.InDelta(t, 5, s.Ceiling, 1e-9, "an advertised limit is not followed below the floor")
+	assert.InDelta(t, 0.01, s.Ceiling, 1e-9, "an advertised limit is followed below the configured limit's floor")
+	assert.LessOrEqual(t, s.Rate, 0.01)
+	s, _ = law.advertised(s, 1e-9, clock.Now())
+	assert.InDelta(t, adaptMinRate, s.Ceiling, 1e-12, "down to the store's resolution, never to 0")
+	assert.True(t, s.Active())
 }
 
 // TestAdaptLawRoundedRateReachesPlateau: a store that rounds the rates

@@ -247,12 +247,16 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 			continue
 		}
 		if err != nil {
-			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ErrTimeout) {
 				if errors.Is(ctxErr, context.DeadlineExceeded) {
-					// The deadline ran out while the bucket was asked.
+					// The deadline ran out while the bucket was asked
+					// (its error may wrap the deadline or not): a wait
+					// that ran out, as the doc says, ErrTimeout.
 					return fmt.Errorf("%w (bucket: %v)", tb.err(0), err)
 				}
-				return fmt.Errorf("throttle: acquire %d permit(s): %w (bucket: %v)", n, ctxErr, err)
+				if !errors.Is(err, ctxErr) {
+					return fmt.Errorf("throttle: acquire %d permit(s): %w (bucket: %v)", n, ctxErr, err)
+				}
 			}
 			return err
 		}

@@ -22,7 +22,8 @@ type Answer struct {
 	// are useless (Retry-After on a refusal; a reset time when nothing
 	// remains): RetryAfter from now. Such an answer pauses the bucket
 	// for the whole fleet and is never read as a sign of the rate: a
-	// hint beats inference.
+	// hint beats inference. A RetryAfter of 0 or less names no time to
+	// wait for: the answer counts as one without a hint.
 	Retry      bool
 	RetryAfter time.Duration
 	// Limit is the limit the provider advertises (X-RateLimit-Limit,
@@ -79,7 +80,9 @@ func AnswerOf(err error) (Answer, bool) {
 //     then, for the whole fleet when the bucket is a [Pauser];
 //   - a refusal without one lowers the adaptive rate (at most once per
 //     interval, however many callers report it) and paces grants evenly;
-//   - a limit advertised below the configured one lowers the ceiling.
+//   - a limit advertised below the configured one lowers the ceiling
+//     (with or without a retry time; before a refusal in the same answer
+//     is applied, so that the refusal is measured against it).
 //
 // An answer that says nothing new (a success within the limit) costs
 // nothing: no store call. Report needs the bucket's limit per interval:
@@ -196,8 +199,24 @@ func (a *adapter) view(key string) (adaptView, bool) {
 	return *v, a.lim.cfg.clock.Since(v.seen) < a.law.interval
 }
 
+// note records s as key's state seen now, unless the view holds a state
+// read later on the store's clock that is still fresh: replies of
+// concurrent store calls (a background refresh, a swap) may land out of
+// order, and the older must not undo the newer (a refusal's decrease
+// replaced by a read from before it would stop the pacing).
 func (a *adapter) note(key string, s AdaptiveState) {
-	a.entry(key).v.Store(&adaptView{st: s, seen: a.lim.cfg.clock.Now()})
+	e := a.entry(key)
+	now := a.lim.cfg.clock.Now()
+	nv := &adaptView{st: s, seen: now}
+	for {
+		cur := e.v.Load()
+		if cur != nil && s.At.Before(cur.st.At) && now.Sub(cur.seen) < a.law.interval {
+			return
+		}
+		if e.v.CompareAndSwap(cur, nv) {
+			return
+		}
+	}
 }
 
 // storeCtx bounds one store call like a bucket call.
@@ -258,36 +277,34 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 	if l.bucket == nil {
 		return invalid("throttle", "Bucket", nil, "throttle.New needs a non-nil Bucket")
 	}
-	if ans.Retry {
-		// A hint beats inference: pause, and leave the rate alone.
-		p, ok := l.bucket.(Pauser)
-		if !ok || ans.RetryAfter <= 0 {
-			return nil
-		}
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		return p.Pause(pctx, key, min(ans.RetryAfter, maxAnswerPause))
-	}
-	a := l.adapt
-	if a == nil || !a.ok {
-		return nil
-	}
 	// The adaptation matters beyond this call: do not let its
 	// cancellation skip it.
 	ctx = context.WithoutCancel(ctx)
-	if ans.Refused {
-		if err := a.update(ctx, key, a.law.refused); err != nil {
-			return err
-		}
-	}
-	if ans.Limit > 0 {
+	a := l.adapt
+	adapting := a != nil && a.ok
+	if ans.Limit > 0 && adapting {
 		adv := float64(ans.Limit)
 		if ans.Window > 0 {
 			adv = adv * float64(a.law.interval) / float64(ans.Window)
 		}
-		return a.update(ctx, key, func(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
+		if err := a.update(ctx, key, func(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
 			return a.law.advertised(s, adv, now)
-		})
+		}); err != nil {
+			return err
+		}
+	}
+	if ans.Retry && ans.RetryAfter > 0 {
+		// A hint beats inference: pause, and leave the rate alone.
+		p, ok := l.bucket.(Pauser)
+		if !ok {
+			return nil
+		}
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		return p.Pause(pctx, key, min(ans.RetryAfter, maxAnswerPause))
+	}
+	if ans.Refused && adapting {
+		return a.update(ctx, key, a.law.refused)
 	}
 	return nil
 }

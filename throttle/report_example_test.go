@@ -20,14 +20,14 @@ func ExampleLimiter_Report() {
 
 	_ = lim.Report(ctx, throttle.Answer{Refused: true})
 	s, _ := lim.AdaptiveState(ctx, "")
-	fmt.Printf("paced at %.0f per interval (ceiling %.0f)\n", s.Rate, s.Ceiling)
+	fmt.Printf("paced at %.0f per interval\n", s.Rate)
 
 	// A limit the provider advertises below the configured one lowers
 	// the ceiling: 1200 per minute is 20 per second.
 	_ = lim.Report(ctx, throttle.Answer{Limit: 1200, Window: time.Minute})
 	s, _ = lim.AdaptiveState(ctx, "")
-	fmt.Printf("paced at %.0f per interval (ceiling %.0f)\n", s.Rate, s.Ceiling)
+	fmt.Printf("paced at %.0f per interval (advertised ceiling %.0f)\n", s.Rate, s.Ceiling)
 	// Output:
-	// paced at 45 per interval (ceiling 50)
-	// paced at 20 per interval (ceiling 20)
+	// paced at 45 per interval
+	// paced at 20 per interval (advertised ceiling 20)
 }

@@ -25,7 +25,11 @@ func printAdaptive(ctx context.Context, w io.Writer, b live, t target) error {
 		}
 		return s.At.Sub(at).Round(time.Millisecond).String() + " ago"
 	}
-	_, err = fmt.Fprintf(w, "adaptive   %.1f per interval, paced evenly (ceiling %.1f, last refused at %.1f); decreased %s, increased %s\n",
-		s.Rate, s.Ceiling, s.Peak, ago(s.Decreased), ago(s.Increased))
+	ceiling := "the configured limit"
+	if s.Ceiling > 0 {
+		ceiling = fmt.Sprintf("%.1f, advertised", s.Ceiling)
+	}
+	_, err = fmt.Fprintf(w, "adaptive   %.1f per interval, paced evenly (ceiling %s, last refused at %.1f); decreased %s, increased %s\n",
+		s.Rate, ceiling, s.Peak, ago(s.Decreased), ago(s.Increased))
 	return err
 }

@@ -55,10 +55,12 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 // [throttle.Limiter.Report]), so that the fleet adapts to a provider that
 // refuses without saying when to come back, or advertises a lower limit.
 // An answer with a retry time on a limit status is left to RoundTrip,
-// which pauses the bucket itself: a hint beats inference.
+// which pauses the bucket itself: a hint beats inference. A retry time of
+// zero (Retry-After: 0, a reset already past) pauses nothing: such a
+// refusal is reported as one without a hint, so that the fleet slows down.
 func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Response, now time.Time) {
 	a := ReadAnswer(resp, now)
-	if a.Retry && t.limit[resp.StatusCode] {
+	if a.Retry && a.RetryAfter > 0 && t.limit[resp.StatusCode] {
 		a.Retry, a.Refused = false, false
 	}
 	if !a.Refused && !a.Retry && a.Limit == 0 {

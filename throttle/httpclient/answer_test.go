@@ -80,3 +80,29 @@ func TestTransportReportsRefusalsWithoutHint(t *testing.T) {
 	require.NoError(t, err)
 	assert.InDelta(t, 45, s.Rate, 1e-9, "and lowers the adaptive rate")
 }
+
+// TestTransportReportsZeroRetryAfterAsNoHint: "Retry-After: 0" pauses
+// nothing, so the Transport reports the 429 as a refusal without a hint
+// and the fleet slows down (before, nothing was paused and nothing
+// learned: the provider was asked again at full speed).
+func TestTransportReportsZeroRetryAfterAsNoHint(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	b, err := throttle.NewLocal(50, time.Second)
+	require.NoError(t, err)
+	lim := throttle.New(b)
+	tr, err := httpclient.NewTransport(lim, httpclient.WithBase(srv.Client().Transport), httpclient.WithRetries(0))
+	require.NoError(t, err)
+	resp, err := (&http.Client{Transport: tr}).Get(srv.URL)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	s, err := lim.AdaptiveState(context.Background(), "")
+	require.NoError(t, err)
+	assert.True(t, s.Active(), "the refusal lowered the adaptive rate")
+	assert.InDelta(t, 45, s.Rate, 1e-9)
+}

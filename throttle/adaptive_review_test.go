@@ -1,0 +1,180 @@
+package throttle
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Regression tests from a review of the adaptive law (and one of the errors
+// Acquire returns); each failed before its fix.
+
+// thousandths is what the Redis buckets keep of each rate: thousandths,
+// rounded down.
+func thousandths(s AdaptiveState) AdaptiveState {
+	r := func(v float64) float64 { return float64(int64(v*1000)) / 1000 }
+	s.Rate, s.Ceiling, s.Peak, s.Step = r(s.Rate), r(s.Ceiling), r(s.Peak), r(s.Step)
+	return s
+}
+
+// TestAdaptLawTopCapSurvivesRounding: refused at 0.98 of a limit of 7
+// (6.86, kept as 6.859), the fleet was refused at its top; rounding must
+// not give it back the whole ceiling to probe into.
+func TestAdaptLawTopCapSurvivesRounding(t *testing.T) {
+	law, clock := adaptLaw{limit: 7, interval: time.Second}, clockwork.NewFakeClock()
+	top := adaptTop * law.limit // 6.8599999…
+	s := thousandths(AdaptiveState{Rate: 6.5, Peak: top, Step: 0.28, Decreased: clock.Now()})
+	require.Less(t, s.Peak, top, "the stored Peak is rounded down")
+	assert.InDelta(t, top, law.top(s), 1e-9)
+	for range 30 {
+		clock.Advance(time.Second)
+		if next, ok := law.increase(s, clock.Now()); ok {
+			s = thousandths(next)
+		}
+	}
+	assert.LessOrEqual(t, s.Rate, top, "increases stop at the top")
+}
+
+// TestAdaptLawSameAdvertisedLimitAfterRounding: 100 per minute for a
+// bucket per second is 1.666…, kept as 1.666: the same advertisement
+// again says nothing new (no store call, no version bump).
+func TestAdaptLawSameAdvertisedLimitAfterRounding(t *testing.T) {
+	law, clock := adaptLaw{limit: 2, interval: time.Second}, clockwork.NewFakeClock()
+	adv := 100.0 / 60
+	s, changed := law.advertised(AdaptiveState{}, adv, clock.Now())
+	require.True(t, changed)
+	_, changed = law.advertised(thousandths(s), adv, clock.Now())
+	assert.False(t, changed)
+}
+
+// TestAdaptLawStoreClockStepsBack: a failover to a node whose clock is a
+// minute behind; refusals must still lower the rate, and increases still
+// come.
+func TestAdaptLawStoreClockStepsBack(t *testing.T) {
+	law, clock := adaptLaw{limit: 100, interval: time.Second}, clockwork.NewFakeClock()
+	s, _ := law.refused(AdaptiveState{}, clock.Now()) // 90
+	back := clock.Now().Add(-time.Minute)
+	s2, changed := law.refused(s, back)
+	require.True(t, changed)
+	assert.Less(t, s2.Rate, s.Rate, "a refusal lowers the rate though the store's clock stepped back")
+	_, due := law.increase(s, back)
+	assert.True(t, due, "and an interval without a refusal raises it")
+}
+
+// TestAdaptLawCeilingNotPinnedByConfiguredLimit: an instance configured at
+// 10 was refused; one configured at 1000 (a rolling deploy) must not be
+// held at 10, and the rate never exceeds the ceiling.
+func TestAdaptLawCeilingNotPinnedByConfiguredLimit(t *testing.T) {
+	old, neu := adaptLaw{limit: 10, interval: time.Second}, adaptLaw{limit: 1000, interval: time.Second}
+	clock := clockwork.NewFakeClock()
+	s, _ := old.refused(AdaptiveState{}, clock.Now())
+	assert.Zero(t, s.Ceiling, "a configured limit is not stored as the fleet's ceiling")
+	assert.InDelta(t, 1000, neu.ceiling(s), 1e-9)
+	clock.Advance(2 * time.Second)
+	s, _ = neu.refused(s, clock.Now())
+	assert.LessOrEqual(t, s.Rate, neu.ceiling(s))
+	assert.LessOrEqual(t, s.Rate, 9.0, "refused at 9, the rate does not go up to a floor of 50")
+}
+
+// TestAdaptLawAdvertisedFarBelowTheLimit: a provider that advertises 10
+// per second to a fleet configured at 1000 is followed to 10, not held
+// at the configured limit's floor (50).
+func TestAdaptLawAdvertisedFarBelowTheLimit(t *testing.T) {
+	law, clock := adaptLaw{limit: 1000, interval: time.Second}, clockwork.NewFakeClock()
+	s, _ := law.advertised(AdaptiveState{}, 10, clock.Now())
+	assert.InDelta(t, 10, s.Ceiling, 1e-9)
+	assert.InDelta(t, 10, s.Rate, 1e-9)
+	for range 5 {
+		clock.Advance(time.Second)
+		s, _ = law.refused(s, clock.Now())
+	}
+	assert.GreaterOrEqual(t, s.Rate, 1.0, "the floor is one permit per interval")
+	assert.LessOrEqual(t, s.Rate, 10.0)
+}
+
+// TestReportRefusalWithAdvertisedLimit: a 429 that advertises 30 (of a
+// configured 100) is measured against 30: the rate refused is 30, so a
+// second refusal there is a gentle decrease (27), not a full one (21).
+func TestReportRefusalWithAdvertisedLimit(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(100, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	lim := New(loc, WithClock(clock))
+	ctx := context.Background()
+	require.NoError(t, lim.Report(ctx, Answer{Refused: true, Limit: 30}))
+	s, _ := lim.AdaptiveState(ctx, "")
+	assert.InDelta(t, 30, s.Peak, 1e-9)
+	assert.InDelta(t, 27, s.Rate, 1e-9)
+}
+
+// TestReportRetryKeepsAdvertisedLimit: a retry time pauses, and the limit
+// advertised with it still lowers the ceiling; a retry time of zero names
+// no wait, so the refusal counts as one without a hint.
+func TestReportRetryKeepsAdvertisedLimit(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(100, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	lim := New(loc, WithClock(clock))
+	ctx := context.Background()
+	require.NoError(t, lim.Report(ctx, Answer{Refused: true, Retry: true, RetryAfter: time.Second, Limit: 5}))
+	s, _ := lim.AdaptiveState(ctx, "")
+	assert.InDelta(t, 5, s.Ceiling, 1e-9)
+
+	lim2 := New(loc, WithClock(clock))
+	require.NoError(t, lim2.Report(ctx, Answer{Refused: true, Retry: true, RetryAfter: 0}))
+	s, _ = lim2.AdaptiveState(ctx, "")
+	assert.True(t, s.Active(), "Retry-After: 0 paused nothing; the fleet must slow down")
+}
+
+// TestAdaptViewKeepsTheNewerState: a reply read earlier on the store's
+// clock (a background refresh) that lands after a newer one (this
+// process's own refusal) must not replace it while that is fresh.
+func TestAdaptViewKeepsTheNewerState(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	lim := New(loc, WithClock(clock))
+	a := lim.adapt
+	t0 := clock.Now()
+	a.note("k", AdaptiveState{Rate: 9, At: t0.Add(time.Millisecond)})
+	a.note("k", AdaptiveState{At: t0}) // the refresh's read, from before
+	v, _ := a.view("k")
+	assert.InDelta(t, 9, v.st.Rate, 1e-9)
+	clock.Advance(time.Second) // the newer view is stale now: anything goes
+	a.note("k", AdaptiveState{At: t0})
+	v, _ = a.view("k")
+	assert.False(t, v.st.Active())
+}
+
+// selfBoundedCtxBucket answers as a Redis bucket (which bounds its own
+// store calls, so the Limiter passes the caller's context as it is) whose
+// caller's context ends mid-call: a *BackendError wrapping the context's
+// error, once ctx is done.
+type selfBoundedCtxBucket struct{}
+
+func (selfBoundedCtxBucket) boundsStoreCalls() {}
+
+func (selfBoundedCtxBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
+	<-ctx.Done()
+	return Decision{}, &BackendError{Op: "take", Key: key, Err: ctx.Err()}
+}
+
+// TestAcquireDeadlineDuringBucketCallIsErrTimeout: the caller's deadline
+// passing while the bucket is asked is a wait that ran out, whatever the
+// bucket wraps: ErrTimeout and context.DeadlineExceeded, as Acquire's doc
+// says, for every failure policy (a CI run saw FailOpen return the
+// bucket's raw error).
+func TestAcquireDeadlineDuringBucketCallIsErrTimeout(t *testing.T) {
+	for _, p := range []FailurePolicy{FailLocal, FailClosed, FailOpen} {
+		lim := New(selfBoundedCtxBucket{}, WithFailurePolicy(p))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		err := lim.Acquire(ctx, Forever)
+		cancel()
+		assert.ErrorIs(t, err, ErrTimeout, "%v", p)
+		assert.ErrorIs(t, err, context.DeadlineExceeded, "%v", p)
+	}
+}
