@@ -121,12 +121,15 @@ func adaptState(nowUs int64, f []int64) throttle.AdaptiveState {
 	}
 }
 
-// milli is a rate in thousandths, rounded down (never faster than asked).
+// milli is a rate in thousandths, rounded down (never faster than asked),
+// as package throttle's law counts them: within a millionth of a
+// thousandth, so that a rate the law computed as 6.8599999… (0.98 of 7)
+// is kept as 6.860, the thousandth it means, and reads back as itself.
 func milli(v float64) int64 {
 	if v <= 0 || math.IsNaN(v) {
 		return 0
 	}
-	return int64(min(v*1000, 1<<53))
+	return int64(math.Floor(min(v*1000+1e-6, 1<<53)))
 }
 
 func micros(t time.Time) int64 {

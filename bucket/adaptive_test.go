@@ -134,3 +134,38 @@ func TestAdaptiveStoreErrors(t *testing.T) {
 		t.Errorf("Report on a dead server: %v, want a BackendError", err)
 	}
 }
+
+// TestAdaptivePaceRescalesAfterRateChange: a slot reserved at a hundredth
+// of a permit per interval (100 intervals ahead) no longer holds the key
+// once the rate is back up to 10: what is left of it is rescaled to the
+// new rate (adapt_pace.lua), on the stand-in as on Redis.
+func TestAdaptivePaceRescalesAfterRateChange(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b, err := NewGCRA(srv.Client(), "rescale", 10, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(rate float64) {
+		t.Helper()
+		old, _, err := b.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := b.SwapAdaptive(ctx, "", old, throttle.AdaptiveState{Rate: rate, Peak: rate}, time.Minute); err != nil || !ok {
+			t.Fatalf("SwapAdaptive: %v, %v", ok, err)
+		}
+	}
+	set(0.01)
+	if p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond); err != nil || !p.Granted {
+		t.Fatalf("first slot: %+v, %v", p, err)
+	}
+	if p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond); err != nil || p.Granted || p.Delay < 90*time.Second {
+		t.Fatalf("second slot at 0.01 per interval: %+v, %v; want refused for about 100s", p, err)
+	}
+	set(10)
+	p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond)
+	if err != nil || !p.Granted || p.Delay > 110*time.Millisecond {
+		t.Fatalf("at 10 per interval: %+v, %v; want granted within about 100ms (the slot left, rescaled)", p, err)
+	}
+}

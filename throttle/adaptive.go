@@ -65,10 +65,11 @@ import (
 type AdaptiveState struct {
 	// Rate is the rate grants are paced at; 0 when not adapting.
 	Rate float64
-	// Ceiling is a limit the provider advertised below the configured
-	// one: the highest Rate may reach. 0 when it advertised none: then
-	// each instance's configured limit is the ceiling (so that a limit
-	// raised in a rolling deploy is not held down by the old one).
+	// Ceiling is the limit the provider advertised last, per interval:
+	// the highest Rate may reach is the lower of it and each instance's
+	// configured limit. 0 when it advertised none: then the configured
+	// limit is the ceiling (so that a limit raised in a rolling deploy is
+	// not held down by the old one).
 	Ceiling float64
 	// Peak is the rate at the last decrease: increases approach it
 	// quickly, then probe beyond it.
@@ -136,10 +137,6 @@ const (
 	// adaptMinRate is the lowest ceiling an advertised limit sets, in
 	// permits per interval: the Redis buckets keep rates in thousandths.
 	adaptMinRate = 0.001
-	// adaptSlack is how far a stored rate may lie from the one the law
-	// computed: the Redis buckets round down to thousandths, and float
-	// arithmetic adds its own error.
-	adaptSlack = 0.002
 	// adaptMemory is how long a fleet remembers its adaptive rate without
 	// a change: after that, grants are no longer paced, and a provider
 	// that still refuses bursts teaches the fleet again.
@@ -154,10 +151,25 @@ type adaptLaw struct {
 }
 
 // floor is the lowest rate a decrease goes to under ceiling c: 5 % of it,
-// at least one permit per interval, never above c itself.
-func (a adaptLaw) floor(c float64) float64 { return min(c, max(1, adaptFloor*c)) }
+// at least one permit per interval when c allows one (a ceiling below
+// one permit per interval has a floor of 5 % of it), never below
+// adaptMinRate.
+func (a adaptLaw) floor(c float64) float64 {
+	if c >= 1 {
+		return max(1, adaptFloor*c)
+	}
+	return max(adaptMinRate, adaptFloor*c)
+}
 
-// ceiling is s's ceiling: the advertised one, or the configured limit.
+// milli is v in whole thousandths, rounded down within a millionth of
+// one, as the Redis buckets keep rates: comparisons of rates are made in
+// it, so that a rate read back from a store equals the one computed (the
+// small addition keeps 1.666, which is 1665.99… thousandths in floating
+// point, at 1666).
+func milli(v float64) int64 { return int64(math.Floor(v*1000 + 1e-6)) }
+
+// ceiling is s's ceiling: the advertised one, or the configured limit,
+// whichever is lower.
 func (a adaptLaw) ceiling(s AdaptiveState) float64 {
 	if s.Ceiling > 0 {
 		return min(s.Ceiling, a.limit)
@@ -170,20 +182,23 @@ func (a adaptLaw) ceiling(s AdaptiveState) float64 {
 // Peak a store kept may be rounded down from the rate refused.
 func (a adaptLaw) top(s AdaptiveState) float64 {
 	c := a.ceiling(s)
-	if s.Peak >= adaptTop*c-adaptSlack {
+	if milli(s.Peak) >= milli(adaptTop*c) {
 		return adaptTop * c
 	}
 	return c
 }
 
-// since is now - t, or, when t lies ahead of now (the store's clock
-// stepped back), an interval: the law goes on as if t were an interval
-// ago.
-func (a adaptLaw) since(now, t time.Time) time.Duration {
-	if t.After(now) {
-		return a.interval
+// clampFuture moves the times of s that lie ahead of now (the store's
+// clock stepped back) to one interval before now: the law goes on as if
+// they were an interval ago, once (the state stored next keeps the
+// clamped times).
+func (a adaptLaw) clampFuture(s AdaptiveState, now time.Time) AdaptiveState {
+	for _, t := range []*time.Time{&s.Decreased, &s.Increased, &s.Refused} {
+		if t.After(now) {
+			*t = now.Add(-a.interval)
+		}
 	}
-	return now.Sub(t)
+	return s
 }
 
 // refused applies a refusal without a retry hint at now. It reports false
@@ -191,8 +206,9 @@ func (a adaptLaw) since(now, t time.Time) time.Duration {
 // a decrease counts once, and only its time is noted (which delays the
 // next increase), at most ten times an interval.
 func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
-	if s.Active() && a.since(now, s.Decreased) < a.interval {
-		if a.since(now, s.Refused) < a.interval/10 {
+	s = a.clampFuture(s, now)
+	if s.Active() && now.Sub(s.Decreased) < a.interval {
+		if now.Sub(s.Refused) < a.interval/10 {
 			return s, false
 		}
 		s.Refused = now
@@ -223,6 +239,7 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 	if !s.Active() {
 		return s, false
 	}
+	s = a.clampFuture(s, now)
 	last := s.Decreased
 	for _, t := range []time.Time{s.Increased, s.Refused} {
 		if t.After(last) {
@@ -233,7 +250,7 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 	plateau := min(adaptPlateau*s.Peak, ceiling)
 	// A rate a store rounded down (thousandths, and float error) from the
 	// top is at it.
-	if a.since(now, last) < a.interval || s.Rate >= ceiling-adaptSlack {
+	if now.Sub(last) < a.interval || milli(s.Rate) >= milli(ceiling) {
 		return s, false
 	}
 	// A store may round the rates it keeps (the Redis buckets keep
@@ -242,7 +259,7 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 	if s.Rate < plateau-0.01 {
 		s.Rate = min(s.Rate+max(adaptApproach*(plateau-s.Rate), adaptProbe*a.limit), plateau)
 	} else {
-		if s.Rate < s.Peak && a.since(now, last) < adaptHold*a.interval {
+		if s.Rate < s.Peak && now.Sub(last) < adaptHold*a.interval {
 			return s, false // on the plateau: hold
 		}
 		step := max(s.Step, adaptProbe*a.limit)
@@ -255,28 +272,27 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 }
 
 // advertised applies a limit the provider advertised, already converted
-// to permits per interval of the bucket: it becomes the ceiling (never
-// above the configured limit, nor below adaptMinRate), and the rate and
-// the rate refused last no higher than it. An advertised limit at or
-// above the configured one restores the configured ceiling. It reports
-// false when nothing changed, allowing for the rounding of a store.
+// to permits per interval of the bucket (at least adaptMinRate): it is
+// stored as it is, and the ceiling is the lower of it and each instance's
+// configured limit (so that instances configured differently agree on
+// what they store). The rate, and the rate refused last, go no higher
+// than the ceiling: an advertised limit counts as one the fleet met, and
+// increases stop at 0.98 of it. It reports false when nothing changed, in
+// the store's thousandths.
 func (a adaptLaw) advertised(s AdaptiveState, limit float64, now time.Time) (AdaptiveState, bool) {
-	c := min(max(limit, adaptMinRate), a.limit)
-	stored := c // what s.Ceiling holds for it: 0 for the configured limit
-	if c >= a.limit {
-		stored = 0
-	}
+	adv := max(limit, adaptMinRate)
+	c := min(adv, a.limit)
 	if !s.Active() {
-		if stored == 0 {
+		if c >= a.limit {
 			return s, false // not adapting, and nothing to learn
 		}
 		s.Rate = c
 		s.Peak = c
 		s.Increased = now
-	} else if math.Abs(s.Ceiling-stored) <= adaptSlack && s.Rate <= c+adaptSlack {
+	} else if milli(s.Ceiling) == milli(adv) && milli(s.Rate) <= milli(c) && milli(s.Peak) <= milli(c) {
 		return s, false
 	}
-	s.Ceiling = stored
+	s.Ceiling = adv
 	s.Rate = min(s.Rate, c)
 	s.Peak = min(s.Peak, c)
 	return s, true

@@ -151,8 +151,8 @@ func TestAdaptLawCeiling(t *testing.T) {
 
 	s, changed = law.advertised(s, 500, clock.Now())
 	require.True(t, changed)
-	assert.Zero(t, s.Ceiling, "a higher advertised limit restores the configured ceiling")
-	assert.InDelta(t, 100, law.ceiling(s), 1e-9, "no higher")
+	assert.InDelta(t, 500, s.Ceiling, 1e-9, "the advertised limit is kept as it is")
+	assert.InDelta(t, 100, law.ceiling(s), 1e-9, "a higher advertised limit restores the configured ceiling, no higher")
 	assert.InDelta(t, 27, s.Rate, 1e-9, "the rate climbs back by increases, not at once")
 
 	s, _ = law.advertised(s, 0.01, clock.Now())
@@ -183,12 +183,12 @@ func TestAdaptLawRoundedRateReachesPlateau(t *testing.T) {
 	assert.Greater(t, s.Rate, 26.0, "after the hold on the plateau, the fleet probes beyond")
 }
 
-// TestAdaptLawRoundedTopIsTop: 0.98 of 40 is not a whole number of
-// thousandths; a rate rounded down from it is at the top, not a reason
-// for a store call every hold.
+// TestAdaptLawRoundedTopIsTop: 0.98 of 40 is 39.1999… in floating point;
+// kept in thousandths (39.200), it is at the top, not a reason for a store
+// call every hold.
 func TestAdaptLawRoundedTopIsTop(t *testing.T) {
 	law, clock := adaptLaw{limit: 40, interval: time.Second}, clockwork.NewFakeClock()
-	s := AdaptiveState{Rate: 39.199, Ceiling: 40, Peak: 40, Step: 1, Decreased: clock.Now()}
+	s := AdaptiveState{Rate: float64(milli(0.98*law.limit)) / 1000, Ceiling: 40, Peak: 40, Step: 1, Decreased: clock.Now()}
 	clock.Advance(time.Hour)
 	_, due := law.increase(s, clock.Now())
 	assert.False(t, due)

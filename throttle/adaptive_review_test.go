@@ -2,6 +2,8 @@ package throttle
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,9 +16,9 @@ import (
 // Acquire returns); each failed before its fix.
 
 // thousandths is what the Redis buckets keep of each rate: thousandths,
-// rounded down.
+// rounded down as milli does.
 func thousandths(s AdaptiveState) AdaptiveState {
-	r := func(v float64) float64 { return float64(int64(v*1000)) / 1000 }
+	r := func(v float64) float64 { return float64(milli(v)) / 1000 }
 	s.Rate, s.Ceiling, s.Peak, s.Step = r(s.Rate), r(s.Ceiling), r(s.Peak), r(s.Step)
 	return s
 }
@@ -28,15 +30,17 @@ func TestAdaptLawTopCapSurvivesRounding(t *testing.T) {
 	law, clock := adaptLaw{limit: 7, interval: time.Second}, clockwork.NewFakeClock()
 	top := adaptTop * law.limit // 6.8599999…
 	s := thousandths(AdaptiveState{Rate: 6.5, Peak: top, Step: 0.28, Decreased: clock.Now()})
-	require.Less(t, s.Peak, top, "the stored Peak is rounded down")
 	assert.InDelta(t, top, law.top(s), 1e-9)
+	truncated := s
+	truncated.Peak = 6.859 // what a plain truncation kept before
+	assert.InDelta(t, 7, law.top(truncated), 1e-9, "a Peak a thousandth below the top is below it")
 	for range 30 {
 		clock.Advance(time.Second)
 		if next, ok := law.increase(s, clock.Now()); ok {
 			s = thousandths(next)
 		}
 	}
-	assert.LessOrEqual(t, s.Rate, top, "increases stop at the top")
+	assert.LessOrEqual(t, milli(s.Rate), milli(top), "increases stop at the top")
 }
 
 // TestAdaptLawSameAdvertisedLimitAfterRounding: 100 per minute for a
@@ -177,4 +181,127 @@ func TestAcquireDeadlineDuringBucketCallIsErrTimeout(t *testing.T) {
 		assert.ErrorIs(t, err, ErrTimeout, "%v", p)
 		assert.ErrorIs(t, err, context.DeadlineExceeded, "%v", p)
 	}
+}
+
+// Second review.
+
+// TestAdaptLawTinyAdvertisedCeilingLifts: a ceiling of a thousandth of a
+// permit per interval is not "the configured limit" (stored as 0), and a
+// ceiling three times as high is a change.
+func TestAdaptLawTinyAdvertisedCeilingLifts(t *testing.T) {
+	law, clock := adaptLaw{limit: 10, interval: time.Second}, clockwork.NewFakeClock()
+	s, changed := law.advertised(AdaptiveState{}, 0.001, clock.Now())
+	require.True(t, changed)
+	s2, changed := law.advertised(s, 0.0029, clock.Now())
+	assert.True(t, changed, "0.0029 is not 0.001")
+	assert.InDelta(t, 0.0029, law.ceiling(s2), 1e-12)
+	s, changed = law.advertised(s, 10, clock.Now())
+	require.True(t, changed, "the configured limit advertised again lifts the ceiling")
+	assert.InDelta(t, 10, law.ceiling(s), 1e-9)
+	for range 10 {
+		clock.Advance(time.Second)
+		s, _ = law.increase(s, clock.Now())
+	}
+	assert.Greater(t, s.Rate, 1.0, "and the rate climbs back")
+}
+
+// TestAdaptLawClockBackIncreasesOnce: with the store's clock stepped back
+// behind the last refusal, one increase is due, not one per call.
+func TestAdaptLawClockBackIncreasesOnce(t *testing.T) {
+	law, clock := adaptLaw{limit: 100, interval: time.Second}, clockwork.NewFakeClock()
+	s, _ := law.refused(AdaptiveState{}, clock.Now().Add(time.Minute))
+	now := clock.Now()
+	s, due := law.increase(s, now)
+	require.True(t, due)
+	_, due = law.increase(s, now.Add(time.Millisecond))
+	assert.False(t, due, "the next increase waits an interval")
+}
+
+// TestMemPaceRescalesSlotsAfterRateChange: a slot reserved at a thousandth
+// of a permit per interval does not hold the key for a thousand intervals
+// once the rate is back up.
+func TestMemPaceRescalesSlotsAfterRateChange(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	m := &memAdaptive{clock: clock, keys: map[string]*memAdaptiveKey{}}
+	ctx := context.Background()
+	set := func(rate float64) {
+		old, _, _ := m.SwapAdaptive(ctx, "k", AdaptiveState{Version: -1}, AdaptiveState{}, 0)
+		_, ok, _ := m.SwapAdaptive(ctx, "k", old, AdaptiveState{Rate: rate}, time.Hour)
+		require.True(t, ok)
+	}
+	set(0.001)
+	p, err := m.PaceAdaptive(ctx, "k", 1, time.Second, 250*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, p.Granted)
+	set(10)
+	p, err = m.PaceAdaptive(ctx, "k", 1, time.Second, 250*time.Millisecond)
+	require.NoError(t, err)
+	assert.True(t, p.Granted, "the slot left is rescaled: %v at 10 per interval", p.Delay)
+	assert.LessOrEqual(t, p.Delay, 100*time.Millisecond)
+}
+
+// TestAdaptViewLaterVersionWins: a state of a later version replaces the
+// view even when the store's clock says it was read earlier (the clock
+// stepped back between two reads).
+func TestAdaptViewLaterVersionWins(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	a := New(loc, WithClock(clock)).adapt
+	t0 := clock.Now()
+	a.note("k", AdaptiveState{At: t0.Add(time.Minute), Version: 0})
+	a.note("k", AdaptiveState{Rate: 9, At: t0, Version: 1})
+	v, _ := a.view("k")
+	assert.InDelta(t, 9, v.st.Rate, 1e-9)
+}
+
+// failingAdaptive is a Pauser and AdaptiveStore whose store calls fail,
+// and whose pace blocks until the caller's context ends.
+type failingAdaptive struct {
+	*Local
+	paused atomic.Bool
+}
+
+func (f *failingAdaptive) boundsStoreCalls() {}
+func (f *failingAdaptive) Fallback() (int64, time.Duration, int64) {
+	return 10, time.Second, 1
+}
+func (f *failingAdaptive) Pause(context.Context, string, time.Duration) error {
+	f.paused.Store(true)
+	return nil
+}
+func (f *failingAdaptive) SwapAdaptive(context.Context, string, AdaptiveState, AdaptiveState, time.Duration) (AdaptiveState, bool, error) {
+	return AdaptiveState{}, false, errors.New("READONLY")
+}
+func (f *failingAdaptive) PaceAdaptive(ctx context.Context, _ string, _ int64, _, _ time.Duration) (AdaptivePace, error) {
+	<-ctx.Done()
+	return AdaptivePace{}, &BackendError{Op: "pace", Err: ctx.Err()}
+}
+
+// TestReportPausesEvenWhenAdaptingFails: a retry time pauses the bucket
+// first; a store error while applying the advertised limit is returned
+// but does not skip the pause.
+func TestReportPausesEvenWhenAdaptingFails(t *testing.T) {
+	loc, err := NewLocal(10, time.Second)
+	require.NoError(t, err)
+	f := &failingAdaptive{Local: loc}
+	lim := New(f)
+	err = lim.Report(context.Background(), Answer{Refused: true, Retry: true, RetryAfter: 5 * time.Second, Limit: 5})
+	assert.Error(t, err, "the store's error")
+	assert.True(t, f.paused.Load(), "the hint paused the bucket anyway")
+}
+
+// TestAcquireDeadlineDuringPacingIsErrTimeout: as for a bucket call, the
+// caller's deadline passing while the adaptive pace is asked is
+// ErrTimeout and DeadlineExceeded.
+func TestAcquireDeadlineDuringPacingIsErrTimeout(t *testing.T) {
+	loc, err := NewLocal(10, time.Second)
+	require.NoError(t, err)
+	lim := New(&failingAdaptive{Local: loc})
+	lim.adapt.note("", AdaptiveState{Rate: 5, At: time.Now()}) // adapting, as a refusal left it
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err = lim.Acquire(ctx, Forever)
+	assert.ErrorIs(t, err, ErrTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }

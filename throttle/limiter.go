@@ -247,7 +247,7 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 			continue
 		}
 		if err != nil {
-			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ErrTimeout) {
+			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ErrTimeout) && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrExceedsLimit) {
 				if errors.Is(ctxErr, context.DeadlineExceeded) {
 					// The deadline ran out while the bucket was asked
 					// (its error may wrap the deadline or not): a wait

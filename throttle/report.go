@@ -200,17 +200,19 @@ func (a *adapter) view(key string) (adaptView, bool) {
 }
 
 // note records s as key's state seen now, unless the view holds a state
-// read later on the store's clock that is still fresh: replies of
-// concurrent store calls (a background refresh, a swap) may land out of
-// order, and the older must not undo the newer (a refusal's decrease
-// replaced by a read from before it would stop the pacing).
+// read later on the store's clock, of the same version or a later one,
+// that is still fresh: replies of concurrent store calls (a background
+// refresh, a swap) may land out of order, and the older must not undo the
+// newer (a refusal's decrease replaced by a read from before it would stop
+// the pacing). A later version always wins, so that a store clock that
+// stepped back cannot hide a change.
 func (a *adapter) note(key string, s AdaptiveState) {
 	e := a.entry(key)
 	now := a.lim.cfg.clock.Now()
 	nv := &adaptView{st: s, seen: now}
 	for {
 		cur := e.v.Load()
-		if cur != nil && s.At.Before(cur.st.At) && now.Sub(cur.seen) < a.law.interval {
+		if cur != nil && s.At.Before(cur.st.At) && s.Version <= cur.st.Version && now.Sub(cur.seen) < a.law.interval {
 			return
 		}
 		if e.v.CompareAndSwap(cur, nv) {
@@ -280,33 +282,32 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 	// The adaptation matters beyond this call: do not let its
 	// cancellation skip it.
 	ctx = context.WithoutCancel(ctx)
+	hint := ans.Retry && ans.RetryAfter > 0
+	var errs []error
+	if p, ok := l.bucket.(Pauser); ok && hint {
+		// A hint beats inference: pause first, and leave the rate alone.
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		errs = append(errs, p.Pause(pctx, key, min(ans.RetryAfter, maxAnswerPause)))
+		cancel()
+	}
 	a := l.adapt
-	adapting := a != nil && a.ok
-	if ans.Limit > 0 && adapting {
+	if a == nil || !a.ok {
+		return errors.Join(errs...)
+	}
+	if ans.Limit > 0 {
 		adv := float64(ans.Limit)
 		if ans.Window > 0 {
 			adv = adv * float64(a.law.interval) / float64(ans.Window)
 		}
-		if err := a.update(ctx, key, func(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
+		errs = append(errs, a.update(ctx, key, func(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
 			return a.law.advertised(s, adv, now)
-		}); err != nil {
-			return err
-		}
+		}))
 	}
-	if ans.Retry && ans.RetryAfter > 0 {
-		// A hint beats inference: pause, and leave the rate alone.
-		p, ok := l.bucket.(Pauser)
-		if !ok {
-			return nil
-		}
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		return p.Pause(pctx, key, min(ans.RetryAfter, maxAnswerPause))
+	if ans.Refused && !hint {
+		// After the advertised limit: the refusal is measured against it.
+		errs = append(errs, a.update(ctx, key, a.law.refused))
 	}
-	if ans.Refused && adapting {
-		return a.update(ctx, key, a.law.refused)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // paceHorizon is how far ahead, as a share of the interval, a caller may
@@ -347,6 +348,11 @@ func (a *adapter) pace(ctx context.Context, key string, n int64, left time.Durat
 		p, err := a.store.PaceAdaptive(sctx, key, n, a.law.interval, horizon)
 		cancel()
 		if err != nil {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The caller's wait ran out while the store was asked:
+				// ErrTimeout, as from a bucket call (see wait).
+				return true, fmt.Errorf("%w (adaptive pacing: %v)", tb.err(0), err)
+			}
 			if ctx.Err() != nil {
 				return true, waitErr(ctx)
 			}
@@ -438,6 +444,7 @@ type memAdaptive struct {
 type memAdaptiveKey struct {
 	st      AdaptiveState
 	tat     time.Time // next free slot
+	tatRate float64   // the rate the slots up to tat were reserved at
 	expires time.Time
 	version int64 // survives expiry, so a stale swap fails
 }
@@ -473,16 +480,30 @@ func (m *memAdaptive) pace(key string, n int64, interval, horizon time.Duration,
 	if !st.Active() {
 		return AdaptivePace{Granted: true, State: st}, nil
 	}
-	em := time.Duration(float64(interval) / st.Rate)
 	if k.tat.Before(now) {
 		k.tat = now
+	} else if k.tatRate > 0 && k.tatRate != st.Rate {
+		// The slots ahead were reserved at another rate: what is left of
+		// them takes as long at this one (as adapt_pace.lua does).
+		k.tat = now.Add(durationOf(float64(k.tat.Sub(now)) * k.tatRate / st.Rate))
 	}
 	wait := k.tat.Sub(now)
 	if wait > horizon {
 		return AdaptivePace{Delay: wait, State: st}, nil
 	}
-	k.tat = k.tat.Add(time.Duration(n) * em)
+	k.tat = k.tat.Add(durationOf(float64(n) * float64(interval) / st.Rate))
+	k.tatRate = st.Rate
 	return AdaptivePace{Granted: true, Delay: wait, State: st}, nil
+}
+
+// durationOf is ns as a Duration, saturating at a century rather than
+// overflowing (n slots at a rate of a thousandth of a permit per hour).
+func durationOf(ns float64) time.Duration {
+	const most = 100 * 365 * 24 * time.Hour
+	if !(ns < float64(most)) {
+		return most
+	}
+	return time.Duration(ns)
 }
 
 // SwapAdaptive implements [AdaptiveStore].
