@@ -59,7 +59,7 @@ func newInstance(c loadConfig, i int, hook redis.Hook) (*instance, error) {
 	case "fixedwindow":
 		b, err = bucket.NewFixedWindow(rdb, c.Key, c.Limit, c.Interval)
 	case "slidinglog":
-		b, err = bucket.NewSlidingLog(rdb, c.Key, []throttle.Tier{{Limit: c.Limit, Period: c.Interval}})
+		b, err = bucket.NewSlidingLog(rdb, c.Key, []throttle.Tier{{Limit: c.Limit, Period: c.Interval}}, bucket.WithArrivalMargin(c.ArrivalMargin))
 	case "gcra":
 		b, err = bucket.NewGCRA(rdb, c.Key, c.Limit, c.Interval, bucket.WithBurst(c.Burst))
 	case "counter":
@@ -102,7 +102,7 @@ func (in *instance) wrap(c loadConfig, b throttle.Bucket) error {
 		}
 		b = s
 	}
-	in.lim = throttle.New(timedBucket{b})
+	in.lim = throttle.New(timedBucket{b}, throttle.WithFailurePolicy(failurePolicies[c.Fail]))
 	return nil
 }
 

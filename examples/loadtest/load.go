@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/headway-go/headway/internal/guarantee"
+	"github.com/headway-go/headway/internal/provider"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -58,6 +60,45 @@ type loadConfig struct {
 	// Ramp starts the workers evenly spread over this time instead of all
 	// at once (0). Measurements still start with the first worker.
 	Ramp time.Duration
+
+	// Provider, when set, starts a counting provider on 127.0.0.1 that
+	// enforces the run's limit per interval the way it names (one of
+	// providers) and sends it one GET after each grant, as Target does
+	// (the two exclude each other). It counts by arrival time, apart from
+	// the harness's own records: its 429s are calls a provider with that
+	// limit refused.
+	Provider string
+	// ArrivalMargin is bucket.WithArrivalMargin for the slidinglog bucket.
+	ArrivalMargin time.Duration
+	// PauseAt and PauseFor stop the run's Redis (SIGSTOP) PauseAt after
+	// the start, for PauseFor (0: no pause). Only a server the run
+	// started itself can be paused: run sets pauser.
+	PauseAt, PauseFor time.Duration
+	pauser            pauser
+	// Fail is each Limiter's failure policy: local (the default), closed
+	// or open.
+	Fail string
+}
+
+// failurePolicies names the failure policies Fail may give.
+var failurePolicies = map[string]throttle.FailurePolicy{
+	"":       throttle.FailLocal,
+	"local":  throttle.FailLocal,
+	"closed": throttle.FailClosed,
+	"open":   throttle.FailOpen,
+}
+
+// pauser stops and resumes a Redis server (internal/redisenv.Server).
+type pauser interface {
+	Pause() error
+	Resume() error
+}
+
+// providers names the policies of Provider, as internal/provider has them.
+var providers = map[string]provider.Policy{
+	"sliding": provider.Sliding,
+	"periods": provider.Periods,
+	"aligned": provider.Aligned,
 }
 
 // loadResult is what a run measured. Its JSON form is the -json output.
@@ -126,6 +167,21 @@ type loadResult struct {
 	TargetOK     int64 `json:"target_ok,omitempty"`
 	Target429    int64 `json:"target_429,omitempty"`
 	TargetErrors int64 `json:"target_errors,omitempty"`
+
+	// What the counting provider (-provider) saw, by arrival time:
+	// requests it accepted and refused (429), the most that arrived in any
+	// span of one interval, and the arrivals per interval from the first.
+	Provider            string  `json:"provider,omitempty"`
+	ProviderAccepted    int     `json:"provider_accepted,omitempty"`
+	ProviderRefused     int     `json:"provider_refused,omitempty"`
+	ProviderWorst       int     `json:"provider_worst_interval,omitempty"`
+	ProviderPerInterval []int   `json:"provider_per_interval,omitempty"`
+	ArrivalMarginMs     float64 `json:"arrival_margin_ms,omitempty"`
+	// PausedAtS and PausedForS: when the run's Redis was stopped, from
+	// the start, and for how long (0: no pause).
+	PausedAtS  float64 `json:"paused_at_s,omitempty"`
+	PausedForS float64 `json:"paused_for_s,omitempty"`
+	Fail       string  `json:"failure_policy"`
 }
 
 // check validates c and fills in its defaults.
@@ -161,6 +217,22 @@ func (c *loadConfig) check() error {
 		return fmt.Errorf("skew = %v: must be 0 (even) or in (0, 1)", c.Skew)
 	case c.Skew > 0 && c.Instances < 2:
 		return fmt.Errorf("skew = %v: needs at least 2 instances", c.Skew)
+	case c.Provider != "" && !slices.Contains(slices.Collect(maps.Keys(providers)), c.Provider):
+		return fmt.Errorf("provider = %q: must be sliding, periods or aligned", c.Provider)
+	case c.Provider != "" && c.Target != "":
+		return fmt.Errorf("provider = %q and target = %q: give one of them", c.Provider, c.Target)
+	case !slices.Contains(slices.Collect(maps.Keys(failurePolicies)), c.Fail):
+		return fmt.Errorf("fail = %q: must be local, closed or open", c.Fail)
+	case c.ArrivalMargin < 0:
+		return fmt.Errorf("arrival-margin = %v: must not be negative", c.ArrivalMargin)
+	case c.ArrivalMargin > 0 && c.Bucket != "slidinglog":
+		return fmt.Errorf("arrival-margin = %v: only the slidinglog bucket keeps one", c.ArrivalMargin)
+	case c.PauseAt < 0 || c.PauseFor < 0:
+		return fmt.Errorf("pause-at = %v, pause-for = %v: must not be negative", c.PauseAt, c.PauseFor)
+	case c.PauseFor > 0 && c.Bucket == "local":
+		return fmt.Errorf("pause-for = %v: the local bucket has no Redis to pause", c.PauseFor)
+	case c.PauseFor > 0 && c.PauseAt+c.PauseFor >= c.Duration:
+		return fmt.Errorf("pause-at = %v, pause-for = %v: the pause must end before the run does (duration %v)", c.PauseAt, c.PauseFor, c.Duration)
 	}
 	if c.Skew > 0 && c.Demand == 0 {
 		c.Demand = 2
@@ -224,11 +296,28 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	hook.cmds.Store(0)
 	hook.trips.Store(0)
 
+	var prov *provider.Provider
+	if c.Provider != "" {
+		p, err := provider.Start(provider.Config{Limit: c.Limit, Interval: c.Interval, Policy: providers[c.Provider]})
+		if err != nil {
+			return loadResult{}, err
+		}
+		defer p.Close()
+		prov, c.Target = p, p.URL()
+	}
 	var httpc *http.Client
 	if c.Target != "" {
 		tr := &http.Transport{MaxIdleConnsPerHost: min(c.Instances*c.Workers, 1024)}
 		defer tr.CloseIdleConnections()
 		httpc = &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		if prov != nil {
+			// Open the connections the workers will use before the
+			// clock starts, as a long-running fleet has them: a dial
+			// delays the first calls, which would bunch up the
+			// provider's first window with the next period's calls.
+			// Its health path is not counted.
+			warmHTTP(ctx, httpc, prov.URL()+provider.HealthPath, min(c.Instances*c.Workers, 1024))
+		}
 	}
 
 	// Resetters run for as long as the workers, and a little before.
@@ -288,9 +377,29 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 			})
 		}
 	}
+	var pausedAt, pausedFor time.Duration
+	faultDone := make(chan struct{})
+	go func() {
+		defer close(faultDone)
+		if c.PauseFor <= 0 || c.pauser == nil || !sleepCtx(run, c.PauseAt) {
+			return
+		}
+		at := time.Since(start)
+		if err := c.pauser.Pause(); err != nil {
+			t.firstErr.Do(func() { t.firstError = "pausing redis: " + err.Error() })
+			return
+		}
+		sleepCtx(run, c.PauseFor) // resumes early if the run ends first
+		if err := c.pauser.Resume(); err != nil {
+			t.firstErr.Do(func() { t.firstError = "resuming redis: " + err.Error() })
+		}
+		pausedAt, pausedFor = at, time.Since(start)-at
+	}()
 	wg.Wait()
 	elapsed := time.Since(start)
 	cmds := hook.cmds.Load()
+	cancel()
+	<-faultDone
 
 	times := rec.Times()
 	slices.Sort(lates)
@@ -339,6 +448,25 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	}
 	if len(waits) > 0 {
 		res.AcquireMaxUs = micros(waits[len(waits)-1])
+	}
+	res.PausedAtS, res.PausedForS = pausedAt.Seconds(), pausedFor.Seconds()
+	res.Fail = failurePolicies[c.Fail].String()
+	res.ArrivalMarginMs = millis(c.ArrivalMargin)
+	if prov != nil {
+		accepted, refused := prov.Arrivals(), prov.Refusals()
+		all := slices.SortedFunc(slices.Values(slices.Concat(accepted, refused)), time.Time.Compare)
+		res.Provider = providers[c.Provider].String()
+		res.ProviderAccepted, res.ProviderRefused = len(accepted), len(refused)
+		res.ProviderWorst = maxIn(all, c.Interval)
+		if len(all) > 0 {
+			for _, a := range all {
+				i := int(a.Sub(all[0]) / c.Interval)
+				for len(res.ProviderPerInterval) <= i {
+					res.ProviderPerInterval = append(res.ProviderPerInterval, 0)
+				}
+				res.ProviderPerInterval[i]++
+			}
+		}
 	}
 	for _, in := range fleet {
 		res.InstanceWorkers = append(res.InstanceWorkers, in.workers)
@@ -416,6 +544,25 @@ func lateness(begin, since, now time.Time) (late time.Duration, ok bool) {
 		return 0, false
 	}
 	return now.Sub(since), true
+}
+
+// warmHTTP opens n connections to url's host at once (n concurrent GETs
+// of url), and leaves them idle in httpc's pool.
+func warmHTTP(ctx context.Context, httpc *http.Client, url string, n int) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return
+			}
+			if resp, err := httpc.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // call sends one GET to the target, as a worker would call its provider.

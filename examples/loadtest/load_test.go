@@ -135,6 +135,14 @@ func TestConfigRefused(t *testing.T) {
 		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Skew: 0.9},
 		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 2, Workers: 1, Duration: time.Second, Skew: 1},
 		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 2, Workers: 1, Duration: time.Second, Demand: -1},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Provider: "leaky"},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Provider: "sliding", Target: "http://127.0.0.1:1/"},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, ArrivalMargin: time.Millisecond},
+		{Bucket: "slidinglog", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Redis: "127.0.0.1:1", ArrivalMargin: -time.Millisecond},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, PauseFor: time.Millisecond},
+		{Bucket: "gcra", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Redis: "127.0.0.1:1", PauseAt: 600 * time.Millisecond, PauseFor: 400 * time.Millisecond},
+		{Bucket: "gcra", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Redis: "127.0.0.1:1", PauseAt: -time.Millisecond},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Fail: "sometimes"},
 	} {
 		_, err := runLoad(context.Background(), c)
 		assert.Error(t, err, "%+v", c)
@@ -241,8 +249,38 @@ func TestLatenessIgnoresDegradedGrants(t *testing.T) {
 // TestCommandLine checks the conventions every example tool keeps (see
 // internal/cli): usage on -h; exit 2 with one line for bad usage, before
 // any redis-server starts; the summary on SIGTERM.
+// TestRunLoadProviderAndPause: the counting provider sees every call the
+// grants were for, by arrival time, and the run's own Redis is stopped and
+// resumed in the middle of it, the failure policy deciding meanwhile.
+func TestRunLoadProviderAndPause(t *testing.T) {
+	srv := redisenv.New(t)
+	c := smallRun("tokenbucket", srv.Addr())
+	c.Duration = 1500 * time.Millisecond
+	c.Provider = "periods"
+	c.PauseAt, c.PauseFor = 500*time.Millisecond, 300*time.Millisecond
+	c.pauser = srv
+	res, err := runLoad(context.Background(), c)
+	require.NoError(t, err)
+	t.Logf("provider: %d accepted, %d refused, worst %d, per interval %v; paused at %.2fs for %.2fs; %d degraded grants",
+		res.ProviderAccepted, res.ProviderRefused, res.ProviderWorst, res.ProviderPerInterval, res.PausedAtS, res.PausedForS, res.DegradedGrants)
+	assert.Equal(t, res.Grants, res.ProviderAccepted+res.ProviderRefused, "one call per grant, each counted at the provider")
+	assert.Equal(t, int64(res.ProviderRefused), res.Target429)
+	sum := 0
+	for _, n := range res.ProviderPerInterval {
+		sum += n
+	}
+	assert.Equal(t, res.Grants, sum)
+	assert.GreaterOrEqual(t, res.ProviderWorst, 1)
+	assert.InDelta(t, 0.5, res.PausedAtS, 0.1)
+	assert.GreaterOrEqual(t, res.PausedForS, 0.3)
+	assert.Positive(t, res.DegradedGrants, "the failure policy granted while Redis was stopped")
+	_, err = srv.Client().Ping(context.Background()).Result()
+	assert.NoError(t, err, "Redis answers again after the run")
+}
+
 func TestCommandLine(t *testing.T) {
-	cli.Check(t, command, append(cli.Conventions("loadtest", "-bucket=nonsense", "-limit=0", "-skew=2", "-tolerance=soon"),
+	cli.Check(t, command, append(cli.Conventions("loadtest", "-bucket=nonsense", "-limit=0", "-skew=2", "-tolerance=soon", "-provider=leaky", "-arrival-margin=5ms"),
+		cli.Case{Name: "pause with -redis", Args: []string{"-pause-for", "1s", "-redis", "127.0.0.1:1"}, Code: cli.ExitUsage, Stderr: "only a redis-server the run starts itself can be paused"},
 		cli.Case{Name: "ok", Args: []string{"-bucket", "local", "-duration", "300ms", "-limit", "50", "-interval", "100ms"}, Code: cli.ExitOK, Stdout: "grants"},
 	))
 	cli.Terminate(t, command, []string{"-bucket", "local", "-duration", "1m", "-limit", "50", "-interval", "100ms"}, "bucket local is in memory", "grants", cli.ExitOK)

@@ -54,9 +54,30 @@
 // least tolerance under which the grants would pass. A violation at the
 // measured tolerance is a real one.
 //
+// What a provider sees, and faults:
+//
+//   - -provider sliding|periods|aligned starts a counting provider on
+//     127.0.0.1 that enforces the run's limit per interval that way (a
+//     sliding window; an on-demand token bucket's periods; fixed windows
+//     on the clock) and sends it one GET after each grant. It counts by
+//     arrival time, apart from the harness's own records: its 429s are
+//     calls a provider with that limit refused.
+//
+//   - -arrival-margin d (slidinglog) keeps every window d longer
+//     (bucket.WithArrivalMargin), for a provider counting arrivals that
+//     come up to d late.
+//
+//   - -pause-at t -pause-for d stops the run's own redis-server (SIGSTOP)
+//     at t for d: the failure policy (-fail local, closed or open)
+//     decides meanwhile.
+//
+//     go run ./examples/loadtest -bucket tokenbucket -limit 500 -instances 4 \
+//     -workers 16 -duration 10s -provider periods -pause-at 3s -pause-for 2s
+//
 // With -json the last line of standard output is one JSON object; otherwise
-// a readable summary. The exit status is 1 when the guarantee was broken,
-// 2 on any other failure.
+// a readable summary. The exit status is 1 when the guarantee was broken or
+// the provider refused a call (the limit was broken where it counts), 2 on
+// any other failure (usage, setup).
 package main
 
 import (
@@ -105,9 +126,17 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&c.Demand, "demand", 0, "pace the fleet's asks at this multiple of the limit (0: closed loop, every worker asks again at once)")
 	fs.Float64Var(&c.Skew, "skew", 0, "give instance 0 this share (0 to 1) of all workers and of the demand; the rest is split evenly (sets -demand 2 if not given)")
 	fs.DurationVar(&c.Ramp, "ramp", 0, "start the workers spread evenly over this time instead of all at once")
+	fs.StringVar(&c.Provider, "provider", "", "start a counting provider on 127.0.0.1 that enforces the limit per interval as sliding, periods (an on-demand token bucket's guarantee) or aligned (fixed windows), and GET it once after each grant; its 429s are calls it refused")
+	fs.DurationVar(&c.ArrivalMargin, "arrival-margin", 0, "slidinglog: keep every window this much longer (bucket.WithArrivalMargin), so that a provider counting arrivals that come up to this late sees at most the limit")
+	fs.DurationVar(&c.PauseAt, "pause-at", 0, "with -pause-for: when to stop the run's own redis-server (SIGSTOP), from the start")
+	fs.DurationVar(&c.PauseFor, "pause-for", 0, "stop the run's own redis-server this long (0: no pause); not with -redis")
+	fs.StringVar(&c.Fail, "fail", "local", "the Limiters' failure policy while Redis fails: local (each instance its share), closed (refuse) or open (grant)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object on the last line instead of a summary")
 	validate := func() error {
 		cc := c // check fills in defaults; run checks its own copy again
+		if cc.PauseFor > 0 && cc.Redis != "" {
+			return fmt.Errorf("pause-for = %v: only a redis-server the run starts itself can be paused; drop -redis", cc.PauseFor)
+		}
 		if cc.Redis == "" {
 			cc.Redis = "127.0.0.1:6379" // run starts one; only its presence is checked here
 		}
@@ -158,7 +187,7 @@ func run(ctx context.Context, c loadConfig, asJSON bool, stdout, stderr io.Write
 				return cli.Usagef("%w", err)
 			}
 			defer srv.Close()
-			c.Redis, redisKind = srv.Addr(), srv.Kind()
+			c.Redis, redisKind, c.pauser = srv.Addr(), srv.Kind(), srv
 			if srv.Real() {
 				fmt.Fprintf(stderr, "loadtest: started %s on %s for this run (pass -redis to use your own)\n", srv.Kind(), srv.Addr())
 			} else {
@@ -185,6 +214,9 @@ func run(ctx context.Context, c loadConfig, asJSON bool, stdout, stderr io.Write
 	}
 	if res.Violations > 0 {
 		return cli.Failedf("%w", errBroken{res.Violations})
+	}
+	if res.ProviderRefused > 0 {
+		return cli.Failedf("the provider (%s, %d per %v) refused %d calls: it saw more than the limit", res.Provider, res.Limit, c.Interval, res.ProviderRefused)
 	}
 	return nil
 }
@@ -229,6 +261,17 @@ func summarize(w io.Writer, r loadResult) {
 	fmt.Fprintln(w)
 	if r.TargetOK+r.Target429+r.TargetErrors > 0 {
 		fmt.Fprintf(w, "  target       %d ok, %d 429, %d errors\n", r.TargetOK, r.Target429, r.TargetErrors)
+	}
+	if r.PausedForS > 0 {
+		fmt.Fprintf(w, "  fault        redis stopped (SIGSTOP) at %.2fs for %.2fs; failure policy %s: %d grants it decided\n", r.PausedAtS, r.PausedForS, r.Fail, r.DegradedGrants)
+	}
+	if r.Provider != "" {
+		margin := ""
+		if r.ArrivalMarginMs > 0 {
+			margin = fmt.Sprintf(", arrival margin %.1fms", r.ArrivalMarginMs)
+		}
+		fmt.Fprintf(w, "  provider     %s: %d accepted, %d refused; most arrivals in any interval %d (limit %d)%s\n               arrivals per interval from the first: %v\n",
+			r.Provider, r.ProviderAccepted, r.ProviderRefused, r.ProviderWorst, r.Limit, margin, r.ProviderPerInterval)
 	}
 }
 

@@ -386,3 +386,10 @@ func (m *periodsMeter) admit(t, limit, gap int64) bool {
 }
 
 func (m *periodsMeter) at(s []int64, i int64) int64 { return s[i-m.base] }
+
+// Refusals returns the arrival times of refused requests, in order.
+func (p *Provider) Refusals() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.refusals)
+}
