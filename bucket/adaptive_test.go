@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -167,5 +168,61 @@ func TestAdaptivePaceRescalesAfterRateChange(t *testing.T) {
 	p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond)
 	if err != nil || !p.Granted || p.Delay > 110*time.Millisecond {
 		t.Fatalf("at 10 per interval: %+v, %v; want granted within about 100ms (the slot left, rescaled)", p, err)
+	}
+}
+
+// TestAdaptivePaceIncreaseKeepsReservedSlotsApart: slots reserved at 40
+// per interval keep their times when the rate goes to 80; the next comes
+// one new spacing (12.5 ms) after the last reserved, on the server's
+// clock. The next-slot key stays a plain integer, as scripts before the
+// rescale read it (a rolling deploy).
+func TestAdaptivePaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b, err := NewGCRA(srv.Client(), "apart", 100, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(rate float64) {
+		t.Helper()
+		old, _, err := b.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := b.SwapAdaptive(ctx, "", old, throttle.AdaptiveState{Rate: rate, Peak: rate}, time.Minute); err != nil || !ok {
+			t.Fatalf("SwapAdaptive: %v, %v", ok, err)
+		}
+	}
+	set(40)
+	var last time.Time
+	for range 100 {
+		p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !p.Granted {
+			break
+		}
+		last = p.State.At.Add(p.Delay)
+	}
+	set(80)
+	p, err := b.PaceAdaptive(ctx, "", 1, time.Second, time.Second)
+	if err != nil || !p.Granted {
+		t.Fatalf("at 80: %+v, %v", p, err)
+	}
+	gap := p.State.At.Add(p.Delay).Sub(last)
+	if gap < time.Second/80-time.Microsecond || gap > time.Second/80+time.Millisecond {
+		t.Errorf("the first slot at 80 per interval comes %v after the last reserved at 40, want %v", gap, time.Second/80)
+	}
+	keys, err := b.adaptKeys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := srv.Client().Get(ctx, keys[1]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := strconv.ParseInt(raw, 10, 64); err != nil {
+		t.Errorf("next-slot key %q = %q: want a plain integer", keys[1], raw)
 	}
 }

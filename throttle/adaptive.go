@@ -166,7 +166,14 @@ func (a adaptLaw) floor(c float64) float64 {
 // it, so that a rate read back from a store equals the one computed (the
 // small addition keeps 1.666, which is 1665.99… thousandths in floating
 // point, at 1666).
-func milli(v float64) int64 { return int64(math.Floor(v*1000 + 1e-6)) }
+// Like the bucket's, it is 0 for a rate that is not positive and caps at
+// 2^53 thousandths.
+func milli(v float64) int64 {
+	if !(v > 0) {
+		return 0
+	}
+	return int64(math.Floor(min(v*1000+1e-6, 1<<53)))
+}
 
 // ceiling is s's ceiling: the advertised one, or the configured limit,
 // whichever is lower.
@@ -190,23 +197,29 @@ func (a adaptLaw) top(s AdaptiveState) float64 {
 
 // clampFuture moves the times of s that lie ahead of now (the store's
 // clock stepped back) to one interval before now: the law goes on as if
-// they were an interval ago, once (the state stored next keeps the
-// clamped times).
-func (a adaptLaw) clampFuture(s AdaptiveState, now time.Time) AdaptiveState {
+// they were an interval ago, once. It reports whether it moved any: the
+// caller must then store s, so that the next call does not clamp again.
+func (a adaptLaw) clampFuture(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
+	moved := false
 	for _, t := range []*time.Time{&s.Decreased, &s.Increased, &s.Refused} {
 		if t.After(now) {
-			*t = now.Add(-a.interval)
+			*t, moved = now.Add(-a.interval), true
 		}
 	}
-	return s
+	return s, moved
 }
+
+// stepBase is what the approach and probe steps are shares of: the lower
+// of the configured limit and the ceiling (an advertised limit far below
+// the configured one gets steps to its own scale).
+func (a adaptLaw) stepBase(s AdaptiveState) float64 { return min(a.limit, a.ceiling(s)) }
 
 // refused applies a refusal without a retry hint at now. It reports false
 // when nothing changed worth storing: a refusal within the interval after
 // a decrease counts once, and only its time is noted (which delays the
 // next increase), at most ten times an interval.
 func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
-	s = a.clampFuture(s, now)
+	s, _ = a.clampFuture(s, now) // a decrease or a noted refusal stores it
 	if s.Active() && now.Sub(s.Decreased) < a.interval {
 		if now.Sub(s.Refused) < a.interval/10 {
 			return s, false
@@ -227,7 +240,7 @@ func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) 
 	// Never up: a rate already below the floor (an instance with a
 	// higher configured limit, a rolling deploy) stays where it is.
 	s.Rate = min(max(a.floor(ceiling), rate*factor), rate)
-	s.Step = adaptProbe * a.limit
+	s.Step = adaptProbe * a.stepBase(s)
 	s.Decreased, s.Refused = now, now
 	return s, true
 }
@@ -239,7 +252,7 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 	if !s.Active() {
 		return s, false
 	}
-	s = a.clampFuture(s, now)
+	s, clamped := a.clampFuture(s, now)
 	last := s.Decreased
 	for _, t := range []time.Time{s.Increased, s.Refused} {
 		if t.After(last) {
@@ -251,20 +264,21 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 	// A rate a store rounded down (thousandths, and float error) from the
 	// top is at it.
 	if now.Sub(last) < a.interval || milli(s.Rate) >= milli(ceiling) {
-		return s, false
+		return s, clamped
 	}
 	// A store may round the rates it keeps (the Redis buckets keep
 	// thousandths): a rate within a hundredth of the plateau is on it,
 	// or rounding would keep it "approaching" forever.
-	if s.Rate < plateau-0.01 {
-		s.Rate = min(s.Rate+max(adaptApproach*(plateau-s.Rate), adaptProbe*a.limit), plateau)
+	base := a.stepBase(s)
+	if milli(s.Rate) < milli(plateau)-10 {
+		s.Rate = min(s.Rate+max(adaptApproach*(plateau-s.Rate), adaptProbe*base), plateau)
 	} else {
 		if s.Rate < s.Peak && now.Sub(last) < adaptHold*a.interval {
-			return s, false // on the plateau: hold
+			return s, clamped // on the plateau: hold
 		}
-		step := max(s.Step, adaptProbe*a.limit)
+		step := min(max(s.Step, adaptProbe*base), adaptMaxStep*base)
 		s.Rate += step
-		s.Step = min(2*step, adaptMaxStep*a.limit)
+		s.Step = min(2*step, adaptMaxStep*base)
 	}
 	s.Rate = min(s.Rate, ceiling)
 	s.Increased = now

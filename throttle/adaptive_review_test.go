@@ -305,3 +305,79 @@ func TestAcquireDeadlineDuringPacingIsErrTimeout(t *testing.T) {
 	assert.ErrorIs(t, err, ErrTimeout)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }
+
+// Third review.
+
+// TestMemPaceIncreaseKeepsReservedSlotsApart: slots reserved at 40 per
+// interval up to the horizon keep their times when the rate goes to 80;
+// the next slot comes one new spacing after the last reserved one, not
+// among them.
+func TestMemPaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	m := &memAdaptive{clock: clock, keys: map[string]*memAdaptiveKey{}}
+	ctx := context.Background()
+	set := func(rate float64) {
+		old, _, _ := m.SwapAdaptive(ctx, "k", AdaptiveState{Version: -1}, AdaptiveState{}, 0)
+		_, ok, _ := m.SwapAdaptive(ctx, "k", old, AdaptiveState{Rate: rate}, time.Hour)
+		require.True(t, ok)
+	}
+	set(40)
+	var last time.Duration
+	for {
+		p, err := m.PaceAdaptive(ctx, "k", 1, time.Second, 250*time.Millisecond)
+		require.NoError(t, err)
+		if !p.Granted {
+			break
+		}
+		last = p.Delay
+	}
+	set(80)
+	p, err := m.PaceAdaptive(ctx, "k", 1, time.Second, time.Second)
+	require.NoError(t, err)
+	require.True(t, p.Granted)
+	assert.Equal(t, last+time.Second/80, p.Delay, "one new spacing after the last slot reserved (%v)", last)
+}
+
+// TestAdaptLawClampedTimesAreStored: on the plateau with the state's
+// times an hour ahead of the store's clock, the clamp is stored once and
+// the hold then ends (before, every call clamped again and the fleet held
+// for ever).
+func TestAdaptLawClampedTimesAreStored(t *testing.T) {
+	law, clock := adaptLaw{limit: 10, interval: time.Second}, clockwork.NewFakeClock()
+	ahead := clock.Now().Add(time.Hour)
+	s := AdaptiveState{Rate: 9.7, Peak: 10, Step: 0.4, Decreased: ahead, Increased: ahead, Refused: ahead}
+	for range 5 {
+		clock.Advance(time.Second)
+		if next, changed := law.increase(s, clock.Now()); changed {
+			s = next
+		}
+	}
+	assert.Greater(t, s.Rate, 9.7, "the fleet probes beyond the plateau again")
+}
+
+// TestAdaptLawHugeAdvertisedLimitSaysNothingNew: an "unlimited"
+// advertisement (1e14 per interval) repeated is no change.
+func TestAdaptLawHugeAdvertisedLimitSaysNothingNew(t *testing.T) {
+	law, clock := adaptLaw{limit: 10, interval: time.Second}, clockwork.NewFakeClock()
+	s, _ := law.refused(AdaptiveState{}, clock.Now())
+	s, changed := law.advertised(s, 1e14, clock.Now())
+	require.True(t, changed)
+	_, changed = law.advertised(s, 1e14, clock.Now())
+	assert.False(t, changed)
+}
+
+// TestAdaptLawTinyCeilingStepsToScale: under an advertised ceiling of
+// 0.008 per interval (of a configured 10), a refusal at 0.004 is followed
+// by steps to the ceiling's scale, not a jump to the ceiling.
+func TestAdaptLawTinyCeilingStepsToScale(t *testing.T) {
+	law, clock := adaptLaw{limit: 10, interval: time.Second}, clockwork.NewFakeClock()
+	s, _ := law.advertised(AdaptiveState{}, 0.008, clock.Now())
+	s.Rate = 0.004
+	clock.Advance(time.Minute)
+	s, _ = law.refused(s, clock.Now())
+	for range 3 {
+		clock.Advance(time.Second)
+		s, _ = law.increase(s, clock.Now())
+	}
+	assert.Less(t, s.Rate, 0.006, "three intervals after a refusal at 0.004")
+}

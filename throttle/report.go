@@ -88,8 +88,8 @@ func AnswerOf(err error) (Answer, bool) {
 // nothing: no store call. Report needs the bucket's limit per interval:
 // every bucket of package bucket and [Local] give it (through
 // [Fallbacker]); for another bucket only the pause applies. It returns the
-// store's error, if any; the adaptation is best effort and a failed Report
-// changes nothing.
+// store's errors, if any, joined: the pause and the adaptation are each
+// best effort, and one may have been made when the other failed.
 func (l *Limiter) Report(ctx context.Context, a Answer) error { return l.report(ctx, "", a) }
 
 // Report is [Limiter.Report] for k's key.
@@ -480,12 +480,13 @@ func (m *memAdaptive) pace(key string, n int64, interval, horizon time.Duration,
 	if !st.Active() {
 		return AdaptivePace{Granted: true, State: st}, nil
 	}
+	if k.tatRate > 0 && k.tatRate != st.Rate && k.tat.After(now) {
+		// The last slot was reserved at another rate: the next comes one
+		// new spacing after it (as adapt_pace.lua does).
+		k.tat = k.tat.Add(-durationOf(float64(interval)/k.tatRate) + durationOf(float64(interval)/st.Rate))
+	}
 	if k.tat.Before(now) {
 		k.tat = now
-	} else if k.tatRate > 0 && k.tatRate != st.Rate {
-		// The slots ahead were reserved at another rate: what is left of
-		// them takes as long at this one (as adapt_pace.lua does).
-		k.tat = now.Add(durationOf(float64(k.tat.Sub(now)) * k.tatRate / st.Rate))
 	}
 	wait := k.tat.Sub(now)
 	if wait > horizon {

@@ -1,9 +1,10 @@
 -- adapt_pace.lua: one evenly spaced slot at a budget's adaptive rate.
 --
--- KEYS[1]  adaptive state of the budget: a hash (see adapt_swap.lua)
--- KEYS[2]  next free slot: a string "tat,rate": tat in µs since the Unix
---          epoch on the server's clock, rate the rate in thousandths it
---          was reserved at; expires once the slot is past
+-- KEYS[1]  adaptive state of the budget: a hash (see adapt_swap.lua);
+--          this script keeps one field of its own there, tr: the rate in
+--          thousandths the slots up to KEYS[2] were reserved at
+-- KEYS[2]  next free slot: a string, µs since the Unix epoch on the
+--          server's clock; expires once the slot is past
 -- ARGV[1]  n, slots asked (integer ≥ 1)
 -- ARGV[2]  the bucket's interval in µs (≥ 1): the rate is per interval
 -- ARGV[3]  horizon in µs (≥ 0): reserve only a slot at most this far ahead
@@ -18,11 +19,11 @@
 --
 -- Guarantee: while the state exists, slots are at least interval / rate
 -- apart on the server's clock (burst 1), whichever instance takes them.
--- When the rate has changed since the slots ahead were reserved, what is
--- left of them is rescaled to the new rate: slots reserved at a rate of a
--- permit per hour do not hold the fleet for an hour once the rate is back
--- up, nor do slots reserved at a high rate let a burst through after a
--- decrease.
+-- When the rate has changed since the last slot was reserved, the next
+-- free slot is one new spacing after that last slot (tat less one old
+-- spacing): a slot reserved at a permit per hour does not hold the fleet
+-- for an hour once the rate is back up, and no slot comes closer to the
+-- last one than the new spacing. Slots reserved earlier keep their times.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local f = redis.call('HMGET', KEYS[1], 'r', 'c', 'p', 's', 'd', 'i', 'x', 'v')
@@ -35,21 +36,19 @@ if rate <= 0 then
 end
 local n = tonumber(ARGV[1])
 local em = math.ceil(tonumber(ARGV[2]) / rate)
-local raw = redis.call('GET', KEYS[2]) or '0'
-local tatS, oldS = string.match(raw, '^([^,]*),?(.*)$')
-local tat = tonumber(tatS) or 0
-local old = tonumber(oldS) or 0
-if tat < now then
-  tat = now
-elseif old > 0 and old ~= out[4] then
-  tat = now + math.ceil((tat - now) * old / out[4])
+local tat = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local old = tonumber(redis.call('HGET', KEYS[1], 'tr') or '0') or 0
+if old > 0 and old ~= out[4] and tat > now then
+  tat = tat - math.ceil(tonumber(ARGV[2]) * 1000 / old) + em
 end
+if tat < now then tat = now end
 local wait = tat - now
 out[2] = wait
 if wait > tonumber(ARGV[3]) then
   return out
 end
 local new = tat + n * em
-redis.call('SET', KEYS[2], string.format('%.0f,%.0f', new, out[4]), 'PX', math.ceil((new - now) / 1000) + 1)
+redis.call('SET', KEYS[2], string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000) + 1)
+redis.call('HSET', KEYS[1], 'tr', out[4])
 out[1] = 1
 return out

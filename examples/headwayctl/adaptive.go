@@ -27,9 +27,9 @@ func printAdaptive(ctx context.Context, w io.Writer, b live, t target) error {
 	}
 	ceiling := "the configured limit"
 	if s.Ceiling > 0 {
-		ceiling = fmt.Sprintf("the configured limit or %.1f advertised, the lower", s.Ceiling)
+		ceiling = fmt.Sprintf("the configured limit or %.4g advertised, the lower", s.Ceiling)
 	}
-	_, err = fmt.Fprintf(w, "adaptive   %.1f per interval, paced evenly (ceiling %s, last refused at %.1f); decreased %s, increased %s\n",
+	_, err = fmt.Fprintf(w, "adaptive   %.4g per interval, paced evenly (ceiling %s, last refused at %.4g); decreased %s, increased %s\n",
 		s.Rate, ceiling, s.Peak, ago(s.Decreased), ago(s.Increased))
 	return err
 }

@@ -27,7 +27,7 @@ func TestShowAdaptiveRate(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errs = ctl(t, srv.Addr(), "show", "-key", "billing")
-	if code != 0 || !strings.Contains(out, "adaptive   45.0 per interval, paced evenly (ceiling the configured limit, last refused at 50.0); decreased ") {
+	if code != 0 || !strings.Contains(out, "adaptive   45 per interval, paced evenly (ceiling the configured limit, last refused at 50); decreased ") {
 		t.Fatalf("show after a refusal: exit %d, %s\n%s", code, errs, out)
 	}
 }

@@ -129,6 +129,9 @@ type loadResult struct {
 	AcquireP50us       float64 `json:"acquire_p50_us"` // granted calls only, waiting included
 	AcquireP99us       float64 `json:"acquire_p99_us"`
 	AcquireMaxUs       float64 `json:"acquire_max_us"`
+	// PastWaitMs is the most any Acquire (granted or not, the run's end
+	// aside) returned past its maxWait: 0 when every call kept its wait.
+	PastWaitMs float64 `json:"acquire_past_wait_ms"`
 	// DegradedGrants counts grants no bucket call made (the Limiter's
 	// failure policy decided them while the store failed). Their record
 	// times are not used to measure the tolerance: the checker's
@@ -261,6 +264,7 @@ type tally struct {
 	degraded                       atomic.Int64 // grants no bucket call made
 	timeouts, errors               atomic.Int64
 	targetOK, target429, targetErr atomic.Int64
+	pastWait                       atomic.Int64 // the most any Acquire returned past its maxWait, ns
 	firstErr                       sync.Once
 	firstError                     string
 }
@@ -377,7 +381,10 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 			})
 		}
 	}
-	var pausedAt, pausedFor time.Duration
+	var (
+		pausedAt, pausedFor time.Duration
+		faultErr            error // written before faultDone closes
+	)
 	faultDone := make(chan struct{})
 	go func() {
 		defer close(faultDone)
@@ -386,12 +393,13 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		}
 		at := time.Since(start)
 		if err := c.pauser.Pause(); err != nil {
-			t.firstErr.Do(func() { t.firstError = "pausing redis: " + err.Error() })
+			// The signal may have stopped it all the same.
+			faultErr = errors.Join(fmt.Errorf("pausing redis: %w", err), c.pauser.Resume())
 			return
 		}
 		sleepCtx(run, c.PauseFor) // resumes early if the run ends first
 		if err := c.pauser.Resume(); err != nil {
-			t.firstErr.Do(func() { t.firstError = "resuming redis: " + err.Error() })
+			faultErr = fmt.Errorf("resuming redis: %w", err)
 		}
 		pausedAt, pausedFor = at, time.Since(start)-at
 	}()
@@ -400,6 +408,9 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	cmds := hook.cmds.Load()
 	cancel()
 	<-faultDone
+	if faultErr != nil {
+		return loadResult{}, fmt.Errorf("the fault could not be made: %w", faultErr)
+	}
 
 	times := rec.Times()
 	slices.Sort(lates)
@@ -431,6 +442,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		AcquireP50us:   micros(percentile(waits, 0.50)),
 		AcquireP99us:   micros(percentile(waits, 0.99)),
 		DegradedGrants: t.degraded.Load(),
+		PastWaitMs:     millis(max(time.Duration(t.pastWait.Load()), 0)),
 		Timeouts:       t.timeouts.Load(),
 		Errors:         t.errors.Load(),
 		FirstError:     t.firstError,
@@ -499,6 +511,14 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *inst
 		begin := time.Now()
 		err := in.lim.Acquire(ctx, c.MaxWait)
 		now := time.Now()
+		if run.Err() == nil {
+			for past := int64(now.Sub(begin) - c.MaxWait); ; {
+				old := t.pastWait.Load()
+				if past <= old || t.pastWait.CompareAndSwap(old, past) {
+					break
+				}
+			}
+		}
 		switch {
 		case err == nil:
 			rec.RecordAt(now)

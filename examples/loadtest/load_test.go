@@ -261,8 +261,8 @@ func TestRunLoadProviderAndPause(t *testing.T) {
 	c.pauser = srv
 	res, err := runLoad(context.Background(), c)
 	require.NoError(t, err)
-	t.Logf("provider: %d accepted, %d refused, worst %d, per interval %v; paused at %.2fs for %.2fs; %d degraded grants",
-		res.ProviderAccepted, res.ProviderRefused, res.ProviderWorst, res.ProviderPerInterval, res.PausedAtS, res.PausedForS, res.DegradedGrants)
+	t.Logf("provider: %d accepted, %d refused, worst %d, per interval %v; paused at %.2fs for %.2fs; %d degraded grants; at most %.3fms past a wait",
+		res.ProviderAccepted, res.ProviderRefused, res.ProviderWorst, res.ProviderPerInterval, res.PausedAtS, res.PausedForS, res.DegradedGrants, res.PastWaitMs)
 	assert.Equal(t, res.Grants, res.ProviderAccepted+res.ProviderRefused, "one call per grant, each counted at the provider")
 	assert.Equal(t, int64(res.ProviderRefused), res.Target429)
 	sum := 0
@@ -274,6 +274,9 @@ func TestRunLoadProviderAndPause(t *testing.T) {
 	assert.InDelta(t, 0.5, res.PausedAtS, 0.1)
 	assert.GreaterOrEqual(t, res.PausedForS, 0.3)
 	assert.Positive(t, res.DegradedGrants, "the failure policy granted while Redis was stopped")
+	// An Acquire held through the 300 ms pause would return at least
+	// 200 ms past its 100 ms wait; scheduling alone is far less.
+	assert.Less(t, res.PastWaitMs, 200.0, "every Acquire returns by its wait, through the pause")
 	_, err = srv.Client().Ping(context.Background()).Result()
 	assert.NoError(t, err, "Redis answers again after the run")
 }

@@ -75,9 +75,10 @@
 //     -workers 16 -duration 10s -provider periods -pause-at 3s -pause-for 2s
 //
 // With -json the last line of standard output is one JSON object; otherwise
-// a readable summary. The exit status is 1 when the guarantee was broken or
-// the provider refused a call (the limit was broken where it counts), 2 on
-// any other failure (usage, setup).
+// a readable summary. The exit status is 1 when the guarantee was broken,
+// the provider refused a call (the limit was broken where it counts), or
+// the run failed (Redis unreachable, a pause that could not be made); 2 on
+// a usage error, before anything starts.
 package main
 
 import (
@@ -252,8 +253,8 @@ func summarize(w io.Writer, r loadResult) {
 		fmt.Fprintf(w, "  redis        %.4g commands, %.4g round trips per grant; %.1f commands per interval beyond one per grant\n",
 			r.RedisCmdsPerGrant, r.RedisTripsPerGrant, r.CmdsBeyondGrants)
 	}
-	fmt.Fprintf(w, "  acquire      p50 %v, p99 %v, max %v (granted calls, waiting included)\n",
-		us(r.AcquireP50us), us(r.AcquireP99us), us(r.AcquireMaxUs))
+	fmt.Fprintf(w, "  acquire      p50 %v, p99 %v, max %v (granted calls, waiting included); any call at most %.3fms past its maxWait\n",
+		us(r.AcquireP50us), us(r.AcquireP99us), us(r.AcquireMaxUs), r.PastWaitMs)
 	fmt.Fprintf(w, "  refused      %d timeouts, %d errors", r.Timeouts, r.Errors)
 	if r.FirstError != "" {
 		fmt.Fprintf(w, " (first: %s)", r.FirstError)
