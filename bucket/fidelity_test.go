@@ -112,9 +112,8 @@ func (g *grantLog) windowOf(t time.Time, d time.Duration) int {
 // stopped (SIGSTOP) for 3 intervals mid-run. Counted by the time each
 // Acquire returned, in windows of one interval from the first grant, the
 // fleet never exceeds the limit (+1 %) outside the window of the resume,
-// under FailLocal and FailClosed; every Acquire returns within its wait +
-// 10 ms. With leasing, the bound on Acquire holds too; the grants per
-// window are logged only (see below).
+// under FailLocal and FailClosed, with leasing too; every Acquire returns
+// within its wait + 25 ms (and the process's own worst stall).
 func TestFleetPausedStaysWithinTheLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-time fault test")
@@ -218,11 +217,11 @@ func TestFleetPausedStaysWithinTheLimit(t *testing.T) {
 				t.Errorf("an Acquire returned %v past its wait, want ≤ %v + the process's worst stall %v", log.worst, overshootBound, stalled)
 			}
 			if tc.lease {
-				// Over-admission not yet asserted (issue 12, left open):
-				// with leasing, the window of the resume has been measured
-				// 18–25 % over. Logged only.
+				// With leasing, the window of the resume has been measured
+				// up to 26 % over (within the bound below, which holds for
+				// leases as for single takes: the instances still deciding
+				// locally there are what goes beyond the limit).
 				t.Logf("%s: windows over the limit: %v", tc.name, overWindows(counts, limit))
-				return
 			}
 			// Window 0 is the warm-up: the first grant returns late (dials,
 			// script loads), which shifts every window; a provider sees
