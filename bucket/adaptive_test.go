@@ -147,16 +147,7 @@ func TestAdaptivePaceRescalesAfterRateChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set := func(rate float64) {
-		t.Helper()
-		old, _, err := b.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, ok, err := b.SwapAdaptive(ctx, "", old, throttle.AdaptiveState{Rate: rate, Peak: rate}, time.Minute); err != nil || !ok {
-			t.Fatalf("SwapAdaptive: %v, %v", ok, err)
-		}
-	}
+	set := func(rate float64) { t.Helper(); setAdaptiveRate(t, b, rate) }
 	set(0.01)
 	if p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond); err != nil || !p.Granted {
 		t.Fatalf("first slot: %+v, %v", p, err)
@@ -183,16 +174,7 @@ func TestAdaptivePaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set := func(rate float64) {
-		t.Helper()
-		old, _, err := b.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, ok, err := b.SwapAdaptive(ctx, "", old, throttle.AdaptiveState{Rate: rate, Peak: rate}, time.Minute); err != nil || !ok {
-			t.Fatalf("SwapAdaptive: %v, %v", ok, err)
-		}
-	}
+	set := func(rate float64) { t.Helper(); setAdaptiveRate(t, b, rate) }
 	set(40)
 	var last time.Time
 	for range 100 {
@@ -224,5 +206,18 @@ func TestAdaptivePaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
 	}
 	if _, err := strconv.ParseInt(raw, 10, 64); err != nil {
 		t.Errorf("next-slot key %q = %q: want a plain integer", keys[1], raw)
+	}
+}
+
+// setAdaptiveRate makes b's own budget adapt at rate per interval.
+func setAdaptiveRate(t *testing.T, b throttle.AdaptiveStore, rate float64) {
+	t.Helper()
+	ctx := context.Background()
+	old, _, err := b.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := b.SwapAdaptive(ctx, "", old, throttle.AdaptiveState{Rate: rate, Peak: rate}, time.Minute); err != nil || !ok {
+		t.Fatalf("SwapAdaptive: %v, %v", ok, err)
 	}
 }

@@ -224,11 +224,7 @@ func TestMemPaceRescalesSlotsAfterRateChange(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	m := &memAdaptive{clock: clock, keys: map[string]*memAdaptiveKey{}}
 	ctx := context.Background()
-	set := func(rate float64) {
-		old, _, _ := m.SwapAdaptive(ctx, "k", AdaptiveState{Version: -1}, AdaptiveState{}, 0)
-		_, ok, _ := m.SwapAdaptive(ctx, "k", old, AdaptiveState{Rate: rate}, time.Hour)
-		require.True(t, ok)
-	}
+	set := func(rate float64) { setMemRate(t, m, "k", rate) }
 	set(0.001)
 	p, err := m.PaceAdaptive(ctx, "k", 1, time.Second, 250*time.Millisecond)
 	require.NoError(t, err)
@@ -316,11 +312,7 @@ func TestMemPaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	m := &memAdaptive{clock: clock, keys: map[string]*memAdaptiveKey{}}
 	ctx := context.Background()
-	set := func(rate float64) {
-		old, _, _ := m.SwapAdaptive(ctx, "k", AdaptiveState{Version: -1}, AdaptiveState{}, 0)
-		_, ok, _ := m.SwapAdaptive(ctx, "k", old, AdaptiveState{Rate: rate}, time.Hour)
-		require.True(t, ok)
-	}
+	set := func(rate float64) { setMemRate(t, m, "k", rate) }
 	set(40)
 	var last time.Duration
 	for {
@@ -380,4 +372,13 @@ func TestAdaptLawTinyCeilingStepsToScale(t *testing.T) {
 		s, _ = law.increase(s, clock.Now())
 	}
 	assert.Less(t, s.Rate, 0.006, "three intervals after a refusal at 0.004")
+}
+
+// setMemRate makes m's key adapt at rate per interval.
+func setMemRate(t *testing.T, m *memAdaptive, key string, rate float64) {
+	t.Helper()
+	ctx := context.Background()
+	old, _, _ := m.SwapAdaptive(ctx, key, AdaptiveState{Version: -1}, AdaptiveState{}, 0)
+	_, ok, _ := m.SwapAdaptive(ctx, key, old, AdaptiveState{Rate: rate}, time.Hour)
+	require.True(t, ok)
 }
