@@ -22,8 +22,8 @@ import (
 //     does a refusal while the rate is within 5 % of the rate refused last
 //     time, or above it: the fleet found the provider's limit again and
 //     overshot it a little (a sliding window meeting network jitter), or
-//     probed beyond it to a limit the provider raised and overshot that. If refusals go on,
-//     the next interval's decrease is a full one.
+//     probed beyond it to a limit the provider raised and overshot that.
+//     If refusals go on, the next interval's decrease is a full one.
 //   - Each interval without a refusal raises it quickly (half the gap, at
 //     least 4 % of the limit) back toward a plateau just below the rate
 //     that was refused (0.97 of it: a provider counting a sliding window
@@ -37,20 +37,22 @@ import (
 //   - The rate never goes below the floor (5 % of the ceiling, at least
 //     one permit per interval unless the ceiling is lower) nor above the
 //     ceiling: the configured limit, or a lower limit the provider
-//     advertises. Once the fleet has been
-//     refused at the ceiling itself, increases stop at 0.98 of it: there
-//     is nothing above to find, and a provider counting a sliding or
-//     fixed window refuses an even pace at exactly its limit now and then
-//     (network jitter), which cost a refusal on each probe to the
-//     ceiling (a second with 2.1 % refused in examples/adaptive).
+//     advertises (steps are then shares of that ceiling). Once the fleet
+//     has been refused at the ceiling itself, increases stop at 0.98 of
+//     it: there is nothing above to find, and a provider counting a
+//     sliding or fixed window refuses an even pace at exactly its limit
+//     now and then (network jitter), which cost a refusal on each probe
+//     to the ceiling (a second with 2.1 % refused in examples/adaptive).
 //   - A refusal with a retry hint (Retry-After and the like) pauses the
 //     bucket as before and changes nothing here: the provider said what it
 //     wants, there is nothing to infer.
 //
 // Times are the store's (the Redis server's clock), which may step back (a
 // failover to a node whose clock is behind): a time in the state that lies
-// ahead of now counts as an interval ago, so that the law goes on rather
-// than wait for the clock to catch up.
+// ahead of now is moved to an interval ago (and stored so), so that the
+// law goes on rather than wait for the clock to catch up.
+//
+// Rates are compared in whole thousandths, as the Redis buckets keep them.
 //
 // The law is pure: [adaptLaw] takes the state and the time and returns the
 // next state. Where the state lives is the bucket's business: a bucket that
@@ -162,12 +164,11 @@ func (a adaptLaw) floor(c float64) float64 {
 }
 
 // milli is v in whole thousandths, rounded down within a millionth of
-// one, as the Redis buckets keep rates: comparisons of rates are made in
-// it, so that a rate read back from a store equals the one computed (the
-// small addition keeps 1.666, which is 1665.99… thousandths in floating
-// point, at 1666).
-// Like the bucket's, it is 0 for a rate that is not positive and caps at
-// 2^53 thousandths.
+// one, as the Redis buckets keep rates (package bucket has the same
+// function): comparisons of rates are made in it, so that a rate read
+// back from a store equals the one computed (the small addition keeps
+// 1.666, which is 1665.99… thousandths in floating point, at 1666). It is
+// 0 for a rate that is not positive and caps at 2^53 thousandths.
 func milli(v float64) int64 {
 	if !(v > 0) {
 		return 0
