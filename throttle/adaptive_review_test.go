@@ -180,6 +180,7 @@ func TestAcquireDeadlineDuringBucketCallIsErrTimeout(t *testing.T) {
 		cancel()
 		assert.ErrorIs(t, err, ErrTimeout, "%v", p)
 		assert.ErrorIs(t, err, context.DeadlineExceeded, "%v", p)
+		assert.ErrorContains(t, err, "the context's deadline passed while the bucket was asked for 1 permit(s)", "%v", p)
 	}
 }
 

@@ -252,7 +252,7 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 					// The deadline ran out while the bucket was asked
 					// (its error may wrap the deadline or not): a wait
 					// that ran out, as the doc says, ErrTimeout.
-					return fmt.Errorf("%w (bucket: %v)", tb.err(0), err)
+					return expiredWhileAsking(n, "the bucket", err)
 				}
 				if !errors.Is(err, ctxErr) {
 					return fmt.Errorf("throttle: acquire %d permit(s): %w (bucket: %v)", n, ctxErr, err)
@@ -329,6 +329,13 @@ type timeoutBound struct {
 // err is the ErrTimeout for a permit that comes only after next.
 func (b timeoutBound) err(next time.Duration) error {
 	return timeout(b.n, b.maxWait, next, b.ctxBound)
+}
+
+// expiredWhileAsking is the ErrTimeout of a call whose context's deadline
+// passed while what (the bucket, the adaptive pace) was being asked; err
+// is what that call returned.
+func expiredWhileAsking(n int64, what string, err error) error {
+	return fmt.Errorf("%w: the context's deadline passed while %s was asked for %d permit(s) (%w; %s: %v)", ErrTimeout, what, n, context.DeadlineExceeded, what, err)
 }
 
 func timeout(n int64, maxWait, next time.Duration, ctxBound bool) error {

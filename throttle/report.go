@@ -351,7 +351,7 @@ func (a *adapter) pace(ctx context.Context, key string, n int64, left time.Durat
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				// The caller's wait ran out while the store was asked:
 				// ErrTimeout, as from a bucket call (see wait).
-				return true, fmt.Errorf("%w (adaptive pacing: %v)", tb.err(0), err)
+				return true, expiredWhileAsking(n, "the adaptive pace", err)
 			}
 			if ctx.Err() != nil {
 				return true, waitErr(ctx)
