@@ -74,7 +74,8 @@
 //	<prefix>:{<key>}:<kind>           the constructor's key (Take key "")
 //	<prefix>:{<key>/<tenant>}:<kind>  a per-call key
 //
-// kind is tb, tb:lock, tb:cap and tb:limit (TokenBucket), fw:<µs> and
+// kind is tb, tb:lock, tb:cap, tb:limit and tb:phase (TokenBucket; tb:cap
+// lives a minute past its period, for the phase after an outage), fw:<µs> and
 // fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog), gcra
 // and gcra:limit (GCRA), ctr and ctr:lock (Counter), and pause for every
 // bucket; under the constructor's tag only, every bucket also writes live

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/headway-go/headway/throttle"
@@ -40,6 +41,21 @@ import (
 // of one token for the same key in one process share one round trip
 // (coalesced, see the package doc), so under load it is well below 1.
 //
+// Phase after an outage: while Redis is paused or down, a Limiter's
+// [throttle.FailLocal] grants keep the provider busy on the phase of the
+// periods before the outage, and the first refill afterwards starts a
+// period at an arbitrary phase. If it starts within the last tenth of a
+// period of the old phase, its burst of grants crosses the boundary of a
+// provider that counts on the old phase, on top of the next period's. So an
+// instance that saw the store fail or stall (an error, or a reply slower
+// than 100 ms) asks, for one interval and a second after, that such a
+// period be lengthened to end on the old phase (the previous period's end
+// plus a whole number of periods). Lengthening never adds a token, keeps
+// refills at least one interval apart and costs at most a tenth of an
+// interval's grants, once per outage. The old phase is known for a minute
+// after a period ends: a longer outage, or Redis restarted empty, starts
+// afresh.
+//
 // Its limit can be changed live, for the whole fleet, with
 // [TokenBucket.SetLimit]; the change applies from the next refill.
 //
@@ -53,6 +69,35 @@ type TokenBucket struct {
 	periodMs int64
 	seen     *seenLimit // last limit in force seen, for Fallback
 	rootKeys []string   // tbKeys of key "", built once: the hot path
+	outage   outageClock
+}
+
+// outageClock remembers when this instance last saw the store fail or
+// stall, so that takes soon after can ask tb_take.lua to keep the old
+// phase.
+type outageClock struct {
+	last atomic.Int64 // Unix ns of the last failure; 0 none
+}
+
+// failed records a store failure (or a reply slower than slowReply) at
+// now, Unix ns.
+func (o *outageClock) failed(now int64) { o.last.Store(now) }
+
+// recent reports whether the last failure was within the last within ns.
+func (o *outageClock) recent(now, within int64) bool {
+	last := o.last.Load()
+	return last != 0 && now-last <= within
+}
+
+// slowReply is a round trip long enough to count as a stall of the store
+// (a paused Redis answers late rather than not at all): the default store
+// timeout of a Limiter.
+const slowReply = throttle.DefaultStoreTimeout
+
+// outageWindow is how long after its last store failure an instance asks
+// for the old phase: one interval and a second.
+func (b *TokenBucket) outageWindow() int64 {
+	return b.periodMs*int64(time.Millisecond) + int64(time.Second)
 }
 
 // NewTokenBucket returns a token bucket of limit tokens per interval under
@@ -82,10 +127,10 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 }
 
 // tbKeys lists a budget's keys: tokens, pause, refill mutex, the running
-// period's limit, the live limit. Scripts read them and never change the
+// period's limit, the live limit, the phase shift after a gap. Scripts read them and never change the
 // slice.
 func tbKeys(tag string) []string {
-	return []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit"}
+	return []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit", tag + ":tb:phase"}
 }
 
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
@@ -94,10 +139,19 @@ func tbKeys(tag string) []string {
 // coalesced into one round trip (see the package doc).
 func (b *TokenBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	one := func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) }
+	var d throttle.Decision
+	var err error
 	if n != 1 {
-		return bounded(ctx, &b.common, key, one)
+		d, err = bounded(ctx, &b.common, key, one)
+	} else {
+		d, err = b.coalesced(ctx, key, maxWait, one, b.takeUpTo)
 	}
-	return b.coalesced(ctx, key, maxWait, one, b.takeUpTo)
+	// A take cut off by its deadline counts (a paused Redis looks like
+	// that); one cancelled by its caller does not.
+	if be := (*throttle.BackendError)(nil); errors.As(err, &be) && !errors.Is(err, context.Canceled) {
+		b.outage.failed(time.Now().UnixNano())
+	}
+	return d, err
 }
 
 // keys returns the keys of key's budget.
@@ -136,7 +190,15 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error
 	if err != nil {
 		return upTo{}, err
 	}
-	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.periodMs)
+	start := time.Now().UnixNano()
+	aware := 0 // 1: this instance saw the store fail lately (tb_take.lua's ARGV[4])
+	if b.outage.recent(start, b.outageWindow()) {
+		aware = 1
+	}
+	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.periodMs, aware)
+	if now := time.Now().UnixNano(); now-start > int64(slowReply) {
+		b.outage.failed(now)
+	}
 	if err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}

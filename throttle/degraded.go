@@ -127,6 +127,11 @@ type degradedKey struct {
 	// carried: a shared call is taking these grants from the store along
 	// with its own permits (see claimDebt); nobody else charges them.
 	carried bool
+	// total counts every local grant of the key; claimed is total when
+	// the carried debt was claimed. A call sent while the store was down
+	// (a probe) claims what was granted until it was sent; what is
+	// granted while it waits for the store is still owed when it returns.
+	total, claimed int64
 }
 
 func (k *degradedKey) count(now, n int64) {
@@ -140,6 +145,7 @@ func (k *degradedKey) count(now, n int64) {
 		k.winStart = now - (now-k.winStart)%k.interval
 	}
 	k.granted += n
+	k.total += n
 }
 
 // owed is what key granted locally in (about) the last two intervals.
@@ -200,6 +206,7 @@ func (l *Limiter) localTake(key string, n int64) (d Decision, ok bool, err error
 			// Keep the count, still to be accounted for (a new outage
 			// began before the key's first shared call after the last).
 			nk.winStart, nk.granted, nk.prev, nk.carried = k.winStart, k.granted, k.prev, k.carried
+			nk.total, nk.claimed = k.total, k.claimed
 		} else {
 			if f.local == nil {
 				f.local = make(map[string]*degradedKey)
@@ -246,7 +253,7 @@ func (l *Limiter) claimDebt(key string) int64 {
 		return 0
 	}
 	owed := k.owed(f.now(l))
-	k.carried = owed > 0
+	k.carried, k.claimed = owed > 0, k.total
 	return owed
 }
 
@@ -260,15 +267,25 @@ func (l *Limiter) releaseDebt(key string) {
 	}
 }
 
-// settled forgets key's local grants: the store has accounted for them.
+// settled forgets key's local grants up to its claim: the store has
+// accounted for them. Grants made locally after the claim (while the call
+// that carried it waited for the store) stay owed, as if granted now, for
+// settle to take.
 func (l *Limiter) settled(key string) {
 	f := &l.fail
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.local[key]; ok {
-		delete(f.local, key)
-		f.pending.Add(-1)
+	k, ok := f.local[key]
+	if !ok {
+		return
 	}
+	if after := k.total - k.claimed; after > 0 {
+		k.carried, k.claimed = false, k.total
+		k.winStart, k.granted, k.prev = f.now(l), after, 0
+		return
+	}
+	delete(f.local, key)
+	f.pending.Add(-1)
 }
 
 // settle accounts, after an outage, for what key granted locally: those

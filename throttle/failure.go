@@ -243,15 +243,16 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 		}
 		if f.policy == FailLocal {
 			f.seen.note(key, d, f.now(l), l.fallbackLimit)
-			if debt > 0 && d.Granted {
+			switch {
+			case debt > 0 && d.Granted:
 				l.settled(key) // the debt came with the call's permits
-			} else {
-				if debt > 0 {
-					l.releaseDebt(key)
-				}
-				if f.pending.Load() > 0 {
-					l.settle(ctx, key, left, noWait, time.Since(callStart))
-				}
+			case debt > 0:
+				l.releaseDebt(key)
+			}
+			if f.pending.Load() > 0 {
+				// What is still owed: all of it, or what was granted
+				// locally after the claim.
+				l.settle(ctx, key, left, noWait, time.Since(callStart))
 			}
 		}
 		return d, false, nil

@@ -251,3 +251,74 @@ func TestRecoveryDebtStaysWithinTheWait(t *testing.T) {
 	took := time.Since(start)
 	assert.Less(t, took, 60*time.Millisecond, "Acquire(50 ms) returned after %v", took)
 }
+
+// heldStore is a periodStore whose calls, while held, wait until released
+// and then run: a paused Redis that answers the commands queued in its
+// connections when it resumes.
+type heldStore struct {
+	*periodStore
+	held    chan struct{} // closed: calls run; nil: not held
+	entered chan struct{} // a held call has arrived
+}
+
+func (s *heldStore) Take(ctx context.Context, key string, n int64, w time.Duration) (throttle.Decision, error) {
+	s.mu.Lock()
+	held := s.held
+	s.mu.Unlock()
+	if held != nil {
+		s.entered <- struct{}{}
+		<-held
+	}
+	return s.periodStore.Take(ctx, key, n, w)
+}
+
+// TestFailLocalChargesGrantsMadeWhileTheProbeWaited (issue 12, the pause
+// scenario's resume second): the probe that finds the store up again was
+// sent while it was down and carries what the instance had granted
+// locally until then; the permits granted locally while it waited for the
+// store are owed too. They used to be forgotten when the probe's grant
+// came back, and the fleet's burst at the resume came on top of them:
+// 600 to 880 calls in the provider's second for a limit of 500.
+func TestFailLocalChargesGrantsMadeWhileTheProbeWaited(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 1}
+	s := &heldStore{periodStore: ps, entered: make(chan struct{}, 1)}
+	lim := throttle.New(s, throttle.WithClock(clock))
+	ctx := context.Background()
+	inPeriod := 0 // permits granted in period 0, counted here
+	require.NoError(t, lim.Acquire(ctx, 0))
+	inPeriod++
+	ps.set(true)
+	for range 3 { // 0 to 0.2 s: granted locally, each call a failed probe
+		for lim.Acquire(ctx, 0) == nil {
+			inPeriod++
+		}
+		clock.Advance(100 * time.Millisecond)
+	}
+	// The store answers again, but the next probe's call waits in it.
+	release := make(chan struct{})
+	s.mu.Lock()
+	s.held = release
+	s.mu.Unlock()
+	ps.set(false)
+	probe := make(chan error, 1)
+	go func() { probe <- lim.Acquire(ctx, throttle.Forever) }()
+	<-s.entered
+	for range 4 { // 0.3 to 0.6 s: granted locally while the probe waits
+		for lim.Acquire(ctx, 0) == nil {
+			inPeriod++
+		}
+		clock.Advance(100 * time.Millisecond)
+	}
+	s.mu.Lock()
+	s.held = nil
+	s.mu.Unlock()
+	close(release)
+	require.NoError(t, <-probe, "the probe is granted")
+	inPeriod++
+	for lim.Acquire(ctx, 0) == nil {
+		inPeriod++
+	}
+	require.Less(t, clock.Since(ps.start), time.Second, "still period 0")
+	assert.LessOrEqual(t, inPeriod, 10, "%d permits granted in a period of limit 10", inPeriod)
+}

@@ -8,14 +8,22 @@
 -- KEYS[3]  the refill mutex's key, Redsync's format (only read here: a
 --          Redsync user holding it, an operator's tool for example, keeps
 --          this script from refilling until it is released)
--- KEYS[4]  the period's limit, written here with the tokens' expiry
+-- KEYS[4]  the period's limit, written here at each refill; it expires
+--          HOLD ms after the period ends, so that the next refill can tell
+--          how long ago the previous period ended (HOLD - its PTTL)
 -- KEYS[5]  live limit, a string set by an operator (TokenBucket.SetLimit);
 --          when present it replaces ARGV[2] from the next refill on
 -- ARGV[1]  n, tokens asked (integer ≥ 1): all or nothing. A negative
 --          value -k asks for up to k (coalesced callers): any number from
 --          1 to k is granted, as many as are left.
 -- ARGV[2]  limit: tokens per period (integer ≥ 1)
+-- KEYS[6]  how much (ms) to lengthen the running period to put it back on
+--          the phase before a gap (see below): written by a refill that
+--          is not asked to, expiring with that period
 -- ARGV[3]  period in milliseconds (integer ≥ 1)
+-- ARGV[4]  1 when the caller's instance saw the store fail or stall
+--          lately: it asks that a period started after a gap keep the
+--          phase of the periods before it (see below); 0 otherwise
 --
 -- Returns {status, delay_ms, remaining, reset_ms, limit, taken}:
 --   status 1: granted taken tokens; remaining = tokens left; reset_ms =
@@ -35,6 +43,35 @@
 -- check and the refill; there is nothing between them). All or nothing for
 -- n > 0; a denied take changes nothing, so it never consumes tokens of this
 -- period or of the next.
+--
+-- Phase after an outage: while the store was paused or down the fleet kept
+-- calling the provider (local shares) on the phase of the periods before,
+-- and a provider counting its own periods or seconds is on that phase too.
+-- The first refill after the outage starts a period at an arbitrary phase
+-- (often a caller queued in the paused server's connections refills it,
+-- unaware of the outage). A period that starts within the last tenth of
+-- one of the old phase puts its burst of grants across the provider's
+-- boundary, on top of the next period's. When a caller that saw the
+-- outage (ARGV[4] = 1) meets such a period (it refills it, or KEYS[6] says
+-- it was refilled after a gap), the period is lengthened to end on the
+-- old phase: at the previous period's end plus a whole number of periods.
+-- Lengthening never adds a token, keeps refills at least one period apart
+-- and costs at most a tenth of a period's grants. Periods that start
+-- further from an old boundary keep their phase: their bursts fall
+-- within the provider's periods. A gap longer than HOLD starts afresh.
+local HOLD = 60000
+local period = tonumber(ARGV[3])
+local aware = ARGV[4] == '1'
+-- realign is how much a period that started gap ms after the previous one
+-- ended must be lengthened to end on the old phase: 0 unless it started
+-- within the last tenth of an old period.
+local function realign(gap)
+  local longer = period - gap % period
+  if longer > math.ceil(period / 10) then
+    return 0
+  end
+  return longer
+end
 local n = tonumber(ARGV[1])
 local upTo = n < 0
 if upTo then n = -n end
@@ -50,8 +87,17 @@ if ttl < 0 then
   end
   cap = tonumber(ARGV[2])
   cap = tonumber(redis.call('GET', KEYS[5]) or cap) or cap
-  ttl = tonumber(ARGV[3])
-  redis.call('SET', KEYS[4], cap, 'PX', ttl)
+  ttl = period
+  local was = redis.call('PTTL', KEYS[4])
+  if was >= 0 and was <= HOLD then
+    local longer = realign(HOLD - was)
+    if longer > 0 and aware then
+      ttl = ttl + longer
+    elseif longer > 0 then
+      redis.call('SET', KEYS[6], longer, 'PX', ttl)
+    end
+  end
+  redis.call('SET', KEYS[4], cap, 'PX', ttl + HOLD)
   local take = n
   if upTo and cap < n then take = cap end
   if take <= cap then
@@ -64,6 +110,15 @@ if ttl < 0 then
 else
   left = tonumber(redis.call('GET', KEYS[1])) or 0
   cap = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
+  if aware then
+    local longer = tonumber(redis.call('GET', KEYS[6]) or '')
+    if longer then
+      redis.call('DEL', KEYS[6])
+      ttl = ttl + longer
+      redis.call('PEXPIRE', KEYS[1], ttl)
+      redis.call('PEXPIRE', KEYS[4], ttl + HOLD)
+    end
+  end
 end
 local take = n
 if upTo and left < n then take = left end

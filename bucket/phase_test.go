@@ -1,0 +1,203 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+)
+
+// phaseHold mirrors HOLD in tb_take.lua: how long the period's limit key
+// outlives the period.
+const phaseHold = 60 * time.Second
+
+// TestTokenBucketKeepsPhaseAfterOutage (issue 12): a period that starts
+// within the last tenth of a period of the phase before a gap is
+// lengthened to end on that phase when a caller that saw the store fail
+// meets it: by the refill itself, or by the first such caller after an
+// unaware refill (a take queued in the paused server); never for callers
+// that saw no outage, never for a period that starts further from an old
+// boundary. The previous period's end is set by hand (its limit key's
+// expiry), so no test waits on the clock.
+func TestTokenBucketKeepsPhaseAfterOutage(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const period = time.Second
+	cases := []struct {
+		name      string
+		gap       time.Duration // since the previous period ended
+		aware     bool          // the refilling caller saw the outage
+		later     bool          // a caller who saw it takes after the refill
+		wantTTL   time.Duration // the period's length
+		wantPhase bool          // the lengthening left for a later caller
+	}{
+		{"aware refill", 1950 * time.Millisecond, true, false, 1050 * time.Millisecond, false},
+		{"unaware refill, aware caller", 1950 * time.Millisecond, false, true, 1050 * time.Millisecond, false},
+		{"unaware refill, aware caller, just before a boundary", 2990 * time.Millisecond, false, true, 1010 * time.Millisecond, false},
+		{"unaware refill only", 1950 * time.Millisecond, false, false, period, true},
+		{"aware refill after a long gap", 59950 * time.Millisecond, true, false, 1050 * time.Millisecond, false},
+		{"a tenth before a boundary", 1900 * time.Millisecond, true, false, 1100 * time.Millisecond, false},
+		{"more than a tenth before", 1880 * time.Millisecond, true, false, period, false},
+		{"mid-period start kept", 1600 * time.Millisecond, false, true, period, false},
+		{"on the old phase", 2000 * time.Millisecond, true, false, period, false},
+		{"just after a boundary", 2005 * time.Millisecond, true, false, period, false},
+		{"no gap", 3 * time.Millisecond, true, false, period, false},
+		{"gap beyond the hold", 61 * time.Second, true, false, period, false},
+		{"previous end unknown", -1, true, false, period, false},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tb, err := NewTokenBucket(rdb, "phase", 10, period)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := string(rune('a' + i))
+			keys, err := tb.keys(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.gap >= 0 && tc.gap < phaseHold {
+				// The previous period ended gap ago: its limit key has
+				// HOLD - gap left.
+				if err := rdb.Set(ctx, keys[3], 10, phaseHold-tc.gap).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			take := func(aware bool) throttle.Decision {
+				t.Helper()
+				tb.outage = outageClock{}
+				if aware {
+					tb.outage.failed(time.Now().UnixNano())
+				}
+				d, err := tb.Take(ctx, key, 1, 0)
+				if err != nil || !d.Granted {
+					t.Fatalf("take: %+v, %v", d, err)
+				}
+				return d
+			}
+			d := take(tc.aware)
+			if tc.later {
+				d = take(true)
+			}
+			pttl := rdb.PTTL(ctx, keys[0]).Val()
+			// A round trip or two have passed since the refill.
+			if pttl > tc.wantTTL || pttl < tc.wantTTL-150*time.Millisecond {
+				t.Errorf("period left %v, want about %v", pttl, tc.wantTTL)
+			}
+			// The take's own answer: exact for a refill, one round trip
+			// short for a take just after one.
+			if d.Reset > tc.wantTTL || d.Reset < tc.wantTTL-20*time.Millisecond {
+				t.Errorf("Decision.Reset %v, want about %v", d.Reset, tc.wantTTL)
+			}
+			if capTTL := rdb.PTTL(ctx, keys[3]).Val(); capTTL < pttl+phaseHold-50*time.Millisecond || capTTL > pttl+phaseHold+50*time.Millisecond {
+				t.Errorf("limit key expires in %v, want the period's end + %v (%v)", capTTL, phaseHold, pttl+phaseHold)
+			}
+			if got := rdb.Exists(ctx, keys[5]).Val() == 1; got != tc.wantPhase {
+				t.Errorf("phase key present %v, want %v", got, tc.wantPhase)
+			}
+			if got := rdb.Get(ctx, keys[0]).Val(); got != "9" && !tc.later || got != "8" && tc.later {
+				t.Errorf("tokens left %q: lengthening must not add or take any", got)
+			}
+		})
+	}
+}
+
+// TestTokenBucketNotesStoreFailures: a take cut off by a stalled Redis
+// starts the outage clock that asks for the old phase; a take cancelled by
+// its caller does not, and the clock runs out one interval and a second
+// after the last failure.
+func TestTokenBucketNotesStoreFailures(t *testing.T) {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "SIGSTOP")
+	tb, err := NewTokenBucket(shortClient(t, srv.Addr()), "notes", 10, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := tb.Take(cancelled, "", 1, 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("take with a cancelled context: %v, want context.Canceled", err)
+	}
+	if tb.outage.recent(time.Now().UnixNano(), tb.outageWindow()) {
+		t.Fatal("a cancelled take counted as a store failure")
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = tb.Take(ctx, "", 1, 0)
+	stop()
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	var be *throttle.BackendError
+	if !errors.As(err, &be) {
+		t.Fatalf("take against a stopped Redis: %v, want a *throttle.BackendError", err)
+	}
+	now := time.Now().UnixNano()
+	if !tb.outage.recent(now, tb.outageWindow()) {
+		t.Fatal("a take cut off by a stopped Redis did not count as a store failure")
+	}
+	if tb.outage.recent(now+tb.outageWindow()+1, tb.outageWindow()) {
+		t.Error("a failure still counts one window after it")
+	}
+	waitInflight(t, &tb.common)
+}
+
+// TestTokenBucketNotesSlowReplies: a reply slower than slowReply (a
+// paused Redis answering the takes queued in its connections as it
+// resumes) counts as a store failure too, though the take succeeds.
+func TestTokenBucketNotesSlowReplies(t *testing.T) {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "SIGSTOP")
+	tb, err := NewTokenBucket(srv.Client(), "slow", 10, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.Take(context.Background(), "", 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if tb.outage.recent(time.Now().UnixNano(), tb.outageWindow()) {
+		t.Fatal("a prompt reply counted as a store failure")
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := tb.Take(context.Background(), "", 1, 0)
+		done <- err
+	}()
+	// The take is in the stopped server's socket; it cannot be answered
+	// before the resume, however long this timer takes.
+	<-time.After(2 * slowReply)
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("take across the pause: %v", err)
+	}
+	if !tb.outage.recent(time.Now().UnixNano(), tb.outageWindow()) {
+		t.Error("a reply delayed by a pause did not count as a store failure")
+	}
+}
+
+func TestOutageClock(t *testing.T) {
+	var o outageClock
+	const ms = int64(time.Millisecond)
+	win := 1200 * ms
+	if o.recent(5000*ms, win) {
+		t.Fatal("recent before any failure")
+	}
+	o.failed(1000 * ms)
+	if !o.recent(1000*ms, win) || !o.recent(1000*ms+win, win) {
+		t.Error("a failure is not recent within its window")
+	}
+	if o.recent(1000*ms+win+1, win) {
+		t.Error("a failure is recent after its window")
+	}
+}
