@@ -538,6 +538,13 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *inst
 			}
 		case errors.Is(err, throttle.ErrTimeout):
 			t.timeouts.Add(1)
+			// A caller refused at once (its wait cannot be met) does
+			// something else for a moment rather than spin: 64 workers
+			// asking again without a pause starve a small machine.
+			select {
+			case <-run.Done():
+			case <-time.After(time.Millisecond):
+			}
 		case run.Err() != nil:
 			// The run ended while we waited.
 		default:
