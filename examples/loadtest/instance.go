@@ -46,7 +46,17 @@ func newInstance(c loadConfig, i int, hook redis.Hook) (*instance, error) {
 		}
 		return in, in.wrap(c, b)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: c.Redis, PoolSize: min(in.workers+4, maxPool)})
+	var rdb *redis.Client
+	if c.sentinel != nil {
+		// Each instance finds the master through the Sentinel, with
+		// short timeouts so that it notices a dead master quickly.
+		o := c.sentinel.FailoverOptions()
+		o.PoolSize = min(in.workers+4, maxPool)
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
+		rdb = redis.NewFailoverClient(o)
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: c.Redis, PoolSize: min(in.workers+4, maxPool)})
+	}
 	rdb.AddHook(hook)
 	in.rdb = rdb
 	var (

@@ -18,6 +18,7 @@ import (
 	"github.com/headway-go/headway/internal/guarantee"
 	"github.com/headway-go/headway/internal/provider"
 	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
 )
 
 // buckets names the buckets the load test can drive.
@@ -78,6 +79,20 @@ type loadConfig struct {
 	// Fail is each Limiter's failure policy: local (the default), closed
 	// or open.
 	Fail string
+	// FailoverAt, when set, kills the master of the run's Sentinel set
+	// (a master, a replica and a Sentinel the run started itself: run
+	// sets sentinel) this long after the start; the Sentinel promotes the
+	// replica, and each instance's go-redis failover client finds it.
+	FailoverAt time.Duration
+	sentinel   failoverer
+}
+
+// failoverer is a Sentinel set whose master can be killed
+// (internal/redisenv.Sentinel).
+type failoverer interface {
+	FailoverOptions() *redis.FailoverOptions
+	KillMaster() error
+	ReplicaAddr() string
 }
 
 // failurePolicies names the failure policies Fail may give.
@@ -184,7 +199,12 @@ type loadResult struct {
 	// the start, and for how long (0: no pause).
 	PausedAtS  float64 `json:"paused_at_s,omitempty"`
 	PausedForS float64 `json:"paused_for_s,omitempty"`
-	Fail       string  `json:"failure_policy"`
+	// FailoverAtS is when the master was killed (-failover-at), from the
+	// start; PromotedAfterS how long the Sentinel then took to promote
+	// the replica.
+	FailoverAtS    float64 `json:"failover_at_s,omitempty"`
+	PromotedAfterS float64 `json:"promoted_after_s,omitempty"`
+	Fail           string  `json:"failure_policy"`
 }
 
 // check validates c and fills in its defaults.
@@ -208,7 +228,7 @@ func (c *loadConfig) check() error {
 		return fmt.Errorf("maxwait = %v: must not be negative", c.MaxWait)
 	case c.Bucket == "local" && c.Limit < int64(c.Instances):
 		return fmt.Errorf("limit = %d: the local bucket splits it over %d instances, so it must be at least that", c.Limit, c.Instances)
-	case c.Bucket != "local" && c.Redis == "":
+	case c.Bucket != "local" && c.Redis == "" && c.sentinel == nil:
 		return fmt.Errorf("bucket %s needs a Redis address", c.Bucket)
 	case c.Ramp < 0 || c.Ramp >= c.Duration:
 		return fmt.Errorf("ramp = %v: must be 0 or positive and shorter than the duration", c.Ramp)
@@ -236,6 +256,14 @@ func (c *loadConfig) check() error {
 		return fmt.Errorf("pause-for = %v: the local bucket has no Redis to pause", c.PauseFor)
 	case c.PauseFor > 0 && c.PauseAt+c.PauseFor >= c.Duration:
 		return fmt.Errorf("pause-at = %v, pause-for = %v: the pause must end before the run does (duration %v)", c.PauseAt, c.PauseFor, c.Duration)
+	case c.FailoverAt < 0:
+		return fmt.Errorf("failover-at = %v: must not be negative", c.FailoverAt)
+	case c.FailoverAt > 0 && c.Bucket == "local":
+		return fmt.Errorf("failover-at = %v: the local bucket has no Redis to fail over", c.FailoverAt)
+	case c.FailoverAt > 0 && c.PauseFor > 0:
+		return fmt.Errorf("failover-at = %v, pause-for = %v: one fault per run", c.FailoverAt, c.PauseFor)
+	case c.FailoverAt > 0 && c.FailoverAt >= c.Duration:
+		return fmt.Errorf("failover-at = %v: the master must be killed before the run ends (duration %v)", c.FailoverAt, c.Duration)
 	}
 	if c.Skew > 0 && c.Demand == 0 {
 		c.Demand = 2
@@ -382,12 +410,17 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		}
 	}
 	var (
-		pausedAt, pausedFor time.Duration
-		faultErr            error // written before faultDone closes
+		pausedAt, pausedFor   time.Duration
+		killedAt, promotedAft time.Duration
+		faultErr              error // written before faultDone closes
 	)
 	faultDone := make(chan struct{})
 	go func() {
 		defer close(faultDone)
+		if c.FailoverAt > 0 && c.sentinel != nil {
+			killedAt, promotedAft, faultErr = failOver(run, c.sentinel, c.FailoverAt, start)
+			return
+		}
 		if c.PauseFor <= 0 || c.pauser == nil || !sleepCtx(run, c.PauseAt) {
 			return
 		}
@@ -462,6 +495,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		res.AcquireMaxUs = micros(waits[len(waits)-1])
 	}
 	res.PausedAtS, res.PausedForS = pausedAt.Seconds(), pausedFor.Seconds()
+	res.FailoverAtS, res.PromotedAfterS = killedAt.Seconds(), promotedAft.Seconds()
 	res.Fail = failurePolicies[c.Fail].String()
 	res.ArrivalMarginMs = millis(c.ArrivalMargin)
 	if prov != nil {
@@ -753,3 +787,31 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// failOver kills sen's master at (from start), unless run ends first, and
+// waits (up to 10 s) until the replica answers as a master. It returns
+// when the master was killed and how long the promotion took.
+func failOver(run context.Context, sen failoverer, at time.Duration, start time.Time) (killed, promoted time.Duration, err error) {
+	if !sleepCtx(run, at-time.Since(start)) {
+		return 0, 0, nil
+	}
+	killed = time.Since(start)
+	if err := sen.KillMaster(); err != nil {
+		return 0, 0, fmt.Errorf("killing the master: %w", err)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: sen.ReplicaAddr(), DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
+	defer rc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		role, err := rc.Do(run, "ROLE").Slice()
+		if err == nil && len(role) > 0 && role[0] == "master" {
+			return killed, time.Since(start) - killed, nil
+		}
+		if time.Now().After(deadline) {
+			return killed, 0, errors.New("the replica was not promoted within 10 s")
+		}
+		if !sleepCtx(run, 20*time.Millisecond) {
+			return killed, 0, nil
+		}
+	}
+}

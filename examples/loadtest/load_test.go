@@ -13,6 +13,7 @@ import (
 
 	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -281,8 +282,32 @@ func TestRunLoadProviderAndPause(t *testing.T) {
 	assert.NoError(t, err, "Redis answers again after the run")
 }
 
+// TestRunLoadFailover: -failover-at kills the master of a real Sentinel
+// set mid-run; the Sentinel promotes the replica and the fleet goes on
+// against it, every call counted at the provider.
+func TestRunLoadFailover(t *testing.T) {
+	sen := redisenv.NewSentinel(t)
+	c := smallRun("tokenbucket", "")
+	c.Duration = 3 * time.Second
+	c.Provider = "periods"
+	c.FailoverAt, c.sentinel = 500*time.Millisecond, sen
+	res, err := runLoad(context.Background(), c)
+	require.NoError(t, err)
+	t.Logf("provider: %d accepted, %d refused, per interval %v; master killed at %.2fs, promoted %.2fs later; %d degraded grants",
+		res.ProviderAccepted, res.ProviderRefused, res.ProviderPerInterval, res.FailoverAtS, res.PromotedAfterS, res.DegradedGrants)
+	assert.InDelta(t, 0.5, res.FailoverAtS, 0.1)
+	assert.Positive(t, res.PromotedAfterS, "the replica was promoted")
+	assert.Equal(t, res.Grants, res.ProviderAccepted+res.ProviderRefused, "one call per grant, each counted at the provider")
+	// The fleet goes on after the promotion: grants in the last interval.
+	require.NotEmpty(t, res.ProviderPerInterval)
+	assert.Positive(t, res.ProviderPerInterval[len(res.ProviderPerInterval)-2], "grants after the failover")
+	_, err = redis.NewClient(&redis.Options{Addr: sen.ReplicaAddr()}).Ping(context.Background()).Result()
+	assert.NoError(t, err, "the promoted replica answers")
+}
+
 func TestCommandLine(t *testing.T) {
 	cli.Check(t, command, append(cli.Conventions("loadtest", "-bucket=nonsense", "-limit=0", "-skew=2", "-tolerance=soon", "-provider=leaky", "-arrival-margin=5ms"),
+		cli.Case{Name: "failover with -redis", Args: []string{"-failover-at", "1s", "-redis", "127.0.0.1:1"}, Code: cli.ExitUsage, Stderr: "only a Sentinel set the run starts itself can fail over"},
 		cli.Case{Name: "pause with -redis", Args: []string{"-pause-for", "1s", "-redis", "127.0.0.1:1"}, Code: cli.ExitUsage, Stderr: "only a redis-server the run starts itself can be paused"},
 		cli.Case{Name: "ok", Args: []string{"-bucket", "local", "-duration", "300ms", "-limit", "50", "-interval", "100ms"}, Code: cli.ExitOK, Stdout: "grants"},
 	))

@@ -131,12 +131,16 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.ArrivalMargin, "arrival-margin", 0, "slidinglog: keep every window this much longer (bucket.WithArrivalMargin), so that a provider counting arrivals that come up to this late sees at most the limit")
 	fs.DurationVar(&c.PauseAt, "pause-at", 0, "with -pause-for: when to stop the run's own redis-server (SIGSTOP), from the start")
 	fs.DurationVar(&c.PauseFor, "pause-for", 0, "stop the run's own redis-server this long (0: no pause); not with -redis")
+	fs.DurationVar(&c.FailoverAt, "failover-at", 0, "start a Sentinel set (master, replica, Sentinel; each instance on its own go-redis failover client) and kill its master this long after the start (0: no failover); not with -redis")
 	fs.StringVar(&c.Fail, "fail", "local", "the Limiters' failure policy while Redis fails: local (each instance its share), closed (refuse) or open (grant)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object on the last line instead of a summary")
 	validate := func() error {
 		cc := c // check fills in defaults; run checks its own copy again
 		if cc.PauseFor > 0 && cc.Redis != "" {
 			return fmt.Errorf("pause-for = %v: only a redis-server the run starts itself can be paused; drop -redis", cc.PauseFor)
+		}
+		if cc.FailoverAt > 0 && cc.Redis != "" {
+			return fmt.Errorf("failover-at = %v: only a Sentinel set the run starts itself can fail over; drop -redis", cc.FailoverAt)
 		}
 		if cc.Redis == "" {
 			cc.Redis = "127.0.0.1:6379" // run starts one; only its presence is checked here
@@ -182,7 +186,16 @@ func run(ctx context.Context, c loadConfig, asJSON bool, stdout, stderr io.Write
 	redisKind := "none"
 	if c.Bucket != "local" {
 		redisKind = "external " + c.Redis
-		if c.Redis == "" {
+		if c.FailoverAt > 0 && c.Redis == "" {
+			sen, err := redisenv.StartSentinel()
+			if err != nil {
+				return cli.Usagef("failover-at needs a real redis-server (apt-get install -y redis-server): %w", err)
+			}
+			defer sen.Close()
+			c.sentinel = sen
+			redisKind = "Sentinel set (master " + sen.Master().Addr() + ", replica " + sen.ReplicaAddr() + ")"
+			fmt.Fprintf(stderr, "loadtest: started a master, a replica and a Sentinel (%s) for this run\n", sen.Addr())
+		} else if c.Redis == "" {
 			srv, err := redisenv.Start()
 			if err != nil {
 				return cli.Usagef("%w", err)
@@ -265,6 +278,9 @@ func summarize(w io.Writer, r loadResult) {
 	}
 	if r.PausedForS > 0 {
 		fmt.Fprintf(w, "  fault        redis stopped (SIGSTOP) at %.2fs for %.2fs; failure policy %s: %d grants it decided\n", r.PausedAtS, r.PausedForS, r.Fail, r.DegradedGrants)
+	}
+	if r.FailoverAtS > 0 {
+		fmt.Fprintf(w, "  fault        master killed at %.2fs, replica promoted %.2fs later; failure policy %s: %d grants it decided\n", r.FailoverAtS, r.PromotedAfterS, r.Fail, r.DegradedGrants)
 	}
 	if r.Provider != "" {
 		margin := ""

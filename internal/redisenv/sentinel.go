@@ -139,6 +139,13 @@ func (s *Sentinel) FailoverOptions() *redis.FailoverOptions {
 	return &redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: []string{s.addr}}
 }
 
+// KillMaster stops the master (SIGKILL), for the Sentinel to promote the
+// replica.
+func (s *Sentinel) KillMaster() error { return s.master.Close() }
+
+// ReplicaAddr is the replica's "127.0.0.1:port".
+func (s *Sentinel) ReplicaAddr() string { return s.replica.Addr() }
+
 // Close stops the Sentinel and both servers and removes their files.
 func (s *Sentinel) Close() {
 	if s.proc != nil {
