@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -199,5 +200,68 @@ func TestOutageClock(t *testing.T) {
 	}
 	if o.recent(1000*ms+win+1, win) {
 		t.Error("a failure is recent after its window")
+	}
+}
+
+// TestTokenBucketOwnDeadlineIsNoOutage (review): a caller whose own
+// deadline cuts a take short while Redis is healthy, or who cancels it,
+// does not make the instance ask for the old phase; it used to, for an
+// interval and a second, and a period an unaware refill had marked was
+// then lengthened without any outage.
+func TestTokenBucketOwnDeadlineIsNoOutage(t *testing.T) {
+	srv := redisenv.New(t)
+	tb, err := NewTokenBucket(srv.Client(), "own-deadline", 1000, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := throttle.New(tb)
+	if err := lim.Acquire(context.Background(), time.Second); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	for _, d := range []time.Duration{0, 20 * time.Microsecond, 100 * time.Microsecond, time.Millisecond} {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		_ = lim.Acquire(ctx, time.Second)
+		_, _ = tb.Take(ctx, "", 1, 0)
+		cancel()
+		if tb.outage.recent(time.Now().UnixNano(), tb.outageWindow()) {
+			t.Errorf("a caller's own %v deadline on a healthy Redis counted as a store failure", d)
+		}
+	}
+}
+
+// TestTokenBucketTinyPeriodsKeepTheirPace (review): with periods of 1 or
+// 2 ms, a tenth of a period is under a millisecond, so nothing is ever
+// lengthened; a refill on the old phase never is. A 1 ms period used to be
+// lengthened at every refill by a caller that saw an outage (a third of
+// the grants lost).
+func TestTokenBucketTinyPeriodsKeepTheirPace(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		period, gap time.Duration
+	}{
+		{time.Millisecond, 5 * time.Second},
+		{time.Millisecond, 1 * time.Millisecond},
+		{2 * time.Millisecond, 5 * time.Second},
+		{2 * time.Millisecond, 1 * time.Millisecond},
+		{5 * time.Millisecond, 5 * time.Second},
+	} {
+		tb, err := NewTokenBucket(rdb, fmt.Sprintf("tiny-%v-%v", tc.period, tc.gap), 1, tc.period)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, _ := tb.keys("")
+		if err := rdb.Set(ctx, keys[3], 1, phaseHold-tc.gap).Err(); err != nil {
+			t.Fatal(err)
+		}
+		tb.outage.failed(time.Now().UnixNano())
+		d, err := tb.Take(ctx, "", 1, 0)
+		if err != nil || !d.Granted {
+			t.Fatalf("period %v: %+v, %v", tc.period, d, err)
+		}
+		if d.Reset > tc.period {
+			t.Errorf("period %v, previous end %v ago: lengthened to %v", tc.period, tc.gap, d.Reset)
+		}
 	}
 }

@@ -47,14 +47,20 @@ import (
 // period at an arbitrary phase. If it starts within the last tenth of a
 // period of the old phase, its burst of grants crosses the boundary of a
 // provider that counts on the old phase, on top of the next period's. So an
-// instance that saw the store fail or stall (an error, or a reply slower
-// than 100 ms) asks, for one interval and a second after, that such a
-// period be lengthened to end on the old phase (the previous period's end
-// plus a whole number of periods). Lengthening never adds a token, keeps
-// refills at least one interval apart and costs at most a tenth of an
-// interval's grants, once per outage. The old phase is known for a minute
-// after a period ends: a longer outage, or Redis restarted empty, starts
-// afresh.
+// instance that saw the store fail or stall (an error from Redis, no
+// answer within the 10 ms or more a call allowed, or an answer after
+// 100 ms) asks, for one
+// interval and a second after, that such a period be lengthened to end on
+// the old phase (the previous period's end plus a whole number of
+// periods). Lengthening never adds a token and keeps refills at least one
+// interval apart; it costs at most a tenth of an interval's grants, once
+// per outage and key. Until it is lengthened, such a period's decisions
+// report its end up to a tenth of an interval early; once it is, a caller
+// whose wait is shorter than the time to its end is refused at once, as
+// for any delay beyond a wait. The old phase is known for a minute after a
+// period ends (so the period's limit key, tb:cap, lives that long: one
+// small key per budget used in the last minute); a longer outage, or Redis
+// restarted empty, starts afresh.
 //
 // Its limit can be changed live, for the whole fleet, with
 // [TokenBucket.SetLimit]; the change applies from the next refill.
@@ -91,7 +97,7 @@ func (o *outageClock) recent(now, within int64) bool {
 
 // slowReply is a round trip long enough to count as a stall of the store
 // (a paused Redis answers late rather than not at all): the default store
-// timeout of a Limiter.
+// timeout of a Limiter, whatever the Limiter's own (WithStoreTimeout).
 const slowReply = throttle.DefaultStoreTimeout
 
 // outageWindow is how long after its last store failure an instance asks
@@ -126,8 +132,8 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 	}, nil
 }
 
-// tbKeys lists a budget's keys: tokens, pause, refill mutex, the running
-// period's limit, the live limit, the phase shift after a gap. Scripts read them and never change the
+// tbKeys lists a budget's keys: tokens, pause, refill mutex, the period's
+// limit, the live limit, the lengthening owed to the phase. Scripts read them and never change the
 // slice.
 func tbKeys(tag string) []string {
 	return []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit", tag + ":tb:phase"}
@@ -139,6 +145,7 @@ func tbKeys(tag string) []string {
 // coalesced into one round trip (see the package doc).
 func (b *TokenBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	one := func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) }
+	start := time.Now()
 	var d throttle.Decision
 	var err error
 	if n != 1 {
@@ -146,13 +153,32 @@ func (b *TokenBucket) Take(ctx context.Context, key string, n int64, maxWait tim
 	} else {
 		d, err = b.coalesced(ctx, key, maxWait, one, b.takeUpTo)
 	}
-	// A take cut off by its deadline counts (a paused Redis looks like
-	// that); one cancelled by its caller does not.
-	if be := (*throttle.BackendError)(nil); errors.As(err, &be) && !errors.Is(err, context.Canceled) {
+	if storeFailed(err, start) {
 		b.outage.failed(time.Now().UnixNano())
 	}
 	return d, err
 }
+
+// storeFailed reports whether a take begun at start that ended with err
+// saw the store fail: an error from Redis itself, or a context that ended
+// after the store had had fairChance to answer (a paused Redis looks like
+// that). A caller's own deadline or cancellation cutting a call shorter,
+// with Redis healthy, is no outage.
+func storeFailed(err error, start time.Time) bool {
+	var be *throttle.BackendError
+	if !errors.As(err, &be) {
+		return false
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return time.Since(start) >= fairChance
+	}
+	return true
+}
+
+// fairChance is how long a take must have waited for Redis before a
+// context ending counts as the store failing: ten times a slow round trip
+// on loopback.
+const fairChance = 10 * time.Millisecond
 
 // keys returns the keys of key's budget.
 func (b *TokenBucket) keys(key string) ([]string, error) {
@@ -196,8 +222,8 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error
 		aware = 1
 	}
 	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.periodMs, aware)
-	if now := time.Now().UnixNano(); now-start > int64(slowReply) {
-		b.outage.failed(now)
+	if now := time.Now().UnixNano(); err == nil && now-start > int64(slowReply) {
+		b.outage.failed(now) // answered, but late: a stall
 	}
 	if err != nil {
 		return upTo{}, backend("take", keys[0], err)

@@ -130,8 +130,12 @@ type degradedKey struct {
 	// total counts every local grant of the key; claimed is total when
 	// the carried debt was claimed. A call sent while the store was down
 	// (a probe) claims what was granted until it was sent; what is
-	// granted while it waits for the store is still owed when it returns.
+	// granted while it waits for the store is still owed when it returns:
+	// at most after (when capped), the latest of the grants the windows
+	// count.
 	total, claimed int64
+	capped         bool
+	after          int64
 }
 
 func (k *degradedKey) count(now, n int64) {
@@ -148,15 +152,22 @@ func (k *degradedKey) count(now, n int64) {
 	k.total += n
 }
 
-// owed is what key granted locally in (about) the last two intervals.
+// owed is what key granted locally in (about) the last two intervals and
+// has not accounted for yet.
 func (k *degradedKey) owed(now int64) int64 {
+	var n int64
 	switch {
 	case now >= k.winStart+2*k.interval:
-		return 0
+		n = 0
 	case now >= k.winStart+k.interval:
-		return k.granted
+		n = k.granted
+	default:
+		n = k.granted + k.prev
 	}
-	return k.granted + k.prev
+	if k.capped {
+		n = min(n, k.after)
+	}
+	return n
 }
 
 func (f *failover) now(l *Limiter) int64 { return int64(l.cfg.clock.Since(f.epoch)) }
@@ -206,7 +217,12 @@ func (l *Limiter) localTake(key string, n int64) (d Decision, ok bool, err error
 			// Keep the count, still to be accounted for (a new outage
 			// began before the key's first shared call after the last).
 			nk.winStart, nk.granted, nk.prev, nk.carried = k.winStart, k.granted, k.prev, k.carried
-			nk.total, nk.claimed = k.total, k.claimed
+			nk.total, nk.claimed, nk.capped, nk.after = k.total, k.claimed, k.capped, k.after
+			if k.capped && k.outage != down {
+				// New grants come on top of what the last outage still
+				// owes: count that as granted now.
+				nk.winStart, nk.granted, nk.prev, nk.capped = now, k.owed(now), 0, false
+			}
 		} else {
 			if f.local == nil {
 				f.local = make(map[string]*degradedKey)
@@ -269,8 +285,8 @@ func (l *Limiter) releaseDebt(key string) {
 
 // settled forgets key's local grants up to its claim: the store has
 // accounted for them. Grants made locally after the claim (while the call
-// that carried it waited for the store) stay owed, as if granted now, for
-// settle to take.
+// that carried it waited for the store) stay owed, as far as they fall in
+// the last two intervals (owed), for settle to take.
 func (l *Limiter) settled(key string) {
 	f := &l.fail
 	f.mu.Lock()
@@ -281,7 +297,7 @@ func (l *Limiter) settled(key string) {
 	}
 	if after := k.total - k.claimed; after > 0 {
 		k.carried, k.claimed = false, k.total
-		k.winStart, k.granted, k.prev = f.now(l), after, 0
+		k.capped, k.after = true, after
 		return
 	}
 	delete(f.local, key)

@@ -322,3 +322,49 @@ func TestFailLocalChargesGrantsMadeWhileTheProbeWaited(t *testing.T) {
 	require.Less(t, clock.Since(ps.start), time.Second, "still period 0")
 	assert.LessOrEqual(t, inPeriod, 10, "%d permits granted in a period of limit 10", inPeriod)
 }
+
+// TestFailLocalLongProbeChargesOnlyRecentGrants (review): grants made
+// while a probe waited several intervals are owed only as far as they
+// fall in the last two intervals, as any local grant is; they used to be
+// charged in full to the period the probe came back in, long after the
+// provider had counted them.
+func TestFailLocalLongProbeChargesOnlyRecentGrants(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 1}
+	s := &heldStore{periodStore: ps, entered: make(chan struct{}, 1)}
+	lim := throttle.New(s, throttle.WithClock(clock))
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0))
+	ps.set(true)
+	for range 3 {
+		for lim.Acquire(ctx, 0) == nil {
+		}
+		clock.Advance(100 * time.Millisecond)
+	}
+	release := make(chan struct{})
+	s.mu.Lock()
+	s.held = release
+	s.mu.Unlock()
+	ps.set(false)
+	probe := make(chan error, 1)
+	go func() { probe <- lim.Acquire(ctx, throttle.Forever) }()
+	<-s.entered
+	for i := range 53 { // 5.3 s; local grants only in the first 1.5
+		for i < 15 && lim.Acquire(ctx, 0) == nil {
+		}
+		clock.Advance(100 * time.Millisecond)
+	}
+	s.mu.Lock()
+	s.held = nil
+	s.mu.Unlock()
+	close(release)
+	require.NoError(t, <-probe)
+	p := int64(clock.Since(ps.start) / time.Second)
+	require.Equal(t, int64(5), p)
+	ps.mu.Lock()
+	used := ps.used[fmt.Sprintf("/%d", p)]
+	ps.mu.Unlock()
+	// The probe carried the 3 local grants made before it was sent (its
+	// claim rides with it); those made while it waited are not charged.
+	assert.Equal(t, int64(1+3), used, "period 5 charged %d: the probe's permit and its claim only (no local grant in the last two intervals)", used)
+}

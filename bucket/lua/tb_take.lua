@@ -13,13 +13,13 @@
 --          how long ago the previous period ended (HOLD - its PTTL)
 -- KEYS[5]  live limit, a string set by an operator (TokenBucket.SetLimit);
 --          when present it replaces ARGV[2] from the next refill on
+-- KEYS[6]  how much (ms) to lengthen the running period to put it back on
+--          the phase before a gap (see below): written by a refill that
+--          is not asked to, expiring with that period
 -- ARGV[1]  n, tokens asked (integer ≥ 1): all or nothing. A negative
 --          value -k asks for up to k (coalesced callers): any number from
 --          1 to k is granted, as many as are left.
 -- ARGV[2]  limit: tokens per period (integer ≥ 1)
--- KEYS[6]  how much (ms) to lengthen the running period to put it back on
---          the phase before a gap (see below): written by a refill that
---          is not asked to, expiring with that period
 -- ARGV[3]  period in milliseconds (integer ≥ 1)
 -- ARGV[4]  1 when the caller's instance saw the store fail or stall
 --          lately: it asks that a period started after a gap keep the
@@ -66,11 +66,11 @@ local aware = ARGV[4] == '1'
 -- ended must be lengthened to end on the old phase: 0 unless it started
 -- within the last tenth of an old period.
 local function realign(gap)
-  local longer = period - gap % period
-  if longer > math.ceil(period / 10) then
+  local shift = gap % period
+  if shift == 0 or period - shift > math.floor(period / 10) then
     return 0
   end
-  return longer
+  return period - shift
 end
 local n = tonumber(ARGV[1])
 local upTo = n < 0
