@@ -272,6 +272,55 @@ func (s *heldStore) Take(ctx context.Context, key string, n int64, w time.Durati
 	return s.periodStore.Take(ctx, key, n, w)
 }
 
+// heldProbe is a Limiter on a heldStore of 10 per second for one instance
+// that granted once from the store at 0 s, then locally (the store down)
+// at 0, 0.1 and 0.2 s, and whose next probe, sent at 0.3 s when the store
+// answers again, waits in it until release is called.
+type heldProbe struct {
+	lim   *throttle.Limiter
+	ps    *periodStore
+	clock *clockwork.FakeClock
+	probe chan error // the probe's Acquire result
+	s     *heldStore
+	done  chan struct{}
+}
+
+// startHeldProbe builds a heldProbe; granted counts every permit granted
+// (in period 0).
+func startHeldProbe(t *testing.T) (h *heldProbe, granted int) {
+	t.Helper()
+	clock := clockwork.NewFakeClock()
+	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 1}
+	s := &heldStore{periodStore: ps, entered: make(chan struct{}, 1)}
+	h = &heldProbe{lim: throttle.New(s, throttle.WithClock(clock)), ps: ps, clock: clock, s: s, probe: make(chan error, 1), done: make(chan struct{})}
+	ctx := context.Background()
+	require.NoError(t, h.lim.Acquire(ctx, 0))
+	granted++
+	ps.set(true)
+	for range 3 { // 0 to 0.2 s: granted locally, each call a failed probe
+		for h.lim.Acquire(ctx, 0) == nil {
+			granted++
+		}
+		clock.Advance(100 * time.Millisecond)
+	}
+	s.mu.Lock()
+	s.held = h.done
+	s.mu.Unlock()
+	ps.set(false)
+	go func() { h.probe <- h.lim.Acquire(ctx, throttle.Forever) }()
+	<-s.entered
+	return h, granted
+}
+
+// release lets the held probe's call run and returns its result.
+func (h *heldProbe) release() error {
+	h.s.mu.Lock()
+	h.s.held = nil
+	h.s.mu.Unlock()
+	close(h.done)
+	return <-h.probe
+}
+
 // TestFailLocalChargesGrantsMadeWhileTheProbeWaited (issue 12, the pause
 // scenario's resume second): the probe that finds the store up again was
 // sent while it was down and carries what the instance had granted
@@ -280,46 +329,20 @@ func (s *heldStore) Take(ctx context.Context, key string, n int64, w time.Durati
 // came back, and the fleet's burst at the resume came on top of them:
 // 600 to 880 calls in the provider's second for a limit of 500.
 func TestFailLocalChargesGrantsMadeWhileTheProbeWaited(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 1}
-	s := &heldStore{periodStore: ps, entered: make(chan struct{}, 1)}
-	lim := throttle.New(s, throttle.WithClock(clock))
+	h, inPeriod := startHeldProbe(t)
 	ctx := context.Background()
-	inPeriod := 0 // permits granted in period 0, counted here
-	require.NoError(t, lim.Acquire(ctx, 0))
-	inPeriod++
-	ps.set(true)
-	for range 3 { // 0 to 0.2 s: granted locally, each call a failed probe
-		for lim.Acquire(ctx, 0) == nil {
-			inPeriod++
-		}
-		clock.Advance(100 * time.Millisecond)
-	}
-	// The store answers again, but the next probe's call waits in it.
-	release := make(chan struct{})
-	s.mu.Lock()
-	s.held = release
-	s.mu.Unlock()
-	ps.set(false)
-	probe := make(chan error, 1)
-	go func() { probe <- lim.Acquire(ctx, throttle.Forever) }()
-	<-s.entered
 	for range 4 { // 0.3 to 0.6 s: granted locally while the probe waits
-		for lim.Acquire(ctx, 0) == nil {
+		for h.lim.Acquire(ctx, 0) == nil {
 			inPeriod++
 		}
-		clock.Advance(100 * time.Millisecond)
+		h.clock.Advance(100 * time.Millisecond)
 	}
-	s.mu.Lock()
-	s.held = nil
-	s.mu.Unlock()
-	close(release)
-	require.NoError(t, <-probe, "the probe is granted")
+	require.NoError(t, h.release(), "the probe is granted")
 	inPeriod++
-	for lim.Acquire(ctx, 0) == nil {
+	for h.lim.Acquire(ctx, 0) == nil {
 		inPeriod++
 	}
-	require.Less(t, clock.Since(ps.start), time.Second, "still period 0")
+	require.Less(t, h.clock.Since(h.ps.start), time.Second, "still period 0")
 	assert.LessOrEqual(t, inPeriod, 10, "%d permits granted in a period of limit 10", inPeriod)
 }
 
@@ -329,41 +352,19 @@ func TestFailLocalChargesGrantsMadeWhileTheProbeWaited(t *testing.T) {
 // charged in full to the period the probe came back in, long after the
 // provider had counted them.
 func TestFailLocalLongProbeChargesOnlyRecentGrants(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 1}
-	s := &heldStore{periodStore: ps, entered: make(chan struct{}, 1)}
-	lim := throttle.New(s, throttle.WithClock(clock))
+	h, _ := startHeldProbe(t)
 	ctx := context.Background()
-	require.NoError(t, lim.Acquire(ctx, 0))
-	ps.set(true)
-	for range 3 {
-		for lim.Acquire(ctx, 0) == nil {
+	for i := range 50 { // 0.3 to 5.3 s; local grants only until 1.8 s
+		for i < 15 && h.lim.Acquire(ctx, 0) == nil {
 		}
-		clock.Advance(100 * time.Millisecond)
+		h.clock.Advance(100 * time.Millisecond)
 	}
-	release := make(chan struct{})
-	s.mu.Lock()
-	s.held = release
-	s.mu.Unlock()
-	ps.set(false)
-	probe := make(chan error, 1)
-	go func() { probe <- lim.Acquire(ctx, throttle.Forever) }()
-	<-s.entered
-	for i := range 53 { // 5.3 s; local grants only in the first 1.5
-		for i < 15 && lim.Acquire(ctx, 0) == nil {
-		}
-		clock.Advance(100 * time.Millisecond)
-	}
-	s.mu.Lock()
-	s.held = nil
-	s.mu.Unlock()
-	close(release)
-	require.NoError(t, <-probe)
-	p := int64(clock.Since(ps.start) / time.Second)
+	require.NoError(t, h.release())
+	p := int64(h.clock.Since(h.ps.start) / time.Second)
 	require.Equal(t, int64(5), p)
-	ps.mu.Lock()
-	used := ps.used[fmt.Sprintf("/%d", p)]
-	ps.mu.Unlock()
+	h.ps.mu.Lock()
+	used := h.ps.used[fmt.Sprintf("/%d", p)]
+	h.ps.mu.Unlock()
 	// The probe carried the 3 local grants made before it was sent (its
 	// claim rides with it); those made while it waited are not charged.
 	assert.Equal(t, int64(1+3), used, "period 5 charged %d: the probe's permit and its claim only (no local grant in the last two intervals)", used)
