@@ -49,10 +49,9 @@ import (
 // provider that counts on the old phase, on top of the next period's. So an
 // instance that saw the store fail or stall (an error from Redis, no
 // answer within the 10 ms or more a call allowed, or an answer after
-// 100 ms) asks, for one
-// interval and a second after, that such a period be lengthened to end on
-// the old phase (the previous period's end plus a whole number of
-// periods). Lengthening never adds a token and keeps refills at least one
+// 100 ms) asks, for one interval and a second after, that such a period be
+// lengthened to end on the old phase (the previous period's end plus a
+// whole number of periods). Lengthening never adds a token and keeps refills at least one
 // interval apart; it costs at most a tenth of an interval's grants, once
 // per outage and key. Until it is lengthened, such a period's decisions
 // report its end up to a tenth of an interval early; once it is, a caller
@@ -133,8 +132,8 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 }
 
 // tbKeys lists a budget's keys: tokens, pause, refill mutex, the period's
-// limit, the live limit, the lengthening owed to the phase. Scripts read them and never change the
-// slice.
+// limit, the live limit, the lengthening owed to the phase. Scripts read
+// them and never change the slice.
 func tbKeys(tag string) []string {
 	return []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit", tag + ":tb:phase"}
 }
