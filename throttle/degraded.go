@@ -349,3 +349,98 @@ func (l *Limiter) settle(ctx context.Context, key string, left time.Duration, no
 		}
 	}
 }
+
+// The first shared period after an outage. The instances of a fleet find
+// the store again at different times (a failover: each client finds the
+// promoted master on its own). The first one back would take the whole
+// shared period while the others still grant their local shares, and
+// their debts, when they come back, would find nothing left to charge:
+// the fleet above the limit by the others' shares. So a key that granted
+// locally in the outage takes from the store, until the end of the first
+// shared period it sees afterwards, at most its share of the limit less
+// what it owed on its return; after that period, the shared limit alone
+// decides. When every instance comes back at once, the shares add up to
+// the limit less the debts, as without the cap.
+
+// recoveryCap is a key's room in its first shared period after an outage.
+type recoveryCap struct {
+	until int64 // ns since the failover's epoch: the period's end
+	room  int64 // permits this instance may still take from the store in it
+}
+
+// localOwed returns what key owes for its local grants of the outage, and
+// its share of the limit then; ok is false when it granted nothing locally.
+func (l *Limiter) localOwed(key string) (owed, share int64, ok bool) {
+	f := &l.fail
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := f.local[key]
+	if k == nil {
+		return 0, 0, false
+	}
+	return k.owed(f.now(l)), k.share, true
+}
+
+// startRecovery caps key's shared grants until the end of the period d
+// reports (see recoveryCap): share, less owed and the took permits d
+// granted.
+func (l *Limiter) startRecovery(key string, d Decision, share, owed, took int64) {
+	if d.Reset <= 0 || share <= 0 {
+		return
+	}
+	f := &l.fail
+	now := f.now(l)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.recovering == nil {
+		f.recovering = make(map[string]*recoveryCap)
+	}
+	if _, ok := f.recovering[key]; !ok {
+		f.recoveringN.Add(1)
+	}
+	until := now + int64(d.Reset)
+	f.recovering[key] = &recoveryCap{until: until, room: max(share-owed-took, 0)}
+	f.recoveryEnd = max(f.recoveryEnd, until)
+}
+
+// reserveRecovery reserves n permits of key's room in its first shared
+// period after an outage, before its store call. It returns reserved when
+// it did (give them back with unreserveRecovery if the call grants
+// nothing), or a refusal until the period's end when the room is spent.
+func (l *Limiter) reserveRecovery(key string, n int64) (refusal Decision, refused, reserved bool) {
+	f := &l.fail
+	now := f.now(l)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if now >= f.recoveryEnd {
+		// Every cap has run out: forget them all at once (keys that
+		// are not called again would stay otherwise, and keep the hot
+		// path taking this lock).
+		clear(f.recovering)
+		f.recoveringN.Store(0)
+		return Decision{}, false, false
+	}
+	rc := f.recovering[key]
+	switch {
+	case rc == nil:
+		return Decision{}, false, false
+	case now >= rc.until:
+		delete(f.recovering, key)
+		f.recoveringN.Add(-1)
+		return Decision{}, false, false
+	case rc.room >= n:
+		rc.room -= n
+		return Decision{}, false, true
+	}
+	return Decision{Delay: time.Duration(rc.until - now), Remaining: 0}, true, false
+}
+
+// unreserveRecovery gives back n permits reserved by reserveRecovery.
+func (l *Limiter) unreserveRecovery(key string, n int64) {
+	f := &l.fail
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if rc := f.recovering[key]; rc != nil {
+		rc.room += n
+	}
+}

@@ -154,6 +154,12 @@ type failover struct {
 	// pending counts the keys in local, so that the hot path skips the
 	// lookup when no outage left local grants to account for.
 	pending atomic.Int64
+	// recovering caps each key's shared grants in its first shared period
+	// after it granted locally (see recoveryCap); recoveringN counts its
+	// keys, for the hot path.
+	recovering  map[string]*recoveryCap // under mu
+	recoveryEnd int64                   // under mu: the latest cap's end
+	recoveringN atomic.Int64
 }
 
 // init sets the failure policy's state for a Limiter built with cfg.
@@ -214,6 +220,22 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 	if _, ok := l.bucket.(selfBounded); !ok || left == 0 && !noWait {
 		tctx, cancel, d0, budgetBound = l.storeContext(ctx, left, noWait)
 	}
+	if f.policy == FailLocal && f.recoveringN.Load() > 0 {
+		refusal, refused, reserved := l.reserveRecovery(key, n)
+		if refused {
+			if cancel != nil {
+				cancel()
+			}
+			return refusal, false, nil
+		}
+		if reserved {
+			defer func() {
+				if err != nil || degraded || !d.Granted {
+					l.unreserveRecovery(key, n)
+				}
+			}()
+		}
+	}
 	sent, callStart := f.now(l), time.Now()
 	debt := int64(0)
 	if f.policy == FailLocal && f.pending.Load() > 0 {
@@ -243,6 +265,10 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 		}
 		if f.policy == FailLocal {
 			f.seen.note(key, d, f.now(l), l.fallbackLimit)
+			owed, share, hadLocal := int64(0), int64(0), false
+			if f.pending.Load() > 0 {
+				owed, share, hadLocal = l.localOwed(key)
+			}
 			switch {
 			case debt > 0 && d.Granted:
 				l.settled(key) // the debt came with the call's permits
@@ -253,6 +279,13 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 				// What is still owed: all of it, or what was granted
 				// locally after the claim.
 				l.settle(ctx, key, left, noWait, time.Since(callStart))
+			}
+			if hadLocal {
+				took := int64(0)
+				if d.Granted {
+					took = n
+				}
+				l.startRecovery(key, d, share, owed, took)
 			}
 		}
 		return d, false, nil

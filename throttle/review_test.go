@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -368,4 +369,70 @@ func TestFailLocalLongProbeChargesOnlyRecentGrants(t *testing.T) {
 	// The probe carried the 3 local grants made before it was sent (its
 	// claim rides with it); those made while it waited are not charged.
 	assert.Equal(t, int64(1+3), used, "period 5 charged %d: the probe's permit and its claim only (no local grant in the last two intervals)", used)
+}
+
+// splitStore is one instance's view of a shared periodStore: it fails
+// while its own down is set (its client has not found the store again),
+// whatever the others see.
+type splitStore struct {
+	*periodStore
+	down atomic.Bool
+}
+
+func (s *splitStore) Take(ctx context.Context, key string, n int64, w time.Duration) (throttle.Decision, error) {
+	if s.down.Load() {
+		return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: io.ErrUnexpectedEOF}
+	}
+	return s.periodStore.Take(ctx, key, n, w)
+}
+
+// TestFailLocalFirstBackKeepsToItsShare (issue 12, the Sentinel failover):
+// two instances share 10 per second; the store fails for both, and comes
+// back for one of them (its client found the promoted master) while the
+// other still grants its local share. In the first shared period after
+// its return, the first instance takes at most its share less what it
+// owes; the second's local grants and, once back, its debt and shared
+// grants fit the rest. The first back used to take the whole period, and
+// the fleet granted 10 + the other's share in it (the 649 and 691 calls in
+// a second for a limit of 500 at the counting provider).
+func TestFailLocalFirstBackKeepsToItsShare(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 2}
+	a, b := &splitStore{periodStore: ps}, &splitStore{periodStore: ps}
+	la, lb := throttle.New(a, throttle.WithClock(clock)), throttle.New(b, throttle.WithClock(clock))
+	ctx := context.Background()
+	greedy := func(l *throttle.Limiter) (n int) {
+		for l.Acquire(ctx, 0) == nil {
+			n++
+		}
+		return n
+	}
+	perPeriod := map[int64]int{}
+	step := func() { // 100 ms on, then both instances ask greedily
+		clock.Advance(100 * time.Millisecond)
+		perPeriod[int64(clock.Since(ps.start)/time.Second)] += greedy(la) + greedy(lb)
+	}
+	clock.Advance(900 * time.Millisecond) // late in period 0
+	a.down.Store(true)
+	b.down.Store(true)
+	for range 12 { // 1.0 to 2.1 s: local grants only
+		step()
+	}
+	a.down.Store(false) // 2.1 s, period 2: a is back, b is not yet
+	for range 5 {       // 2.2 to 2.6 s
+		step()
+	}
+	b.down.Store(false) // 2.6 s: b is back too
+	for range 3 {       // 2.7 to 2.9 s
+		step()
+	}
+	require.Less(t, clock.Since(ps.start), 3*time.Second, "still period 2")
+	t.Logf("grants per period: %v", perPeriod)
+	assert.LessOrEqual(t, perPeriod[1], 10, "period 1, both local")
+	assert.LessOrEqual(t, perPeriod[2], 10, "period 2, a back first: %d grants for a limit of 10", perPeriod[2])
+	assert.GreaterOrEqual(t, perPeriod[2], 5, "period 2: the shares are used")
+	// From the next period the shared limit alone decides: a greedy
+	// instance may take it all.
+	clock.Advance(time.Second)
+	assert.Equal(t, 10, greedy(la), "period 3: a takes the whole limit")
 }
