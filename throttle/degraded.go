@@ -360,7 +360,10 @@ func (l *Limiter) settle(ctx context.Context, key string, left time.Duration, no
 // shared period it sees afterwards, at most its share of the limit less
 // what it owed on its return; after that period, the shared limit alone
 // decides. When every instance comes back at once, the shares add up to
-// the limit less the debts, as without the cap.
+// the limit less the debts, as without the cap. Known gap: calls of the
+// key already on their way to the store when the first one comes back
+// are not capped (during an outage only the probe asks the store, so this
+// matters when another key's probe ended the outage).
 
 // recoveryCap is a key's room in its first shared period after an outage.
 type recoveryCap struct {
@@ -383,15 +386,21 @@ func (l *Limiter) localOwed(key string) (owed, share int64, ok bool) {
 
 // startRecovery caps key's shared grants until the end of the period d
 // reports (see recoveryCap): share, less owed and the took permits d
-// granted.
+// granted. A key that owes nothing (it granted nothing locally in the last
+// two intervals: idle since the outage, or only refused then) is not
+// capped, and a cap already running is left as it is (calls of the key
+// have reserved from it).
 func (l *Limiter) startRecovery(key string, d Decision, share, owed, took int64) {
-	if d.Reset <= 0 || share <= 0 {
+	if d.Reset <= 0 || share <= 0 || owed <= 0 {
 		return
 	}
 	f := &l.fail
 	now := f.now(l)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if rc := f.recovering[key]; rc != nil && now < rc.until {
+		return
+	}
 	if f.recovering == nil {
 		f.recovering = make(map[string]*recoveryCap)
 	}

@@ -220,7 +220,9 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 	if _, ok := l.bucket.(selfBounded); !ok || left == 0 && !noWait {
 		tctx, cancel, d0, budgetBound = l.storeContext(ctx, left, noWait)
 	}
-	if f.policy == FailLocal && f.recoveringN.Load() > 0 {
+	if f.policy == FailLocal && !probe && f.recoveringN.Load() > 0 {
+		// (A probe is never capped: it must find out whether the store
+		// answers again.)
 		refusal, refused, reserved := l.reserveRecovery(key, n)
 		if refused {
 			if cancel != nil {

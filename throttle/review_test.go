@@ -436,3 +436,26 @@ func TestFailLocalFirstBackKeepsToItsShare(t *testing.T) {
 	clock.Advance(time.Second)
 	assert.Equal(t, 10, greedy(la), "period 3: a takes the whole limit")
 }
+
+// TestFailLocalIdleKeyIsNotCappedLater (review): a key that granted
+// locally in an outage and was not called again until long after it is
+// not held to its share when it is: it owes nothing any more. It used to
+// get half the limit, then refusals until the period's end, an hour on.
+func TestFailLocalIdleKeyIsNotCappedLater(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 2}
+	lim := throttle.New(ps, throttle.WithClock(clock))
+	ctx := context.Background()
+	require.NoError(t, lim.Key("k").Acquire(ctx, 0))
+	ps.set(true)
+	clock.Advance(100 * time.Millisecond)
+	require.NoError(t, lim.Key("k").Acquire(ctx, 0), "a local grant of k")
+	ps.set(false)
+	require.NoError(t, lim.Key("other").Acquire(ctx, 0), "the store answers again, for another key")
+	clock.Advance(time.Hour)
+	granted := 0
+	for lim.Key("k").Acquire(ctx, 0) == nil {
+		granted++
+	}
+	assert.Equal(t, 10, granted, "k an hour after the outage: the whole limit, not a share")
+}
