@@ -51,7 +51,11 @@ const (
 	// failure. A key keeps its own limit (one set live included, as its
 	// last shared decision reported it). When the store answers again,
 	// the permits granted locally in the last two intervals are taken from
-	// the shared bucket before the key's shared grants resume.
+	// the shared bucket before the key's shared grants resume, and until
+	// the end of that first shared period the instance takes at most its
+	// share less those permits (the other instances may still be granting
+	// theirs locally: a failover's clients find the new master one by
+	// one).
 	//
 	// Bound: while the store fails, the fleet grants at most the shared
 	// limit in any span of one interval, when every instance sees the
