@@ -17,9 +17,14 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestPipelineLosesNothingAndStaysUnderTheLimit(t *testing.T) {
-	var out bytes.Buffer
+	var out, logs bytes.Buffer
 	c := config{records: 400, limit: 80, interval: 200 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-test", latency: 20 * time.Millisecond}
-	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() {
+		if t.Failed() { // what the demo printed and logged, to tell why
+			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
+		}
+	})
 	require.NoError(t, err, out.String())
 	assert.Equal(t, int64(400), s.Produced)
 	assert.Equal(t, int64(400), s.Handled)
