@@ -265,3 +265,124 @@ func TestTokenBucketTinyPeriodsKeepTheirPace(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenBucketKeepsALostPeriod (issue 12, Redis restarted empty): a
+// take from an instance that was told of a period still running, meeting a
+// server with no record of it, starts no period: the tokens stay at 0
+// until the end the instance knew, for every instance. Without a loss (the
+// server recorded the period's end, and the call only crossed it in
+// transit), the refill is as usual. The instance's knowledge is set by
+// hand, so no case waits on the clock.
+func TestTokenBucketKeepsALostPeriod(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const period = time.Second
+	cases := []struct {
+		name  string
+		known time.Duration // until the end the instance knows
+		ended time.Duration // since the end the server recorded; -1 none; < -1 a running period (tokens key lost)
+		lost  bool
+	}{
+		{"restarted empty", 600 * time.Millisecond, -1, true},
+		{"refill lost", 700 * time.Millisecond, 300 * time.Millisecond, true},
+		{"tokens key lost", 400 * time.Millisecond, -400 * time.Millisecond, true},
+		{"crossed the end in transit", 3 * time.Millisecond, 2 * time.Millisecond, false},
+		{"half a period apart", 200 * time.Millisecond, 290 * time.Millisecond, false},
+		{"nothing known", 0, -1, false},
+		{"the known end has passed", -5 * time.Millisecond, -1, false},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tb, err := NewTokenBucket(rdb, "lost", 10, period)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := string(rune('a' + i))
+			keys, err := tb.keys(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.ended >= 0:
+				err = rdb.Set(ctx, keys[3], 10, phaseHold-tc.ended).Err()
+			case tc.ended < -1:
+				err = rdb.Set(ctx, keys[3], 10, phaseHold-tc.ended).Err()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Now().UnixNano()
+			tb.ends.note(key, now+int64(tc.known), now)
+			d, err := tb.Take(ctx, key, 1, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.lost {
+				if !d.Granted || d.Remaining != 9 || d.Reset < period-50*time.Millisecond {
+					t.Fatalf("want a usual refill (granted, 9 left, a whole period), got %+v", d)
+				}
+				return
+			}
+			if d.Granted || d.Remaining != 0 || d.Delay <= 0 || d.Delay > tc.known+time.Millisecond || d.Delay < tc.known-50*time.Millisecond {
+				t.Fatalf("want a refusal until the known end (%v), got %+v", tc.known, d)
+			}
+			// Every instance, knowing nothing, finds the period held.
+			other, err := NewTokenBucket(rdb, "lost", 10, period)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d, err := other.Take(ctx, key, 1, 0); err != nil || d.Granted {
+				t.Fatalf("another instance: %+v, %v; want a refusal", d, err)
+			}
+			if left := rdb.PTTL(ctx, keys[3]).Val(); left < phaseHold || left > phaseHold+tc.known {
+				t.Fatalf("the period's limit key lives %v, want the known end and the hold", left)
+			}
+		})
+	}
+}
+
+// TestTokenBucketRestartedEmptyKeepsThePhase: after FLUSHALL (what a
+// restart without persistence leaves), the fleet's next period starts
+// where the lost one ended, with all its tokens.
+func TestTokenBucketRestartedEmptyKeepsThePhase(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const period = 300 * time.Millisecond
+	tb, err := NewTokenBucket(rdb, "flushed", 5, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := tb.Take(ctx, "", 1, 0)
+	if err != nil || !d.Granted {
+		t.Fatalf("first take: %+v, %v", d, err)
+	}
+	end := time.Now().Add(d.Reset)
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err = tb.Take(ctx, "", 1, 0)
+	if err != nil || d.Granted {
+		t.Fatalf("after the flush: %+v, %v; want a refusal until the lost period's end", d, err)
+	}
+	if until := time.Until(end); d.Delay > until+5*time.Millisecond {
+		t.Fatalf("refused for %v, but the lost period ends in %v", d.Delay, until)
+	}
+	time.Sleep(d.Delay) // the server's clock: the held period must end
+	var granted throttle.Decision
+	for range 50 { // a retry or two if the sleep ended an instant early
+		if granted, err = tb.Take(ctx, "", 1, 0); err != nil || granted.Granted {
+			break
+		}
+		time.Sleep(granted.Delay)
+	}
+	if err != nil || !granted.Granted || granted.Remaining != 4 {
+		t.Fatalf("after the lost period: %+v, %v; want a fresh period, 4 left", granted, err)
+	}
+	// The new period ends one period after the lost one did, less the
+	// reply's time in transit.
+	if got := time.Until(end.Add(period)) - granted.Reset; got < -5*time.Millisecond || got > 30*time.Millisecond {
+		t.Fatalf("the new period ends %v off the lost period's phase", got)
+	}
+}

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -75,6 +76,53 @@ type TokenBucket struct {
 	seen     *seenLimit // last limit in force seen, for Fallback
 	rootKeys []string   // tbKeys of key "", built once: the hot path
 	outage   outageClock
+	ends     periodEnds
+}
+
+// periodEnds remembers, per key, the latest period end this instance was
+// told of, as a lower bound on this machine's clock (the call's send time
+// plus the period left in its answer), so that a take can tell tb_take.lua
+// of a period the server has lost (see "Lost period" there). An entry is
+// useless once its end has passed; entries are swept when the map has
+// doubled since the last sweep, so it holds about the keys taken from in
+// the last period.
+type periodEnds struct {
+	mu    sync.Mutex
+	m     map[string]int64 // key → Unix ns
+	swept int              // len(m) after the last sweep
+}
+
+// left returns the ms from now (Unix ns) until key's known end, 0 when it
+// has passed or none is known, at most most.
+func (p *periodEnds) left(key string, now, most int64) int64 {
+	p.mu.Lock()
+	end, ok := p.m[key]
+	p.mu.Unlock()
+	if !ok || end <= now {
+		return 0
+	}
+	return min((end-now)/int64(time.Millisecond), most)
+}
+
+// note records that key's running period ends no earlier than end (Unix
+// ns); now is the time, for sweeping.
+func (p *periodEnds) note(key string, end, now int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = make(map[string]int64)
+	}
+	if end > p.m[key] {
+		p.m[key] = end
+	}
+	if len(p.m) >= 2*max(p.swept, 64) {
+		for k, e := range p.m {
+			if e <= now {
+				delete(p.m, k)
+			}
+		}
+		p.swept = len(p.m)
+	}
 }
 
 // outageClock remembers when this instance last saw the store fail or
@@ -220,7 +268,10 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error
 	if b.outage.recent(start, b.outageWindow()) {
 		aware = 1
 	}
-	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.periodMs, aware)
+	// The period this instance knows to be running (ARGV[5]); a period
+	// lengthened for the phase is at most a tenth longer.
+	known := b.ends.left(key, start, 2*b.periodMs)
+	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.periodMs, aware, known)
 	if now := time.Now().UnixNano(); err == nil && now-start > int64(slowReply) {
 		b.outage.failed(now) // answered, but late: a stall
 	}
@@ -231,6 +282,9 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error
 		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
 	}
 	b.seen.note(key, r[4])
+	if (r[0] == 1 || r[0] == 0) && r[2] >= 0 && r[3] > 0 { // (a pause answers remaining -1)
+		b.ends.note(key, start+r[3]*int64(time.Millisecond), start)
+	}
 	limit := liveOr(r, 4, b.limit)
 	// The key expires once the server's clock is past its expiry: 1 ms
 	// after PTTL reads 0.

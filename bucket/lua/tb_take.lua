@@ -24,6 +24,11 @@
 -- ARGV[4]  1 when the caller's instance saw the store fail or stall
 --          lately: it asks that a period started after a gap keep the
 --          phase of the periods before it (see below); 0 otherwise
+-- ARGV[5]  ms until the end of the latest period of this budget the
+--          caller's instance was told of, counted from when it sent
+--          this call (a lower bound: the server's clock had passed the
+--          send when it answered); 0 or absent when that period has ended
+--          or none is known (see "Lost period" below)
 --
 -- Returns {status, delay_ms, remaining, reset_ms, limit, taken}:
 --   status 1: granted taken tokens; remaining = tokens left; reset_ms =
@@ -59,9 +64,24 @@
 -- and costs at most a tenth of a period's grants. Periods that start
 -- further from an old boundary keep their phase: their bursts fall
 -- within the provider's periods. A gap longer than HOLD starts afresh.
+--
+-- Lost period: Redis restarted empty (or a promoted replica that had not
+-- received the latest refill) has no tokens key although the fleet was
+-- told of a period that is still running, whose grants reached the
+-- provider. A refill now would give a whole period's tokens inside it and
+-- start the periods at a new phase. When the caller knows such a period
+-- (ARGV[5] > 0) and the server has no record of it (no KEYS[4], or one of
+-- a period that ended so long ago that the caller's cannot be it: the
+-- caller's end and the time since the recorded end add up to more than
+-- half a period; without a loss they add up to at most the call's time in
+-- transit), the script starts no period: it holds the tokens at 0 until
+-- the caller's end, after which the next refill starts on the old phase.
+-- What the lost period had granted is unknown, so nothing more is granted
+-- in it; the cost is at most one period's grants, once per loss and key.
 local HOLD = 60000
 local period = tonumber(ARGV[3])
 local aware = ARGV[4] == '1'
+local known = tonumber(ARGV[5] or '0') or 0
 -- realign is how much a period that started gap ms after the previous one
 -- ended must be lengthened to end on the old phase: 0 unless it started
 -- within the last tenth of an old period.
@@ -89,6 +109,11 @@ if ttl < 0 then
   cap = tonumber(redis.call('GET', KEYS[5]) or cap) or cap
   ttl = period
   local was = redis.call('PTTL', KEYS[4])
+  if known > 0 and (was < 0 or was > HOLD or known + HOLD - was > period / 2) then
+    redis.call('SET', KEYS[1], 0, 'PX', known)
+    redis.call('SET', KEYS[4], cap, 'PX', known + HOLD)
+    return {0, known, 0, known, cap, 0}
+  end
   if was >= 0 and was <= HOLD then
     local longer = realign(HOLD - was)
     if longer > 0 and aware then

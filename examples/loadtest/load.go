@@ -76,6 +76,11 @@ type loadConfig struct {
 	// started itself can be paused: run sets pauser.
 	PauseAt, PauseFor time.Duration
 	pauser            pauser
+	// RestartAt, when set, kills the run's Redis (a server the run started
+	// itself: run sets pauser) this long after the start and starts an
+	// empty one on the same port at once: Redis restarted without
+	// persistence.
+	RestartAt time.Duration
 	// Fail is each Limiter's failure policy: local (the default), closed
 	// or open.
 	Fail string
@@ -103,10 +108,12 @@ var failurePolicies = map[string]throttle.FailurePolicy{
 	"open":   throttle.FailOpen,
 }
 
-// pauser stops and resumes a Redis server (internal/redisenv.Server).
+// pauser stops, resumes and restarts a Redis server
+// (internal/redisenv.Server).
 type pauser interface {
 	Pause() error
 	Resume() error
+	Restart() error
 }
 
 // providers names the policies of Provider, as internal/provider has them.
@@ -204,6 +211,11 @@ type loadResult struct {
 	// the replica.
 	FailoverAtS    float64 `json:"failover_at_s,omitempty"`
 	PromotedAfterS float64 `json:"promoted_after_s,omitempty"`
+	// RestartedAtS is when the run's Redis was killed and started again
+	// empty (-restart-at), from the start; RestartTookS how long it was
+	// gone.
+	RestartedAtS float64 `json:"restarted_at_s,omitempty"`
+	RestartTookS float64 `json:"restart_took_s,omitempty"`
 	Fail           string  `json:"failure_policy"`
 }
 
@@ -264,6 +276,14 @@ func (c *loadConfig) check() error {
 		return fmt.Errorf("failover-at = %v, pause-for = %v: one fault per run", c.FailoverAt, c.PauseFor)
 	case c.FailoverAt > 0 && c.FailoverAt >= c.Duration:
 		return fmt.Errorf("failover-at = %v: the master must be killed before the run ends (duration %v)", c.FailoverAt, c.Duration)
+	case c.RestartAt < 0:
+		return fmt.Errorf("restart-at = %v: must not be negative", c.RestartAt)
+	case c.RestartAt > 0 && c.Bucket == "local":
+		return fmt.Errorf("restart-at = %v: the local bucket has no Redis to restart", c.RestartAt)
+	case c.RestartAt > 0 && (c.PauseFor > 0 || c.FailoverAt > 0):
+		return fmt.Errorf("restart-at = %v: one fault per run (not with -pause-for or -failover-at)", c.RestartAt)
+	case c.RestartAt > 0 && c.RestartAt >= c.Duration:
+		return fmt.Errorf("restart-at = %v: Redis must be restarted before the run ends (duration %v)", c.RestartAt, c.Duration)
 	}
 	if c.Skew > 0 && c.Demand == 0 {
 		c.Demand = 2
@@ -412,6 +432,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	var (
 		pausedAt, pausedFor   time.Duration
 		killedAt, promotedAft time.Duration
+		restartAt, restartFor time.Duration
 		faultErr              error // written before faultDone closes
 	)
 	faultDone := make(chan struct{})
@@ -419,6 +440,18 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		defer close(faultDone)
 		if c.FailoverAt > 0 && c.sentinel != nil {
 			killedAt, promotedAft, faultErr = failOver(run, c.sentinel, c.FailoverAt, start)
+			return
+		}
+		if c.RestartAt > 0 && c.pauser != nil {
+			if !sleepCtx(run, c.RestartAt-time.Since(start)) {
+				return
+			}
+			at := time.Since(start)
+			if err := c.pauser.Restart(); err != nil {
+				faultErr = fmt.Errorf("restarting redis: %w", err)
+				return
+			}
+			restartAt, restartFor = at, time.Since(start)-at
 			return
 		}
 		if c.PauseFor <= 0 || c.pauser == nil || !sleepCtx(run, c.PauseAt) {
@@ -496,6 +529,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	}
 	res.PausedAtS, res.PausedForS = pausedAt.Seconds(), pausedFor.Seconds()
 	res.FailoverAtS, res.PromotedAfterS = killedAt.Seconds(), promotedAft.Seconds()
+	res.RestartedAtS, res.RestartTookS = restartAt.Seconds(), restartFor.Seconds()
 	res.Fail = failurePolicies[c.Fail].String()
 	res.ArrivalMarginMs = millis(c.ArrivalMargin)
 	if prov != nil {

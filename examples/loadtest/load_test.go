@@ -282,6 +282,40 @@ func TestRunLoadProviderAndPause(t *testing.T) {
 	assert.NoError(t, err, "Redis answers again after the run")
 }
 
+// TestRunLoadRestart: -restart-at kills the run's own redis-server in the
+// middle of a period and starts it again empty; the fleet goes on against
+// it, every call counted at the provider. Asks come at 1.5 times the limit
+// and wait at most 5 ms, so the running period still has tokens at the
+// kill and callers ask the empty server at once. Its intervals keep to
+// the limit: the period the restart lost is held until its end
+// (tb_take.lua's "Lost period"). Before that, the empty server started a
+// whole new period inside it: 270–276 in the restart's interval of 200.
+func TestRunLoadRestart(t *testing.T) {
+	srv := redisenv.New(t)
+	c := smallRun("tokenbucket", srv.Addr())
+	c.Duration = 1500 * time.Millisecond
+	c.Provider = "periods"
+	c.Demand, c.MaxWait = 1.5, 5*time.Millisecond
+	c.RestartAt, c.pauser = 530*time.Millisecond, srv
+	res, err := runLoad(context.Background(), c)
+	require.NoError(t, err)
+	t.Logf("provider: %d accepted, %d refused, worst %d, per interval %v; restarted at %.2fs, gone %.0f ms; %d degraded grants",
+		res.ProviderAccepted, res.ProviderRefused, res.ProviderWorst, res.ProviderPerInterval, res.RestartedAtS, 1000*res.RestartTookS, res.DegradedGrants)
+	assert.InDelta(t, 0.53, res.RestartedAtS, 0.1)
+	assert.Equal(t, res.Grants, res.ProviderAccepted+res.ProviderRefused, "one call per grant, each counted at the provider")
+	require.NotEmpty(t, res.ProviderPerInterval)
+	// The restart's interval and the next. A tenth for the arrival
+	// jitter of a loaded machine under -race on 100 ms intervals; a new
+	// period inside the lost one is a third over.
+	at := int(res.RestartedAtS / c.Interval.Seconds())
+	for i := at; i <= at+1 && i < len(res.ProviderPerInterval); i++ {
+		assert.LessOrEqual(t, res.ProviderPerInterval[i], int(c.Limit+c.Limit/10), "interval %d", i)
+	}
+	assert.Positive(t, res.ProviderPerInterval[len(res.ProviderPerInterval)-2], "grants after the restart")
+	_, err = srv.Client().Ping(context.Background()).Result()
+	assert.NoError(t, err, "the restarted Redis answers")
+}
+
 // TestRunLoadFailover: -failover-at kills the master of a real Sentinel
 // set mid-run; the Sentinel promotes the replica and the fleet goes on
 // against it, every call counted at the provider.
@@ -308,6 +342,7 @@ func TestRunLoadFailover(t *testing.T) {
 func TestCommandLine(t *testing.T) {
 	cli.Check(t, command, append(cli.Conventions("loadtest", "-bucket=nonsense", "-limit=0", "-skew=2", "-tolerance=soon", "-provider=leaky", "-arrival-margin=5ms"),
 		cli.Case{Name: "failover with -redis", Args: []string{"-failover-at", "1s", "-redis", "127.0.0.1:1"}, Code: cli.ExitUsage, Stderr: "only a Sentinel set the run starts itself can fail over"},
+		cli.Case{Name: "restart with -redis", Args: []string{"-restart-at", "1s", "-redis", "127.0.0.1:1"}, Code: cli.ExitUsage, Stderr: "only a redis-server the run starts itself can be restarted"},
 		cli.Case{Name: "pause with -redis", Args: []string{"-pause-for", "1s", "-redis", "127.0.0.1:1"}, Code: cli.ExitUsage, Stderr: "only a redis-server the run starts itself can be paused"},
 		cli.Case{Name: "ok", Args: []string{"-bucket", "local", "-duration", "300ms", "-limit", "50", "-interval", "100ms"}, Code: cli.ExitOK, Stdout: "grants"},
 	))

@@ -69,7 +69,10 @@
 //
 //   - -pause-at t -pause-for d stops the run's own redis-server (SIGSTOP)
 //     at t for d: the failure policy (-fail local, closed or open)
-//     decides meanwhile.
+//     decides meanwhile. -restart-at t instead kills it at t and starts
+//     it again at once, empty (Redis without persistence);
+//     -failover-at t starts a master, a replica and a Sentinel and kills
+//     the master at t.
 //
 //     go run ./examples/loadtest -bucket tokenbucket -limit 500 -instances 4 \
 //     -workers 16 -duration 10s -provider periods -pause-at 3s -pause-for 2s
@@ -131,6 +134,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.ArrivalMargin, "arrival-margin", 0, "slidinglog: keep every window this much longer (bucket.WithArrivalMargin), so that a provider counting arrivals that come up to this late sees at most the limit")
 	fs.DurationVar(&c.PauseAt, "pause-at", 0, "with -pause-for: when to stop the run's own redis-server (SIGSTOP), from the start")
 	fs.DurationVar(&c.PauseFor, "pause-for", 0, "stop the run's own redis-server this long (0: no pause); not with -redis")
+	fs.DurationVar(&c.RestartAt, "restart-at", 0, "kill the run's own redis-server this long after the start and start it again at once, empty (0: no restart); not with -redis")
 	fs.DurationVar(&c.FailoverAt, "failover-at", 0, "start a Sentinel set (master, replica, Sentinel; each instance on its own go-redis failover client) and kill its master this long after the start (0: no failover); not with -redis")
 	fs.StringVar(&c.Fail, "fail", "local", "the Limiters' failure policy while Redis fails: local (each instance its share), closed (refuse) or open (grant)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object on the last line instead of a summary")
@@ -138,6 +142,9 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cc := c // check fills in defaults; run checks its own copy again
 		if cc.PauseFor > 0 && cc.Redis != "" {
 			return fmt.Errorf("pause-for = %v: only a redis-server the run starts itself can be paused; drop -redis", cc.PauseFor)
+		}
+		if cc.RestartAt > 0 && cc.Redis != "" {
+			return fmt.Errorf("restart-at = %v: only a redis-server the run starts itself can be restarted; drop -redis", cc.RestartAt)
 		}
 		if cc.FailoverAt > 0 && cc.Redis != "" {
 			return fmt.Errorf("failover-at = %v: only a Sentinel set the run starts itself can fail over; drop -redis", cc.FailoverAt)
@@ -278,6 +285,9 @@ func summarize(w io.Writer, r loadResult) {
 	}
 	if r.PausedForS > 0 {
 		fmt.Fprintf(w, "  fault        redis stopped (SIGSTOP) at %.2fs for %.2fs; failure policy %s: %d grants it decided\n", r.PausedAtS, r.PausedForS, r.Fail, r.DegradedGrants)
+	}
+	if r.RestartedAtS > 0 {
+		fmt.Fprintf(w, "  fault        redis killed at %.2fs and started again empty, gone %.0f ms; failure policy %s: %d grants it decided\n", r.RestartedAtS, 1000*r.RestartTookS, r.Fail, r.DegradedGrants)
 	}
 	if r.FailoverAtS > 0 {
 		fmt.Fprintf(w, "  fault        master killed at %.2fs, replica promoted %.2fs later; failure policy %s: %d grants it decided\n", r.FailoverAtS, r.PromotedAfterS, r.Fail, r.DegradedGrants)
