@@ -216,7 +216,7 @@ type loadResult struct {
 	// gone.
 	RestartedAtS float64 `json:"restarted_at_s,omitempty"`
 	RestartTookS float64 `json:"restart_took_s,omitempty"`
-	Fail           string  `json:"failure_policy"`
+	Fail         string  `json:"failure_policy"`
 }
 
 // check validates c and fills in its defaults.
