@@ -267,30 +267,34 @@ func TestTokenBucketTinyPeriodsKeepTheirPace(t *testing.T) {
 }
 
 // TestTokenBucketKeepsALostPeriod (issue 12, Redis restarted empty): a
-// take from an instance that was told of a period still running, meeting a
-// server with no record of it, starts no period: the tokens stay at 0
-// until the end the instance knew, for every instance. Without a loss (the
-// server recorded the period's end, and the call only crossed it in
-// transit), the refill is as usual. The instance's knowledge is set by
-// hand, so no case waits on the clock.
+// take from an instance that was told of a period still running on the
+// server's clock, meeting a server with no record of it, starts no period:
+// the tokens stay at 0 until that end, for every instance. Without a loss
+// (the server recorded the period's end, or the take carries an end that
+// has passed: it was delayed on its way), the refill is as usual. The
+// instance's knowledge and the server's record are set by hand, on the
+// server's clock, so no case waits on it.
 func TestTokenBucketKeepsALostPeriod(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
 	ctx := context.Background()
 	const period = time.Second
+	const none = time.Duration(-1 << 62)
 	cases := []struct {
-		name  string
-		known time.Duration // until the end the instance knows
-		ended time.Duration // since the end the server recorded; -1 none; < -1 a running period (tokens key lost)
-		lost  bool
+		name     string
+		known    time.Duration // the end the instance knows, from the server's now; 0: none
+		recorded time.Duration // the end on record (tb:cap), from now; none: no record
+		hold     time.Duration // 0: a usual refill
 	}{
-		{"restarted empty", 600 * time.Millisecond, -1, true},
-		{"refill lost", 700 * time.Millisecond, 300 * time.Millisecond, true},
-		{"tokens key lost", 400 * time.Millisecond, -400 * time.Millisecond, true},
-		{"crossed the end in transit", 3 * time.Millisecond, 2 * time.Millisecond, false},
-		{"half a period apart", 200 * time.Millisecond, 290 * time.Millisecond, false},
-		{"nothing known", 0, -1, false},
-		{"the known end has passed", -5 * time.Millisecond, -1, false},
+		{"restarted empty", 600 * time.Millisecond, none, 600 * time.Millisecond},
+		{"refill lost", 700 * time.Millisecond, -300 * time.Millisecond, 700 * time.Millisecond},
+		{"tokens key lost", 400 * time.Millisecond, 400 * time.Millisecond, 400 * time.Millisecond},
+		{"tokens key lost, the record ends later", 400 * time.Millisecond, 450 * time.Millisecond, 450 * time.Millisecond},
+		{"a take delayed past the end it knew", -20 * time.Millisecond, -20 * time.Millisecond, 0},
+		{"a take delayed past the end, restarted empty", -20 * time.Millisecond, none, 0},
+		{"the known end within the clock's rounding", time.Millisecond, 0, 0},
+		{"the record within half a period of the known end", 400 * time.Millisecond, -90 * time.Millisecond, 0},
+		{"nothing known", 0, none, 0},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -303,29 +307,32 @@ func TestTokenBucketKeepsALostPeriod(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			switch {
-			case tc.ended >= 0:
-				err = rdb.Set(ctx, keys[3], 10, phaseHold-tc.ended).Err()
-			case tc.ended < -1:
-				err = rdb.Set(ctx, keys[3], 10, phaseHold-tc.ended).Err()
-			}
+			now, err := rdb.Time(ctx).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
-			now := time.Now().UnixNano()
-			tb.ends.note(key, now+int64(tc.known), now)
+			if tc.recorded != none {
+				if err := rdb.Set(ctx, keys[3], 10, phaseHold+tc.recorded).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.known != 0 {
+				at := now.UnixMilli()
+				tb.ends.note(key, at+tc.known.Milliseconds(), at)
+			}
 			d, err := tb.Take(ctx, key, 1, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !tc.lost {
+			if tc.hold == 0 {
 				if !d.Granted || d.Remaining != 9 || d.Reset < period-50*time.Millisecond {
 					t.Fatalf("want a usual refill (granted, 9 left, a whole period), got %+v", d)
 				}
 				return
 			}
-			if d.Granted || d.Remaining != 0 || d.Delay <= 0 || d.Delay > tc.known+time.Millisecond || d.Delay < tc.known-50*time.Millisecond {
-				t.Fatalf("want a refusal until the known end (%v), got %+v", tc.known, d)
+			// The server's clock moved on a little since it was read.
+			if d.Granted || d.Remaining != 0 || d.Delay > tc.hold+time.Millisecond || d.Delay < tc.hold-50*time.Millisecond {
+				t.Fatalf("want a refusal until the lost period's end (%v), got %+v", tc.hold, d)
 			}
 			// Every instance, knowing nothing, finds the period held.
 			other, err := NewTokenBucket(rdb, "lost", 10, period)
@@ -335,10 +342,47 @@ func TestTokenBucketKeepsALostPeriod(t *testing.T) {
 			if d, err := other.Take(ctx, key, 1, 0); err != nil || d.Granted {
 				t.Fatalf("another instance: %+v, %v; want a refusal", d, err)
 			}
-			if left := rdb.PTTL(ctx, keys[3]).Val(); left < phaseHold || left > phaseHold+tc.known {
-				t.Fatalf("the period's limit key lives %v, want the known end and the hold", left)
+			if left := rdb.PTTL(ctx, keys[3]).Val(); left < phaseHold || left > phaseHold+tc.hold {
+				t.Fatalf("the period's limit key lives %v, want the hold and the minute", left)
 			}
 		})
+	}
+}
+
+// TestTokenBucketDelayedTakeHoldsNothing: a take sent just before its
+// period's end, held in a stalled server (SIGSTOP) until after it, finds
+// nothing lost: it refills as usual. (Counted from its send, the end it
+// knew would still have been ahead of it.)
+func TestTokenBucketDelayedTakeHoldsNothing(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	const period = 200 * time.Millisecond
+	tb, err := NewTokenBucket(srv.Client(), "delayed", 10, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := tb.Take(ctx, "", 1, 0)
+	if err != nil || !d.Granted {
+		t.Fatalf("first take: %+v, %v", d, err)
+	}
+	time.Sleep(d.Reset - 60*time.Millisecond) // the server's period: 60 ms before its end
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan throttle.Decision, 1)
+	go func() {
+		d, err := tb.Take(ctx, "", 1, 0)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- d
+	}()
+	time.Sleep(200 * time.Millisecond) // the stall: past the period's end
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if d := <-got; !d.Granted || d.Remaining != 9 {
+		t.Fatalf("the delayed take: %+v; want a usual refill (granted, 9 left)", d)
 	}
 }
 

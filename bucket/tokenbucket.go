@@ -59,8 +59,22 @@ import (
 // whose wait is shorter than the time to its end is refused at once, as
 // for any delay beyond a wait. The old phase is known for a minute after a
 // period ends (so the period's limit key, tb:cap, lives that long: one
-// small key per budget used in the last minute); a longer outage, or Redis
-// restarted empty, starts afresh.
+// small key per budget used in the last minute); a longer outage starts
+// afresh.
+//
+// Lost period: Redis restarted empty, or a promoted replica that had not
+// received the latest refill, has no record of a period the fleet was
+// told of and granted from; a refill would give a whole period's tokens
+// inside it. So every instance remembers, per budget, the end of the
+// latest period it was told of (on the server's clock, one entry per
+// budget taken from in the last period) and sends it with each take; a
+// server with no record of that period holds the budget at 0 tokens until
+// that end, for every instance, and the next period starts on the old
+// phase. Nothing more is granted in the lost period (what it had granted
+// is lost with it); the cost is the rest of that period, once per loss.
+// Deleting a budget's keys by hand is such a loss too: it does not give a
+// fresh period before the known one ends (lower the limit live instead,
+// [TokenBucket.SetLimit]).
 //
 // Its limit can be changed live, for the whole fleet, with
 // [TokenBucket.SetLimit]; the change applies from the next refill.
@@ -79,33 +93,28 @@ type TokenBucket struct {
 	ends     periodEnds
 }
 
-// periodEnds remembers, per key, the latest period end this instance was
-// told of, as a lower bound on this machine's clock (the call's send time
-// plus the period left in its answer), so that a take can tell tb_take.lua
-// of a period the server has lost (see "Lost period" there). An entry is
-// useless once its end has passed; entries are swept when the map has
-// doubled since the last sweep, so it holds about the keys taken from in
-// the last period.
+// periodEnds remembers, per key, the end of the latest period this
+// instance was told of, in ms on the clock of the Redis server that told
+// it (its answer's now_ms + reset_ms), so that a take can tell
+// tb_take.lua of a period the server has lost (see "Lost period" there).
+// No clock of this machine is involved. An entry is useless once its end
+// has passed; entries are swept when the map has doubled since the last
+// sweep, so it holds about the keys taken from in the last period.
 type periodEnds struct {
 	mu    sync.Mutex
-	m     map[string]int64 // key → Unix ns
+	m     map[string]int64 // key → end, ms on the server's clock
 	swept int              // len(m) after the last sweep
 }
 
-// left returns the ms from now (Unix ns) until key's known end, 0 when it
-// has passed or none is known, at most most.
-func (p *periodEnds) left(key string, now, most int64) int64 {
+// get returns key's known end, 0 when none is known.
+func (p *periodEnds) get(key string) int64 {
 	p.mu.Lock()
-	end, ok := p.m[key]
-	p.mu.Unlock()
-	if !ok || end <= now {
-		return 0
-	}
-	return min((end-now)/int64(time.Millisecond), most)
+	defer p.mu.Unlock()
+	return p.m[key]
 }
 
-// note records that key's running period ends no earlier than end (Unix
-// ns); now is the time, for sweeping.
+// note records that key's running period ends at end; now is the
+// server's clock of the same answer, for sweeping (ms).
 func (p *periodEnds) note(key string, end, now int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -268,9 +277,8 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error
 	if b.outage.recent(start, b.outageWindow()) {
 		aware = 1
 	}
-	// The period this instance knows to be running (ARGV[5]); a period
-	// lengthened for the phase is at most a tenth longer.
-	known := b.ends.left(key, start, 2*b.periodMs)
+	// The end of the latest period this instance was told of (ARGV[5]).
+	known := b.ends.get(key)
 	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.periodMs, aware, known)
 	if now := time.Now().UnixNano(); err == nil && now-start > int64(slowReply) {
 		b.outage.failed(now) // answered, but late: a stall
@@ -282,8 +290,8 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error
 		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
 	}
 	b.seen.note(key, r[4])
-	if (r[0] == 1 || r[0] == 0) && r[2] >= 0 && r[3] > 0 { // (a pause answers remaining -1)
-		b.ends.note(key, start+r[3]*int64(time.Millisecond), start)
+	if len(r) > 6 && r[6] > 0 && (r[0] == 1 || r[0] == 0) && r[2] >= 0 && r[3] > 0 { // (a pause answers remaining -1)
+		b.ends.note(key, r[6]+r[3], r[6])
 	}
 	limit := liveOr(r, 4, b.limit)
 	// The key expires once the server's clock is past its expiry: 1 ms

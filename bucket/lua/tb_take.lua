@@ -24,13 +24,12 @@
 -- ARGV[4]  1 when the caller's instance saw the store fail or stall
 --          lately: it asks that a period started after a gap keep the
 --          phase of the periods before it (see below); 0 otherwise
--- ARGV[5]  ms until the end of the latest period of this budget the
---          caller's instance was told of, counted from when it sent
---          this call (a lower bound: the server's clock had passed the
---          send when it answered); 0 or absent when that period has ended
---          or none is known (see "Lost period" below)
+-- ARGV[5]  the end of the latest period of this budget the caller's
+--          instance was told of, in ms on this server's clock (an
+--          answer's now_ms + reset_ms); 0 or absent when none is known
+--          (see "Lost period" below)
 --
--- Returns {status, delay_ms, remaining, reset_ms, limit, taken}:
+-- Returns {status, delay_ms, remaining, reset_ms, limit, taken, now_ms}:
 --   status 1: granted taken tokens; remaining = tokens left; reset_ms =
 --             period left; delay_ms = time until the period ends (when
 --             fewer than asked were taken, the others can come then).
@@ -39,7 +38,8 @@
 --             ask again shortly.
 --   status 4: n is above the period's limit (lowered live): it can never
 --             fit in this period.
--- limit is the period's limit (0 when unknown).
+-- limit is the period's limit (0 when unknown); now_ms the server's
+-- clock (TIME) in ms.
 --
 -- Guarantee: at most the period's limit in tokens per refill, and refills
 -- at least one period apart on the server's clock: the script refills only
@@ -66,22 +66,28 @@
 -- within the provider's periods. A gap longer than HOLD starts afresh.
 --
 -- Lost period: Redis restarted empty (or a promoted replica that had not
--- received the latest refill) has no tokens key although the fleet was
--- told of a period that is still running, whose grants reached the
--- provider. A refill now would give a whole period's tokens inside it and
--- start the periods at a new phase. When the caller knows such a period
--- (ARGV[5] > 0) and the server has no record of it (no KEYS[4], or one of
--- a period that ended so long ago that the caller's cannot be it: the
--- caller's end and the time since the recorded end add up to more than
--- half a period; without a loss they add up to at most the call's time in
--- transit), the script starts no period: it holds the tokens at 0 until
--- the caller's end, after which the next refill starts on the old phase.
--- What the lost period had granted is unknown, so nothing more is granted
--- in it; the cost is at most one period's grants, once per loss and key.
+-- received the latest refill, or keys deleted by hand) has no tokens key
+-- although the fleet was told of a period that is still running, whose
+-- grants reached the provider. A refill now would give a whole period's
+-- tokens inside it and start the periods at a new phase. When the caller
+-- knows a period that ends later than 1 ms from now on this server's
+-- clock (ARGV[5]; a take that was delayed on its way here carries an end
+-- that has passed, which holds nothing) and the server has no record of
+-- it (no KEYS[4]; or KEYS[4] of a period that ended more than half a
+-- period before the caller's; or of one still running, its tokens key
+-- lost), the script starts no period: it holds the tokens at 0 until the
+-- later of the two ends, after which the next refill starts on the old
+-- phase. What the lost period had granted is unknown, so nothing more is
+-- granted in it; the cost is at most one period's grants, once per loss
+-- and key. The ends are on the clock of the server that answered: after a
+-- failover, a promoted replica whose clock is X ms behind (ahead) holds X
+-- ms longer (shorter).
 local HOLD = 60000
 local period = tonumber(ARGV[3])
 local aware = ARGV[4] == '1'
 local known = tonumber(ARGV[5] or '0') or 0
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- realign is how much a period that started gap ms after the previous one
 -- ended must be lengthened to end on the old phase: 0 unless it started
 -- within the last tenth of an old period.
@@ -97,22 +103,28 @@ local upTo = n < 0
 if upTo then n = -n end
 local pause = redis.call('PTTL', KEYS[2])
 if pause > 0 then
-  return {0, pause, -1, pause, 0, 0}
+  return {0, pause, -1, pause, 0, 0, now}
 end
 local ttl = redis.call('PTTL', KEYS[1])
 local left, cap
 if ttl < 0 then
   if redis.call('EXISTS', KEYS[3]) == 1 then
-    return {3, 0, 0, 0, 0, 0}
+    return {3, 0, 0, 0, 0, 0, now}
   end
   cap = tonumber(ARGV[2])
   cap = tonumber(redis.call('GET', KEYS[5]) or cap) or cap
   ttl = period
   local was = redis.call('PTTL', KEYS[4])
-  if known > 0 and (was < 0 or was > HOLD or known + HOLD - was > period / 2) then
-    redis.call('SET', KEYS[1], 0, 'PX', known)
-    redis.call('SET', KEYS[4], cap, 'PX', known + HOLD)
-    return {0, known, 0, known, cap, 0}
+  if known > now + 1 then
+    local recorded = nil -- the end of the last period on record
+    if was >= 0 then recorded = now + was - HOLD end
+    if recorded == nil or known - recorded > period / 2 or recorded > now + 1 then
+      local hold = known - now
+      if recorded ~= nil and recorded > known then hold = recorded - now end
+      redis.call('SET', KEYS[1], 0, 'PX', hold)
+      redis.call('SET', KEYS[4], cap, 'PX', hold + HOLD)
+      return {0, hold, 0, hold, cap, 0, now}
+    end
   end
   if was >= 0 and was <= HOLD then
     local longer = realign(HOLD - was)
@@ -128,7 +140,7 @@ if ttl < 0 then
   if take <= cap then
     -- the refilling caller's tokens, taken as the period starts
     redis.call('SET', KEYS[1], cap - take, 'PX', ttl)
-    return {1, ttl, cap - take, ttl, cap, take}
+    return {1, ttl, cap - take, ttl, cap, take, now}
   end
   redis.call('SET', KEYS[1], cap, 'PX', ttl)
   left = cap
@@ -149,9 +161,9 @@ local take = n
 if upTo and left < n then take = left end
 if take >= 1 and left >= take then
   left = redis.call('DECRBY', KEYS[1], take)
-  return {1, ttl, left, ttl, cap, take}
+  return {1, ttl, left, ttl, cap, take, now}
 end
 if not upTo and cap > 0 and n > cap then
-  return {4, ttl, left, ttl, cap, 0}
+  return {4, ttl, left, ttl, cap, 0, now}
 end
-return {0, ttl, left, ttl, cap, 0}
+return {0, ttl, left, ttl, cap, 0, now}
