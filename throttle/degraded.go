@@ -358,30 +358,38 @@ func (l *Limiter) settle(ctx context.Context, key string, left time.Duration, no
 // the fleet above the limit by the others' shares. So a key that granted
 // locally in the outage takes from the store, until the end of the first
 // shared period it sees afterwards, at most its share of the limit less
-// what it owed on its return; after that period, the shared limit alone
-// decides. When every instance comes back at once, the shares add up to
+// what it owed on its return (if the store's first answer refused it, the
+// period it reported is one it cannot take from: the cap goes on through
+// the next, with the share as its room); after that, the shared limit
+// alone decides. When every instance comes back at once, the shares add up to
 // the limit less the debts, as without the cap. Known gap: calls of the
 // key already on their way to the store when the first one comes back
 // are not capped (during an outage only the probe asks the store, so this
 // matters when another key's probe ended the outage).
 
 // recoveryCap is a key's room in its first shared period after an outage.
+// When the store's first answer was a refusal (the period it reported is
+// spent, or held by a bucket that lost it: bucket.TokenBucket's "lost
+// period"), the first period the key can take from is the next one: the
+// cap then goes on to next's end, with the share as its room.
 type recoveryCap struct {
 	until int64 // ns since the failover's epoch: the period's end
 	room  int64 // permits this instance may still take from the store in it
+	next  int64 // the next period's end (0: none), with share as its room
+	share int64
 }
 
 // localOwed returns what key owes for its local grants of the outage, and
 // its share of the limit then; ok is false when it granted nothing locally.
-func (l *Limiter) localOwed(key string) (owed, share int64, ok bool) {
+func (l *Limiter) localOwed(key string) (owed, share, interval int64, ok bool) {
 	f := &l.fail
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := f.local[key]
 	if k == nil {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
-	return k.owed(f.now(l)), k.share, true
+	return k.owed(f.now(l)), k.share, k.interval, true
 }
 
 // startRecovery caps key's shared grants until the end of the period d
@@ -390,7 +398,7 @@ func (l *Limiter) localOwed(key string) (owed, share int64, ok bool) {
 // two intervals: idle since the outage, or only refused then) is not
 // capped, and a cap already running is left as it is (calls of the key
 // have reserved from it).
-func (l *Limiter) startRecovery(key string, d Decision, share, owed, took int64) {
+func (l *Limiter) startRecovery(key string, d Decision, share, owed, took, interval int64) {
 	if d.Reset <= 0 || share <= 0 || owed <= 0 {
 		return
 	}
@@ -408,15 +416,20 @@ func (l *Limiter) startRecovery(key string, d Decision, share, owed, took int64)
 		f.recoveringN.Add(1)
 	}
 	until := now + int64(d.Reset)
-	f.recovering[key] = &recoveryCap{until: until, room: max(share-owed-took, 0)}
-	f.recoveryEnd = max(f.recoveryEnd, until)
+	rc := &recoveryCap{until: until, room: max(share-owed-took, 0)}
+	if !d.Granted && d.Remaining == 0 && interval > 0 {
+		rc.next, rc.share = until+interval, share
+	}
+	f.recovering[key] = rc
+	f.recoveryEnd = max(f.recoveryEnd, until, rc.next)
 }
 
 // reserveRecovery reserves n permits of key's room in its first shared
-// period after an outage, before its store call. It returns reserved when
-// it did (give them back with unreserveRecovery if the call grants
-// nothing), or a refusal until the period's end when the room is spent.
-func (l *Limiter) reserveRecovery(key string, n int64) (refusal Decision, refused, reserved bool) {
+// period after an outage, before its store call. It returns the period's
+// end when it did (reserved, 0 otherwise: give them back with
+// unreserveRecovery if the call grants nothing), or a refusal until the
+// period's end when the room is spent.
+func (l *Limiter) reserveRecovery(key string, n int64) (refusal Decision, refused bool, reserved int64) {
 	f := &l.fail
 	now := f.now(l)
 	f.mu.Lock()
@@ -427,29 +440,33 @@ func (l *Limiter) reserveRecovery(key string, n int64) (refusal Decision, refuse
 		// path taking this lock).
 		clear(f.recovering)
 		f.recoveringN.Store(0)
-		return Decision{}, false, false
+		return Decision{}, false, 0
 	}
 	rc := f.recovering[key]
 	switch {
 	case rc == nil:
-		return Decision{}, false, false
+		return Decision{}, false, 0
+	case now >= rc.until && now < rc.next:
+		rc.until, rc.room, rc.next = rc.next, rc.share, 0
 	case now >= rc.until:
 		delete(f.recovering, key)
 		f.recoveringN.Add(-1)
-		return Decision{}, false, false
-	case rc.room >= n:
-		rc.room -= n
-		return Decision{}, false, true
+		return Decision{}, false, 0
 	}
-	return Decision{Delay: time.Duration(rc.until - now), Remaining: 0}, true, false
+	if rc.room >= n {
+		rc.room -= n
+		return Decision{}, false, rc.until
+	}
+	return Decision{Delay: time.Duration(rc.until - now), Remaining: 0}, true, 0
 }
 
-// unreserveRecovery gives back n permits reserved by reserveRecovery.
-func (l *Limiter) unreserveRecovery(key string, n int64) {
+// unreserveRecovery gives back n permits that reserveRecovery reserved in
+// the period ending at reserved, if the cap is still in that period.
+func (l *Limiter) unreserveRecovery(key string, n, reserved int64) {
 	f := &l.fail
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if rc := f.recovering[key]; rc != nil {
+	if rc := f.recovering[key]; rc != nil && rc.until == reserved {
 		rc.room += n
 	}
 }

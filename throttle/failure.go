@@ -55,7 +55,9 @@ const (
 	// the end of that first shared period the instance takes at most its
 	// share less those permits (the other instances may still be granting
 	// theirs locally: a failover's clients find the new master one by
-	// one).
+	// one). If the store's first answer is a refusal (that period spent,
+	// or held because the store lost it: bucket.TokenBucket), the cap
+	// goes on through the next period, with the share as its room.
 	//
 	// Bound: while the store fails, the fleet grants at most the shared
 	// limit in any span of one interval, when every instance sees the
@@ -234,10 +236,10 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 			}
 			return refusal, false, nil
 		}
-		if reserved {
+		if reserved != 0 {
 			defer func() {
 				if err != nil || degraded || !d.Granted {
-					l.unreserveRecovery(key, n)
+					l.unreserveRecovery(key, n, reserved)
 				}
 			}()
 		}
@@ -271,9 +273,9 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 		}
 		if f.policy == FailLocal {
 			f.seen.note(key, d, f.now(l), l.fallbackLimit)
-			owed, share, hadLocal := int64(0), int64(0), false
+			owed, share, iv, hadLocal := int64(0), int64(0), int64(0), false
 			if f.pending.Load() > 0 {
-				owed, share, hadLocal = l.localOwed(key)
+				owed, share, iv, hadLocal = l.localOwed(key)
 			}
 			switch {
 			case debt > 0 && d.Granted:
@@ -291,7 +293,7 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Dur
 				if d.Granted {
 					took = n
 				}
-				l.startRecovery(key, d, share, owed, took)
+				l.startRecovery(key, d, share, owed, took, iv)
 			}
 		}
 		return d, false, nil

@@ -459,3 +459,64 @@ func TestFailLocalIdleKeyIsNotCappedLater(t *testing.T) {
 	}
 	assert.Equal(t, 10, granted, "k an hour after the outage: the whole limit, not a share")
 }
+
+// lostStore answers as bucket.TokenBucket does in a period the server lost
+// (Redis restarted empty, a replica promoted without the latest refill):
+// no token until that period's end.
+type lostStore struct {
+	*splitStore
+	lost int64 // the period held
+}
+
+func (s *lostStore) Take(ctx context.Context, key string, n int64, w time.Duration) (throttle.Decision, error) {
+	since := s.clock.Since(s.start)
+	if p := int64(since / s.interval); !s.down.Load() && p == s.lost {
+		reset := time.Duration(p+1)*s.interval - since
+		return throttle.Decision{Delay: reset, Limit: s.limit, Remaining: 0, Reset: reset}, nil
+	}
+	return s.splitStore.Take(ctx, key, n, w)
+}
+
+// TestFailLocalFirstBackRefusedKeepsToItsShareNext (review): the first
+// instance back finds its period held (or spent): its first answer is a
+// refusal. Its cap goes on through the next period, the first it can take
+// from, with its share as the room, while the other still grants locally.
+// The cap used to end with the held period, and the first back took the
+// whole next one: 15 in a period of 10.
+func TestFailLocalFirstBackRefusedKeepsToItsShareNext(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 2}
+	a, b := &lostStore{splitStore: &splitStore{periodStore: ps}, lost: 2}, &splitStore{periodStore: ps}
+	la, lb := throttle.New(a, throttle.WithClock(clock)), throttle.New(b, throttle.WithClock(clock))
+	ctx := context.Background()
+	greedy := func(l *throttle.Limiter) (n int) {
+		for l.Acquire(ctx, 0) == nil {
+			n++
+		}
+		return n
+	}
+	perPeriod := map[int64]int{}
+	step := func() { // 100 ms on, then both instances ask greedily
+		clock.Advance(100 * time.Millisecond)
+		perPeriod[int64(clock.Since(ps.start)/time.Second)] += greedy(la) + greedy(lb)
+	}
+	clock.Advance(900 * time.Millisecond) // late in period 0
+	a.down.Store(true)
+	b.down.Store(true)
+	for range 12 { // 1.0 to 2.1 s: local grants only
+		step()
+	}
+	a.down.Store(false) // 2.1 s: a is back, its period held; b is not back
+	for range 18 {      // 2.2 to 3.9 s
+		step()
+	}
+	require.Less(t, clock.Since(ps.start), 4*time.Second, "still period 3")
+	t.Logf("grants per period: %v", perPeriod)
+	assert.LessOrEqual(t, perPeriod[2], 10, "period 2, held for a")
+	assert.LessOrEqual(t, perPeriod[3], 10, "period 3, the first a can take from: %d grants for a limit of 10", perPeriod[3])
+	assert.GreaterOrEqual(t, perPeriod[3], 5, "period 3: the shares are used")
+	// From the next period the shared limit alone decides.
+	b.down.Store(false)
+	clock.Advance(time.Second)
+	assert.Equal(t, 10, greedy(la), "period 4: a takes the whole limit")
+}
