@@ -153,7 +153,10 @@ func (s snapshot) base(def int64, interval time.Duration, limitIdx, pauseIdx int
 // configured and the running period's, the tokens used and left, the time
 // until the next refill is due, the pause left and the live instances. It
 // takes two round trips (the budget's keys, then the instances) and
-// changes nothing.
+// changes nothing. A lost period held to its end (see [TokenBucket])
+// reads as a running period with every token used; right after Redis
+// restarted empty, before any take, as no period running, although the
+// next take from an instance that knew the lost one holds it.
 func (b *TokenBucket) State(ctx context.Context, key string) (State, error) {
 	tag, err := b.ks.tag(b.name+".State", key)
 	if err != nil {

@@ -361,8 +361,11 @@ func (l *Limiter) settle(ctx context.Context, key string, left time.Duration, no
 // what it owed on its return (if the store's first answer refused it, the
 // period it reported is one it cannot take from: the cap goes on through
 // the next, with the share as its room); after that, the shared limit
-// alone decides. When every instance comes back at once, the shares add up to
-// the limit less the debts, as without the cap. Known gap: calls of the
+// alone decides. When every instance comes back at once, the shares add up
+// to the limit less the debts, as without the cap. Cost: an instance is
+// held to its share even when the others do not use theirs; with demand
+// on one instance of k, it gets 1/k of the limit in that period (or two).
+// A weighted take above the room is refused until the cap ends. Known gap: calls of the
 // key already on their way to the store when the first one comes back
 // are not capped (during an outage only the probe asks the store, so this
 // matters when another key's probe ended the outage).
@@ -417,7 +420,7 @@ func (l *Limiter) startRecovery(key string, d Decision, share, owed, took, inter
 	}
 	until := now + int64(d.Reset)
 	rc := &recoveryCap{until: until, room: max(share-owed-took, 0)}
-	if !d.Granted && d.Remaining == 0 && interval > 0 {
+	if !d.Granted && interval > 0 {
 		rc.next, rc.share = until+interval, share
 	}
 	f.recovering[key] = rc
@@ -457,7 +460,11 @@ func (l *Limiter) reserveRecovery(key string, n int64) (refusal Decision, refuse
 		rc.room -= n
 		return Decision{}, false, rc.until
 	}
-	return Decision{Delay: time.Duration(rc.until - now), Remaining: 0}, true, 0
+	until := rc.until
+	if rc.next > 0 && n > rc.share {
+		until = rc.next // nor will the next period's room fit n
+	}
+	return Decision{Delay: time.Duration(until - now), Remaining: 0}, true, 0
 }
 
 // unreserveRecovery gives back n permits that reserveRecovery reserved in

@@ -57,7 +57,9 @@ const (
 	// theirs locally: a failover's clients find the new master one by
 	// one). If the store's first answer is a refusal (that period spent,
 	// or held because the store lost it: bucket.TokenBucket), the cap
-	// goes on through the next period, with the share as its room.
+	// goes on through the next period, with the share as its room. The
+	// cap costs throughput when demand is uneven: an instance alone in
+	// asking gets its share, not the limit, in that period (or two).
 	//
 	// Bound: while the store fails, the fleet grants at most the shared
 	// limit in any span of one interval, when every instance sees the

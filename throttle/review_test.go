@@ -520,3 +520,35 @@ func TestFailLocalFirstBackRefusedKeepsToItsShareNext(t *testing.T) {
 	clock.Advance(time.Second)
 	assert.Equal(t, 10, greedy(la), "period 4: a takes the whole limit")
 }
+
+// TestFailLocalWeightedTakeAboveTheShareWaitsForTheCapsEnd (review): after
+// a refused first answer, the cap's next period has the share as its room;
+// a take of more than the share fits in neither period of the cap: it is
+// refused until the cap ends, told so, and granted then.
+func TestFailLocalWeightedTakeAboveTheShareWaitsForTheCapsEnd(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	ps := &periodStore{clock: clock, start: clock.Now(), limit: 100, interval: time.Second, inst: 4}
+	a := &lostStore{splitStore: &splitStore{periodStore: ps}, lost: 2}
+	lim := throttle.New(a, throttle.WithClock(clock))
+	ctx := context.Background()
+	clock.Advance(900 * time.Millisecond)
+	a.down.Store(true)
+	for range 24 { // 0.95 to 2.1 s: local grants (share 25)
+		clock.Advance(50 * time.Millisecond)
+		for lim.Acquire(ctx, 0) == nil {
+		}
+	}
+	a.down.Store(false)
+	require.Error(t, lim.Acquire(ctx, 0), "2.1 s: the first answer, held")
+	clock.Advance(950 * time.Millisecond)
+	err := lim.AcquireN(ctx, 30, 0)
+	require.ErrorIs(t, err, throttle.ErrTimeout)
+	assert.Contains(t, err.Error(), "next in 950ms", "3.05 s: 30 > the share of the cap's next period")
+	granted := 0
+	for lim.Acquire(ctx, 0) == nil {
+		granted++
+	}
+	assert.Equal(t, 25, granted, "3.05 s: the share")
+	clock.Advance(950 * time.Millisecond)
+	assert.NoError(t, lim.AcquireN(ctx, 30, 0), "4 s: the cap has ended")
+}

@@ -76,18 +76,24 @@
 -- it (no KEYS[4]; or KEYS[4] of a period that ended more than half a
 -- period before the caller's; or of one still running, its tokens key
 -- lost), the script starts no period: it holds the tokens at 0 until the
--- later of the two ends, after which the next refill starts on the old
--- phase. What the lost period had granted is unknown, so nothing more is
--- granted in it; the cost is at most one period's grants, once per loss
--- and key. The ends are on the clock of the server that answered: after a
--- failover, a promoted replica whose clock is X ms behind (ahead) holds X
--- ms longer (shorter).
+-- later of the two ends. What the lost period had granted is unknown, so
+-- nothing more is granted in it; the cost is at most one period's grants,
+-- once per loss and key. The ends are on the clock of the server that answered: after a
+-- failover (or a Cluster slot's move), a server whose clock is X ms
+-- behind (ahead) holds X ms longer (shorter), and one more than half a
+-- period behind holds even when nothing was lost, X ms at most; no hold
+-- lasts longer than a lengthened period (ARGV[5] is clamped). The next
+-- refill starts on the old phase when a caller asks at the hold's end
+-- (callers refused by it are told that end).
 local HOLD = 60000
 local period = tonumber(ARGV[3])
 local aware = ARGV[4] == '1'
 local known = tonumber(ARGV[5] or '0') or 0
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- No period runs further ahead than a lengthened one: an end beyond that
+-- (another server's clock, ahead of this one) holds at most that long.
+known = math.min(known, now + period + math.floor(period / 10))
 -- realign is how much a period that started gap ms after the previous one
 -- ended must be lengthened to end on the old phase: 0 unless it started
 -- within the last tenth of an old period.
