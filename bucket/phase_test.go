@@ -9,11 +9,28 @@ import (
 
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
 )
 
 // phaseHold mirrors HOLD in tb_take.lua: how long the period's limit key
 // outlives the period.
 const phaseHold = 60 * time.Second
+
+// caseBucket is a token bucket of 10 per period under prefix for case i of
+// a table, with its own key ('a' + i) and that key's Redis keys.
+func caseBucket(t *testing.T, rdb redis.UniversalClient, prefix string, period time.Duration, i int) (*TokenBucket, string, []string) {
+	t.Helper()
+	tb, err := NewTokenBucket(rdb, prefix, 10, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := string(rune('a' + i))
+	keys, err := tb.keys(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb, key, keys
+}
 
 // TestTokenBucketKeepsPhaseAfterOutage (issue 12): a period that starts
 // within the last tenth of a period of the phase before a gap is
@@ -52,15 +69,7 @@ func TestTokenBucketKeepsPhaseAfterOutage(t *testing.T) {
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			tb, err := NewTokenBucket(rdb, "phase", 10, period)
-			if err != nil {
-				t.Fatal(err)
-			}
-			key := string(rune('a' + i))
-			keys, err := tb.keys(key)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tb, key, keys := caseBucket(t, rdb, "phase", period, i)
 			if tc.gap >= 0 && tc.gap < phaseHold {
 				// The previous period ended gap ago: its limit key has
 				// HOLD - gap left.
@@ -302,15 +311,7 @@ func TestTokenBucketKeepsALostPeriod(t *testing.T) {
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			tb, err := NewTokenBucket(rdb, "lost", 10, period)
-			if err != nil {
-				t.Fatal(err)
-			}
-			key := string(rune('a' + i))
-			keys, err := tb.keys(key)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tb, key, keys := caseBucket(t, rdb, "lost", period, i)
 			now, err := rdb.Time(ctx).Result()
 			if err != nil {
 				t.Fatal(err)

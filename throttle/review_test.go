@@ -386,6 +386,34 @@ func (s *splitStore) Take(ctx context.Context, key string, n int64, w time.Durat
 	return s.periodStore.Take(ctx, key, n, w)
 }
 
+// bothLocal starts two instances on buckets a and b of ps (their stores
+// fail and answer by da and db) as the first-back tests do: both fail
+// late in period 0 and grant locally until 2.1 s. step advances the clock
+// 100 ms and lets both ask greedily, counting grants per period; greedy
+// asks one instance until it is refused.
+func bothLocal(clock *clockwork.FakeClock, ps *periodStore, a, b throttle.Bucket, da, db *splitStore) (la *throttle.Limiter, step func(), perPeriod map[int64]int, greedy func(*throttle.Limiter) int) {
+	la, lb := throttle.New(a, throttle.WithClock(clock)), throttle.New(b, throttle.WithClock(clock))
+	ctx := context.Background()
+	greedy = func(l *throttle.Limiter) (n int) {
+		for l.Acquire(ctx, 0) == nil {
+			n++
+		}
+		return n
+	}
+	perPeriod = map[int64]int{}
+	step = func() { // 100 ms on, then both instances ask greedily
+		clock.Advance(100 * time.Millisecond)
+		perPeriod[int64(clock.Since(ps.start)/time.Second)] += greedy(la) + greedy(lb)
+	}
+	clock.Advance(900 * time.Millisecond) // late in period 0
+	da.down.Store(true)
+	db.down.Store(true)
+	for range 12 { // 1.0 to 2.1 s: local grants only
+		step()
+	}
+	return la, step, perPeriod, greedy
+}
+
 // TestFailLocalFirstBackKeepsToItsShare (issue 12, the Sentinel failover):
 // two instances share 10 per second; the store fails for both, and comes
 // back for one of them (its client found the promoted master) while the
@@ -399,25 +427,7 @@ func TestFailLocalFirstBackKeepsToItsShare(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 2}
 	a, b := &splitStore{periodStore: ps}, &splitStore{periodStore: ps}
-	la, lb := throttle.New(a, throttle.WithClock(clock)), throttle.New(b, throttle.WithClock(clock))
-	ctx := context.Background()
-	greedy := func(l *throttle.Limiter) (n int) {
-		for l.Acquire(ctx, 0) == nil {
-			n++
-		}
-		return n
-	}
-	perPeriod := map[int64]int{}
-	step := func() { // 100 ms on, then both instances ask greedily
-		clock.Advance(100 * time.Millisecond)
-		perPeriod[int64(clock.Since(ps.start)/time.Second)] += greedy(la) + greedy(lb)
-	}
-	clock.Advance(900 * time.Millisecond) // late in period 0
-	a.down.Store(true)
-	b.down.Store(true)
-	for range 12 { // 1.0 to 2.1 s: local grants only
-		step()
-	}
+	la, step, perPeriod, greedy := bothLocal(clock, ps, a, b, a, b)
 	a.down.Store(false) // 2.1 s, period 2: a is back, b is not yet
 	for range 5 {       // 2.2 to 2.6 s
 		step()
@@ -487,25 +497,7 @@ func TestFailLocalFirstBackRefusedKeepsToItsShareNext(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 2}
 	a, b := &lostStore{splitStore: &splitStore{periodStore: ps}, lost: 2}, &splitStore{periodStore: ps}
-	la, lb := throttle.New(a, throttle.WithClock(clock)), throttle.New(b, throttle.WithClock(clock))
-	ctx := context.Background()
-	greedy := func(l *throttle.Limiter) (n int) {
-		for l.Acquire(ctx, 0) == nil {
-			n++
-		}
-		return n
-	}
-	perPeriod := map[int64]int{}
-	step := func() { // 100 ms on, then both instances ask greedily
-		clock.Advance(100 * time.Millisecond)
-		perPeriod[int64(clock.Since(ps.start)/time.Second)] += greedy(la) + greedy(lb)
-	}
-	clock.Advance(900 * time.Millisecond) // late in period 0
-	a.down.Store(true)
-	b.down.Store(true)
-	for range 12 { // 1.0 to 2.1 s: local grants only
-		step()
-	}
+	la, step, perPeriod, greedy := bothLocal(clock, ps, a, b, a.splitStore, b)
 	a.down.Store(false) // 2.1 s: a is back, its period held; b is not back
 	for range 18 {      // 2.2 to 3.9 s
 		step()
