@@ -78,13 +78,13 @@
 -- lost), the script starts no period: it holds the tokens at 0 until the
 -- later of the two ends. What the lost period had granted is unknown, so
 -- nothing more is granted in it; the cost is at most one period's grants,
--- once per loss and key. The ends are on the clock of the server that answered: after a
--- failover (or a Cluster slot's move), a server whose clock is X ms
--- behind (ahead) holds X ms longer (shorter), and one more than half a
--- period behind holds even when nothing was lost, X ms at most; no hold
--- lasts longer than a lengthened period (ARGV[5] is clamped). The next
--- refill starts on the old phase when a caller asks at the hold's end
--- (callers refused by it are told that end).
+-- once per loss and key. The ends are on the clock of the server that
+-- answered: after a failover (or a Cluster slot's move), a server whose
+-- clock is X ms behind (ahead) holds X ms longer (shorter), and one more
+-- than half a period behind holds even when nothing was lost, X ms at
+-- most; no hold lasts longer than a lengthened period (ARGV[5] is
+-- clamped). The next refill starts on the old phase when a caller asks
+-- at the hold's end (callers refused by it are told that end).
 local HOLD = 60000
 local period = tonumber(ARGV[3])
 local aware = ARGV[4] == '1'
