@@ -365,10 +365,10 @@ func (l *Limiter) settle(ctx context.Context, key string, left time.Duration, no
 // to the limit less the debts, as without the cap. Cost: an instance is
 // held to its share even when the others do not use theirs; with demand
 // on one instance of k, it gets 1/k of the limit in that period (or two).
-// A weighted take above the room is refused until the cap ends. Known gap: calls of the
-// key already on their way to the store when the first one comes back
-// are not capped (during an outage only the probe asks the store, so this
-// matters when another key's probe ended the outage).
+// A weighted take above the room is refused until the cap ends. Known
+// gap: calls of the key already on their way to the store when the first
+// one comes back are not capped (during an outage only the probe asks the
+// store, so this matters when another key's probe ended the outage).
 
 // recoveryCap is a key's room in its first shared period after an outage.
 // When the store's first answer was a refusal (the period it reported is
@@ -383,7 +383,8 @@ type recoveryCap struct {
 }
 
 // localOwed returns what key owes for its local grants of the outage, and
-// its share of the limit then; ok is false when it granted nothing locally.
+// its share of the limit and the interval (ns) then; ok is false when it
+// granted nothing locally.
 func (l *Limiter) localOwed(key string) (owed, share, interval int64, ok bool) {
 	f := &l.fail
 	f.mu.Lock()
