@@ -106,7 +106,7 @@ func (c *common) SwapAdaptive(ctx context.Context, key string, old, next throttl
 
 // Adaptive reads key's adaptive state ("" for the constructor's key) in
 // one round trip; the zero state means the budget is not adapting. For
-// operators (examples/headwayctl).
+// operators (cmd/headwayctl).
 func (c *common) Adaptive(ctx context.Context, key string) (throttle.AdaptiveState, error) {
 	s, _, err := c.SwapAdaptive(ctx, key, throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Millisecond)
 	return s, err

@@ -110,7 +110,7 @@
 // So lowering a limit never lets more than the old limit through in the
 // running period or window, and Decision.Limit reports the limit in force
 // (the running period's or window's). State reads a budget's limit,
-// usage, reset and pause in one round trip; examples/headwayctl does both
+// usage, reset and pause in one round trip; cmd/headwayctl does both
 // from a shell.
 //
 // # Errors

@@ -10,7 +10,7 @@ import (
 
 // State is a snapshot of one budget of a bucket, read from Redis in two
 // round trips by the bucket's State method, for operators and tools such as
-// examples/headwayctl. Nothing in it is needed to take permits.
+// cmd/headwayctl. Nothing in it is needed to take permits.
 type State struct {
 	// Limit is the limit configured now: the live limit stored with
 	// SetLimit when Live, else Default.

@@ -1,7 +1,7 @@
 // Package guarantee checks rate-limit guarantees from the times at which
 // grants were observed by their callers, never from a bucket's own numbers.
 // It is headway's independent counter: the bucket tests, the consumer tests,
-// the end-to-end test and examples/loadtest all judge a bucket with it. It
+// the end-to-end test and internal/cmd/loadtest all judge a bucket with it. It
 // is not part of headway's API.
 //
 // A caller records the time of every grant with a [Recorder] (or keeps its
@@ -45,7 +45,7 @@
 // holds whenever periods run out of permits well before they end, as they
 // do under load). On a loaded machine that is not a few microseconds: 64
 // goroutines waking at a window's start on two CPUs see their grants
-// recorded 10–20 ms after the bucket decided them. examples/loadtest
+// recorded 10–20 ms after the bucket decided them. internal/cmd/loadtest
 // measures the bound for each run (the start of the granting Take, plus
 // any reservation delay, to the record) and uses it.
 //

@@ -27,7 +27,7 @@ func (free) Take(context.Context, string, int64, time.Duration) (throttle.Decisi
 // grants/s the loadtest reports is bounded by 1 / (that + the limiter's
 // own cost).
 //
-//	go test -run X -bench HarnessOverhead ./examples/loadtest/
+//	go test -run X -bench HarnessOverhead ./internal/cmd/loadtest/
 func BenchmarkHarnessOverhead(b *testing.B) {
 	const goroutines = 64
 	for _, mode := range []string{"bare", "worker"} {

@@ -6,7 +6,7 @@
 // checker, and reports throughput, utilization, violations, Redis commands
 // per grant and Acquire latency.
 //
-//	go run ./examples/loadtest -bucket tokenbucket -limit 1000 -interval 1s \
+//	go run ./internal/cmd/loadtest -bucket tokenbucket -limit 1000 -interval 1s \
 //		-instances 4 -workers 16 -duration 5s -json
 //
 // Buckets: tokenbucket, fixedwindow, counter (with one Resetter per
@@ -74,7 +74,7 @@
 //     -failover-at t starts a master, a replica and a Sentinel and kills
 //     the master at t.
 //
-//     go run ./examples/loadtest -bucket tokenbucket -limit 500 -instances 4 \
+//     go run ./internal/cmd/loadtest -bucket tokenbucket -limit 500 -instances 4 \
 //     -workers 16 -duration 10s -provider periods -pause-at 3s -pause-for 2s
 //
 // With -json the last line of standard output is one JSON object; otherwise

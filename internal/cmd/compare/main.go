@@ -5,7 +5,7 @@
 // here as the baseline), and golang.org/x/time/rate (in memory, the local
 // baseline).
 //
-//	cd examples/compare && go run . -goroutines 64 -duration 10s
+//	cd internal/cmd/compare && go run . -goroutines 64 -duration 10s
 //
 // Every contender gets the same load: -goroutines goroutines that each ask
 // for a permit, waiting at most one interval, and ask again as soon as

@@ -161,7 +161,7 @@ func TestRunLoadLayers(t *testing.T) {
 		{"lease gcra", func(c *loadConfig) { c.Lease, c.Bucket = true, "gcra" }, 0.8},
 		// Paced at exactly the limit, a token bucket whose periods start on
 		// demand loses part of a period now and then, more so with short
-		// periods and a slow (-race) build: see examples/compare/PERFORMANCE.md.
+		// periods and a slow (-race) build: see internal/cmd/compare/PERFORMANCE.md.
 		// What this case checks is max_tenth.
 		{"smooth", func(c *loadConfig) { c.Smooth = true }, 0.5},
 		{"lease skew", func(c *loadConfig) { c.Lease, c.Skew = true, 0.9 }, 0.9},

@@ -1,4 +1,4 @@
-module github.com/headway-go/headway/examples/compare
+module github.com/headway-go/headway/internal/cmd/compare
 
 go 1.26.0
 
@@ -18,4 +18,4 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 )
 
-replace github.com/headway-go/headway => ../..
+replace github.com/headway-go/headway => ../../..

@@ -3,9 +3,9 @@
 // heap and goroutines, and Redis's memory and key count (every key a bucket
 // writes expires).
 //
-//	go run ./examples/soak                       # 60 s, 1,000 keys, 100 workers, token bucket
-//	go run ./examples/soak -bucket gcra -duration 5m
-//	go run ./examples/soak -redis 127.0.0.1:6379 # an existing Redis (its other keys count too)
+//	go run ./internal/cmd/soak                       # 60 s, 1,000 keys, 100 workers, token bucket
+//	go run ./internal/cmd/soak -bucket gcra -duration 5m
+//	go run ./internal/cmd/soak -redis 127.0.0.1:6379 # an existing Redis (its other keys count too)
 //
 // Without -redis it starts a throwaway redis-server (internal/redisenv).
 // Every -sample it prints the live heap (after a GC), the goroutines,
