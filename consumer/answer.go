@@ -19,7 +19,11 @@ func (c *Consumer) reportAnswer(ctx context.Context, rec *kgo.Record, err error)
 	if !ok {
 		return
 	}
-	if rerr := c.cfg.limiterFor(rec).Report(ctx, a); rerr != nil {
+	k := c.cfg.limiterFor(rec)
+	if k.Limiter() == nil {
+		return
+	}
+	if rerr := k.Report(ctx, a); rerr != nil {
 		c.log.Warn("consumer: reporting the provider's answer failed", "topic", rec.Topic, "partition", rec.Partition, "err", rerr)
 	}
 }

@@ -88,9 +88,16 @@ type topicPartition struct {
 // described by [WithKafka], which is required; it is built, and its
 // options checked, by [Consumer.Run].
 //
-// New refuses a nil h or lim, a missing WithKafka and bad option values
-// with an error matching [throttle.ErrInvalid] that names the culprit. A
-// Consumer holds no resources until Run.
+// The permit taken for an attempt is passed to h in its context
+// ([throttle.Keyed.ContextWithPermit]): a Transport of package
+// throttle/httpclient built on the same Limiter uses it for the
+// handler's first request, so the call is charged once. Give the same
+// Limiter to both. A nil lim (without WithLimiterFor) takes no permits
+// here: the handler's own calls take them.
+//
+// New refuses a nil h, a missing WithKafka and bad option values with an
+// error matching [throttle.ErrInvalid] that names the culprit. A Consumer
+// holds no resources until Run.
 func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 	cfg := newConfig(opts)
 	switch {
@@ -98,13 +105,11 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 		return nil, cfg.err
 	case h == nil:
 		return nil, errs.Invalid("consumer", "Handler", nil, "must not be nil")
-	case lim == nil:
-		return nil, errs.Invalid("consumer", "Limiter", nil, "must not be nil; build one with throttle.New")
 	case len(cfg.kafka) == 0:
 		return nil, errs.Invalid("consumer", "WithKafka", "none", "must give the brokers, the group and the topics")
 	}
 	if cfg.limiterFor == nil {
-		root := lim.Key("")
+		root := lim.Key("") // the zero Keyed for a nil lim: no permits
 		cfg.limiterFor = func(*kgo.Record) throttle.Keyed { return root }
 	}
 	c := &Consumer{

@@ -652,7 +652,6 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		want string
 	}{
 		{"nil handler", nil, lim, []consumer.Option{k}, "Handler"},
-		{"nil limiter", h, nil, []consumer.Option{k}, "Limiter"},
 		{"no kafka", h, lim, nil, "WithKafka"},
 		// kgo.NewClient panics on a nil kgo.Opt: refused by New instead.
 		{"nil kafka option", h, lim, []consumer.Option{consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), nil)}, "WithKafka"},
@@ -801,4 +800,64 @@ func TestShortHandlerTimeoutStillCommits(t *testing.T) {
 	h.waitFull(t, 10*time.Second)
 	require.NoError(t, r.stop(t))
 	assert.Equal(t, []int64{5}, committed(t, kc, "g", "in", 1))
+}
+
+// The permit the consumer takes for an attempt is in the handler's
+// context: a client on the same Limiter inside the handler uses it, so a
+// record's call costs one permit, counted at the bucket.
+func TestHandlerContextHoldsTheAttemptsPermit(t *testing.T) {
+	t.Parallel()
+	const records = 40
+	kc := kafkaenv.New(t, kafkaenv.Topic("calls", 2))
+	produce(t, kc, "calls", 2, records/2, nil)
+
+	local, err := throttle.NewLocal(1000, time.Second)
+	require.NoError(t, err)
+	b := &countingBucket{Bucket: local}
+	lim := throttle.New(b)
+	var second atomic.Int64
+	h := newHandled(records)
+	handle := func(ctx context.Context, rec *kgo.Record) error {
+		if err := lim.Acquire(ctx, 0); err != nil { // the client's permit: the held one
+			return err
+		}
+		if err := lim.Acquire(ctx, 0); err == nil { // a second call of the attempt: its own
+			second.Add(1)
+		}
+		h.add("a", rec)
+		return nil
+	}
+	c, err := consumer.New(handle, lim, base(kc, "g", "calls")...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 15*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.EqualValues(t, records, second.Load())
+	assert.EqualValues(t, 2*records, b.takes.Load(), "one permit per record for the consumer and the client together, one for the second call")
+}
+
+// A Consumer built without a Limiter takes no permits itself: the
+// handler's own calls do.
+func TestNilLimiterTakesNoPermits(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("free", 1))
+	produce(t, kc, "free", 1, 20, nil)
+	h := newHandled(20)
+	c, err := consumer.New(h.handler("a"), nil, base(kc, "g", "free")...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 15*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, []int64{20}, committed(t, kc, "g", "free", 1))
+}
+
+// countingBucket counts the permits asked of its inner bucket.
+type countingBucket struct {
+	throttle.Bucket
+	takes atomic.Int64
+}
+
+func (c *countingBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	c.takes.Add(n)
+	return c.Bucket.Take(ctx, key, n, maxWait)
 }

@@ -336,12 +336,12 @@ func (p *partition) process(rec *kgo.Record) bool {
 		lastErr  error
 	)
 	for {
-		err := p.acquire(rec)
+		k, err := p.acquire(rec)
 		switch {
 		case err == nil:
 			delays = 0
 			attempts++
-			if lastErr = p.call(rec); lastErr == nil {
+			if lastErr = p.call(rec, k); lastErr == nil {
 				c.handled.Add(1)
 				return true
 			}
@@ -394,10 +394,14 @@ func (p *partition) process(rec *kgo.Record) bool {
 	}
 }
 
-// acquire waits for rec's permit.
-func (p *partition) acquire(rec *kgo.Record) error {
+// acquire waits for rec's permit and returns the budget it came from; a
+// zero Keyed (no limiter for rec) takes no permit.
+func (p *partition) acquire(rec *kgo.Record) (throttle.Keyed, error) {
 	c := p.c
 	k := c.cfg.limiterFor(rec)
+	if k.Limiter() == nil {
+		return k, nil
+	}
 	p.waiting.Add(1)
 	c.waitingRecords.Add(1)
 	start := time.Now()
@@ -405,15 +409,18 @@ func (p *partition) acquire(rec *kgo.Record) error {
 	c.permitWait.Add(int64(time.Since(start)))
 	c.waitingRecords.Add(-1)
 	p.waiting.Add(-1)
-	return err
+	return k, err
 }
 
-// call runs the handler once, within the handler timeout.
-func (p *partition) call(rec *kgo.Record) error {
+// call runs the handler once, within the handler timeout. Its context
+// holds the attempt's permit (k's), so that a client on the same budget
+// inside the handler uses it rather than taking a second one.
+func (p *partition) call(rec *kgo.Record, k throttle.Keyed) error {
 	c := p.c
 	hard := p.hard[p.calls.Add(1)%hardShards]
 	ctx, cancel := context.WithTimeout(hard, c.cfg.handlerTimeout)
 	defer cancel()
+	ctx = k.ContextWithPermit(ctx, 1)
 	c.notePeakInFlight(c.inFlight.Add(1))
 	defer c.inFlight.Add(-1)
 	return c.handler(ctx, rec)

@@ -82,6 +82,10 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // Acquire returns by the end of the wait even when the store hangs: each
 // bucket call gets a context with that deadline. A call with maxWait 0
 // may take up to the store timeout ([WithStoreTimeout], 100 ms).
+//
+// When ctx carries permits of the same budget that the caller acquired
+// already ([Keyed.ContextWithPermit]), Acquire uses one of them and
+// returns nil at once.
 func (l *Limiter) Acquire(ctx context.Context, maxWait time.Duration) error {
 	return l.acquire(ctx, "", 1, maxWait)
 }
@@ -165,6 +169,9 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("throttle: acquire %d permit(s): %w", n, err)
+	}
+	if l.useHeld(ctx, key, n) {
+		return nil // the caller holds them already (ContextWithPermit)
 	}
 
 	clock := l.cfg.clock

@@ -1,0 +1,77 @@
+package throttle
+
+import (
+	"context"
+	"reflect"
+	"sync/atomic"
+)
+
+// ContextWithPermit returns a copy of ctx that carries n permits the
+// caller has already acquired from k, for the code it calls with that
+// context. The first Acquire or AcquireN of the same budget made with the
+// returned context (or one derived from it) that asks for at most the
+// permits still held uses them instead of taking new ones; later ones take
+// their own. The same budget is the same key of the same Limiter, or of
+// another Limiter over the same bucket.
+//
+// This is how one call is charged once when two layers each take a permit
+// for it: the consumer of package consumer acquires a permit for a
+// record's attempt and passes it to the handler's context, and a
+// Transport of package throttle/httpclient built on the same Limiter uses
+// it for the handler's first request instead of waiting for a second
+// permit. A second request of the same attempt, or a retry the Transport
+// makes after a provider's pause, takes a permit of its own.
+//
+// Held permits are used at most once, however many goroutines share the
+// context. n < 1, or a zero Keyed, holds nothing and returns ctx.
+func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
+	if k.l == nil || n < 1 {
+		return ctx
+	}
+	h := &heldPermits{l: k.l, key: k.key}
+	h.left.Store(n)
+	h.outer, _ = ctx.Value(heldKey{}).(*heldPermits)
+	return context.WithValue(ctx, heldKey{}, h)
+}
+
+type heldKey struct{}
+
+// heldPermits are permits of one budget passed down a context; outer
+// holds those of the enclosing context, for other budgets.
+type heldPermits struct {
+	l     *Limiter
+	key   string
+	left  atomic.Int64
+	outer *heldPermits
+}
+
+// useHeld takes n permits of l's key from those ctx holds, if it holds
+// enough of the same budget.
+func (l *Limiter) useHeld(ctx context.Context, key string, n int64) bool {
+	h, _ := ctx.Value(heldKey{}).(*heldPermits)
+	for ; h != nil; h = h.outer {
+		if h.key != key || h.l != l && !sameBucket(h.l.bucket, l.bucket) {
+			continue
+		}
+		for {
+			left := h.left.Load()
+			if left < n {
+				break
+			}
+			if h.left.CompareAndSwap(left, left-n) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// sameBucket reports whether a and b are the same bucket value; buckets
+// whose type cannot be compared are never the same.
+func sameBucket(a, b Bucket) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	t := reflect.TypeOf(a)
+	return t == reflect.TypeOf(b) && t.Comparable() && a == b
+}
