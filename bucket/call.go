@@ -285,3 +285,38 @@ func tightest(tiers []throttle.Tier) (int64, time.Duration) {
 // inflight counts round trips still running after their Take returned; for
 // tests, which wait for it to reach 0 before checking for leaks.
 func (c *common) inflight() int64 { return c.calls.inflight.Load() }
+
+// Check implements [throttle.Checker] with one round trip: the heartbeat
+// that takes carry now and then, which records this instance in the
+// bucket's set of live instances and reads how many are live. So it tells
+// whether Redis answers (for a service's readiness probe, through
+// throttle.Limiter.Check), and, once it has, a Limiter's FailLocal knows
+// this instance's share even before its first take. It returns by ctx's
+// deadline, with a [*throttle.BackendError] when Redis fails.
+func (c *common) Check(ctx context.Context) error {
+	_, err := bounded(ctx, c, "", func(ctx context.Context) (throttle.Decision, error) {
+		n, err := c.rdb.Eval(ctx, srcHeartbeat, []string{c.calls.liveKey}, c.calls.nonce, c.calls.window.Milliseconds()).Int64()
+		if err != nil {
+			return throttle.Decision{}, backend("check", c.calls.liveKey, err)
+		}
+		c.calls.noteLive(n)
+		c.calls.lastBeat.Store(time.Now().UnixNano())
+		return throttle.Decision{}, nil
+	})
+	return err
+}
+
+// Check implements [throttle.Checker]; see the Check of the other buckets.
+func (b *FixedWindow) Check(ctx context.Context) error { return b.w.Check(ctx) }
+
+// Check implements [throttle.Checker]; see the Check of the other buckets.
+func (b *Tiers) Check(ctx context.Context) error { return b.w.Check(ctx) }
+
+var (
+	_ throttle.Checker = (*TokenBucket)(nil)
+	_ throttle.Checker = (*FixedWindow)(nil)
+	_ throttle.Checker = (*Tiers)(nil)
+	_ throttle.Checker = (*SlidingLog)(nil)
+	_ throttle.Checker = (*GCRA)(nil)
+	_ throttle.Checker = (*Counter)(nil)
+)

@@ -167,16 +167,13 @@ func TestFleetPausedStaysWithinTheLimit(t *testing.T) {
 					t.Fatal(err)
 				}
 				bs = append(bs, &tb.common)
-				var b throttle.Bucket = tb
+				opts := []throttle.LimiterOption{throttle.WithFailurePolicy(tc.policy)}
 				if tc.lease {
-					l, err := throttle.NewLeased(tb)
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { _ = l.Close() })
-					b = l
+					opts = append(opts, throttle.WithLeasing(throttle.Leasing{}))
 				}
-				lims = append(lims, throttle.New(b, throttle.WithFailurePolicy(tc.policy)))
+				lim := throttle.New(tb, opts...)
+				t.Cleanup(func() { _ = lim.Close() })
+				lims = append(lims, lim)
 			}
 			log := &grantLog{}
 			stall := startStallMeter(t)

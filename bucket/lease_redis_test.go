@@ -24,6 +24,9 @@ type leaseCalls struct {
 	n atomic.Int64
 }
 
+// Unwrap returns the bucket c counts the calls of.
+func (c *leaseCalls) Unwrap() throttle.Bucket { return c.Bucket }
+
 func (c *leaseCalls) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	c.n.Add(1)
 	return c.Bucket.Take(ctx, key, n, maxWait)
@@ -48,10 +51,8 @@ func leaseFleet(t *testing.T, limit int64, interval time.Duration, demand []floa
 		require.NoError(t, err)
 		c := &leaseCalls{Bucket: tb}
 		calls = append(calls, c)
-		leased, err := throttle.NewLeased(c)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = leased.Close() })
-		lim := throttle.New(leased)
+		lim := throttle.New(c, throttle.WithLeasing(throttle.Leasing{}))
+		t.Cleanup(func() { _ = lim.Close() })
 
 		// Requests arrive each millisecond; a full backlog drops them
 		// (the instance is saturated anyway).

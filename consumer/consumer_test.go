@@ -338,7 +338,7 @@ func TestRevokeWaitsForInFlightHandler(t *testing.T) {
 	}
 	// The handlers must outlast the steps below, however slow the
 	// machine: a long handler timeout, and so a long rebalance timeout.
-	ca, err := consumer.New(aHandler, limiter(t, 1, 30*time.Second, throttle.WithBurst(parts)),
+	ca, err := consumer.New(aHandler, limiter(t, 1, 30*time.Second, throttle.WithLocalBurst(parts)),
 		kafka(kc, "g", "tasks", kgo.RebalanceTimeout(20*time.Second)),
 		consumer.WithHandlerTimeout(10*time.Second),
 		consumer.WithLogger(testLogger()))

@@ -142,27 +142,24 @@ func TestAdaptViewKeepsTheNewerState(t *testing.T) {
 	loc, err := NewLocal(10, time.Second, WithClock(clock))
 	require.NoError(t, err)
 	lim := New(loc, WithClock(clock))
-	a := lim.adapt
+	st := lim.state("k")
+	defer lim.release(st)
 	t0 := clock.Now()
-	a.note("k", AdaptiveState{Rate: 9, At: t0.Add(time.Millisecond)})
-	a.note("k", AdaptiveState{At: t0}) // the refresh's read, from before
-	v, _ := a.view("k")
+	lim.note(st, AdaptiveState{Rate: 9, At: t0.Add(time.Millisecond)})
+	lim.note(st, AdaptiveState{At: t0}) // the refresh's read, from before
+	v, _ := lim.view(st)
 	assert.InDelta(t, 9, v.st.Rate, 1e-9)
 	clock.Advance(time.Second) // the newer view is stale now: anything goes
-	a.note("k", AdaptiveState{At: t0})
-	v, _ = a.view("k")
+	lim.note(st, AdaptiveState{At: t0})
+	v, _ = lim.view(st)
 	assert.False(t, v.st.Active())
 }
 
-// selfBoundedCtxBucket answers as a Redis bucket (which bounds its own
-// store calls, so the Limiter passes the caller's context as it is) whose
-// caller's context ends mid-call: a *BackendError wrapping the context's
-// error, once ctx is done.
-type selfBoundedCtxBucket struct{}
+// ctxBucket answers as a Redis bucket whose caller's context ends
+// mid-call: a *BackendError wrapping the context's error, once ctx is done.
+type ctxBucket struct{}
 
-func (selfBoundedCtxBucket) boundsStoreCalls() {}
-
-func (selfBoundedCtxBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
+func (ctxBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
 	<-ctx.Done()
 	return Decision{}, &BackendError{Op: "take", Key: key, Err: ctx.Err()}
 }
@@ -174,13 +171,13 @@ func (selfBoundedCtxBucket) Take(ctx context.Context, key string, n int64, maxWa
 // bucket's raw error).
 func TestAcquireDeadlineDuringBucketCallIsErrTimeout(t *testing.T) {
 	for _, p := range []FailurePolicy{FailLocal, FailClosed, FailOpen} {
-		lim := New(selfBoundedCtxBucket{}, WithFailurePolicy(p))
+		lim := New(ctxBucket{}, WithFailurePolicy(p))
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		err := lim.Acquire(ctx, Forever)
 		cancel()
 		assert.ErrorIs(t, err, ErrTimeout, "%v", p)
 		assert.ErrorIs(t, err, context.DeadlineExceeded, "%v", p)
-		assert.ErrorContains(t, err, "the context's deadline passed while the bucket was asked for 1 permit(s)", "%v", p)
+		assert.ErrorContains(t, err, "the bucket store did not answer in the", "%v", p)
 	}
 }
 
@@ -223,16 +220,13 @@ func TestAdaptLawClockBackIncreasesOnce(t *testing.T) {
 // once the rate is back up.
 func TestMemPaceRescalesSlotsAfterRateChange(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	m := &memAdaptive{clock: clock, keys: map[string]*memAdaptiveKey{}}
-	ctx := context.Background()
-	set := func(rate float64) { setMemRate(t, m, "k", rate) }
+	m := &memAdaptive{}
+	set := func(rate float64) { setMemRate(t, m, clock.Now(), rate) }
 	set(0.001)
-	p, err := m.PaceAdaptive(ctx, "k", 1, time.Second, 250*time.Millisecond)
-	require.NoError(t, err)
+	p := m.pace(clock.Now(), 1, time.Second, 250*time.Millisecond, 0)
 	require.True(t, p.Granted)
 	set(10)
-	p, err = m.PaceAdaptive(ctx, "k", 1, time.Second, 250*time.Millisecond)
-	require.NoError(t, err)
+	p = m.pace(clock.Now(), 1, time.Second, 250*time.Millisecond, 0)
 	assert.True(t, p.Granted, "the slot left is rescaled: %v at 10 per interval", p.Delay)
 	assert.LessOrEqual(t, p.Delay, 100*time.Millisecond)
 }
@@ -244,11 +238,13 @@ func TestAdaptViewLaterVersionWins(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	loc, err := NewLocal(10, time.Second, WithClock(clock))
 	require.NoError(t, err)
-	a := New(loc, WithClock(clock)).adapt
+	lim := New(loc, WithClock(clock))
+	st := lim.state("k")
+	defer lim.release(st)
 	t0 := clock.Now()
-	a.note("k", AdaptiveState{At: t0.Add(time.Minute), Version: 0})
-	a.note("k", AdaptiveState{Rate: 9, At: t0, Version: 1})
-	v, _ := a.view("k")
+	lim.note(st, AdaptiveState{At: t0.Add(time.Minute), Version: 0})
+	lim.note(st, AdaptiveState{Rate: 9, At: t0, Version: 1})
+	v, _ := lim.view(st)
 	assert.InDelta(t, 9, v.st.Rate, 1e-9)
 }
 
@@ -259,7 +255,6 @@ type failingAdaptive struct {
 	paused atomic.Bool
 }
 
-func (f *failingAdaptive) boundsStoreCalls() {}
 func (f *failingAdaptive) Fallback() (int64, time.Duration, int64) {
 	return 10, time.Second, 1
 }
@@ -295,7 +290,7 @@ func TestAcquireDeadlineDuringPacingIsErrTimeout(t *testing.T) {
 	loc, err := NewLocal(10, time.Second)
 	require.NoError(t, err)
 	lim := New(&failingAdaptive{Local: loc})
-	lim.adapt.note("", AdaptiveState{Rate: 5, At: time.Now()}) // adapting, as a refusal left it
+	lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}) // adapting, as a refusal left it
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	err = lim.Acquire(ctx, Forever)
@@ -311,22 +306,19 @@ func TestAcquireDeadlineDuringPacingIsErrTimeout(t *testing.T) {
 // among them.
 func TestMemPaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	m := &memAdaptive{clock: clock, keys: map[string]*memAdaptiveKey{}}
-	ctx := context.Background()
-	set := func(rate float64) { setMemRate(t, m, "k", rate) }
+	m := &memAdaptive{}
+	set := func(rate float64) { setMemRate(t, m, clock.Now(), rate) }
 	set(40)
 	var last time.Duration
 	for {
-		p, err := m.PaceAdaptive(ctx, "k", 1, time.Second, 250*time.Millisecond)
-		require.NoError(t, err)
+		p := m.pace(clock.Now(), 1, time.Second, 250*time.Millisecond, 0)
 		if !p.Granted {
 			break
 		}
 		last = p.Delay
 	}
 	set(80)
-	p, err := m.PaceAdaptive(ctx, "k", 1, time.Second, time.Second)
-	require.NoError(t, err)
+	p := m.pace(clock.Now(), 1, time.Second, time.Second, 0)
 	require.True(t, p.Granted)
 	assert.Equal(t, last+time.Second/80, p.Delay, "one new spacing after the last slot reserved (%v)", last)
 }
@@ -375,11 +367,10 @@ func TestAdaptLawTinyCeilingStepsToScale(t *testing.T) {
 	assert.Less(t, s.Rate, 0.006, "three intervals after a refusal at 0.004")
 }
 
-// setMemRate makes m's key adapt at rate per interval.
-func setMemRate(t *testing.T, m *memAdaptive, key string, rate float64) {
+// setMemRate makes m adapt at rate per interval from now.
+func setMemRate(t *testing.T, m *memAdaptive, now time.Time, rate float64) {
 	t.Helper()
-	ctx := context.Background()
-	old, _, _ := m.SwapAdaptive(ctx, key, AdaptiveState{Version: -1}, AdaptiveState{}, 0)
-	_, ok, _ := m.SwapAdaptive(ctx, key, old, AdaptiveState{Rate: rate}, time.Hour)
+	old, _ := m.swap(now, AdaptiveState{Version: -1}, AdaptiveState{}, 0)
+	_, ok := m.swap(now, old, AdaptiveState{Rate: rate}, time.Hour)
 	require.True(t, ok)
 }

@@ -12,6 +12,20 @@ import (
 // A Bucket decides; it never sleeps. The Limiter does the waiting, on its
 // clock, for exactly as long as the Decision says, so no caller polls.
 //
+// Beyond Take, a Limiter uses what a bucket offers through optional
+// interfaces: [Refunder], [Pauser], [Fallbacker], [AdaptiveStore],
+// [Immediate], [Checker]. A bucket that wraps another (to count its calls,
+// say) keeps them all by adding a method
+//
+//	Unwrap() Bucket
+//
+// that returns the bucket it wraps: the Limiter looks for each interface
+// on the wrapper first, then along the chain of Unwrap calls, and uses the
+// first bucket that has it (as errors.As does). A wrapper that must see
+// one of those calls implements that interface itself. A reservation's
+// exact cancellation travels in the Decision ([Decision.Cancel]), so a
+// wrapper that returns the inner Decision keeps it.
+//
 // Implementations must be safe for concurrent use.
 type Bucket interface {
 	// Take asks for n permits under key at the moment of the call.
@@ -57,10 +71,13 @@ type Decision struct {
 	// full again. 0 if unknown.
 	Reset time.Duration
 
-	// ticket names a reservation of a [Local] bucket (its state right
-	// after the grant), so that an abandoned reservation can be given back
-	// exactly; 0 for anything else.
-	ticket int64
+	// Cancel, when set on a reservation (Granted with Delay > 0), gives
+	// the reservation back exactly, as if it had never been made, if the
+	// bucket still can (nothing booked after it, its slot not begun);
+	// otherwise it does nothing. A Limiter calls it at most once, when its
+	// caller gives up the wait. A bucket that cannot cancel exactly leaves
+	// it nil, and the Limiter hands the permits back through [Refunder].
+	Cancel func(ctx context.Context) error
 }
 
 // Refunder is implemented by buckets that can take back permits a caller
@@ -85,6 +102,40 @@ type Refunder interface {
 // than overflow the clock's arithmetic and do nothing.
 type Pauser interface {
 	Pause(ctx context.Context, key string, d time.Duration) error
+}
+
+// Immediate is implemented by buckets whose Take decides at once, with no
+// store that could fail or hang ([Local]). A Limiter calls such a bucket
+// without a deadline of its own and never applies its [FailurePolicy] to
+// it. Immediate returns false for a wrapper that does wait on something.
+type Immediate interface {
+	Immediate() bool
+}
+
+// Checker is implemented by buckets that can check their store cheaply
+// (the Redis buckets: one round trip), for [Limiter.Check].
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
+// capability returns the first bucket in b's chain (b, then what each
+// Unwrap returns) that implements T.
+func capability[T any](b Bucket) (T, bool) {
+	for range 100 { // a chain that loops ends here
+		if b == nil {
+			break
+		}
+		if t, ok := b.(T); ok {
+			return t, true
+		}
+		u, ok := b.(interface{ Unwrap() Bucket })
+		if !ok {
+			break
+		}
+		b = u.Unwrap()
+	}
+	var zero T
+	return zero, false
 }
 
 // Tier is one limit: at most Limit permits per Period. Buckets that keep

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
-	"sync"
 	"time"
 )
 
@@ -22,22 +20,25 @@ import (
 // outage's edges:
 //
 //   - The period running when the store failed may have granted most of
-//     the limit already. The key's last shared decision says how much was
-//     left (Remaining) and when the period ends (Reset): the instance
-//     takes at most its share of what was left, by starting its slots
-//     that many slots before the period's end.
-//   - If the last decision is older than that period (an idle key, or an
-//     instance that was refused until the period ended), the current
-//     period's grants are unknown: the instance assumes them all used, and
-//     starts one interval after the store failed, when any period begun
-//     before the failure has ended.
+//     the limit already. The key's ledger (periodBound) says the fewest
+//     permits any shared decision of that period reported left
+//     (Remaining), and when the period ends (Reset): the instance takes at
+//     most its share of that, before the period's end. The fewest, not
+//     the last to arrive: answers of one period arrive in no particular
+//     order (concurrent calls, coalesced callers told different figures).
+//   - If the ledger knows no period running when the store failed (an idle
+//     key, or an instance that was refused until the period ended), the
+//     current period's grants are unknown: the instance assumes them all
+//     used, and starts one interval after the store failed, when any
+//     period begun before the failure has ended.
 //   - When the store answers again, the permits granted locally in the
 //     last two intervals are taken from the shared bucket (as far as it
 //     has them) before the key's next shared grant is handed out.
 //
 // The limit is the key's own, as its last shared decision reported it (a
-// limit set live per key stays in force); a key never seen uses the
-// bucket's ([Fallbacker]). The instance count is the bucket's: the Redis
+// limit set live per key stays in force, and a key whose limit is below
+// the bucket's is remembered however long it idles); a key never seen uses
+// the bucket's ([Fallbacker]). The instance count is the bucket's: the Redis
 // buckets report the largest count they saw when they have not heard from
 // the store recently. A share below one permit per interval (more
 // instances than the limit) is refused: evenly spread single permits
@@ -47,71 +48,35 @@ import (
 // only (a network partition) lets the others go on sharing the full limit
 // while it grants its share; the fleet then grants up to limit·(1 + 1/k).
 
-// seenDecision is a key's last shared decision.
-type seenDecision struct {
-	limit     int64
-	remaining int64 // -1 unknown
-	end       int64 // ns since the failover's epoch: the period's end
+// periodBound is a key's ledger of the shared period running: when it
+// ends and the fewest permits a shared decision of it reported left. Two
+// decisions belong to one period when their ends are less than half an
+// interval apart (periods are at least an interval apart); the later end
+// is kept. A decision of an earlier period that arrives late changes
+// nothing.
+type periodBound struct {
+	end       int64 // on the Limiter's time base; 0: no period known
+	remaining int64 // the fewest left; an unknown Remaining counts as 0
 }
 
-// seenDecisions remembers the last shared decision of each key, in shards.
-type seenDecisions struct {
-	seed   maphash.Seed
-	shards [localShards]seenShard
-}
-
-type seenShard struct {
-	mu    sync.Mutex
-	m     map[string]seenDecision
-	sweep int
-}
-
-func (s *seenDecisions) init() {
-	s.seed = maphash.MakeSeed()
-	for i := range s.shards {
-		s.shards[i].m = make(map[string]seenDecision)
-		s.shards[i].sweep = 64
+// note records a shared decision that reported remaining permits left in
+// a period ending at end; tol is half the bucket's interval.
+func (p *periodBound) note(end, remaining, tol int64) {
+	remaining = max(remaining, 0)
+	switch {
+	case p.end == 0 || end > p.end+tol: // a new period
+		p.end, p.remaining = end, remaining
+	case end >= p.end-tol: // the same period
+		p.end, p.remaining = max(p.end, end), min(p.remaining, remaining)
 	}
 }
 
-// note records d, a shared decision made at now, for key. When the shard
-// has grown, it forgets the keys whose period has ended, except those
-// whose limit is below base() (the bucket's own, see [Fallbacker]): a
-// limit lowered live for a key must outlast an idle spell of the key,
-// or an outage would give the key the bucket's limit.
-func (s *seenDecisions) note(key string, d Decision, now int64, base func() int64) {
-	if d.Reset <= 0 {
-		return
-	}
-	sh := &s.shards[maphash.String(s.seed, key)%localShards]
-	sh.mu.Lock()
-	if len(sh.m) >= sh.sweep {
-		b := base()
-		for k, v := range sh.m {
-			if v.end < now && !(v.limit > 0 && v.limit < b) {
-				delete(sh.m, k)
-			}
-		}
-		sh.sweep = max(64, 2*len(sh.m))
-	}
-	sh.m[key] = seenDecision{limit: d.Limit, remaining: d.Remaining, end: now + int64(d.Reset)}
-	sh.mu.Unlock()
-}
-
-func (s *seenDecisions) get(key string) (seenDecision, bool) {
-	sh := &s.shards[maphash.String(s.seed, key)%localShards]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	v, ok := sh.m[key]
-	return v, ok
-}
-
-// degradedKey is one key's pacer while the store is down, and what it
+// localShare is one key's pace while the store is down, and what it
 // granted, for the account at recovery.
-type degradedKey struct {
+type localShare struct {
 	emission int64 // ns per permit
 	share    int64 // permits per interval
-	tat      int64 // next free slot, ns since epoch
+	tat      int64 // next free slot
 	interval int64
 	// Before until (the end of the shared period running when the store
 	// failed), at most budget permits: this instance's share of what that
@@ -121,8 +86,8 @@ type degradedKey struct {
 	// winStart and in the one before it.
 	winStart      int64
 	granted, prev int64
-	// outage is the downSince of the outage the pace was set in: a key
-	// left unsettled from an earlier outage starts afresh in the next.
+	// outage is the start of the outage the pace was set in: a key left
+	// unsettled from an earlier outage starts afresh in the next.
 	outage int64
 	// carried: a shared call is taking these grants from the store along
 	// with its own permits (see claimDebt); nobody else charges them.
@@ -138,7 +103,7 @@ type degradedKey struct {
 	after          int64
 }
 
-func (k *degradedKey) count(now, n int64) {
+func (k *localShare) count(now, n int64) {
 	if now >= k.winStart+k.interval {
 		if now >= k.winStart+2*k.interval {
 			k.prev = 0
@@ -152,9 +117,9 @@ func (k *degradedKey) count(now, n int64) {
 	k.total += n
 }
 
-// owed is what key granted locally in (about) the last two intervals and
-// has not accounted for yet.
-func (k *degradedKey) owed(now int64) int64 {
+// owed is what the key granted locally in (about) the last two intervals
+// and has not accounted for yet.
+func (k *localShare) owed(now int64) int64 {
 	var n int64
 	switch {
 	case now >= k.winStart+2*k.interval:
@@ -170,45 +135,72 @@ func (k *degradedKey) owed(now int64) int64 {
 	return n
 }
 
-func (f *failover) now(l *Limiter) int64 { return int64(l.cfg.clock.Since(f.epoch)) }
+// holds reports whether the share still matters at now: it owes the store
+// permits, or a call carries its debt.
+func (k *localShare) holds(now int64) bool { return k.carried || k.owed(now) > 0 }
 
-// localTake is FailLocal's decision for n permits of key: granted now, or
-// refused with the delay until this instance's next slot. ok is false when
-// no share is known (the Limiter then fails closed); err is set when n is
-// above one share.
-func (l *Limiter) localTake(key string, n int64) (d Decision, ok bool, err error) {
-	fb, isFB := l.bucket.(Fallbacker)
-	if !isFB {
-		return Decision{}, false, nil
+// take is the share's decision for n permits at now: granted, or refused
+// with the delay until its next slot.
+func (k *localShare) take(n, now int64) Decision {
+	// A take of n fills n slots: it is granted when the last of them has
+	// come (tat is the first free one), and the next take starts after
+	// them. Granted at the first slot instead, takes of 3 with a share of
+	// 5 came 3 slots apart: 6 permits in one interval.
+	next := k.tat + (n-1)*k.emission
+	if now < k.until && k.budget < n {
+		next = max(next, k.until) // this instance's part of the running period is spent
+	}
+	if next > now {
+		return Decision{Delay: time.Duration(next - now), Remaining: -1}
+	}
+	if now < k.until {
+		k.budget -= n
+	}
+	k.tat = now + n*k.emission
+	k.count(now, n)
+	return Decision{Granted: true, Remaining: -1}
+}
+
+// localTake is FailLocal's decision for n permits of st's key: granted now,
+// or refused with the delay until this instance's next slot. why is set
+// when FailLocal cannot decide and refuses (the Limiter then fails
+// closed): it says why. err is set when n is above one share.
+func (l *Limiter) localTake(st *keyState, n int64) (d Decision, why string, err error) {
+	fb := l.caps.fallbacker
+	if fb == nil {
+		return Decision{}, "the bucket does not report its limit and instance count (throttle.Fallbacker)", nil
 	}
 	limit, interval, inst := fb.Fallback()
-	f := &l.fail
-	seen, wasSeen := f.seen.get(key)
-	if wasSeen && seen.limit > 0 {
-		limit = seen.limit // the key's own limit, live ones included
+	if v := st.limit.Load(); v > 0 {
+		limit = v // the key's own limit, live ones included
 	}
-	if limit < 1 || interval <= 0 || inst < 1 || limit < inst {
-		return Decision{}, false, nil
+	switch {
+	case inst < 1:
+		return Decision{}, "this instance has not reached the store since it started, so it does not know its share", nil
+	case limit < 1 || interval <= 0:
+		return Decision{}, "the bucket reports no limit per interval", nil
+	case limit < inst:
+		return Decision{}, fmt.Sprintf("its share would be below one permit per interval (limit %d among %d live instances)", limit, inst), nil
 	}
 	iv := interval.Nanoseconds()
-	now := f.now(l)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	k := f.local[key]
-	down := f.downSince.Load()
-	if share := limit / inst; k == nil || k.share != share || k.interval != iv || k.outage != down {
-		em := ceilDiv(iv, share)
-		if share > 0 && iv/share > (1<<62)/max(inst, 1) {
-			return Decision{}, false, nil
-		}
-		nk := &degradedKey{emission: em, share: share, interval: iv, tat: max(down+iv, now), winStart: now, outage: down}
-		if wasSeen && seen.end > down {
-			// The period of the last shared decision was still running
-			// when the store failed: this instance's share of what it had
-			// left, before its end. (Otherwise that period's grants are
-			// unknown: nothing until any period begun before the failure
-			// has ended.)
-			nk.tat, nk.until, nk.budget = now, seen.end, max(seen.remaining, 0)/inst
+	share := limit / inst
+	if iv/share > (1<<62)/inst {
+		return Decision{}, "its share's pace overflows", nil
+	}
+	now := l.tb.now()
+	down := l.outage.since.Load()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	k := st.local
+	if k == nil || k.share != share || k.interval != iv || k.outage != down {
+		nk := &localShare{emission: ceilDiv(iv, share), share: share, interval: iv, tat: max(down+iv, now), winStart: now, outage: down}
+		if p := st.ledger; p.end > down {
+			// The period of the ledger was still running when the store
+			// failed: this instance's share of the fewest permits it was
+			// reported to have left, before its end. (Otherwise that
+			// period's grants are unknown: nothing until any period
+			// begun before the failure has ended.)
+			nk.tat, nk.until, nk.budget = now, p.end, p.remaining/inst
 		}
 		if k != nil {
 			if k.outage == down { // the share changed during the outage: keep the pace
@@ -223,76 +215,49 @@ func (l *Limiter) localTake(key string, n int64) (d Decision, ok bool, err error
 				// owes: count that as granted now.
 				nk.winStart, nk.granted, nk.prev, nk.capped = now, k.owed(now), 0, false
 			}
-		} else {
-			if f.local == nil {
-				f.local = make(map[string]*degradedKey)
-			}
-			f.pending.Add(1)
 		}
-		f.local[key] = nk
+		st.local = nk
+		st.faulted.Store(true)
 		k = nk
 	}
 	if n > k.share {
-		return Decision{}, true, fmt.Errorf("throttle: acquire %d permit(s): bucket store failed and %d permit(s) exceed this instance's local share of %d per %v", n, n, k.share, interval)
+		return Decision{}, "", fmt.Errorf("throttle: acquire %d permit(s): bucket store failed and %d permit(s) exceed this instance's local share of %d per %v (FailLocal)", n, n, k.share, interval)
 	}
-	// A take of n fills n slots: it is granted when the last of them has
-	// come (tat is the first free one), and the next take starts after
-	// them. Granted at the first slot instead, takes of 3 with a share of
-	// 5 came 3 slots apart: 6 permits in one interval.
-	next := k.tat + (n-1)*k.emission
-	if now < k.until && k.budget < n {
-		next = max(next, k.until) // this instance's part of the running period is spent
-	}
-	if next > now {
-		return Decision{Delay: time.Duration(next - now), Remaining: -1}, true, nil
-	}
-	if now < k.until {
-		k.budget -= n
-	}
-	k.tat = now + n*k.emission
-	k.count(now, n)
-	return Decision{Granted: true, Remaining: -1}, true, nil
+	return k.take(n, now), "", nil
 }
 
-// claimDebt returns what key granted locally and has not accounted for
+// claimDebt returns what st's key granted locally and has not accounted for
 // yet, for a shared call that takes it from the store together with its
 // own permits, so that the debt is charged before the call's grant. It
 // returns 0 when there is none, or when another call carries it already
 // (the debt is charged once). A claim ends with settled (charged) or
-// releaseDebt.
-func (l *Limiter) claimDebt(key string) int64 {
-	f := &l.fail
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	k := f.local[key]
+// releaseDebt. The caller holds st.mu.
+func (st *keyState) claimDebt(now int64) int64 {
+	k := st.local
 	if k == nil || k.carried {
 		return 0
 	}
-	owed := k.owed(f.now(l))
+	owed := k.owed(now)
 	k.carried, k.claimed = owed > 0, k.total
 	return owed
 }
 
-// releaseDebt ends a claim of claimDebt whose call did not charge the debt.
-func (l *Limiter) releaseDebt(key string) {
-	f := &l.fail
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if k := f.local[key]; k != nil {
-		k.carried = false
+// releaseDebt ends a claim whose call did not charge the debt. The caller
+// holds st.mu.
+func (st *keyState) releaseDebt() {
+	if st.local != nil {
+		st.local.carried = false
 	}
 }
 
-// settled forgets key's local grants up to its claim: the store has
+// settled forgets the key's local grants up to its claim: the store has
 // accounted for them. Grants made locally after the claim (while the call
 // that carried it waited for the store) stay owed, as far as they fall in
-// the last two intervals (owed), for settle to take.
-func (l *Limiter) settled(key string) {
-	f := &l.fail
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	k, ok := f.local[key]
-	if !ok {
+// the last two intervals (owed), for settle to take. The caller holds
+// st.mu.
+func (st *keyState) settled() {
+	k := st.local
+	if k == nil {
 		return
 	}
 	if after := k.total - k.claimed; after > 0 {
@@ -300,30 +265,30 @@ func (l *Limiter) settled(key string) {
 		k.capped, k.after = true, after
 		return
 	}
-	delete(f.local, key)
-	f.pending.Add(-1)
+	st.local = nil
 }
 
-// settle accounts, after an outage, for what key granted locally: those
-// permits are taken from the shared bucket (as many as it has left) before
-// the key's shared grants resume. It is called on a shared decision's
-// path, only while some key has local grants to account for, and is
-// bounded by what is left of the caller's wait (left, noWait, of which the
-// caller's own store call took elapsed) as that call is: what it cannot
-// settle in time stays unaccounted for (logged).
-func (l *Limiter) settle(ctx context.Context, key string, left time.Duration, noWait bool, elapsed time.Duration) {
-	f := &l.fail
-	f.mu.Lock()
-	k := f.local[key]
+// takeOwed removes the key's local share and returns what it still owes,
+// for settle; 0 when a call carries the debt (it is left in place). The
+// caller holds st.mu.
+func (st *keyState) takeOwed(now int64) int64 {
+	k := st.local
 	if k == nil || k.carried {
-		f.mu.Unlock()
-		return
+		return 0
 	}
-	delete(f.local, key)
-	f.pending.Add(-1)
-	owed := k.owed(f.now(l))
-	f.mu.Unlock()
-	timeout := f.timeout
+	st.local = nil
+	return k.owed(now)
+}
+
+// settle accounts, after an outage, for owed permits st's key granted
+// locally: they are taken from the shared bucket (as many as it has left)
+// before the key's shared grants resume. It is called on a shared
+// decision's path and is bounded by what is left of the caller's wait
+// (left, noWait, of which the caller's own store call took elapsed) as
+// that call is: what it cannot settle in time stays unaccounted for
+// (logged).
+func (l *Limiter) settle(ctx context.Context, key string, owed int64, left time.Duration, noWait bool, elapsed time.Duration) {
+	timeout := l.cfg.storeTimeout
 	switch {
 	case noWait && timeout > 0:
 		timeout = max(timeout-elapsed, minStoreCall)
@@ -365,10 +330,12 @@ func (l *Limiter) settle(ctx context.Context, key string, left time.Duration, no
 // to the limit less the debts, as without the cap. Cost: an instance is
 // held to its share even when the others do not use theirs; with demand
 // on one instance of k, it gets 1/k of the limit in that period (or two).
-// A weighted take above the room is refused until the cap ends. Known
-// gap: calls of the key already on their way to the store when the first
-// one comes back are not capped (during an outage only the probe asks the
-// store, so this matters when another key's probe ended the outage).
+// A weighted take above the room is refused until the cap ends. The cap
+// counts what is taken from the store, a lease's batch included, so a
+// lease never holds permits the cap would not let out. Known gap: calls of
+// the key already on their way to the store when the first one comes back
+// are not capped (during an outage only the probe asks the store, so this
+// matters when another key's probe ended the outage).
 
 // recoveryCap is a key's room in its first shared period after an outage.
 // When the store's first answer was a refusal (the period it reported is
@@ -376,85 +343,40 @@ func (l *Limiter) settle(ctx context.Context, key string, left time.Duration, no
 // period"), the first period the key can take from is the next one: the
 // cap then goes on to next's end, with the share as its room.
 type recoveryCap struct {
-	until int64 // ns since the failover's epoch: the period's end
+	until int64 // the period's end, on the Limiter's time base
 	room  int64 // permits this instance may still take from the store in it
 	next  int64 // the next period's end (0: none), with share as its room
 	share int64
 }
 
-// localOwed returns what key owes for its local grants of the outage, and
-// its share of the limit and the interval (ns) then; ok is false when it
-// granted nothing locally.
-func (l *Limiter) localOwed(key string) (owed, share, interval int64, ok bool) {
-	f := &l.fail
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	k := f.local[key]
-	if k == nil {
-		return 0, 0, 0, false
-	}
-	return k.owed(f.now(l)), k.share, k.interval, true
-}
-
-// startRecovery caps key's shared grants until the end of the period d
-// reports (see recoveryCap): share, less owed and the took permits d
-// granted. A key that owes nothing (it granted nothing locally in the last
-// two intervals: idle since the outage, or only refused then) is not
-// capped, and a cap already running is left as it is (calls of the key
-// have reserved from it).
-func (l *Limiter) startRecovery(key string, d Decision, share, owed, took, interval int64) {
+// newRecoveryCap is the cap after a first shared decision d at now that
+// took took permits, for a key whose share is share and which owed owed;
+// nil when no cap is due (d tells no period, or the key owed nothing: it
+// granted nothing locally in the last two intervals).
+func newRecoveryCap(d Decision, now, share, owed, took, interval int64) *recoveryCap {
 	if d.Reset <= 0 || share <= 0 || owed <= 0 {
-		return
-	}
-	f := &l.fail
-	now := f.now(l)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if rc := f.recovering[key]; rc != nil && now < rc.until {
-		return
-	}
-	if f.recovering == nil {
-		f.recovering = make(map[string]*recoveryCap)
-	}
-	if _, ok := f.recovering[key]; !ok {
-		f.recoveringN.Add(1)
+		return nil
 	}
 	until := now + int64(d.Reset)
 	rc := &recoveryCap{until: until, room: max(share-owed-took, 0)}
 	if !d.Granted && interval > 0 {
 		rc.next, rc.share = until+interval, share
 	}
-	f.recovering[key] = rc
-	f.recoveryEnd = max(f.recoveryEnd, until, rc.next)
+	return rc
 }
 
-// reserveRecovery reserves n permits of key's room in its first shared
-// period after an outage, before its store call. It returns the period's
-// end when it did (reserved, 0 otherwise: give them back with
-// unreserveRecovery if the call grants nothing), or a refusal until the
-// period's end when the room is spent.
-func (l *Limiter) reserveRecovery(key string, n int64) (refusal Decision, refused bool, reserved int64) {
-	f := &l.fail
-	now := f.now(l)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if now >= f.recoveryEnd {
-		// Every cap has run out: forget them all at once (keys that
-		// are not called again would stay otherwise, and keep the hot
-		// path taking this lock).
-		clear(f.recovering)
-		f.recoveringN.Store(0)
-		return Decision{}, false, 0
-	}
-	rc := f.recovering[key]
-	switch {
-	case rc == nil:
-		return Decision{}, false, 0
-	case now >= rc.until && now < rc.next:
+// holds reports whether the cap still applies at now or later.
+func (rc *recoveryCap) holds(now int64) bool { return now < rc.until || now < rc.next }
+
+// reserve reserves n permits of the room before a store call at now. It
+// returns the period's end when it did (reserved; give them back with
+// unreserve if the call grants nothing), a refusal until the period's end
+// when the room is spent, or neither when the cap has ended.
+func (rc *recoveryCap) reserve(n, now int64) (refusal Decision, refused bool, reserved int64) {
+	if now >= rc.until && now < rc.next {
 		rc.until, rc.room, rc.next = rc.next, rc.share, 0
-	case now >= rc.until:
-		delete(f.recovering, key)
-		f.recoveringN.Add(-1)
+	}
+	if now >= rc.until {
 		return Decision{}, false, 0
 	}
 	if rc.room >= n {
@@ -468,13 +390,10 @@ func (l *Limiter) reserveRecovery(key string, n int64) (refusal Decision, refuse
 	return Decision{Delay: time.Duration(until - now), Remaining: 0}, true, 0
 }
 
-// unreserveRecovery gives back n permits that reserveRecovery reserved in
-// the period ending at reserved, if the cap is still in that period.
-func (l *Limiter) unreserveRecovery(key string, n, reserved int64) {
-	f := &l.fail
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if rc := f.recovering[key]; rc != nil && rc.until == reserved {
+// unreserve gives back n permits reserved in the period ending at reserved,
+// if the cap is still in that period.
+func (rc *recoveryCap) unreserve(n, reserved int64) {
+	if rc.until == reserved {
 		rc.room += n
 	}
 }

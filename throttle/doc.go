@@ -18,10 +18,10 @@
 // Buckets: [Local] limits one process, in memory. Package
 // github.com/headway-go/headway/bucket has the Redis-backed buckets that
 // a whole fleet shares (token bucket, fixed window, counter with resetter,
-// sliding log, GCRA, tiers); each states the guarantee it keeps. Two
-// wrappers work over any bucket: [Leased] takes permits in batches sized
-// by demand and hands them out from memory (far fewer round trips), and
-// [Smooth] spaces permits evenly through the interval.
+// sliding log, GCRA, tiers); each states the guarantee it keeps. [Smooth]
+// spaces any bucket's permits evenly through the interval, and a Limiter
+// built [WithLeasing] takes permits in batches sized by demand and hands
+// them out from memory (far fewer round trips).
 //
 // Per key: [Limiter.Key] gives each tenant or endpoint its own budget in
 // one bucket.
@@ -33,24 +33,31 @@
 // endpoint; throttle/otelmetrics reports a Limiter's work to
 // OpenTelemetry.
 //
-// Options: each constructor has its own option type ([LimiterOption],
-// [LocalOption], [LeasedOption], [SmoothOption]); an option read by
-// several constructors, such as [WithClock], implements several, and an
-// option given to a constructor that does not read it does not compile.
+// Options: each constructor has its own option type ([LimiterOption] for
+// [New], [LocalOption] for [NewLocal], [SmoothOption] for [NewSmooth]);
+// [WithClock], read by all three, implements all three, and an option
+// given to a constructor that does not read it does not compile.
 //
 // Guarantees of this package:
 //   - A Limiter never polls: when a bucket refuses it names when to come
 //     back, and the Limiter sleeps until then (on the clock of
 //     [WithClock]), or returns [ErrTimeout] at once when that is beyond
 //     the caller's wait.
-//   - A cancelled context ends a wait at once; no goroutine outlives a call.
+//   - A cancelled context ends a wait at once; no goroutine outlives a call,
+//     but the Limiter's own updates of the adaptive rate, each at most the
+//     store timeout long ([Limiter.Close] waits for them).
 //   - Bad arguments are refused with an error matching [ErrInvalid] that
 //     names the argument; nothing here panics on user input.
 //   - Acquire returns by the end of the caller's wait even when the
 //     bucket's store hangs; while the store fails, the Limiter's
 //     [FailurePolicy] decides (default [FailLocal]: this instance's share
 //     of the limit, in memory), and the shared limit resumes at the first
-//     call after the store answers again.
+//     call after the store answers again. [Limiter.Check] tells a
+//     readiness probe whether the store answers.
+//   - A Limiter's memory follows the keys in use: a key idle for a second
+//     (or the bucket's interval) that holds nothing in force is forgotten.
+//   - Time is measured on the clock's monotonic readings: a wall clock
+//     that steps (NTP, a VM resumed) changes no wait.
 //
 // Package throttle depends on the standard library and clockwork only.
 package throttle

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -39,19 +38,22 @@ const (
 	// live instances with heartbeats). With a bucket that does not, before
 	// the first live count is known (an instance that started while the
 	// store was down), or when the share is below one permit per interval
-	// (more instances than the limit), FailLocal acts as [FailClosed].
-	// Waiting for a local permit stays within the caller's wait, as any
-	// other.
+	// (more instances than the limit), FailLocal refuses as [FailClosed]
+	// does, with an error that says why. Waiting for a local permit stays
+	// within the caller's wait, as any other.
 	//
 	// The degraded mode cannot double the fleet at the outage's edges:
 	// in the shared period running when the store failed, an instance
-	// grants at most its share of what that period had left (its last
-	// shared decision's Remaining, until its Reset); if it knows nothing
+	// grants at most its share of what that period had left (the fewest
+	// permits its shared decisions of that period reported left, until
+	// the period's end); if it knows nothing
 	// of that period, it grants nothing until one interval after the
 	// failure. A key keeps its own limit (one set live included, as its
 	// last shared decision reported it). When the store answers again,
 	// the permits granted locally in the last two intervals are taken from
-	// the shared bucket before the key's shared grants resume, and until
+	// the shared bucket before the key's shared grants resume (permits
+	// leased before the outage and handed out during it were the store's
+	// already: they owe nothing), and until
 	// the end of that first shared period the instance takes at most its
 	// share less those permits (the other instances may still be granting
 	// theirs locally: a failover's clients find the new master one by
@@ -67,8 +69,8 @@ const (
 	// cut off alone (a partition) grants its share on top of what the
 	// others share: up to limit·(1 + 1/instances).
 	FailLocal FailurePolicy = iota
-	// FailClosed refuses while the store fails: Acquire returns the
-	// store's error, a [*BackendError]. If the caller's wait ran out while
+	// FailClosed refuses while the store fails: Acquire returns an error
+	// that wraps the store's, a [*BackendError]. If the caller's wait ran out while
 	// the store was being asked, the error also matches [ErrTimeout] (and,
 	// through the BackendError, context.DeadlineExceeded).
 	FailClosed
@@ -124,14 +126,16 @@ func WithFailurePolicy(p FailurePolicy) LimiterOption {
 // The buckets of package bucket return by this deadline even when their
 // Redis client blocks (go-redis ignores context deadlines unless
 // ContextTimeoutEnabled is set); see that package.
-func WithStoreTimeout(d time.Duration) StoreOption {
-	return storeOption(func(c *config) { c.storeTimeout = d })
+func WithStoreTimeout(d time.Duration) LimiterOption {
+	return limiterOnly(func(c *config) { c.storeTimeout = d })
 }
 
-// Fallbacker is implemented by buckets whose limit a fleet of instances
-// shares, so that a Limiter under [FailLocal] can limit this instance on
-// its own while the store is down. The Redis buckets of package bucket
-// implement it.
+// Fallbacker is implemented by buckets that can tell their limit per
+// interval, and, for a limit a fleet of instances shares, how many
+// instances share it: a Limiter under [FailLocal] limits this instance on
+// its own with it while the store is down, and the adaptive rate
+// ([Limiter.Report]) needs the limit. The Redis buckets of package bucket
+// and [Local] implement it.
 type Fallbacker interface {
 	// Fallback returns the bucket's limit per interval and the number of
 	// live instances sharing it, as last seen while the store answered;
@@ -141,56 +145,44 @@ type Fallbacker interface {
 	Fallback() (limit int64, interval time.Duration, instances int64)
 }
 
-// failover is a Limiter's state for its failure policy.
-type failover struct {
-	policy  FailurePolicy
-	timeout time.Duration
-
-	down    atomic.Bool // the last store call failed
-	probing atomic.Bool // a call is asking the store during an outage
+// outage is a Limiter's view of its store: whether it answers, and who
+// probes it while it does not.
+type outage struct {
+	// since is when the call that began the running outage was sent (on
+	// the Limiter's time base); 0 while the store answers.
+	since atomic.Int64
+	// probing is set while a call asks the store during an outage.
+	probing atomic.Bool
 	lastErr atomic.Pointer[error]
-	// downSince is when the call that began the outage was sent (ns on
-	// the Limiter's clock since epoch): no shared grant is assumed after it.
-	downSince atomic.Int64
-
-	// seen remembers each key's last shared decision, for FailLocal.
-	seen  seenDecisions
-	epoch time.Time
-
-	mu    sync.Mutex
-	local map[string]*degradedKey // under mu: FailLocal's pacers, by key
-	// pending counts the keys in local, so that the hot path skips the
-	// lookup when no outage left local grants to account for.
-	pending atomic.Int64
-	// recovering caps each key's shared grants in its first shared period
-	// after it granted locally (see recoveryCap); recoveringN counts its
-	// keys, for the hot path.
-	recovering  map[string]*recoveryCap // under mu
-	recoveryEnd int64                   // under mu: the latest cap's end
-	recoveringN atomic.Int64
 }
 
-// init sets the failure policy's state for a Limiter built with cfg.
-func (f *failover) init(cfg config) {
-	f.policy, f.timeout, f.epoch = cfg.policy, cfg.storeTimeout, cfg.clock.Now()
-	f.seen.init()
+// begin records a store failure of a call sent at sent, and reports
+// whether it began an outage.
+func (o *outage) begin(sent int64, err error) bool {
+	o.lastErr.Store(&err)
+	return o.since.CompareAndSwap(0, sent)
 }
 
-// fallbackLimit is the bucket's own limit as [Fallbacker] reports it; 0
-// when the bucket is not a Fallbacker.
-func (l *Limiter) fallbackLimit() int64 {
-	if fb, ok := l.bucket.(Fallbacker); ok {
-		limit, _, _ := fb.Fallback()
-		return limit
+// end records that the store answered, and reports whether that ended an
+// outage.
+func (o *outage) end() bool { return o.since.Load() != 0 && o.since.Swap(0) != 0 }
+
+// err is the store's last error.
+func (o *outage) err() error {
+	if e := o.lastErr.Load(); e != nil {
+		return *e
 	}
-	return 0
+	return errors.New("the bucket store failed")
 }
 
 // storeFailure reports whether err, from a Take whose own deadline has
 // expired or not, means the store failed (as opposed to an error about the
-// call). ctx is the caller's.
+// call). ctx is the caller's. A call cut by its own deadline (which comes
+// before the caller's) is the store's failure even when the caller's
+// deadline has passed too by the time it is looked at (a busy machine
+// can take that long to run the caller again): the store had its chance.
 func storeFailure(ctx context.Context, expired bool, err error) bool {
-	if ctx.Err() != nil || errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) || errors.Is(err, ErrTimeout) {
+	if ctx.Err() != nil && !expired || errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) || errors.Is(err, ErrTimeout) {
 		return false
 	}
 	var be *BackendError
@@ -199,143 +191,6 @@ func storeFailure(ctx context.Context, expired bool, err error) bool {
 	}
 	// A bucket of the user's that gives up when our deadline passes.
 	return expired && errors.Is(err, context.DeadlineExceeded)
-}
-
-// decide asks the bucket for n permits, or, while its store fails, decides
-// by the failure policy; degraded reports the latter. left is the caller's
-// wait left, noWait that the caller allowed none at all (maxWait 0).
-func (l *Limiter) decide(ctx context.Context, key string, n int64, left time.Duration, noWait bool) (d Decision, degraded bool, err error) {
-	f := &l.fail
-	if _, isLocal := l.bucket.(*Local); isLocal {
-		d, err = l.take(ctx, key, n, left)
-		return d, false, err
-	}
-	probe := false
-	if f.down.Load() {
-		if !f.probing.CompareAndSwap(false, true) {
-			// Someone is asking the store: decide without it.
-			d, err = l.degrade(ctx, key, n, *f.lastErr.Load(), false)
-			return d, true, err
-		}
-		probe = true
-		defer f.probing.Store(false)
-	}
-
-	tctx, cancel, d0, budgetBound := ctx, context.CancelFunc(nil), time.Duration(0), false
-	// A selfBounded bucket reads maxWait 0 as a caller that may not wait
-	// (its store timeout); a wait that has run out gets the last short
-	// call here, as any bucket does.
-	if _, ok := l.bucket.(selfBounded); !ok || left == 0 && !noWait {
-		tctx, cancel, d0, budgetBound = l.storeContext(ctx, left, noWait)
-	}
-	if f.policy == FailLocal && !probe && f.recoveringN.Load() > 0 {
-		// (A probe is never capped: it must find out whether the store
-		// answers again.)
-		refusal, refused, reserved := l.reserveRecovery(key, n)
-		if refused {
-			if cancel != nil {
-				cancel()
-			}
-			return refusal, false, nil
-		}
-		if reserved != 0 {
-			defer func() {
-				if err != nil || degraded || !d.Granted {
-					l.unreserveRecovery(key, n, reserved)
-				}
-			}()
-		}
-	}
-	sent, callStart := f.now(l), time.Now()
-	debt := int64(0)
-	if f.policy == FailLocal && f.pending.Load() > 0 {
-		// The call carries what this instance granted locally for key
-		// (the probe, or the key's first call after it): the first thing
-		// the store does for the key when it answers again is to account
-		// for those permits, before any shared grant of the key here.
-		debt = l.claimDebt(key)
-	}
-	if debt > 0 {
-		d, err = l.take(tctx, key, n+debt, left)
-		if errors.Is(err, ErrExceedsLimit) {
-			l.releaseDebt(key)
-			debt = 0 // more than the bucket grants at once: settle it apart
-			d, err = l.take(tctx, key, n, left)
-		}
-	} else {
-		d, err = l.take(tctx, key, n, left)
-	}
-	expired := tctx != ctx && ctx.Err() == nil && deadlinePassed(tctx)
-	if cancel != nil {
-		cancel()
-	}
-	if err == nil {
-		if (probe || f.down.Load()) && f.down.CompareAndSwap(true, false) {
-			l.cfg.logger.Info("throttle: bucket store answers again; shared limit resumed", "policy", f.policy.String())
-		}
-		if f.policy == FailLocal {
-			f.seen.note(key, d, f.now(l), l.fallbackLimit)
-			owed, share, iv, hadLocal := int64(0), int64(0), int64(0), false
-			if f.pending.Load() > 0 {
-				owed, share, iv, hadLocal = l.localOwed(key)
-			}
-			switch {
-			case debt > 0 && d.Granted:
-				l.settled(key) // the debt came with the call's permits
-			case debt > 0:
-				l.releaseDebt(key)
-			}
-			if f.pending.Load() > 0 {
-				// What is still owed: all of it, or what was granted
-				// locally after the claim.
-				l.settle(ctx, key, left, noWait, time.Since(callStart))
-			}
-			if hadLocal {
-				took := int64(0)
-				if d.Granted {
-					took = n
-				}
-				l.startRecovery(key, d, share, owed, took, iv)
-			}
-		}
-		return d, false, nil
-	}
-	if debt > 0 {
-		l.releaseDebt(key)
-	}
-	if !storeFailure(ctx, expired, err) {
-		return d, false, err
-	}
-	if expired && budgetBound && d0 < f.timeout/4 && !probe {
-		// The caller's wait cut the call short of a fair chance (a
-		// quarter of the store timeout): no evidence that the store is
-		// down, so no degraded decision either. The wait ran out. (A
-		// probe has the evidence already: the store was down before.)
-		return Decision{}, false, fmt.Errorf("%w: the bucket store did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)
-	}
-	e := err
-	f.lastErr.Store(&e)
-	// One start per outage, under mu, so that FailLocal's pacers (set
-	// under mu too) see one downSince for it and start afresh in the next.
-	f.mu.Lock()
-	began := !f.down.Load()
-	if began {
-		f.downSince.Store(sent)
-		f.down.Store(true)
-	}
-	f.mu.Unlock()
-	if began {
-		l.cfg.logger.Warn("throttle: bucket store failed; deciding by the failure policy until it answers", "policy", f.policy.String(), "err", err)
-	}
-	d, err = l.degrade(ctx, key, n, err, budgetBound && expired)
-	return d, true, err
-}
-
-// storeContext returns the context for one bucket call, its timeout d (0:
-// none of its own), and whether the caller's wait (rather than the store
-// timeout) set it. See boundStoreCall.
-func (l *Limiter) storeContext(ctx context.Context, left time.Duration, noWait bool) (context.Context, context.CancelFunc, time.Duration, bool) {
-	return boundStoreCall(ctx, left, noWait, l.fail.timeout)
 }
 
 // boundStoreCall bounds one call to a bucket's store. A call that waits
@@ -382,13 +237,6 @@ func deadlinePassed(ctx context.Context) bool {
 	return ok && !time.Now().Before(dl)
 }
 
-// selfBounded is implemented by [Leased]: it answers from memory most of
-// the time and bounds its own calls to the inner bucket's store, so a
-// Limiter need not build a store context for every call to it.
-type selfBounded interface {
-	boundsStoreCalls()
-}
-
 const (
 	// minStoreCall is the least time a Limiter gives a bucket call of a
 	// caller whose wait has (all but) run out.
@@ -400,44 +248,61 @@ const (
 	storeMargin = 10 * time.Millisecond
 )
 
-// degrade makes the decision of the failure policy for a store that failed
-// with err. outOfTime reports that the caller's wait ran out while the
-// store was asked.
-func (l *Limiter) degrade(ctx context.Context, key string, n int64, err error, outOfTime bool) (Decision, error) {
-	policy := l.fail.policy
+// degrade makes the decision of the failure policy for st's key when the
+// store failed with err. outOfTime reports that the caller's wait ran out
+// while the store was asked.
+func (l *Limiter) degrade(st *keyState, n int64, err error, outOfTime bool) (Decision, error) {
+	policy := l.cfg.policy
 	var d Decision
 	var derr error
-	if policy == FailLocal {
-		// Never reserve: refused, the Limiter waits for the Delay as for
-		// any bucket, then asks (or probes) again.
-		var ok bool
-		var lerr error
-		d, ok, lerr = l.localTake(key, n)
-		switch {
-		case !ok:
-			policy = FailClosed // no share known
-		case lerr != nil:
-			// n above one share: this instance cannot grant it alone.
-			policy, d = FailClosed, Decision{}
-			derr = fmt.Errorf("%w: %w", lerr, err)
-		}
-	}
 	switch policy {
 	case FailOpen:
 		d = Decision{Granted: true, Remaining: -1}
 	case FailLocal:
+		// Never reserve: refused, the Limiter waits for the Delay as for
+		// any bucket, then asks (or probes) again.
+		var why string
+		var lerr error
+		d, why, lerr = l.localTake(st, n)
+		switch {
+		case lerr != nil:
+			// n above one share: this instance cannot grant it alone.
+			policy, d, derr = FailClosed, Decision{}, fmt.Errorf("%w: %w", lerr, err)
+		case why != "":
+			policy, d = FailClosed, Decision{}
+			derr = fmt.Errorf("throttle: acquire %d permit(s): bucket store failed, and FailLocal refuses: %s: %w", n, why, err)
+		}
 	default:
-		if derr != nil {
-			break
-		}
-		if outOfTime {
-			derr = fmt.Errorf("%w: the bucket store did not answer within the wait: %w", ErrTimeout, err)
-		} else {
-			derr = fmt.Errorf("throttle: acquire %d permit(s): bucket store failed and the failure policy is closed: %w", n, err)
-		}
+		derr = fmt.Errorf("throttle: acquire %d permit(s): bucket store failed, and FailClosed refuses every call until it answers: %w", n, err)
+	}
+	if outOfTime && derr != nil {
+		derr = fmt.Errorf("%w: the bucket store did not answer within the wait: %w", ErrTimeout, derr)
 	}
 	if o := l.cfg.observer; o != nil {
-		o.Degraded(key, policy.String(), d.Granted, err)
+		o.Degraded(st.key, policy.String(), d.Granted, err)
 	}
 	return d, derr
+}
+
+// policyNote says, for the log at an outage's start, what the failure
+// policy will do.
+func (l *Limiter) policyNote() string {
+	switch l.cfg.policy {
+	case FailOpen:
+		return "FailOpen: every call is granted until it answers"
+	case FailClosed:
+		return "FailClosed: every call is refused until it answers"
+	}
+	fb := l.caps.fallbacker
+	if fb == nil {
+		return "FailLocal refuses: the bucket does not report its limit and instance count (throttle.Fallbacker)"
+	}
+	limit, interval, inst := fb.Fallback()
+	switch {
+	case inst < 1:
+		return "FailLocal refuses: this instance has not reached the store since it started, so it does not know its share"
+	case limit < inst:
+		return fmt.Sprintf("FailLocal refuses: its share would be below one permit per interval (limit %d among %d live instances)", limit, inst)
+	}
+	return fmt.Sprintf("FailLocal: this instance grants its share, %d per %v of each key's limit (%d live instances)", limit/inst, interval, inst)
 }

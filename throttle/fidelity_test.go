@@ -19,7 +19,7 @@ import (
 // second, permits are at least 100 ms apart whatever is refunded.
 func TestLocalRefundGoesToNoQueuedCaller(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	b := newLocal(t, clock, 10, time.Second, throttle.WithBurst(1))
+	b := newLocal(t, clock, 10, time.Second, throttle.WithLocalBurst(1))
 	lim := throttle.New(b, throttle.WithClock(clock))
 	ctx := context.Background()
 	require.NoError(t, lim.Acquire(ctx, 0), "the burst of one at t=0")
@@ -50,26 +50,26 @@ func TestLocalRefundGoesToNoQueuedCaller(t *testing.T) {
 	require.NoError(t, <-c)
 }
 
-// TestLeasedWeightedTakeAcrossPeriodEnd (issue 12, defect 1): a weighted
-// take that uses the lease's left-over permits and fetches the rest must
-// not hand out the old period's permits in the new period, on top of the
-// new period's full limit.
+// TestLeasedWeightedTakeAcrossPeriodEnd: a weighted take that uses the
+// lease's left-over permits and fetches the rest must not hand out the old
+// period's permits in the new period, on top of the new period's full
+// limit.
 func TestLeasedWeightedTakeAcrossPeriodEnd(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	start := clock.Now()
 	inner := &periodBucket{clock: clock, start: start, limit: 10, interval: time.Second}
-	l, err := throttle.NewLeased(inner, throttle.WithClock(clock), throttle.WithLeaseShare(1))
-	require.NoError(t, err)
+	l := throttle.New(inner, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{Share: 1}))
 	t.Cleanup(func() { _ = l.Close() })
 	ctx := context.Background()
-	handed := map[int64]int64{} // period → permits handed out, by the time Take returned
+	handed := map[int64]int64{} // period → permits handed out, by the time Acquire returned
 	take := func(n int64) bool {
-		d, err := l.Take(ctx, "", n, 0)
-		require.NoError(t, err)
-		if d.Granted {
-			handed[int64(clock.Since(start)/time.Second)] += n
+		err := l.AcquireN(ctx, n, 0)
+		if err != nil {
+			require.ErrorIs(t, err, throttle.ErrTimeout)
+			return false
 		}
-		return d.Granted
+		handed[int64(clock.Since(start)/time.Second)] += n
+		return true
 	}
 	require.True(t, take(1))
 	clock.Advance(10 * time.Millisecond)
@@ -118,31 +118,28 @@ func (p *periodBucket) Take(_ context.Context, _ string, n int64, _ time.Duratio
 	return throttle.Decision{Granted: true, Limit: p.limit, Remaining: p.limit - p.used, Reset: reset}, nil
 }
 
-// TestPauseForeverDoesNotOverflow (issue 12, defect 7): a pause of
-// throttle.Forever (or any duration that overflows the clock's arithmetic)
-// is clamped, never a no-op.
+// TestPauseForeverDoesNotOverflow: a pause of throttle.Forever (or any
+// duration that overflows the clock's arithmetic) is clamped, never a
+// no-op: by a Smooth bucket, and by a leasing Limiter's report.
 func TestPauseForeverDoesNotOverflow(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	local := newLocal(t, clock, 10, time.Second)
-	leased, err := throttle.NewLeased(local, throttle.WithClock(clock))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = leased.Close() })
 	smooth, err := throttle.NewSmooth(newLocal(t, clock, 10, time.Second), 10, time.Second, throttle.WithClock(clock))
 	require.NoError(t, err)
 	ctx := context.Background()
 	clock.Advance(time.Hour) // some time after the buckets' epoch
-	for name, b := range map[string]interface {
-		throttle.Bucket
-		throttle.Pauser
-	}{"Leased": leased, "Smooth": smooth} {
-		for _, d := range []time.Duration{throttle.Forever, throttle.Forever - time.Second, 1<<63 - 1<<40} {
-			require.NoError(t, b.Pause(ctx, "k", d), name)
-			dec, err := b.Take(ctx, "k", 1, 0)
-			require.NoError(t, err, name)
-			assert.False(t, dec.Granted, "%s: Take granted after Pause(%v)", name, d)
-			assert.GreaterOrEqual(t, dec.Delay, 24*time.Hour, "%s: paused for %v", name, dec.Delay)
-		}
+	for _, d := range []time.Duration{throttle.Forever, throttle.Forever - time.Second, 1<<63 - 1<<40} {
+		require.NoError(t, smooth.Pause(ctx, "k", d))
+		dec, err := smooth.Take(ctx, "k", 1, 0)
+		require.NoError(t, err)
+		assert.False(t, dec.Granted, "Smooth: Take granted after Pause(%v)", d)
+		assert.GreaterOrEqual(t, dec.Delay, 24*time.Hour, "Smooth: paused for %v", dec.Delay)
 	}
+	lim := throttle.New(newLocal(t, clock, 10, time.Second), throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{TTL: time.Second}))
+	defer lim.Close()
+	require.NoError(t, lim.Key("k").Acquire(ctx, 0))
+	require.NoError(t, lim.Key("k").Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: throttle.Forever}))
+	clock.Advance(30 * time.Minute)
+	assert.ErrorIs(t, lim.Key("k").Acquire(ctx, 0), throttle.ErrTimeout, "a leasing Limiter paused for ever still refuses half an hour later")
 }
 
 // keyedStore is a shared-store stand-in with a limit per key: while up it

@@ -9,6 +9,9 @@ import (
 	"github.com/jonboulle/clockwork"
 )
 
+// The gate's times are on its Limiter's time base (ns since its epoch,
+// monotonic): a wall clock that steps back cannot keep a gate closed.
+
 // admitWave is how many queued callers of one key a Limiter lets ask the
 // bucket at once after a refusal. When the bucket has permits again, each
 // caller granted lets the next one in, so the queue drains at the bucket's
@@ -33,9 +36,9 @@ func addSat(t int64, d time.Duration) int64 {
 // the bucket's time, and then admits them a few at a time. While the
 // bucket grants freely, callers pass the gate with two atomic loads.
 type gate struct {
-	clock clockwork.Clock
-	// closedUntil is the clock time (UnixNano) before which the bucket
-	// said asking is useless; queued is len(q), for the lock-free check.
+	tb *timeBase
+	// closedUntil is the time before which the bucket said asking is
+	// useless; queued is len(q), for the lock-free check.
 	closedUntil atomic.Int64
 	queued      atomic.Int32
 
@@ -43,14 +46,13 @@ type gate struct {
 	q       []*gateWaiter // FIFO
 	active  int           // admitted callers whose bucket call is in flight
 	timer   clockwork.Timer
-	timerAt int64 // when timer fires (UnixNano on clock)
+	timerAt int64 // when timer fires
 }
 
 type gateWaiter struct {
 	ready    chan struct{} // gets a value when admitted or turned away
 	admitted bool          // under gate.mu
-	// deadline is the clock time (UnixNano) the caller waits until at
-	// most; err, set before ready when the gate turns the caller away
+	// deadline is the time the caller waits until at most; err, set before ready when the gate turns the caller away
 	// because it will not reopen by then.
 	deadline int64
 	timeout  timeoutBound
@@ -60,18 +62,18 @@ type gateWaiter struct {
 // open reports whether a caller may ask the bucket without queueing. It
 // reads the clock only while the gate has a closing time (closedUntil is
 // reset to 0 once the gate has reopened with nobody queued).
-func (g *gate) open(clock clockwork.Clock) bool {
+func (g *gate) open() bool {
 	if g.queued.Load() != 0 {
 		return false
 	}
 	until := g.closedUntil.Load()
-	return until == 0 || until <= clock.Now().UnixNano()
+	return until == 0 || until <= g.tb.now()
 }
 
 // closeFor records a refusal: asking again is useless for d.
 func (g *gate) closeFor(d time.Duration) {
 	g.mu.Lock()
-	g.closedUntil.Store(addSat(g.clock.Now().UnixNano(), d))
+	g.closedUntil.Store(addSat(g.tb.now(), d))
 	g.admitLocked()
 	g.mu.Unlock()
 }
@@ -82,7 +84,7 @@ func (g *gate) closeFor(d time.Duration) {
 // admission and must call leave after asking the bucket.
 func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb timeoutBound) error {
 	g.mu.Lock()
-	now := g.clock.Now().UnixNano()
+	now := g.tb.now()
 	if wait := time.Duration(g.closedUntil.Load() - now); wait > 0 && wait > left {
 		g.mu.Unlock()
 		return tb.err(wait)
@@ -113,7 +115,7 @@ func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb tim
 	// with admitWave calls to a slow store).
 	var deadline <-chan time.Time
 	if left != Forever {
-		t := g.clock.NewTimer(left)
+		t := g.tb.clock.NewTimer(left)
 		defer t.Stop()
 		deadline = t.Chan()
 	}
@@ -152,7 +154,7 @@ func (g *gate) leave(refused bool, d time.Duration) {
 	g.mu.Lock()
 	g.active--
 	if refused {
-		g.closedUntil.Store(addSat(g.clock.Now().UnixNano(), d))
+		g.closedUntil.Store(addSat(g.tb.now(), d))
 	}
 	g.admitLocked()
 	g.mu.Unlock()
@@ -163,7 +165,7 @@ func (g *gate) leave(refused bool, d time.Duration) {
 // whose deadline comes before it reopens and arms the timer that reopens
 // it.
 func (g *gate) admitLocked() {
-	now := g.clock.Now().UnixNano()
+	now := g.tb.now()
 	until := g.closedUntil.Load()
 	if until > now {
 		kept := g.q[:0]
@@ -184,7 +186,7 @@ func (g *gate) admitLocked() {
 			g.timer = nil
 		}
 		if len(g.q) > 0 && g.timer == nil {
-			g.timer, g.timerAt = g.clock.AfterFunc(time.Duration(until-now), g.reopen), until
+			g.timer, g.timerAt = g.tb.clock.AfterFunc(time.Duration(until-now), g.reopen), until
 		}
 		return
 	}
@@ -217,55 +219,4 @@ func (g *gate) idle(now int64) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return len(g.q) == 0 && g.active == 0 && g.timer == nil && g.closedUntil.Load() <= now
-}
-
-// gates holds a Limiter's gates, one per key that has seen a refusal.
-type gates struct {
-	clock   clockwork.Clock
-	root    atomic.Pointer[gate] // key ""
-	keyed   sync.Map             // string → *gate
-	created atomic.Int64
-}
-
-// get returns key's gate, or nil if it has none.
-func (gs *gates) get(key string) *gate {
-	if key == "" {
-		return gs.root.Load()
-	}
-	if g, ok := gs.keyed.Load(key); ok {
-		return g.(*gate)
-	}
-	return nil
-}
-
-// make returns key's gate, creating it.
-func (gs *gates) make(key string) *gate {
-	if key == "" {
-		if g := gs.root.Load(); g != nil {
-			return g
-		}
-		gs.root.CompareAndSwap(nil, &gate{clock: gs.clock})
-		return gs.root.Load()
-	}
-	if g, ok := gs.keyed.Load(key); ok {
-		return g.(*gate)
-	}
-	g, loaded := gs.keyed.LoadOrStore(key, &gate{clock: gs.clock})
-	if !loaded && gs.created.Add(1)%1024 == 0 {
-		gs.sweep()
-	}
-	return g.(*gate)
-}
-
-// sweep forgets idle gates, so that memory follows the keys in use. A
-// caller still holding a forgotten gate only loses herd protection for a
-// moment; the bucket, not the gate, decides who gets permits.
-func (gs *gates) sweep() {
-	now := gs.clock.Now().UnixNano()
-	gs.keyed.Range(func(k, v any) bool {
-		if v.(*gate).idle(now) {
-			gs.keyed.Delete(k)
-		}
-		return true
-	})
 }

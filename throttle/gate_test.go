@@ -70,8 +70,8 @@ func TestWaitersDoNotStampede(t *testing.T) {
 		})
 	}
 	parked := func() bool {
-		g := lim.gates.get("")
-		return g != nil && granted.Load()+int64(g.queued.Load()) == callers && func() bool {
+		g := &lim.root.gate
+		return granted.Load()+int64(g.queued.Load()) == callers && func() bool {
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			return g.active == 0 && (g.timer != nil || len(g.q) == 0)
@@ -92,7 +92,7 @@ func TestWaitersDoNotStampede(t *testing.T) {
 	wg.Wait()
 	t.Logf("at most %d calls per interval beyond the grants; %d calls for %d grants", worst, b.calls.Load(), callers)
 	assert.LessOrEqual(t, worst, int64(admitWave), "calls beyond the grants per interval")
-	assert.Zero(t, lim.gates.get("").queued.Load())
+	assert.Zero(t, lim.root.gate.queued.Load())
 }
 
 // TestGateTurnsAwayWaitersItCannotServeInTime: a caller queued behind a
@@ -112,15 +112,9 @@ func TestGateTurnsAwayWaitersItCannotServeInTime(t *testing.T) {
 	go func() { first <- lim.Acquire(ctx, 1500*time.Millisecond) }()
 	// The second starts once the first is queued, so that it finds the
 	// gate closed (else both ask the bucket before either closes it).
-	eventually(t, func() bool {
-		g := lim.gates.get("")
-		return g != nil && g.queued.Load() == 1
-	}, "the first caller queued")
+	eventually(t, func() bool { return lim.root.gate.queued.Load() == 1 }, "the first caller queued")
 	go func() { second <- lim.Acquire(ctx, 1500*time.Millisecond) }()
-	eventually(t, func() bool {
-		g := lim.gates.get("")
-		return g != nil && g.queued.Load() == 2
-	}, "both callers queued")
+	eventually(t, func() bool { return lim.root.gate.queued.Load() == 2 }, "both callers queued")
 	clock.Advance(time.Second)
 	errs := []error{<-first, <-second}
 	var ok, timedOut int
@@ -139,7 +133,7 @@ func TestGateTurnsAwayWaitersItCannotServeInTime(t *testing.T) {
 	assert.Equal(t, int64(4), b.calls.Load())
 }
 
-func TestGatesOfIdleKeysAreForgotten(t *testing.T) {
+func TestKeysIdlePastTheirRefusalAreForgotten(t *testing.T) {
 	clock := clockwork.NewFakeClockAt(time.Unix(1_000_000, 0))
 	b := &fixedWindow{clock: clock, limit: 0, interval: time.Second}
 	lim := New(b, WithClock(clock))
@@ -150,7 +144,5 @@ func TestGatesOfIdleKeysAreForgotten(t *testing.T) {
 			clock.Advance(2 * time.Second)
 		}
 	}
-	n := 0
-	lim.gates.keyed.Range(func(_, _ any) bool { n++; return true })
-	assert.Less(t, n, 2100, "gates of keys idle past their refusal are swept")
+	assert.Less(t, lim.states.count(), 2100, "keys idle past their refusal are forgotten")
 }

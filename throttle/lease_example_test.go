@@ -20,23 +20,17 @@ func (r *roundTrips) Take(ctx context.Context, key string, n int64, maxWait time
 	return r.Bucket.Take(ctx, key, n, maxWait)
 }
 
-// Wrap the fleet's shared bucket in a Leased on each instance: permits come
-// from memory and the shared bucket is asked for batches sized by demand.
+// With leasing, each instance's Limiter takes permits from the fleet's
+// shared bucket in batches sized by demand and hands them out from memory.
 // Here an in-memory bucket stands in for the shared Redis bucket, and a
 // wrapper counts the round trips it would cost.
-func ExampleNewLeased() {
+func ExampleWithLeasing() {
 	shared, err := throttle.NewLocal(1000, time.Second) // e.g. bucket.NewTokenBucket(rdb, "api", 1000, time.Second)
 	if err != nil {
 		panic(err)
 	}
 	counted := &roundTrips{Bucket: shared}
-	leased, err := throttle.NewLeased(counted, throttle.WithLeaseTTL(time.Second))
-	if err != nil {
-		panic(err)
-	}
-	defer leased.Close() // hands back what the lease still holds
-
-	lim := throttle.New(leased)
+	lim := throttle.New(counted, throttle.WithLeasing(throttle.Leasing{TTL: time.Second}))
 	for range 200 {
 		if err := lim.Acquire(context.Background(), time.Second); err != nil {
 			panic(err)

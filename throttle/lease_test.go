@@ -127,51 +127,54 @@ func (c *counting) Pause(ctx context.Context, key string, d time.Duration) error
 	return nil
 }
 
-func newLeasedT(t testing.TB, inner Bucket, opts ...LeasedOption) *Leased {
+// leasedLimiter is a Limiter over inner with leasing c, on clock.
+func leasedLimiter(t testing.TB, inner Bucket, clock clockwork.Clock, c Leasing, opts ...LimiterOption) *Limiter {
 	t.Helper()
-	l, err := NewLeased(inner, opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
-	return l
+	lim := New(inner, append([]LimiterOption{WithClock(clock), WithLeasing(c)}, opts...)...)
+	t.Cleanup(func() { _ = lim.Close() })
+	return lim
 }
 
-func TestNewLeasedRefusesBadConfig(t *testing.T) {
-	inner := newWindowBucket(clockwork.NewFakeClock(), 10, time.Second)
-	tests := []struct {
-		inner Bucket
-		opts  []LeasedOption
-		want  string
-	}{
-		{nil, nil, "inner = <nil>"},
-		{inner, []LeasedOption{WithLeaseHorizon(0)}, "horizon = 0s"},
-		{inner, []LeasedOption{WithLeaseHorizon(-time.Second)}, "horizon = -1s"},
-		{inner, []LeasedOption{WithLeaseTTL(-time.Millisecond)}, "ttl = -1ms"},
-		{inner, []LeasedOption{WithLeaseShare(0)}, "share = 0"},
-		{inner, []LeasedOption{WithLeaseShare(1.5)}, "share = 1.5"},
-		{inner, []LeasedOption{WithLeaseShare(math.NaN())}, "share = NaN"},
+// leaseHeld returns the valid permits key's lease holds now.
+func (l *Limiter) leaseHeld(key string) int64 {
+	st := l.state(key)
+	defer l.release(st)
+	if b := st.lease.cur.Load(); b != nil && l.tb.now() < b.expires {
+		return b.left.Load()
 	}
-	for _, tt := range tests {
+	return 0
+}
+
+func TestLeasingRefusesBadConfig(t *testing.T) {
+	inner := newWindowBucket(clockwork.NewFakeClock(), 10, time.Second)
+	for _, tt := range []struct {
+		c    Leasing
+		want string
+	}{
+		{Leasing{Horizon: -time.Second}, "Horizon = -1s"},
+		{Leasing{TTL: -time.Millisecond}, "TTL = -1ms"},
+		{Leasing{Share: 1.5}, "Share = 1.5"},
+		{Leasing{Share: -1}, "Share = -1"},
+		{Leasing{Share: math.NaN()}, "Share = NaN"},
+	} {
 		t.Run(tt.want, func(t *testing.T) {
-			l, err := NewLeased(tt.inner, tt.opts...)
+			lim := New(inner, WithLeasing(tt.c))
+			err := lim.Acquire(context.Background(), 0)
 			require.ErrorIs(t, err, ErrInvalid)
-			assert.Nil(t, l)
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
-	l := newLeasedT(t, inner)
-	_, err := l.Take(context.Background(), "", 0, 0)
-	require.ErrorIs(t, err, ErrInvalid)
 }
 
-// TestLeasedNeverExceedsTheWindow drives a Leased over a fixed-window
-// bucket with demand far above the limit, at uneven times, and counts the
-// permits handed out per window itself: never more than the limit, and
-// nearly all of it used, with few calls to the inner bucket.
-func TestLeasedNeverExceedsTheWindow(t *testing.T) {
+// TestLeasingNeverExceedsTheWindow drives a leasing Limiter over a
+// fixed-window bucket with demand far above the limit, at uneven times,
+// and counts the permits handed out per window itself: never more than
+// the limit, and nearly all of it used, with few calls to the bucket.
+func TestLeasingNeverExceedsTheWindow(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	const limit, interval = 1000, time.Second
 	inner := &counting{Bucket: newWindowBucket(clock, limit, interval)}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper())
+	lim := leasedLimiter(t, inner, clock, Leasing{})
 	ctx := context.Background()
 	start := clock.Now()
 	perWindow := map[int64]int64{}
@@ -180,13 +183,11 @@ func TestLeasedNeverExceedsTheWindow(t *testing.T) {
 		clock.Advance(time.Duration(i%3) * time.Millisecond)
 		for range 1 + i%5 { // 1–5 callers now; ~3000 asked per second
 			n := int64(1 + i%3)
-			d, err := l.Take(ctx, "", n, 0)
-			require.NoError(t, err)
-			if d.Granted {
+			if err := lim.AcquireN(ctx, n, 0); err == nil {
 				perWindow[int64(clock.Since(start)/interval)] += n
 				handed += n
 			} else {
-				require.Positive(t, d.Delay, "a refusal names when to come back")
+				require.ErrorIs(t, err, ErrTimeout)
 			}
 		}
 	}
@@ -195,17 +196,17 @@ func TestLeasedNeverExceedsTheWindow(t *testing.T) {
 		assert.LessOrEqual(t, perWindow[w], int64(limit), "window %d", w)
 		assert.GreaterOrEqual(t, perWindow[w], int64(0.95*limit), "window %d: demand is far above the limit, the limit should be nearly all used", w)
 	}
-	assert.Less(t, float64(inner.calls.Load())/float64(handed), 0.1, "inner calls per permit: %d calls for %d permits", inner.calls.Load(), handed)
+	assert.Less(t, float64(inner.calls.Load())/float64(handed), 0.1, "bucket calls per permit: %d calls for %d permits", inner.calls.Load(), handed)
 }
 
-// TestLeasedConcurrentNeverExceedsTheWindow is the same with goroutines
+// TestLeasingConcurrentNeverExceedsTheWindow is the same with goroutines
 // racing for permits, on two keys; the clock moves between rounds.
-func TestLeasedConcurrentNeverExceedsTheWindow(t *testing.T) {
+func TestLeasingConcurrentNeverExceedsTheWindow(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	const limit, interval = 500, 100 * time.Millisecond
 	wb := newWindowBucket(clock, limit, interval)
 	inner := &counting{Bucket: wb}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper())
+	lim := leasedLimiter(t, inner, clock, Leasing{})
 	start := clock.Now()
 	const callers, rounds, perRound = 8, 200, 20 // 8·20 asked per 5 ms: 3× the limit
 	var perWindow [rounds * 5 * time.Millisecond / interval]atomic.Int64
@@ -213,24 +214,17 @@ func TestLeasedConcurrentNeverExceedsTheWindow(t *testing.T) {
 		w := int64(clock.Since(start) / interval)
 		var wg sync.WaitGroup
 		for g := range callers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				key := ""
 				if g%2 == 1 {
 					key = "tenant"
 				}
 				for range perRound {
-					d, err := l.Take(context.Background(), key, 1, 0)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if d.Granted { // the window bucket has one budget for all keys
+					if lim.Key(key).Acquire(context.Background(), 0) == nil { // the window bucket has one budget for all keys
 						perWindow[w].Add(1)
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		clock.Advance(5 * time.Millisecond)
@@ -238,63 +232,52 @@ func TestLeasedConcurrentNeverExceedsTheWindow(t *testing.T) {
 	for w := range perWindow {
 		n := perWindow[w].Load()
 		assert.LessOrEqual(t, n, int64(limit), "window %d", w)
-		assert.LessOrEqual(t, n, wb.grantedIn(int64(w)), "window %d: handed out more than the inner bucket granted in it", w)
+		assert.LessOrEqual(t, n, wb.grantedIn(int64(w)), "window %d: handed out more than the bucket granted in it", w)
 		assert.GreaterOrEqual(t, n, int64(0.9*limit), "window %d: demand is 3× the limit", w)
 	}
 	assert.LessOrEqual(t, inner.maxInflight.Load(), int64(2), "at most one refill in flight per key (two keys here)")
 }
 
-// TestLeasedTokensExpireWithThePeriod: permits left in a lease when the
-// inner bucket's period ends are not handed out in the next one.
-func TestLeasedTokensExpireWithThePeriod(t *testing.T) {
+// TestLeasedPermitsExpireWithThePeriod: permits left in a lease when the
+// bucket's period ends are not handed out in the next one.
+func TestLeasedPermitsExpireWithThePeriod(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	const limit, interval = 100, time.Second
 	wb := newWindowBucket(clock, limit, interval)
 	inner := &counting{Bucket: wb}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), WithLeaseShare(0.5))
+	lim := leasedLimiter(t, inner, clock, Leasing{Share: 0.5})
 	ctx := context.Background()
 
 	clock.Advance(100 * time.Millisecond)
 	for range 40 { // a quick ramp: batches grow 1, 4, 16, ...
-		d, err := l.Take(ctx, "", 1, 0)
-		require.NoError(t, err)
-		require.True(t, d.Granted)
-		assert.Equal(t, 900*time.Millisecond, d.Reset, "a lease ends with the period it was taken in")
+		require.NoError(t, lim.Acquire(ctx, 0))
 	}
-	left := l.held("")
+	left := lim.leaseHeld("")
 	require.Positive(t, left, "the ramp should leave permits in the lease")
 	require.Equal(t, int64(40)+left, wb.grantedIn(0))
 
 	clock.Advance(900 * time.Millisecond) // window 1 begins
 	calls := inner.calls.Load()
-	d, err := l.Take(ctx, "", 1, 0)
-	require.NoError(t, err)
-	require.True(t, d.Granted)
-	assert.Equal(t, calls+1, inner.calls.Load(), "an expired lease must not serve: the first take of a period asks the inner bucket")
+	require.NoError(t, lim.Acquire(ctx, 0))
+	assert.Equal(t, calls+1, inner.calls.Load(), "an expired lease must not serve: the first take of a period asks the bucket")
 	handed := int64(1)
-	for {
-		d, err := l.Take(ctx, "", 1, 0)
-		require.NoError(t, err)
-		if !d.Granted {
-			assert.Equal(t, interval, d.Delay, "dry: come back when window 1 ends")
-			break
-		}
+	for lim.Acquire(ctx, 0) == nil {
 		handed++
 	}
 	assert.Equal(t, int64(limit), handed, "window 1 hands out exactly its own limit, none of window 0's leftovers")
 }
 
-// TestLeasedOverLocalKeepsTheWidenedGuarantee runs a Leased with a TTL over
-// a Local (GCRA) bucket, with demand that comes and goes so that leases are
-// held, and checks the guarantee its doc states, by counting hand-outs
-// itself: at most burst + rate·(t+ttl) in any span t.
-func TestLeasedOverLocalKeepsTheWidenedGuarantee(t *testing.T) {
+// TestLeasingOverLocalKeepsTheWidenedGuarantee leases with a TTL from a
+// Local (GCRA) bucket, with demand that comes and goes so that leases are
+// held, and checks the guarantee Leasing's doc states, by counting
+// hand-outs itself: at most burst + rate·(t+ttl) in any span t.
+func TestLeasingOverLocalKeepsTheWidenedGuarantee(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	const limit, burst, interval, ttl = 200, 20, time.Second, 30 * time.Millisecond
-	local, err := NewLocal(limit, interval, WithClock(clock), WithBurst(burst))
+	local, err := NewLocal(limit, interval, WithClock(clock), WithLocalBurst(burst))
 	require.NoError(t, err)
 	inner := &counting{Bucket: local}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), WithLeaseTTL(ttl), WithLeaseShare(0.5))
+	lim := leasedLimiter(t, inner, clock, Leasing{TTL: ttl, Share: 0.5})
 	ctx := context.Background()
 	start := clock.Now()
 	var grants []time.Duration
@@ -304,10 +287,7 @@ func TestLeasedOverLocalKeepsTheWidenedGuarantee(t *testing.T) {
 			continue // a quiet spell: leases are held, then used when demand returns
 		}
 		for range 1 + i%7 {
-			d, err := l.Take(ctx, "", 1, 0)
-			require.NoError(t, err)
-			if d.Granted {
-				assert.LessOrEqual(t, d.Reset, ttl, "a lease lives at most its TTL")
+			if lim.Acquire(ctx, 0) == nil {
 				grants = append(grants, clock.Since(start))
 			}
 		}
@@ -328,97 +308,77 @@ func TestLeasedOverLocalKeepsTheWidenedGuarantee(t *testing.T) {
 	total := clock.Since(start)
 	active := float64(total) * 2 / 3
 	assert.Greater(t, float64(len(grants)), 0.8*limit*active/float64(interval), "busy two thirds of the time, the rate should be well used")
-	assert.Less(t, inner.calls.Load(), int64(len(grants))/3, "leasing must save inner calls")
+	assert.Less(t, inner.calls.Load(), int64(len(grants))/3, "leasing must save bucket calls")
 }
 
-// TestLeasedTTLExpiry: a lease past its TTL does not serve, even though the
-// inner bucket's Reset is longer.
-func TestLeasedTTLExpiry(t *testing.T) {
+// TestLeasingTTLExpiry: a lease past its TTL does not serve, even though
+// the bucket's Reset is longer.
+func TestLeasingTTLExpiry(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	inner := &counting{Bucket: newWindowBucket(clock, 1000, time.Hour)}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), WithLeaseTTL(10*time.Millisecond))
+	lim := leasedLimiter(t, inner, clock, Leasing{TTL: 10 * time.Millisecond})
 	ctx := context.Background()
 	for range 30 {
-		_, err := l.Take(ctx, "", 1, 0)
-		require.NoError(t, err)
+		require.NoError(t, lim.Acquire(ctx, 0))
 	}
-	require.Positive(t, l.held(""))
+	require.Positive(t, lim.leaseHeld(""))
 	calls := inner.calls.Load()
 	clock.Advance(9 * time.Millisecond)
-	d, err := l.Take(ctx, "", 1, 0)
-	require.NoError(t, err)
-	require.True(t, d.Granted)
+	require.NoError(t, lim.Acquire(ctx, 0))
 	require.Equal(t, calls, inner.calls.Load(), "within its TTL the lease serves")
-	assert.Equal(t, time.Millisecond, d.Reset)
 	clock.Advance(time.Millisecond)
-	_, err = l.Take(ctx, "", 1, 0)
-	require.NoError(t, err)
+	require.NoError(t, lim.Acquire(ctx, 0))
 	assert.Equal(t, calls+1, inner.calls.Load(), "at its TTL the lease is void")
 }
 
-// TestLeasedWeighted: takes of n > 1 use what the lease holds and fetch
+// TestLeasingWeighted: takes of n > 1 use what the lease holds and fetch
 // the rest in the same call; permits are conserved.
-func TestLeasedWeighted(t *testing.T) {
+func TestLeasingWeighted(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	wb := newWindowBucket(clock, 1000, time.Second)
 	inner := &counting{Bucket: wb}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper())
+	lim := leasedLimiter(t, inner, clock, Leasing{})
 	ctx := context.Background()
 	var handed int64
 	for i := range 150 {
 		n := int64(1 + i%9)
-		d, err := l.Take(ctx, "", n, 0)
-		require.NoError(t, err)
-		require.True(t, d.Granted)
+		require.NoError(t, lim.AcquireN(ctx, n, 0))
 		handed += n
 	}
-	assert.Equal(t, wb.grantedIn(0), handed+l.held(""), "every permit the inner bucket granted is handed out or still held")
+	assert.Equal(t, wb.grantedIn(0), handed+lim.leaseHeld(""), "every permit the bucket granted is handed out or still held")
 	assert.Less(t, inner.calls.Load(), int64(50))
 
 	// A take bigger than what is held: the held permits count toward it.
-	held := l.held("")
+	held := lim.leaseHeld("")
 	require.Positive(t, held)
 	before := wb.grantedIn(0)
-	d, err := l.Take(ctx, "", held+5, 0)
-	require.NoError(t, err)
-	require.True(t, d.Granted)
+	require.NoError(t, lim.AcquireN(ctx, held+5, 0))
 	handed += held + 5
-	assert.Equal(t, wb.grantedIn(0), handed+l.held(""))
+	assert.Equal(t, wb.grantedIn(0), handed+lim.leaseHeld(""))
 	assert.GreaterOrEqual(t, wb.grantedIn(0)-before, int64(5))
 
-	_, err = l.Take(ctx, "", 1001, 0)
-	require.ErrorIs(t, err, ErrExceedsLimit, "n above the inner limit can never be granted")
-	require.NoError(t, l.Close())
-	assert.Equal(t, handed, wb.grantedIn(0), "Close hands the rest back")
+	require.ErrorIs(t, lim.AcquireN(ctx, 1001, 0), ErrExceedsLimit, "n above the bucket's limit can never be granted")
 }
 
-// TestLeasedRefillIsSingleflight: many callers find the lease dry at once;
-// one refill at a time reaches the inner bucket, the others wait for it.
-func TestLeasedRefillIsSingleflight(t *testing.T) {
+// TestLeasingRefillIsSingleflight: many callers find the lease dry at
+// once; one refill at a time reaches the bucket, the others wait for it.
+func TestLeasingRefillIsSingleflight(t *testing.T) {
 	for _, key := range []string{"", "tenant"} {
 		t.Run(fmt.Sprintf("key %q", key), func(t *testing.T) {
 			clock := clockwork.NewFakeClock()
 			local, err := NewLocal(10_000, time.Second, WithClock(clock))
 			require.NoError(t, err)
 			inner := &counting{Bucket: local, gate: make(chan struct{}), entered: make(chan struct{})}
-			l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper())
+			lim := leasedLimiter(t, inner, clock, Leasing{})
 			const callers = 64
 			var wg sync.WaitGroup
 			var granted atomic.Int64
-			started := make(chan struct{}, callers)
 			for range callers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					started <- struct{}{}
-					d, err := l.Take(context.Background(), key, 1, 0)
-					if err == nil && d.Granted {
+				wg.Go(func() {
+					if lim.Key(key).Acquire(context.Background(), Forever) == nil {
 						granted.Add(1)
 					}
-				}()
-			}
-			for range callers {
-				<-started
+				})
 			}
 			// Let each refill through as it comes; the callers pile up
 			// behind the one in flight.
@@ -440,66 +400,49 @@ func TestLeasedRefillIsSingleflight(t *testing.T) {
 	}
 }
 
-// TestLeasedWaiterHonoursItsContext: a caller waiting for another's refill
-// leaves when its context ends.
-func TestLeasedWaiterHonoursItsContext(t *testing.T) {
+// TestLeasingWaiterHonoursItsContext: a caller waiting for another's
+// refill leaves when its context ends, without asking the bucket.
+func TestLeasingWaiterHonoursItsContext(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	local, err := NewLocal(100, time.Second, WithClock(clock))
 	require.NoError(t, err)
 	inner := &counting{Bucket: local, gate: make(chan struct{}), entered: make(chan struct{})}
-	waiting := make(chan struct{}, 1)
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), withLeaseWaitHook(func() { waiting <- struct{}{} }))
+	lim := leasedLimiter(t, inner, clock, Leasing{})
 	first := make(chan error, 1)
-	go func() {
-		_, err := l.Take(context.Background(), "", 1, 0)
-		first <- err
-	}()
+	go func() { first <- lim.Acquire(context.Background(), Forever) }()
 	<-inner.entered // the first caller's refill is in flight
 	ctx, cancel := context.WithCancel(context.Background())
 	second := make(chan error, 1)
-	go func() {
-		_, err := l.Take(ctx, "", 1, 0)
-		second <- err
-	}()
-	<-waiting
+	go func() { second <- lim.Acquire(ctx, Forever) }()
 	cancel()
-	err = <-second
-	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, <-second, context.Canceled)
 	inner.gate <- struct{}{}
 	require.NoError(t, <-first)
 	assert.Equal(t, int64(1), inner.calls.Load())
 }
 
-// TestLeasedDelayWhenDry: when the lease is empty and the inner bucket
-// refuses, Take refuses with the inner Delay, answers from memory until
-// then, and a Limiter sleeps exactly that long.
-func TestLeasedDelayWhenDry(t *testing.T) {
+// TestLeasingDelayWhenDry: when the lease is empty and the bucket refuses,
+// the Limiter sleeps exactly until the time the bucket named, and asks
+// once then: no polling.
+func TestLeasingDelayWhenDry(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	inner := &counting{Bucket: newWindowBucket(clock, 10, time.Second)}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper())
+	lim := leasedLimiter(t, inner, clock, Leasing{})
 	ctx := context.Background()
 	clock.Advance(300 * time.Millisecond)
 	for range 10 {
-		d, err := l.Take(ctx, "", 1, 0)
-		require.NoError(t, err)
-		require.True(t, d.Granted)
+		require.NoError(t, lim.Acquire(ctx, 0))
 	}
-	d, err := l.Take(ctx, "", 1, 0)
-	require.NoError(t, err)
-	require.False(t, d.Granted)
-	assert.Equal(t, 700*time.Millisecond, d.Delay)
+	require.ErrorIs(t, lim.Acquire(ctx, 0), ErrTimeout)
 	calls := inner.calls.Load()
 	for range 100 {
-		d, err := l.Take(ctx, "", 1, 0)
-		require.NoError(t, err)
-		require.False(t, d.Granted)
+		require.ErrorIs(t, lim.Acquire(ctx, 0), ErrTimeout)
 	}
 	assert.Equal(t, calls, inner.calls.Load(), "refusals until the named time come from memory")
 
-	lim := New(l, WithClock(clock))
 	done := make(chan error, 1)
 	go func() { done <- lim.Acquire(ctx, 2*time.Second) }()
-	require.NoError(t, clock.BlockUntilContext(testCtx(t), 1))
+	require.NoError(t, clock.BlockUntilContext(testCtx(t), 2)) // the gate's timer and the caller's deadline
 	clock.Advance(699 * time.Millisecond)
 	select {
 	case err := <-done:
@@ -508,10 +451,8 @@ func TestLeasedDelayWhenDry(t *testing.T) {
 	}
 	clock.Advance(time.Millisecond)
 	require.NoError(t, <-done)
-	assert.Equal(t, calls+1, inner.calls.Load(), "one inner call after the wait: no polling")
-
-	err = lim.Acquire(ctx, 0)
-	require.NoError(t, err, "the new window's lease serves")
+	assert.Equal(t, calls+1, inner.calls.Load(), "one bucket call after the wait: no polling")
+	require.NoError(t, lim.Acquire(ctx, 0), "the new window's lease serves")
 }
 
 func testCtx(t *testing.T) context.Context {
@@ -520,175 +461,57 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// TestLeasedRefundsOnClose: Close hands back what the leases hold, for
-// every key, and later takes go straight to the inner bucket.
-func TestLeasedRefundsOnClose(t *testing.T) {
+// TestLeasingKeysAreForgotten: once demand stops and its lease has
+// expired, a key's state (lease included) is forgotten.
+func TestLeasingKeysAreForgotten(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	wb := newWindowBucket(clock, 1000, time.Second)
-	inner := &counting{Bucket: wb}
-	l, err := NewLeased(inner, WithClock(clock), withoutLeaseSweeper())
-	require.NoError(t, err)
+	inner := &counting{Bucket: newWindowBucket(clock, 100_000, time.Second)}
+	lim := leasedLimiter(t, inner, clock, Leasing{})
 	ctx := context.Background()
-	for range 30 {
-		for _, key := range []string{"", "a", "b"} {
-			_, err := l.Take(ctx, key, 1, 0)
-			require.NoError(t, err)
+	for i := range 1000 {
+		for range 5 {
+			require.NoError(t, lim.Key(fmt.Sprint("k", i)).Acquire(ctx, 0))
 		}
 	}
-	held := l.held("") + l.held("a") + l.held("b")
-	require.Positive(t, held)
-	require.NoError(t, l.Close())
-	assert.Equal(t, held, inner.refunded.Load(), "every held permit goes back")
-	assert.Zero(t, l.held("")+l.held("a")+l.held("b"))
-	assert.Equal(t, int64(90), wb.grantedIn(0), "the inner budget: only the 3 × 30 used")
-
-	calls := inner.calls.Load()
-	_, err = l.Take(ctx, "", 1, 0)
-	require.NoError(t, err)
-	_, err = l.Take(ctx, "", 1, 0)
-	require.NoError(t, err)
-	assert.Equal(t, calls+2, inner.calls.Load(), "after Close every take goes to the inner bucket")
-	require.NoError(t, l.Close(), "Close twice is fine")
+	require.Equal(t, 1000, lim.states.count())
+	clock.Advance(2 * time.Second) // the leases expired with their period; the keys idle
+	for range 2 * stateShards {    // calls of any key sweep the shards in turn
+		require.NoError(t, lim.Key("other").Acquire(ctx, 0))
+	}
+	assert.Equal(t, 1, lim.states.count(), "idle keys whose leases expired are forgotten")
 }
 
-// TestLeasedIdleKeyHoldsNothing: once demand stops, a sweep hands the
-// lease back and a later one forgets the key.
-func TestLeasedIdleKeyHoldsNothing(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	inner := &counting{Bucket: newWindowBucket(clock, 1000, time.Hour)}
-	const horizon = 50 * time.Millisecond
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), WithLeaseHorizon(horizon))
-	ctx := context.Background()
-	for range 50 {
-		for _, key := range []string{"", "tenant"} {
-			_, err := l.Take(ctx, key, 1, 0)
-			require.NoError(t, err)
-		}
-		clock.Advance(time.Millisecond)
-	}
-	held := l.held("") + l.held("tenant")
-	require.Positive(t, held)
-
-	// First sweep: demand was just seen, the lease is kept.
-	l.sweep(l.now())
-	assert.Equal(t, held, l.held("")+l.held("tenant"), "a busy lease is kept")
-	// Demand stops.
-	clock.Advance(horizon)
-	l.sweep(l.now())
-	assert.Zero(t, l.held(""), "idle: the lease goes back")
-	assert.Zero(t, l.held("tenant"), "idle: the lease goes back")
-	assert.Equal(t, held, inner.refunded.Load())
-	for range 2 {
-		clock.Advance(horizon)
-		l.sweep(l.now())
-	}
-	_, ok := l.keys.Load("tenant")
-	assert.False(t, ok, "a key idle for two sweeps is forgotten")
-
-	// It comes back as new: a small first batch.
-	calls := inner.calls.Load()
-	d, err := l.Take(ctx, "tenant", 1, 0)
-	require.NoError(t, err)
-	require.True(t, d.Granted)
-	assert.Equal(t, calls+1, inner.calls.Load())
-	assert.Zero(t, l.held("tenant"), "a new key starts with just its own permits")
-}
-
-// TestLeasedSweepTrimsToDemand: when demand drops but does not stop, the
-// sweep hands back what the lease holds beyond it.
-func TestLeasedSweepTrimsToDemand(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	wb := newWindowBucket(clock, 10_000, 10*time.Second)
-	inner := &counting{Bucket: wb}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), WithLeaseHorizon(100*time.Millisecond), WithLeaseShare(0.5))
-	ctx := context.Background()
-	for range 200 { // 20 per ms: batches grow to 2000 (the horizon's worth)
-		for range 20 {
-			_, err := l.Take(ctx, "", 1, 0)
-			require.NoError(t, err)
-		}
-		clock.Advance(time.Millisecond)
-	}
-	l.sweep(l.now())
-	for range 10 { // now 1 per 10 ms
-		clock.Advance(10 * time.Millisecond)
-		_, err := l.Take(ctx, "", 1, 0)
-		require.NoError(t, err)
-	}
-	before := l.held("")
-	l.sweep(l.now())
-	after := l.held("")
-	assert.Less(t, after, before, "a lease far above demand is trimmed")
-	assert.Positive(t, after, "but what the demand needs until the lease ends is kept")
-	assert.Equal(t, before-after, inner.refunded.Load())
-}
-
-// TestLeasedBackgroundSweep: the sweep runs on the clock, once per horizon,
-// and stops with Close.
-func TestLeasedBackgroundSweep(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	inner := &counting{Bucket: newWindowBucket(clock, 1000, time.Hour)}
-	swept := make(chan struct{}, 1)
-	l, err := NewLeased(inner, WithClock(clock), WithLeaseHorizon(10*time.Millisecond),
-		withLeaseSweepHook(func() { swept <- struct{}{} }))
-	require.NoError(t, err)
-	for range 40 {
-		_, err := l.Take(context.Background(), "", 1, 0)
-		require.NoError(t, err)
-	}
-	require.Positive(t, l.held(""))
-	for range 2 {
-		require.NoError(t, clock.BlockUntilContext(testCtx(t), 1), "the sweeper's ticker")
-		clock.Advance(10 * time.Millisecond)
-		<-swept
-	}
-	assert.Zero(t, l.held(""), "two sweeps without demand hand the lease back")
-	assert.Positive(t, inner.refunded.Load())
-	require.NoError(t, l.Close())
-	select {
-	case <-l.done:
-	default:
-		t.Fatal("Close returned with the sweeper still running")
-	}
-}
-
-// TestLeasedPause: a pause stops this instance at once and reaches the
-// inner bucket.
-func TestLeasedPause(t *testing.T) {
+// TestLeasingPause: a pause reported by the provider stops this instance
+// at once (its lease is dropped) and reaches the bucket.
+func TestLeasingPause(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	inner := &counting{Bucket: newWindowBucket(clock, 1000, time.Second)}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper())
+	lim := leasedLimiter(t, inner, clock, Leasing{})
 	ctx := context.Background()
 	for range 30 {
-		_, err := l.Take(ctx, "", 1, 0)
-		require.NoError(t, err)
+		require.NoError(t, lim.Acquire(ctx, 0))
 	}
-	require.Positive(t, l.held(""))
-	require.NoError(t, l.Pause(ctx, "", 200*time.Millisecond))
+	require.Positive(t, lim.leaseHeld(""))
+	require.NoError(t, lim.Report(ctx, Answer{Refused: true, Retry: true, RetryAfter: 200 * time.Millisecond}))
 	assert.Equal(t, int64(1), inner.pauses.Load())
-	d, err := l.Take(ctx, "", 1, 0)
-	require.NoError(t, err)
-	assert.False(t, d.Granted, "paused: the lease no longer serves")
-	assert.Equal(t, 200*time.Millisecond, d.Delay)
+	err := lim.Acquire(ctx, 0)
+	require.ErrorIs(t, err, ErrTimeout, "paused: the lease no longer serves")
+	assert.Contains(t, err.Error(), "200ms")
 	clock.Advance(200 * time.Millisecond)
-	d, err = l.Take(ctx, "", 1, 0)
-	require.NoError(t, err)
-	assert.True(t, d.Granted)
+	require.NoError(t, lim.Acquire(ctx, 0))
 }
 
-// TestLeasedInnerErrors: a store error reaches the caller, wrapped as the
-// inner bucket made it, and the next call tries again.
-func TestLeasedInnerErrors(t *testing.T) {
+// TestLeasingStoreErrors: a store error goes through the failure policy,
+// and the next call tries the store again.
+func TestLeasingStoreErrors(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	fail := &failing{err: &BackendError{Op: "take", Err: errors.New("connection refused")}}
-	l := newLeasedT(t, fail, WithClock(clock), withoutLeaseSweeper())
-	_, err := l.Take(context.Background(), "k", 1, 0)
+	lim := leasedLimiter(t, fail, clock, Leasing{}, WithFailurePolicy(FailClosed))
+	err := lim.Key("k").Acquire(context.Background(), 0)
 	var be *BackendError
 	require.ErrorAs(t, err, &be)
 	fail.err = nil
-	d, err := l.Take(context.Background(), "k", 1, 0)
-	require.NoError(t, err)
-	assert.True(t, d.Granted)
+	require.NoError(t, lim.Key("k").Acquire(context.Background(), 0))
 }
 
 type failing struct{ err error }
@@ -700,17 +523,15 @@ func (f *failing) Take(context.Context, string, int64, time.Duration) (Decision,
 	return Decision{Granted: true, Limit: 10, Reset: time.Second}, nil
 }
 
-// TestLeasedNoResetNoLease: an inner bucket that reports no Reset, with no
-// TTL, gets one call per take: nothing is leased.
-func TestLeasedNoResetNoLease(t *testing.T) {
+// TestLeasingNoResetNoLease: a bucket that reports no Reset, with no TTL,
+// gets one call per take: nothing is leased.
+func TestLeasingNoResetNoLease(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	inner := &counting{Bucket: &gateOpen{}}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper())
+	lim := leasedLimiter(t, inner, clock, Leasing{})
 	for range 20 {
-		d, err := l.Take(context.Background(), "", 1, 0)
-		require.NoError(t, err)
-		require.True(t, d.Granted)
-		assert.Zero(t, l.held(""))
+		require.NoError(t, lim.Acquire(context.Background(), 0))
+		assert.Zero(t, lim.leaseHeld(""))
 	}
 	assert.Equal(t, int64(20), inner.calls.Load())
 }
@@ -721,30 +542,19 @@ func (gateOpen) Take(context.Context, string, int64, time.Duration) (Decision, e
 	return Decision{Granted: true, Limit: 100}, nil
 }
 
-// TestLeasedWaiterIgnoresTheRefillersOwnError: a caller asking for more
+// TestLeasingWaiterIgnoresTheRefillersOwnError: a caller asking for more
 // than the bucket can grant fails alone; those who waited on its refill
 // are served.
-func TestLeasedWaiterIgnoresTheRefillersOwnError(t *testing.T) {
+func TestLeasingWaiterIgnoresTheRefillersOwnError(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	wb := newWindowBucket(clock, 100, time.Second)
 	inner := &counting{Bucket: wb, gate: make(chan struct{}), entered: make(chan struct{})}
-	waiting := make(chan struct{}, 1)
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), withLeaseWaitHook(func() { waiting <- struct{}{} }))
+	lim := leasedLimiter(t, inner, clock, Leasing{})
 	big := make(chan error, 1)
-	go func() {
-		_, err := l.Take(context.Background(), "", 500, 0)
-		big <- err
-	}()
+	go func() { big <- lim.AcquireN(context.Background(), 500, Forever) }()
 	<-inner.entered // the big caller's refill is in flight
 	small := make(chan error, 1)
-	go func() {
-		d, err := l.Take(context.Background(), "", 1, 0)
-		if err == nil && !d.Granted {
-			err = errors.New("not granted")
-		}
-		small <- err
-	}()
-	<-waiting // the small caller waits on the big one's refill
+	go func() { small <- lim.Acquire(context.Background(), Forever) }()
 	inner.gate <- struct{}{}
 	require.ErrorIs(t, <-big, ErrExceedsLimit)
 	go func() { // the small caller may refill on its own
@@ -756,28 +566,22 @@ func TestLeasedWaiterIgnoresTheRefillersOwnError(t *testing.T) {
 	close(inner.entered)
 }
 
-// TestLeasedWaiterRefillsWithinItsWait: a caller that waited on another's
+// TestLeasingWaiterRefillsWithinItsWait: a caller that waited on another's
 // refill, which failed when the store did not answer, refills itself only
 // with what is left of its wait; with nothing left it times out at once
 // instead of starting a store call with its whole wait anew.
-func TestLeasedWaiterRefillsWithinItsWait(t *testing.T) {
+func TestLeasingWaiterRefillsWithinItsWait(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	inner := &stalled{entered: make(chan struct{}), release: make(chan error)}
-	waiting := make(chan struct{}, 1)
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper(), withLeaseWaitHook(func() { waiting <- struct{}{} }))
+	lim := leasedLimiter(t, inner, clock, Leasing{}, WithFailurePolicy(FailClosed))
 	const maxWait = 10 * time.Second
 	first := make(chan error, 1)
-	go func() {
-		_, err := l.Take(context.Background(), "", 1, maxWait)
-		first <- err
-	}()
+	go func() { first <- lim.Acquire(context.Background(), maxWait) }()
 	<-inner.entered // the first caller's refill meets a stalled store
 	second := make(chan error, 1)
-	go func() {
-		_, err := l.Take(context.Background(), "", 1, maxWait)
-		second <- err
-	}()
-	<-waiting
+	ctx := &doneCalled{Context: context.Background(), called: make(chan struct{})}
+	go func() { second <- lim.Acquire(ctx, maxWait) }()
+	<-ctx.called           // the second caller waits on the refill (its wait began before)
 	clock.Advance(maxWait) // both waits are spent while the store is stalled
 	inner.release <- &BackendError{Op: "take", Err: context.DeadlineExceeded}
 	var be *BackendError
@@ -791,6 +595,19 @@ func TestLeasedWaiterRefillsWithinItsWait(t *testing.T) {
 		t.Fatal("the waiter called the stalled store again with its whole wait, though none was left")
 	}
 	assert.Equal(t, int64(1), inner.calls.Load())
+}
+
+// doneCalled is a context that closes called the first time its Done is
+// called: when a caller first bounds something by it.
+type doneCalled struct {
+	context.Context
+	once   sync.Once
+	called chan struct{}
+}
+
+func (c *doneCalled) Done() <-chan struct{} {
+	c.once.Do(func() { close(c.called) })
+	return c.Context.Done()
 }
 
 // stalled is a bucket whose store does not answer: each Take hangs until
@@ -812,12 +629,11 @@ func (s *stalled) Take(ctx context.Context, _ string, _ int64, _ time.Duration) 
 	}
 }
 
-// TestLeasedLimiterSpentWaitGetsTheShortLastCall: when a Limiter's wait has
-// run out and it asks once more (left 0), a Leased bucket's store call gets
-// the same short last call as any bucket (minStoreCall), not the store
-// timeout of a caller that may not wait at all: with a stalled store, that
-// made an Acquire over Leased return up to a store timeout past its wait.
-func TestLeasedLimiterSpentWaitGetsTheShortLastCall(t *testing.T) {
+// TestLeasingSpentWaitGetsTheShortLastCall: when a Limiter's wait has run
+// out and it asks once more (left 0), a refill's store call gets the same
+// short last call as any bucket call (minStoreCall), not the store timeout
+// of a caller that may not wait at all.
+func TestLeasingSpentWaitGetsTheShortLastCall(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		noWait      bool
@@ -829,8 +645,8 @@ func TestLeasedLimiterSpentWaitGetsTheShortLastCall(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := clockwork.NewFakeClock()
 			inner := &deadlineOf{}
-			lim := New(newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper()), WithClock(clock))
-			d, _, err := lim.decide(context.Background(), "", 1, 0, tc.noWait)
+			lim := leasedLimiter(t, inner, clock, Leasing{})
+			d, _, err := lim.decide(context.Background(), lim.root, 1, 0, tc.noWait)
 			require.NoError(t, err)
 			require.True(t, d.Granted)
 			require.Equal(t, int64(1), inner.calls.Load())

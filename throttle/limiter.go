@@ -30,31 +30,121 @@ const retryFloor = time.Millisecond
 // Acquire fails at once instead of sleeping in vain.
 //
 // Per-key limits (a tenant, an endpoint) use [Limiter.Key]: one Limiter
-// and one bucket serve every key, each key with its own budget.
+// and one bucket serve every key, each key with its own budget. The
+// Limiter keeps a little state per key (where its callers queue, its
+// adaptive rate, what its failure policy and lease need); a key unused for
+// a second (or the bucket's interval, if longer) that holds nothing in
+// force is forgotten, so memory follows the keys in use.
 //
 // A Limiter is safe for concurrent use. Its zero value is not usable: build
 // one with [New].
 type Limiter struct {
 	bucket Bucket
 	cfg    config
-	gates  gates
-	fail   failover
-	adapt  *adapter // the adaptive rate (report.go)
+	bad    error // a configuration mistake, returned by every call
+	caps   capabilities
+	tb     timeBase
+	// interval is the bucket's interval ([Fallbacker]), 0 if unknown.
+	interval int64
+
+	root    *keyState // key "", never forgotten
+	states  keyStates
+	outage  outage
+	adapt   adapter
+	leasing *leaseConfig // nil: no leasing
+	bg      background
+}
+
+// capabilities are what the bucket offers beyond Take, each found on the
+// first bucket of its Unwrap chain that has it (see [Bucket]).
+type capabilities struct {
+	refunder   Refunder
+	pauser     Pauser
+	fallbacker Fallbacker
+	adaptive   AdaptiveStore
+	checker    Checker
+	immediate  bool
+}
+
+func findCapabilities(b Bucket) capabilities {
+	var c capabilities
+	c.refunder, _ = capability[Refunder](b)
+	c.pauser, _ = capability[Pauser](b)
+	c.fallbacker, _ = capability[Fallbacker](b)
+	c.adaptive, _ = capability[AdaptiveStore](b)
+	c.checker, _ = capability[Checker](b)
+	if im, ok := capability[Immediate](b); ok {
+		c.immediate = im.Immediate()
+	}
+	return c
 }
 
 // New returns a Limiter that draws permits from b. Options: [WithClock],
-// [WithLogger], [WithObserver], [WithFailurePolicy], [WithStoreTimeout].
+// [WithLogger], [WithObserver], [WithFailurePolicy], [WithStoreTimeout],
+// [WithLeasing].
 //
-// New does not fail: a nil b, or an unknown [FailurePolicy], gives a
-// Limiter whose every call returns an error matching [ErrInvalid] that
-// names the mistake, so that it surfaces where the Limiter is used, with a
-// message, instead of as a nil-pointer panic or a silent default.
+// New does not fail: a nil b, an unknown [FailurePolicy] or a bad
+// [Leasing] gives a Limiter whose every call returns an error matching
+// [ErrInvalid] that names the mistake, so that it surfaces where the
+// Limiter is used, with a message, instead of as a nil-pointer panic or a
+// silent default.
 func New(b Bucket, opts ...LimiterOption) *Limiter {
 	cfg := newConfig(opts)
-	l := &Limiter{bucket: b, cfg: cfg, gates: gates{clock: cfg.clock}}
-	l.fail.init(cfg)
-	l.adapt = newAdapter(l)
+	l := &Limiter{bucket: b, cfg: cfg, tb: newTimeBase(cfg.clock)}
+	l.bad = l.validate()
+	l.caps = findCapabilities(b)
+	base := int64(0)
+	if fb := l.caps.fallbacker; fb != nil {
+		limit, interval, _ := fb.Fallback()
+		base, l.interval = limit, max(int64(interval), 0)
+		l.adapt = adapter{ok: limit >= 1 && interval > 0, base: limit, interval: interval, store: l.caps.adaptive}
+	}
+	if cfg.leasing != nil && l.bad == nil {
+		l.leasing = newLeaseConfig(*cfg.leasing)
+	}
+	l.bg.ctx, l.bg.cancel = context.WithCancel(context.Background())
+	l.root = &keyState{}
+	l.initState(l.root)
+	idle := max(time.Duration(l.interval), time.Second)
+	l.states.setup(idle, &l.tb, func() int64 {
+		if fb := l.caps.fallbacker; fb != nil {
+			limit, _, _ := fb.Fallback()
+			return limit
+		}
+		return base
+	}, l.initState)
 	return l
+}
+
+// initState prepares a new key state.
+func (l *Limiter) initState(st *keyState) { st.gate.tb = &l.tb }
+
+// validate returns the configuration mistake every call of l reports.
+func (l *Limiter) validate() error {
+	if l.bucket == nil {
+		return invalid("throttle", "Bucket", nil, "throttle.New needs a non-nil Bucket, such as throttle.NewLocal or one from package bucket")
+	}
+	if p := l.cfg.policy; p < FailLocal || p > FailOpen {
+		return invalid("throttle", "WithFailurePolicy", p, "must be throttle.FailLocal, FailClosed or FailOpen")
+	}
+	if c := l.cfg.leasing; c != nil {
+		return c.validate()
+	}
+	return nil
+}
+
+// state returns key's state with a reference; release gives it back.
+func (l *Limiter) state(key string) *keyState {
+	if key == "" {
+		return l.root
+	}
+	return l.states.acquire(key, l.tb.now())
+}
+
+func (l *Limiter) release(st *keyState) {
+	if st != l.root {
+		l.states.release(st)
+	}
 }
 
 // Bucket returns the bucket l draws from.
@@ -80,8 +170,10 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // [WithStoreTimeout]), the Limiter's [FailurePolicy] decides instead.
 //
 // Acquire returns by the end of the wait even when the store hangs: each
-// bucket call gets a context with that deadline. A call with maxWait 0
-// may take up to the store timeout ([WithStoreTimeout], 100 ms).
+// store call on its way gets a context with that deadline, and work that
+// may take longer (updating the adaptive rate) runs in the background. A
+// call with maxWait 0 may take up to the store timeout
+// ([WithStoreTimeout], 100 ms).
 //
 // When ctx carries permits of the same budget that the caller acquired
 // already ([Keyed.ContextWithPermit]), Acquire uses one of them and
@@ -135,31 +227,37 @@ func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time
 	if o == nil {
 		return l.wait(ctx, key, n, maxWait)
 	}
-	start := l.cfg.clock.Now()
+	start := l.tb.now()
 	err := l.wait(ctx, key, n, maxWait)
-	o.Acquired(key, n, l.cfg.clock.Since(start), err)
+	o.Acquired(key, n, time.Duration(l.tb.now()-start), err)
 	return err
 }
 
 // take asks the bucket once, reporting the call to the observer.
-func (l *Limiter) take(ctx context.Context, key string, n int64, left time.Duration) (Decision, error) {
+func (l *Limiter) take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
 	o := l.cfg.observer
 	if o == nil {
-		return l.bucket.Take(ctx, key, n, left)
+		return l.bucket.Take(ctx, key, n, maxWait)
 	}
-	start := l.cfg.clock.Now()
-	d, err := l.bucket.Take(ctx, key, n, left)
-	o.BucketCall(key, d, l.cfg.clock.Since(start), err)
+	start := l.tb.now()
+	d, err := l.bucket.Take(ctx, key, n, maxWait)
+	o.BucketCall(key, d, time.Duration(l.tb.now()-start), err)
 	return d, err
 }
 
-// wait is Acquire's work: it validates, asks the bucket, and waits.
+// wait is Acquire's work. After the checks, each round reads in order:
+//
+//  1. the held permits of ctx (ContextWithPermit), once;
+//  2. the gate: after a refusal, callers of the key queue until the time
+//     the bucket named, and are let in a few at a time;
+//  3. the pace: while the key adapts, an evenly spaced slot first;
+//  4. the decision: from the key's lease, the bucket, or the failure
+//     policy (decide);
+//  5. the outcome: granted now; a reservation slept out (and given back if
+//     the caller leaves); a refusal slept out, then another round.
 func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Duration) error {
-	if l.bucket == nil {
-		return invalid("throttle", "Bucket", nil, "throttle.New needs a non-nil Bucket, such as throttle.NewLocal or one from package bucket")
-	}
-	if p := l.cfg.policy; p < FailLocal || p > FailOpen {
-		return invalid("throttle", "WithFailurePolicy", p, "must be throttle.FailLocal, FailClosed or FailOpen")
+	if l.bad != nil {
+		return l.bad
 	}
 	if n < 1 {
 		return invalid("throttle", "n", n, "must be at least 1")
@@ -173,139 +271,166 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 	if l.useHeld(ctx, key, n) {
 		return nil // the caller holds them already (ContextWithPermit)
 	}
+	st := l.state(key)
+	defer l.release(st)
+	w := l.newWaiter(ctx, n, maxWait)
+	for retry := false; ; retry = true {
+		gated, err := w.queue(st, retry)
+		if err != nil {
+			return err
+		}
+		if err := w.pace(st); err != nil {
+			if gated {
+				st.gate.leave(false, 0)
+			}
+			return err
+		}
+		d, src, err := l.decide(ctx, st, n, w.left(), w.noWait())
+		left := w.left()
+		refused := err == nil && !d.Granted
+		delay := d.Delay
+		if refused && delay <= 0 {
+			delay = retryFloor
+		}
+		// A refusal closes the key's gate for everyone only when it says
+		// something about one permit from the shared bucket: not one of
+		// the failure policy (the bucket may answer at the next call),
+		// nor one for n > 1 (a single permit may come sooner).
+		shared := src != fromPolicy && n == 1
+		if gated {
+			st.gate.leave(refused && shared, delay)
+		} else if refused && shared {
+			st.gate.closeFor(delay)
+		}
+		switch {
+		case err != nil:
+			return w.failed(err)
+		case d.Granted && d.Delay <= 0:
+			return nil
+		case d.Granted:
+			return l.sleepReservation(ctx, st.key, n, d, left, w.tb)
+		case delay > left:
+			return w.tb.err(delay)
+		case !shared:
+			// No herd to protect the store from here: sleep out the
+			// delay privately, then ask (or probe) again.
+			if err := l.sleep(ctx, delay); err != nil {
+				return err
+			}
+		}
+	}
+}
 
-	clock := l.cfg.clock
-	// budget is the whole wait allowed, measured on the limiter's clock
-	// from start. ctxBound records that ctx's deadline, not maxWait, set it.
+// waiter is one Acquire's wait: its bounds and how much of it is left.
+type waiter struct {
+	l   *Limiter
+	ctx context.Context
+	n   int64
+	// budget is the whole wait allowed, measured on the limiter's time
+	// base from start; measured is false for a wait that cannot run out
+	// (none, or Forever), which reads no clock.
+	budget   time.Duration
+	start    int64
+	measured bool
+	tb       timeoutBound
+}
+
+func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration) waiter {
+	// ctxBound records that ctx's deadline, not maxWait, set the budget.
 	budget, ctxBound := maxWait, false
 	if dl, ok := ctx.Deadline(); ok {
 		if left := time.Until(dl); left < budget {
 			budget, ctxBound = max(left, 0), true
 		}
 	}
-	// The clock is read only for a wait that can run out: a call that may
-	// not wait, or may wait forever, measures nothing.
-	var start time.Time
-	measured := budget > 0 && budget != Forever
-	if measured {
-		start = clock.Now()
+	w := waiter{l: l, ctx: ctx, n: n, budget: budget, tb: timeoutBound{n: n, maxWait: maxWait, ctxBound: ctxBound}}
+	if w.measured = budget > 0 && budget != Forever; w.measured {
+		w.start = l.tb.now()
 	}
-	tb := timeoutBound{n: n, maxWait: maxWait, ctxBound: ctxBound}
-	retry := false
-	for first := true; ; first = false {
-		left := budget
-		if measured && !first {
-			left = max(budget-clock.Since(start), 0)
-		}
-		// Ask the bucket directly while it grants freely; after a refusal,
-		// queue at the key's gate until the time the bucket named.
-		g := l.gates.get(key)
-		gated := g != nil && !g.open(clock)
-		if gated {
-			if err := g.enter(ctx, retry, left, tb); err != nil {
-				return err
-			}
-			if measured {
-				left = max(budget-clock.Since(start), 0)
-			}
-		}
-		// While the provider's answers have lowered the adaptive rate,
-		// each ask waits for an evenly spaced slot first (report.go);
-		// free otherwise.
-		if paced, err := l.adapt.pace(ctx, key, n, left, tb); err != nil {
-			if gated {
-				g.leave(false, 0)
-			}
-			return err
-		} else if paced && measured {
-			left = max(budget-clock.Since(start), 0)
-		}
-		d, degraded, err := l.decide(ctx, key, n, left, budget == 0)
-		if measured {
-			// The bucket call took time too: sleep only within what is
-			// left of the wait now.
-			left = max(budget-clock.Since(start), 0)
-		}
-		refused := err == nil && !d.Granted
-		wait := d.Delay
-		if refused && wait <= 0 {
-			wait = retryFloor
-		}
-		// A refusal closes the key's gate for everyone only when it says
-		// something about one permit from the shared bucket: not a
-		// degraded one (the bucket may answer at the next call), nor one
-		// for n > 1 (a single permit may come sooner).
-		shared := !degraded && n == 1
-		if gated {
-			g.leave(refused && shared, wait)
-		} else if refused && shared {
-			l.gates.make(key).closeFor(wait)
-		}
-		if refused && !shared {
-			// No herd to protect the store from here: sleep out the
-			// delay privately, then ask (or probe) again.
-			if wait > left {
-				return tb.err(wait)
-			}
-			if err := l.sleep(ctx, wait); err != nil {
-				return err
-			}
-			retry = true
-			continue
-		}
-		if err != nil {
-			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ErrTimeout) && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrExceedsLimit) {
-				if errors.Is(ctxErr, context.DeadlineExceeded) {
-					// The deadline ran out while the bucket was asked
-					// (its error may wrap the deadline or not): a wait
-					// that ran out, as the doc says, ErrTimeout.
-					return expiredWhileAsking(n, "the bucket", err)
-				}
-				if !errors.Is(err, ctxErr) {
-					return fmt.Errorf("throttle: acquire %d permit(s): %w (bucket: %v)", n, ctxErr, err)
-				}
-			}
-			return err
-		}
-		if d.Granted {
-			if d.Delay <= 0 {
-				return nil
-			}
-			// A reservation: the permits are ours from Delay on, unless
-			// the bucket call itself ate into the wait so far that they
-			// now come too late.
-			if d.Delay > left {
-				l.refund(ctx, key, n, d)
-				return tb.err(d.Delay)
-			}
-			if err := l.sleep(ctx, d.Delay); err != nil {
-				l.refund(ctx, key, n, d)
-				return err
-			}
-			return nil
-		}
-		if wait > left {
-			return tb.err(wait)
-		}
-		retry = true
-	}
+	return w
 }
 
-// refund gives back an abandoned reservation d, if the bucket can take it.
-func (l *Limiter) refund(ctx context.Context, key string, n int64, d Decision) {
-	if b, ok := l.bucket.(*Local); ok {
-		b.refundReservation(key, n, d.ticket)
-		return
+// left is what is left of the wait now.
+func (w *waiter) left() time.Duration {
+	if !w.measured {
+		return w.budget
 	}
-	r, ok := l.bucket.(Refunder)
-	if !ok {
-		return
+	return max(w.budget-time.Duration(w.l.tb.now()-w.start), 0)
+}
+
+// noWait reports that the caller allowed no wait at all (maxWait 0).
+func (w *waiter) noWait() bool { return w.budget == 0 }
+
+// queue is the gate's stage: it returns at once while the key's gate is
+// open; after a refusal, it queues the caller (first in line on a retry)
+// until the gate lets it in. gated reports that the caller holds an
+// admission, to end with gate.leave.
+func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
+	if st.gate.open() {
+		return false, nil
 	}
-	// ctx is done; give the reservation back on a short context of its own.
+	if err := st.gate.enter(w.ctx, retry, w.left(), w.tb); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// pace is the adaptive rate's stage: while the key adapts, the caller
+// waits for an evenly spaced slot (adapt.go); free otherwise.
+func (w *waiter) pace(st *keyState) error {
+	return w.l.pace(w.ctx, st, w.n, w.left(), w.tb)
+}
+
+// failed maps a decision's error to Acquire's: a deadline that passed
+// while the bucket was asked is a wait that ran out (ErrTimeout).
+func (w *waiter) failed(err error) error {
+	ctxErr := w.ctx.Err()
+	if ctxErr == nil || errors.Is(err, ErrTimeout) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) {
+		return err
+	}
+	if errors.Is(ctxErr, context.DeadlineExceeded) {
+		// The deadline ran out while the bucket was asked (its error may
+		// wrap the deadline or not): a wait that ran out, as the doc
+		// says, ErrTimeout.
+		return expiredWhileAsking(w.n, "the bucket", err)
+	}
+	if !errors.Is(err, ctxErr) {
+		return fmt.Errorf("throttle: acquire %d permit(s): %w (bucket: %v)", w.n, ctxErr, err)
+	}
+	return err
+}
+
+// sleepReservation sleeps until a reservation's permits are the caller's,
+// giving them back if they come too late (the bucket call itself ate into
+// the wait) or the caller leaves first.
+func (l *Limiter) sleepReservation(ctx context.Context, key string, n int64, d Decision, left time.Duration, tb timeoutBound) error {
+	if d.Delay > left {
+		l.cancelReservation(ctx, key, n, d)
+		return tb.err(d.Delay)
+	}
+	if err := l.sleep(ctx, d.Delay); err != nil {
+		l.cancelReservation(ctx, key, n, d)
+		return err
+	}
+	return nil
+}
+
+// cancelReservation gives back an abandoned reservation d: exactly, by its
+// Cancel, when the bucket said how; else through the bucket's Refunder.
+func (l *Limiter) cancelReservation(ctx context.Context, key string, n int64, d Decision) {
+	// ctx may be done: give the reservation back on a short context of
+	// its own.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if err := r.Refund(rctx, key, n); err != nil {
-		l.cfg.logger.Warn("throttle: refund of an abandoned reservation failed", "key", key, "n", n, "err", err)
+	var err error
+	switch {
+	case d.Cancel != nil:
+		err = d.Cancel(rctx)
+	case l.caps.refunder != nil:
+		err = l.caps.refunder.Refund(rctx, key, n)
+	}
+	if err != nil {
+		l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "n", n, "err", err)
 	}
 }
 

@@ -18,20 +18,17 @@ func (r *roomy) Take(context.Context, string, int64, time.Duration) (Decision, e
 }
 
 // BenchmarkLimiterLeasedAcquire measures what a caller pays for a permit
-// when its instance holds leased tokens: Limiter.Acquire over a Leased
-// whose lease is full, so that the store is (almost) never asked.
+// when its instance holds leased tokens: Limiter.Acquire with leasing,
+// the lease full, so that the store is (almost) never asked.
 // Target: ≤ 100 ns/op under b.RunParallel. inner-calls/op shows how
 // rarely the lease is refilled.
 func BenchmarkLimiterLeasedAcquire(b *testing.B) {
 	for _, key := range []string{"", "tenant"} {
 		b.Run("key="+key, func(b *testing.B) {
 			inner := &roomy{}
-			l, err := NewLeased(inner, WithLeaseShare(1))
-			if err != nil {
-				b.Fatal(err)
-			}
+			l := New(inner, WithLeasing(Leasing{Share: 1}))
 			defer l.Close()
-			lim := New(l).Key(key)
+			lim := l.Key(key)
 			ctx := context.Background()
 			for range 1000 { // grow the lease: tokens in hand
 				if err := lim.Acquire(ctx, 0); err != nil {

@@ -38,7 +38,7 @@ func FuzzLocalLimits(f *testing.F) {
 		clock := clockwork.NewFakeClock()
 		opts := []throttle.LocalOption{throttle.WithClock(clock)}
 		if burst != 0 {
-			opts = append(opts, throttle.WithBurst(burst))
+			opts = append(opts, throttle.WithLocalBurst(burst))
 		}
 		b, err := throttle.NewLocal(limit, time.Duration(interval), opts...)
 		if err != nil {
@@ -77,7 +77,7 @@ func FuzzLocalLimits(f *testing.F) {
 }
 
 // FuzzWrapperLimits checks the constructors of the wrapping buckets
-// (Smooth, Leased) on any limit, interval and option value: no panic, and
+// (Smooth) and the Limiter's leasing on any limit, interval and option value: no panic, and
 // every refusal matches ErrInvalid.
 func FuzzWrapperLimits(f *testing.F) {
 	f.Add(int64(10), int64(time.Second), 1, 0.1, int64(time.Second), int64(time.Minute))
@@ -105,19 +105,17 @@ func FuzzWrapperLimits(f *testing.F) {
 				t.Fatalf("Smooth Take: negative delay %v", d.Delay)
 			}
 		}
-		l, err := throttle.NewLeased(inner,
-			throttle.WithLeaseShare(share),
-			throttle.WithLeaseHorizon(time.Duration(horizon)),
-			throttle.WithLeaseTTL(time.Duration(ttl)))
-		if err != nil {
-			checkRefusal(t, "NewLeased", err)
+		lim := throttle.New(inner, throttle.WithLeasing(throttle.Leasing{Share: share, Horizon: time.Duration(horizon), TTL: time.Duration(ttl)}))
+		err = lim.Acquire(context.Background(), 0)
+		if err != nil && !errors.Is(err, throttle.ErrTimeout) {
+			checkRefusal(t, "WithLeasing", err)
 			return
 		}
-		if !(share > 0 && share <= 1) {
-			t.Fatalf("NewLeased accepted share %v", share)
+		if !(share >= 0 && share <= 1) || horizon < 0 || ttl < 0 {
+			t.Fatalf("WithLeasing accepted share %v, horizon %v, ttl %v", share, horizon, ttl)
 		}
-		if err := l.Close(); err != nil {
-			t.Fatalf("Leased.Close: %v", err)
+		if err := lim.Close(); err != nil {
+			t.Fatalf("Close: %v", err)
 		}
 	})
 }
@@ -130,7 +128,7 @@ func FuzzAcquireArgs(f *testing.F) {
 		f.Add(s[0], s[1])
 	}
 	f.Fuzz(func(t *testing.T, n, maxWait int64) {
-		b, err := throttle.NewLocal(10, time.Second, throttle.WithBurst(10))
+		b, err := throttle.NewLocal(10, time.Second, throttle.WithLocalBurst(10))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,7 +18,7 @@ import (
 // Guarantee: in any span of time t, a Local grants at most
 // burst + limit·t/interval permits per key. With the default burst (= limit)
 // that is at most 2·limit in any interval and at most limit·(1 + t/interval)
-// over a longer span t; use WithBurst(1) for evenly spaced permits.
+// over a longer span t; use WithLocalBurst(1) for evenly spaced permits.
 //
 // Local reserves: asked with a maxWait, it books the next free slot up to
 // maxWait ahead and the Limiter sleeps exactly until it, so waiters are
@@ -56,8 +56,8 @@ type localShard struct {
 }
 
 // NewLocal returns an in-memory bucket granting limit permits per interval
-// per key, with a burst of limit unless WithBurst says otherwise. Options:
-// [WithClock], [WithBurst].
+// per key, with a burst of limit unless WithLocalBurst says otherwise.
+// Options: [WithClock], [WithLocalBurst].
 //
 // limit must be at least 1 and at most one per nanosecond of interval;
 // interval must be positive.
@@ -99,10 +99,10 @@ func NewLocal(limit int64, interval time.Duration, opts ...LocalOption) (*Local,
 	return b, nil
 }
 
-// WithBurst sets how many permits a [Local] bucket may grant at once after
-// a quiet spell. Default: the limit. 1 spaces permits evenly, interval/limit
-// apart.
-func WithBurst(n int64) LocalOption {
+// WithLocalBurst sets how many permits a [Local] bucket ([NewLocal]) may
+// grant at once after a quiet spell. Default: the limit. 1 spaces permits
+// evenly, interval/limit apart.
+func WithLocalBurst(n int64) LocalOption {
 	return localOnly(func(c *config) { c.burst = n })
 }
 
@@ -126,12 +126,15 @@ func (b *Local) Take(_ context.Context, key string, n int64, maxWait time.Durati
 	if maxWait < 0 {
 		maxWait = 0
 	}
-	now := b.clock.Now().Sub(b.epoch).Nanoseconds()
+	now := int64(b.clock.Since(b.epoch))
 	if key == "" {
 		for {
 			old := b.root.Load()
 			d, next := b.decide(old, now, n, maxWait)
 			if !d.Granted || b.root.CompareAndSwap(old, next) {
+				if d.Delay > 0 && d.Granted {
+					d = b.reservation(d, key, n, next)
+				}
 				return d, nil
 			}
 		}
@@ -146,6 +149,9 @@ func (b *Local) Take(_ context.Context, key string, n int64, maxWait time.Durati
 	d, next := b.decide(old, now, n, maxWait)
 	if d.Granted {
 		s.tats[key] = next
+		if d.Delay > 0 {
+			d = b.reservation(d, key, n, next)
+		}
 	}
 	return d, nil
 }
@@ -172,28 +178,44 @@ func (b *Local) decide(tat, now, n int64, maxWait time.Duration) (Decision, int6
 		Remaining: max(0, (now+b.tolerance-next)/b.emission),
 		Reset:     time.Duration(next - now),
 	}
-	if wait > 0 {
-		d.ticket = next
-	}
 	return d, next
+}
+
+// reservation is d, a reservation of n permits of key that set the key's
+// tat to next, with the Cancel that gives it back exactly.
+func (b *Local) reservation(d Decision, key string, n, next int64) Decision {
+	d.Cancel = func(context.Context) error {
+		b.cancelReservation(key, n, next)
+		return nil
+	}
+	return d
 }
 
 // Refund implements [Refunder] and gives nothing back: a Local cannot
 // tell which of the permits it granted are returned, and giving back slots
 // that a caller queued behind them still holds would put two permits in
-// one slot (issue 12, defect 2). A [Limiter] over a Local gives back an
-// abandoned reservation exactly, when it is still the last one booked.
+// one slot. A reservation's own Decision.Cancel gives it back exactly,
+// when it is still the last one booked.
 func (b *Local) Refund(context.Context, string, int64) error { return nil }
 
-// refundReservation gives back the n permits of the reservation named by
-// ticket (its Decision's), if no later grant has been booked since and its
+// Fallback implements [Fallbacker]: the limit per interval, for one
+// instance (a Local limits its own process).
+func (b *Local) Fallback() (limit int64, interval time.Duration, instances int64) {
+	return b.limit, time.Duration(b.emission * b.limit), 1
+}
+
+// Immediate implements [Immediate]: a Local decides in memory.
+func (b *Local) Immediate() bool { return true }
+
+// cancelReservation gives back the n permits of the reservation that set
+// key's tat to ticket, if no later grant has been booked since and its
 // slot has not begun: the budget is then as if it had never been made.
 // Otherwise it does nothing; the slot goes unused.
-func (b *Local) refundReservation(key string, n int64, ticket int64) {
+func (b *Local) cancelReservation(key string, n int64, ticket int64) {
 	if ticket == 0 || n < 1 {
 		return
 	}
-	now := b.clock.Now().Sub(b.epoch).Nanoseconds()
+	now := int64(b.clock.Since(b.epoch))
 	if ticket-b.tolerance <= now {
 		return // the slot has begun: the permits count as used
 	}

@@ -23,8 +23,8 @@ func TestNewLocalRefusesBadConfig(t *testing.T) {
 		{10, 0, nil, "interval = 0s"},
 		{10, -time.Second, nil, "interval = -1s"},
 		{2_000_000_000, time.Second, nil, "at most one per nanosecond"},
-		{10, time.Second, []LocalOption{WithBurst(-1)}, "burst = -1"},
-		{1, time.Duration(1 << 62), []LocalOption{WithBurst(1 << 40)}, "overflows"},
+		{10, time.Second, []LocalOption{WithLocalBurst(-1)}, "burst = -1"},
+		{1, time.Duration(1 << 62), []LocalOption{WithLocalBurst(1 << 40)}, "overflows"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -86,7 +86,7 @@ func TestLocalArithmetic(t *testing.T) {
 			clock := clockwork.NewFakeClock()
 			opts := []LocalOption{WithClock(clock)}
 			if tt.burst != 0 {
-				opts = append(opts, WithBurst(tt.burst))
+				opts = append(opts, WithLocalBurst(tt.burst))
 			}
 			b, err := NewLocal(tt.limit, tt.interval, opts...)
 			require.NoError(t, err)
@@ -111,7 +111,7 @@ func TestLocalArithmetic(t *testing.T) {
 func TestLocalGuarantee(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	const limit, burst = 50, 10
-	b, err := NewLocal(limit, time.Second, WithClock(clock), WithBurst(burst))
+	b, err := NewLocal(limit, time.Second, WithClock(clock), WithLocalBurst(burst))
 	require.NoError(t, err)
 	var grants []time.Duration
 	start := clock.Now()
@@ -177,7 +177,8 @@ func TestLocalRefundGivesNothingBack(t *testing.T) {
 		d, _ = b.Take(ctx, key, 1, time.Second)
 		require.True(t, d.Granted)
 		require.Positive(t, d.Delay)
-		b.refundReservation(key, 1, d.ticket)
+		require.NotNil(t, d.Cancel)
+		require.NoError(t, d.Cancel(context.Background()))
 		d2, _ := b.Take(ctx, key, 1, time.Second)
 		require.Equal(t, d.Delay, d2.Delay, "key %q: the abandoned slot is booked again", key)
 		clock.Advance(2 * time.Second)

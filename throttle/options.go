@@ -8,28 +8,22 @@ import (
 )
 
 // Each constructor has its own option type, so that an option given to a
-// constructor that does not read it fails to compile. An option that
-// several constructors read ([WithClock], [WithLogger], [WithStoreTimeout])
-// implements several of these interfaces. A nil option is ignored.
+// constructor that does not read it fails to compile: [LimiterOption] for
+// [New], [LocalOption] for [NewLocal], [SmoothOption] for [NewSmooth].
+// [WithClock], read by all three, returns a [ClockOption], which is each of
+// them. A nil option is ignored.
 
 // LimiterOption configures [New]: [WithClock], [WithLogger],
-// [WithObserver], [WithFailurePolicy], [WithStoreTimeout].
+// [WithObserver], [WithFailurePolicy], [WithStoreTimeout], [WithLeasing].
 type LimiterOption interface {
 	apply(*config)
 	limiterOption()
 }
 
-// LocalOption configures [NewLocal]: [WithClock], [WithBurst].
+// LocalOption configures [NewLocal]: [WithClock], [WithLocalBurst].
 type LocalOption interface {
 	apply(*config)
 	localOption()
-}
-
-// LeasedOption configures [NewLeased]: [WithClock], [WithLogger],
-// [WithStoreTimeout], [WithLeaseHorizon], [WithLeaseTTL], [WithLeaseShare].
-type LeasedOption interface {
-	apply(*config)
-	leasedOption()
 }
 
 // SmoothOption configures [NewSmooth]: [WithClock], [WithSmoothInstances].
@@ -38,23 +32,16 @@ type SmoothOption interface {
 	smoothOption()
 }
 
-// CommonOption configures every constructor of this package: [WithClock].
-type CommonOption interface {
+// ClockOption is [WithClock]'s option: a [LimiterOption], a [LocalOption]
+// and a [SmoothOption] at once.
+type ClockOption interface {
 	LimiterOption
 	LocalOption
-	LeasedOption
 	SmoothOption
 }
 
-// StoreOption configures the constructors whose values call a bucket's
-// store, [New] and [NewLeased]: [WithLogger], [WithStoreTimeout].
-type StoreOption interface {
-	LimiterOption
-	LeasedOption
-}
-
-// config holds every setting the options of New, NewLocal, NewLeased and
-// NewSmooth can change, with its default.
+// config holds every setting the options of New, NewLocal and NewSmooth
+// can change, with its default.
 type config struct {
 	// clock: clockwork.NewRealClock(). Limiters sleep on it; Local buckets
 	// read it.
@@ -68,6 +55,8 @@ type config struct {
 	// policy: FailLocal. storeTimeout: DefaultStoreTimeout.
 	policy       FailurePolicy
 	storeTimeout time.Duration
+	// leasing: nil, meaning every decision asks the bucket.
+	leasing *Leasing
 }
 
 func newConfig[O interface{ apply(*config) }](opts []O) config {
@@ -86,16 +75,7 @@ type clockOption func(*config)
 func (f clockOption) apply(c *config) { f(c) }
 func (clockOption) limiterOption()    {}
 func (clockOption) localOption()      {}
-func (clockOption) leasedOption()     {}
 func (clockOption) smoothOption()     {}
-
-// storeOption is read by the constructors that call a bucket's store: New
-// and NewLeased.
-type storeOption func(*config)
-
-func (f storeOption) apply(c *config) { f(c) }
-func (storeOption) limiterOption()    {}
-func (storeOption) leasedOption()     {}
 
 // limiterOnly is read by New only.
 type limiterOnly func(*config)
@@ -113,7 +93,10 @@ func (localOnly) localOption()      {}
 // package reads. Default: the real clock. Tests pass a
 // clockwork.FakeClock so that waiting takes no real time. A nil clock
 // keeps the default.
-func WithClock(c clockwork.Clock) CommonOption {
+//
+// Only the clock's monotonic readings (Since, timers) are used: a host
+// whose wall clock steps (NTP, a VM resumed) changes nothing.
+func WithClock(c clockwork.Clock) ClockOption {
 	return clockOption(func(cfg *config) {
 		if c != nil {
 			cfg.clock = c
@@ -121,11 +104,12 @@ func WithClock(c clockwork.Clock) CommonOption {
 	})
 }
 
-// WithLogger sets the logger of a Limiter or a [Leased] bucket for rare
-// events (a store error, a refund that failed). Default: slog.Default().
-// Nothing is logged per permit. A nil logger keeps the default.
-func WithLogger(l *slog.Logger) StoreOption {
-	return storeOption(func(cfg *config) {
+// WithLogger sets the logger of a Limiter for rare events (the store
+// failing and answering again, a refund that failed). Default:
+// slog.Default(). Nothing is logged per permit. A nil logger keeps the
+// default.
+func WithLogger(l *slog.Logger) LimiterOption {
+	return limiterOnly(func(cfg *config) {
 		if l != nil {
 			cfg.logger = l
 		}

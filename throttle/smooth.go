@@ -38,9 +38,11 @@ import (
 // itself smooth instead (package bucket's GCRA with a burst of 1 or a few,
 // one round trip per permit) and use it without Smooth.
 //
-// Smooth composes with [Leased]: NewSmooth(leased, ...) paces permits that
-// Leased serves from memory, so neither the smoothing nor the round trips
-// saved cost the other.
+// Smooth wraps inner: a [Limiter] finds inner's [Fallbacker],
+// [AdaptiveStore], [Immediate] and [Checker] through [Smooth.Unwrap], and
+// uses Smooth's own Pause and Refund. Under a Limiter with leasing
+// ([WithLeasing]) each batch is one take of Smooth: permits are then paced
+// per batch, not one by one.
 //
 // Waiting: a caller refused because its slot has not come is told the time
 // to it (Decision.Delay), so a [Limiter] sleeps until then. Refusals before
@@ -129,8 +131,8 @@ func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...Smooth
 		seed:     maphash.MakeSeed(),
 	}
 	s.root.Store(idlePace)
-	s.refunder, _ = inner.(Refunder)
-	s.pauser, _ = inner.(Pauser)
+	s.refunder, _ = capability[Refunder](inner)
+	s.pauser, _ = capability[Pauser](inner)
 	for i := range s.shards {
 		s.shards[i].tats = make(map[string]int64)
 		s.shards[i].sweepSize = 64
@@ -140,15 +142,8 @@ func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...Smooth
 
 func (s *Smooth) now() int64 { return int64(s.clock.Since(s.epoch)) }
 
-// Fallback implements [Fallbacker] for a Limiter's failure policy: the
-// inner bucket's figures, or none (the policy then fails closed) when the
-// inner bucket is not a Fallbacker.
-func (s *Smooth) Fallback() (limit int64, interval time.Duration, instances int64) {
-	if fb, ok := s.inner.(Fallbacker); ok {
-		return fb.Fallback()
-	}
-	return 0, 0, 0
-}
+// Unwrap returns the bucket s paces (see [Bucket] on wrappers).
+func (s *Smooth) Unwrap() Bucket { return s.inner }
 
 // Take implements [Bucket]: when key's next slot has come it takes it and
 // returns the inner bucket's decision for n permits (asked with maxWait);

@@ -136,24 +136,21 @@ func TestSmoothFleet(t *testing.T) {
 	}
 }
 
-// TestSmoothOverLeased: Smooth paces what Leased serves from memory; the
-// result is smooth and costs few inner calls.
-func TestSmoothOverLeased(t *testing.T) {
-	const limit, interval = 1000, time.Second
+// TestSmoothKeepsItsInnerCapabilities: a Limiter over a Smooth finds
+// what the inner bucket offers (its limit for the failure policy and the
+// adaptive rate, that it decides in memory) through Unwrap, and uses
+// Smooth's own Pause and Refund, which pace as well.
+func TestSmoothKeepsItsInnerCapabilities(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	inner := &counting{Bucket: newWindowBucket(clock, limit, interval)}
-	l := newLeasedT(t, inner, WithClock(clock), withoutLeaseSweeper())
-	s, err := NewSmooth(l, limit, interval, WithClock(clock))
+	inner, err := NewLocal(10, time.Second, WithClock(clock))
 	require.NoError(t, err)
-	c := &tenths{clock: clock, start: clock.Now(), interval: interval, count: map[int64]int64{}}
-	greedy(t, clock, 3*interval, c, s)
-	per := c.check(t, limit)
-	var total int64
-	for i, n := range per {
-		assert.InDelta(t, limit, n, 0.05*limit, "interval %d", i)
-		total += n
-	}
-	assert.Less(t, float64(inner.calls.Load()), 0.1*float64(total), "inner calls: %d for %d permits", inner.calls.Load(), total)
+	s, err := NewSmooth(inner, 10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	c := findCapabilities(s)
+	assert.Equal(t, Fallbacker(inner), c.fallbacker)
+	assert.Equal(t, Pauser(s), c.pauser)
+	assert.Equal(t, Refunder(s), c.refunder)
+	assert.True(t, c.immediate)
 }
 
 // TestSmoothArithmetic walks the pacer through a timeline.

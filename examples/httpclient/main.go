@@ -213,7 +213,7 @@ func runConfig(ctx context.Context, c config, out io.Writer) error {
 // in-process one with evenly spaced permits.
 func newBucket(ctx context.Context, c config) (throttle.Bucket, func(), error) {
 	if c.redis == "" {
-		b, err := throttle.NewLocal(c.limit, c.interval, throttle.WithBurst(1))
+		b, err := throttle.NewLocal(c.limit, c.interval, throttle.WithLocalBurst(1))
 		return b, func() {}, err
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: c.redis})

@@ -57,7 +57,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func run(ctx context.Context, out io.Writer, rate int, limit int64, interval time.Duration, workers int, maxWait, duration time.Duration) error {
-	b, err := throttle.NewLocal(limit, interval, throttle.WithBurst(1))
+	b, err := throttle.NewLocal(limit, interval, throttle.WithLocalBurst(1))
 	if err != nil {
 		return err
 	}

@@ -15,17 +15,18 @@ import (
 )
 
 func main() {
-	local, _ := throttle.NewLocal(10, time.Second, throttle.WithClock(nil), throttle.WithBurst(2))
+	local, _ := throttle.NewLocal(10, time.Second, throttle.WithClock(nil), throttle.WithLocalBurst(2))
 	lim := throttle.New(local, throttle.WithClock(nil), throttle.WithFailurePolicy(throttle.FailOpen), throttle.WithStoreTimeout(time.Second))
-	_, _ = throttle.NewLeased(local, throttle.WithLeaseShare(0.5), throttle.WithLogger(nil), throttle.WithStoreTimeout(time.Second))
+	_ = throttle.New(local, throttle.WithLeasing(throttle.Leasing{Share: 0.5}), throttle.WithLogger(nil), throttle.WithStoreTimeout(time.Second))
 	_, _ = throttle.NewSmooth(local, 10, time.Second, throttle.WithSmoothInstances(2), throttle.WithClock(nil))
 
-	_, _ = throttle.NewLocal(10, time.Second, throttle.WithFailurePolicy(throttle.FailOpen)) // want "throttle.LimiterOption does not implement throttle.LocalOption"
-	_, _ = throttle.NewLocal(10, time.Second, throttle.WithLeaseShare(7))                    // want "throttle.LeasedOption does not implement throttle.LocalOption"
-	_, _ = throttle.NewLocal(10, time.Second, throttle.WithLogger(nil))                      // want "throttle.StoreOption does not implement throttle.LocalOption"
-	_ = throttle.New(local, throttle.WithBurst(1))                                           // want "throttle.LocalOption does not implement throttle.LimiterOption"
-	_ = throttle.New(local, throttle.WithSmoothInstances(3))                                 // want "throttle.SmoothOption does not implement throttle.LimiterOption"
-	_, _ = throttle.NewSmooth(local, 10, time.Second, throttle.WithLeaseTTL(time.Second))    // want "throttle.LeasedOption does not implement throttle.SmoothOption"
+	_, _ = throttle.NewLocal(10, time.Second, throttle.WithFailurePolicy(throttle.FailOpen))          // want "throttle.LimiterOption does not implement throttle.LocalOption"
+	_, _ = throttle.NewLocal(10, time.Second, throttle.WithLeasing(throttle.Leasing{}))               // want "throttle.LimiterOption does not implement throttle.LocalOption"
+	_, _ = throttle.NewLocal(10, time.Second, throttle.WithLogger(nil))                               // want "throttle.LimiterOption does not implement throttle.LocalOption"
+	_ = throttle.New(local, throttle.WithLocalBurst(1))                                               // want "throttle.LocalOption does not implement throttle.LimiterOption"
+	_ = throttle.New(local, throttle.WithSmoothInstances(3))                                          // want "throttle.SmoothOption does not implement throttle.LimiterOption"
+	_, _ = throttle.NewSmooth(local, 10, time.Second, throttle.WithStoreTimeout(time.Second))         // want "throttle.LimiterOption does not implement throttle.SmoothOption"
+	_, _ = throttle.NewSmooth(local, 10, time.Second, throttle.WithLeasing(throttle.Leasing{TTL: 1})) // want "throttle.LimiterOption does not implement throttle.SmoothOption"
 
 	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithBurst(0))                // want "bucket.GCRAOption does not implement bucket.TokenBucketOption"
 	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithLeaderLease(time.Hour))  // want "bucket.LeaderOption does not implement bucket.TokenBucketOption"
@@ -34,6 +35,6 @@ func main() {
 	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithPrefix("p"), bucket.WithRetry(time.Millisecond))
 
 	_, _ = httpserver.NewMiddleware(nil, httpserver.LocalWindows(nil), httpserver.TenantHeader("X-Org-Id"), throttle.WithFailurePolicy(throttle.FailClosed)) // want "throttle.LimiterOption does not implement httpserver.Option"
-	_, _ = httpclient.NewTransport(lim, throttle.WithLogger(nil))                                                                                            // want "throttle.StoreOption does not implement httpclient.Option"
+	_, _ = httpclient.NewTransport(lim, throttle.WithLogger(nil))                                                                                            // want "throttle.LimiterOption does not implement httpclient.Option"
 	_, _ = httpclient.NewTransport(lim, httpclient.WithBase(http.DefaultTransport))
 }

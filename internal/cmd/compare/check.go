@@ -13,7 +13,7 @@ import (
 type guarantee struct {
 	// periods: at most limit grants per refill, refills at least interval
 	// apart (a token bucket refilled to full on demand: headway's
-	// TokenBucket, Leased over it, the lock-per-call design).
+	// TokenBucket, leasing over it, the lock-per-call design).
 	// Otherwise: at most burst + limit·t/interval grants in any span t
 	// (GCRA, redis_rate, x/time/rate).
 	periods bool

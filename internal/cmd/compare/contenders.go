@@ -83,17 +83,13 @@ var contenders = []contender{
 	},
 	{
 		name: "headway-leased", redis: true, guarantee: periods,
-		note: "throttle.Leased (default options) over bucket.TokenBucket, through throttle.Limiter",
+		note: "bucket.TokenBucket through a throttle.Limiter with leasing (throttle.WithLeasing, default Leasing)",
 		build: func(s setup) (acquirer, error) {
 			b, err := bucket.NewTokenBucket(s.rdb, s.key, s.limit, s.interval)
 			if err != nil {
 				return nil, err
 			}
-			l, err := throttle.NewLeased(b)
-			if err != nil {
-				return nil, err
-			}
-			return newHeadway(l, l.Close), nil
+			return newHeadway(b, nil, throttle.WithLeasing(throttle.Leasing{})), nil
 		},
 	},
 	{
@@ -131,11 +127,12 @@ type headway struct {
 	closer func() error
 }
 
-func newHeadway(b throttle.Bucket, closer func() error) *headway {
+func newHeadway(b throttle.Bucket, closer func() error, opts ...throttle.LimiterOption) *headway {
+	lim := throttle.New(timed{b}, opts...)
 	if closer == nil {
-		closer = func() error { return nil }
+		closer = lim.Close
 	}
-	return &headway{lim: throttle.New(timed{b}), closer: closer}
+	return &headway{lim: lim, closer: closer}
 }
 
 // acquire calls Acquire; the timed layer sets the *time.Time that ctx
@@ -168,13 +165,9 @@ func (b timed) Take(ctx context.Context, key string, n int64, maxWait time.Durat
 	return d, err
 }
 
-// Refund passes a Limiter's refund of an abandoned reservation on.
-func (b timed) Refund(ctx context.Context, key string, n int64) error {
-	if r, ok := b.Bucket.(throttle.Refunder); ok {
-		return r.Refund(ctx, key, n)
-	}
-	return nil
-}
+// Unwrap returns the bucket b times, so that the Limiter finds what it
+// offers (refunds, its figures for the failure policy).
+func (b timed) Unwrap() throttle.Bucket { return b.Bucket }
 
 // redisRate waits the way redis_rate's users must: it has no wait of its
 // own, so a refused caller sleeps the RetryAfter it was told and asks

@@ -14,15 +14,14 @@ import (
 )
 
 // instance is one member of the fleet: its own Redis client, its own
-// bucket on it (wrapped in its own Leased and Smooth layers when asked),
-// its own Limiter, and, for the counter, its own Resetter.
+// bucket on it (wrapped in its own Smooth layer when asked), its own
+// Limiter (leasing when asked), and, for the counter, its own Resetter.
 type instance struct {
 	rdb      *redis.Client
 	lim      *throttle.Limiter
 	resetter *bucket.Resetter
-	leased   *throttle.Leased // nil unless -lease
-	workers  int              // goroutines driving this instance
-	pace     *pacer           // nil: closed loop
+	workers  int    // goroutines driving this instance
+	pace     *pacer // nil: closed loop
 	grants   atomic.Int64
 }
 
@@ -34,17 +33,17 @@ const maxPool = 512
 
 // newInstance builds instance i's client and bucket as a separate process
 // would.
-func newInstance(c loadConfig, i int, hook redis.Hook) (*instance, error) {
+func newInstance(c loadConfig, i int, hook redis.Hook, t *tally) (*instance, error) {
 	in := &instance{workers: c.workersOf(i), pace: c.pacerOf(i)}
 	if c.Bucket == "local" {
 		// No shared store: each instance gets an even share of the
 		// fleet's limit (the "partial limit" of seed 004).
 		n := int64(c.Instances)
-		b, err := throttle.NewLocal(c.Limit/n, c.Interval, throttle.WithBurst(max(c.Burst/n, 1)))
+		b, err := throttle.NewLocal(c.Limit/n, c.Interval, throttle.WithLocalBurst(max(c.Burst/n, 1)))
 		if err != nil {
 			return nil, err
 		}
-		return in, in.wrap(c, b)
+		return in, in.wrap(c, b, t)
 	}
 	var rdb *redis.Client
 	if c.sentinel != nil {
@@ -80,7 +79,7 @@ func newInstance(c loadConfig, i int, hook redis.Hook) (*instance, error) {
 		}
 	}
 	if err == nil {
-		err = in.wrap(c, b)
+		err = in.wrap(c, b, t)
 	}
 	if err != nil {
 		rdb.Close()
@@ -89,21 +88,9 @@ func newInstance(c loadConfig, i int, hook redis.Hook) (*instance, error) {
 	return in, nil
 }
 
-// wrap puts the layers c asks for around the instance's bucket b, in the
-// order their docs recommend (Smooth over Leased over the shared bucket),
-// then timedBucket, and builds the Limiter on top.
-func (in *instance) wrap(c loadConfig, b throttle.Bucket) error {
-	if c.Lease {
-		opts := []throttle.LeasedOption{throttle.WithLeaseTTL(c.leaseTTL())}
-		if c.LeaseHorizon > 0 {
-			opts = append(opts, throttle.WithLeaseHorizon(c.LeaseHorizon))
-		}
-		l, err := throttle.NewLeased(b, opts...)
-		if err != nil {
-			return err
-		}
-		in.leased, b = l, l
-	}
+// wrap puts the layers c asks for around the instance's bucket b (Smooth,
+// then timedBucket) and builds the Limiter on top, leasing when asked.
+func (in *instance) wrap(c loadConfig, b throttle.Bucket, t *tally) error {
 	if c.Smooth {
 		s, err := throttle.NewSmooth(b, c.Limit, c.Interval, throttle.WithSmoothInstances(c.Instances))
 		if err != nil {
@@ -112,16 +99,29 @@ func (in *instance) wrap(c loadConfig, b throttle.Bucket) error {
 		}
 		b = s
 	}
-	in.lim = throttle.New(timedBucket{b}, throttle.WithFailurePolicy(failurePolicies[c.Fail]))
+	opts := []throttle.LimiterOption{throttle.WithFailurePolicy(failurePolicies[c.Fail]), throttle.WithObserver(degradedCounter{t})}
+	if c.Lease {
+		opts = append(opts, throttle.WithLeasing(throttle.Leasing{TTL: c.leaseTTL(), Horizon: c.LeaseHorizon}))
+	}
+	in.lim = throttle.New(timedBucket{b}, opts...)
 	return nil
 }
 
-// close stops the instance's Leased layer (handing back what it holds,
-// so it needs the client) and then closes its client.
+// degradedCounter counts the grants of a Limiter's failure policy.
+type degradedCounter struct{ t *tally }
+
+func (degradedCounter) Acquired(string, int64, time.Duration, error)               {}
+func (degradedCounter) BucketCall(string, throttle.Decision, time.Duration, error) {}
+func (o degradedCounter) Degraded(_ string, _ string, granted bool, _ error) {
+	if granted {
+		o.t.degraded.Add(1)
+	}
+}
+
+// close stops the instance's Limiter and closes its client.
 func (in *instance) close() {
-	if in.leased != nil {
-		_ = in.leased.Close() // a failed refund only costs permits
-		in.leased = nil
+	if in.lim != nil {
+		_ = in.lim.Close()
 	}
 	if in.rdb != nil {
 		in.rdb.Close()
@@ -133,7 +133,7 @@ func (in *instance) close() {
 // whose Decision.Reset is the end of their period, so that leasing keeps
 // their guarantee exactly; the lease horizon for the others (gcra,
 // slidinglog, local), whose guarantee it loosens by that much (see
-// throttle.Leased), and which the check then allows as tolerance.
+// throttle.Leasing), and which the check then allows as tolerance.
 func (c loadConfig) leaseTTL() time.Duration {
 	if !c.Lease {
 		return 0
@@ -154,7 +154,7 @@ const defaultLeaseHorizon = 50 * time.Millisecond
 // guarantee checks the guarantee of c's bucket on grant times.
 //
 // With -lease on a bucket whose leases need a TTL, the tolerance grows by
-// that TTL: that is how far Leased may shift a grant (see leaseTTL).
+// that TTL: that is how far leasing may shift a grant (see leaseTTL).
 func (c loadConfig) guarantee(times []time.Time) guarantee.Report {
 	c.Tolerance += c.leaseTTL()
 	// Buckets that count in whole milliseconds round the interval up.
@@ -251,27 +251,6 @@ func (b timedBucket) Take(ctx context.Context, key string, n int64, maxWait time
 	return d, err
 }
 
-// Fallback passes the bucket's figures on, so that a Limiter's FailLocal
-// policy works through the wrapper.
-func (b timedBucket) Fallback() (int64, time.Duration, int64) {
-	if fb, ok := b.Bucket.(throttle.Fallbacker); ok {
-		return fb.Fallback()
-	}
-	return 0, 0, 0
-}
-
-// Pause passes a pause on to buckets that take it.
-func (b timedBucket) Pause(ctx context.Context, key string, d time.Duration) error {
-	if p, ok := b.Bucket.(throttle.Pauser); ok {
-		return p.Pause(ctx, key, d)
-	}
-	return nil
-}
-
-// Refund passes an abandoned reservation back to buckets that take it.
-func (b timedBucket) Refund(ctx context.Context, key string, n int64) error {
-	if r, ok := b.Bucket.(throttle.Refunder); ok {
-		return r.Refund(ctx, key, n)
-	}
-	return nil
-}
+// Unwrap returns the bucket b times, so that the Limiter finds what it
+// offers (its figures for FailLocal, pauses, refunds, the adaptive rate).
+func (b timedBucket) Unwrap() throttle.Bucket { return b.Bucket }

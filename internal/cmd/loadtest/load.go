@@ -40,11 +40,11 @@ type loadConfig struct {
 	Tolerance time.Duration // the guarantee checker's tolerance; negative: the measured uncertainty (see timedBucket)
 	MaxGrants int           // stop early after this many grants; 0 means 10× what the guarantee allows
 
-	// Lease wraps each instance's bucket in throttle.NewLeased (with
+	// Lease gives each instance's Limiter throttle.WithLeasing (with
 	// LeaseHorizon, 0 meaning throttle's default of 50 ms).
 	Lease        bool
 	LeaseHorizon time.Duration
-	// Smooth wraps each instance's bucket (over its Leased, if any) in
+	// Smooth wraps each instance's bucket in
 	// throttle.NewSmooth(b, Limit, Interval, WithSmoothInstances(Instances)).
 	Smooth bool
 	// Demand paces the workers' asks open-loop at Demand × Limit per
@@ -309,7 +309,7 @@ func (c *loadConfig) check() error {
 // tally holds the counts the workers share.
 type tally struct {
 	grants                         atomic.Int64
-	degraded                       atomic.Int64 // grants no bucket call made
+	degraded                       atomic.Int64 // grants of the failure policy (the Limiter's observer counts them)
 	timeouts, errors               atomic.Int64
 	targetOK, target429, targetErr atomic.Int64
 	pastWait                       atomic.Int64 // the most any Acquire returned past its maxWait, ns
@@ -326,6 +326,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		return loadResult{}, err
 	}
 	hook := &cmdCounter{}
+	t := new(tally)
 	fleet := make([]*instance, 0, c.Instances)
 	defer func() {
 		for _, in := range fleet {
@@ -333,7 +334,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		}
 	}()
 	for i := range c.Instances {
-		in, err := newInstance(c, i, hook)
+		in, err := newInstance(c, i, hook, t)
 		if err != nil {
 			return loadResult{}, fmt.Errorf("building the %s bucket: %w", c.Bucket, err)
 		}
@@ -391,7 +392,6 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	defer end.Stop()
 	var (
 		rec   guarantee.Recorder
-		t     tally
 		mu    sync.Mutex
 		waits []time.Duration // granted calls' Acquire latency
 		lates []time.Duration // how late each grant may have been recorded
@@ -421,7 +421,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 				if delay > 0 && !sleepCtx(run, delay) {
 					return
 				}
-				w, l := worker(run, cancel, c, in, httpc, &rec, &t)
+				w, l := worker(run, cancel, c, in, httpc, &rec, t)
 				mu.Lock()
 				waits = append(waits, w...)
 				lates = append(lates, l...)
@@ -593,8 +593,6 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *inst
 			waits = append(waits, now.Sub(begin))
 			if late, ok := lateness(begin, since, now); ok {
 				lates = append(lates, late)
-			} else {
-				t.degraded.Add(1)
 			}
 			in.grants.Add(1)
 			if t.grants.Add(1) >= int64(c.MaxGrants) {
@@ -628,12 +626,11 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *inst
 	return waits, lates
 }
 
-// lateness is how late a grant recorded at now may be, given that the
-// Acquire began at begin and the last bucket call that granted began at
-// since (plus its reservation's delay). ok is false when no bucket call of
-// this Acquire granted (since is older than begin): the failure policy
-// decided it, at a time that says nothing about normal operation, so it
-// must not set the checker's tolerance.
+// lateness is how late a grant recorded at now may be: the time since the
+// granting bucket call began (since). A grant no bucket call of this
+// Acquire made (the call began before begin: a lease's permit, or the
+// failure policy's) has no lateness to measure: ok is false, and it does
+// not widen the checker's tolerance.
 func lateness(begin, since, now time.Time) (late time.Duration, ok bool) {
 	if since.Before(begin) {
 		return 0, false

@@ -234,11 +234,11 @@ func TestMaxIn(t *testing.T) {
 	assert.Equal(t, 2, maxIn(at(0, 100, 200, 250), 100*time.Millisecond))
 }
 
-// TestLatenessIgnoresDegradedGrants (issue 12): a grant that the failure
-// policy made without a bucket call (the last granting call began before
-// this Acquire) must not set the checker's tolerance; one a bucket call
-// made is late by the time since that call began.
-func TestLatenessIgnoresDegradedGrants(t *testing.T) {
+// TestLatenessIgnoresGrantsWithoutABucketCall: a grant that the failure
+// policy or a lease made without a bucket call (the last granting call
+// began before this Acquire) must not set the checker's tolerance; one a
+// bucket call made is late by the time since that call began.
+func TestLatenessIgnoresGrantsWithoutABucketCall(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	late, ok := lateness(t0, t0.Add(time.Millisecond), t0.Add(3*time.Millisecond))
 	assert.True(t, ok)

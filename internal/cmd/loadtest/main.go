@@ -20,15 +20,15 @@
 //
 // Layers and load shapes:
 //
-//   - -lease wraps each instance's bucket in throttle.NewLeased: permits
-//     are taken from the shared bucket in batches sized by the instance's
-//     demand and served from memory. Leased keeps a token bucket's, fixed
-//     window's or counter's guarantee exactly (leases expire with the
-//     period); for gcra, slidinglog and local it needs a lease TTL and
-//     loosens the guarantee by that TTL, which loadtest sets to the lease
-//     horizon and adds to the check's tolerance.
-//   - -smooth wraps each instance's bucket (over its Leased, if any) in
-//     throttle.NewSmooth, paced at limit/instances per interval each; the
+//   - -lease gives each instance's Limiter leasing (throttle.WithLeasing):
+//     permits are taken from the shared bucket in batches sized by the
+//     instance's demand and served from memory. Leasing keeps a token
+//     bucket's, fixed window's or counter's guarantee exactly (leases
+//     expire with the period); for gcra, slidinglog and local it needs a
+//     lease TTL and loosens the guarantee by that TTL, which loadtest sets
+//     to the lease horizon and adds to the check's tolerance.
+//   - -smooth wraps each instance's bucket in throttle.NewSmooth, paced at
+//     limit/instances per interval each (under -lease, per batch); the
 //     result's max_tenth (most grants in any tenth of an interval) is what
 //     it keeps near limit/10.
 //   - -demand X paces the fleet's asks open-loop at X times the limit
@@ -124,7 +124,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c.Tolerance = -1
 	fs.Var((*tolerance)(&c.Tolerance), "tolerance", "how late a recorded grant time may be, for the guarantee check: a duration, or auto for the measured bound")
 	fs.IntVar(&c.MaxGrants, "max-grants", 0, "stop after this many grants (0: ten times what the limit allows)")
-	fs.BoolVar(&c.Lease, "lease", false, "wrap each instance's bucket in throttle.NewLeased: permits leased in demand-sized batches, served from memory")
+	fs.BoolVar(&c.Lease, "lease", false, "lease permits from each instance's bucket (throttle.WithLeasing): permits leased in demand-sized batches, served from memory")
 	fs.DurationVar(&c.LeaseHorizon, "lease-horizon", 0, "with -lease: how far ahead an instance leases (0: throttle's default, 50ms)")
 	fs.BoolVar(&c.Smooth, "smooth", false, "wrap each instance's bucket in throttle.NewSmooth, pacing each at limit/instances per interval")
 	fs.Float64Var(&c.Demand, "demand", 0, "pace the fleet's asks at this multiple of the limit (0: closed loop, every worker asks again at once)")

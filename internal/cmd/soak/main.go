@@ -6,6 +6,7 @@
 //	go run ./internal/cmd/soak                       # 60 s, 1,000 keys, 100 workers, token bucket
 //	go run ./internal/cmd/soak -bucket gcra -duration 5m
 //	go run ./internal/cmd/soak -redis 127.0.0.1:6379 # an existing Redis (its other keys count too)
+//	go run ./internal/cmd/soak -churn 1000000 -adaptive -outage-at 30s -outage-for 5s # tenants come and go
 //
 // Without -redis it starts a throwaway redis-server (internal/redisenv).
 // Every -sample it prints the live heap (after a GC), the goroutines,
@@ -51,6 +52,10 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Period, "period", cfg.Period, "the bucket's interval (keys expire about this long after their last use)")
 	fs.DurationVar(&cfg.MaxWait, "maxwait", cfg.MaxWait, "each Acquire's maxWait")
 	fs.DurationVar(&cfg.Sample, "sample", cfg.Sample, "time between samples")
+	fs.IntVar(&cfg.Churn, "churn", 0, "distinct keys over the run, each used for 2 Acquires in turn (0: -keys, chosen at random)")
+	fs.BoolVar(&cfg.Adaptive, "adaptive", false, "report a refusal without a retry hint after one grant in 100: keys adapt")
+	fs.DurationVar(&cfg.OutageAt, "outage-at", 0, "pause the soak's redis-server (SIGSTOP) this long into the load")
+	fs.DurationVar(&cfg.OutageFor, "outage-for", 0, "for this long (0: no outage)")
 	return cmd.Run(ctx, args, stdout, stderr, func() error { return cfg.check() }, func(ctx context.Context) error {
 		rep, err := run(ctx, cfg, stdout)
 		if err != nil {

@@ -33,7 +33,21 @@ type config struct {
 	Period   time.Duration
 	MaxWait  time.Duration
 	Sample   time.Duration
+	// Churn, when positive, makes the keys churn: every Acquire takes the
+	// next key of Churn distinct ones (each used Reuse times in a row by
+	// the workers together), so the keys in use move on all the time, as
+	// tenants come and go; Keys is then unused.
+	Churn int
+	// Adaptive reports a refusal without a retry hint after one grant in
+	// a hundred, so that keys adapt (the fleet's rate, kept in Redis).
+	Adaptive bool
+	// OutageAt and OutageFor pause the soak's own redis-server (SIGSTOP)
+	// OutageAt into the load, for OutageFor; 0: no outage.
+	OutageAt, OutageFor time.Duration
 }
+
+// reuse is how many Acquires in a row take one key when the keys churn.
+const reuse = 2
 
 func defaultConfig() config {
 	return config{
@@ -121,7 +135,8 @@ type sample struct {
 type report struct {
 	Samples                          []sample
 	Workers                          int
-	Keys                             int // limiter keys in use
+	Keys                             int  // limiter keys in use
+	Churn                            bool // the keys churned: Redis holds the recent ones
 	Granted, Timeouts, Errors        int64
 	BucketCalls                      int64 // Redis round trips (Take calls)
 	FirstErr                         error
@@ -168,8 +183,13 @@ func (r report) Failures() []string {
 		}
 	}
 	check("heap", func(s sample) float64 { return float64(s.Heap) }, growthFactor, heapSlack)
-	check("redis used_memory", func(s sample) float64 { return float64(s.RedisMem) }, growthFactor, redisMemSlack)
-	check("redis DBSIZE", func(s sample) float64 { return float64(s.DBSize) }, growthFactor, dbSizeSlack)
+	if !r.Churn {
+		// (Churning keys leave Redis keys that live a while past their
+		// last use: a token bucket's period limit, a minute; an adaptive
+		// state, ten. Redis then follows the churn's rate, not a leak.)
+		check("redis used_memory", func(s sample) float64 { return float64(s.RedisMem) }, growthFactor, redisMemSlack)
+		check("redis DBSIZE", func(s sample) float64 { return float64(s.DBSize) }, growthFactor, dbSizeSlack)
+	}
 	check("goroutines", func(s sample) float64 { return float64(s.Goroutines) }, 1, goroutineSlack(r.Workers))
 	if r.EndGoroutine > r.BaselineGoroutines+leakSlack {
 		out = append(out, fmt.Sprintf("goroutines leaked: %d %v after the load, %d before it", r.EndGoroutine, settleTime, r.BaselineGoroutines))
@@ -186,6 +206,12 @@ func (cfg config) check() error {
 		return errors.New("-keys and -workers must be at least 1")
 	case cfg.Sample <= 0 || cfg.Duration <= 0:
 		return errors.New("-sample and -duration must be positive")
+	case cfg.Churn < 0:
+		return errors.New("-churn must not be negative")
+	case cfg.OutageFor < 0 || cfg.OutageAt < 0:
+		return errors.New("-outage-at and -outage-for must not be negative")
+	case cfg.OutageFor > 0 && cfg.Redis != "":
+		return errors.New("-outage-for pauses the soak's own redis-server: leave -redis empty")
 	}
 	return nil
 }
@@ -197,14 +223,18 @@ func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
 	}
 	newBucket := buckets[cfg.Bucket]
 	addr := cfg.Redis
+	var srv *redisenv.Server
 	if addr == "" {
-		srv, err := redisenv.Start()
-		if err != nil {
+		var err error
+		if srv, err = redisenv.Start(); err != nil {
 			return report{}, cli.Usagef("%w", err)
 		}
 		defer func() { _ = srv.Close() }()
 		addr = srv.Addr()
 		printf(w, "redis: %s at %s\n", srv.Kind(), addr)
+		if cfg.OutageFor > 0 && !srv.Real() {
+			return report{}, cli.Usagef("-outage-for needs a real redis-server (SIGSTOP); the stand-in cannot pause")
+		}
 	}
 	// ContextTimeoutEnabled, as headway recommends: the buckets then bound
 	// each call by its context without a goroutine of their own.
@@ -221,12 +251,25 @@ func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
 	}
 	cb := &counted{inner: b}
 	lim := throttle.New(cb)
+	defer func() { _ = lim.Close() }()
 	keys := make([]string, cfg.Keys)
 	for i := range keys {
 		keys[i] = "tenant-" + strconv.Itoa(i)
 	}
+	var next atomic.Int64 // with Churn: the Acquires so far, which pick the key
+	key := func(rng *rand.Rand) string {
+		if cfg.Churn > 0 {
+			return "tenant-" + strconv.FormatInt(next.Add(1)/reuse%int64(cfg.Churn), 10)
+		}
+		return keys[rng.IntN(len(keys))]
+	}
 
-	rep := report{BaselineGoroutines: runtime.NumGoroutine(), Workers: cfg.Workers, Keys: cfg.Keys}
+	rep := report{BaselineGoroutines: runtime.NumGoroutine(), Workers: cfg.Workers, Keys: cfg.Keys, Churn: cfg.Churn > 0}
+	var outage outage
+	if cfg.OutageFor > 0 {
+		outage.start(srv, cfg.OutageAt, cfg.OutageFor)
+		defer outage.stop()
+	}
 	var granted, timeouts, acquires atomic.Int64
 	var errMu sync.Mutex
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.Duration)
@@ -236,11 +279,14 @@ func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
 		rng := rand.New(rand.NewPCG(uint64(i), 42))
 		wg.Go(func() {
 			for loadCtx.Err() == nil {
-				err := lim.Key(keys[rng.IntN(len(keys))]).Acquire(loadCtx, cfg.MaxWait)
+				k := lim.Key(key(rng))
+				err := k.Acquire(loadCtx, cfg.MaxWait)
 				acquires.Add(1)
 				switch {
 				case err == nil:
-					granted.Add(1)
+					if granted.Add(1)%100 == 0 && cfg.Adaptive {
+						_ = k.Report(loadCtx, throttle.Answer{Refused: true}) // best effort, as a handler's
+					}
 				case errors.Is(err, throttle.ErrTimeout), loadCtx.Err() != nil:
 					timeouts.Add(1)
 				default:
@@ -255,8 +301,18 @@ func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
 		})
 	}
 
-	printf(w, "soak: bucket %s, %d keys, %d workers, limit %d per %v, maxWait %v, for %v\n",
-		cfg.Bucket, cfg.Keys, cfg.Workers, cfg.Limit, cfg.Period, cfg.MaxWait, cfg.Duration)
+	keysDesc := fmt.Sprintf("%d keys", cfg.Keys)
+	if cfg.Churn > 0 {
+		keysDesc = fmt.Sprintf("%d keys churning (each %d Acquires in a row)", cfg.Churn, reuse)
+	}
+	if cfg.Adaptive {
+		keysDesc += ", adapting"
+	}
+	if cfg.OutageFor > 0 {
+		keysDesc += fmt.Sprintf(", redis paused at %v for %v", cfg.OutageAt, cfg.OutageFor)
+	}
+	printf(w, "soak: bucket %s, %s, %d workers, limit %d per %v, maxWait %v, for %v\n",
+		cfg.Bucket, keysDesc, cfg.Workers, cfg.Limit, cfg.Period, cfg.MaxWait, cfg.Duration)
 	printf(w, "%8s %12s %10s %14s %8s %12s\n", "t", "heap_live", "goroutines", "redis_memory", "dbsize", "acquires")
 	start := time.Now()
 	tick := time.NewTicker(cfg.Sample)
@@ -271,9 +327,13 @@ func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
 		if loadCtx.Err() != nil {
 			break // the load has ended: a sample now would not show it
 		}
-		s, err := measure(ctx, admin)
+		s, err := measure(ctx, admin, outage.paused())
 		if err != nil && loadCtx.Err() != nil {
 			break // a signal ended the load while measuring: report what ran
+		}
+		if s.RedisMem < 0 && len(rep.Samples) > 0 { // redis paused: its last figures
+			last := rep.Samples[len(rep.Samples)-1]
+			s.RedisMem, s.DBSize = last.RedisMem, last.DBSize
 		}
 		if err != nil {
 			stopLoad()
@@ -329,17 +389,71 @@ type counted struct {
 	calls atomic.Int64
 }
 
+// Unwrap returns the bucket c counts the calls of, so that the Limiter
+// finds what it offers (the adaptive rate in Redis, FailLocal's share).
+func (c *counted) Unwrap() throttle.Bucket { return c.inner }
+
+// outage pauses a redis-server for a while during the load.
+type outage struct {
+	mu     sync.Mutex
+	on     bool
+	timers []*time.Timer
+	srv    *redisenv.Server
+}
+
+func (o *outage) start(srv *redisenv.Server, at, d time.Duration) {
+	o.srv = srv
+	o.timers = append(o.timers, time.AfterFunc(at, func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.srv != nil && srv.Pause() == nil {
+			o.on = true
+		}
+	}), time.AfterFunc(at+d, o.resume))
+}
+
+func (o *outage) resume() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.on {
+		_ = o.srv.Resume()
+		o.on = false
+	}
+}
+
+func (o *outage) paused() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.on
+}
+
+// stop ends the outage now (and keeps one from starting).
+func (o *outage) stop() {
+	for _, t := range o.timers {
+		t.Stop()
+	}
+	o.resume()
+	o.mu.Lock()
+	o.srv = nil
+	o.mu.Unlock()
+}
+
 func (c *counted) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	c.calls.Add(1)
 	return c.inner.Take(ctx, key, n, maxWait)
 }
 
 // measure reads the process's and Redis's figures.
-func measure(ctx context.Context, admin *redis.Client) (sample, error) {
+// While Redis is paused, its figures are -1.
+func measure(ctx context.Context, admin *redis.Client, paused bool) (sample, error) {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	s := sample{Heap: ms.HeapAlloc, Goroutines: runtime.NumGoroutine()}
+	if paused {
+		s.RedisMem, s.DBSize = -1, -1
+		return s, nil
+	}
 	info, err := admin.Info(ctx, "memory").Result()
 	if err != nil {
 		return s, fmt.Errorf("redis INFO memory: %w", err)

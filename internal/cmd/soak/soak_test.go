@@ -100,6 +100,29 @@ func TestShortSoak(t *testing.T) {
 	}
 }
 
+// TestChurnSoak: keys that come and go (each used twice, 60,000 in all),
+// adapting now and then, with Redis paused for a second in the middle:
+// the heap and the goroutines stay flat (the Limiter forgets the keys that
+// went idle), and no Acquire fails.
+func TestChurnSoak(t *testing.T) {
+	redisenv.NeedReal(t, redisenv.New(t), "a soak that pauses its redis-server")
+	cfg := defaultConfig()
+	cfg.Duration, cfg.Workers, cfg.Sample = 6*time.Second, 20, 500*time.Millisecond
+	cfg.Churn, cfg.Adaptive, cfg.OutageAt, cfg.OutageFor = 60_000, true, 2*time.Second, time.Second
+	var out bytes.Buffer
+	rep, err := run(context.Background(), cfg, &out)
+	t.Log("\n" + out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bad := rep.Failures(); len(bad) > 0 {
+		t.Errorf("the soak failed: %q", bad)
+	}
+	if rep.Granted == 0 {
+		t.Error("nothing granted: the soak tested nothing")
+	}
+}
+
 // TestCommandLine checks the conventions every example tool keeps (see
 // internal/cli): usage on -h, exit 2 with one line for bad usage, before
 // any redis-server starts.

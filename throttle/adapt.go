@@ -1,0 +1,437 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A Limiter's side of the adaptive rate (the law is in adaptive.go): what
+// this process last saw of each key's state (in the key's state, so that a
+// key that is not adapting costs no store call), where the state lives
+// (the bucket's AdaptiveStore, or the key's state for a bucket that keeps
+// none), and the background work that keeps the view fresh and applies
+// increases off the callers' path.
+
+// adapter is what a Limiter knows of the adaptive rate.
+type adapter struct {
+	ok       bool  // the bucket's limit is known: adaptation possible
+	base     int64 // the bucket's limit per interval ([Fallbacker])
+	interval time.Duration
+	store    AdaptiveStore // nil: in memory, in each key's state
+}
+
+// adaptView is the state of one key as seen at seen (the Limiter's time).
+type adaptView struct {
+	st   AdaptiveState
+	seen int64
+}
+
+// law is the adaptive law for st's key: its ceiling is the key's limit as
+// its last shared decision reported it (a limit changed live included),
+// or the bucket's.
+func (l *Limiter) law(st *keyState) adaptLaw {
+	limit := l.adapt.base
+	if v := st.limit.Load(); v > 0 {
+		limit = v
+	}
+	return adaptLaw{limit: float64(limit), interval: l.adapt.interval}
+}
+
+// view returns st's last seen state and whether it is at most one interval
+// old.
+func (l *Limiter) view(st *keyState) (adaptView, bool) {
+	v := st.view.Load()
+	if v == nil {
+		return adaptView{}, false
+	}
+	return *v, l.tb.now()-v.seen < int64(l.adapt.interval)
+}
+
+// note records s as st's state seen now, unless the view holds a state
+// read later on the store's clock, of the same version or a later one,
+// that is still fresh: replies of concurrent store calls (a background
+// refresh, a swap) may land out of order, and the older must not undo the
+// newer (a refusal's decrease replaced by a read from before it would stop
+// the pacing). A later version always wins, so that a store clock that
+// stepped back cannot hide a change.
+func (l *Limiter) note(st *keyState, s AdaptiveState) {
+	now := l.tb.now()
+	nv := &adaptView{st: s, seen: now}
+	for {
+		cur := st.view.Load()
+		if cur != nil && s.At.Before(cur.st.At) && s.Version <= cur.st.Version && now-cur.seen < int64(l.adapt.interval) {
+			return
+		}
+		if st.view.CompareAndSwap(cur, nv) {
+			return
+		}
+	}
+}
+
+// memory returns st's in-memory adaptive state, creating it; the caller
+// holds st.mu.
+func (st *keyState) memory() *memAdaptive {
+	if st.mem == nil {
+		st.mem = &memAdaptive{}
+	}
+	return st.mem
+}
+
+// paceStore is one PaceAdaptive of st's key, in the store or in memory.
+func (l *Limiter) paceStore(ctx context.Context, st *keyState, n int64, horizon time.Duration) (AdaptivePace, error) {
+	if s := l.adapt.store; s != nil {
+		return s.PaceAdaptive(ctx, st.key, n, l.adapt.interval, horizon)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.memory().pace(l.tb.wall(l.tb.now()), n, l.adapt.interval, horizon, 0), nil
+}
+
+// swapStore is one SwapAdaptive of st's key, in the store or in memory.
+func (l *Limiter) swapStore(ctx context.Context, st *keyState, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
+	if s := l.adapt.store; s != nil {
+		return s.SwapAdaptive(ctx, st.key, old, next, ttl)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	s, ok := st.memory().swap(l.tb.wall(l.tb.now()), old, next, ttl)
+	return s, ok, nil
+}
+
+// storeBound is the bound of one adaptive store call that no caller waits
+// for: the store timeout, or its default when none is set.
+func (l *Limiter) storeBound() time.Duration {
+	if d := l.cfg.storeTimeout; d > 0 {
+		return d
+	}
+	return DefaultStoreTimeout
+}
+
+// swap is one SwapAdaptive, bounded by ctx and the store timeout, noting
+// what it returns and telling the observer of a change.
+func (l *Limiter) swap(ctx context.Context, st *keyState, old, next AdaptiveState) (AdaptiveState, bool, error) {
+	sctx, cancel := context.WithTimeout(ctx, l.storeBound())
+	defer cancel()
+	ttl := max(adaptMemory, 10*l.adapt.interval)
+	s, ok, err := l.swapStore(sctx, st, old, next, ttl)
+	if err != nil {
+		return AdaptiveState{}, false, err
+	}
+	l.note(st, s)
+	if ok {
+		if o, isAO := l.cfg.observer.(AdaptiveObserver); isAO {
+			o.Adapted(st.key, s)
+		}
+	}
+	return s, ok, nil
+}
+
+// update applies f to st's state in the store, retrying when another
+// instance changed it meanwhile. A fresh view that f leaves unchanged
+// saves the store call.
+func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState, time.Time) (AdaptiveState, bool)) error {
+	if v, fresh := l.view(st); fresh {
+		if _, changed := f(v.st, v.st.At.Add(time.Duration(l.tb.now()-v.seen))); !changed {
+			return nil
+		}
+	}
+	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
+	for attempt := 0; err == nil && attempt < 4; attempt++ {
+		next, changed := f(s, s.At)
+		if !changed {
+			return nil
+		}
+		var swapped bool
+		if s, swapped, err = l.swap(ctx, st, s, next); swapped {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("throttle: adaptive rate of key %q: %w", st.key, err)
+	}
+	return nil // others keep changing it: theirs stands
+}
+
+// AdaptiveState returns the adaptive state of key ("" for the bucket's
+// own) as l last saw it, reading it from the store when l has not seen it
+// within the last interval. The zero state means not adapting.
+func (l *Limiter) AdaptiveState(ctx context.Context, key string) (AdaptiveState, error) {
+	if l.bad != nil || !l.adapt.ok {
+		return AdaptiveState{}, nil
+	}
+	st := l.state(key)
+	defer l.release(st)
+	if v, fresh := l.view(st); fresh {
+		return v.st, nil
+	}
+	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
+	return s, err
+}
+
+// paceHorizon is how far ahead, as a share of the interval, a caller may
+// reserve a paced slot. Callers further back sleep and ask again, so that
+// a change of rate reaches the queue within a quarter interval.
+const paceHorizon = 4
+
+// pace waits for an evenly spaced slot at st's adaptive rate, within
+// left, before a caller asks the bucket. It returns at once, with no store
+// call, while the key is known not to be adapting. A store failure skips
+// the shared pacing (the bucket call that follows meets the same store and
+// the failure policy) for this process's share of the last rate seen. An
+// increase the law finds due is written in the background: no caller
+// waits for it.
+func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Duration, tb timeoutBound) error {
+	if !l.adapt.ok {
+		return nil
+	}
+	if v, fresh := l.view(st); !v.st.Active() {
+		if !fresh {
+			l.refresh(st)
+		}
+		return nil
+	}
+	start := l.tb.now()
+	for {
+		remaining := left
+		if left != Forever {
+			remaining = max(left-time.Duration(l.tb.now()-start), 0)
+		}
+		horizon := min(l.adapt.interval/paceHorizon, remaining)
+		// Bounded like a bucket call, and within the caller's wait.
+		bound := l.storeBound()
+		if remaining > 0 {
+			bound = min(bound, remaining)
+		}
+		sctx, cancel := context.WithTimeout(ctx, bound)
+		p, err := l.paceStore(sctx, st, n, horizon)
+		cancel()
+		if err != nil {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The caller's wait ran out while the store was asked:
+				// ErrTimeout, as from a bucket call (see wait).
+				return expiredWhileAsking(n, "the adaptive pace", err)
+			}
+			if ctx.Err() != nil {
+				return waitErr(ctx)
+			}
+			// A slow or failed store must not let a burst through:
+			// pace this process at its share of the last rate seen.
+			return l.paceLocal(ctx, st, n, remaining, tb)
+		}
+		l.note(st, p.State)
+		if !p.State.Active() {
+			return nil
+		}
+		if next, due := l.law(st).increase(p.State, p.State.At); due {
+			l.raise(st, p.State, next)
+		}
+		if p.Granted {
+			if p.Delay <= 0 {
+				return nil
+			}
+			return l.sleep(ctx, p.Delay)
+		}
+		if p.Delay > remaining {
+			return tb.err(p.Delay)
+		}
+		if err := l.sleep(ctx, max(p.Delay-horizon, retryFloor)); err != nil {
+			return err
+		}
+	}
+}
+
+// raise writes an increase of st's state from old to next, off the
+// caller's path; the first instance to try wins.
+func (l *Limiter) raise(st *keyState, old, next AdaptiveState) {
+	if l.adapt.store == nil {
+		_, _, _ = l.swap(context.Background(), st, old, next) // in memory: at once
+		return
+	}
+	l.bg.run(l, st, func(ctx context.Context) { _, _, _ = l.swap(ctx, st, old, next) })
+}
+
+// refresh reads st's state from the store off the caller's path, so that
+// an instance that has not been refused itself learns within about an
+// interval that the fleet is adapting. The read costs no Acquire any time,
+// even with the store down.
+func (l *Limiter) refresh(st *keyState) {
+	read := func(ctx context.Context) {
+		if s, _, err := l.swapStore(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond); err == nil {
+			l.note(st, s)
+		}
+	}
+	if l.adapt.store == nil {
+		read(context.Background()) // in memory: at once
+		return
+	}
+	l.bg.run(l, st, read)
+}
+
+// paceLocal paces st's key in this process alone, at its share (the rate
+// over the live instances the bucket counted) of the last rate seen,
+// reserving a slot within left.
+func (l *Limiter) paceLocal(ctx context.Context, st *keyState, n int64, left time.Duration, tb timeoutBound) error {
+	v, _ := l.view(st)
+	if !v.st.Active() {
+		return nil
+	}
+	share := v.st.Rate
+	if fb := l.caps.fallbacker; fb != nil {
+		if _, _, inst := fb.Fallback(); inst > 1 {
+			share /= float64(inst)
+		}
+	}
+	st.mu.Lock()
+	if st.paceMem == nil {
+		st.paceMem = &memAdaptive{}
+	}
+	p := st.paceMem.pace(l.tb.wall(l.tb.now()), n, l.adapt.interval, left, max(share, 1e-3))
+	st.mu.Unlock()
+	if !p.Granted {
+		return tb.err(p.Delay)
+	}
+	if p.Delay <= 0 {
+		return nil
+	}
+	return l.sleep(ctx, p.Delay)
+}
+
+// background is a Limiter's work off the callers' path: reads and updates
+// of the adaptive rate in its store, at most one at a time per key (a key
+// whose task runs skips new ones), each bounded by the store timeout and
+// holding a reference to its key's state. Close stops it and waits.
+type background struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// run runs f for st in a goroutine of its own, unless one runs for st or
+// the Limiter is closed. The caller holds a reference to st.
+func (b *background) run(l *Limiter, st *keyState, f func(context.Context)) {
+	if !st.busy.CompareAndSwap(false, true) {
+		return
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		st.busy.Store(false)
+		return
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
+	if st != l.root {
+		st.refs.Add(1) // lent by the caller's reference: st cannot be swept meanwhile
+	}
+	go func() {
+		defer b.wg.Done()
+		defer l.release(st)
+		defer st.busy.Store(false)
+		ctx, cancel := context.WithTimeout(b.ctx, l.storeBound())
+		defer cancel()
+		f(ctx)
+	}()
+}
+
+// Close stops l's background work (reads and updates of the adaptive rate
+// in the bucket's store, each at most the store timeout long) and waits
+// for it to end. It is optional: that work ends on its own within the
+// store timeout, so a Limiter dropped without Close leaks nothing for
+// long; call Close where a test or a shutdown must know that nothing of l
+// runs any more. After Close, l keeps granting; its adaptive view is then
+// refreshed only by its own reports. Close is safe to call more than once.
+func (l *Limiter) Close() error {
+	b := &l.bg
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	if b.cancel != nil {
+		b.cancel()
+	}
+	b.wg.Wait()
+	return nil
+}
+
+// memAdaptive keeps one key's adaptive state in memory, for a bucket that
+// is not an AdaptiveStore: the adaptation is then this process's alone.
+// Its times are the Limiter's (timeBase.wall), monotonic. The caller holds
+// the key state's mu.
+type memAdaptive struct {
+	st      AdaptiveState
+	tat     time.Time // next free slot
+	tatRate float64   // the rate the slots up to tat were reserved at
+	expires time.Time
+	version int64 // survives expiry, so a stale swap fails
+}
+
+// current is the state at now, forgotten once expired.
+func (m *memAdaptive) current(now time.Time) {
+	if m.st.Active() && !now.Before(m.expires) {
+		m.st = AdaptiveState{}
+	}
+}
+
+// holds reports whether the state still matters at now: it paces, or a
+// slot is reserved ahead.
+func (m *memAdaptive) holds(now time.Time) bool {
+	return m.st.Active() && now.Before(m.expires) || m.tat.After(now)
+}
+
+// pace is PaceAdaptive at now, at rate instead of the stored one when
+// rate > 0.
+func (m *memAdaptive) pace(now time.Time, n int64, interval, horizon time.Duration, rate float64) AdaptivePace {
+	m.current(now)
+	if rate > 0 {
+		m.st.Rate, m.expires = rate, now.Add(interval)
+	}
+	st := m.st
+	st.Version, st.At = m.version, now
+	if !st.Active() {
+		return AdaptivePace{Granted: true, State: st}
+	}
+	if m.tatRate > 0 && m.tatRate != st.Rate && m.tat.After(now) {
+		// The last slot was reserved at another rate: the next comes one
+		// new spacing after it (as adapt_pace.lua does).
+		m.tat = m.tat.Add(-durationOf(float64(interval)/m.tatRate) + durationOf(float64(interval)/st.Rate))
+	}
+	if m.tat.Before(now) {
+		m.tat = now
+	}
+	wait := m.tat.Sub(now)
+	if wait > horizon {
+		return AdaptivePace{Delay: wait, State: st}
+	}
+	m.tat = m.tat.Add(durationOf(float64(n) * float64(interval) / st.Rate))
+	m.tatRate = st.Rate
+	return AdaptivePace{Granted: true, Delay: wait, State: st}
+}
+
+// durationOf is ns as a Duration, saturating at a century rather than
+// overflowing (n slots at a rate of a thousandth of a permit per hour).
+func durationOf(ns float64) time.Duration {
+	const most = 100 * 365 * 24 * time.Hour
+	if !(ns < float64(most)) {
+		return most
+	}
+	return time.Duration(ns)
+}
+
+// swap is SwapAdaptive at now.
+func (m *memAdaptive) swap(now time.Time, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool) {
+	m.current(now)
+	if old.Version < 0 || old.Version != m.version {
+		st := m.st
+		st.Version, st.At = m.version, now
+		return st, false
+	}
+	m.version++
+	m.st, m.expires = next, now.Add(ttl)
+	st := m.st
+	st.Version, st.At = m.version, now
+	return st, true
+}

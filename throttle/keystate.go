@@ -1,0 +1,193 @@
+package throttle
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+)
+
+// timeBase is a Limiter's one measure of time: nanoseconds since an epoch,
+// read with the clock's Since, which is monotonic (time.Now carries a
+// monotonic reading, and a fake clock's Since follows its Advance). A wall
+// clock that steps back or forth (NTP, a VM resumed) changes nothing. The
+// epoch is a second before the Limiter was built, so that no time on it is
+// 0, which the states use for "none".
+type timeBase struct {
+	clock clockwork.Clock
+	epoch time.Time
+}
+
+func newTimeBase(c clockwork.Clock) timeBase {
+	return timeBase{clock: c, epoch: c.Now().Add(-time.Second)}
+}
+
+// now is the time on the base, in ns.
+func (t *timeBase) now() int64 { return int64(t.clock.Since(t.epoch)) }
+
+// wall is a time of the base as a time.Time, for states that keep
+// time.Time (the in-memory adaptive state): monotonic like the base.
+func (t *timeBase) wall(now int64) time.Time { return t.epoch.Add(time.Duration(now)) }
+
+// keyState is everything a Limiter keeps for one key: the gate where its
+// callers queue after a refusal, what it last saw of the key's adaptive
+// rate (and, for a bucket that keeps none, the rate itself), the key's
+// limit as its last shared decision reported it, the failure policy's
+// ledger of the shared period and its local share during an outage, the
+// first-back cap after one, and the lease. One map holds them, with one
+// rule for forgetting them (keyStates).
+type keyState struct {
+	key string
+	// refs counts the callers and background tasks using the state; used
+	// is when it was last acquired (on the Limiter's time base).
+	refs atomic.Int32
+	used atomic.Int64
+
+	gate gate
+
+	// limit is the key's limit as its last shared Decision reported it
+	// (a limit changed live included); 0 when none was reported.
+	limit atomic.Int64
+	// view is the adaptive state as this process last saw it; busy is set
+	// while a background read or update of it runs.
+	view atomic.Pointer[adaptView]
+	busy atomic.Bool
+	// faulted is set while mu guards something of an outage: a local
+	// share or a first-back cap. A shared decision of a key without it
+	// takes mu only to note its ledger.
+	faulted atomic.Bool
+
+	lease lease
+
+	mu       sync.Mutex
+	ledger   periodBound
+	local    *localShare  // FailLocal's pace and debt during and after an outage
+	recovery *recoveryCap // the first shared period after an outage
+	mem      *memAdaptive // the adaptive state, when the bucket keeps none
+	// paceMem paces this process alone when the store does not answer a
+	// paced take in time (paceLocal).
+	paceMem *memAdaptive
+}
+
+// holds reports whether st keeps something that must outlive an idle
+// spell: callers queued or a gate closed, a lease with permits, a refill
+// or background task running, permits granted locally that the store has
+// not been charged for, a first-back cap, an adaptive rate kept in memory,
+// or a limit lowered below the bucket's own (base), which the failure
+// policy must keep applying to the key.
+func (st *keyState) holds(now, base int64, wall time.Time) bool {
+	if st.busy.Load() || !st.gate.idle(now) || st.lease.holds(now) {
+		return true
+	}
+	if l := st.limit.Load(); l > 0 && l < base {
+		return true
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.local != nil && st.local.holds(now) ||
+		st.recovery != nil && st.recovery.holds(now) ||
+		st.mem != nil && st.mem.holds(wall) ||
+		st.paceMem != nil && st.paceMem.holds(wall) ||
+		st.lease.fill != nil
+}
+
+const stateShards = 64
+
+// keyStates holds a Limiter's states of keys other than "" (the Limiter
+// holds that one itself, never forgotten: its hot path takes no lock).
+//
+// Forgetting: a state unused for idle (at least a second, at least the
+// bucket's interval) that holds nothing (keyState.holds) is removed when
+// its shard is swept: on the call path, when the shard has doubled since
+// its last sweep or idle has passed since it, and each call sweeps one
+// more shard in turn on the same terms. No goroutine. Memory
+// follows the keys used within idle, plus those that still hold something.
+//
+// A state in use is never removed: refs is raised under the shard's lock
+// (acquire) and the sweep removes a state only under that lock with refs
+// at 0; a removed state is out of the map, so nobody can acquire it again.
+// A caller still holding a state (refs > 0) keeps it in the map. Background
+// tasks take a reference of their own from a caller that holds one.
+type keyStates struct {
+	seed   maphash.Seed
+	next   atomic.Uint32 // the shard the next acquire sweeps besides its own
+	idle   int64         // ns
+	tb     *timeBase
+	base   func() int64
+	shards [stateShards]stateShard
+	init   func(*keyState)
+}
+
+type stateShard struct {
+	mu    sync.Mutex
+	m     map[string]*keyState
+	grow  int          // sweep when len(m) reaches it
+	swept atomic.Int64 // when last swept
+}
+
+func (s *keyStates) setup(idle time.Duration, tb *timeBase, base func() int64, init func(*keyState)) {
+	s.seed = maphash.MakeSeed()
+	s.idle = int64(idle)
+	s.tb = tb
+	s.base = base
+	s.init = init
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*keyState)
+		s.shards[i].grow = 64
+	}
+}
+
+// acquire returns key's state, creating it, with a reference the caller
+// gives back with release.
+func (s *keyStates) acquire(key string, now int64) *keyState {
+	sh := &s.shards[maphash.String(s.seed, key)%stateShards]
+	sh.mu.Lock()
+	if len(sh.m) >= sh.grow || now-sh.swept.Load() >= s.idle {
+		s.sweep(sh, now)
+	}
+	st := sh.m[key]
+	if st == nil {
+		st = &keyState{key: key}
+		s.init(st)
+		sh.m[key] = st
+	}
+	st.refs.Add(1)
+	st.used.Store(now)
+	sh.mu.Unlock()
+	// One more shard in turn, so that every shard is swept while any key
+	// is used, not only the shards of the keys still in use.
+	if o := &s.shards[s.next.Add(1)%stateShards]; o != sh && now-o.swept.Load() >= s.idle && o.mu.TryLock() {
+		s.sweep(o, now)
+		o.mu.Unlock()
+	}
+	return st
+}
+
+// release gives back a reference from acquire.
+func (s *keyStates) release(st *keyState) { st.refs.Add(-1) }
+
+// sweep removes the shard's states unused for idle that hold nothing. The
+// caller holds sh.mu.
+func (s *keyStates) sweep(sh *stateShard, now int64) {
+	base := s.base()
+	for k, st := range sh.m {
+		if st.refs.Load() == 0 && now-st.used.Load() >= s.idle && !st.holds(now, base, s.tb.wall(now)) {
+			delete(sh.m, k)
+		}
+	}
+	sh.grow = max(64, 2*len(sh.m))
+	sh.swept.Store(now)
+}
+
+// count returns how many states are kept; for tests.
+func (s *keyStates) count() int {
+	n := 0
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+		n += len(s.shards[i].m)
+		s.shards[i].mu.Unlock()
+	}
+	return n
+}
