@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -300,16 +301,23 @@ func (l *Limiter) paceLocal(ctx context.Context, st *keyState, n int64, left tim
 }
 
 // background is a Limiter's work off the callers' path: reads and updates
-// of the adaptive rate in its store, at most one at a time per key (a key
-// whose task runs skips new ones), each bounded by the store timeout and
+// of the adaptive rate in its store, at most one at a time per key and
+// maxBackground at a time in all (a task that finds no room is skipped: the
+// key's next call tries again), each bounded by the store timeout and
 // holding a reference to its key's state. Close stops it and waits.
 type background struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	ctx      context.Context
+	cancel   context.CancelFunc
+	mu       sync.Mutex
+	closed   bool
+	wg       sync.WaitGroup
+	inflight atomic.Int32
 }
+
+// maxBackground bounds a Limiter's background tasks at once: many new keys
+// at the same time (a start, a churn of tenants) read their state a few at
+// a time rather than with a goroutine each.
+const maxBackground = 8
 
 // run runs f for st in a goroutine of its own, unless one runs for st or
 // the Limiter is closed. The caller holds a reference to st.
@@ -317,9 +325,15 @@ func (b *background) run(l *Limiter, st *keyState, f func(context.Context)) {
 	if !st.busy.CompareAndSwap(false, true) {
 		return
 	}
+	if b.inflight.Add(1) > maxBackground {
+		b.inflight.Add(-1)
+		st.busy.Store(false)
+		return
+	}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
+		b.inflight.Add(-1)
 		st.busy.Store(false)
 		return
 	}
@@ -330,6 +344,7 @@ func (b *background) run(l *Limiter, st *keyState, f func(context.Context)) {
 	}
 	go func() {
 		defer b.wg.Done()
+		defer b.inflight.Add(-1)
 		defer l.release(st)
 		defer st.busy.Store(false)
 		ctx, cancel := context.WithTimeout(b.ctx, l.storeBound())

@@ -181,7 +181,7 @@ func (l *Limiter) afterShared(ctx context.Context, st *keyState, d Decision, too
 	now := l.tb.now()
 	st.mu.Lock()
 	if d.Reset > 0 {
-		st.ledger.note(now+int64(d.Reset), d.Remaining, l.interval/2)
+		st.ledger.note(addSat(now, d.Reset), d.Remaining, l.interval/2)
 	}
 	if !st.faulted.Load() {
 		st.mu.Unlock()

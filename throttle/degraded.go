@@ -193,7 +193,7 @@ func (l *Limiter) localTake(st *keyState, n int64) (d Decision, why string, err 
 	defer st.mu.Unlock()
 	k := st.local
 	if k == nil || k.share != share || k.interval != iv || k.outage != down {
-		nk := &localShare{emission: ceilDiv(iv, share), share: share, interval: iv, tat: max(down+iv, now), winStart: now, outage: down}
+		nk := &localShare{emission: ceilDiv(iv, share), share: share, interval: iv, tat: max(addSat(down, interval), now), winStart: now, outage: down}
 		if p := st.ledger; p.end > down {
 			// The period of the ledger was still running when the store
 			// failed: this instance's share of the fewest permits it was
@@ -357,10 +357,10 @@ func newRecoveryCap(d Decision, now, share, owed, took, interval int64) *recover
 	if d.Reset <= 0 || share <= 0 || owed <= 0 {
 		return nil
 	}
-	until := now + int64(d.Reset)
+	until := addSat(now, d.Reset)
 	rc := &recoveryCap{until: until, room: max(share-owed-took, 0)}
 	if !d.Granted && interval > 0 {
-		rc.next, rc.share = until+interval, share
+		rc.next, rc.share = addSat(until, time.Duration(interval)), share
 	}
 	return rc
 }

@@ -55,7 +55,8 @@
 //     call after the store answers again. [Limiter.Check] tells a
 //     readiness probe whether the store answers.
 //   - A Limiter's memory follows the keys in use: a key idle for a second
-//     (or the bucket's interval) that holds nothing in force is forgotten.
+//     (or the bucket's interval, up to ten minutes) that holds nothing in
+//     force is forgotten.
 //   - Time is measured on the clock's monotonic readings: a wall clock
 //     that steps (NTP, a VM resumed) changes no wait.
 //

@@ -98,8 +98,8 @@ const stateShards = 64
 // keyStates holds a Limiter's states of keys other than "" (the Limiter
 // holds that one itself, never forgotten: its hot path takes no lock).
 //
-// Forgetting: a state unused for idle (at least a second, at least the
-// bucket's interval) that holds nothing (keyState.holds) is removed when
+// Forgetting: a state unused for idle (the bucket's interval, at least a
+// second and at most ten minutes) that holds nothing (keyState.holds) is removed when
 // its shard is swept: on the call path, when the shard has doubled since
 // its last sweep or idle has passed since it, and each call sweeps one
 // more shard in turn on the same terms. No goroutine. Memory

@@ -221,3 +221,38 @@ func TestUserWrapperAroundLocalKeepsRefundsAndTheAdaptiveRate(t *testing.T) {
 	assert.True(t, s.Active(), "the refusal slows the key")
 	assert.Positive(t, w.calls.Load())
 }
+
+// foreverStore grants with a Reset of Forever while up, and fails while
+// down.
+type foreverStore struct{ down atomic.Bool }
+
+func (s *foreverStore) Take(context.Context, string, int64, time.Duration) (throttle.Decision, error) {
+	if s.down.Load() {
+		return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: context.DeadlineExceeded}
+	}
+	return throttle.Decision{Granted: true, Limit: 100, Remaining: 50, Reset: throttle.Forever}, nil
+}
+
+func (s *foreverStore) Fallback() (int64, time.Duration, int64) { return 100, throttle.Forever, 1 }
+
+// TestHugeResetsAndTTLsDoNotOverflow: a bucket that reports a Reset and an
+// interval of Forever, with leasing whose TTL is Forever and FailLocal,
+// through an outage and a pause of Forever: no time wraps around into the
+// past (a lease valid "until" a negative time, a pause already over).
+func TestHugeResetsAndTTLsDoNotOverflow(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	s := &foreverStore{}
+	lim := throttle.New(s, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{TTL: throttle.Forever, Share: 1}))
+	defer lim.Close()
+	for range 20 {
+		require.NoError(t, lim.Acquire(ctx, 0))
+	}
+	s.down.Store(true)
+	for range 5 {
+		require.NoError(t, lim.Acquire(ctx, 0), "leased permits are the store's: served while it is down")
+	}
+	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: throttle.Forever}))
+	clock.Advance(time.Minute)
+	require.ErrorIs(t, lim.Acquire(ctx, 0), throttle.ErrTimeout, "paused")
+}

@@ -379,7 +379,7 @@ func (l *Limiter) refill(ctx context.Context, st *keyState, prev *leaseBatch, he
 	if r := int64(d.Reset); r > 0 && (life == 0 || r < life) {
 		life, periodic = r, true
 	}
-	b := &leaseBatch{size: need + got, start: t0, expires: t0 + life, limit: d.Limit, periodic: periodic}
+	b := &leaseBatch{size: need + got, start: t0, expires: addSat(t0, time.Duration(life)), limit: d.Limit, periodic: periodic}
 	if expired {
 		b.left.Store(need + got) // the held permits expired: the caller's come from here
 	} else {

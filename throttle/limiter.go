@@ -33,8 +33,8 @@ const retryFloor = time.Millisecond
 // and one bucket serve every key, each key with its own budget. The
 // Limiter keeps a little state per key (where its callers queue, its
 // adaptive rate, what its failure policy and lease need); a key unused for
-// a second (or the bucket's interval, if longer) that holds nothing in
-// force is forgotten, so memory follows the keys in use.
+// a second (or the bucket's interval, if longer, up to ten minutes) that
+// holds nothing in force is forgotten, so memory follows the keys in use.
 //
 // A Limiter is safe for concurrent use. Its zero value is not usable: build
 // one with [New].
@@ -105,7 +105,7 @@ func New(b Bucket, opts ...LimiterOption) *Limiter {
 	l.bg.ctx, l.bg.cancel = context.WithCancel(context.Background())
 	l.root = &keyState{}
 	l.initState(l.root)
-	idle := max(time.Duration(l.interval), time.Second)
+	idle := min(max(time.Duration(l.interval), time.Second), 10*time.Minute)
 	l.states.setup(idle, &l.tb, func() int64 {
 		if fb := l.caps.fallbacker; fb != nil {
 			limit, _, _ := fb.Fallback()

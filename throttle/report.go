@@ -152,7 +152,7 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 func (l *Limiter) pause(ctx context.Context, key string, d time.Duration) error {
 	if l.leasing != nil {
 		st := l.state(key)
-		st.lease.pause(l.tb.now() + int64(d))
+		st.lease.pause(addSat(l.tb.now(), d))
 		l.release(st)
 	}
 	p := l.caps.pauser

@@ -364,6 +364,9 @@ func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
 	elapsed := time.Since(start).Seconds()
 	printf(w, "acquires: %d granted, %d timed out, %d failed (%.0f/s); bucket (Redis) calls: %d (%.0f/s)\n",
 		rep.Granted, rep.Timeouts, rep.Errors, float64(acquires.Load())/elapsed, rep.BucketCalls, float64(rep.BucketCalls)/elapsed)
+	if cfg.Churn > 0 {
+		printf(w, "distinct keys used: %d\n", min(next.Load()/reuse, int64(cfg.Churn)))
+	}
 	if len(rep.Samples) >= 3 {
 		for _, c := range []struct {
 			name string
