@@ -62,10 +62,10 @@ func (l *Limiter) ask(ctx context.Context, st *keyState, n, want int64, left tim
 	}
 	local := l.cfg.policy == FailLocal
 	var reserved int64
-	if local && !probe && st.faulted.Load() {
+	if local && st.faulted.Load() {
 		// (A probe is never capped: it must find out whether the store
-		// answers again.)
-		refusal, refused, until, w := st.reserveRecovery(n, want, l.tb.now())
+		// answers again. Its lease's batch is, as a cap would be.)
+		refusal, refused, until, w := st.reserveRecovery(n, want, l.tb.now(), probe)
 		if refused {
 			return refusal, 0, fromStore, nil
 		}
@@ -146,12 +146,17 @@ func (st *keyState) noteLimit(d Decision) {
 // room in its first shared period after an outage, before its store call
 // at now. It returns the period's end when it reserved (until, 0 when no
 // cap applies) and the want that fits, or a refusal until the period's
-// end when the room is spent.
-func (st *keyState) reserveRecovery(n, want, now int64) (refusal Decision, refused bool, until, fit int64) {
+// end when the room is spent. A probe reserves nothing; the key's first
+// call back (no cap yet, a local share owing) gets a want that fits the
+// cap it will start: the share less what the key owes and n.
+func (st *keyState) reserveRecovery(n, want, now int64, probe bool) (refusal Decision, refused bool, until, fit int64) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	rc := st.recovery
-	if rc == nil {
+	if rc == nil || probe {
+		if k := st.local; k != nil && want > 0 {
+			want = min(want, max(k.share-k.owed(now)-n, 0))
+		}
 		return Decision{}, false, 0, want
 	}
 	refusal, refused, until = rc.reserve(n, now)

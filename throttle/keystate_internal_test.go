@@ -179,3 +179,65 @@ func TestRecoveryCapTable(t *testing.T) {
 		})
 	}
 }
+
+// fleetWindow is a shared store stand-in: limit per aligned window of its
+// clock, a Reset to the window's end, Remaining; four live instances; it
+// fails while down.
+type fleetWindow struct {
+	*windowBucket
+	down atomic.Bool
+}
+
+func (f *fleetWindow) Take(ctx context.Context, key string, n int64, w time.Duration) (Decision, error) {
+	if f.down.Load() {
+		return Decision{}, &BackendError{Op: "take", Err: errors.New("connection refused")}
+	}
+	return f.windowBucket.Take(ctx, key, n, w)
+}
+
+func (f *fleetWindow) Fallback() (int64, time.Duration, int64) { return f.limit, f.interval, 4 }
+
+// TestFirstBackCapBoundsTheLeaseRefill: after an outage in which this
+// instance granted locally, its first shared period is capped at its share
+// less what it owed, and the lease's refills stay within that room: when
+// the cap refuses, the lease holds nothing. (A lease that had taken full
+// batches below the cap held permits of that period until the cap's end,
+// then handed them out next to the next period's burst.)
+func TestFirstBackCapBoundsTheLeaseRefill(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	f := &fleetWindow{windowBucket: newWindowBucket(clock, 400, time.Second)}
+	lim := New(f, WithClock(clock), WithLeasing(Leasing{Share: 0.5}))
+	defer lim.Close()
+	ctx := context.Background()
+	for range 50 { // batches grow
+		require.NoError(t, lim.Acquire(ctx, 0))
+		clock.Advance(time.Millisecond)
+	}
+	f.down.Store(true)  // mid-window: the window had permits left
+	granted := int64(0) // from the lease (the store's already) or the local share
+	for range 150 {
+		if lim.Acquire(ctx, 0) == nil {
+			granted++
+		}
+		clock.Advance(5 * time.Millisecond)
+	}
+	require.Positive(t, granted, "grants in the outage")
+	f.down.Store(false)
+	clock.Advance(time.Second - time.Duration(clock.Since(f.start)%time.Second)) // the next window begins
+	before := f.grantedIn(int64(clock.Since(f.start) / time.Second))
+	handed, refused := int64(0), false
+	for range 400 {
+		if err := lim.Acquire(ctx, 0); err != nil {
+			require.ErrorIs(t, err, ErrTimeout)
+			assert.Zero(t, lim.leaseHeld(""), "refused while the lease holds permits")
+			refused = true
+			break
+		}
+		handed++
+	}
+	require.True(t, refused, "the cap refused (handed %d)", handed)
+	t.Logf("%d granted in the outage; %d handed in the first period back; the store granted %d in it, debts included", granted, handed, f.grantedIn(int64(clock.Since(f.start)/time.Second))-before)
+	w := int64(clock.Since(f.start) / time.Second)
+	share := int64(400 / 4)
+	assert.LessOrEqual(t, f.grantedIn(w)-before, share, "taken from the store in the first period back, debts included (handed %d)", handed)
+}
