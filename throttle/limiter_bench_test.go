@@ -50,3 +50,31 @@ func BenchmarkLimiterLeasedAcquire(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLimiterAcquire measures Limiter.Acquire over a Local bucket with
+// room to spare: the Limiter's own cost per permit (the key's state, the
+// gate, the pace), for key "" and for a tenant's key.
+func BenchmarkLimiterAcquire(b *testing.B) {
+	for _, key := range []string{"", "tenant"} {
+		b.Run("key="+key, func(b *testing.B) {
+			local, err := NewLocal(1<<40, time.Hour)
+			if err != nil {
+				b.Fatal(err)
+			}
+			l := New(local)
+			defer l.Close()
+			lim := l.Key(key)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := lim.Acquire(ctx, 0); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
