@@ -112,9 +112,11 @@ func newLeaseConfig(c Leasing) *leaseConfig {
 type lease struct {
 	// cur is the current batch; nil before the first refill.
 	cur atomic.Pointer[leaseBatch]
-	// pausedUntil: before this time a pause holds the key; nothing is
-	// served from memory.
-	pausedUntil atomic.Int64
+	// dryUntil: before this time the bucket refused (or a pause holds the
+	// key): every call is refused from memory until then, so that the
+	// callers that waited on a refill the bucket refused do not each ask
+	// it again.
+	dryUntil atomic.Int64
 
 	// Under the key state's mu:
 	fill     *leaseFill  // the refill in progress, if any
@@ -157,9 +159,9 @@ func (b *leaseBatch) granted(left, now int64) Decision {
 }
 
 // serve takes n permits from the lease at now: a grant, or a refusal while
-// a pause holds the key, or ok false when the lease cannot serve.
+// the key is dry, or ok false when the lease cannot serve.
 func (ls *lease) serve(n, now int64) (d Decision, ok bool) {
-	if until := ls.pausedUntil.Load(); now < until {
+	if until := ls.dryUntil.Load(); now < until {
 		return Decision{Delay: time.Duration(until - now), Remaining: 0}, true
 	}
 	if b := ls.cur.Load(); b != nil && now < b.expires {
@@ -170,23 +172,29 @@ func (ls *lease) serve(n, now int64) (d Decision, ok bool) {
 	return Decision{}, false
 }
 
-// holds reports whether the lease holds valid permits, or a pause, at now.
+// holds reports whether the lease holds valid permits, or a refusal, at
+// now.
 func (ls *lease) holds(now int64) bool {
-	if now < ls.pausedUntil.Load() {
+	if now < ls.dryUntil.Load() {
 		return true
 	}
 	b := ls.cur.Load()
 	return b != nil && now < b.expires && b.left.Load() > 0
 }
 
-// pause holds the key until until and drops what the lease holds.
-func (ls *lease) pause(until int64) {
+// dry refuses the key from memory until until.
+func (ls *lease) dry(until int64) {
 	for {
-		old := ls.pausedUntil.Load()
-		if old >= until || ls.pausedUntil.CompareAndSwap(old, until) {
-			break
+		old := ls.dryUntil.Load()
+		if old >= until || ls.dryUntil.CompareAndSwap(old, until) {
+			return
 		}
 	}
+}
+
+// pause holds the key until until and drops what the lease holds.
+func (ls *lease) pause(until int64) {
+	ls.dry(until)
 	if b := ls.cur.Load(); b != nil {
 		b.left.Store(0)
 	}
@@ -373,6 +381,9 @@ func (l *Limiter) refill(ctx context.Context, st *keyState, prev *leaseBatch, he
 	}
 	if !d.Granted {
 		restore()
+		if d.Delay > 0 {
+			ls.dry(addSat(t1, d.Delay))
+		}
 		return Decision{Delay: d.Delay, Limit: d.Limit, Remaining: max(d.Remaining, 0), Reset: d.Reset}, false, src, nil
 	}
 	life, periodic := l.leasing.ttl, false
@@ -389,7 +400,7 @@ func (l *Limiter) refill(ctx context.Context, st *keyState, prev *leaseBatch, he
 	ls.limit = d.Limit
 	ls.noLease = life == 0
 	extra := int64(0)
-	if life == 0 || ls.pausedUntil.Load() > t1 {
+	if life == 0 || ls.dryUntil.Load() > t1 {
 		// Nothing may be leased, or paused meanwhile: the caller keeps its
 		// own permits, the rest goes back.
 		extra = b.left.Swap(0)

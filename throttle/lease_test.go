@@ -673,3 +673,40 @@ func (b *deadlineOf) Take(ctx context.Context, _ string, _ int64, _ time.Duratio
 	b.left.Store(int64(left))
 	return Decision{Granted: true, Limit: 10, Reset: time.Second}, nil
 }
+
+// TestLeasingRefusalReachesTheCallersWaitingOnTheRefill: callers that
+// waited on a refill the bucket refused are refused from memory until the
+// time it named, not each with a store call of its own.
+func TestLeasingRefusalReachesTheCallersWaitingOnTheRefill(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	inner := &counting{Bucket: newWindowBucket(clock, 10, time.Second)}
+	lim := leasedLimiter(t, inner, clock, Leasing{})
+	ctx := context.Background()
+	for range 10 { // the window's permits
+		require.NoError(t, lim.Acquire(ctx, 0))
+	}
+	calls := inner.calls.Load()
+	inner.gate, inner.entered = make(chan struct{}), make(chan struct{})
+	refiller := make(chan error, 1)
+	go func() { refiller <- lim.Acquire(ctx, 500*time.Millisecond) }()
+	<-inner.entered // the refill is at the bucket
+	const callers = 16
+	errs := make(chan error, callers)
+	for range callers {
+		cctx := &doneCalled{Context: ctx, called: make(chan struct{})}
+		go func() { errs <- lim.Acquire(cctx, 500*time.Millisecond) }()
+		<-cctx.called // waiting: on the refill, or at the gate
+	}
+	inner.gate <- struct{}{} // refused: the window is spent until 1 s
+	go func() {              // any further call goes through, to be counted
+		for range inner.entered {
+			inner.gate <- struct{}{}
+		}
+	}()
+	defer close(inner.entered)
+	require.ErrorIs(t, <-refiller, ErrTimeout)
+	for range callers {
+		require.ErrorIs(t, <-errs, ErrTimeout)
+	}
+	assert.Equal(t, calls+1, inner.calls.Load(), "one refill, which the bucket refused")
+}
