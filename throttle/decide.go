@@ -184,14 +184,18 @@ func (st *keyState) reserveRecovery(n, want, now int64, probe bool) (refusal Dec
 // d granted nothing.
 func (l *Limiter) afterShared(ctx context.Context, st *keyState, d Decision, took, debt, reserved, asked int64, left time.Duration, noWait bool, sent int64) {
 	now := l.tb.now()
-	st.mu.Lock()
 	if d.Reset > 0 {
-		st.ledger.note(addSat(now, d.Reset), d.Remaining, l.interval/2)
+		end, tol := addSat(now, d.Reset), l.interval/2
+		if !st.ledger.note(end, d.Remaining, tol) {
+			st.mu.Lock()
+			st.ledger.start(end, d.Remaining, tol)
+			st.mu.Unlock()
+		}
 	}
 	if !st.faulted.Load() {
-		st.mu.Unlock()
 		return
 	}
+	st.mu.Lock()
 	if reserved != 0 && !d.Granted && st.recovery != nil {
 		st.recovery.unreserve(asked, reserved)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -54,21 +55,52 @@ import (
 // interval apart (periods are at least an interval apart); the later end
 // is kept. A decision of an earlier period that arrives late changes
 // nothing.
+//
+// Decisions of the period running are noted without a lock (note); only
+// a decision that begins a later period takes the key's lock (start), as
+// do the readers. A note racing with a start can only lower the new
+// period's figure: conservative.
 type periodBound struct {
-	end       int64 // on the Limiter's time base; 0: no period known
-	remaining int64 // the fewest left; an unknown Remaining counts as 0
+	end       atomic.Int64 // on the Limiter's time base; 0: no period known
+	remaining atomic.Int64 // the fewest left; an unknown Remaining counts as 0
 }
 
 // note records a shared decision that reported remaining permits left in
-// a period ending at end; tol is half the bucket's interval.
-func (p *periodBound) note(end, remaining, tol int64) {
+// a period ending at end; tol is half the bucket's interval. It returns
+// false when the decision begins a later period: the caller then calls
+// start, holding the key's lock.
+func (p *periodBound) note(end, remaining, tol int64) bool {
 	remaining = max(remaining, 0)
+	cur := p.end.Load()
 	switch {
-	case p.end == 0 || end > p.end+tol: // a new period
-		p.end, p.remaining = end, remaining
-	case end >= p.end-tol: // the same period
-		p.end, p.remaining = max(p.end, end), min(p.remaining, remaining)
+	case cur == 0 || end > cur+tol:
+		return false
+	case end < cur-tol:
+		return true // a late answer of an earlier period
 	}
+	for {
+		r := p.remaining.Load()
+		if remaining >= r || p.remaining.CompareAndSwap(r, remaining) {
+			break
+		}
+	}
+	for {
+		e := p.end.Load()
+		if end <= e || p.end.CompareAndSwap(e, end) {
+			return true
+		}
+	}
+}
+
+// start begins the later period a decision noted (see note). The caller
+// holds the key's lock.
+func (p *periodBound) start(end, remaining, tol int64) {
+	if cur := p.end.Load(); cur != 0 && end <= cur+tol {
+		p.note(end, remaining, tol) // begun meanwhile
+		return
+	}
+	p.remaining.Store(max(remaining, 0))
+	p.end.Store(end)
 }
 
 // localShare is one key's pace while the store is down, and what it
@@ -194,13 +226,13 @@ func (l *Limiter) localTake(st *keyState, n int64) (d Decision, why string, err 
 	k := st.local
 	if k == nil || k.share != share || k.interval != iv || k.outage != down {
 		nk := &localShare{emission: ceilDiv(iv, share), share: share, interval: iv, tat: max(addSat(down, interval), now), winStart: now, outage: down}
-		if p := st.ledger; p.end > down {
+		if end := st.ledger.end.Load(); end > down {
 			// The period of the ledger was still running when the store
 			// failed: this instance's share of the fewest permits it was
 			// reported to have left, before its end. (Otherwise that
 			// period's grants are unknown: nothing until any period
 			// begun before the failure has ended.)
-			nk.tat, nk.until, nk.budget = now, p.end, p.remaining/inst
+			nk.tat, nk.until, nk.budget = now, end, st.ledger.remaining.Load()/inst
 		}
 		if k != nil {
 			if k.outage == down { // the share changed during the outage: keep the pace

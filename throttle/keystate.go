@@ -61,8 +61,10 @@ type keyState struct {
 
 	lease lease
 
-	mu       sync.Mutex
+	// ledger is noted without mu for the period running (see
+	// periodBound); what follows is under mu.
 	ledger   periodBound
+	mu       sync.Mutex
 	local    *localShare  // FailLocal's pace and debt during and after an outage
 	recovery *recoveryCap // the first shared period after an outage
 	mem      *memAdaptive // the adaptive state, when the bucket keeps none

@@ -135,10 +135,12 @@ func TestPeriodBoundKeepsTheFewestLeft(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var p periodBound
 			for _, n := range tc.notes {
-				p.note(n[0], n[1], tol)
+				if !p.note(n[0], n[1], tol) {
+					p.start(n[0], n[1], tol)
+				}
 			}
-			assert.Equal(t, tc.end, p.end)
-			assert.Equal(t, tc.left, p.remaining)
+			assert.Equal(t, tc.end, p.end.Load())
+			assert.Equal(t, tc.left, p.remaining.Load())
 		})
 	}
 }
