@@ -243,3 +243,49 @@ func TestFirstBackCapBoundsTheLeaseRefill(t *testing.T) {
 	share := int64(400 / 4)
 	assert.LessOrEqual(t, f.grantedIn(w)-before, share, "taken from the store in the first period back, debts included (handed %d)", handed)
 }
+
+// hungStore fails while down, hangs until its call's context ends while
+// hung, and grants otherwise.
+type hungStore struct {
+	down, hung atomic.Bool
+	calls      atomic.Int64
+}
+
+func (s *hungStore) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (Decision, error) {
+	s.calls.Add(1)
+	if s.hung.Load() {
+		<-ctx.Done()
+		return Decision{}, &BackendError{Op: "take", Err: ctx.Err()}
+	}
+	if s.down.Load() {
+		return Decision{}, &BackendError{Op: "take", Err: errors.New("connection refused")}
+	}
+	return Decision{Granted: true, Limit: 1000, Remaining: 900, Reset: time.Second}, nil
+}
+
+func (s *hungStore) Fallback() (int64, time.Duration, int64) { return 1000, time.Second, 1 }
+
+// TestLeasingDecidesByThePolicyWhileARefillProbes: with the store down,
+// while one caller's refill probes it (and hangs), the others decide by
+// the failure policy at once instead of waiting on that refill: FailLocal
+// grants them locally. (They used to wait for the probe, which held every
+// caller of the key through an outage.)
+func TestLeasingDecidesByThePolicyWhileARefillProbes(t *testing.T) {
+	s := &hungStore{}
+	lim := New(s, WithLeasing(Leasing{}))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0))
+	s.down.Store(true)
+	require.NoError(t, lim.Acquire(ctx, 0), "the outage begins: a local grant from what the period had left")
+	s.down.Store(false)
+	s.hung.Store(true)
+	probe := make(chan error, 1)
+	go func() { probe <- lim.Acquire(ctx, 2*time.Second) }() // its store call hangs until its wait ends
+	require.Eventually(t, func() bool { return s.calls.Load() == 3 }, 10*time.Second, time.Millisecond, "the probe is at the store")
+	for range 20 {
+		require.NoError(t, lim.Acquire(ctx, time.Second), "a local grant while the probe hangs")
+	}
+	assert.Equal(t, int64(3), s.calls.Load(), "only the probe asked the store")
+	require.NoError(t, <-probe, "when its wait ends, the probe too is granted locally")
+}

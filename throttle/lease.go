@@ -261,6 +261,12 @@ func (l *Limiter) leased(ctx context.Context, st *keyState, n int64, left time.D
 		}
 		if f := ls.fill; f != nil {
 			st.mu.Unlock()
+			if !l.caps.immediate && l.outage.since.Load() != 0 {
+				// The store fails, and this refill is probing it: decide
+				// by the failure policy rather than wait for the probe.
+				d, err := l.degrade(st, n, l.outage.err(), false)
+				return d, fromPolicy, err
+			}
 			if err := l.waitFill(ctx, st.key, f, wait, noWait); err != nil {
 				return Decision{}, fromStore, err
 			}
