@@ -252,6 +252,12 @@ func run(ctx context.Context, cfg config, w io.Writer) (report, error) {
 	cb := &counted{inner: b}
 	lim := throttle.New(cb)
 	defer func() { _ = lim.Close() }()
+	// As a service's readiness probe would: the store answers, and the
+	// Limiter knows this instance's share before the first take (else an
+	// outage before any take fails closed, FailLocal not knowing it).
+	if err := lim.Check(ctx); err != nil {
+		return report{}, err
+	}
 	keys := make([]string, cfg.Keys)
 	for i := range keys {
 		keys[i] = "tenant-" + strconv.Itoa(i)
