@@ -14,7 +14,9 @@
 // last third of the samples with the mean of the first third and exits 1 if
 // any figure grew beyond its threshold:
 //
-//	heap and used_memory: +25 % and +2 MiB
+//	heap and used_memory: +25 % and +2 MiB (with -churn: the heap's last
+//	                      third against its middle one, after the ramp;
+//	                      Redis's figures follow the churn's rate, unchecked)
 //	DBSIZE:               +25 % and +100 keys
 //	goroutines:           +10 + workers/4 (helpers of in-flight refills)
 //

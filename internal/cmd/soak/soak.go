@@ -160,6 +160,16 @@ func (r report) thirds(f func(sample) float64) (first, last float64, ok bool) {
 	return mean(r.Samples[:n]), mean(r.Samples[len(r.Samples)-n:]), true
 }
 
+// middle returns the mean of the middle third of the samples of f.
+func (r report) middle(f func(sample) float64) float64 {
+	n := len(r.Samples) / 3
+	var sum float64
+	for _, x := range r.Samples[n : len(r.Samples)-n] {
+		sum += f(x)
+	}
+	return sum / float64(max(len(r.Samples)-2*n, 1))
+}
+
 // Failures names every figure that grew beyond its threshold, and Acquire
 // errors.
 func (r report) Failures() []string {
@@ -170,8 +180,13 @@ func (r report) Failures() []string {
 	if len(r.Samples) < 3 {
 		return append(out, fmt.Sprintf("%d samples: too few to compare thirds (run longer than 3 × -sample)", len(r.Samples)))
 	}
-	check := func(name string, f func(sample) float64, factor, slack float64) {
+	// check compares the last third of the samples with the first (from
+	// 0) or the middle (from 1) one.
+	check := func(name string, f func(sample) float64, factor, slack float64, from int) {
 		first, last, _ := r.thirds(f)
+		if from == 1 {
+			first = r.middle(f)
+		}
 		if name == "redis DBSIZE" && r.Keys > 0 && last <= float64(maxKeysPerKey*r.Keys+1) {
 			// Within what the keys in use can hold (a short soak's first
 			// third may be its warm-up, before every key was used): no
@@ -182,15 +197,22 @@ func (r report) Failures() []string {
 			out = append(out, fmt.Sprintf("%s grew: last third %.0f > first third %.0f × %.2f + %.0f", name, last, first, factor, slack))
 		}
 	}
-	check("heap", func(s sample) float64 { return float64(s.Heap) }, growthFactor, heapSlack)
+	if r.Churn {
+		// Churning keys first fill the Limiter up to the keys of its idle
+		// window (the first third is that ramp); after it, memory must not
+		// grow: the last third against the middle one.
+		check("heap", func(s sample) float64 { return float64(s.Heap) }, growthFactor, heapSlack, 1)
+	} else {
+		check("heap", func(s sample) float64 { return float64(s.Heap) }, growthFactor, heapSlack, 0)
+	}
 	if !r.Churn {
 		// (Churning keys leave Redis keys that live a while past their
 		// last use: a token bucket's period limit, a minute; an adaptive
 		// state, ten. Redis then follows the churn's rate, not a leak.)
-		check("redis used_memory", func(s sample) float64 { return float64(s.RedisMem) }, growthFactor, redisMemSlack)
-		check("redis DBSIZE", func(s sample) float64 { return float64(s.DBSize) }, growthFactor, dbSizeSlack)
+		check("redis used_memory", func(s sample) float64 { return float64(s.RedisMem) }, growthFactor, redisMemSlack, 0)
+		check("redis DBSIZE", func(s sample) float64 { return float64(s.DBSize) }, growthFactor, dbSizeSlack, 0)
 	}
-	check("goroutines", func(s sample) float64 { return float64(s.Goroutines) }, 1, goroutineSlack(r.Workers))
+	check("goroutines", func(s sample) float64 { return float64(s.Goroutines) }, 1, goroutineSlack(r.Workers), 0)
 	if r.EndGoroutine > r.BaselineGoroutines+leakSlack {
 		out = append(out, fmt.Sprintf("goroutines leaked: %d %v after the load, %d before it", r.EndGoroutine, settleTime, r.BaselineGoroutines))
 	}
