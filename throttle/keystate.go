@@ -101,11 +101,12 @@ const stateShards = 64
 // holds that one itself, never forgotten: its hot path takes no lock).
 //
 // Forgetting: a state unused for idle (the bucket's interval, at least a
-// second and at most ten minutes) that holds nothing (keyState.holds) is removed when
-// its shard is swept: on the call path, when the shard has doubled since
-// its last sweep or idle has passed since it, and each call sweeps one
-// more shard in turn on the same terms. No goroutine. Memory
-// follows the keys used within idle, plus those that still hold something.
+// second and at most ten minutes) that holds nothing (keyState.holds) is
+// removed when its shard is swept: on the call path, when the shard has
+// doubled since its last sweep or idle has passed since it, and each call
+// sweeps one more shard in turn on the same terms. No goroutine. Memory
+// follows the keys used within idle, plus those that still hold something;
+// a shard's map is made anew once it holds under a quarter of its peak.
 //
 // A state in use is never removed: refs is raised under the shard's lock
 // (acquire) and the sweep removes a state only under that lock with refs
@@ -126,6 +127,7 @@ type stateShard struct {
 	mu    sync.Mutex
 	m     map[string]*keyState
 	grow  int          // sweep when len(m) reaches it
+	peak  int          // the most states m has held since it was made
 	swept atomic.Int64 // when last swept
 }
 
@@ -154,6 +156,7 @@ func (s *keyStates) acquire(key string, now int64) *keyState {
 		st = &keyState{key: key}
 		s.init(st)
 		sh.m[key] = st
+		sh.peak = max(sh.peak, len(sh.m))
 	}
 	st.refs.Add(1)
 	st.used.Store(now)
@@ -178,6 +181,15 @@ func (s *keyStates) sweep(sh *stateShard, now int64) {
 		if st.refs.Load() == 0 && now-st.used.Load() >= s.idle && !st.holds(now, base, s.tb.wall(now)) {
 			delete(sh.m, k)
 		}
+	}
+	if sh.peak > 256 && len(sh.m) < sh.peak/4 {
+		// A map keeps the room of its largest size: after a crowd of keys
+		// (a spike, an outage) has gone, move the few left to a new one.
+		m := make(map[string]*keyState, len(sh.m))
+		for k, st := range sh.m {
+			m[k] = st
+		}
+		sh.m, sh.peak = m, len(m)
 	}
 	sh.grow = max(64, 2*len(sh.m))
 	sh.swept.Store(now)

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -288,4 +289,38 @@ func TestLeasingDecidesByThePolicyWhileARefillProbes(t *testing.T) {
 	}
 	assert.Equal(t, int64(3), s.calls.Load(), "only the probe asked the store")
 	require.NoError(t, <-probe, "when its wait ends, the probe too is granted locally")
+}
+
+// TestACrowdOfKeysGoneLeavesNoLargeMaps: 20,000 keys used once, then only
+// one key for longer than the idle window. A Go map keeps the room of its
+// largest size, so each shard's map must be a new one, sized for the few
+// states left, not the one that held the crowd.
+func TestACrowdOfKeysGoneLeavesNoLargeMaps(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	lim := New(loc, WithClock(clock))
+	ctx := context.Background()
+	for i := range 20000 {
+		require.NoError(t, lim.Key(strconv.Itoa(i)).Acquire(ctx, 0))
+	}
+	var crowd [stateShards]uintptr
+	for i := range lim.states.shards {
+		sh := &lim.states.shards[i]
+		sh.mu.Lock()
+		crowd[i] = reflect.ValueOf(sh.m).Pointer()
+		require.Greater(t, len(sh.m), 256, "shard %d's share of the crowd", i)
+		sh.mu.Unlock()
+	}
+	for range 2 * stateShards { // one key sweeps every shard, twice over
+		clock.Advance(time.Minute)
+		require.NoError(t, lim.Key("other").Acquire(ctx, 0))
+	}
+	for i := range lim.states.shards {
+		sh := &lim.states.shards[i]
+		sh.mu.Lock()
+		assert.NotEqual(t, crowd[i], reflect.ValueOf(sh.m).Pointer(), "shard %d still holds the crowd's map", i)
+		assert.LessOrEqual(t, len(sh.m), 1, "shard %d's states", i)
+		sh.mu.Unlock()
+	}
 }
