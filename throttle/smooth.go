@@ -237,13 +237,15 @@ func (s *Smooth) shard(key string) *localShard {
 	return &s.shards[maphash.String(s.seed, key)%localShards]
 }
 
-// Refund implements [Refunder]: the n slots are given back and the permits
-// refunded to the inner bucket, if it takes them back.
+// Refund implements [Refunder]: the permits are refunded to the inner
+// bucket, if it takes them back. Their slots stay used: Refund does not
+// say which slots come back, and moving the pace back would free the
+// slots of permits granted since (late refunds of old permits would let
+// several permits through at once).
 func (s *Smooth) Refund(ctx context.Context, key string, n int64) error {
 	if n < 1 {
 		return nil
 	}
-	s.unpace(key, n, s.now())
 	if s.refunder != nil {
 		return s.refunder.Refund(ctx, key, n)
 	}

@@ -206,6 +206,17 @@ func (s *suite) wait(d time.Duration) {
 	time.Sleep(d)
 }
 
+// clockStep is how far a pause may end before the suite's reckoning of
+// it: nothing on a fake clock; in real time a millisecond, for stores
+// whose clock counts whole milliseconds (a Redis server starts a pause
+// at the millisecond its clock reads, up to 1 ms before the call).
+func (s *suite) clockStep() time.Duration {
+	if s.real() {
+		return time.Millisecond
+	}
+	return 0
+}
+
 // transient is the longest refusal the suite follows where the contract
 // expects a grant, in real time: a bucket may ask a caller to come back
 // shortly while something it needs is under way (a refill, a reset a
