@@ -78,13 +78,19 @@ func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest
 	})
 	gcra.Limit, gcra.Interval, gcra.Burst, gcra.Guarantee = 10, ms100, 4, buckettest.Rate
 
+	// A burst above the limit: Remaining must still not exceed Limit.
+	gcraBurst := spec(func(rdb redis.UniversalClient, key string) (throttle.Bucket, error) {
+		return NewGCRA(rdb, key, 10, ms100, WithBurst(15))
+	})
+	gcraBurst.Limit, gcraBurst.Interval, gcraBurst.Burst, gcraBurst.Guarantee = 10, ms100, 15, buckettest.Rate
+
 	ti := spec(func(rdb redis.UniversalClient, key string) (throttle.Bucket, error) {
 		return NewTiers(rdb, key, tiers)
 	})
 	ti.Limit, ti.Interval, ti.Guarantee, ti.Also = 10, ms100, buckettest.AlignedWindow, also(buckettest.AlignedWindow)
 
 	return map[string]buckettest.Spec{
-		"TokenBucket": tb, "FixedWindow": fw, "Counter": ctr, "SlidingLog": sl, "GCRA": gcra, "Tiers": ti,
+		"TokenBucket": tb, "FixedWindow": fw, "Counter": ctr, "SlidingLog": sl, "GCRA": gcra, "GCRA burst above limit": gcraBurst, "Tiers": ti,
 	}
 }
 
