@@ -18,12 +18,12 @@ import (
 var conformanceKeys atomic.Int64
 
 // conformanceSpecs returns a Spec for each bucket of the package, built
-// on clients from client (each call a new client: two values of a pair
-// talk to Redis as two instances would). Intervals are short: the
-// suite's real-time checks wait a few of them.
+// on two clients from client: the two values of a pair talk to Redis as
+// two instances would. Intervals are short: the suite's real-time checks
+// wait a few of them.
 func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest.Spec {
 	const ms100, ms200, ms300 = 100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond
-	shared := client()
+	shared, other := client(), client()
 	// spec fills in what every bucket of the package shares, from build,
 	// which makes one value under a bucket key on a client.
 	spec := func(build func(rdb redis.UniversalClient, key string) (throttle.Bucket, error)) buckettest.Spec {
@@ -41,7 +41,7 @@ func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest
 			},
 			NewPair: func(t *testing.T) (throttle.Bucket, throttle.Bucket) {
 				key := fmt.Sprintf("conf-%d", conformanceKeys.Add(1))
-				return mk(t, shared, key), mk(t, client(), key)
+				return mk(t, shared, key), mk(t, other, key)
 			},
 			MaxKeyLen: MaxKeyLen,
 			Remote:    true,
@@ -63,7 +63,7 @@ func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest
 	fw.Limit, fw.Interval, fw.Guarantee = 10, ms100, buckettest.AlignedWindow
 
 	ctr := spec(func(rdb redis.UniversalClient, key string) (throttle.Bucket, error) {
-		return NewCounter(rdb, key, 10, ms200, WithLeaderLease(300*time.Millisecond))
+		return NewCounter(rdb, key, 10, ms200)
 	})
 	ctr.Limit, ctr.Interval, ctr.Guarantee = 10, ms200, buckettest.PerReset
 	ctr.PrepareKey = runResetter
@@ -94,12 +94,19 @@ func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest
 	}
 }
 
-// runResetter is a Counter's Spec.PrepareKey: it runs a Resetter for key
-// until the test ends, and returns once it has reset the counter once
-// (a Counter grants nothing before).
+// runResetter is a Counter's Spec.PrepareKey: it resets key's counter
+// once (a Counter grants nothing before its first reset), and runs a
+// Resetter for it until the test ends.
 func runResetter(t *testing.T, b throttle.Bucket, key string) {
 	t.Helper()
 	c := b.(*Counter)
+	tag, err := c.ks.tag(c.name, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := scriptCounterReset.Run(context.Background(), c.rdb, []string{tag + ":ctr"}, c.periodMs).Err(); err != nil {
+		t.Fatalf("first reset of key %q: %v", key, err)
+	}
 	r, err := c.NewResetter(key)
 	if err != nil {
 		t.Fatal(err)
@@ -114,20 +121,6 @@ func runResetter(t *testing.T, b throttle.Bucket, key string) {
 		cancel()
 		<-done
 	})
-	tag, err := c.ks.tag(c.name, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		n, err := c.rdb.Exists(ctx, tag+":ctr").Result()
-		if err == nil && n == 1 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Resetter of key %q did not reset the counter within 10s (%d, %v)", key, n, err)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // TestConformance runs the conformance suite of package

@@ -64,6 +64,19 @@ func TestCorrectBucketPasses(t *testing.T) {
 	buckettest.Run(t, refSpec(correct, false))
 }
 
+// TestExampleWindowConforms runs the suite on the package example's
+// bucket, exactly as the example shows.
+func TestExampleWindowConforms(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	buckettest.Run(t, buckettest.Spec{
+		New:       func(*testing.T) throttle.Bucket { return newWindow(clock, 10, time.Second) },
+		Limit:     10,
+		Interval:  time.Second,
+		Guarantee: buckettest.AlignedWindow,
+		Clock:     clock,
+	})
+}
+
 // TestSuiteCatchesBrokenBuckets runs the suite on a reference bucket with
 // one bug at a time and checks that the checks meant to catch each bug
 // fail, and that nothing fails for the correct one, on a fake clock or in
@@ -106,6 +119,11 @@ func TestSuiteCatchesBrokenBuckets(t *testing.T) {
 		"ignoresCtx":       {contextEnds},
 		"fastRate":         {guaranteed},
 		"fastRateRealTime": {guaranteed},
+		"rootRacy":         {concurrent},
+		"sweepsLive":       {keys},
+		"unlimitedBraces":  {keys},
+		"shortTTL":         {guaranteed},
+		"pauseRefills":     {guaranteed},
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSuiteCatchesBrokenBuckets$", "-test.count=1")
 	cmd.Env = append(os.Environ(), brokenEnv+"=1")

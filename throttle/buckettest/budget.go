@@ -141,7 +141,8 @@ func (b *budget) violation(rule, format string, args ...any) {
 //     nor above Limit;
 //   - on a key neither paused nor asked for reservations: a refusal of n
 //     does not claim n or more permits remain, and neither a refusal's
-//     Delay nor Reset is beyond the time a key takes to be full again;
+//     Delay nor Reset is more than twice the longest a key takes to be
+//     full again;
 //   - Limit is 0 or one of the limits the Spec states.
 func (b *budget) checkDecision(key string, n int64, maxWait time.Duration, d throttle.Decision) {
 	s := b.s
@@ -168,13 +169,15 @@ func (b *budget) checkDecision(key string, n int64, maxWait time.Duration, d thr
 	if !d.Granted && d.Remaining >= n {
 		b.violation("refused with enough remaining", "Take(%q, n=%d) refused while Remaining = %d says enough is left", key, n, d.Remaining)
 	}
-	// A millisecond of slack for stores that count in whole milliseconds.
-	far := s.horizon + time.Millisecond
+	// Twice the horizon: a bucket may lengthen a period a little (a
+	// token bucket keeping its phase after a slow reply); this rule is
+	// for delays out of all proportion.
+	far := 2 * s.horizon
 	if !d.Granted && d.Delay > far {
-		b.violation("refusal delay beyond the horizon", "Take(%q, n=%d) refused with Delay %v, longer than any key takes to be full again (%v)", key, n, d.Delay, s.horizon)
+		b.violation("refusal delay beyond the horizon", "Take(%q, n=%d) refused with Delay %v, more than twice the longest a key takes to be full again (%v)", key, n, d.Delay, s.horizon)
 	}
 	if d.Reset > far {
-		b.violation("reset beyond the horizon", "Take(%q, n=%d) = %+v: Reset longer than any key takes to be full again (%v)", key, n, d, s.horizon)
+		b.violation("reset beyond the horizon", "Take(%q, n=%d) = %+v: Reset more than twice the longest a key takes to be full again (%v)", key, n, d, s.horizon)
 	}
 }
 

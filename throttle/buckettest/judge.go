@@ -67,6 +67,7 @@ func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) {
 	// checked only if no permit can have been decided more than the
 	// tolerance before it (one set aside may have).
 	anchored := len(times) > 0 && !first.Before(times[0].Add(-tol))
+	t.Logf("%s: %d permits over %v, timed with a tolerance of %v", what, len(ps), last.Sub(first), tol)
 	if aside > 0 {
 		t.Logf("%s: %d of %d permits set aside from the timed check: their Take took more than %v", what, aside, len(ps), slow)
 	}

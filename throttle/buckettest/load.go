@@ -17,6 +17,7 @@ type load struct {
 	weighted   bool // n from 1 to Burst; otherwise 1
 	reserve    bool // some takes accept a reservation (maxWait > 0)
 	refund     bool // refund some granted permits unused (a Refunder)
+	pause      bool // pause the key for a while, a third of the way through (a Pauser)
 }
 
 // seeded returns a generator whose sequence depends on the test's name
@@ -106,11 +107,18 @@ func (b *budget) do(i int, key string, a ask, r *recorder) (throttle.Decision, b
 // goroutines make one to three takes each at the same frozen instant;
 // then the clock moves on, half the time to the earliest moment a refusal
 // named (as Limiters would wake), otherwise by a random step of up to
-// half an interval.
+// half an interval, and now and then by up to twice the time a key takes
+// to be full again (an idle key). With l.pause, a third of the way
+// through the key is paused for a quarter of an interval.
 func (b *budget) fakeRounds(key string, rounds int, l load) []permit {
 	s, r := b.s, &recorder{}
 	rng := seeded(b.t, 0)
-	for range rounds {
+	for round := range rounds {
+		if l.pause && round == rounds/3 {
+			if err := b.pause(0, key, s.Interval/4); err != nil {
+				b.t.Errorf("Pause(%q) under load = %v", key, err)
+			}
+		}
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for g := range l.goroutines {
@@ -133,7 +141,10 @@ func (b *budget) fakeRounds(key string, rounds int, l load) []permit {
 		close(start)
 		wg.Wait()
 		step := time.Duration(rng.Int64N(int64(s.Interval/2) + 1))
-		if rng.IntN(2) == 0 && r.minDelay > 0 {
+		switch {
+		case rng.IntN(10) == 0:
+			step = time.Duration(rng.Int64N(int64(2*s.horizon) + 1))
+		case rng.IntN(2) == 0 && r.minDelay > 0:
 			step = r.minDelay
 		}
 		s.wait(step)
@@ -143,12 +154,27 @@ func (b *budget) fakeRounds(key string, rounds int, l load) []permit {
 
 // realRun drives key in real time for d: each of l.goroutines goroutines
 // takes, and sleeps what a refusal names (as a Limiter would) or the
-// Delay of a reservation, until d has passed.
+// Delay of a reservation, until d has passed. With l.pause, a third of
+// the way through the key is paused for a quarter of an interval.
 func (b *budget) realRun(key string, d time.Duration, l load) []permit {
+	b.warm(l.goroutines)
 	r := &recorder{}
 	end := time.Now().Add(d)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
+	if l.pause {
+		b.markPaused(key)
+		p := b.value(0).(throttle.Pauser)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			time.Sleep(d / 3)
+			if err := p.Pause(context.Background(), key, b.s.Interval/4); err != nil {
+				b.t.Errorf("Pause(%q) under load = %v", key, err)
+			}
+		}()
+	}
 	for g := range l.goroutines {
 		rng := seeded(b.t, g)
 		wg.Add(1)
@@ -189,4 +215,28 @@ func (s *suite) onePermitOnly() bool {
 		}
 	}
 	return false
+}
+
+// warmKey is the key the suite warms a bucket's connections on; nothing
+// it is granted is judged.
+const warmKey = "buckettest-warm-up"
+
+// warm makes, in real time, n concurrent takes through each value of the
+// budget on warmKey, so that the takes of a timed run that follows do not
+// pay for opening connections or loading scripts (which can take tens of
+// milliseconds under -race, and would leave their grants too uncertain
+// in time to judge). Errors and refusals are ignored.
+func (b *budget) warm(n int) {
+	if !b.s.real() {
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range n * len(b.values) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = b.value(i).Take(context.Background(), warmKey, 1, 0)
+		}()
+	}
+	wg.Wait()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,22 +17,27 @@ import (
 type bug int
 
 const (
-	correct        bug = iota
-	overAdmit          // grants one permit beyond the burst
-	zeroDelay          // refuses with Delay 0
-	shortDelay         // refuses with half the Delay needed
-	partialCharge      // a refused take spends what is left
-	sharedKeys         // every key shares one budget
-	truncatedKeys      // keys are told apart by their first 64 bytes only
-	noExceeds          // n above the burst is refused with a Delay
-	acceptsZero        // n < 1 is granted
-	remainingOff       // Remaining is one too many
-	pauseShortens      // a shorter pause replaces a longer one
-	pauseOverflows     // a pause is not clamped: a long one overflows into none
-	refundNaive        // a refund moves the state back, whichever permits it returns
-	racy               // check and update are not atomic
-	ignoresCtx         // a Take whose context ended is decided anyway
-	fastRate           // refills 30 % faster than stated
+	correct         bug = iota
+	overAdmit           // grants one permit beyond the burst
+	zeroDelay           // refuses with Delay 0
+	shortDelay          // refuses with half the Delay needed
+	partialCharge       // a refused take spends what is left
+	sharedKeys          // every key shares one budget
+	truncatedKeys       // keys are told apart by their first 64 bytes only
+	noExceeds           // n above the burst is refused with a Delay
+	acceptsZero         // n < 1 is granted
+	remainingOff        // Remaining is one too many
+	pauseShortens       // a shorter pause replaces a longer one
+	pauseOverflows      // a pause is not clamped: a long one overflows into none
+	refundNaive         // a refund moves the state back, whichever permits it returns
+	racy                // check and update are not atomic
+	ignoresCtx          // a Take whose context ended is decided anyway
+	fastRate            // refills 30 % faster than stated
+	rootRacy            // racy for the bucket's own key "" only
+	sweepsLive          // with more than 1000 keys, forgets them all, spent or not
+	unlimitedBraces     // a key holding '{' is never limited
+	shortTTL            // forgets a key idle for one emission interval, full or not
+	pauseRefills        // a pause leaves the key full when it ends
 )
 
 var bugNames = map[bug]string{
@@ -40,6 +46,8 @@ var bugNames = map[bug]string{
 	noExceeds: "noExceeds", acceptsZero: "acceptsZero", remainingOff: "remainingOff",
 	pauseShortens: "pauseShortens", pauseOverflows: "pauseOverflows", refundNaive: "refundNaive",
 	racy: "racy", ignoresCtx: "ignoresCtx", fastRate: "fastRate",
+	rootRacy: "rootRacy", sweepsLive: "sweepsLive", unlimitedBraces: "unlimitedBraces",
+	shortTTL: "shortTTL", pauseRefills: "pauseRefills",
 }
 
 func (b bug) String() string { return bugNames[b] }
@@ -58,6 +66,7 @@ type ref struct {
 	mu     sync.Mutex
 	tats   map[string]int64 // key → theoretical arrival time, ns on clock
 	pauses map[string]int64 // key → end of its pause, ns on clock
+	seen   map[string]int64 // shortTTL: key → its last take, ns on clock
 	racyMu sync.Mutex       // racy: guards the maps only, not the decision
 }
 
@@ -66,7 +75,7 @@ func newRef(clock clockwork.Clock, limit, burst int64, interval time.Duration, b
 	if b == fastRate {
 		em = em * 10 / 13
 	}
-	return &ref{bug: b, clock: clock, limit: limit, burst: burst, emission: em, tats: map[string]int64{}, pauses: map[string]int64{}}
+	return &ref{bug: b, clock: clock, limit: limit, burst: burst, emission: em, tats: map[string]int64{}, pauses: map[string]int64{}, seen: map[string]int64{}}
 }
 
 func (r *ref) now() int64 { return r.clock.Now().UnixNano() }
@@ -97,7 +106,10 @@ func (r *ref) Take(ctx context.Context, key string, n int64, maxWait time.Durati
 	}
 	n = min(n, 1<<20) // noExceeds: keep the arithmetic finite
 	id := r.id(key)
-	if r.bug == racy {
+	if r.bug == unlimitedBraces && strings.Contains(key, "{") {
+		return throttle.Decision{Granted: true, Limit: r.limit, Remaining: r.limit}, nil
+	}
+	if r.bug == racy || r.bug == rootRacy && key == "" {
 		// The decision reads and writes the state in separate steps.
 		r.racyMu.Lock()
 		tat, pause := r.tats[id], r.pauses[id]
@@ -113,6 +125,15 @@ func (r *ref) Take(ctx context.Context, key string, n int64, maxWait time.Durati
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	switch {
+	case r.bug == sweepsLive && len(r.tats) > 1000:
+		clear(r.tats)
+	case r.bug == shortTTL:
+		if now := r.now(); now-r.seen[id] > int64(r.emission) {
+			delete(r.tats, id)
+		}
+		r.seen[id] = r.now()
+	}
 	d, next := r.decide(r.tats[id], r.pauses[id], n, maxWait)
 	if d.Granted || r.bug == partialCharge && n > 1 {
 		r.tats[id] = next
@@ -128,7 +149,7 @@ func (r *ref) decide(tat, pause, n int64, maxWait time.Duration) (throttle.Decis
 	if r.bug == overAdmit {
 		tol += em
 	}
-	t := max(tat, now)
+	t := max(tat, now, pause) // a pause moves every slot to its end or later
 	next := t + n*em
 	wait := max(next-tol-now, pause-now)
 	remaining := min(max(0, (now+tol-t)/em), r.limit)
@@ -166,6 +187,9 @@ func (r *ref) Pause(_ context.Context, key string, d time.Duration) error {
 	until := r.now() + int64(d) // pauseOverflows: wraps negative for Forever
 	if until > r.pauses[id] || r.bug == pauseShortens {
 		r.pauses[id] = until
+	}
+	if r.bug == pauseRefills {
+		delete(r.tats, id)
 	}
 	return nil
 }
