@@ -30,8 +30,8 @@ type Spec struct {
 	Guarantee Kind
 	// Burst is the most permits one Take can be granted: a fresh key
 	// grants that many at once, and a larger n fails with
-	// throttle.ErrExceedsLimit. For the Rate guarantee it is also the
-	// burst. Default: Limit.
+	// throttle.ErrExceedsLimit (for several tiers, the smallest limit).
+	// For the Rate guarantee it is also the burst. Default: Limit.
 	Burst int64
 	// Also lists further bounds the bucket keeps besides Guarantee: the
 	// other tiers of a bucket with several windows, a pacer's tighter
@@ -44,7 +44,7 @@ type Spec struct {
 	Clock *clockwork.FakeClock
 	// MaxKeyLen is the longest key, in bytes, the bucket accepts; a longer
 	// one must be refused with an error wrapping throttle.ErrInvalid. 0: no
-	// maximum (the suite tries a key of 4 KiB).
+	// maximum (the suite tries keys of 4 KiB and 64 KiB).
 	MaxKeyLen int
 	// Remote reports that the bucket reaches its budget over a network (a
 	// Redis bucket): a Take cut off by its context must then fail with a

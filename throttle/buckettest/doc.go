@@ -3,17 +3,20 @@
 // [throttle.Limiter] relies on. Run it from a test of your bucket:
 //
 //	func TestConformance(t *testing.T) {
-//		buckettest.Run(t, buckettest.Spec{New: newBucket, Limit: 10, Interval: 100 * time.Millisecond, Guarantee: buckettest.SlidingWindow})
+//		buckettest.Run(t, buckettest.Spec{New: newBucket, Limit: 10, Interval: 100 * time.Millisecond,
+//			Guarantee: buckettest.SlidingWindow})
 //	}
 //
-// where newBucket returns a bucket whose budget nothing has taken from yet
-// (a fresh Redis key, a new in-memory value).
+// where newBucket(t) returns a bucket whose budget nothing has taken from
+// yet (a fresh Redis key, a new in-memory value), and Guarantee states the
+// bound the bucket keeps (here: at most 10 permits in any 100 ms).
 //
 // Each check is a subtest named after the behaviour it checks:
 //   - a refusal names a positive Delay, after which asking again succeeds;
 //   - n permits are granted all or nothing, and a refusal charges nothing;
-//   - keys are independent, any non-empty key up to the bucket's maximum is
-//     accepted, a longer one is refused with an error;
+//   - keys are independent and each is limited; any non-empty key up to
+//     the bucket's maximum is accepted, a longer one is refused with an
+//     error;
 //   - n above the burst fails with [throttle.ErrExceedsLimit] at once, even
 //     on a spent key, and n < 1 with [throttle.ErrInvalid];
 //   - Decision's Limit, Remaining and Reset agree with the decision;
@@ -21,7 +24,8 @@
 //     shortened, and clamps a pause above [throttle.MaxPause];
 //   - a [throttle.Refunder]'s refunds never let grants exceed the guarantee;
 //   - many goroutines taking at once get no more than the guarantee allows;
-//   - the bucket's guarantee holds over several intervals, judged by an
+//   - the bucket's guarantee holds over several intervals (with weighted
+//     takes, reservations, idle spells and a pause), judged by an
 //     independent checker on the times the suite saw grants;
 //   - a Take whose context has ended fails with the context's error.
 //
@@ -38,5 +42,7 @@
 // them, but counting them against the total allowed), follows a chain of
 // short refusals where the contract allows one, and never asserts that
 // something ends within a duration, other than a generous bound that
-// catches a hang.
+// catches a hang. So in real time a fault in timing smaller than that
+// tolerance (at most a tenth of the interval) can go unseen, such as a
+// period refilled a few percent early; on a fake clock none can.
 package buckettest
