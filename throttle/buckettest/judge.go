@@ -30,10 +30,12 @@ type permit struct{ lo, hi time.Time }
 //     judge a window by), so that one slow call on a loaded machine does
 //     not widen the tolerance for every other; it still counts in the
 //     total.
-func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) {
+//
+// It returns how many permits were set aside, for the caller to report.
+func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) (aside int) {
 	t.Helper()
 	if len(ps) == 0 {
-		return
+		return 0
 	}
 	first, last := ps[0].lo, ps[0].hi
 	for _, p := range ps {
@@ -48,7 +50,6 @@ func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) {
 		slow  = s.Interval / 10
 		times []time.Time
 		tol   time.Duration
-		aside int
 	)
 	if !s.real() {
 		slow = math.MaxInt64
@@ -67,10 +68,6 @@ func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) {
 	// checked only if no permit can have been decided more than the
 	// tolerance before it (one set aside may have).
 	anchored := len(times) > 0 && !first.Before(times[0].Add(-tol))
-	t.Logf("%s: %d permits over %v, timed with a tolerance of %v", what, len(ps), last.Sub(first), tol)
-	if aside > 0 {
-		t.Logf("%s: %d of %d permits set aside from the timed check: their Take took more than %v", what, aside, len(ps), slow)
-	}
 	for _, g := range s.guarantees {
 		if g.OnePermit && !onePermit {
 			continue
@@ -86,6 +83,14 @@ func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) {
 			t.Errorf("%s: %v is broken: %v", what, g, rep.Err())
 		}
 	}
+	return aside
+}
+
+// judgeRun is judge for one run, logging what it judged.
+func (s *suite) judgeRun(t *testing.T, what string, ps []permit, onePermit bool) {
+	t.Helper()
+	aside := s.judge(t, what, ps, onePermit)
+	t.Logf("%s: %d permits judged; %d set aside from the timed check, their Take having taken more than a tenth of the interval", what, len(ps), aside)
 }
 
 // allowed is the most permits g lets a key be granted between from and
