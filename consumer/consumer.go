@@ -420,12 +420,28 @@ func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string) error
 }
 
 // backoff is the delay before retry n (n ≥ 1): base·2^(n-1), at most max.
+// The doubling stops at max, so it never overflows.
 func (c *Consumer) backoff(n int) time.Duration {
-	d := c.cfg.backoffBase
-	for i := 1; i < n && d < c.cfg.backoffMax; i++ {
+	return doubling(c.cfg.backoffBase, c.cfg.backoffMax, n)
+}
+
+// permitBackoff is the delay before asking the limiter again after n
+// failures or timeouts in a row: like backoff, but at most maxPermitDelay,
+// so that the end of a store's outage is noticed soon.
+func (c *Consumer) permitBackoff(n int) time.Duration {
+	return doubling(min(c.cfg.backoffBase, maxPermitDelay), min(c.cfg.backoffMax, maxPermitDelay), n)
+}
+
+// doubling returns base·2^(n-1), at most max, for base ≤ max.
+func doubling(base, max time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n; i++ {
+		if d >= max/2 {
+			return max
+		}
 		d *= 2
 	}
-	return min(d, c.cfg.backoffMax)
+	return min(d, max)
 }
 
 func (c *Consumer) notePeak(n int64) { raise(&c.peakBuffered, n) }

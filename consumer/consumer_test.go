@@ -660,6 +660,7 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"no attempts", h, lim, []consumer.Option{k, consumer.WithRetry(0, 1, 1)}, "attempts"},
 		{"zero base", h, lim, []consumer.Option{k, consumer.WithRetry(1, 0, 1)}, "base"},
 		{"max below base", h, lim, []consumer.Option{k, consumer.WithRetry(1, 2, 1)}, "max"},
+		{"max beyond an hour", h, lim, []consumer.Option{k, consumer.WithRetry(100, 100*time.Millisecond, throttle.Forever)}, "max"},
 		{"empty dead letter", h, lim, []consumer.Option{k, consumer.WithDeadLetter("")}, "WithDeadLetter"},
 		{"zero handler timeout", h, lim, []consumer.Option{k, consumer.WithHandlerTimeout(0)}, "WithHandlerTimeout"},
 		{"zero queue", h, lim, []consumer.Option{k, consumer.WithQueueSize(0)}, "WithQueueSize"},

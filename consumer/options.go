@@ -28,8 +28,8 @@ type TimeoutPolicy int
 
 const (
 	// TimeoutRetry keeps the record: it backs off (the delays of
-	// [WithRetry], growing with each timeout in a row) and asks for a
-	// permit again, for as long as it takes, holding its key (see
+	// [WithRetry], growing with each timeout in a row, but at most 5 s)
+	// and asks for a permit again, for as long as it takes, holding its key (see
 	// [WithOrdering]) and its in-flight slot. The record's handler attempts
 	// are not used up. Each timeout is counted in Stats.PermitTimeouts.
 	TimeoutRetry TimeoutPolicy = iota
@@ -85,6 +85,11 @@ const (
 	defaultQueueSize     = 256
 	defaultPollSize      = 256
 	defaultMaxInFlight   = 128
+	// maxRetryDelay is the longest delay WithRetry accepts.
+	maxRetryDelay = time.Hour
+	// maxPermitDelay is the longest delay before asking the limiter again
+	// after its store failed or a permit wait timed out.
+	maxPermitDelay = 5 * time.Second
 )
 
 func newConfig(opts []Option) config {
@@ -190,7 +195,7 @@ func WithMaxWait(d time.Duration, onTimeout TimeoutPolicy) Option {
 // up to 5 s. attempts counts every call, the first included: 1 means no
 // retry. Every attempt takes a permit of its own. The delays are exact (no
 // jitter): the permits, not the retries, pace the provider. attempts must
-// be at least 1, base positive and max at least base.
+// be at least 1, base positive, and max at least base and at most an hour.
 //
 // When every attempt has failed, the record goes to the dead-letter topic
 // of [WithDeadLetter] if there is one; otherwise the consumer stops and
@@ -204,6 +209,8 @@ func WithRetry(attempts int, base, max time.Duration) Option {
 			c.invalid("WithRetry base", base, "must be positive")
 		case max < base:
 			c.invalid("WithRetry max", max, fmt.Sprintf("must be at least base (%v)", base))
+		case max > maxRetryDelay:
+			c.invalid("WithRetry max", max, fmt.Sprintf("must be at most %v: a record holds its key between retries", maxRetryDelay))
 		default:
 			c.attempts, c.backoffBase, c.backoffMax = attempts, base, max
 		}

@@ -352,7 +352,7 @@ func (p *partition) process(rec *kgo.Record) bool {
 			c.permitTimeouts.Add(1)
 			if c.cfg.onTimeout == TimeoutRetry {
 				delays++
-				if !p.sleep(c.backoff(delays)) {
+				if !p.sleep(c.permitBackoff(delays)) {
 					return false
 				}
 				continue
@@ -369,7 +369,7 @@ func (p *partition) process(rec *kgo.Record) bool {
 			// again.
 			c.limiterErrors.Add(1)
 			delays++
-			d := c.backoff(delays)
+			d := c.permitBackoff(delays)
 			c.log.Warn("consumer: limiter failed; retrying", "topic", p.topic, "partition", p.id, "in", d, "err", err)
 			if !p.sleep(d) {
 				return false
