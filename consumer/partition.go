@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -423,6 +424,19 @@ func (p *partition) call(rec *kgo.Record, k throttle.Keyed) error {
 	ctx = k.ContextWithPermit(ctx, 1)
 	c.notePeakInFlight(c.inFlight.Add(1))
 	defer c.inFlight.Add(-1)
+	return c.safeCall(ctx, rec)
+}
+
+// safeCall calls the handler and turns a panic into a *PanicError.
+func (c *Consumer) safeCall(ctx context.Context, rec *kgo.Record) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			perr := &PanicError{Value: v, Stack: debug.Stack()}
+			c.log.Error("consumer: handler panicked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"panic", fmt.Sprint(v), "stack", string(perr.Stack))
+			err = perr
+		}
+	}()
 	return c.handler(ctx, rec)
 }
 
@@ -479,7 +493,7 @@ func deadLetter(topic string, rec *kgo.Record, attempts int, lastErr error) *kgo
 		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(rec.Topic)},
 		kgo.RecordHeader{Key: HeaderPartition, Value: strconv.AppendInt(nil, int64(rec.Partition), 10)},
 		kgo.RecordHeader{Key: HeaderOffset, Value: strconv.AppendInt(nil, rec.Offset, 10)},
-		kgo.RecordHeader{Key: HeaderError, Value: []byte(lastErr.Error())},
+		kgo.RecordHeader{Key: HeaderError, Value: errorText(lastErr)},
 		kgo.RecordHeader{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
 	)
 	return &kgo.Record{
