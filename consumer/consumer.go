@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"regexp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -85,8 +87,8 @@ type topicPartition struct {
 
 // New returns a Consumer that hands records to h at the pace of lim (or of
 // the limiter chosen per record by [WithLimiterFor]). The Kafka client is
-// described by [WithKafka], which is required; it is built, and its
-// options checked, by [Consumer.Run].
+// described by [WithKafka], which is required; New checks its options
+// without connecting, and [Consumer.Run] builds it.
 //
 // The permit taken for an attempt is passed to h in its context
 // ([throttle.Keyed.ContextWithPermit]): a Transport of package
@@ -95,8 +97,9 @@ type topicPartition struct {
 // Limiter to both. A nil lim (without WithLimiterFor) takes no permits
 // here: the handler's own calls take them.
 //
-// New refuses a nil h, a missing WithKafka and bad option values with an
-// error matching [throttle.ErrInvalid] that names the culprit. A Consumer
+// New refuses a nil h, a missing WithKafka, Kafka options without
+// brokers, group or topics, and bad option values with an error matching
+// [throttle.ErrInvalid] that names the culprit. A Consumer
 // holds no resources until Run.
 func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 	cfg := newConfig(opts)
@@ -121,7 +124,69 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 		stopping: make(map[topicPartition][]*partition),
 	}
 	c.commitTimeout.Store(int64(max(cfg.handlerTimeout, defaultCommitTimeout))) // check caps it
+	if err := c.checkKafka(); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// clientOpts returns the options of the Kafka client Run builds: the
+// consumer's defaults, the user's, then the consumer's own.
+func (c *Consumer) clientOpts() []kgo.Opt {
+	opts := make([]kgo.Opt, 0, len(c.cfg.kafka)+6)
+	opts = append(opts, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	opts = append(opts, c.cfg.kafka...)
+	return append(opts,
+		kgo.AutoCommitMarks(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsRevoked(c.revoked),
+		kgo.OnPartitionsLost(c.lost),
+	)
+}
+
+// noSeeds stands for the seed brokers when WithKafka names none: kgo's
+// own default (127.0.0.1:9092) would hide the omission.
+const noSeeds = "headway.no-seed-brokers.invalid:9092"
+
+var errInert = errors.New("consumer: checking options, not connecting")
+
+// checkKafka builds clients from the options, without letting them
+// connect, and refuses what the consumer cannot work with: first the
+// user's options alone, for what they must name, then with the consumer's
+// own, for conflicts.
+func (c *Consumer) checkKafka() error {
+	cl, err := inertClient(append([]kgo.Opt{kgo.SeedBrokers(noSeeds)}, c.cfg.kafka...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if seeds, _ := cl.OptValue(kgo.SeedBrokers).([]string); len(seeds) == 1 && seeds[0] == noSeeds {
+		return errs.Invalid("consumer", "kgo.SeedBrokers", "none", "WithKafka must name the brokers")
+	}
+	if err := c.check(cl); err != nil {
+		return err
+	}
+	full, err := inertClient(c.clientOpts())
+	if err != nil {
+		return err
+	}
+	full.Close()
+	return nil
+}
+
+// inertClient builds a kgo client that never connects, to read and check
+// options.
+func inertClient(opts []kgo.Opt) (*kgo.Client, error) {
+	opts = append(opts,
+		kgo.DialTLSConfig(nil),
+		kgo.Dialer(func(context.Context, string, string) (net.Conn, error) { return nil, errInert }),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, errs.Invalid("consumer", "WithKafka", "options", err.Error())
+	}
+	return cl, nil
 }
 
 // Run joins the group, consumes and handles records until ctx ends or a
@@ -129,6 +194,10 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 // cancelled, in-flight handler calls finish (within the handler timeout),
 // what was handled is committed, and the group is left. Run returns after
 // every goroutine it started has ended.
+//
+// While the consumer owns no partition, Run logs a warning after 5 s and
+// then at growing intervals (at most every 5 minutes), saying why: no
+// broker answers, a topic does not exist, or none is assigned.
 //
 // Run returns nil after a shutdown caused by ctx; a [*HandlerError] when a
 // record failed every attempt and no dead-letter topic is set; an error
@@ -143,17 +212,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	runCtx, stop := c.prepare(ctx)
 	defer stop(nil)
 
-	opts := make([]kgo.Opt, 0, len(c.cfg.kafka)+6)
-	opts = append(opts, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	opts = append(opts, c.cfg.kafka...)
-	opts = append(opts,
-		kgo.AutoCommitMarks(),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.OnPartitionsAssigned(c.assigned),
-		kgo.OnPartitionsRevoked(c.revoked),
-		kgo.OnPartitionsLost(c.lost),
-	)
-	cl, err := kgo.NewClient(opts...)
+	cl, err := kgo.NewClient(c.clientOpts()...)
 	if err != nil {
 		return fmt.Errorf("consumer: building the Kafka client from WithKafka: %w", err)
 	}
@@ -162,6 +221,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 	} else {
 		c.log.Info("consumer: started", "group", cl.OptValue(kgo.ConsumerGroup))
 	}
+
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		c.watchIdle(runCtx, cl)
+	}()
+	defer func() {
+		stop(nil)
+		<-watched
+	}()
 
 	for runCtx.Err() == nil {
 		fetches := cl.PollRecords(runCtx, c.cfg.pollSize)
@@ -211,7 +280,10 @@ func (c *Consumer) prepare(ctx context.Context) (context.Context, context.Cancel
 // with.
 func (c *Consumer) check(cl *kgo.Client) error {
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
-		return errs.Invalid("consumer", "kgo.ConsumerGroup", `""`, "WithKafka must name a consumer group")
+		return errs.Invalid("consumer", "kgo.ConsumerGroup", `""`, "WithKafka must name a consumer group: the consumer commits what it handled")
+	}
+	if topics, _ := cl.OptValue(kgo.ConsumeTopics).(map[string]*regexp.Regexp); len(topics) == 0 {
+		return errs.Invalid("consumer", "kgo.ConsumeTopics", "none", "WithKafka must name the topics to consume (or kgo.ConsumeRegex patterns)")
 	}
 	if id, _ := cl.OptValue(kgo.TransactionalID).(string); id != "" {
 		return errs.Invalid("consumer", "kgo.TransactionalID", id, "transactional clients are not supported")

@@ -678,27 +678,22 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 	}
 }
 
-func TestRunRefusesBadKafkaSettings(t *testing.T) {
+func TestNewRefusesAHandlerTimeoutARebalanceCannotWaitFor(t *testing.T) {
 	t.Parallel()
 	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
 	h := func(context.Context, *kgo.Record) error { return nil }
 	lim := limiter(t, 1, time.Second)
 
-	// No group: kgo refuses the consumer's callbacks.
-	c, err := consumer.New(h, lim, consumer.WithKafka(kgo.SeedBrokers(kc.Addrs()...), kgo.ConsumeTopics("in")))
-	require.NoError(t, err)
-	err = c.Run(context.Background())
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "WithKafka")
-
 	// A handler timeout that a rebalance could not wait for.
-	c, err = consumer.New(h, lim, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(2*time.Second), consumer.WithLogger(testLogger()))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = c.Run(ctx)
+	_, err := consumer.New(h, lim, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(2*time.Second), consumer.WithLogger(testLogger()))
 	require.ErrorIs(t, err, throttle.ErrInvalid)
 	assert.Contains(t, err.Error(), "rebalance timeout")
+
+	c, err := consumer.New(h, lim, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(testLogger()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, c.Run(ctx))
 	assert.ErrorContains(t, c.Run(ctx), "twice", "Run runs once")
 }
 
@@ -771,16 +766,12 @@ func TestLimiterFailures(t *testing.T) {
 // A handler timeout so large that twice it overflows (throttle.Forever,
 // "no timeout") must still be refused against the rebalance timeout: a
 // rebalance would otherwise wait without end for a stuck handler.
-func TestRunRefusesAHandlerTimeoutThatOverflows(t *testing.T) {
+func TestNewRefusesAHandlerTimeoutThatOverflows(t *testing.T) {
 	t.Parallel()
 	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
 	h := func(context.Context, *kgo.Record) error { return nil }
-	c, err := consumer.New(h, limiter(t, 1, time.Second), kafka(kc, "g", "in"),
+	_, err := consumer.New(h, limiter(t, 1, time.Second), kafka(kc, "g", "in"),
 		consumer.WithHandlerTimeout(throttle.Forever), consumer.WithLogger(testLogger()))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = c.Run(ctx)
 	require.ErrorIs(t, err, throttle.ErrInvalid)
 	assert.Contains(t, err.Error(), "rebalance timeout")
 }

@@ -69,6 +69,10 @@ type config struct {
 	queueSize, pollSize int
 	// logger: slog.Default().
 	logger *slog.Logger
+	// idleFirst, idleAssign: when Run first checks that it owns a
+	// partition, and how long it may own none before it warns (tests
+	// shorten them).
+	idleFirst, idleAssign time.Duration
 
 	// err is the first bad option seen.
 	err error
@@ -105,6 +109,8 @@ func newConfig(opts []Option) config {
 		queueSize:      defaultQueueSize,
 		pollSize:       defaultPollSize,
 		logger:         slog.Default(),
+		idleFirst:      idleFirst,
+		idleAssign:     idleAssign,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -123,18 +129,19 @@ func (c *config) invalid(field string, value any, want string) {
 
 // WithKafka adds options for the Kafka client that [Consumer.Run] builds.
 // They must name the brokers (kgo.SeedBrokers), the group
-// (kgo.ConsumerGroup) and what to consume (kgo.ConsumeTopics or
-// kgo.ConsumeRegex); Run refuses a client with no group. WithKafka may be
-// given more than once; the options add up, in order.
+// (kgo.ConsumerGroup) and what to consume (kgo.ConsumeTopics, with
+// kgo.ConsumeRegex for patterns); [New] refuses options that miss one.
+// WithKafka may be given more than once; the options add up, in order.
 //
 // The consumer sets, before these options (so they may be overridden):
 // kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), so a new group starts
 // at the oldest record and a lost offset rewinds rather than skips. After
 // them, and not to be overridden: kgo.AutoCommitMarks,
 // kgo.BlockRebalanceOnPoll and the OnPartitionsAssigned, Revoked and Lost
-// callbacks. Run refuses options that conflict with these
-// (kgo.DisableAutoCommit, kgo.GreedyAutoCommit), a share group and a
-// transactional ID; New refuses a nil kgo.Opt. kgo's autocommit interval
+// callbacks. New refuses options that conflict with these
+// (kgo.DisableAutoCommit, kgo.GreedyAutoCommit), a transactional ID, and
+// a nil kgo.Opt; it checks the options by building a client that never
+// connects. kgo's autocommit interval
 // (kgo.AutoCommitInterval, default 5 s) sets how often marked offsets are
 // committed between rebalances.
 func WithKafka(opts ...kgo.Opt) Option {

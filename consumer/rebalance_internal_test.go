@@ -33,7 +33,7 @@ func bare(t *testing.T, kc *kafkaenv.Cluster, h Handler, opts ...Option) (*Consu
 	b, err := throttle.NewLocal(1000, 100*time.Millisecond)
 	require.NoError(t, err)
 	opts = append([]Option{
-		WithKafka(kgo.SeedBrokers(kc.Addrs()...)),
+		WithKafka(kgo.SeedBrokers(kc.Addrs()...), kgo.ConsumerGroup("bare"), kgo.ConsumeTopics("in")),
 		WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
 	}, opts...)
 	c, err := New(h, throttle.New(b), opts...)
