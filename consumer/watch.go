@@ -102,4 +102,3 @@ func missingTopics(ctx context.Context, cl *kgo.Client, topics []string) []strin
 	}
 	return missing
 }
-
