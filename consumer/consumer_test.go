@@ -626,7 +626,7 @@ func TestPermitTimeoutFails(t *testing.T) {
 	h := newHandled(1)
 	// One permit, then one per minute: records 1 and 2 time out.
 	c, err := consumer.New(h.handler("a"), limiter(t, 1, time.Minute), append(base(kc, "g", "in"),
-		consumer.WithMaxWait(20*time.Millisecond, consumer.TimeoutFail),
+		consumer.WithPermitWait(20*time.Millisecond, consumer.TimeoutFail),
 		consumer.WithRetry(2, time.Millisecond, time.Millisecond),
 		consumer.WithDeadLetter("dlt"))...)
 	require.NoError(t, err)
@@ -655,8 +655,8 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"no kafka", h, lim, nil, "WithKafka"},
 		// kgo.NewClient panics on a nil kgo.Opt: refused by New instead.
 		{"nil kafka option", h, lim, []consumer.Option{consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), nil)}, "WithKafka"},
-		{"negative wait", h, lim, []consumer.Option{k, consumer.WithMaxWait(-1, consumer.TimeoutRetry)}, "WithMaxWait"},
-		{"bad policy", h, lim, []consumer.Option{k, consumer.WithMaxWait(1, 7)}, "policy"},
+		{"negative wait", h, lim, []consumer.Option{k, consumer.WithPermitWait(-1, consumer.TimeoutRetry)}, "WithPermitWait"},
+		{"bad policy", h, lim, []consumer.Option{k, consumer.WithPermitWait(1, 7)}, "policy"},
 		{"no attempts", h, lim, []consumer.Option{k, consumer.WithRetry(0, 1, 1)}, "attempts"},
 		{"zero base", h, lim, []consumer.Option{k, consumer.WithRetry(1, 0, 1)}, "base"},
 		{"max below base", h, lim, []consumer.Option{k, consumer.WithRetry(1, 2, 1)}, "max"},
@@ -749,7 +749,7 @@ func TestLimiterFailures(t *testing.T) {
 		// are retried without using up the record's attempts.
 		h := newHandled(5)
 		c, err := consumer.New(h.handler("a"), limiter(t, 1, 100*time.Millisecond), append(base(kc, "retry", "in"),
-			consumer.WithMaxWait(5*time.Millisecond, consumer.TimeoutRetry),
+			consumer.WithPermitWait(5*time.Millisecond, consumer.TimeoutRetry),
 			consumer.WithRetry(1, 5*time.Millisecond, 5*time.Millisecond))...)
 		require.NoError(t, err)
 		r := start(t, c)

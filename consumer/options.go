@@ -23,7 +23,7 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 // TimeoutPolicy says what happens to a record that gets no permit within
-// the wait set by [WithMaxWait].
+// the wait set by [WithPermitWait].
 type TimeoutPolicy int
 
 const (
@@ -177,20 +177,20 @@ func WithLimiterFor(fn func(*kgo.Record) throttle.Keyed) Option {
 	return optionFunc(func(c *config) { c.limiterFor = fn })
 }
 
-// WithMaxWait bounds how long a record waits for a permit, and says what
+// WithPermitWait bounds how long a record waits for a permit, and says what
 // happens when none comes in time (see [TimeoutPolicy]). Default:
 // [throttle.Forever]: a record waits until a permit comes, its partition is
 // revoked, or the consumer shuts down; no timeout ever happens. A waiting
 // record holds one of the [WithMaxInFlight] slots. d must not
 // be negative; 0 asks for a permit only if one is free at once.
-func WithMaxWait(d time.Duration, onTimeout TimeoutPolicy) Option {
+func WithPermitWait(d time.Duration, onTimeout TimeoutPolicy) Option {
 	return optionFunc(func(c *config) {
 		if d < 0 {
-			c.invalid("WithMaxWait", d, "must be 0, positive or throttle.Forever")
+			c.invalid("WithPermitWait", d, "must be 0, positive or throttle.Forever")
 			return
 		}
 		if onTimeout != TimeoutRetry && onTimeout != TimeoutFail {
-			c.invalid("WithMaxWait policy", int(onTimeout), "must be TimeoutRetry or TimeoutFail")
+			c.invalid("WithPermitWait policy", int(onTimeout), "must be TimeoutRetry or TimeoutFail")
 			return
 		}
 		c.maxWait, c.onTimeout = d, onTimeout

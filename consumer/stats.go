@@ -17,7 +17,7 @@ type Stats struct {
 	// DeadLettered counts records written to the dead-letter topic.
 	DeadLettered int64
 	// PermitTimeouts counts waits for a permit that ended without one
-	// (only with a finite WithMaxWait).
+	// (only with a finite WithPermitWait).
 	PermitTimeouts int64
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.
