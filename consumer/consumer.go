@@ -45,15 +45,17 @@ type Consumer struct {
 	log     *slog.Logger
 
 	started atomic.Bool
+	// fetchPartBytes, when positive, lowers kgo.FetchMaxPartitionBytes
+	// to a quarter of the queue bytes.
+	fetchPartBytes int32
 
 	// Set by Run before the Kafka client exists, read by callbacks and
 	// partition goroutines.
 	base    context.Context // Run's ctx, without its cancellation
 	stopRun context.CancelCauseFunc
 
-	// slots bounds the records in work at once (WithMaxInFlight): a
-	// worker sends before it starts and receives when it ends.
-	slots chan struct{}
+	// sched hands ready records to at most WithMaxInFlight workers.
+	sched sched
 
 	// commitTimeout bounds each commit: at least the handler timeout and
 	// defaultCommitTimeout, at most what a rebalance leaves after waiting
@@ -78,6 +80,7 @@ type Consumer struct {
 	active                         atomic.Int64
 	permitWait                     atomic.Int64 // ns
 	peakBuffered, peakInFlight     atomic.Int64
+	peakBufferedBytes              atomic.Int64
 }
 
 type topicPartition struct {
@@ -119,10 +122,10 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 		handler:  h,
 		cfg:      cfg,
 		log:      cfg.logger,
-		slots:    make(chan struct{}, cfg.maxInFlight),
 		parts:    make(map[topicPartition]*partition),
 		stopping: make(map[topicPartition][]*partition),
 	}
+	c.sched.init(c)
 	c.commitTimeout.Store(int64(max(cfg.handlerTimeout, defaultCommitTimeout))) // check caps it
 	if err := c.checkKafka(); err != nil {
 		return nil, err
@@ -136,6 +139,9 @@ func (c *Consumer) clientOpts() []kgo.Opt {
 	opts := make([]kgo.Opt, 0, len(c.cfg.kafka)+6)
 	opts = append(opts, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	opts = append(opts, c.cfg.kafka...)
+	if c.fetchPartBytes > 0 {
+		opts = append(opts, kgo.FetchMaxPartitionBytes(c.fetchPartBytes))
+	}
 	return append(opts,
 		kgo.AutoCommitMarks(),
 		kgo.BlockRebalanceOnPoll(),
@@ -166,6 +172,9 @@ func (c *Consumer) checkKafka() error {
 	}
 	if err := c.check(cl); err != nil {
 		return err
+	}
+	if b, _ := cl.OptValue(kgo.FetchMaxPartitionBytes).(int32); int64(b) > c.cfg.queueBytes/4 {
+		c.fetchPartBytes = int32(c.cfg.queueBytes / 4)
 	}
 	full, err := inertClient(c.clientOpts())
 	if err != nil {
@@ -222,14 +231,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.Info("consumer: started", "group", cl.OptValue(kgo.ConsumerGroup))
 	}
 
-	watched := make(chan struct{})
+	var helpers sync.WaitGroup
+	helpers.Add(2)
 	go func() {
-		defer close(watched)
+		defer helpers.Done()
 		c.watchIdle(runCtx, cl)
+	}()
+	go func() {
+		defer helpers.Done()
+		c.markLoop(runCtx)
 	}()
 	defer func() {
 		stop(nil)
-		<-watched
+		helpers.Wait()
 	}()
 
 	for runCtx.Err() == nil {
@@ -259,12 +273,42 @@ func (c *Consumer) Run(ctx context.Context) error {
 	commitErr := c.commit(context.Background(), cl, "shutdown")
 	cl.CloseAllowingRebalance() // leaves the group
 	c.wg.Wait()
+	c.sched.stop()
 	c.log.Info("consumer: stopped", "handled", c.handled.Load(), "dead_lettered", c.deadLettered.Load())
 
 	if errp := c.failure.Load(); errp != nil {
 		return *errp
 	}
 	return commitErr
+}
+
+// markInterval is how often the watermarks of running partitions are
+// marked for commit: marks lag finished records by at most this.
+const markInterval = 50 * time.Millisecond
+
+// markLoop marks the running partitions' watermarks every markInterval
+// until ctx ends. A stopping partition marks its own as it exits.
+func (c *Consumer) markLoop(ctx context.Context) {
+	t := time.NewTicker(markInterval)
+	defer t.Stop()
+	var ps []*partition
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		for _, p := range c.parts {
+			ps = append(ps, p)
+		}
+		c.mu.Unlock()
+		for _, p := range ps {
+			p.flush()
+		}
+		clear(ps)
+		ps = ps[:0]
+	}
 }
 
 // prepare sets what callbacks and partitions read, before the Kafka client
@@ -355,7 +399,7 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 			p.after = append([]*partition(nil), c.stopping[key]...)
 			c.parts[key] = p
 			c.wg.Add(1)
-			go p.run()
+			p.start()
 		}
 	}
 }
@@ -516,7 +560,10 @@ func doubling(base, max time.Duration, n int) time.Duration {
 	return min(d, max)
 }
 
-func (c *Consumer) notePeak(n int64) { raise(&c.peakBuffered, n) }
+func (c *Consumer) notePeak(n, bytes int64) {
+	raise(&c.peakBuffered, n)
+	raise(&c.peakBufferedBytes, bytes)
+}
 
 func (c *Consumer) notePeakInFlight(n int64) { raise(&c.peakInFlight, n) }
 

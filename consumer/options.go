@@ -64,9 +64,11 @@ type config struct {
 	// retry delays).
 	ordering    Ordering
 	maxInFlight int
-	// queueSize: 256 records per partition. pollSize: 256 records per
-	// poll.
+	// queueSize: 4096 records per partition; queueBytes: 1 MiB per
+	// partition. pollSize: 0, meaning every record the client has
+	// fetched.
 	queueSize, pollSize int
+	queueBytes          int64
 	// logger: slog.Default().
 	logger *slog.Logger
 	// idleFirst, idleAssign: when Run first checks that it owns a
@@ -86,8 +88,8 @@ const (
 	// defaultCommitTimeout is the least a commit is given, whatever the
 	// handler timeout (see Consumer.commitTimeout).
 	defaultCommitTimeout = 10 * time.Second
-	defaultQueueSize     = 256
-	defaultPollSize      = 256
+	defaultQueueSize     = 4096
+	defaultQueueBytes    = 1 << 20
 	defaultMaxInFlight   = 128
 	// maxRetryDelay is the longest delay WithRetry accepts.
 	maxRetryDelay = time.Hour
@@ -107,7 +109,7 @@ func newConfig(opts []Option) config {
 		ordering:       ByKey,
 		maxInFlight:    defaultMaxInFlight,
 		queueSize:      defaultQueueSize,
-		pollSize:       defaultPollSize,
+		queueBytes:     defaultQueueBytes,
 		logger:         slog.Default(),
 		idleFirst:      idleFirst,
 		idleAssign:     idleAssign,
@@ -271,12 +273,11 @@ func WithHandlerTimeout(d time.Duration) Option {
 }
 
 // WithQueueSize sets how many records a partition may hold before its
-// fetching is paused: records queued, in flight, and finished but not yet
+// fetching is paused: records queued, in work, and finished but not yet
 // committable (behind an unfinished one). Fetching resumes when the
-// partition holds half as many. Default: 256. n must be at least 1, and
-// should exceed the records a partition has in flight ([WithMaxInFlight]),
-// or the partition pauses before it has enough work to fill them. See the
-// package documentation for the bound on buffered records.
+// partition holds half as many (and half its bytes, [WithQueueBytes]).
+// Default: 4096. n must be at least 1. See the package documentation for
+// the bounds this gives.
 func WithQueueSize(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {
@@ -287,12 +288,32 @@ func WithQueueSize(n int) Option {
 	})
 }
 
+// WithQueueBytes sets how many bytes a partition may hold before its
+// fetching is paused, as for [WithQueueSize]: the key, value and headers
+// of each unfinished record, plus [RecordOverhead] for every record held.
+// Default: 1 MiB. n must be at least 1 KiB.
+//
+// The consumer copies each record it takes from the Kafka client, so what
+// it holds does not keep the client's fetched batches alive. It also
+// lowers kgo.FetchMaxPartitionBytes (1 MiB by default) to a quarter of n
+// when that is less, so that one fetch overfills a partition by little.
+func WithQueueBytes(n int64) Option {
+	return optionFunc(func(c *config) {
+		if n < 1<<10 {
+			c.invalid("WithQueueBytes", n, "must be at least 1024")
+			return
+		}
+		c.queueBytes = n
+	})
+}
+
 // WithPollSize sets the most records taken from the Kafka client at once
-// (kgo's PollRecords), over all partitions. Default: 256, the default queue
-// size, so that one poll cannot overfill a partition's queue many times
-// over (a paused partition's fetched records are dropped and fetched
-// again). n must be at least 1. See the package documentation for the
-// bound on buffered records.
+// (kgo's PollRecords), over all partitions. Default: every record the
+// client has fetched, which is best: a partition is paused only once the
+// records it was sent are taken, and what the client fetched for it
+// otherwise would be dropped (and fetched and decoded again after the
+// resume). n must be at least 1. See the package documentation for the
+// bounds this gives.
 func WithPollSize(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {

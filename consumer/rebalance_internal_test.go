@@ -48,6 +48,7 @@ func bare(t *testing.T, kc *kafkaenv.Cluster, h Handler, opts ...Option) (*Consu
 		c.stopAll(cl)
 		cl.Close()
 		c.wg.Wait()
+		c.sched.stop()
 		stop(nil)
 	})
 	return c, cl

@@ -1,0 +1,107 @@
+package consumer
+
+import "sync"
+
+// sched hands partitions with ready records to the consumer's workers.
+// There are at most WithMaxInFlight workers, started as needed and kept
+// until Run ends; a worker holds one record at a time, from the moment it
+// takes it (before its permit wait) to the moment it finishes it, so the
+// workers are the in-flight bound. A partition is queued once however
+// many records it has ready, and queued again after each record a worker
+// takes from it: partitions with ready records take turns.
+type sched struct {
+	c    *Consumer
+	mu   sync.Mutex
+	cond sync.Cond
+	// queue holds the partitions with ready records, in turn.
+	queue []*partition
+	head  int
+	// workers counts the workers started; idle those waiting for a
+	// partition, and woken those of them signalled and not yet awake.
+	workers, idle, woken int
+	quit                 bool
+	wg                   sync.WaitGroup
+}
+
+func (s *sched) init(c *Consumer) {
+	s.c = c
+	s.cond.L = &s.mu
+}
+
+// enqueue queues p, unless it is queued already, and wakes or starts a
+// worker for it.
+func (s *sched) enqueue(p *partition) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p.queued || s.quit {
+		return
+	}
+	p.queued = true
+	s.queue = append(s.queue, p)
+	switch {
+	case s.idle > s.woken:
+		s.woken++
+		s.cond.Signal()
+	case s.workers < s.c.cfg.maxInFlight:
+		s.workers++
+		s.wg.Add(1)
+		go s.work()
+	}
+}
+
+// next returns the next queued partition, waiting for one; nil once stop
+// was called.
+func (s *sched) next() *partition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.head == len(s.queue) && !s.quit {
+		s.idle++
+		s.cond.Wait()
+		s.idle--
+		if s.woken > 0 {
+			s.woken--
+		}
+	}
+	if s.quit {
+		return nil
+	}
+	p := s.queue[s.head]
+	s.queue[s.head] = nil
+	s.head++
+	if s.head == len(s.queue) {
+		s.queue, s.head = s.queue[:0], 0
+	}
+	p.queued = false
+	return p
+}
+
+// work is a worker: it takes a ready record of the next queued partition
+// and processes it, until stop.
+func (s *sched) work() {
+	defer s.wg.Done()
+	c := s.c
+	for {
+		p := s.next()
+		if p == nil {
+			return
+		}
+		sl := p.begin()
+		if sl == nil {
+			continue
+		}
+		c.active.Add(1)
+		ok := p.process(&sl.rec)
+		c.active.Add(-1)
+		p.end(sl, ok)
+	}
+}
+
+// stop ends the workers once they are done with their records, and
+// waits for them.
+func (s *sched) stop() {
+	s.mu.Lock()
+	s.quit = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	s.wg.Wait()
+}

@@ -1,0 +1,193 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// process takes permits for rec and handles it, retrying as configured,
+// until it is handled or dead-lettered (true), or the partition stops or
+// the consumer fails (false).
+func (p *partition) process(rec *kgo.Record) bool {
+	c := p.c
+	var (
+		attempts int
+		delays   int // permit timeouts or limiter failures in a row
+		lastErr  error
+	)
+	for {
+		k, err := p.acquire(rec)
+		switch {
+		case err == nil:
+			delays = 0
+			attempts++
+			if lastErr = p.call(rec, k); lastErr == nil {
+				c.handled.Add(1)
+				return true
+			}
+			c.reportAnswer(p.soft, rec, lastErr) // the adaptive rate (answer.go)
+		case p.soft.Err() != nil:
+			return false
+		case errors.Is(err, throttle.ErrTimeout):
+			c.permitTimeouts.Add(1)
+			if c.cfg.onTimeout == TimeoutRetry {
+				delays++
+				if !p.sleep(c.permitBackoff(delays)) {
+					return false
+				}
+				continue
+			}
+			attempts++
+			lastErr = err
+		case errors.Is(err, throttle.ErrInvalid), errors.Is(err, throttle.ErrExceedsLimit):
+			// Waiting cannot help: the limiter is misconfigured.
+			c.fail(fmt.Errorf("consumer: permit for record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
+			return false
+		default:
+			// The limiter's store failed. That is no fault of the
+			// record's, so it uses up no attempt; back off and ask
+			// again.
+			c.limiterErrors.Add(1)
+			delays++
+			d := c.permitBackoff(delays)
+			c.log.Warn("consumer: limiter failed; retrying", "topic", p.topic, "partition", p.id, "in", d, "err", err)
+			if !p.sleep(d) {
+				return false
+			}
+			continue
+		}
+
+		// The attempt failed.
+		if p.soft.Err() != nil {
+			return false // no longer ours to retry; the next owner will
+		}
+		if attempts < c.cfg.attempts {
+			d := c.backoff(attempts)
+			c.log.Debug("consumer: attempt failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempts, "in", d, "err", lastErr)
+			if !p.sleep(d) {
+				return false // no retry: not counted
+			}
+			c.retried.Add(1)
+			continue
+		}
+		return p.exhausted(rec, attempts, lastErr)
+	}
+}
+
+// acquire waits for rec's permit and returns the budget it came from; a
+// zero Keyed (no limiter for rec) takes no permit.
+func (p *partition) acquire(rec *kgo.Record) (throttle.Keyed, error) {
+	c := p.c
+	k := c.cfg.limiterFor(rec)
+	if k.Limiter() == nil {
+		return k, nil
+	}
+	p.waiting.Add(1)
+	c.waitingRecords.Add(1)
+	start := time.Now()
+	err := k.Acquire(p.soft, c.cfg.maxWait)
+	c.permitWait.Add(int64(time.Since(start)))
+	c.waitingRecords.Add(-1)
+	p.waiting.Add(-1)
+	return k, err
+}
+
+// call runs the handler once, within the handler timeout. Its context
+// holds the attempt's permit (k's), so that a client on the same budget
+// inside the handler uses it rather than taking a second one.
+func (p *partition) call(rec *kgo.Record, k throttle.Keyed) error {
+	c := p.c
+	hard := p.hard[p.calls.Add(1)%hardShards]
+	ctx, cancel := context.WithTimeout(hard, c.cfg.handlerTimeout)
+	defer cancel()
+	ctx = k.ContextWithPermit(ctx, 1)
+	c.notePeakInFlight(c.inFlight.Add(1))
+	defer c.inFlight.Add(-1)
+	return c.safeCall(ctx, rec)
+}
+
+// safeCall calls the handler and turns a panic into a *PanicError.
+func (c *Consumer) safeCall(ctx context.Context, rec *kgo.Record) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			perr := &PanicError{Value: v, Stack: debug.Stack()}
+			c.log.Error("consumer: handler panicked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"panic", fmt.Sprint(v), "stack", string(perr.Stack))
+			err = perr
+		}
+	}()
+	return c.handler(ctx, rec)
+}
+
+// sleep waits d, or until soft ends (false).
+func (p *partition) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.soft.Done():
+		return false
+	}
+}
+
+// exhausted deals with a record whose every attempt failed: to the
+// dead-letter topic, or stop the consumer.
+//
+// The dead-letter write's context is the consumer's, not the partition's,
+// and has no deadline of its own: kgo fails a whole produce batch when its
+// first record's context ends, and dead-letter records of several
+// partitions share batches, so a context that one partition's revocation
+// (or a per-write timeout) could end would fail the other partitions'
+// writes, and stop the consumer. The write ends when the broker answers,
+// kgo's own delivery limits give up (kgo.RecordDeliveryTimeout,
+// kgo.RecordRetries), or the client closes at the end of Run. A revoked
+// partition waits for its write like for a handler call, and abandons it
+// at the handler timeout (its record is then never committed).
+func (p *partition) exhausted(rec *kgo.Record, attempts int, lastErr error) bool {
+	c := p.c
+	herr := &HandlerError{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Attempts: attempts, Err: lastErr}
+	if c.cfg.deadLetter == "" {
+		c.fail(herr)
+		return false
+	}
+	dl := deadLetter(c.cfg.deadLetter, rec, attempts, lastErr)
+	if err := p.cl.ProduceSync(c.base, dl).FirstErr(); err != nil {
+		if p.soft.Err() != nil {
+			return false
+		}
+		c.fail(fmt.Errorf("consumer: dead-lettering record %s[%d]@%d to %s: %w (record error: %w)", rec.Topic, rec.Partition, rec.Offset, c.cfg.deadLetter, err, lastErr))
+		return false
+	}
+	c.deadLettered.Add(1)
+	c.log.Warn("consumer: record dead-lettered", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "to", c.cfg.deadLetter, "attempts", attempts, "err", lastErr)
+	return true
+}
+
+// deadLetter builds the dead-letter copy of rec.
+func deadLetter(topic string, rec *kgo.Record, attempts int, lastErr error) *kgo.Record {
+	headers := make([]kgo.RecordHeader, 0, len(rec.Headers)+5)
+	headers = append(headers, rec.Headers...)
+	headers = append(headers,
+		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(rec.Topic)},
+		kgo.RecordHeader{Key: HeaderPartition, Value: strconv.AppendInt(nil, int64(rec.Partition), 10)},
+		kgo.RecordHeader{Key: HeaderOffset, Value: strconv.AppendInt(nil, rec.Offset, 10)},
+		kgo.RecordHeader{Key: HeaderError, Value: errorText(lastErr)},
+		kgo.RecordHeader{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
+	)
+	return &kgo.Record{
+		Topic:     topic,
+		Key:       rec.Key,
+		Value:     rec.Value,
+		Headers:   headers,
+		Timestamp: rec.Timestamp,
+	}
+}
