@@ -26,15 +26,12 @@ type partition struct {
 	id    int32
 
 	// soft ends permit waits and retry delays: cancelled on revoke, loss
-	// and shutdown. hard ends the handler's calls: cancelled only when a
-	// stop gives up waiting for them (fence), or when run exits. hard is
-	// split in shards, so that many calls starting at once do not all
-	// register with one parent context (and contend for its lock).
+	// and shutdown. Handler calls are ended only when a stop gives up
+	// waiting for them (fence), or when the partition ends: callsEnded,
+	// then endCalls.
 	soft       context.Context
 	cancelSoft context.CancelFunc
-	hard       [hardShards]context.Context
-	cancelHard [hardShards]context.CancelFunc
-	calls      atomic.Uint32 // picks a shard of hard per call
+	callsEnded atomic.Bool
 
 	done chan struct{} // closed once stopped and no record is in work
 	// after holds the earlier ownerships of this partition that had not
@@ -72,9 +69,6 @@ type partition struct {
 	mark  kgo.Record
 	dirty bool
 }
-
-// hardShards is how many contexts hard is split in.
-const hardShards = 16
 
 // RecordOverhead is what each record the consumer holds counts for in
 // the byte bound of a partition ([WithQueueBytes]), besides its key,
@@ -163,9 +157,6 @@ func newPartition(c *Consumer, cl *kgo.Client, topic string, id int32) *partitio
 		mark:  kgo.Record{Topic: topic, Partition: id},
 	}
 	p.soft, p.cancelSoft = context.WithCancel(c.base)
-	for i := range p.hard {
-		p.hard[i], p.cancelHard[i] = context.WithCancel(c.base)
-	}
 	return p
 }
 
@@ -453,11 +444,11 @@ func (p *partition) fence() {
 	p.endCalls()
 }
 
-// endCalls cancels every handler call's context.
+// endCalls cancels the context of every handler call of the partition,
+// running or to come.
 func (p *partition) endCalls() {
-	for _, cancel := range p.cancelHard {
-		cancel()
-	}
+	p.callsEnded.Store(true)
+	p.c.sched.endCalls(p)
 }
 
 // isFenced reports whether fence was called.

@@ -1,6 +1,10 @@
 package consumer
 
-import "sync"
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
 
 // sched hands partitions with ready records to the consumer's workers.
 // There are at most WithMaxInFlight workers, started as needed and kept
@@ -21,6 +25,15 @@ type sched struct {
 	workers, idle, woken int
 	quit                 bool
 	wg                   sync.WaitGroup
+	// all holds every worker started, for endCalls.
+	all []*worker
+}
+
+// worker is one of the sched's goroutines.
+type worker struct {
+	s *sched
+	// call is the context of the handler call running, if any.
+	call atomic.Pointer[callCtx]
 }
 
 func (s *sched) init(c *Consumer) {
@@ -45,7 +58,9 @@ func (s *sched) enqueue(p *partition) {
 	case s.workers < s.c.cfg.maxInFlight:
 		s.workers++
 		s.wg.Add(1)
-		go s.work()
+		w := &worker{s: s}
+		s.all = append(s.all, w)
+		go w.work()
 	}
 }
 
@@ -77,7 +92,8 @@ func (s *sched) next() *partition {
 
 // work is a worker: it takes a ready record of the next queued partition
 // and processes it, until stop.
-func (s *sched) work() {
+func (w *worker) work() {
+	s := w.s
 	defer s.wg.Done()
 	c := s.c
 	for {
@@ -90,9 +106,23 @@ func (s *sched) work() {
 			continue
 		}
 		c.active.Add(1)
-		ok := p.process(&sl.rec)
+		ok := p.process(w, &sl.rec)
 		c.active.Add(-1)
 		p.end(sl, ok)
+	}
+}
+
+// endCalls cancels the running handler calls of p. p.callsEnded is set
+// first, and a worker publishes its call before it checks the flag, so a
+// call that starts meanwhile is cancelled by one or the other.
+func (s *sched) endCalls(p *partition) {
+	s.mu.Lock()
+	all := s.all
+	s.mu.Unlock()
+	for _, w := range all {
+		if call := w.call.Load(); call != nil && call.p == p {
+			call.cancel(context.Canceled)
+		}
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 // process takes permits for rec and handles it, retrying as configured,
 // until it is handled or dead-lettered (true), or the partition stops or
 // the consumer fails (false).
-func (p *partition) process(rec *kgo.Record) bool {
+func (p *partition) process(w *worker, rec *kgo.Record) bool {
 	c := p.c
 	var (
 		attempts int
@@ -29,7 +29,7 @@ func (p *partition) process(rec *kgo.Record) bool {
 		case err == nil:
 			delays = 0
 			attempts++
-			if lastErr = p.call(rec, k); lastErr == nil {
+			if lastErr = p.call(w, rec, k); lastErr == nil {
 				c.handled.Add(1)
 				return true
 			}
@@ -103,12 +103,18 @@ func (p *partition) acquire(rec *kgo.Record) (throttle.Keyed, error) {
 // call runs the handler once, within the handler timeout. Its context
 // holds the attempt's permit (k's), so that a client on the same budget
 // inside the handler uses it rather than taking a second one.
-func (p *partition) call(rec *kgo.Record, k throttle.Keyed) error {
+func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed) error {
 	c := p.c
-	hard := p.hard[p.calls.Add(1)%hardShards]
-	ctx, cancel := context.WithTimeout(hard, c.cfg.handlerTimeout)
-	defer cancel()
-	ctx = k.ContextWithPermit(ctx, 1)
+	call := newCallCtx(c.base, p, c.cfg.handlerTimeout)
+	w.call.Store(call)
+	if p.callsEnded.Load() {
+		call.cancel(context.Canceled)
+	}
+	defer func() {
+		call.cancel(context.Canceled)
+		w.call.Store(nil)
+	}()
+	ctx := k.ContextWithPermit(call, 1)
 	c.notePeakInFlight(c.inFlight.Add(1))
 	defer c.inFlight.Add(-1)
 	return c.safeCall(ctx, rec)
