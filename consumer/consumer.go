@@ -56,6 +56,8 @@ type Consumer struct {
 
 	// sched hands ready records to at most WithMaxInFlight workers.
 	sched sched
+	// prod writes dead letters (and parked records); nil without them.
+	prod *producer
 
 	// commitTimeout bounds each commit: at least the handler timeout and
 	// defaultCommitTimeout, at most what a rebalance leaves after waiting
@@ -221,8 +223,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 	runCtx, stop := c.prepare(ctx)
 	defer stop(nil)
 
+	if c.cfg.deadLetter != "" {
+		prod, err := c.newProducer()
+		if err != nil {
+			return err
+		}
+		c.prod = prod
+	}
 	cl, err := kgo.NewClient(c.clientOpts()...)
 	if err != nil {
+		c.prod.close()
 		return fmt.Errorf("consumer: building the Kafka client from WithKafka: %w", err)
 	}
 	if err := c.check(cl); err != nil {
@@ -272,6 +282,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stopAll(cl)
 	commitErr := c.commit(context.Background(), cl, "shutdown")
 	cl.CloseAllowingRebalance() // leaves the group
+	c.prod.close()              // fails the writes of abandoned records
 	c.wg.Wait()
 	c.sched.stop()
 	c.log.Info("consumer: stopped", "handled", c.handled.Load(), "dead_lettered", c.deadLettered.Load())

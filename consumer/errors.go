@@ -25,6 +25,10 @@ const (
 	HeaderError = "headway-error"
 	// HeaderAttempts is how many attempts were made.
 	HeaderAttempts = "headway-attempts"
+	// HeaderDropped, present only when the record as it was could not be
+	// written (the topic's max.message.bytes), names what was left out:
+	// "value,headers" (the original headers), or "value,headers,key".
+	HeaderDropped = "headway-dropped"
 )
 
 // HandlerError reports a record whose every attempt failed, when no

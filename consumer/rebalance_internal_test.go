@@ -39,6 +39,10 @@ func bare(t *testing.T, kc *kafkaenv.Cluster, h Handler, opts ...Option) (*Consu
 	c, err := New(h, throttle.New(b), opts...)
 	require.NoError(t, err)
 	_, stop := c.prepare(context.Background())
+	if c.cfg.deadLetter != "" {
+		c.prod, err = c.newProducer()
+		require.NoError(t, err)
+	}
 	cl, err := kc.Client()
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -47,6 +51,7 @@ func bare(t *testing.T, kc *kafkaenv.Cluster, h Handler, opts ...Option) (*Consu
 		c.mu.Unlock()
 		c.stopAll(cl)
 		cl.Close()
+		c.prod.close()
 		c.wg.Wait()
 		c.sched.stop()
 		stop(nil)
@@ -182,7 +187,7 @@ func TestRegressionRevokeDoesNotFailAnotherPartitionsDeadLetter(t *testing.T) {
 	c.part("in", 0).push([]*kgo.Record{{Topic: "in", Partition: 0, Offset: 0}})
 	require.Eventually(t, func() bool { return fault.Hits() >= 1 }, 10*time.Second, time.Millisecond, "partition 0's write is being retried")
 	c.part("in", 1).push([]*kgo.Record{{Topic: "in", Partition: 1, Offset: 0}})
-	require.Eventually(t, func() bool { return cl.BufferedProduceRecords() == 2 }, 10*time.Second, time.Millisecond, "both writes buffered")
+	require.Eventually(t, func() bool { return c.prod.normal.BufferedProduceRecords() == 2 }, 10*time.Second, time.Millisecond, "both writes buffered")
 
 	// Partition 0 is revoked: its write is abandoned at the handler
 	// timeout; partition 1 stays.

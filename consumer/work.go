@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -145,55 +144,3 @@ func (p *partition) sleep(d time.Duration) bool {
 	}
 }
 
-// exhausted deals with a record whose every attempt failed: to the
-// dead-letter topic, or stop the consumer.
-//
-// The dead-letter write's context is the consumer's, not the partition's,
-// and has no deadline of its own: kgo fails a whole produce batch when its
-// first record's context ends, and dead-letter records of several
-// partitions share batches, so a context that one partition's revocation
-// (or a per-write timeout) could end would fail the other partitions'
-// writes, and stop the consumer. The write ends when the broker answers,
-// kgo's own delivery limits give up (kgo.RecordDeliveryTimeout,
-// kgo.RecordRetries), or the client closes at the end of Run. A revoked
-// partition waits for its write like for a handler call, and abandons it
-// at the handler timeout (its record is then never committed).
-func (p *partition) exhausted(rec *kgo.Record, attempts int, lastErr error) bool {
-	c := p.c
-	herr := &HandlerError{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Attempts: attempts, Err: lastErr}
-	if c.cfg.deadLetter == "" {
-		c.fail(herr)
-		return false
-	}
-	dl := deadLetter(c.cfg.deadLetter, rec, attempts, lastErr)
-	if err := p.cl.ProduceSync(c.base, dl).FirstErr(); err != nil {
-		if p.soft.Err() != nil {
-			return false
-		}
-		c.fail(fmt.Errorf("consumer: dead-lettering record %s[%d]@%d to %s: %w (record error: %w)", rec.Topic, rec.Partition, rec.Offset, c.cfg.deadLetter, err, lastErr))
-		return false
-	}
-	c.deadLettered.Add(1)
-	c.log.Warn("consumer: record dead-lettered", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "to", c.cfg.deadLetter, "attempts", attempts, "err", lastErr)
-	return true
-}
-
-// deadLetter builds the dead-letter copy of rec.
-func deadLetter(topic string, rec *kgo.Record, attempts int, lastErr error) *kgo.Record {
-	headers := make([]kgo.RecordHeader, 0, len(rec.Headers)+5)
-	headers = append(headers, rec.Headers...)
-	headers = append(headers,
-		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(rec.Topic)},
-		kgo.RecordHeader{Key: HeaderPartition, Value: strconv.AppendInt(nil, int64(rec.Partition), 10)},
-		kgo.RecordHeader{Key: HeaderOffset, Value: strconv.AppendInt(nil, rec.Offset, 10)},
-		kgo.RecordHeader{Key: HeaderError, Value: errorText(lastErr)},
-		kgo.RecordHeader{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
-	)
-	return &kgo.Record{
-		Topic:     topic,
-		Key:       rec.Key,
-		Value:     rec.Value,
-		Headers:   headers,
-		Timestamp: rec.Timestamp,
-	}
-}
