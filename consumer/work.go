@@ -143,4 +143,3 @@ func (p *partition) sleep(d time.Duration) bool {
 		return false
 	}
 }
-
