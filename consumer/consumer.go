@@ -52,12 +52,18 @@ type Consumer struct {
 	// Set by Run before the Kafka client exists, read by callbacks and
 	// partition goroutines.
 	base    context.Context // Run's ctx, without its cancellation
+	runCtx  context.Context // Run's ctx, ended by stopRun too
 	stopRun context.CancelCauseFunc
 
 	// sched hands ready records to at most WithMaxInFlight workers.
 	sched sched
-	// prod writes dead letters (and parked records); nil without them.
+	// prod writes dead letters and parked records; nil without them.
 	prod *producer
+	// group is the consumer group; topics what the client consumes: the
+	// user's topics (or patterns), and the shaping topic.
+	group       string
+	topics      []string
+	shapingView shapingView
 
 	// commitTimeout bounds each commit: at least the handler timeout and
 	// defaultCommitTimeout, at most what a rebalance leaves after waiting
@@ -77,6 +83,7 @@ type Consumer struct {
 	failure atomic.Pointer[error] // first error that stops the consumer
 
 	handled, retried, deadLettered atomic.Int64
+	parked                         atomic.Int64
 	permitTimeouts, limiterErrors  atomic.Int64
 	waitingRecords, inFlight       atomic.Int64
 	active                         atomic.Int64
@@ -144,6 +151,9 @@ func (c *Consumer) clientOpts() []kgo.Opt {
 	if c.fetchPartBytes > 0 {
 		opts = append(opts, kgo.FetchMaxPartitionBytes(c.fetchPartBytes))
 	}
+	if c.topics != nil {
+		opts = append(opts, kgo.ConsumeTopics(c.topics...))
+	}
 	return append(opts,
 		kgo.AutoCommitMarks(),
 		kgo.BlockRebalanceOnPoll(),
@@ -174,6 +184,19 @@ func (c *Consumer) checkKafka() error {
 	}
 	if err := c.check(cl); err != nil {
 		return err
+	}
+	c.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
+	if sh := c.cfg.shaping; sh != "" {
+		topics, _ := cl.OptValue(kgo.ConsumeTopics).(map[string]*regexp.Regexp)
+		regex, _ := cl.OptValue(kgo.ConsumeRegex).(bool)
+		c.topics = make([]string, 0, len(topics)+1)
+		for t := range topics {
+			c.topics = append(c.topics, t)
+		}
+		if regex {
+			sh = "^" + regexp.QuoteMeta(sh) + "$"
+		}
+		c.topics = append(c.topics, sh)
 	}
 	if b, _ := cl.OptValue(kgo.FetchMaxPartitionBytes).(int32); int64(b) > c.cfg.queueBytes/4 {
 		c.fetchPartBytes = int32(c.cfg.queueBytes / 4)
@@ -223,7 +246,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	runCtx, stop := c.prepare(ctx)
 	defer stop(nil)
 
-	if c.cfg.deadLetter != "" {
+	if c.cfg.deadLetter != "" || c.cfg.shaping != "" {
 		prod, err := c.newProducer()
 		if err != nil {
 			return err
@@ -327,7 +350,7 @@ func (c *Consumer) markLoop(ctx context.Context) {
 func (c *Consumer) prepare(ctx context.Context) (context.Context, context.CancelCauseFunc) {
 	runCtx, stop := context.WithCancelCause(ctx)
 	c.base = context.WithoutCancel(ctx)
-	c.stopRun = stop
+	c.runCtx, c.stopRun = runCtx, stop
 	return runCtx, stop
 }
 
@@ -395,6 +418,22 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 		return
 	}
 	c.log.Info("consumer: partitions assigned", "partitions", assigned)
+	var sc *scan
+	if c.cfg.shaping != "" {
+		var parks []topicPartition
+		for topic, ids := range assigned {
+			for _, id := range ids {
+				if key := (topicPartition{topic, id}); topic != c.cfg.shaping && c.parts[key] == nil {
+					parks = append(parks, key)
+				}
+			}
+		}
+		if len(parks) > 0 {
+			sc = c.newScan(cl, parks)
+			c.wg.Add(1)
+			go sc.run(c.runCtx)
+		}
+	}
 	for topic, ids := range assigned {
 		for _, id := range ids {
 			key := topicPartition{topic, id}
@@ -410,7 +449,11 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 			p.after = append([]*partition(nil), c.stopping[key]...)
 			c.parts[key] = p
 			c.wg.Add(1)
-			p.start()
+			if p.parks {
+				p.start(sc)
+			} else {
+				p.start(nil)
+			}
 		}
 	}
 }

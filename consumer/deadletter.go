@@ -27,17 +27,21 @@ const largeHeadroom = 64 << 10
 
 // newProducer builds the producer from the user's Kafka options.
 func (c *Consumer) newProducer() (*producer, error) {
-	var base []kgo.Opt
-	for _, o := range c.cfg.kafka {
-		switch o.(type) {
-		case kgo.ConsumerOpt, kgo.GroupOpt:
-			continue
-		}
-		base = append(base, o)
-	}
+	base := c.producerBase()
 	normal, err := kgo.NewClient(base...)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: building the producer from WithKafka: %w", err)
+	}
+	if c.cfg.shaping != "" {
+		def, _ := normal.OptValue(kgo.RecordPartitioner).(kgo.Partitioner)
+		if def == nil {
+			def = kgo.StickyKeyPartitioner(nil)
+		}
+		base = append(base, kgo.RecordPartitioner(shapingPartitioner{topic: c.cfg.shaping, ordering: c.cfg.ordering, def: def}))
+		normal.Close()
+		if normal, err = kgo.NewClient(base...); err != nil {
+			return nil, fmt.Errorf("consumer: building the producer from WithKafka: %w", err)
+		}
 	}
 	most, _ := normal.OptValue(kgo.BrokerMaxWriteBytes).(int32)
 	most = max(most-largeHeadroom, 1<<20) // room for the request around the batch
@@ -47,6 +51,20 @@ func (c *Consumer) newProducer() (*producer, error) {
 		return nil, fmt.Errorf("consumer: building the producer from WithKafka: %w", err)
 	}
 	return &producer{normal: normal, large: large}, nil
+}
+
+// producerBase returns the user's Kafka options without the consumer and
+// group ones.
+func (c *Consumer) producerBase() []kgo.Opt {
+	var base []kgo.Opt
+	for _, o := range c.cfg.kafka {
+		switch o.(type) {
+		case kgo.ConsumerOpt, kgo.GroupOpt:
+			continue
+		}
+		base = append(base, o)
+	}
+	return base
 }
 
 // close fails the writes still waiting and closes the clients.

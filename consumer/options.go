@@ -57,6 +57,10 @@ type config struct {
 	// deadLetter: "", meaning a record that fails all its attempts stops
 	// the consumer.
 	deadLetter string
+	// shaping: "", meaning no record is parked; shapingBound: how long a
+	// unit may hold its partition before its records are parked.
+	shaping      string
+	shapingBound time.Duration
 	// handlerTimeout: 10 s.
 	handlerTimeout time.Duration
 	// ordering: ByKey. maxInFlight: 128 records per consumer instance
@@ -250,6 +254,49 @@ func WithDeadLetter(topic string) Option {
 			return
 		}
 		c.deadLetter = topic
+	})
+}
+
+// WithShaping parks the records of a key that holds its partition longer
+// than bound in topic, so that the partition goes on: per-tenant budgets
+// ([WithLimiterFor]) then cannot let one tenant starve the others of its
+// partition, nor can a key with many records. Default: off, and a key
+// holds its partition for as long as its records wait (see the package
+// documentation). Recommended for per-key budgets, with a bound of about a
+// second.
+//
+// A key holds its partition from the moment a worker takes the first of a
+// run of its records (under ByPartition the partition is the key; under
+// Unordered each record is its own). Once that has lasted bound, its
+// record in work is written to topic instead of waiting longer for its
+// permit or a retry, together with the key's records queued behind it, and
+// they are finished, so the watermark passes them; later records of the
+// key follow them to topic as their turn comes, until the last one parked
+// has been handled, so the key's order holds. Nothing is parked while the
+// limiter's store fails.
+//
+// The consumer consumes topic in the same group (it is added to the
+// topics of WithKafka) and hands its records to the handler as they were
+// consumed from their own topic (same topic, partition, offset, key,
+// value, headers), each after its permit, without a bound: a key parked
+// there waits in place, in order, and holds that partition of topic. A
+// parked record carries [HeaderTopic], [HeaderPartition], [HeaderOffset]
+// and [HeaderAttempts] as its last headers.
+//
+// topic must exist, accept records as large as the consumed topics do
+// (max.message.bytes), and keep its number of partitions: the records of
+// one key go to one partition of it. bound must be positive and at most an
+// hour.
+func WithShaping(topic string, bound time.Duration) Option {
+	return optionFunc(func(c *config) {
+		switch {
+		case topic == "":
+			c.invalid("WithShaping topic", `""`, "must name a topic")
+		case bound <= 0 || bound > time.Hour:
+			c.invalid("WithShaping bound", bound, "must be positive and at most an hour")
+		default:
+			c.shaping, c.shapingBound = topic, bound
+		}
 	})
 }
 

@@ -21,7 +21,7 @@ import (
 // for commit (by flush).
 type partition struct {
 	c     *Consumer
-	cl    *kgo.Client
+	cl    *kgo.Client // the consumer's client
 	topic string
 	id    int32
 
@@ -53,6 +53,12 @@ type partition struct {
 	// whole is the partition's one unit under ByPartition.
 	units map[string]*unit
 	whole unit
+	// parks: records of this partition may be parked (shaping is on and
+	// this is not the shaping topic). shaped: this is the shaping topic.
+	parks, shaped bool
+	// through is the offset after the last record behind the watermark,
+	// -1 before any.
+	through int64
 	// bytes is what pending counts for: RecordOverhead per record, and
 	// the key, value and headers of the unfinished ones.
 	bytes  int64
@@ -79,12 +85,20 @@ const RecordOverhead = 320
 // slot is one record the consumer holds: a copy of the fetched record,
 // so that holding it does not hold the fetched batch it came from.
 type slot struct {
-	rec    kgo.Record
-	unit   *unit     // nil under Unordered
-	next   *slot     // the unit's next queued record
-	pushed time.Time // when the record was queued
-	size   int64     // key, value and headers; 0 once finished
-	done   bool      // handled, dead-lettered or parked
+	// rec is what the handler sees: for a record parked in the shaping
+	// topic, the record as it was consumed from its own topic.
+	rec  kgo.Record
+	unit *unit // nil under Unordered
+	next *slot // the unit's next queued record
+	// off and epoch are the record's own offset and leader epoch in this
+	// partition, for the watermark.
+	off   int64
+	epoch int32
+	// attempts were made before the record was parked.
+	attempts int
+	began    time.Time // when a worker took it
+	size     int64     // key, value and headers; 0 once finished
+	done     bool      // handled, dead-lettered or parked
 }
 
 // unit is an ordering unit: a key under ByKey, the partition under
@@ -94,6 +108,15 @@ type unit struct {
 	key        string
 	busy       bool  // a record of the unit is ready or in work
 	head, tail *slot // queued records
+	// holdSince is when a worker took the first record of the unit's
+	// current run of records (zero when the unit is idle): what the
+	// shaping bound measures.
+	holdSince time.Time
+	// parked: the unit's records go to the shaping topic, the last of
+	// them to parkPart at parkOff, until that one has been handled.
+	parked   bool
+	parkPart int32
+	parkOff  int64
 }
 
 func (u *unit) push(s *slot) {
@@ -148,13 +171,18 @@ func (q *fifo) reset() { *q = fifo{} }
 
 func newPartition(c *Consumer, cl *kgo.Client, topic string, id int32) *partition {
 	p := &partition{
-		c:     c,
-		cl:    cl,
-		topic: topic,
-		id:    id,
-		done:  make(chan struct{}),
-		units: make(map[string]*unit),
-		mark:  kgo.Record{Topic: topic, Partition: id},
+		c:       c,
+		cl:      cl,
+		topic:   topic,
+		id:      id,
+		done:    make(chan struct{}),
+		units:   make(map[string]*unit),
+		mark:    kgo.Record{Topic: topic, Partition: id},
+		through: -1,
+	}
+	if sh := c.cfg.shaping; sh != "" {
+		p.shaped = topic == sh
+		p.parks = !p.shaped
 	}
 	p.soft, p.cancelSoft = context.WithCancel(c.base)
 	return p
@@ -207,7 +235,6 @@ func copyRecord(s *slot, r *kgo.Record, topic string) int64 {
 // paused, so that no more of its records are polled until it holds half
 // as many of both.
 func (p *partition) push(recs []*kgo.Record) {
-	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -215,8 +242,11 @@ func (p *partition) push(recs []*kgo.Record) {
 	}
 	c := p.c
 	for _, r := range recs {
-		s := &slot{pushed: now}
+		s := &slot{off: r.Offset, epoch: r.LeaderEpoch}
 		s.size = copyRecord(s, r, p.topic)
+		if p.shaped {
+			s.attempts = unpark(&s.rec)
+		}
 		p.bytes += s.size + RecordOverhead
 		p.pending.push(s)
 		u := p.unitOf(&s.rec)
@@ -240,19 +270,30 @@ func (p *partition) push(recs []*kgo.Record) {
 }
 
 // unitOf returns rec's ordering unit, nil under Unordered; p.mu is held.
+// In the shaping topic, records of different origins are different units
+// (rec carries its origin).
 func (p *partition) unitOf(rec *kgo.Record) *unit {
+	var key string
 	switch p.c.cfg.ordering {
 	case ByPartition:
-		return &p.whole
-	case ByKey:
-		u := p.units[string(rec.Key)]
-		if u == nil {
-			u = &unit{key: string(rec.Key)}
-			p.units[u.key] = u
+		if !p.shaped {
+			return &p.whole
 		}
-		return u
+		key = originKey(rec, false)
+	case ByKey:
+		key = string(rec.Key)
+		if p.shaped {
+			key = originKey(rec, true)
+		}
+	default:
+		return nil
 	}
-	return nil
+	u := p.units[key]
+	if u == nil {
+		u = &unit{key: key}
+		p.units[key] = u
+	}
+	return u
 }
 
 // full reports whether the partition holds its queue size in records or
@@ -285,15 +326,34 @@ func (p *partition) begin() *slot {
 	}
 	s := p.ready.pop()
 	p.inWork++
+	s.began = time.Now()
+	if u := s.unit; u != nil && u.holdSince.IsZero() {
+		u.holdSince = s.began
+	}
 	p.schedule()
 	return s
 }
 
-// end finishes s (see finish) for its worker, and ends the partition if
-// it is stopped and s was the last record in work.
-func (p *partition) end(s *slot, ok bool) {
+// outcome is how a worker is done with a record.
+type outcome int
+
+const (
+	// finished: handled or dead-lettered; end finishes it.
+	finished outcome = iota
+	// parked: written to the shaping topic and finished already.
+	parked
+	// stopped: the partition stopped or the consumer failed; the record
+	// stays unfinished.
+	stopped
+)
+
+// end finishes s (see finishLocked) for its worker, and ends the
+// partition if it is stopped and s was the last record in work.
+func (p *partition) end(s *slot, out outcome) {
 	p.mu.Lock()
-	p.finishLocked(s, ok)
+	if out != parked {
+		p.finishLocked(s, out == finished)
+	}
 	p.inWork--
 	last := p.closed && p.inWork == 0 && p.waited
 	p.mu.Unlock()
@@ -312,21 +372,48 @@ func (p *partition) finishLocked(s *slot, ok bool) {
 	if !ok {
 		return
 	}
+	p.release(s)
+	p.advance(s.unit)
+}
+
+// release gives back a finished record's key, value and headers; p.mu
+// is held.
+func (p *partition) release(s *slot) {
 	s.done = true
 	p.bytes -= s.size
 	s.size = 0
 	s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
-	if u := s.unit; u != nil {
+}
+
+// advance lets the next record of u (done with its record in work)
+// become ready, and moves the watermark past the finished records at the
+// front of pending; p.mu is held.
+func (p *partition) advance(u *unit) {
+	p.advanceUnit(u)
+	p.advanceWatermark()
+}
+
+// advanceUnit lets the next record of u become ready, or marks u idle;
+// p.mu is held.
+func (p *partition) advanceUnit(u *unit) {
+	if u != nil {
 		if n := u.pop(); n != nil {
 			p.ready.push(n)
 			p.schedule()
 		} else {
 			u.busy = false
-			if u != &p.whole {
+			u.holdSince = time.Time{}
+			if u != &p.whole && !u.parked {
 				delete(p.units, u.key)
 			}
 		}
 	}
+}
+
+// advanceWatermark moves the watermark past the finished records at the
+// front of pending, and resumes fetching once the partition has drained;
+// p.mu is held.
+func (p *partition) advanceWatermark() {
 	var last *slot
 	for p.pending.len() > 0 && p.pending.front().done {
 		last = p.pending.pop()
@@ -335,7 +422,8 @@ func (p *partition) finishLocked(s *slot, ok bool) {
 	if last == nil {
 		return
 	}
-	p.mark.Offset, p.mark.LeaderEpoch = last.rec.Offset, last.rec.LeaderEpoch
+	p.mark.Offset, p.mark.LeaderEpoch = last.off, last.epoch
+	p.through = last.off + 1
 	p.dirty = true
 	if p.paused && !p.closed && p.drained() {
 		p.cl.ResumeFetchPartitions(p.tps())
@@ -378,21 +466,22 @@ func (p *partition) close() {
 }
 
 // start lets workers take the partition's records once the earlier
-// ownerships of the partition have ended (at once if there are none).
-func (p *partition) start() {
-	if len(p.after) == 0 {
+// ownerships of the partition have ended and sc (if any) has found its
+// parked units; at once if there is nothing to wait for.
+func (p *partition) start(sc *scan) {
+	if len(p.after) == 0 && sc == nil {
 		p.mu.Lock()
 		p.started, p.waited = true, true
 		p.schedule()
 		p.mu.Unlock()
 		return
 	}
-	go p.waitAfter()
+	go p.waitAfter(sc)
 }
 
-// waitAfter waits for the earlier ownerships to end, or the partition to
-// stop, then lets workers take its records.
-func (p *partition) waitAfter() {
+// waitAfter waits for the earlier ownerships to end and for sc, or for
+// the partition to stop, then lets workers take its records.
+func (p *partition) waitAfter(sc *scan) {
 	stopped := false
 	for _, earlier := range p.after {
 		select {
@@ -404,7 +493,17 @@ func (p *partition) waitAfter() {
 			break
 		}
 	}
+	if sc != nil && !stopped {
+		select {
+		case <-sc.done:
+		case <-p.soft.Done():
+			stopped = true
+		}
+	}
 	p.mu.Lock()
+	if sc != nil && !stopped {
+		sc.apply(p)
+	}
 	p.waited = true
 	p.started = !stopped
 	p.schedule()

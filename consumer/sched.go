@@ -106,9 +106,9 @@ func (w *worker) work() {
 			continue
 		}
 		c.active.Add(1)
-		ok := p.process(w, &sl.rec)
+		out := p.process(w, sl)
 		c.active.Add(-1)
-		p.end(sl, ok)
+		p.end(sl, out)
 	}
 }
 

@@ -16,6 +16,8 @@ type Stats struct {
 	Retried int64
 	// DeadLettered counts records written to the dead-letter topic.
 	DeadLettered int64
+	// Parked counts records written to the shaping topic (WithShaping).
+	Parked int64
 	// PermitTimeouts counts waits for a permit that ended without one
 	// (only with a finite WithPermitWait).
 	PermitTimeouts int64
@@ -82,6 +84,7 @@ func (c *Consumer) Stats() Stats {
 		Handled:           c.handled.Load(),
 		Retried:           c.retried.Load(),
 		DeadLettered:      c.deadLettered.Load(),
+		Parked:            c.parked.Load(),
 		PermitTimeouts:    c.permitTimeouts.Load(),
 		LimiterErrors:     c.limiterErrors.Load(),
 		PermitWait:        time.Duration(c.permitWait.Load()),

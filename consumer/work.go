@@ -12,87 +12,129 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// process takes permits for rec and handles it, retrying as configured,
-// until it is handled or dead-lettered (true), or the partition stops or
-// the consumer fails (false).
-func (p *partition) process(w *worker, rec *kgo.Record) bool {
+// process takes permits for s's record and handles it, retrying as
+// configured, until it is handled or dead-lettered (finished), parked in
+// the shaping topic (parked), or the partition stops or the consumer
+// fails (stopped).
+//
+// With shaping on, a record is parked, rather than waiting or retrying,
+// once its unit has held the partition for the shaping bound, and at once
+// if its unit is parked; a failure of the limiter's store parks nothing
+// (every unit waits alike).
+func (p *partition) process(w *worker, s *slot) outcome {
 	c := p.c
+	rec := &s.rec
 	var (
-		attempts int
-		delays   int // permit timeouts or limiter failures in a row
+		attempts = s.attempts // made before the record was parked
+		delays   int          // permit timeouts or limiter failures in a row
 		lastErr  error
+		parkAt   time.Time
 	)
+	if p.parks {
+		if p.parkedUnit(s) {
+			return p.park(s, attempts)
+		}
+		parkAt = p.holdDeadline(s)
+	}
+	// late reports whether waiting d more would take the unit past the
+	// shaping bound.
+	late := func(d time.Duration) bool { return p.parks && !time.Now().Add(d).Before(parkAt) }
 	for {
-		k, err := p.acquire(rec)
+		wait, bounded := c.cfg.maxWait, false
+		if p.parks {
+			left := time.Until(parkAt)
+			if left <= 0 {
+				return p.park(s, attempts)
+			}
+			if left < wait {
+				wait, bounded = left, true
+			}
+		}
+		k, err := p.acquire(rec, wait)
 		switch {
 		case err == nil:
 			delays = 0
 			attempts++
 			if lastErr = p.call(w, rec, k); lastErr == nil {
 				c.handled.Add(1)
-				return true
+				return finished
 			}
 			c.reportAnswer(p.soft, rec, lastErr) // the adaptive rate (answer.go)
 		case p.soft.Err() != nil:
-			return false
+			return stopped
+		case errors.Is(err, throttle.ErrTimeout) && bounded:
+			return p.park(s, attempts)
 		case errors.Is(err, throttle.ErrTimeout):
 			c.permitTimeouts.Add(1)
 			if c.cfg.onTimeout == TimeoutRetry {
 				delays++
-				if !p.sleep(c.permitBackoff(delays)) {
-					return false
+				d := c.permitBackoff(delays)
+				if late(d) {
+					return p.park(s, attempts)
+				}
+				if !p.sleep(d) {
+					return stopped
 				}
 				continue
 			}
 			attempts++
 			lastErr = err
+		case isPanic(err):
+			// WithLimiterFor panicked on this record: a failed attempt.
+			attempts++
+			lastErr = err
 		case errors.Is(err, throttle.ErrInvalid), errors.Is(err, throttle.ErrExceedsLimit):
 			// Waiting cannot help: the limiter is misconfigured.
 			c.fail(fmt.Errorf("consumer: permit for record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
-			return false
+			return stopped
 		default:
-			// The limiter's store failed. That is no fault of the
-			// record's, so it uses up no attempt; back off and ask
-			// again.
+			// The limiter's store failed. That is no fault of the record's, so it uses up no
+			// attempt; back off and ask again.
 			c.limiterErrors.Add(1)
 			delays++
 			d := c.permitBackoff(delays)
 			c.log.Warn("consumer: limiter failed; retrying", "topic", p.topic, "partition", p.id, "in", d, "err", err)
 			if !p.sleep(d) {
-				return false
+				return stopped
 			}
 			continue
 		}
 
 		// The attempt failed.
 		if p.soft.Err() != nil {
-			return false // no longer ours to retry; the next owner will
+			return stopped // no longer ours to retry; the next owner will
 		}
 		if attempts < c.cfg.attempts {
 			d := c.backoff(attempts)
+			if late(d) {
+				return p.park(s, attempts) // the shaping topic retries it
+			}
 			c.log.Debug("consumer: attempt failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempts, "in", d, "err", lastErr)
 			if !p.sleep(d) {
-				return false // no retry: not counted
+				return stopped // no retry: not counted
 			}
 			c.retried.Add(1)
 			continue
 		}
-		return p.exhausted(rec, attempts, lastErr)
+		if p.exhausted(rec, attempts, lastErr) {
+			return finished
+		}
+		return stopped
 	}
 }
 
-// acquire waits for rec's permit and returns the budget it came from; a
-// zero Keyed (no limiter for rec) takes no permit.
-func (p *partition) acquire(rec *kgo.Record) (throttle.Keyed, error) {
+// acquire waits up to wait for rec's permit and returns the budget it
+// came from; a zero Keyed (no limiter for rec) takes no permit.
+func (p *partition) acquire(rec *kgo.Record, wait time.Duration) (throttle.Keyed, error) {
 	c := p.c
-	k := c.cfg.limiterFor(rec)
-	if k.Limiter() == nil {
-		return k, nil
+	k, err := c.limiterOf(rec)
+	if err != nil || k.Limiter() == nil {
+		return k, err
 	}
 	p.waiting.Add(1)
 	c.waitingRecords.Add(1)
 	start := time.Now()
-	err := k.Acquire(p.soft, c.cfg.maxWait)
+	err = k.Acquire(p.soft, wait)
 	c.permitWait.Add(int64(time.Since(start)))
 	c.waitingRecords.Add(-1)
 	p.waiting.Add(-1)
@@ -142,4 +184,23 @@ func (p *partition) sleep(d time.Duration) bool {
 	case <-p.soft.Done():
 		return false
 	}
+}
+
+// limiterOf returns rec's budget (WithLimiterFor), and a *PanicError if
+// the function panicked.
+func (c *Consumer) limiterOf(rec *kgo.Record) (k throttle.Keyed, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			perr := &PanicError{Value: v, Stack: debug.Stack()}
+			c.log.Error("consumer: WithLimiterFor panicked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"panic", fmt.Sprint(v), "stack", string(perr.Stack))
+			err = perr
+		}
+	}()
+	return c.cfg.limiterFor(rec), nil
+}
+
+func isPanic(err error) bool {
+	var perr *PanicError
+	return errors.As(err, &perr)
 }

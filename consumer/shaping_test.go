@@ -1,0 +1,340 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/kafkaenv"
+	"github.com/headway-go/headway/throttle"
+)
+
+// keyOrder checks, at the handler, that each key's records come in
+// offset order, and counts the records of each tenant (the key's prefix
+// before '-').
+type keyOrder struct {
+	mu       sync.Mutex
+	last     map[string]int64
+	reorders []string
+	handled  map[string]int
+	seen     map[int64]bool
+}
+
+func newKeyOrder() *keyOrder {
+	return &keyOrder{last: map[string]int64{}, handled: map[string]int{}, seen: map[int64]bool{}}
+}
+
+func (o *keyOrder) handle(_ context.Context, rec *kgo.Record) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := fmt.Sprintf("%s/%d/%s", rec.Topic, rec.Partition, rec.Key)
+	if last, ok := o.last[k]; ok && rec.Offset <= last {
+		o.reorders = append(o.reorders, fmt.Sprintf("%s: %d after %d", k, rec.Offset, last))
+	}
+	o.last[k] = rec.Offset
+	if !o.seen[rec.Offset] {
+		o.seen[rec.Offset] = true
+		o.handled[tenant(rec)]++
+	}
+	return nil
+}
+
+func (o *keyOrder) count(tenant string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.handled[tenant]
+}
+
+func tenant(rec *kgo.Record) string {
+	t, _, _ := strings.Cut(string(rec.Key), "-")
+	return t
+}
+
+// tenants returns a WithLimiterFor of a budget per tenant: hot has one
+// permit per hour, spent here; cold has plenty.
+func tenants(t *testing.T) consumer.Option {
+	hot := limiter(t, 1, time.Hour)
+	require.NoError(t, hot.Key("hot").Acquire(context.Background(), 0))
+	cold := limiter(t, 100_000, time.Second)
+	return consumer.WithLimiterFor(func(r *kgo.Record) throttle.Keyed {
+		if tenant(r) == "hot" {
+			return hot.Key("hot")
+		}
+		return cold.Key(tenant(r))
+	})
+}
+
+// produceTenants writes, to one partition of topic, one record of tenant
+// hot, then n records of tenant cold over 50 keys.
+func produceTenants(t *testing.T, kc *kafkaenv.Cluster, topic string, n int) {
+	produce(t, kc, topic, 1, n+1, func(_ int32, i int) string {
+		if i == 0 {
+			return "hot-0"
+		}
+		return fmt.Sprintf("cold-%d", i%50)
+	})
+}
+
+// One hot tenant does not stop its partition: with shaping on, as the
+// package doc recommends, its record leaves the partition's path for the
+// shaping topic once it has waited the bound, and all 2,000 cold records
+// behind it are handled within seconds while it waits; every key's order
+// holds, nothing is lost, and the partition's commit passes the hot
+// record, which waits in the shaping topic.
+func TestHotTenantDoesNotStopItsPartition(t *testing.T) {
+	t.Parallel()
+	const cold = 2000
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 4))
+	produceTenants(t, kc, "in", cold)
+
+	o := newKeyOrder()
+	c, err := consumer.New(o.handle, nil, append(base(kc, "g", "in"), tenants(t),
+		consumer.WithShaping("in.shaping", 500*time.Millisecond))...)
+	require.NoError(t, err)
+	began := time.Now()
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "every cold record handled", func() bool { return o.count("cold") == cold })
+	t.Logf("%d cold records handled in %v", cold, time.Since(began))
+	waitFor(t, 10*time.Second, "the hot record parked", func() bool { return c.Stats().Parked == 1 })
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, []int64{cold + 1}, committed(t, kc, "g", "in", 1), "the partition's commit passed the hot record")
+
+	assert.Zero(t, o.count("hot"), "the hot record waits for its tenant's permit")
+	assert.Empty(t, o.reorders)
+	s := c.Stats()
+	assert.EqualValues(t, 1, s.Parked)
+	recs := readAll(t, kc, "in.shaping", 1)
+	require.Len(t, recs, 1, "the hot record is in the shaping topic")
+	hs := headers(recs[0])
+	assert.Equal(t, "hot-0", string(recs[0].Key))
+	assert.Equal(t, "in", hs[consumer.HeaderTopic])
+	assert.Equal(t, "0", hs[consumer.HeaderOffset])
+}
+
+// handling is one handler call: which record, and from where it came to
+// the handler (its own topic, or parked).
+type keyLog struct {
+	mu      sync.Mutex
+	offsets map[string][]int64 // key → offsets in handling order
+}
+
+func (l *keyLog) add(rec *kgo.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.offsets == nil {
+		l.offsets = map[string][]int64{}
+	}
+	l.offsets[string(rec.Key)] = append(l.offsets[string(rec.Key)], rec.Offset)
+}
+
+func (l *keyLog) get(key string) []int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]int64(nil), l.offsets[key]...)
+}
+
+func (l *keyLog) total() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, o := range l.offsets {
+		n += len(o)
+	}
+	return n
+}
+
+// A key with many records, each slow to handle, holds its partition at
+// most the shaping bound: the records of it a worker took before the bound
+// ran out are handled in place (each takes at least 10 ms, so at most
+// bound/10ms + 1 of them), the rest go to the shaping topic and are
+// handled from there, and the key's order holds across the switch. The
+// other keys' records are not held up, and everything is committed.
+func TestKeyWithManyRecordsIsParkedInOrder(t *testing.T) {
+	t.Parallel()
+	const hot, others = 150, 300
+	const bound = 100 * time.Millisecond
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 3))
+	// The hot key's records first, then the others'.
+	produce(t, kc, "in", 1, hot+others, func(_ int32, i int) string {
+		if i < hot {
+			return "hot"
+		}
+		return fmt.Sprint("k", i%30)
+	})
+	var l keyLog
+	var direct atomicCounter
+	h := func(_ context.Context, rec *kgo.Record) error {
+		l.add(rec)
+		if string(rec.Key) == "hot" {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return nil
+	}
+	c, err := consumer.New(func(ctx context.Context, rec *kgo.Record) error {
+		if string(rec.Key) == "hot" && rec.Topic == "in" {
+			direct.add()
+		}
+		return h(ctx, rec)
+	}, nil, append(base(kc, "g", "in"), consumer.WithShaping("in.shaping", bound))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 20*time.Second, "every record handled", func() bool { return l.total() == hot+others })
+	require.NoError(t, r.stop(t))
+
+	got := l.get("hot")
+	want := make([]int64, hot)
+	for i := range want {
+		want[i] = int64(i)
+	}
+	assert.Equal(t, want, got, "the hot key's records, once each, in offset order")
+	s := c.Stats()
+	t.Logf("hot key: %d records handled before it was parked, %d parked", hot-int(s.Parked), s.Parked)
+	assert.LessOrEqual(t, hot-int(s.Parked), int(bound/(10*time.Millisecond))+1, "records of the key handled in place, beyond the bound")
+	assert.Positive(t, s.Parked)
+	assert.Equal(t, []int64{hot + others}, committed(t, kc, "g", "in", 1))
+}
+
+type atomicCounter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (a *atomicCounter) add() { a.mu.Lock(); a.n++; a.mu.Unlock() }
+
+// gate is a bucket that grants while open, and while closed refuses,
+// telling the limiter to ask again in 200 ms.
+type gate struct {
+	mu   sync.Mutex
+	open bool
+}
+
+func (g *gate) Take(context.Context, string, int64, time.Duration) (throttle.Decision, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.open {
+		return throttle.Decision{Granted: true}, nil
+	}
+	return throttle.Decision{Delay: 200 * time.Millisecond}, nil
+}
+
+func (g *gate) set(open bool) { g.mu.Lock(); g.open = open; g.mu.Unlock() }
+
+// A member that takes over a partition knows which keys of it have
+// records still parked, from the shaping topic: the key's new record is
+// parked behind them rather than handled before them, though its permit
+// would come at once. Here the parked record's handler holds it for a
+// second, long enough for an overtaking record to be seen.
+func TestNewOwnerKeepsTheOrderOfAParkedKey(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 2))
+	produce(t, kc, "in", 1, 1, func(int32, int) string { return "k" })
+	g := &gate{}
+	newMember := func(h consumer.Handler) *consumer.Consumer {
+		// A limiter per member, as separate processes have, on one bucket.
+		c, err := consumer.New(h, throttle.New(g), append(base(kc, "g", "in"),
+			consumer.WithShaping("in.shaping", 100*time.Millisecond),
+			consumer.WithHandlerTimeout(1500*time.Millisecond))...)
+		require.NoError(t, err)
+		return c
+	}
+
+	// a parks offset 0 (no permit), and leaves.
+	a := newMember(func(context.Context, *kgo.Record) error { return nil })
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "a parks the record", func() bool { return a.Stats().Parked == 1 })
+	require.NoError(t, ra.stop(t))
+
+	// The key's next record; permits now come at once.
+	produce(t, kc, "in", 1, 1, func(int32, int) string { return "k" })
+	g.set(true)
+
+	var mu sync.Mutex
+	var order []int64
+	overtaken := false
+	b := newMember(func(ctx context.Context, rec *kgo.Record) error {
+		mu.Lock()
+		order = append(order, rec.Offset)
+		mu.Unlock()
+		if rec.Offset == 0 {
+			// Hold the parked record a while: an overtaking record
+			// would be handled meanwhile.
+			deadline := time.Now().Add(time.Second)
+			for time.Now().Before(deadline) {
+				mu.Lock()
+				overtaken = overtaken || len(order) > 1
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		return nil
+	})
+	rb := start(t, b)
+	waitFor(t, 15*time.Second, "b handles both records", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) >= 2
+	})
+	require.NoError(t, rb.stop(t))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.False(t, overtaken, "the key's new record was handled while its parked one was")
+	assert.Equal(t, []int64{0, 1}, order)
+	assert.EqualValues(t, 1, b.Stats().Parked, "b parked the key's new record behind the parked one")
+}
+
+// Once a key's parked records have all been handled, its next records are
+// handled in place again.
+func TestParkedKeyIsHandledInPlaceOnceItsParkedRecordsAreDone(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 2))
+	produce(t, kc, "in", 1, 1, func(int32, int) string { return "k" })
+	g := &gate{}
+	var l keyLog
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error { l.add(rec); return nil }, throttle.New(g),
+		append(base(kc, "g", "in"), consumer.WithShaping("in.shaping", 50*time.Millisecond))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the record parked", func() bool { return c.Stats().Parked == 1 })
+	g.set(true)
+	waitFor(t, 10*time.Second, "the parked record handled", func() bool { return len(l.get("k")) == 1 })
+	// The shaping topic's watermark has passed the parked record: the
+	// key's next records go in place.
+	produce(t, kc, "in", 1, 3, func(int32, int) string { return "k" })
+	waitFor(t, 10*time.Second, "the next records handled", func() bool { return len(l.get("k")) == 4 })
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, []int64{0, 1, 2, 3}, l.get("k"))
+	assert.EqualValues(t, 1, c.Stats().Parked, "only the first record was parked")
+}
+
+// Without shaping, a key that waits holds its partition: its records and
+// those behind it stay held, up to the partition's bound in records
+// (queue size + one poll), and then the partition's fetching pauses: the
+// cold records beyond it wait.
+func TestWithoutShapingAWaitingKeyHoldsItsPartitionAtTheBound(t *testing.T) {
+	t.Parallel()
+	const cold, queue, poll = 2000, 64, 16
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produceTenants(t, kc, "in", cold)
+	o := newKeyOrder()
+	c, err := consumer.New(o.handle, nil, append(base(kc, "g", "in"), tenants(t),
+		consumer.WithQueueSize(queue), consumer.WithPollSize(poll))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the partition paused with the hot record waiting", func() bool {
+		s := c.Stats()
+		return len(s.Partitions) == 1 && s.Partitions[0].Paused && s.Partitions[0].Waiting
+	})
+	require.NoError(t, r.stop(t))
+	s := c.Stats()
+	assert.LessOrEqual(t, s.PeakBuffered, queue+poll)
+	assert.Less(t, o.count("cold"), queue+poll, "cold records handled past the bound")
+	assert.LessOrEqual(t, committed(t, kc, "g", "in", 1)[0], int64(0), "nothing committed past the waiting record")
+}
