@@ -25,12 +25,13 @@ import (
 // different keys or partitions run concurrently, up to [WithMaxInFlight]
 // at once. A Handler must therefore be safe for concurrent use.
 //
-// ctx ends when the call has run for the handler timeout
-// ([WithHandlerTimeout]). It does not end when the partition is revoked or
-// the consumer shuts down: the call is allowed to finish (up to that
-// timeout) and its record may then be committed. A nil error finishes the
-// record; an error is retried under [WithRetry]. rec must not be kept
-// after the call returns.
+// ctx carries the attempt's permit and the values of Run's ctx, and ends
+// when the call has run for the handler timeout ([WithHandlerTimeout]). It
+// does not end when the partition is revoked or the consumer shuts down:
+// the call is allowed to finish (up to that timeout) and its record may
+// then be committed. A nil error finishes the record; an error, or a
+// panic (see [PanicError]), is retried under [WithRetry]. rec must not be
+// kept after the call returns: the consumer clears it.
 type Handler func(ctx context.Context, rec *kgo.Record) error
 
 // Consumer consumes Kafka records as a group member and hands each one to

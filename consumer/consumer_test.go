@@ -186,6 +186,39 @@ func TestBackpressureBoundsBufferedRecords(t *testing.T) {
 	assert.GreaterOrEqual(t, calls.Load(), int64(40), "progress")
 }
 
+// The bytes a partition holds stay within the queue bytes plus one poll:
+// with large values and a slow limiter, fetching pauses on bytes before
+// the record count binds.
+func TestBackpressureBoundsBufferedBytes(t *testing.T) {
+	t.Parallel()
+	const value, poll, queueBytes = 1000, 4, 16 << 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("big", 1))
+	cl, err := kc.Client()
+	require.NoError(t, err)
+	var recs []*kgo.Record
+	for i := range 200 {
+		recs = append(recs, &kgo.Record{Topic: "big", Value: fmt.Appendf(nil, "%0*d", value, i)})
+	}
+	require.NoError(t, cl.ProduceSync(context.Background(), recs...).FirstErr())
+	cl.Close()
+
+	lim := limiter(t, 5, 100*time.Millisecond) // 50/s
+	c, err := consumer.New(func(context.Context, *kgo.Record) error { return nil }, lim, append(base(kc, "g", "big"),
+		consumer.WithQueueBytes(queueBytes), consumer.WithPollSize(poll))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the partition paused", func() bool {
+		s := c.Stats()
+		return len(s.Partitions) == 1 && s.Partitions[0].Paused
+	})
+	require.NoError(t, r.stop(t))
+	s := c.Stats()
+	bound := int64(queueBytes + poll*(value+consumer.RecordOverhead))
+	t.Logf("most bytes held: %d (bound %d), records %d", s.PeakBufferedBytes, bound, s.PeakBuffered)
+	assert.LessOrEqual(t, s.PeakBufferedBytes, bound)
+	assert.Less(t, s.PeakBuffered, 4096, "the bytes bound, not the records bound, paused the partition")
+}
+
 // newOwner is a group member that notes, for the first record it handles
 // of each partition, the record's offset and the committed offset then.
 type newOwner struct {

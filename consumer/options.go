@@ -164,31 +164,30 @@ func WithKafka(opts ...kgo.Opt) Option {
 
 // WithLimiterFor chooses the limiter budget of each record. Default: the
 // limiter given to New, for every record. To give every tenant its own
-// budget, so that one hot tenant cannot starve the others, key by the
-// record key:
+// budget, key by the record key:
 //
 //	consumer.WithLimiterFor(func(r *kgo.Record) throttle.Keyed {
 //		return lim.Key(string(r.Key))
 //	})
 //
 // (a record without a key then draws from the limiter's own budget). The
-// budgets are separate, but the [WithMaxInFlight] slots of an instance are
-// shared, and a record holds its slot while it waits for its permit: a
-// tenant with more records waiting than the instance has slots holds them
-// all, and the other tenants' records wait for a slot until its permits
-// come. fn is called once per attempt, from the record's worker goroutine, concurrently
-// with other records', and must be fast and safe for concurrent use. A nil
-// fn keeps the default.
+// budgets are separate, but a tenant whose budget is spent holds its
+// partition while its records wait, and the instance's in-flight slots
+// ([WithMaxInFlight]) while they wait for permits: add [WithShaping] so
+// that one hot tenant cannot starve the others. fn is called once per
+// attempt, from the record's worker, concurrently with other records',
+// and must be fast and safe for concurrent use; a panic in it is a failed
+// attempt. A nil fn keeps the default.
 func WithLimiterFor(fn func(*kgo.Record) throttle.Keyed) Option {
 	return optionFunc(func(c *config) { c.limiterFor = fn })
 }
 
-// WithPermitWait bounds how long a record waits for a permit, and says what
-// happens when none comes in time (see [TimeoutPolicy]). Default:
-// [throttle.Forever]: a record waits until a permit comes, its partition is
-// revoked, or the consumer shuts down; no timeout ever happens. A waiting
-// record holds one of the [WithMaxInFlight] slots. d must not
-// be negative; 0 asks for a permit only if one is free at once.
+// WithPermitWait bounds how long a record waits for a permit, and says
+// what happens when none comes in time (see [TimeoutPolicy]). Default:
+// [throttle.Forever]: a record waits until a permit comes, its partition
+// is revoked, the consumer shuts down, or [WithShaping] parks it. A
+// waiting record holds one of the [WithMaxInFlight] slots. d must not be
+// negative; 0 asks for a permit only if one is free at once.
 func WithPermitWait(d time.Duration, onTimeout TimeoutPolicy) Option {
 	return optionFunc(func(c *config) {
 		if d < 0 {
@@ -235,16 +234,19 @@ func WithRetry(attempts int, base, max time.Duration) Option {
 //
 // The dead-letter record keeps the original key, value, headers and
 // timestamp, and adds the headers [HeaderTopic], [HeaderPartition],
-// [HeaderOffset], [HeaderError] and [HeaderAttempts]. The original offset
-// is marked for commit only once the broker has acknowledged the
-// dead-letter record; if producing fails, the consumer stops with that
-// error. The topic must exist (or the cluster must create topics on use).
+// [HeaderOffset], [HeaderError] and [HeaderAttempts]. A record too large
+// for topic (its max.message.bytes, checked by the broker after
+// compression) goes without its value and original headers, then without
+// its key, with [HeaderDropped] saying so. The original offset is marked
+// for commit only once the broker has acknowledged the dead-letter record;
+// if writing fails otherwise, the consumer stops with that error. The
+// topic must exist (or the cluster must create topics on use).
 //
-// A write waits for the broker's acknowledgement for as long as kgo keeps
-// trying (kgo.RecordDeliveryTimeout and kgo.RecordRetries, through
-// [WithKafka]; by default without end), holding its record's key and
-// in-flight slot; it is not cut short by its partition's revocation, since
-// dead-letter records of several partitions share produce batches. A
+// Dead letters (and parked records, [WithShaping]) are written by a
+// producer built from the options of [WithKafka] without the consumer and
+// group ones. A write waits for the broker's acknowledgement for as long
+// as kgo keeps trying (kgo.RecordDeliveryTimeout and kgo.RecordRetries; by
+// default without end), holding its record's key and in-flight slot; a
 // revocation waits for it like for a handler call, up to the handler
 // timeout.
 func WithDeadLetter(topic string) Option {
@@ -432,9 +434,11 @@ func WithOrdering(o Ordering) Option {
 }
 
 // WithMaxInFlight bounds the records one consumer instance works on at
-// once, over all its partitions: a record takes one of n slots before it
-// waits for its permit and keeps it through its handler calls, retry
-// delays and dead-lettering. Default: 128. n must be at least 1.
+// once, over all its partitions: a record takes one of n slots (worker
+// goroutines, started as needed) before it waits for its permit and keeps
+// it through its handler calls, retry delays and writes to Kafka
+// (dead-lettering, parking). Partitions with records ready take turns for
+// the slots. Default: 128. n must be at least 1.
 //
 // To reach a limit of R calls per second with handlers that take L, the
 // fleet needs about R·L slots in all (500/s at 100 ms: 50), more when
