@@ -1,8 +1,10 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -10,7 +12,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/headway-go/headway/consumer"
 	"github.com/headway-go/headway/internal/kafkaenv"
@@ -21,6 +26,9 @@ import (
 // offset order, and counts the records of each tenant (the key's prefix
 // before '-').
 type keyOrder struct {
+	// repeats allows a record handled again right after itself (a
+	// redelivery after a member stopped without committing it).
+	repeats  bool
 	mu       sync.Mutex
 	last     map[string]int64
 	reorders []string
@@ -36,7 +44,7 @@ func (o *keyOrder) handle(_ context.Context, rec *kgo.Record) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	k := fmt.Sprintf("%s/%d/%s", rec.Topic, rec.Partition, rec.Key)
-	if last, ok := o.last[k]; ok && rec.Offset <= last {
+	if last, ok := o.last[k]; ok && (rec.Offset < last || rec.Offset == last && !o.repeats) {
 		o.reorders = append(o.reorders, fmt.Sprintf("%s: %d after %d", k, rec.Offset, last))
 	}
 	o.last[k] = rec.Offset
@@ -210,16 +218,18 @@ type atomicCounter struct {
 func (a *atomicCounter) add() { a.mu.Lock(); a.n++; a.mu.Unlock() }
 
 // gate is a bucket that grants while open, and while closed refuses,
-// telling the limiter to ask again in 200 ms.
+// telling the limiter to ask again in 200 ms. Records draw from the
+// budget of their key (byKey).
 type gate struct {
+	only string // refuse only this key while closed; "": every key
 	mu   sync.Mutex
 	open bool
 }
 
-func (g *gate) Take(context.Context, string, int64, time.Duration) (throttle.Decision, error) {
+func (g *gate) Take(_ context.Context, key string, _ int64, _ time.Duration) (throttle.Decision, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.open {
+	if g.open || g.only != "" && key != g.only {
 		return throttle.Decision{Granted: true}, nil
 	}
 	return throttle.Decision{Delay: 200 * time.Millisecond}, nil
@@ -337,4 +347,190 @@ func TestWithoutShapingAWaitingKeyHoldsItsPartitionAtTheBound(t *testing.T) {
 	assert.LessOrEqual(t, s.PeakBuffered, queue+poll)
 	assert.Less(t, o.count("cold"), queue+poll, "cold records handled past the bound")
 	assert.LessOrEqual(t, committed(t, kc, "g", "in", 1)[0], int64(0), "nothing committed past the waiting record")
+}
+
+// A member that stops while writing a parked record (its writes to the
+// shaping topic failing meanwhile) does not wait for the write beyond the
+// handler timeout, and commits nothing past the record; the next member
+// handles every record, each key in order.
+func TestStopWhileParkingLosesNothing(t *testing.T) {
+	t.Parallel()
+	const cold = 20
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 2))
+	produce(t, kc, "in", 1, cold+1, func(_ int32, i int) string {
+		if i == 0 {
+			return "hot"
+		}
+		return fmt.Sprint("k-", i)
+	})
+	g := &gate{only: "hot"}
+	fault := kc.Fake().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "in.shaping", Err: kerr.NotLeaderForPartition, Count: -1})
+	o := newKeyOrder()
+	o.repeats = true // a's records not committed are handled again
+	member := func() *consumer.Consumer {
+		c, err := consumer.New(o.handle, nil, append(base(kc, "g", "in"), byKey(throttle.New(g)),
+			consumer.WithShaping("in.shaping", 50*time.Millisecond),
+			consumer.WithHandlerTimeout(300*time.Millisecond))...)
+		require.NoError(t, err)
+		return c
+	}
+	a := member()
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "a writes the parked record, in vain", func() bool { return fault.Hits() > 0 && o.count("k") == cold })
+	require.NoError(t, ra.stop(t))
+	assert.LessOrEqual(t, committed(t, kc, "g", "in", 1)[0], int64(0), "committed past the record being parked")
+	assert.Zero(t, a.Stats().Parked)
+
+	fault.Remove()
+	g.set(true)
+	b := member()
+	rb := start(t, b)
+	waitFor(t, 10*time.Second, "b handles the hot record", func() bool { return o.count("hot") == 1 })
+	require.NoError(t, rb.stop(t))
+	assert.Empty(t, o.reorders)
+	assert.Equal(t, cold, o.count("k"))
+	assert.Equal(t, []int64{cold + 1}, committed(t, kc, "g", "in", 1))
+}
+
+// A member that dies after parking a record and before committing it
+// loses nothing: the next member finds the key parked, parks its records
+// again behind the first copy (a duplicate), and the key's records are
+// first handled in offset order.
+func TestCrashBetweenParkingAndCommitLosesNothing(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 2))
+	produce(t, kc, "in", 1, 5, func(_ int32, i int) string {
+		if i == 0 {
+			return "hot"
+		}
+		return fmt.Sprint("k", i)
+	})
+	g := &gate{only: "hot"}
+	var mu sync.Mutex
+	var log []string // who/offset of each handling
+	handler := func(who string) consumer.Handler {
+		return func(_ context.Context, rec *kgo.Record) error {
+			mu.Lock()
+			log = append(log, fmt.Sprintf("%s/%s/%d", who, rec.Key, rec.Offset))
+			mu.Unlock()
+			return nil
+		}
+	}
+	ks := &killSwitch{}
+	a, err := consumer.New(handler("a"), nil, append(base(kc, "g", "in"), byKey(throttle.New(g)),
+		consumer.WithShaping("in.shaping", 50*time.Millisecond),
+		consumer.WithKafka(kgo.Dialer(ks.DialContext), kgo.RetryTimeout(time.Second), kgo.RequestRetries(1)))...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "a parks the hot record and handles the rest", func() bool {
+		s := a.Stats()
+		return s.Parked == 1 && s.Handled == 4
+	})
+	ks.kill()
+	// The hot key's next record, and permits for it.
+	produce(t, kc, "in", 1, 1, func(int32, int) string { return "hot" })
+	g.set(true)
+
+	b, err := consumer.New(handler("b"), nil, append(base(kc, "g", "in"), byKey(throttle.New(g)),
+		consumer.WithShaping("in.shaping", 50*time.Millisecond))...)
+	require.NoError(t, err)
+	rb := start(t, b)
+	seen := func(entry string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(log, entry)
+	}
+	waitFor(t, 20*time.Second, "b handles the hot key's next record", func() bool { return seen("b/hot/5") })
+	require.NoError(t, rb.stop(t))
+	t.Logf("the dead member's Run: %v", ra.stop(t))
+
+	mu.Lock()
+	defer mu.Unlock()
+	first := map[string]int{}
+	for i, e := range log {
+		if _, ok := first[e[2:]]; !ok {
+			first[e[2:]] = i
+		}
+	}
+	for i := 1; i <= 4; i++ {
+		assert.Contains(t, first, fmt.Sprintf("k%d/%d", i, i), "record %d lost", i)
+	}
+	require.Contains(t, first, "hot/0", "the parked record lost")
+	assert.Less(t, first["hot/0"], first["hot/5"], "the hot key's records first handled out of order: %v", log)
+	assert.Equal(t, []int64{6}, committed(t, kc, "g", "in", 1))
+}
+
+// A record larger than a producer batch (1.5 MB, compressible) is parked
+// and handled from the shaping topic whole.
+func TestLargeRecordIsParkedWhole(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 1))
+	value := bytes.Repeat([]byte("headway "), 1_500_000/8)
+	produceLarge(t, kc, "in", value)
+	g := &gate{}
+	got := make(chan []byte, 1)
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		got <- bytes.Clone(rec.Value)
+		return nil
+	}, throttle.New(g), append(base(kc, "g", "in"), consumer.WithShaping("in.shaping", 50*time.Millisecond))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the record parked", func() bool { return c.Stats().Parked == 1 })
+	g.set(true)
+	select {
+	case v := <-got:
+		assert.True(t, bytes.Equal(value, v), "the parked record's value came back whole")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the parked record was not handled")
+	}
+	require.NoError(t, r.stop(t))
+}
+
+// The smallest queues (one record, 1 KiB, one record per poll) still
+// handle every record, each key in order, with shaping parking the keys
+// that wait.
+func TestTinyQueuesHandleEveryRecord(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 2), kafkaenv.Topic("in.shaping", 2))
+	produce(t, kc, "in", 2, n, func(p int32, i int) string { return fmt.Sprintf("k%d", i%7) })
+	g := &gate{only: "k0"} // key k0 gets no permit at first: it is parked
+	o := newKeyOrder()
+	var total sync.WaitGroup
+	total.Add(2 * n)
+	seen := map[[2]int64]bool{}
+	var mu sync.Mutex
+	c, err := consumer.New(func(ctx context.Context, rec *kgo.Record) error {
+		mu.Lock()
+		k := [2]int64{int64(rec.Partition), rec.Offset}
+		first := !seen[k]
+		seen[k] = true
+		mu.Unlock()
+		if first {
+			total.Done()
+		}
+		return o.handle(ctx, rec)
+	}, nil, append(base(kc, "g", "in"), byKey(throttle.New(g)),
+		consumer.WithQueueSize(1), consumer.WithQueueBytes(1024), consumer.WithPollSize(1),
+		consumer.WithMaxInFlight(4), consumer.WithShaping("in.shaping", 20*time.Millisecond))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "k0 parked", func() bool { return c.Stats().Parked > 0 })
+	g.set(true)
+	done := make(chan struct{})
+	go func() { total.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not every record handled within 30 s: %+v", c.Stats())
+	}
+	require.NoError(t, r.stop(t))
+	assert.Empty(t, o.reorders)
+	assert.Equal(t, []int64{n, n}, committed(t, kc, "g", "in", 2))
+	t.Logf("parked: %d", c.Stats().Parked)
+}
+
+// byKey gives each record the budget of its key on lim.
+func byKey(lim *throttle.Limiter) consumer.Option {
+	return consumer.WithLimiterFor(func(r *kgo.Record) throttle.Keyed { return lim.Key(string(r.Key)) })
 }
