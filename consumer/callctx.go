@@ -26,8 +26,8 @@ type callCtx struct {
 
 type afterCall struct{ f func() }
 
-func newCallCtx(parent context.Context, p *partition, timeout time.Duration) *callCtx {
-	return &callCtx{parent: parent, p: p, deadline: time.Now().Add(timeout)}
+func newCallCtx(parent context.Context, p *partition, now time.Time, timeout time.Duration) *callCtx {
+	return &callCtx{parent: parent, p: p, deadline: now.Add(timeout)}
 }
 
 // Deadline implements context.Context.

@@ -28,7 +28,7 @@ func TestCallContextKeepsTheContextContract(t *testing.T) {
 	parent := context.WithValue(context.Background(), ctxKey{}, "run")
 
 	t.Run("deadline through Done", func(t *testing.T) {
-		c := newCallCtx(parent, nil, 20*time.Millisecond)
+		c := newCallCtx(parent, nil, time.Now(), 20*time.Millisecond)
 		dl, ok := c.Deadline()
 		assert.True(t, ok)
 		assert.WithinDuration(t, time.Now().Add(20*time.Millisecond), dl, 20*time.Millisecond)
@@ -40,7 +40,7 @@ func TestCallContextKeepsTheContextContract(t *testing.T) {
 		assert.ErrorIs(t, c.Err(), context.DeadlineExceeded, "the first error stays")
 	})
 	t.Run("deadline through Err alone", func(t *testing.T) {
-		c := newCallCtx(parent, nil, time.Millisecond)
+		c := newCallCtx(parent, nil, time.Now(), time.Millisecond)
 		require.Eventually(t, func() bool { return c.Err() != nil }, 5*time.Second, time.Millisecond)
 		assert.ErrorIs(t, c.Err(), context.DeadlineExceeded)
 		select {
@@ -50,7 +50,7 @@ func TestCallContextKeepsTheContextContract(t *testing.T) {
 		}
 	})
 	t.Run("deadline through a derived context", func(t *testing.T) {
-		c := newCallCtx(parent, nil, 20*time.Millisecond)
+		c := newCallCtx(parent, nil, time.Now(), 20*time.Millisecond)
 		child, cancel := context.WithCancel(c)
 		defer cancel()
 		waitDone(t, child)
@@ -58,7 +58,7 @@ func TestCallContextKeepsTheContextContract(t *testing.T) {
 		assert.Equal(t, "run", child.Value(ctxKey{}))
 	})
 	t.Run("cancelled before the deadline", func(t *testing.T) {
-		c := newCallCtx(parent, nil, time.Hour)
+		c := newCallCtx(parent, nil, time.Now(), time.Hour)
 		done := c.Done()
 		fired := make(chan struct{})
 		context.AfterFunc(c, func() { close(fired) })
@@ -73,7 +73,7 @@ func TestCallContextKeepsTheContextContract(t *testing.T) {
 		<-late
 	})
 	t.Run("a shorter derived deadline", func(t *testing.T) {
-		c := newCallCtx(parent, nil, time.Hour)
+		c := newCallCtx(parent, nil, time.Now(), time.Hour)
 		child, cancel := context.WithTimeout(c, 10*time.Millisecond)
 		defer cancel()
 		waitDone(t, child)

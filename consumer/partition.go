@@ -40,7 +40,7 @@ type partition struct {
 	after []*partition
 
 	waiting atomic.Int32 // workers waiting for a permit
-	queued  bool         // in the scheduler's queue; sched.mu
+	queued  atomic.Bool  // in the scheduler's queue
 
 	mu sync.Mutex
 	// pending holds every record taken from Kafka and not yet behind the
@@ -281,10 +281,14 @@ func (p *partition) unitOf(rec *kgo.Record) *unit {
 		}
 		key = originKey(rec, false)
 	case ByKey:
-		key = string(rec.Key)
 		if p.shaped {
 			key = originKey(rec, true)
+			break
 		}
+		if u := p.units[string(rec.Key)]; u != nil { // no allocation
+			return u
+		}
+		key = string(rec.Key)
 	default:
 		return nil
 	}
@@ -326,9 +330,11 @@ func (p *partition) begin() *slot {
 	}
 	s := p.ready.pop()
 	p.inWork++
-	s.began = time.Now()
-	if u := s.unit; u != nil && u.holdSince.IsZero() {
-		u.holdSince = s.began
+	if p.parks { // the shaping bound counts from here
+		s.began = time.Now()
+		if u := s.unit; u != nil && u.holdSince.IsZero() {
+			u.holdSince = s.began
+		}
 	}
 	p.schedule()
 	return s

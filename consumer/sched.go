@@ -43,13 +43,19 @@ func (s *sched) init(c *Consumer) {
 
 // enqueue queues p, unless it is queued already, and wakes or starts a
 // worker for it.
+//
+// A partition popped by next is marked unqueued before its worker takes a
+// record from it; a record made ready meanwhile is seen by that take, so
+// an enqueue that still sees the mark may skip the lock.
 func (s *sched) enqueue(p *partition) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p.queued || s.quit {
+	if p.queued.Load() {
 		return
 	}
-	p.queued = true
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.quit || !p.queued.CompareAndSwap(false, true) {
+		return
+	}
 	s.queue = append(s.queue, p)
 	switch {
 	case s.idle > s.woken:
@@ -86,7 +92,7 @@ func (s *sched) next() *partition {
 	if s.head == len(s.queue) {
 		s.queue, s.head = s.queue[:0], 0
 	}
-	p.queued = false
+	p.queued.Store(false)
 	return p
 }
 

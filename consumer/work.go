@@ -50,12 +50,12 @@ func (p *partition) process(w *worker, s *slot) outcome {
 				wait, bounded = left, true
 			}
 		}
-		k, err := p.acquire(rec, wait)
+		k, now, err := p.acquire(rec, wait)
 		switch {
 		case err == nil:
 			delays = 0
 			attempts++
-			if lastErr = p.call(w, rec, k); lastErr == nil {
+			if lastErr = p.call(w, rec, k, now); lastErr == nil {
 				c.handled.Add(1)
 				return finished
 			}
@@ -124,29 +124,31 @@ func (p *partition) process(w *worker, s *slot) outcome {
 }
 
 // acquire waits up to wait for rec's permit and returns the budget it
-// came from; a zero Keyed (no limiter for rec) takes no permit.
-func (p *partition) acquire(rec *kgo.Record, wait time.Duration) (throttle.Keyed, error) {
+// came from, and the time it returned; a zero Keyed (no limiter for rec)
+// takes no permit.
+func (p *partition) acquire(rec *kgo.Record, wait time.Duration) (throttle.Keyed, time.Time, error) {
 	c := p.c
 	k, err := c.limiterOf(rec)
 	if err != nil || k.Limiter() == nil {
-		return k, err
+		return k, time.Now(), err
 	}
 	p.waiting.Add(1)
 	c.waitingRecords.Add(1)
 	start := time.Now()
 	err = k.Acquire(p.soft, wait)
-	c.permitWait.Add(int64(time.Since(start)))
+	now := time.Now()
+	c.permitWait.Add(int64(now.Sub(start)))
 	c.waitingRecords.Add(-1)
 	p.waiting.Add(-1)
-	return k, err
+	return k, now, err
 }
 
-// call runs the handler once, within the handler timeout. Its context
+// call runs the handler once, within the handler timeout from now. Its context
 // holds the attempt's permit (k's), so that a client on the same budget
 // inside the handler uses it rather than taking a second one.
-func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed) error {
+func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.Time) error {
 	c := p.c
-	call := newCallCtx(c.base, p, c.cfg.handlerTimeout)
+	call := newCallCtx(c.base, p, now, c.cfg.handlerTimeout)
 	w.call.Store(call)
 	if p.callsEnded.Load() {
 		call.cancel(context.Canceled)
