@@ -69,7 +69,8 @@
 //
 // In flight: at most [WithMaxInFlight] records per instance (128) between
 // being taken by a worker and being finished: waiting for a permit, in a
-// handler call, between retries, or being written to Kafka.
+// handler call, between retries, or being written to Kafka (a record
+// being parked takes its key's queued records along in the same write).
 //
 // How long one key holds its partition (its unfinished record keeps the
 // watermark, and the records behind it stay held): with [WithShaping],

@@ -105,7 +105,7 @@ func TestHotTenantDoesNotStopItsPartition(t *testing.T) {
 
 	o := newKeyOrder()
 	c, err := consumer.New(o.handle, nil, append(base(kc, "g", "in"), tenants(t),
-		consumer.WithShaping("in.shaping", 500*time.Millisecond))...)
+		consumer.WithShaping("in.shaping", time.Second))...) // as the package doc recommends
 	require.NoError(t, err)
 	began := time.Now()
 	r := start(t, c)
