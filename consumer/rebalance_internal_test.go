@@ -1,9 +1,9 @@
 package consumer
 
-// Regression tests for three defects found in review, driving the
-// consumer's rebalance callbacks directly, in the order kgo could call
-// them, against a real kgo client on kfake: the sequences are hard to
-// force through a group, and here each step is exact.
+// Tests that drive the consumer's rebalance callbacks directly, in the
+// order kgo could call them, against a real kgo client on kfake: the
+// sequences are hard to force through a group, and here each step is
+// exact.
 
 import (
 	"context"
