@@ -19,6 +19,10 @@ import (
 // topic's max.message.bytes.
 type producer struct {
 	normal, large *kgo.Client
+	// small is the largest record the normal client surely takes into a
+	// batch (recordSize): what kgo checks against ProducerBatchMaxBytes,
+	// less the batch's own header.
+	small int
 }
 
 // largeHeadroom is what the large client leaves of kgo.BrokerMaxWriteBytes
@@ -50,7 +54,8 @@ func (c *Consumer) newProducer() (*producer, error) {
 		normal.Close()
 		return nil, fmt.Errorf("consumer: building the producer from WithKafka: %w", err)
 	}
-	return &producer{normal: normal, large: large}, nil
+	batch, _ := normal.OptValue(kgo.ProducerBatchMaxBytes).(int32)
+	return &producer{normal: normal, large: large, small: int(batch) - 128}, nil
 }
 
 // producerBase returns the user's Kafka options without the consumer and

@@ -196,25 +196,7 @@ func (p *partition) park(s *slot, attempts int) outcome {
 		}
 		recs[i] = parkRecord(c.cfg.shaping, b, n)
 	}
-	// One write keeps the order: kgo fails every later record of a
-	// partition when one fails, so what was written is a prefix.
-	res := c.prod.normal.ProduceSync(c.base, recs...)
-	written := 0
-	for written < len(res) && res[written].Err == nil {
-		written++
-	}
-	var err error
-	if written < len(res) {
-		err = res[written].Err
-		if tooLarge(err) {
-			// Too large for a shared batch: the rest one by one.
-			for err = nil; written < len(recs); written++ {
-				if err = c.write(recs[written]); err != nil {
-					break
-				}
-			}
-		}
-	}
+	written, err := c.writeInOrder(recs)
 
 	p.mu.Lock()
 	for _, b := range batch[:written] {
@@ -245,6 +227,47 @@ func (p *partition) park(s *slot, attempts int) outcome {
 	}
 	c.log.Debug("consumer: records parked", "topic", p.topic, "partition", p.id, "records", written, "to", c.cfg.shaping)
 	return parked
+}
+
+// writeInOrder writes recs, which go to one partition, in order, and
+// returns how many were written before the first that could not be. Runs
+// of records small enough for the normal client's batches go in one write
+// each: kgo fails every later record of a partition when one fails, so
+// what is written is a prefix. A record that kgo could refuse as too large
+// before sending it (which fails it alone) is written alone, after the
+// records before it.
+func (c *Consumer) writeInOrder(recs []*kgo.Record) (int, error) {
+	written := 0
+	for written < len(recs) {
+		n := 0
+		for written+n < len(recs) && recordSize(recs[written+n]) <= c.prod.small {
+			n++
+		}
+		if n == 0 {
+			if err := c.write(recs[written]); err != nil {
+				return written, err
+			}
+			written++
+			continue
+		}
+		res := c.prod.normal.ProduceSync(c.base, recs[written:written+n]...)
+		for _, r := range res {
+			if r.Err != nil {
+				return written, r.Err
+			}
+			written++
+		}
+	}
+	return written, nil
+}
+
+// recordSize is an upper bound of r's size in a record batch.
+func recordSize(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + 64 // lengths, offsets, attributes
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 16
+	}
+	return n
 }
 
 // shapingHandled returns an offset of partition part of the shaping

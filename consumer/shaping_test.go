@@ -534,3 +534,42 @@ func TestTinyQueuesHandleEveryRecord(t *testing.T) {
 func byKey(lim *throttle.Limiter) consumer.Option {
 	return consumer.WithLimiterFor(func(r *kgo.Record) throttle.Keyed { return lim.Key(string(r.Key)) })
 }
+
+// A large record among a key's parked records keeps its place: the
+// records before it are written, then it alone, then those after it, so
+// the shaping topic, and the handler, see them in offset order.
+func TestLargeRecordAmongParkedRecordsKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 1))
+	big := bytes.Repeat([]byte("headway "), 1_500_000/8)
+	cl, err := kc.Client(kgo.ProducerBatchMaxBytes(8<<20), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	require.NoError(t, err)
+	var recs []*kgo.Record
+	for i, v := range [][]byte{[]byte("small-0"), big, []byte("small-2"), []byte("small-3")} {
+		recs = append(recs, &kgo.Record{Topic: "in", Key: []byte("hot"), Value: v, Headers: []kgo.RecordHeader{{Key: "i", Value: fmt.Append(nil, i)}}})
+	}
+	require.NoError(t, cl.ProduceSync(context.Background(), recs...).FirstErr())
+	cl.Close()
+
+	g := &gate{}
+	var mu sync.Mutex
+	var order []int64
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		mu.Lock()
+		order = append(order, rec.Offset)
+		mu.Unlock()
+		return nil
+	}, throttle.New(g), append(base(kc, "g", "in"), consumer.WithShaping("in.shaping", 50*time.Millisecond))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "every record parked", func() bool { return c.Stats().Parked == 4 })
+	g.set(true)
+	waitFor(t, 10*time.Second, "every record handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 4 })
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, []int64{0, 1, 2, 3}, order)
+	var offs []string
+	for _, rec := range readAll(t, kc, "in.shaping", 4) {
+		offs = append(offs, headers(rec)[consumer.HeaderOffset])
+	}
+	assert.Equal(t, []string{"0", "1", "2", "3"}, offs, "the shaping topic's order")
+}
