@@ -42,6 +42,20 @@ func TestNewRefusesMissingKafkaSettings(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
+	// The shaping topic must be a topic of its own.
+	for _, opts := range [][]consumer.Option{
+		{consumer.WithKafka(seeds, group, topics), consumer.WithShaping("in", time.Second)},
+		{consumer.WithKafka(seeds, group, topics), consumer.WithShaping("x", time.Second), consumer.WithDeadLetter("x")},
+	} {
+		_, err := consumer.New(h, nil, opts...)
+		require.ErrorIs(t, err, throttle.ErrInvalid)
+		assert.Contains(t, err.Error(), "WithShaping")
+	}
+	for _, bad := range []consumer.Option{consumer.WithShaping("", time.Second), consumer.WithShaping("s", 0), consumer.WithShaping("s", 2*time.Hour)} {
+		_, err := consumer.New(h, nil, consumer.WithKafka(seeds, group, topics), bad)
+		require.ErrorIs(t, err, throttle.ErrInvalid)
+		assert.Contains(t, err.Error(), "WithShaping")
+	}
 	// A handler timeout a rebalance could not wait for is refused at New.
 	_, err := consumer.New(h, nil, consumer.WithKafka(seeds, group, topics, kgo.RebalanceTimeout(time.Second)),
 		consumer.WithHandlerTimeout(time.Second))

@@ -190,6 +190,9 @@ func (c *Consumer) checkKafka() error {
 	if sh := c.cfg.shaping; sh != "" {
 		topics, _ := cl.OptValue(kgo.ConsumeTopics).(map[string]*regexp.Regexp)
 		regex, _ := cl.OptValue(kgo.ConsumeRegex).(bool)
+		if _, ok := topics[sh]; ok && !regex || sh == c.cfg.deadLetter {
+			return errs.Invalid("consumer", "WithShaping topic", sh, "must be a topic of its own: not one WithKafka consumes, nor the dead-letter topic")
+		}
 		c.topics = make([]string, 0, len(topics)+1)
 		for t := range topics {
 			c.topics = append(c.topics, t)

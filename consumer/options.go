@@ -285,10 +285,11 @@ func WithDeadLetter(topic string) Option {
 // parked record carries [HeaderTopic], [HeaderPartition], [HeaderOffset]
 // and [HeaderAttempts] as its last headers.
 //
-// topic must exist, accept records as large as the consumed topics do
-// (max.message.bytes), and keep its number of partitions: the records of
-// one key go to one partition of it. bound must be positive and at most an
-// hour.
+// topic must exist, serve this consumer group alone, accept records as
+// large as the consumed topics do (max.message.bytes), and keep its number
+// of partitions: the records of one key go to one partition of it. New
+// refuses a topic that WithKafka consumes or that dead letters go to.
+// bound must be positive and at most an hour.
 func WithShaping(topic string, bound time.Duration) Option {
 	return optionFunc(func(c *config) {
 		switch {
