@@ -24,7 +24,7 @@ func TestLocalConformance(t *testing.T) {
 				New: func(t *testing.T) throttle.Bucket {
 					opts := []throttle.LocalOption{throttle.WithClock(clock)}
 					if tc.burst != 0 {
-						opts = append(opts, throttle.WithBurst(tc.burst))
+						opts = append(opts, throttle.WithLocalBurst(tc.burst))
 					}
 					b, err := throttle.NewLocal(limit, interval, opts...)
 					if err != nil {

@@ -37,7 +37,7 @@ func TestLocalEndedContextTakesNothing(t *testing.T) {
 // Decision.Remaining is capped at Limit (it once reported 29 left of a
 // limit of 10, for rate-limit headers).
 func TestLocalRemainingNeverAboveLimit(t *testing.T) {
-	b, err := NewLocal(10, time.Second, WithClock(clockwork.NewFakeClock()), WithBurst(30))
+	b, err := NewLocal(10, time.Second, WithClock(clockwork.NewFakeClock()), WithLocalBurst(30))
 	require.NoError(t, err)
 	for range 25 {
 		d, err := b.Take(context.Background(), "", 1, 0)

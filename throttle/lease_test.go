@@ -646,31 +646,36 @@ func TestLeasingSpentWaitGetsTheShortLastCall(t *testing.T) {
 			clock := clockwork.NewFakeClock()
 			inner := &deadlineOf{}
 			lim := leasedLimiter(t, inner, clock, Leasing{})
+			before := time.Now()
 			d, _, err := lim.decide(context.Background(), lim.root, 1, 0, tc.noWait)
+			after := time.Now()
 			require.NoError(t, err)
 			require.True(t, d.Granted)
 			require.Equal(t, int64(1), inner.calls.Load())
-			left := time.Duration(inner.left.Load())
-			assert.Greater(t, left, tc.least, "the store call's deadline")
-			assert.LessOrEqual(t, left, tc.most, "the store call's deadline")
+			dl := time.Unix(0, inner.deadline.Load())
+			require.False(t, dl.Before(before), "the store call has a deadline")
+			// The deadline was set between before and after: measured from
+			// both ends, a loaded machine's delays cannot move it out.
+			assert.Greater(t, dl.Sub(before), tc.least, "the store call's deadline")
+			assert.LessOrEqual(t, dl.Sub(after), tc.most, "the store call's deadline")
 		})
 	}
 }
 
-// deadlineOf is a bucket that grants and records how much time its last
-// call's context had left (-1: no deadline).
+// deadlineOf is a bucket that grants and records its last call's deadline
+// (0: none).
 type deadlineOf struct {
-	calls atomic.Int64
-	left  atomic.Int64
+	calls    atomic.Int64
+	deadline atomic.Int64 // ns since the Unix epoch
 }
 
 func (b *deadlineOf) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (Decision, error) {
 	b.calls.Add(1)
-	left := time.Duration(-1)
-	if dl, ok := ctx.Deadline(); ok {
-		left = time.Until(dl)
+	var dl int64
+	if t, ok := ctx.Deadline(); ok {
+		dl = t.UnixNano()
 	}
-	b.left.Store(int64(left))
+	b.deadline.Store(dl)
 	return Decision{Granted: true, Limit: 10, Reset: time.Second}, nil
 }
 
