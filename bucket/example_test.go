@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
 )
 
 func ExampleNewTokenBucket() {
@@ -51,6 +53,44 @@ func ExampleNewTokenBucket() {
 	// call 2: go ahead
 	// call 3: no permit until the next period
 	// tenant-a: granted=true limit=2 remaining=1
+}
+
+// Check the store once at start (and in a readiness probe): with Redis
+// unreachable, the error names the failure policy in force and why it
+// refuses, before any Acquire. Once a check has passed, FailLocal knows
+// this instance's share, so an outage later grants the share instead.
+func Example_checkAtStart() {
+	srv, err := redisenv.Start()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Close()
+	ctx := context.Background()
+
+	up, _ := bucket.NewTokenBucket(srv.Client(), "example-check", 100, time.Second)
+	lim := throttle.New(up)
+	defer lim.Close()
+	fmt.Println("redis up:", lim.Check(ctx))
+
+	// A client of an address where no Redis listens.
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer down.Close()
+	b, _ := bucket.NewTokenBucket(down, "example-check", 100, time.Second)
+	lim2 := throttle.New(b)
+	defer lim2.Close()
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := lim2.Check(cctx); err != nil {
+		var be *throttle.BackendError
+		msg, _, _ := strings.Cut(err.Error(), ": throttle: bucket store check")
+		fmt.Println("redis down:", errors.As(err, &be))
+		fmt.Println(msg)
+	}
+	// Output:
+	// redis up: <nil>
+	// redis down: true
+	// throttle: bucket store check failed; until it answers, FailLocal refuses: this instance has not reached the store since it started, so it does not know its share
 }
 
 func ExampleNewTiers() {

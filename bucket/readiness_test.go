@@ -1,8 +1,11 @@
 package bucket_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,7 +42,8 @@ func TestCheckAtStartReportsTheStoreAndTheShare(t *testing.T) {
 		defer rdb.Close()
 		tb, err := bucket.NewTokenBucket(rdb, "ready", 100, time.Second)
 		require.NoError(t, err)
-		lim := throttle.New(tb)
+		var logs safeBuffer
+		lim := throttle.New(tb, throttle.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 		defer lim.Close()
 		err = lim.Check(ctx)
 		var be *throttle.BackendError
@@ -49,9 +53,30 @@ func TestCheckAtStartReportsTheStoreAndTheShare(t *testing.T) {
 		require.ErrorAs(t, err, &be)
 		assert.ErrorContains(t, err, "FailLocal refuses: this instance has not reached the store since it started, so it does not know its share")
 		assert.False(t, errors.Is(err, throttle.ErrTimeout), "a refusal of the policy, not a wait that ran out: %v", err)
+		assert.Contains(t, logs.String(), `policy=local what="FailLocal refuses: this instance has not reached the store since it started, so it does not know its share"`, "the log says what the error says")
+		assert.NotContains(t, logs.String(), "grants its share", "the log does not promise a share it cannot grant")
 
 		closed := throttle.New(tb, throttle.WithFailurePolicy(throttle.FailClosed))
 		defer closed.Close()
 		assert.ErrorContains(t, closed.Acquire(ctx, time.Second), "FailClosed refuses every call until it answers")
 	})
+}
+
+// safeBuffer is a bytes.Buffer that a logger may write from several
+// goroutines.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -6,8 +6,9 @@ import (
 )
 
 // Check asks the bucket's store whether it answers, cheaply (the Redis
-// buckets: one round trip), for a service's readiness probe or a check
-// at start. It returns nil for a bucket with no store to check (one that
+// buckets: one round trip). Call it at start, before serving, and in a
+// readiness probe: it is the early signal that the store is unreachable,
+// where the first Acquire would only fail by the policy. It returns nil for a bucket with no store to check (one that
 // is not a [Checker], such as [Local]). When the store fails, the error
 // wraps its [*BackendError] and says what the [FailurePolicy] does until
 // it answers, for example:
@@ -16,7 +17,8 @@ import (
 //
 // A ctx without a deadline gets the store timeout ([WithStoreTimeout]).
 // A check that succeeds ends an outage the Limiter saw, as a shared
-// decision does.
+// decision does, and lets a Redis bucket count this instance among the
+// live ones: FailLocal then knows its share should the store fail later.
 func (l *Limiter) Check(ctx context.Context) error {
 	if l.bad != nil {
 		return l.bad
