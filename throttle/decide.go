@@ -185,7 +185,11 @@ func (st *keyState) reserveRecovery(n, want, now int64, probe bool) (refusal Dec
 func (l *Limiter) afterShared(ctx context.Context, st *keyState, d Decision, took, debt, reserved, asked int64, left time.Duration, noWait bool, sent int64) {
 	now := l.tb.now()
 	if d.Reset > 0 {
-		end, tol := addSat(now, d.Reset), l.interval/2
+		// The period ends Reset after the store decided, which was after
+		// the call was sent: counted from then, as a lease's batch is,
+		// the ledger's end is never later than the store's, however long
+		// the answer took to come back.
+		end, tol := addSat(sent, d.Reset), l.interval/2
 		if !st.ledger.note(end, d.Remaining, tol) {
 			st.mu.Lock()
 			st.ledger.start(end, d.Remaining, tol)
