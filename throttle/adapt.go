@@ -43,12 +43,18 @@ func (l *Limiter) law(st *keyState) adaptLaw {
 
 // view returns st's last seen state and whether it is at most one interval
 // old.
-func (l *Limiter) view(st *keyState) (adaptView, bool) {
+func (l *Limiter) view(st *keyState) (adaptView, bool) { return l.viewAt(st, 0) }
+
+// viewAt is view at now on the time base (0: read the clock).
+func (l *Limiter) viewAt(st *keyState, now int64) (adaptView, bool) {
 	v := st.view.Load()
 	if v == nil {
 		return adaptView{}, false
 	}
-	return *v, l.tb.now()-v.seen < int64(l.adapt.interval)
+	if now == 0 {
+		now = l.tb.now()
+	}
+	return *v, now-v.seen < int64(l.adapt.interval)
 }
 
 // note records s as st's state seen now, unless the view holds a state
@@ -183,12 +189,13 @@ const paceHorizon = 4
 // the shared pacing (the bucket call that follows meets the same store and
 // the failure policy) for this process's share of the last rate seen. An
 // increase the law finds due is written in the background: no caller
-// waits for it.
-func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Duration, tb timeoutBound) error {
+// waits for it. now is the time on the base if the caller has read it,
+// else 0.
+func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Duration, tb timeoutBound, now int64) error {
 	if !l.adapt.ok {
 		return nil
 	}
-	if v, fresh := l.view(st); !v.st.Active() {
+	if v, fresh := l.viewAt(st, now); !v.st.Active() {
 		if !fresh {
 			l.refresh(st)
 		}

@@ -124,7 +124,7 @@ type keyStates struct {
 }
 
 type stateShard struct {
-	mu    sync.Mutex
+	mu    sync.RWMutex // read-locked to find a state, locked to add or remove one
 	m     map[string]*keyState
 	grow  int          // sweep when len(m) reaches it
 	peak  int          // the most states m has held since it was made
@@ -144,23 +144,38 @@ func (s *keyStates) setup(idle time.Duration, tb *timeBase, base func() int64, i
 }
 
 // acquire returns key's state, creating it, with a reference the caller
-// gives back with release.
+// gives back with release. A key already kept costs a read lock of its
+// shard: callers of one key, on several cores, do not queue for it.
 func (s *keyStates) acquire(key string, now int64) *keyState {
 	sh := &s.shards[maphash.String(s.seed, key)%stateShards]
-	sh.mu.Lock()
-	if len(sh.m) >= sh.grow || now-sh.swept.Load() >= s.idle {
-		s.sweep(sh, now)
-	}
+	sh.mu.RLock()
 	st := sh.m[key]
-	if st == nil {
-		st = &keyState{key: key}
-		s.init(st)
-		sh.m[key] = st
-		sh.peak = max(sh.peak, len(sh.m))
+	if st != nil && len(sh.m) < sh.grow && now-sh.swept.Load() < s.idle {
+		st.refs.Add(1)
+		sh.mu.RUnlock()
+	} else {
+		sh.mu.RUnlock()
+		sh.mu.Lock()
+		if len(sh.m) >= sh.grow || now-sh.swept.Load() >= s.idle {
+			s.sweep(sh, now)
+		}
+		st = sh.m[key]
+		if st == nil {
+			st = &keyState{key: key}
+			s.init(st)
+			sh.m[key] = st
+			sh.peak = max(sh.peak, len(sh.m))
+		}
+		st.refs.Add(1)
+		sh.mu.Unlock()
 	}
-	st.refs.Add(1)
-	st.used.Store(now)
-	sh.mu.Unlock()
+	// used need not be exact to the nanosecond: a hot key's callers on
+	// several cores write it at most once a millisecond. (The sweep reads
+	// it with the state's refs at 0, so a caller's own write is not needed
+	// while it holds the state.)
+	if now-st.used.Load() > int64(time.Millisecond) {
+		st.used.Store(now)
+	}
 	// One more shard in turn, so that every shard is swept while any key
 	// is used, not only the shards of the keys still in use.
 	if o := &s.shards[s.next.Add(1)%stateShards]; o != sh && now-o.swept.Load() >= s.idle && o.mu.TryLock() {
@@ -199,9 +214,9 @@ func (s *keyStates) sweep(sh *stateShard, now int64) {
 func (s *keyStates) count() int {
 	n := 0
 	for i := range s.shards {
-		s.shards[i].mu.Lock()
+		s.shards[i].mu.RLock()
 		n += len(s.shards[i].m)
-		s.shards[i].mu.Unlock()
+		s.shards[i].mu.RUnlock()
 	}
 	return n
 }

@@ -134,11 +134,14 @@ func (l *Limiter) validate() error {
 }
 
 // state returns key's state with a reference; release gives it back.
-func (l *Limiter) state(key string) *keyState {
+func (l *Limiter) state(key string) *keyState { return l.stateAt(key, l.tb.now()) }
+
+// stateAt is state with the time on the base read already (now).
+func (l *Limiter) stateAt(key string, now int64) *keyState {
 	if key == "" {
 		return l.root
 	}
-	return l.states.acquire(key, l.tb.now())
+	return l.states.acquire(key, now)
 }
 
 func (l *Limiter) release(st *keyState) {
@@ -271,9 +274,15 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 	if l.useHeld(ctx, key, n) {
 		return nil // the caller holds them already (ContextWithPermit)
 	}
-	st := l.state(key)
+	// One clock reading serves the key's state, the wait's start and the
+	// first round's pace: on some hosts a reading costs 100 ns.
+	var now int64
+	if key != "" || l.adapt.ok || maxWait > 0 && maxWait != Forever {
+		now = l.tb.now()
+	}
+	st := l.stateAt(key, now)
 	defer l.release(st)
-	w := l.newWaiter(ctx, n, maxWait)
+	w := l.newWaiter(ctx, n, maxWait, now)
 	for retry := false; ; retry = true {
 		gated, err := w.queue(st, retry)
 		if err != nil {
@@ -333,9 +342,13 @@ type waiter struct {
 	start    int64
 	measured bool
 	tb       timeoutBound
+	// first is the clock reading of the wait's start, for its first
+	// round's pace (0 when none was read); later rounds read the clock.
+	first int64
 }
 
-func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration) waiter {
+// newWaiter starts a wait at now (0: not read yet).
+func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration, now int64) waiter {
 	// ctxBound records that ctx's deadline, not maxWait, set the budget.
 	budget, ctxBound := maxWait, false
 	if dl, ok := ctx.Deadline(); ok {
@@ -343,9 +356,12 @@ func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration)
 			budget, ctxBound = max(left, 0), true
 		}
 	}
-	w := waiter{l: l, ctx: ctx, n: n, budget: budget, tb: timeoutBound{n: n, maxWait: maxWait, ctxBound: ctxBound}}
+	w := waiter{l: l, ctx: ctx, n: n, budget: budget, tb: timeoutBound{n: n, maxWait: maxWait, ctxBound: ctxBound}, first: now}
 	if w.measured = budget > 0 && budget != Forever; w.measured {
-		w.start = l.tb.now()
+		if now == 0 {
+			now = l.tb.now()
+		}
+		w.start = now
 	}
 	return w
 }
@@ -378,7 +394,9 @@ func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
 // pace is the adaptive rate's stage: while the key adapts, the caller
 // waits for an evenly spaced slot (adapt.go); free otherwise.
 func (w *waiter) pace(st *keyState) error {
-	return w.l.pace(w.ctx, st, w.n, w.left(), w.tb)
+	now := w.first
+	w.first = 0
+	return w.l.pace(w.ctx, st, w.n, w.left(), w.tb, now)
 }
 
 // failed maps a decision's error to Acquire's: a deadline that passed
