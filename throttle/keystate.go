@@ -169,18 +169,18 @@ func (s *keyStates) acquire(key string, now int64) *keyState {
 		st.refs.Add(1)
 		sh.mu.Unlock()
 	}
+	// One more shard in turn, so that every shard is swept while any key
+	// is used, not only the shards of the keys still in use.
+	if o := &s.shards[s.next.Add(1)%stateShards]; o != sh && now-o.swept.Load() >= s.idle && o.mu.TryLock() {
+		s.sweep(o, now)
+		o.mu.Unlock()
+	}
 	// used need not be exact to the nanosecond: a hot key's callers on
 	// several cores write it at most once a millisecond. (The sweep reads
 	// it with the state's refs at 0, so a caller's own write is not needed
 	// while it holds the state.)
 	if now-st.used.Load() > int64(time.Millisecond) {
 		st.used.Store(now)
-	}
-	// One more shard in turn, so that every shard is swept while any key
-	// is used, not only the shards of the keys still in use.
-	if o := &s.shards[s.next.Add(1)%stateShards]; o != sh && now-o.swept.Load() >= s.idle && o.mu.TryLock() {
-		s.sweep(o, now)
-		o.mu.Unlock()
 	}
 	return st
 }

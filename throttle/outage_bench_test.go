@@ -3,6 +3,8 @@ package throttle
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -28,7 +30,7 @@ func (s *recovered) Fallback() (int64, time.Duration, int64) { return 1 << 40, t
 // keeps of that outage, paid by every key.
 func BenchmarkLimiterAcquireAfterOutage(b *testing.B) {
 	s := &recovered{}
-	l := New(s, WithFailurePolicy(FailLocal))
+	l := New(s, WithFailurePolicy(FailLocal), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	defer l.Close()
 	ctx := context.Background()
 	for i := range 1000 {
