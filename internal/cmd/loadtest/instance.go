@@ -112,7 +112,13 @@ func (in *instance) wrap(c loadConfig, b throttle.Bucket) error {
 		}
 		b = s
 	}
-	in.lim = throttle.New(timedBucket{b}, throttle.WithFailurePolicy(failurePolicies[c.Fail]))
+	var tb throttle.Bucket = timedBucket{b}
+	if s, ok := b.(throttle.AdaptiveStore); ok {
+		// Keep the fleet's adaptive rate in the shared store, as the
+		// bucket itself would.
+		tb = timedAdaptive{timedBucket{b}, s}
+	}
+	in.lim = throttle.New(tb, throttle.WithFailurePolicy(failurePolicies[c.Fail]))
 	return nil
 }
 
@@ -274,4 +280,20 @@ func (b timedBucket) Refund(ctx context.Context, key string, n int64) error {
 		return r.Refund(ctx, key, n)
 	}
 	return nil
+}
+
+// timedAdaptive is a timedBucket over a bucket that keeps the adaptive
+// rate in its shared store (throttle.AdaptiveStore): it passes those calls
+// on, so that the fleet adapts together, as it would without the wrapper.
+type timedAdaptive struct {
+	timedBucket
+	store throttle.AdaptiveStore
+}
+
+func (b timedAdaptive) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (throttle.AdaptivePace, error) {
+	return b.store.PaceAdaptive(ctx, key, n, interval, horizon)
+}
+
+func (b timedAdaptive) SwapAdaptive(ctx context.Context, key string, old, next throttle.AdaptiveState, ttl time.Duration) (throttle.AdaptiveState, bool, error) {
+	return b.store.SwapAdaptive(ctx, key, old, next, ttl)
 }
