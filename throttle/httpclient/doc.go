@@ -47,9 +47,11 @@
 //	consumer.WithLimiterFor(func(r *kgo.Record) throttle.Keyed { return lim.Key(string(r.Key)) })
 //	httpclient.WithRequestKey(func(r *http.Request) throttle.Keyed { return lim.Key(r.Header.Get("X-Tenant")) })
 //
-// A request on another key, or on a Limiter over another bucket, draws
-// from another budget and takes its own permit, rightly: both budgets
-// are charged.
+// A request on another key, or on a Limiter over another bucket value,
+// draws from another budget and takes its own permit: both budgets are
+// charged, rightly for two keys. Two bucket values on one Redis key are
+// one budget in Redis but two here, so give the consumer and the
+// Transport Limiters over the same bucket value, or the same Limiter.
 //
 // Waits: the held permit is used at once; the consumer waited for it
 // under its own bound. A request that takes its own permit waits at most

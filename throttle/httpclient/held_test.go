@@ -371,3 +371,29 @@ func TestDefaultBaseKeepsConnectionsForABurst(t *testing.T) {
 	assert.EqualValues(t, burst, first)
 	assert.EqualValues(t, burst-1, second, "a base given with WithBase keeps its own pool: 1 idle connection per host")
 }
+
+// countingRT counts the requests it passes on.
+type countingRT struct {
+	http.RoundTripper
+	n atomic.Int64
+}
+
+func (c *countingRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.RoundTripper.RoundTrip(r)
+}
+
+// A program that replaced http.DefaultTransport (to trace every call, say)
+// keeps it: the default base is a sized clone only of an *http.Transport.
+func TestDefaultBaseKeepsAReplacedDefaultTransport(t *testing.T) {
+	srv := newCountingServer(t, clockwork.NewRealClock(), nil)
+	orig := http.DefaultTransport
+	rt := &countingRT{RoundTripper: srv.Client().Transport}
+	http.DefaultTransport = rt
+	defer func() { http.DefaultTransport = orig }()
+	b, err := throttle.NewLocal(1000, time.Second)
+	require.NoError(t, err)
+	client := &http.Client{Transport: mustTransport(t, throttle.New(b))}
+	assert.Equal(t, http.StatusOK, get(t, context.Background(), client, srv.URL))
+	assert.EqualValues(t, 1, rt.n.Load(), "the request went through the replaced DefaultTransport")
+}

@@ -120,7 +120,9 @@ func (f transportOption) apply(c *transportConfig) { f(c) }
 // WithBase sets the RoundTripper a [Transport] sends requests through.
 // Default (and nil): a clone of http.DefaultTransport of the Transport's
 // own that keeps up to 256 idle connections per host and 1024 in all
-// (http.DefaultTransport keeps 2 per host and 100 in all). A fleet's
+// (http.DefaultTransport keeps 2 per host and 100 in all), or
+// http.DefaultTransport itself when the program replaced it with another
+// kind of RoundTripper. A fleet's
 // calls come in bursts (a token bucket grants a period's permits at
 // once): every call beyond the idle connections opens a new one and
 // closes it after, a dial (and TLS handshake) per call that costs a
@@ -209,6 +211,10 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // [WithLimitStatuses], [WithRetryAnyMethod],
 // [WithLogger]. The Transport sleeps on the clock of the request's
 // Limiter ([throttle.Limiter.Clock]).
+//
+// Build one Transport and share it: without [WithBase], each has a pool
+// of connections of its own, kept idle for up to 90 s after use
+// ([Transport.CloseIdleConnections] closes them).
 //
 // It refuses, with an error matching [throttle.ErrInvalid]: a nil lim
 // without WithRequestKey, a negative maxWait, a negative number of
@@ -336,12 +342,13 @@ const (
 
 // defaultBase is a clone of http.DefaultTransport, with its proxy, dial,
 // TLS and HTTP/2 settings, that keeps enough idle connections for a
-// fleet's bursts (see WithBase). A DefaultTransport replaced by another
-// kind of RoundTripper gives a plain http.Transport sized the same.
+// fleet's bursts (see WithBase). A DefaultTransport the program replaced
+// by another kind of RoundTripper (one that traces, say) is used as it
+// is: its pool is its own business.
 func defaultBase() http.RoundTripper {
 	tr, ok := http.DefaultTransport.(*http.Transport)
 	if !ok {
-		return &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: idlePerHost, MaxIdleConns: idleInAll, IdleConnTimeout: 90 * time.Second}
+		return http.DefaultTransport
 	}
 	tr = tr.Clone()
 	tr.MaxIdleConnsPerHost = idlePerHost
