@@ -397,3 +397,45 @@ func TestDefaultBaseKeepsAReplacedDefaultTransport(t *testing.T) {
 	assert.Equal(t, http.StatusOK, get(t, context.Background(), client, srv.URL))
 	assert.EqualValues(t, 1, rt.n.Load(), "the request went through the replaced DefaultTransport")
 }
+
+// A provider whose headers lie: a Retry-After of days on a 429 pauses the
+// fleet for at most an hour (and still counts as a refusal), and a
+// Retry-After on a success pauses nothing and teaches nothing.
+func TestLyingRetryAfterIsCappedAndASuccessIsNotARefusal(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		status int
+		pauses string
+		paced  bool
+	}{
+		{"429 with days", http.StatusTooManyRequests, "=1h0m0s", true},
+		{"200 with a retry time", http.StatusOK, "", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := clockwork.NewFakeClockAt(time.Unix(1_800_000_000, 0))
+			srv := newCountingServer(t, clk, func(_ int, w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Retry-After", "999999")
+				w.WriteHeader(tt.status)
+			})
+			local, err := throttle.NewLocal(50, time.Second, throttle.WithClock(clk))
+			require.NoError(t, err)
+			pb := &pauseRecorder{Bucket: local, clock: clk, until: map[string]time.Time{}}
+			lim := throttle.New(knownRate{pb}, throttle.WithClock(clk))
+			client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport), httpclient.WithRetries(0))}
+			assert.Equal(t, tt.status, get(t, context.Background(), client, srv.URL))
+			pb.mu.Lock()
+			got := strings.Join(pb.pauses, ",")
+			pb.mu.Unlock()
+			assert.Equal(t, tt.pauses, got)
+			s, err := lim.AdaptiveState(context.Background(), "")
+			require.NoError(t, err)
+			assert.Equal(t, tt.paced, s.Active())
+		})
+	}
+}
+
+// knownRate is a pauseRecorder that tells the Limiter its limit (50 per
+// second), so that the Limiter can adapt.
+type knownRate struct{ *pauseRecorder }
+
+func (k knownRate) Fallback() (int64, time.Duration, int64) { return 50, time.Second, 1 }
