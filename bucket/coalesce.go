@@ -59,6 +59,9 @@ func (u *upTo) forCaller(i int64) throttle.Decision {
 	}
 	d := u.granted
 	d.Remaining += u.got - 1 - i
+	if d.Limit > 0 {
+		d.Remaining = min(d.Remaining, d.Limit)
+	}
 	if u.step > 0 {
 		d.Delay = max(u.first+time.Duration(i)*u.step, u.floor, 0)
 	}

@@ -130,11 +130,14 @@ func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Durati
 		return upTo{}, exceeds(b.name, max(n, -n), limit) // the burst in force is below n
 	}
 	rest := throttle.Decision{Delay: us(r[8]), Limit: limit, Remaining: 0, Reset: us(r[3])}
+	// With a burst above the limit more than Limit permits can be free
+	// at once; Remaining, for rate-limit headers, never says more than
+	// Limit.
 	if r[0] != 1 {
-		rest.Remaining = r[2]
+		rest.Remaining = min(r[2], limit)
 		return upTo{granted: rest, rest: rest}, nil
 	}
-	d := throttle.Decision{Granted: true, Delay: us(r[1]), Limit: limit, Remaining: r[2], Reset: us(r[3])}
+	d := throttle.Decision{Granted: true, Delay: us(r[1]), Limit: limit, Remaining: min(r[2], limit), Reset: us(r[3])}
 	u := upTo{granted: d, got: r[5], rest: rest}
 	if n < 0 && len(r) >= 10 {
 		// Caller i's slot: max(first + i·emission, pause left, 0).

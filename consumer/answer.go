@@ -19,8 +19,8 @@ func (c *Consumer) reportAnswer(ctx context.Context, rec *kgo.Record, err error)
 	if !ok {
 		return
 	}
-	k := c.cfg.limiterFor(rec)
-	if k.Limiter() == nil {
+	k, err := c.limiterOf(rec)
+	if err != nil || k.Limiter() == nil {
 		return
 	}
 	if rerr := k.Report(ctx, a); rerr != nil {

@@ -16,13 +16,14 @@ import (
 )
 
 // The consumer's own overhead, side by side with franz-go polling the same
-// kfake topic raw: every record of a 6-partition topic read by a new
-// group member, handled by a no-op handler under a limiter that always
-// grants (consumer), or polled and marked for commit (raw). records/s is
-// counted from the start (a new client joins the group) to the last
-// record: both pay the join and the fetches (a client fetches ahead while
-// it joins, so counting from the first record would time only the raw
-// client's draining of its buffer).
+// kfake topic raw, in one run: each iteration reads every record of a
+// 6-partition topic with a new group, first raw (polled and marked for
+// commit), then with the consumer (a no-op handler under a limiter that
+// always grants). records/s is counted from the start (a new client joins
+// the group) to the last record: both pay the join and the fetches.
+// decodes/record counts the records of every batch the consumer's client
+// decoded (kgo's OnFetchBatchRead) per record handled: 1 when nothing is
+// fetched twice.
 //
 //	go test -run '^$' -bench 'Consume' -benchtime 5x ./consumer/
 const (
@@ -46,63 +47,84 @@ func (always) Take(context.Context, string, int64, time.Duration) (throttle.Deci
 	return throttle.Decision{Granted: true}, nil
 }
 
-func BenchmarkConsumeConsumer(b *testing.B) {
-	kc := benchCluster(b)
-	lim := throttle.New(always{})
-	var spent time.Duration
-	for i := 0; b.Loop(); i++ {
-		var n atomic.Int64
-		done := make(chan struct{})
-		h := func(context.Context, *kgo.Record) error {
-			if n.Add(1) == benchTotal {
-				close(done)
-			}
-			return nil
-		}
-		c, err := consumer.New(h, lim, kafka(kc, fmt.Sprint("consumer-", i), "bench"),
-			consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(testLogger()))
-		require.NoError(b, err)
-		ctx, cancel := context.WithCancel(context.Background())
-		ran := make(chan error, 1)
-		began := time.Now()
-		go func() { ran <- c.Run(ctx) }()
-		select {
-		case <-done:
-		case <-time.After(time.Minute):
-			b.Fatalf("only %d of %d records handled in a minute", n.Load(), benchTotal)
-		}
-		spent += time.Since(began)
-		cancel()
-		require.NoError(b, <-ran)
-	}
-	b.ReportMetric(float64(benchTotal)*float64(b.N)/spent.Seconds(), "records/s")
+// decodes counts the records of the batches a client decodes.
+type decodes struct{ n atomic.Int64 }
+
+func (d *decodes) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	d.n.Add(int64(m.NumRecords))
 }
 
-func BenchmarkConsumeRawFranzGo(b *testing.B) {
+func BenchmarkConsume(b *testing.B) {
 	kc := benchCluster(b)
-	var spent time.Duration
+	lim := throttle.New(always{})
+	var consumerTime, rawTime time.Duration
+	var decoded int64
 	for i := 0; b.Loop(); i++ {
-		opts := append(kafkaenv.FastClientOpts(),
-			kgo.SeedBrokers(kc.Addrs()...),
-			kgo.ConsumerGroup(fmt.Sprint("raw-", i)),
-			kgo.ConsumeTopics("bench"),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-			kgo.AutoCommitMarks(),
-		)
-		began := time.Now()
-		cl, err := kgo.NewClient(opts...)
-		require.NoError(b, err)
-		n := 0
-		deadline := time.Now().Add(time.Minute)
-		for n < benchTotal {
-			require.True(b, time.Now().Before(deadline), "only %d of %d records polled in a minute", n, benchTotal)
-			fs := cl.PollRecords(context.Background(), 256)
-			recs := fs.Records()
-			cl.MarkCommitRecords(recs...)
-			n += len(recs)
-		}
-		spent += time.Since(began)
-		cl.Close()
+		rawTime += consumeRaw(b, kc, fmt.Sprint("raw-", i))
+		d, n := consumeWith(b, kc, lim, fmt.Sprint("consumer-", i))
+		consumerTime += d
+		decoded += n
 	}
-	b.ReportMetric(float64(benchTotal)*float64(b.N)/spent.Seconds(), "records/s")
+	consumerRate := float64(benchTotal) * float64(b.N) / consumerTime.Seconds()
+	rawRate := float64(benchTotal) * float64(b.N) / rawTime.Seconds()
+	b.ReportMetric(consumerRate, "records/s")
+	b.ReportMetric(rawRate, "raw-records/s")
+	b.ReportMetric(consumerRate/rawRate, "x-raw")
+	b.ReportMetric(float64(decoded)/float64(benchTotal*b.N), "decodes/record")
+}
+
+// consumeWith reads the topic with a consumer and returns the time taken
+// and the records its client decoded.
+func consumeWith(b *testing.B, kc *kafkaenv.Cluster, lim *throttle.Limiter, group string) (time.Duration, int64) {
+	var n atomic.Int64
+	done := make(chan struct{})
+	h := func(context.Context, *kgo.Record) error {
+		if n.Add(1) == benchTotal {
+			close(done)
+		}
+		return nil
+	}
+	dec := &decodes{}
+	c, err := consumer.New(h, lim, kafka(kc, group, "bench", kgo.WithHooks(dec)),
+		consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(testLogger()))
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	began := time.Now()
+	go func() { ran <- c.Run(ctx) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		b.Fatalf("only %d of %d records handled in a minute", n.Load(), benchTotal)
+	}
+	spent := time.Since(began)
+	cancel()
+	require.NoError(b, <-ran)
+	return spent, dec.n.Load()
+}
+
+// consumeRaw reads the topic with franz-go alone and returns the time
+// taken.
+func consumeRaw(b *testing.B, kc *kafkaenv.Cluster, group string) time.Duration {
+	opts := append(kafkaenv.FastClientOpts(),
+		kgo.SeedBrokers(kc.Addrs()...),
+		kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics("bench"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.AutoCommitMarks(),
+	)
+	began := time.Now()
+	cl, err := kgo.NewClient(opts...)
+	require.NoError(b, err)
+	defer cl.Close()
+	n := 0
+	deadline := time.Now().Add(time.Minute)
+	for n < benchTotal {
+		require.True(b, time.Now().Before(deadline), "only %d of %d records polled in a minute", n, benchTotal)
+		fs := cl.PollRecords(context.Background(), 256)
+		recs := fs.Records()
+		cl.MarkCommitRecords(recs...)
+		n += len(recs)
+	}
+	return time.Since(began)
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"regexp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -23,12 +25,13 @@ import (
 // different keys or partitions run concurrently, up to [WithMaxInFlight]
 // at once. A Handler must therefore be safe for concurrent use.
 //
-// ctx ends when the call has run for the handler timeout
-// ([WithHandlerTimeout]). It does not end when the partition is revoked or
-// the consumer shuts down: the call is allowed to finish (up to that
-// timeout) and its record may then be committed. A nil error finishes the
-// record; an error is retried under [WithRetry]. rec must not be kept
-// after the call returns.
+// ctx carries the attempt's permit and the values of Run's ctx, and ends
+// when the call has run for the handler timeout ([WithHandlerTimeout]). It
+// does not end when the partition is revoked or the consumer shuts down:
+// the call is allowed to finish (up to that timeout) and its record may
+// then be committed. A nil error finishes the record; an error, or a
+// panic (see [PanicError]), is retried under [WithRetry]. rec must not be
+// kept after the call returns: the consumer clears it.
 type Handler func(ctx context.Context, rec *kgo.Record) error
 
 // Consumer consumes Kafka records as a group member and hands each one to
@@ -43,15 +46,25 @@ type Consumer struct {
 	log     *slog.Logger
 
 	started atomic.Bool
+	// fetchPartBytes, when positive, lowers kgo.FetchMaxPartitionBytes
+	// to a quarter of the queue bytes.
+	fetchPartBytes int32
 
 	// Set by Run before the Kafka client exists, read by callbacks and
 	// partition goroutines.
 	base    context.Context // Run's ctx, without its cancellation
+	runCtx  context.Context // Run's ctx, ended by stopRun too
 	stopRun context.CancelCauseFunc
 
-	// slots bounds the records in work at once (WithMaxInFlight): a
-	// worker sends before it starts and receives when it ends.
-	slots chan struct{}
+	// sched hands ready records to at most WithMaxInFlight workers.
+	sched sched
+	// prod writes dead letters and parked records; nil without them.
+	prod *producer
+	// group is the consumer group; topics what the client consumes: the
+	// user's topics (or patterns), and the shaping topic.
+	group       string
+	topics      []string
+	shapingView shapingView
 
 	// commitTimeout bounds each commit: at least the handler timeout and
 	// defaultCommitTimeout, at most what a rebalance leaves after waiting
@@ -71,11 +84,13 @@ type Consumer struct {
 	failure atomic.Pointer[error] // first error that stops the consumer
 
 	handled, retried, deadLettered atomic.Int64
+	parked                         atomic.Int64
 	permitTimeouts, limiterErrors  atomic.Int64
 	waitingRecords, inFlight       atomic.Int64
 	active                         atomic.Int64
 	permitWait                     atomic.Int64 // ns
 	peakBuffered, peakInFlight     atomic.Int64
+	peakBufferedBytes              atomic.Int64
 }
 
 type topicPartition struct {
@@ -85,8 +100,8 @@ type topicPartition struct {
 
 // New returns a Consumer that hands records to h at the pace of lim (or of
 // the limiter chosen per record by [WithLimiterFor]). The Kafka client is
-// described by [WithKafka], which is required; it is built, and its
-// options checked, by [Consumer.Run].
+// described by [WithKafka], which is required; New checks its options
+// without connecting, and [Consumer.Run] builds it.
 //
 // The permit taken for an attempt is passed to h in its context
 // ([throttle.Keyed.ContextWithPermit]): a Transport of package
@@ -95,8 +110,9 @@ type topicPartition struct {
 // Limiter to both. A nil lim (without WithLimiterFor) takes no permits
 // here: the handler's own calls take them.
 //
-// New refuses a nil h, a missing WithKafka and bad option values with an
-// error matching [throttle.ErrInvalid] that names the culprit. A Consumer
+// New refuses a nil h, a missing WithKafka, Kafka options without
+// brokers, group or topics, and bad option values with an error matching
+// [throttle.ErrInvalid] that names the culprit. A Consumer
 // holds no resources until Run.
 func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 	cfg := newConfig(opts)
@@ -116,12 +132,99 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 		handler:  h,
 		cfg:      cfg,
 		log:      cfg.logger,
-		slots:    make(chan struct{}, cfg.maxInFlight),
 		parts:    make(map[topicPartition]*partition),
 		stopping: make(map[topicPartition][]*partition),
 	}
+	c.sched.init(c)
 	c.commitTimeout.Store(int64(max(cfg.handlerTimeout, defaultCommitTimeout))) // check caps it
+	if err := c.checkKafka(); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// clientOpts returns the options of the Kafka client Run builds: the
+// consumer's defaults, the user's, then the consumer's own.
+func (c *Consumer) clientOpts() []kgo.Opt {
+	opts := make([]kgo.Opt, 0, len(c.cfg.kafka)+6)
+	opts = append(opts, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	opts = append(opts, c.cfg.kafka...)
+	if c.fetchPartBytes > 0 {
+		opts = append(opts, kgo.FetchMaxPartitionBytes(c.fetchPartBytes))
+	}
+	if c.topics != nil {
+		opts = append(opts, kgo.ConsumeTopics(c.topics...))
+	}
+	return append(opts,
+		kgo.AutoCommitMarks(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsRevoked(c.revoked),
+		kgo.OnPartitionsLost(c.lost),
+	)
+}
+
+// noSeeds stands for the seed brokers when WithKafka names none: kgo's
+// own default (127.0.0.1:9092) would hide the omission.
+const noSeeds = "headway.no-seed-brokers.invalid:9092"
+
+var errInert = errors.New("consumer: checking options, not connecting")
+
+// checkKafka builds clients from the options, without letting them
+// connect, and refuses what the consumer cannot work with: first the
+// user's options alone, for what they must name, then with the consumer's
+// own, for conflicts.
+func (c *Consumer) checkKafka() error {
+	cl, err := inertClient(append([]kgo.Opt{kgo.SeedBrokers(noSeeds)}, c.cfg.kafka...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if seeds, _ := cl.OptValue(kgo.SeedBrokers).([]string); len(seeds) == 1 && seeds[0] == noSeeds {
+		return errs.Invalid("consumer", "kgo.SeedBrokers", "none", "WithKafka must name the brokers")
+	}
+	if err := c.check(cl); err != nil {
+		return err
+	}
+	c.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
+	if sh := c.cfg.shaping; sh != "" {
+		topics, _ := cl.OptValue(kgo.ConsumeTopics).(map[string]*regexp.Regexp)
+		regex, _ := cl.OptValue(kgo.ConsumeRegex).(bool)
+		if _, ok := topics[sh]; ok && !regex || sh == c.cfg.deadLetter {
+			return errs.Invalid("consumer", "WithShaping topic", sh, "must be a topic of its own: not one WithKafka consumes, nor the dead-letter topic")
+		}
+		c.topics = make([]string, 0, len(topics)+1)
+		for t := range topics {
+			c.topics = append(c.topics, t)
+		}
+		if regex {
+			sh = "^" + regexp.QuoteMeta(sh) + "$"
+		}
+		c.topics = append(c.topics, sh)
+	}
+	if b, _ := cl.OptValue(kgo.FetchMaxPartitionBytes).(int32); int64(b) > c.cfg.queueBytes/4 {
+		c.fetchPartBytes = int32(c.cfg.queueBytes / 4)
+	}
+	full, err := inertClient(c.clientOpts())
+	if err != nil {
+		return err
+	}
+	full.Close()
+	return nil
+}
+
+// inertClient builds a kgo client that never connects, to read and check
+// options.
+func inertClient(opts []kgo.Opt) (*kgo.Client, error) {
+	opts = append(opts,
+		kgo.DialTLSConfig(nil),
+		kgo.Dialer(func(context.Context, string, string) (net.Conn, error) { return nil, errInert }),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, errs.Invalid("consumer", "WithKafka", "options", err.Error())
+	}
+	return cl, nil
 }
 
 // Run joins the group, consumes and handles records until ctx ends or a
@@ -129,6 +232,10 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 // cancelled, in-flight handler calls finish (within the handler timeout),
 // what was handled is committed, and the group is left. Run returns after
 // every goroutine it started has ended.
+//
+// While the consumer owns no partition, Run logs a warning after 5 s and
+// then at growing intervals (at most every 5 minutes), saying why: no
+// broker answers, a topic does not exist, or none is assigned.
 //
 // Run returns nil after a shutdown caused by ctx; a [*HandlerError] when a
 // record failed every attempt and no dead-letter topic is set; an error
@@ -143,18 +250,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 	runCtx, stop := c.prepare(ctx)
 	defer stop(nil)
 
-	opts := make([]kgo.Opt, 0, len(c.cfg.kafka)+6)
-	opts = append(opts, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	opts = append(opts, c.cfg.kafka...)
-	opts = append(opts,
-		kgo.AutoCommitMarks(),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.OnPartitionsAssigned(c.assigned),
-		kgo.OnPartitionsRevoked(c.revoked),
-		kgo.OnPartitionsLost(c.lost),
-	)
-	cl, err := kgo.NewClient(opts...)
+	if c.cfg.deadLetter != "" || c.cfg.shaping != "" {
+		prod, err := c.newProducer()
+		if err != nil {
+			return err
+		}
+		c.prod = prod
+	}
+	cl, err := kgo.NewClient(c.clientOpts()...)
 	if err != nil {
+		c.prod.close()
 		return fmt.Errorf("consumer: building the Kafka client from WithKafka: %w", err)
 	}
 	if err := c.check(cl); err != nil {
@@ -162,6 +267,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 	} else {
 		c.log.Info("consumer: started", "group", cl.OptValue(kgo.ConsumerGroup))
 	}
+
+	var helpers sync.WaitGroup
+	helpers.Add(2)
+	go func() {
+		defer helpers.Done()
+		c.watchIdle(runCtx, cl)
+	}()
+	go func() {
+		defer helpers.Done()
+		c.markLoop(runCtx)
+	}()
+	defer func() {
+		stop(nil)
+		helpers.Wait()
+	}()
 
 	for runCtx.Err() == nil {
 		fetches := cl.PollRecords(runCtx, c.cfg.pollSize)
@@ -189,7 +309,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stopAll(cl)
 	commitErr := c.commit(context.Background(), cl, "shutdown")
 	cl.CloseAllowingRebalance() // leaves the group
+	c.prod.close()              // fails the writes of abandoned records
 	c.wg.Wait()
+	c.sched.stop()
 	c.log.Info("consumer: stopped", "handled", c.handled.Load(), "dead_lettered", c.deadLettered.Load())
 
 	if errp := c.failure.Load(); errp != nil {
@@ -198,12 +320,41 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return commitErr
 }
 
+// markInterval is how often the watermarks of running partitions are
+// marked for commit: marks lag finished records by at most this.
+const markInterval = 50 * time.Millisecond
+
+// markLoop marks the running partitions' watermarks every markInterval
+// until ctx ends. A stopping partition marks its own as it exits.
+func (c *Consumer) markLoop(ctx context.Context) {
+	t := time.NewTicker(markInterval)
+	defer t.Stop()
+	var ps []*partition
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		for _, p := range c.parts {
+			ps = append(ps, p)
+		}
+		c.mu.Unlock()
+		for _, p := range ps {
+			p.flush()
+		}
+		clear(ps)
+		ps = ps[:0]
+	}
+}
+
 // prepare sets what callbacks and partitions read, before the Kafka client
 // exists, and returns Run's own context.
 func (c *Consumer) prepare(ctx context.Context) (context.Context, context.CancelCauseFunc) {
 	runCtx, stop := context.WithCancelCause(ctx)
 	c.base = context.WithoutCancel(ctx)
-	c.stopRun = stop
+	c.runCtx, c.stopRun = runCtx, stop
 	return runCtx, stop
 }
 
@@ -211,7 +362,10 @@ func (c *Consumer) prepare(ctx context.Context) (context.Context, context.Cancel
 // with.
 func (c *Consumer) check(cl *kgo.Client) error {
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
-		return errs.Invalid("consumer", "kgo.ConsumerGroup", `""`, "WithKafka must name a consumer group")
+		return errs.Invalid("consumer", "kgo.ConsumerGroup", `""`, "WithKafka must name a consumer group: the consumer commits what it handled")
+	}
+	if topics, _ := cl.OptValue(kgo.ConsumeTopics).(map[string]*regexp.Regexp); len(topics) == 0 {
+		return errs.Invalid("consumer", "kgo.ConsumeTopics", "none", "WithKafka must name the topics to consume (or kgo.ConsumeRegex patterns)")
 	}
 	if id, _ := cl.OptValue(kgo.TransactionalID).(string); id != "" {
 		return errs.Invalid("consumer", "kgo.TransactionalID", id, "transactional clients are not supported")
@@ -268,6 +422,22 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 		return
 	}
 	c.log.Info("consumer: partitions assigned", "partitions", assigned)
+	var sc *scan
+	if c.cfg.shaping != "" {
+		var parks []topicPartition
+		for topic, ids := range assigned {
+			for _, id := range ids {
+				if key := (topicPartition{topic, id}); topic != c.cfg.shaping && c.parts[key] == nil {
+					parks = append(parks, key)
+				}
+			}
+		}
+		if len(parks) > 0 {
+			sc = c.newScan(cl, parks)
+			c.wg.Add(1)
+			go sc.run(c.runCtx)
+		}
+	}
 	for topic, ids := range assigned {
 		for _, id := range ids {
 			key := topicPartition{topic, id}
@@ -283,7 +453,11 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 			p.after = append([]*partition(nil), c.stopping[key]...)
 			c.parts[key] = p
 			c.wg.Add(1)
-			go p.run()
+			if p.parks {
+				p.start(sc)
+			} else {
+				p.start(nil)
+			}
 		}
 	}
 }
@@ -420,15 +594,34 @@ func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string) error
 }
 
 // backoff is the delay before retry n (n ≥ 1): base·2^(n-1), at most max.
+// The doubling stops at max, so it never overflows.
 func (c *Consumer) backoff(n int) time.Duration {
-	d := c.cfg.backoffBase
-	for i := 1; i < n && d < c.cfg.backoffMax; i++ {
-		d *= 2
-	}
-	return min(d, c.cfg.backoffMax)
+	return doubling(c.cfg.backoffBase, c.cfg.backoffMax, n)
 }
 
-func (c *Consumer) notePeak(n int64) { raise(&c.peakBuffered, n) }
+// permitBackoff is the delay before asking the limiter again after n
+// failures or timeouts in a row: like backoff, but at most maxPermitDelay,
+// so that the end of a store's outage is noticed soon.
+func (c *Consumer) permitBackoff(n int) time.Duration {
+	return doubling(min(c.cfg.backoffBase, maxPermitDelay), min(c.cfg.backoffMax, maxPermitDelay), n)
+}
+
+// doubling returns base·2^(n-1), at most max, for base ≤ max.
+func doubling(base, max time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n; i++ {
+		if d >= max/2 {
+			return max
+		}
+		d *= 2
+	}
+	return min(d, max)
+}
+
+func (c *Consumer) notePeak(n, bytes int64) {
+	raise(&c.peakBuffered, n)
+	raise(&c.peakBufferedBytes, bytes)
+}
 
 func (c *Consumer) notePeakInFlight(n int64) { raise(&c.peakInFlight, n) }
 

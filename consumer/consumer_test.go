@@ -186,6 +186,39 @@ func TestBackpressureBoundsBufferedRecords(t *testing.T) {
 	assert.GreaterOrEqual(t, calls.Load(), int64(40), "progress")
 }
 
+// The bytes a partition holds stay within the queue bytes plus one poll:
+// with large values and a slow limiter, fetching pauses on bytes before
+// the record count binds.
+func TestBackpressureBoundsBufferedBytes(t *testing.T) {
+	t.Parallel()
+	const value, poll, queueBytes = 1000, 4, 16 << 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("big", 1))
+	cl, err := kc.Client()
+	require.NoError(t, err)
+	var recs []*kgo.Record
+	for i := range 200 {
+		recs = append(recs, &kgo.Record{Topic: "big", Value: fmt.Appendf(nil, "%0*d", value, i)})
+	}
+	require.NoError(t, cl.ProduceSync(context.Background(), recs...).FirstErr())
+	cl.Close()
+
+	lim := limiter(t, 5, 100*time.Millisecond) // 50/s
+	c, err := consumer.New(func(context.Context, *kgo.Record) error { return nil }, lim, append(base(kc, "g", "big"),
+		consumer.WithQueueBytes(queueBytes), consumer.WithPollSize(poll))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the partition paused", func() bool {
+		s := c.Stats()
+		return len(s.Partitions) == 1 && s.Partitions[0].Paused
+	})
+	require.NoError(t, r.stop(t))
+	s := c.Stats()
+	bound := int64(queueBytes + poll*(value+consumer.RecordOverhead))
+	t.Logf("most bytes held: %d (bound %d), records %d", s.PeakBufferedBytes, bound, s.PeakBuffered)
+	assert.LessOrEqual(t, s.PeakBufferedBytes, bound)
+	assert.Less(t, s.PeakBuffered, 4096, "the bytes bound, not the records bound, paused the partition")
+}
+
 // newOwner is a group member that notes, for the first record it handles
 // of each partition, the record's offset and the committed offset then.
 type newOwner struct {
@@ -626,7 +659,7 @@ func TestPermitTimeoutFails(t *testing.T) {
 	h := newHandled(1)
 	// One permit, then one per minute: records 1 and 2 time out.
 	c, err := consumer.New(h.handler("a"), limiter(t, 1, time.Minute), append(base(kc, "g", "in"),
-		consumer.WithMaxWait(20*time.Millisecond, consumer.TimeoutFail),
+		consumer.WithPermitWait(20*time.Millisecond, consumer.TimeoutFail),
 		consumer.WithRetry(2, time.Millisecond, time.Millisecond),
 		consumer.WithDeadLetter("dlt"))...)
 	require.NoError(t, err)
@@ -655,11 +688,12 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"no kafka", h, lim, nil, "WithKafka"},
 		// kgo.NewClient panics on a nil kgo.Opt: refused by New instead.
 		{"nil kafka option", h, lim, []consumer.Option{consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), nil)}, "WithKafka"},
-		{"negative wait", h, lim, []consumer.Option{k, consumer.WithMaxWait(-1, consumer.TimeoutRetry)}, "WithMaxWait"},
-		{"bad policy", h, lim, []consumer.Option{k, consumer.WithMaxWait(1, 7)}, "policy"},
+		{"negative wait", h, lim, []consumer.Option{k, consumer.WithPermitWait(-1, consumer.TimeoutRetry)}, "WithPermitWait"},
+		{"bad policy", h, lim, []consumer.Option{k, consumer.WithPermitWait(1, 7)}, "policy"},
 		{"no attempts", h, lim, []consumer.Option{k, consumer.WithRetry(0, 1, 1)}, "attempts"},
 		{"zero base", h, lim, []consumer.Option{k, consumer.WithRetry(1, 0, 1)}, "base"},
 		{"max below base", h, lim, []consumer.Option{k, consumer.WithRetry(1, 2, 1)}, "max"},
+		{"max beyond an hour", h, lim, []consumer.Option{k, consumer.WithRetry(100, 100*time.Millisecond, throttle.Forever)}, "max"},
 		{"empty dead letter", h, lim, []consumer.Option{k, consumer.WithDeadLetter("")}, "WithDeadLetter"},
 		{"zero handler timeout", h, lim, []consumer.Option{k, consumer.WithHandlerTimeout(0)}, "WithHandlerTimeout"},
 		{"zero queue", h, lim, []consumer.Option{k, consumer.WithQueueSize(0)}, "WithQueueSize"},
@@ -677,27 +711,22 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 	}
 }
 
-func TestRunRefusesBadKafkaSettings(t *testing.T) {
+func TestNewRefusesAHandlerTimeoutARebalanceCannotWaitFor(t *testing.T) {
 	t.Parallel()
 	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
 	h := func(context.Context, *kgo.Record) error { return nil }
 	lim := limiter(t, 1, time.Second)
 
-	// No group: kgo refuses the consumer's callbacks.
-	c, err := consumer.New(h, lim, consumer.WithKafka(kgo.SeedBrokers(kc.Addrs()...), kgo.ConsumeTopics("in")))
-	require.NoError(t, err)
-	err = c.Run(context.Background())
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "WithKafka")
-
 	// A handler timeout that a rebalance could not wait for.
-	c, err = consumer.New(h, lim, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(2*time.Second), consumer.WithLogger(testLogger()))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = c.Run(ctx)
+	_, err := consumer.New(h, lim, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(2*time.Second), consumer.WithLogger(testLogger()))
 	require.ErrorIs(t, err, throttle.ErrInvalid)
 	assert.Contains(t, err.Error(), "rebalance timeout")
+
+	c, err := consumer.New(h, lim, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(testLogger()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, c.Run(ctx))
 	assert.ErrorContains(t, c.Run(ctx), "twice", "Run runs once")
 }
 
@@ -753,7 +782,7 @@ func TestLimiterFailures(t *testing.T) {
 		// are retried without using up the record's attempts.
 		h := newHandled(5)
 		c, err := consumer.New(h.handler("a"), limiter(t, 1, 100*time.Millisecond), append(base(kc, "retry", "in"),
-			consumer.WithMaxWait(5*time.Millisecond, consumer.TimeoutRetry),
+			consumer.WithPermitWait(5*time.Millisecond, consumer.TimeoutRetry),
 			consumer.WithRetry(1, 5*time.Millisecond, 5*time.Millisecond))...)
 		require.NoError(t, err)
 		r := start(t, c)
@@ -770,16 +799,12 @@ func TestLimiterFailures(t *testing.T) {
 // A handler timeout so large that twice it overflows (throttle.Forever,
 // "no timeout") must still be refused against the rebalance timeout: a
 // rebalance would otherwise wait without end for a stuck handler.
-func TestRunRefusesAHandlerTimeoutThatOverflows(t *testing.T) {
+func TestNewRefusesAHandlerTimeoutThatOverflows(t *testing.T) {
 	t.Parallel()
 	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
 	h := func(context.Context, *kgo.Record) error { return nil }
-	c, err := consumer.New(h, limiter(t, 1, time.Second), kafka(kc, "g", "in"),
+	_, err := consumer.New(h, limiter(t, 1, time.Second), kafka(kc, "g", "in"),
 		consumer.WithHandlerTimeout(throttle.Forever), consumer.WithLogger(testLogger()))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = c.Run(ctx)
 	require.ErrorIs(t, err, throttle.ErrInvalid)
 	assert.Contains(t, err.Error(), "rebalance timeout")
 }

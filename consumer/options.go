@@ -23,13 +23,13 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 // TimeoutPolicy says what happens to a record that gets no permit within
-// the wait set by [WithMaxWait].
+// the wait set by [WithPermitWait].
 type TimeoutPolicy int
 
 const (
 	// TimeoutRetry keeps the record: it backs off (the delays of
-	// [WithRetry], growing with each timeout in a row) and asks for a
-	// permit again, for as long as it takes, holding its key (see
+	// [WithRetry], growing with each timeout in a row, but at most 5 s)
+	// and asks for a permit again, for as long as it takes, holding its key (see
 	// [WithOrdering]) and its in-flight slot. The record's handler attempts
 	// are not used up. Each timeout is counted in Stats.PermitTimeouts.
 	TimeoutRetry TimeoutPolicy = iota
@@ -57,6 +57,10 @@ type config struct {
 	// deadLetter: "", meaning a record that fails all its attempts stops
 	// the consumer.
 	deadLetter string
+	// shaping: "", meaning no record is parked; shapingBound: how long a
+	// unit may hold its partition before its records are parked.
+	shaping      string
+	shapingBound time.Duration
 	// handlerTimeout: 10 s.
 	handlerTimeout time.Duration
 	// ordering: ByKey. maxInFlight: 128 records per consumer instance
@@ -64,11 +68,17 @@ type config struct {
 	// retry delays).
 	ordering    Ordering
 	maxInFlight int
-	// queueSize: 256 records per partition. pollSize: 256 records per
-	// poll.
+	// queueSize: 4096 records per partition; queueBytes: 1 MiB per
+	// partition. pollSize: 0, meaning every record the client has
+	// fetched.
 	queueSize, pollSize int
+	queueBytes          int64
 	// logger: slog.Default().
 	logger *slog.Logger
+	// idleFirst, idleAssign: when Run first checks that it owns a
+	// partition, and how long it may own none before it warns (tests
+	// shorten them).
+	idleFirst, idleAssign time.Duration
 
 	// err is the first bad option seen.
 	err error
@@ -82,9 +92,14 @@ const (
 	// defaultCommitTimeout is the least a commit is given, whatever the
 	// handler timeout (see Consumer.commitTimeout).
 	defaultCommitTimeout = 10 * time.Second
-	defaultQueueSize     = 256
-	defaultPollSize      = 256
+	defaultQueueSize     = 4096
+	defaultQueueBytes    = 1 << 20
 	defaultMaxInFlight   = 128
+	// maxRetryDelay is the longest delay WithRetry accepts.
+	maxRetryDelay = time.Hour
+	// maxPermitDelay is the longest delay before asking the limiter again
+	// after its store failed or a permit wait timed out.
+	maxPermitDelay = 5 * time.Second
 )
 
 func newConfig(opts []Option) config {
@@ -98,8 +113,10 @@ func newConfig(opts []Option) config {
 		ordering:       ByKey,
 		maxInFlight:    defaultMaxInFlight,
 		queueSize:      defaultQueueSize,
-		pollSize:       defaultPollSize,
+		queueBytes:     defaultQueueBytes,
 		logger:         slog.Default(),
+		idleFirst:      idleFirst,
+		idleAssign:     idleAssign,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -118,18 +135,19 @@ func (c *config) invalid(field string, value any, want string) {
 
 // WithKafka adds options for the Kafka client that [Consumer.Run] builds.
 // They must name the brokers (kgo.SeedBrokers), the group
-// (kgo.ConsumerGroup) and what to consume (kgo.ConsumeTopics or
-// kgo.ConsumeRegex); Run refuses a client with no group. WithKafka may be
-// given more than once; the options add up, in order.
+// (kgo.ConsumerGroup) and what to consume (kgo.ConsumeTopics, with
+// kgo.ConsumeRegex for patterns); [New] refuses options that miss one.
+// WithKafka may be given more than once; the options add up, in order.
 //
 // The consumer sets, before these options (so they may be overridden):
 // kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), so a new group starts
 // at the oldest record and a lost offset rewinds rather than skips. After
 // them, and not to be overridden: kgo.AutoCommitMarks,
 // kgo.BlockRebalanceOnPoll and the OnPartitionsAssigned, Revoked and Lost
-// callbacks. Run refuses options that conflict with these
-// (kgo.DisableAutoCommit, kgo.GreedyAutoCommit), a share group and a
-// transactional ID; New refuses a nil kgo.Opt. kgo's autocommit interval
+// callbacks. New refuses options that conflict with these
+// (kgo.DisableAutoCommit, kgo.GreedyAutoCommit), a transactional ID, and
+// a nil kgo.Opt; it checks the options by building a client that never
+// connects. kgo's autocommit interval
 // (kgo.AutoCommitInterval, default 5 s) sets how often marked offsets are
 // committed between rebalances.
 func WithKafka(opts ...kgo.Opt) Option {
@@ -146,39 +164,38 @@ func WithKafka(opts ...kgo.Opt) Option {
 
 // WithLimiterFor chooses the limiter budget of each record. Default: the
 // limiter given to New, for every record. To give every tenant its own
-// budget, so that one hot tenant cannot starve the others, key by the
-// record key:
+// budget, key by the record key:
 //
 //	consumer.WithLimiterFor(func(r *kgo.Record) throttle.Keyed {
 //		return lim.Key(string(r.Key))
 //	})
 //
 // (a record without a key then draws from the limiter's own budget). The
-// budgets are separate, but the [WithMaxInFlight] slots of an instance are
-// shared, and a record holds its slot while it waits for its permit: a
-// tenant with more records waiting than the instance has slots holds them
-// all, and the other tenants' records wait for a slot until its permits
-// come. fn is called once per attempt, from the record's worker goroutine, concurrently
-// with other records', and must be fast and safe for concurrent use. A nil
-// fn keeps the default.
+// budgets are separate, but a tenant whose budget is spent holds its
+// partition while its records wait, and the instance's in-flight slots
+// ([WithMaxInFlight]) while they wait for permits: add [WithShaping] so
+// that one hot tenant cannot starve the others. fn is called once per
+// attempt, from the record's worker, concurrently with other records',
+// and must be fast and safe for concurrent use; a panic in it is a failed
+// attempt. A nil fn keeps the default.
 func WithLimiterFor(fn func(*kgo.Record) throttle.Keyed) Option {
 	return optionFunc(func(c *config) { c.limiterFor = fn })
 }
 
-// WithMaxWait bounds how long a record waits for a permit, and says what
-// happens when none comes in time (see [TimeoutPolicy]). Default:
-// [throttle.Forever]: a record waits until a permit comes, its partition is
-// revoked, or the consumer shuts down; no timeout ever happens. A waiting
-// record holds one of the [WithMaxInFlight] slots. d must not
-// be negative; 0 asks for a permit only if one is free at once.
-func WithMaxWait(d time.Duration, onTimeout TimeoutPolicy) Option {
+// WithPermitWait bounds how long a record waits for a permit, and says
+// what happens when none comes in time (see [TimeoutPolicy]). Default:
+// [throttle.Forever]: a record waits until a permit comes, its partition
+// is revoked, the consumer shuts down, or [WithShaping] parks it. A
+// waiting record holds one of the [WithMaxInFlight] slots. d must not be
+// negative; 0 asks for a permit only if one is free at once.
+func WithPermitWait(d time.Duration, onTimeout TimeoutPolicy) Option {
 	return optionFunc(func(c *config) {
 		if d < 0 {
-			c.invalid("WithMaxWait", d, "must be 0, positive or throttle.Forever")
+			c.invalid("WithPermitWait", d, "must be 0, positive or throttle.Forever")
 			return
 		}
 		if onTimeout != TimeoutRetry && onTimeout != TimeoutFail {
-			c.invalid("WithMaxWait policy", int(onTimeout), "must be TimeoutRetry or TimeoutFail")
+			c.invalid("WithPermitWait policy", int(onTimeout), "must be TimeoutRetry or TimeoutFail")
 			return
 		}
 		c.maxWait, c.onTimeout = d, onTimeout
@@ -190,7 +207,7 @@ func WithMaxWait(d time.Duration, onTimeout TimeoutPolicy) Option {
 // up to 5 s. attempts counts every call, the first included: 1 means no
 // retry. Every attempt takes a permit of its own. The delays are exact (no
 // jitter): the permits, not the retries, pace the provider. attempts must
-// be at least 1, base positive and max at least base.
+// be at least 1, base positive, and max at least base and at most an hour.
 //
 // When every attempt has failed, the record goes to the dead-letter topic
 // of [WithDeadLetter] if there is one; otherwise the consumer stops and
@@ -204,6 +221,8 @@ func WithRetry(attempts int, base, max time.Duration) Option {
 			c.invalid("WithRetry base", base, "must be positive")
 		case max < base:
 			c.invalid("WithRetry max", max, fmt.Sprintf("must be at least base (%v)", base))
+		case max > maxRetryDelay:
+			c.invalid("WithRetry max", max, fmt.Sprintf("must be at most %v: a record holds its key between retries", maxRetryDelay))
 		default:
 			c.attempts, c.backoffBase, c.backoffMax = attempts, base, max
 		}
@@ -215,16 +234,19 @@ func WithRetry(attempts int, base, max time.Duration) Option {
 //
 // The dead-letter record keeps the original key, value, headers and
 // timestamp, and adds the headers [HeaderTopic], [HeaderPartition],
-// [HeaderOffset], [HeaderError] and [HeaderAttempts]. The original offset
-// is marked for commit only once the broker has acknowledged the
-// dead-letter record; if producing fails, the consumer stops with that
-// error. The topic must exist (or the cluster must create topics on use).
+// [HeaderOffset], [HeaderError] and [HeaderAttempts]. A record too large
+// for topic (its max.message.bytes, checked by the broker after
+// compression) goes without its value and original headers, then without
+// its key, with [HeaderDropped] saying so. The original offset is marked
+// for commit only once the broker has acknowledged the dead-letter record;
+// if writing fails otherwise, the consumer stops with that error. The
+// topic must exist (or the cluster must create topics on use).
 //
-// A write waits for the broker's acknowledgement for as long as kgo keeps
-// trying (kgo.RecordDeliveryTimeout and kgo.RecordRetries, through
-// [WithKafka]; by default without end), holding its record's key and
-// in-flight slot; it is not cut short by its partition's revocation, since
-// dead-letter records of several partitions share produce batches. A
+// Dead letters (and parked records, [WithShaping]) are written by a
+// producer built from the options of [WithKafka] without the consumer and
+// group ones. A write waits for the broker's acknowledgement for as long
+// as kgo keeps trying (kgo.RecordDeliveryTimeout and kgo.RecordRetries; by
+// default without end), holding its record's key and in-flight slot; a
 // revocation waits for it like for a handler call, up to the handler
 // timeout.
 func WithDeadLetter(topic string) Option {
@@ -234,6 +256,50 @@ func WithDeadLetter(topic string) Option {
 			return
 		}
 		c.deadLetter = topic
+	})
+}
+
+// WithShaping parks the records of a key that holds its partition longer
+// than bound in topic, so that the partition goes on: per-tenant budgets
+// ([WithLimiterFor]) then cannot let one tenant starve the others of its
+// partition, nor can a key with many records. Default: off, and a key
+// holds its partition for as long as its records wait (see the package
+// documentation). Recommended for per-key budgets, with a bound of about a
+// second.
+//
+// A key holds its partition from the moment a worker takes the first of a
+// run of its records (under ByPartition the partition is the key; under
+// Unordered each record is its own). Once that has lasted bound, its
+// record in work is written to topic instead of waiting longer for its
+// permit or a retry, together with the key's records queued behind it, and
+// they are finished, so the watermark passes them; later records of the
+// key follow them to topic as their turn comes, until the last one parked
+// has been handled, so the key's order holds. Nothing is parked while the
+// limiter's store fails.
+//
+// The consumer consumes topic in the same group (it is added to the
+// topics of WithKafka) and hands its records to the handler as they were
+// consumed from their own topic (same topic, partition, offset, key,
+// value, headers), each after its permit, without a bound: a key parked
+// there waits in place, in order, and holds that partition of topic. A
+// parked record carries [HeaderTopic], [HeaderPartition], [HeaderOffset]
+// and [HeaderAttempts] as its last headers.
+//
+// topic must exist, serve this consumer group alone, accept records as
+// large as the consumed topics do (max.message.bytes), and keep its number
+// of partitions: the records of one key go to one partition of it. New
+// refuses a topic that WithKafka consumes or that dead letters go to.
+// bound must be positive and at most an hour.
+func WithShaping(topic string, bound time.Duration) Option {
+	return optionFunc(func(c *config) {
+		switch {
+		case topic == "":
+			c.invalid("WithShaping topic", `""`, "must name a topic")
+		case bound <= 0 || bound > time.Hour:
+			c.invalid("WithShaping bound", bound, "must be positive and at most an hour")
+		default:
+			c.shaping, c.shapingBound = topic, bound
+		}
 	})
 }
 
@@ -257,12 +323,11 @@ func WithHandlerTimeout(d time.Duration) Option {
 }
 
 // WithQueueSize sets how many records a partition may hold before its
-// fetching is paused: records queued, in flight, and finished but not yet
+// fetching is paused: records queued, in work, and finished but not yet
 // committable (behind an unfinished one). Fetching resumes when the
-// partition holds half as many. Default: 256. n must be at least 1, and
-// should exceed the records a partition has in flight ([WithMaxInFlight]),
-// or the partition pauses before it has enough work to fill them. See the
-// package documentation for the bound on buffered records.
+// partition holds half as many (and half its bytes, [WithQueueBytes]).
+// Default: 4096. n must be at least 1. See the package documentation for
+// the bounds this gives.
 func WithQueueSize(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {
@@ -273,12 +338,32 @@ func WithQueueSize(n int) Option {
 	})
 }
 
+// WithQueueBytes sets how many bytes a partition may hold before its
+// fetching is paused, as for [WithQueueSize]: the key, value and headers
+// of each unfinished record, plus [RecordOverhead] for every record held.
+// Default: 1 MiB. n must be at least 1 KiB.
+//
+// The consumer copies each record it takes from the Kafka client, so what
+// it holds does not keep the client's fetched batches alive. It also
+// lowers kgo.FetchMaxPartitionBytes (1 MiB by default) to a quarter of n
+// when that is less, so that one fetch overfills a partition by little.
+func WithQueueBytes(n int64) Option {
+	return optionFunc(func(c *config) {
+		if n < 1<<10 {
+			c.invalid("WithQueueBytes", n, "must be at least 1024")
+			return
+		}
+		c.queueBytes = n
+	})
+}
+
 // WithPollSize sets the most records taken from the Kafka client at once
-// (kgo's PollRecords), over all partitions. Default: 256, the default queue
-// size, so that one poll cannot overfill a partition's queue many times
-// over (a paused partition's fetched records are dropped and fetched
-// again). n must be at least 1. See the package documentation for the
-// bound on buffered records.
+// (kgo's PollRecords), over all partitions. Default: every record the
+// client has fetched, which is best: a partition is paused only once the
+// records it was sent are taken, and what the client fetched for it
+// otherwise would be dropped (and fetched and decoded again after the
+// resume). n must be at least 1. See the package documentation for the
+// bounds this gives.
 func WithPollSize(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {
@@ -350,9 +435,11 @@ func WithOrdering(o Ordering) Option {
 }
 
 // WithMaxInFlight bounds the records one consumer instance works on at
-// once, over all its partitions: a record takes one of n slots before it
-// waits for its permit and keeps it through its handler calls, retry
-// delays and dead-lettering. Default: 128. n must be at least 1.
+// once, over all its partitions: a record takes one of n slots (worker
+// goroutines, started as needed) before it waits for its permit and keeps
+// it through its handler calls, retry delays and writes to Kafka
+// (dead-lettering, parking). Partitions with records ready take turns for
+// the slots. Default: 128. n must be at least 1.
 //
 // To reach a limit of R calls per second with handlers that take L, the
 // fleet needs about R·L slots in all (500/s at 100 ms: 50), more when

@@ -2,228 +2,543 @@ package consumer
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/headway-go/headway/throttle"
 )
 
-// partition is one assigned partition. The poll loop appends its records
-// to pending (offset order) and, by the ordering, either to ready or to
-// the queue of a key that already has a record ready or in flight. One
-// goroutine (run) takes ready records, each with a slot of the consumer's
-// in-flight bound, and starts a worker per record; a worker takes permits,
-// calls the handler, retries, and finishes the record. Finished records at
-// the front of pending are the watermark: the last of them is marked for
-// commit.
+// partition is one assigned partition. The poll loop copies its records
+// into slots, appends them to pending (offset order) and, by the ordering,
+// either to ready or to the queue of their unit (key or partition) when
+// the unit already has a record ready or in work. One goroutine (run)
+// takes ready records, each with a slot of the consumer's in-flight
+// bound, and starts workers; a worker takes permits, calls the handler,
+// retries, and finishes the record. Finished records at the front of
+// pending are the watermark: the offset after the last of them is marked
+// for commit (by flush).
 type partition struct {
 	c     *Consumer
-	cl    *kgo.Client
+	cl    *kgo.Client // the consumer's client
 	topic string
 	id    int32
 
 	// soft ends permit waits and retry delays: cancelled on revoke, loss
-	// and shutdown. hard ends the handler's calls: cancelled only when a
-	// stop gives up waiting for them (fence), or when run exits. hard is
-	// split in shards, so that many calls starting at once do not all
-	// register with one parent context (and contend for its lock).
+	// and shutdown. Handler calls are ended only when a stop gives up
+	// waiting for them (fence), or when the partition ends: callsEnded,
+	// then endCalls.
 	soft       context.Context
 	cancelSoft context.CancelFunc
-	hard       [hardShards]context.Context
-	cancelHard [hardShards]context.CancelFunc
-	calls      atomic.Uint32 // picks a shard of hard per call
+	callsEnded atomic.Bool
 
-	done chan struct{} // closed when run and every worker have exited
-	wake chan struct{} // a record became ready; capacity 1
-	// after holds the goroutines of earlier ownerships of this partition
-	// that had not exited when this one was assigned; run waits for them.
+	done chan struct{} // closed once stopped and no record is in work
+	// after holds the earlier ownerships of this partition that had not
+	// ended when this one was assigned: its records are handled only once
+	// all have (waitAfter).
 	after []*partition
 
-	workers sync.WaitGroup
+	waiting atomic.Int32 // workers waiting for a permit
+	queued  atomic.Bool  // in the scheduler's queue
 
 	mu sync.Mutex
 	// pending holds every record taken from Kafka and not yet behind the
-	// watermark, in offset order: queued, in flight, or finished after an
+	// watermark, in offset order: queued, in work, or finished after an
 	// unfinished one.
-	pending []*slot
+	pending fifo
 	// ready holds records whose turn has come, oldest first.
-	ready []*slot
-	// keys holds, for each key with a record ready or in flight, the
-	// key's later records (ByKey and ByPartition only).
-	keys    map[string]*keyQueue
-	waiting atomic.Int32 // workers waiting for a permit
-	paused  bool         // this partition's fetches are paused
-	closed  bool         // no more records are queued, no more pause or resume
-	fenced  bool         // no more marks: the partition is no longer ours
+	ready fifo
+	// units holds, under ByKey, each key with a record ready or in work;
+	// whole is the partition's one unit under ByPartition.
+	units map[string]*unit
+	whole unit
+	// parks: records of this partition may be parked (shaping is on and
+	// this is not the shaping topic). shaped: this is the shaping topic.
+	parks, shaped bool
+	// through is the offset after the last record behind the watermark,
+	// -1 before any.
+	through int64
+	// bytes is what pending counts for: RecordOverhead per record, and
+	// the key, value and headers of the unfinished ones.
+	bytes  int64
+	paused bool // this partition's fetches are paused
+	closed bool // no more records are queued, no more pause or resume
+	fenced bool // no more marks: the partition is no longer ours
+	// started: the earlier ownerships have ended, records may be taken.
+	// waited: waitAfter is done (or was never needed). inWork counts
+	// records taken by workers and not yet ended. ended: finalize ran.
+	started, waited, ended bool
+	inWork                 int
+	// mark is the last record behind the watermark; dirty says it is not
+	// marked for commit yet.
+	mark  kgo.Record
+	dirty bool
 }
 
-// hardShards is how many contexts hard is split in.
-const hardShards = 16
+// RecordOverhead is what each record the consumer holds counts for in
+// the byte bound of a partition ([WithQueueBytes]), besides its key,
+// value and headers: the consumer's own bookkeeping. A finished record
+// waiting behind an unfinished one counts for RecordOverhead alone.
+const RecordOverhead = 320
 
-// slot is one record in pending.
+// slot is one record the consumer holds: a copy of the fetched record,
+// so that holding it does not hold the fetched batch it came from.
 type slot struct {
-	rec  *kgo.Record
-	key  string
-	done bool // handled or dead-lettered
+	// rec is what the handler sees: for a record parked in the shaping
+	// topic, the record as it was consumed from its own topic.
+	rec  kgo.Record
+	unit *unit // nil under Unordered
+	next *slot // the unit's next queued record
+	// off and epoch are the record's own offset and leader epoch in this
+	// partition, for the watermark.
+	off   int64
+	epoch int32
+	// attempts were made before the record was parked.
+	attempts int
+	began    time.Time // when a worker took it
+	size     int64     // key, value and headers; 0 once finished
+	done     bool      // handled, dead-lettered or parked
 }
 
-// keyQueue holds a key's records behind the one ready or in flight.
-type keyQueue struct {
-	next []*slot
+// unit is an ordering unit: a key under ByKey, the partition under
+// ByPartition. One record of a unit is ready or in work at a time; the
+// others wait in its queue, in offset order.
+type unit struct {
+	key        string
+	busy       bool  // a record of the unit is ready or in work
+	head, tail *slot // queued records
+	// holdSince is when a worker took the first record of the unit's
+	// current run of records (zero when the unit is idle): what the
+	// shaping bound measures.
+	holdSince time.Time
+	// parked: the unit's records go to the shaping topic, the last of
+	// them to parkPart at parkOff, until that one has been handled.
+	parked   bool
+	parkPart int32
+	parkOff  int64
 }
+
+func (u *unit) push(s *slot) {
+	if u.tail == nil {
+		u.head = s
+	} else {
+		u.tail.next = s
+	}
+	u.tail = s
+}
+
+func (u *unit) pop() *slot {
+	s := u.head
+	if s == nil {
+		return nil
+	}
+	u.head, s.next = s.next, nil
+	if u.head == nil {
+		u.tail = nil
+	}
+	return s
+}
+
+// fifo is a queue of slots.
+type fifo struct {
+	buf  []*slot
+	head int
+}
+
+func (q *fifo) len() int { return len(q.buf) - q.head }
+
+func (q *fifo) push(s *slot) { q.buf = append(q.buf, s) }
+
+func (q *fifo) front() *slot { return q.buf[q.head] }
+
+func (q *fifo) pop() *slot {
+	s := q.buf[q.head]
+	q.buf[q.head] = nil
+	q.head++
+	switch {
+	case q.head == len(q.buf):
+		q.buf, q.head = q.buf[:0], 0
+	case q.head >= 1024 && q.head*2 >= len(q.buf):
+		n := copy(q.buf, q.buf[q.head:])
+		clear(q.buf[n:])
+		q.buf, q.head = q.buf[:n], 0
+	}
+	return s
+}
+
+func (q *fifo) reset() { *q = fifo{} }
 
 func newPartition(c *Consumer, cl *kgo.Client, topic string, id int32) *partition {
 	p := &partition{
-		c:     c,
-		cl:    cl,
-		topic: topic,
-		id:    id,
-		done:  make(chan struct{}),
-		wake:  make(chan struct{}, 1),
-		keys:  make(map[string]*keyQueue),
+		c:       c,
+		cl:      cl,
+		topic:   topic,
+		id:      id,
+		done:    make(chan struct{}),
+		units:   make(map[string]*unit),
+		mark:    kgo.Record{Topic: topic, Partition: id},
+		through: -1,
+	}
+	if sh := c.cfg.shaping; sh != "" {
+		p.shaped = topic == sh
+		p.parks = !p.shaped
 	}
 	p.soft, p.cancelSoft = context.WithCancel(c.base)
-	for i := range p.hard {
-		p.hard[i], p.cancelHard[i] = context.WithCancel(c.base)
-	}
 	return p
 }
 
 func (p *partition) tps() map[string][]int32 { return map[string][]int32{p.topic: {p.id}} }
 
-// keyOf returns the key that orders rec, and false under Unordered.
-func (p *partition) keyOf(rec *kgo.Record) (string, bool) {
-	switch p.c.cfg.ordering {
-	case ByKey:
-		return string(rec.Key), true
-	case ByPartition:
-		return "", true
+// copyRecord copies r into s, the key, value and headers into one
+// allocation, and returns their size.
+func copyRecord(s *slot, r *kgo.Record, topic string) int64 {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Value)
 	}
-	return "", false
+	buf := make([]byte, 0, n)
+	s.rec = kgo.Record{
+		Timestamp:     r.Timestamp,
+		Topic:         topic,
+		Partition:     r.Partition,
+		Attrs:         r.Attrs,
+		ProducerEpoch: r.ProducerEpoch,
+		ProducerID:    r.ProducerID,
+		LeaderEpoch:   r.LeaderEpoch,
+		Offset:        r.Offset,
+	}
+	if r.Key != nil {
+		buf = append(buf, r.Key...)
+		s.rec.Key = buf[:len(buf):len(buf)]
+	}
+	if r.Value != nil {
+		at := len(buf)
+		buf = append(buf, r.Value...)
+		s.rec.Value = buf[at:len(buf):len(buf)]
+	}
+	if len(r.Headers) > 0 {
+		hs := make([]kgo.RecordHeader, len(r.Headers))
+		for i, h := range r.Headers {
+			at := len(buf)
+			buf = append(buf, h.Value...)
+			hs[i] = kgo.RecordHeader{Key: strings.Clone(h.Key), Value: buf[at:len(buf):len(buf)]}
+			n += len(h.Key)
+		}
+		s.rec.Headers = hs
+	}
+	return int64(n)
 }
 
 // push queues records from the poll loop. It never blocks: once the
-// partition holds queueSize records its fetches are paused, so that no
-// more of its records are polled until it holds half as many.
+// partition holds its queue size in records or in bytes, its fetches are
+// paused, so that no more of its records are polled until it holds half
+// as many of both.
 func (p *partition) push(recs []*kgo.Record) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return
 	}
-	for _, rec := range recs {
-		s := &slot{rec: rec}
-		p.pending = append(p.pending, s)
-		key, ordered := p.keyOf(rec)
-		if !ordered {
-			p.ready = append(p.ready, s)
-			continue
+	c := p.c
+	for _, r := range recs {
+		s := &slot{off: r.Offset, epoch: r.LeaderEpoch}
+		s.size = copyRecord(s, r, p.topic)
+		if p.shaped {
+			s.attempts = unpark(&s.rec)
 		}
-		s.key = key
-		if q := p.keys[key]; q != nil {
-			q.next = append(q.next, s)
-			continue
+		p.bytes += s.size + RecordOverhead
+		p.pending.push(s)
+		u := p.unitOf(&s.rec)
+		s.unit = u
+		switch {
+		case u == nil:
+			p.ready.push(s)
+		case u.busy:
+			u.push(s)
+		default:
+			u.busy = true
+			p.ready.push(s)
 		}
-		p.keys[key] = &keyQueue{}
-		p.ready = append(p.ready, s)
 	}
-	p.c.notePeak(int64(len(p.pending)))
-	if !p.paused && len(p.pending) >= p.c.cfg.queueSize {
+	c.notePeak(int64(p.pending.len()), p.bytes)
+	if !p.paused && p.full() {
 		p.cl.PauseFetchPartitions(p.tps())
 		p.paused = true
 	}
-	p.signal()
+	p.schedule()
 }
 
-// signal wakes run; p.mu is held.
-func (p *partition) signal() {
-	select {
-	case p.wake <- struct{}{}:
+// unitOf returns rec's ordering unit, nil under Unordered; p.mu is held.
+// In the shaping topic, records of different origins are different units
+// (rec carries its origin).
+func (p *partition) unitOf(rec *kgo.Record) *unit {
+	var key string
+	switch p.c.cfg.ordering {
+	case ByPartition:
+		if !p.shaped {
+			return &p.whole
+		}
+		key = originKey(rec, false)
+	case ByKey:
+		if p.shaped {
+			key = originKey(rec, true)
+			break
+		}
+		if u := p.units[string(rec.Key)]; u != nil { // no allocation
+			return u
+		}
+		key = string(rec.Key)
 	default:
+		return nil
+	}
+	u := p.units[key]
+	if u == nil {
+		u = &unit{key: key}
+		p.units[key] = u
+	}
+	return u
+}
+
+// full reports whether the partition holds its queue size in records or
+// bytes; p.mu is held.
+func (p *partition) full() bool {
+	return p.pending.len() >= p.c.cfg.queueSize || p.bytes >= p.c.cfg.queueBytes
+}
+
+// drained reports whether the partition holds at most half its queue
+// size in records and bytes; p.mu is held.
+func (p *partition) drained() bool {
+	return p.pending.len() <= p.c.cfg.queueSize/2 && p.bytes <= p.c.cfg.queueBytes/2
+}
+
+// schedule queues the partition for the workers if it has ready
+// records; p.mu is held.
+func (p *partition) schedule() {
+	if p.started && !p.closed && p.ready.len() > 0 {
+		p.c.sched.enqueue(p)
 	}
 }
 
-// next takes the next ready record, waiting for one; nil once soft has
-// ended.
-func (p *partition) next() *slot {
-	for {
-		p.mu.Lock()
-		if p.soft.Err() != nil {
-			p.mu.Unlock()
-			return nil
-		}
-		if len(p.ready) > 0 {
-			s := p.ready[0]
-			p.ready[0] = nil
-			p.ready = p.ready[1:]
-			p.mu.Unlock()
-			return s
-		}
-		p.mu.Unlock()
-		select {
-		case <-p.wake:
-		case <-p.soft.Done():
-		}
-	}
-}
-
-// finish records the outcome of s's worker. A finished record (ok) lets
-// the next record of its key become ready and, if it closes the gap at
-// the front of pending, moves the watermark: the last finished record of
-// the unbroken run from the front is marked for commit. An unfinished one
-// (the partition stopped or the consumer failed) is left as it is: its
-// key and the watermark stay behind it, so neither it nor anything after
-// it is committed.
-func (p *partition) finish(s *slot, ok bool) {
+// begin takes a ready record for a worker; nil if none is ready or the
+// partition is stopping. The partition is queued again if it has more.
+func (p *partition) begin() *slot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !p.started || p.closed || p.ready.len() == 0 {
+		return nil
+	}
+	s := p.ready.pop()
+	p.inWork++
+	if p.parks { // the shaping bound counts from here
+		s.began = time.Now()
+		if u := s.unit; u != nil && u.holdSince.IsZero() {
+			u.holdSince = s.began
+		}
+	}
+	p.schedule()
+	return s
+}
+
+// outcome is how a worker is done with a record.
+type outcome int
+
+const (
+	// finished: handled or dead-lettered; end finishes it.
+	finished outcome = iota
+	// parked: written to the shaping topic and finished already.
+	parked
+	// stopped: the partition stopped or the consumer failed; the record
+	// stays unfinished.
+	stopped
+)
+
+// end finishes s (see finishLocked) for its worker, and ends the
+// partition if it is stopped and s was the last record in work.
+func (p *partition) end(s *slot, out outcome) {
+	p.mu.Lock()
+	if out != parked {
+		p.finishLocked(s, out == finished)
+	}
+	p.inWork--
+	last := p.closed && p.inWork == 0 && p.waited
+	p.mu.Unlock()
+	if last {
+		p.finalize()
+	}
+}
+
+// finish records the outcome of s's worker. A finished record (ok) gives
+// back its key, value and headers, lets the next record of its unit
+// become ready and, if it closes the gap at the front of pending, moves
+// the watermark. An unfinished one (the partition stopped or the consumer
+// failed) is left as it is: its unit and the watermark stay behind it, so
+// neither it nor anything after it is committed.
+func (p *partition) finishLocked(s *slot, ok bool) {
 	if !ok {
 		return
 	}
+	p.release(s)
+	p.advance(s.unit)
+}
+
+// release gives back a finished record's key, value and headers; p.mu
+// is held.
+func (p *partition) release(s *slot) {
 	s.done = true
-	if q := p.keys[s.key]; q != nil && p.c.cfg.ordering != Unordered {
-		if len(q.next) > 0 {
-			n := q.next[0]
-			q.next[0] = nil
-			q.next = q.next[1:]
-			p.ready = append(p.ready, n)
-			p.signal()
+	p.bytes -= s.size
+	s.size = 0
+	s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
+}
+
+// advance lets the next record of u (done with its record in work)
+// become ready, and moves the watermark past the finished records at the
+// front of pending; p.mu is held.
+func (p *partition) advance(u *unit) {
+	p.advanceUnit(u)
+	p.advanceWatermark()
+}
+
+// advanceUnit lets the next record of u become ready, or marks u idle;
+// p.mu is held.
+func (p *partition) advanceUnit(u *unit) {
+	if u != nil {
+		if n := u.pop(); n != nil {
+			p.ready.push(n)
+			p.schedule()
 		} else {
-			delete(p.keys, s.key)
+			u.busy = false
+			u.holdSince = time.Time{}
+			if u != &p.whole && !u.parked {
+				delete(p.units, u.key)
+			}
 		}
 	}
+}
+
+// advanceWatermark moves the watermark past the finished records at the
+// front of pending, and resumes fetching once the partition has drained;
+// p.mu is held.
+func (p *partition) advanceWatermark() {
 	var last *slot
-	for len(p.pending) > 0 && p.pending[0].done {
-		last = p.pending[0]
-		p.pending[0] = nil
-		p.pending = p.pending[1:]
+	for p.pending.len() > 0 && p.pending.front().done {
+		last = p.pending.pop()
+		p.bytes -= RecordOverhead
 	}
 	if last == nil {
 		return
 	}
-	if !p.fenced {
-		p.cl.MarkCommitRecords(last.rec)
-	}
-	if p.paused && !p.closed && len(p.pending) <= p.c.cfg.queueSize/2 {
+	p.mark.Offset, p.mark.LeaderEpoch = last.off, last.epoch
+	p.through = last.off + 1
+	p.dirty = true
+	if p.paused && !p.closed && p.drained() {
 		p.cl.ResumeFetchPartitions(p.tps())
 		p.paused = false
 	}
 }
 
-// close stops queueing and cancels waits; run exits once the records in
-// hand are done.
+// flush marks the watermark for commit, unless the partition is closed
+// (only run's exit flushes it then) or fenced.
+func (p *partition) flush() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed {
+		p.flushLocked()
+	}
+}
+
+// flushLocked marks the watermark for commit unless fenced; p.mu is held.
+func (p *partition) flushLocked() {
+	if p.dirty && !p.fenced {
+		p.cl.MarkCommitRecords(&p.mark)
+		p.dirty = false
+	}
+}
+
+// close marks the watermark, stops queueing and cancels waits; the
+// partition ends once the records in work are done (and marks what they
+// finished).
 func (p *partition) close() {
 	p.mu.Lock()
+	p.flushLocked()
 	p.closed = true
-	p.ready, p.keys = nil, nil
+	p.ready.reset()
+	last := p.inWork == 0 && p.waited
 	p.mu.Unlock()
 	p.cancelSoft()
+	if last {
+		p.finalize()
+	}
+}
+
+// start lets workers take the partition's records once the earlier
+// ownerships of the partition have ended and sc (if any) has found its
+// parked units; at once if there is nothing to wait for.
+func (p *partition) start(sc *scan) {
+	if len(p.after) == 0 && sc == nil {
+		p.mu.Lock()
+		p.started, p.waited = true, true
+		p.schedule()
+		p.mu.Unlock()
+		return
+	}
+	go p.waitAfter(sc)
+}
+
+// waitAfter waits for the earlier ownerships to end and for sc, or for
+// the partition to stop, then lets workers take its records.
+func (p *partition) waitAfter(sc *scan) {
+	stopped := false
+	for _, earlier := range p.after {
+		select {
+		case <-earlier.done:
+		case <-p.soft.Done():
+			stopped = true
+		}
+		if stopped {
+			break
+		}
+	}
+	if sc != nil && !stopped {
+		select {
+		case <-sc.done:
+		case <-p.soft.Done():
+			stopped = true
+		}
+	}
+	p.mu.Lock()
+	if sc != nil && !stopped {
+		sc.apply(p)
+	}
+	p.waited = true
+	p.started = !stopped
+	p.schedule()
+	last := p.closed && p.inWork == 0
+	p.mu.Unlock()
+	if last {
+		p.finalize()
+	}
+}
+
+// finalize ends a stopped partition once no record is in work: it marks
+// the watermark (unless fenced), drops what it holds, and closes done.
+func (p *partition) finalize() {
+	p.mu.Lock()
+	if p.ended {
+		p.mu.Unlock()
+		return
+	}
+	p.ended = true
+	p.flushLocked()
+	p.pending.reset()
+	p.ready.reset()
+	p.units, p.whole = nil, unit{}
+	p.bytes = 0
+	p.mu.Unlock()
+	p.endCalls()
+	p.c.exited(p)
+	close(p.done)
+	p.c.wg.Done()
 }
 
 // fence forbids any further mark and cancels the handlers' contexts.
@@ -234,11 +549,11 @@ func (p *partition) fence() {
 	p.endCalls()
 }
 
-// endCalls cancels every handler call's context.
+// endCalls cancels the context of every handler call of the partition,
+// running or to come.
 func (p *partition) endCalls() {
-	for _, cancel := range p.cancelHard {
-		cancel()
-	}
+	p.callsEnded.Store(true)
+	p.c.sched.endCalls(p)
 }
 
 // isFenced reports whether fence was called.
@@ -248,245 +563,9 @@ func (p *partition) isFenced() bool {
 	return p.fenced
 }
 
-// run hands ready records to workers, each with a slot of the consumer's
-// in-flight bound, until the partition stops; then it waits for its
-// workers.
-func (p *partition) run() {
-	defer p.c.wg.Done()
-	defer close(p.done)
-	defer p.c.exited(p)
-	defer p.endCalls()
-	defer func() {
-		p.workers.Wait()
-		p.mu.Lock()
-		p.closed = true
-		p.pending, p.ready, p.keys = nil, nil, nil
-		p.mu.Unlock()
-	}()
-	for _, earlier := range p.after {
-		select {
-		case <-earlier.done:
-		case <-p.soft.Done():
-			return
-		}
-	}
-	c := p.c
-	for {
-		s := p.next()
-		if s == nil {
-			return
-		}
-		select {
-		case c.slots <- struct{}{}:
-		case <-p.soft.Done():
-			return
-		}
-		p.workers.Add(1)
-		go p.work(s)
-	}
-}
-
-// work handles one record in its own goroutine, holding a slot.
-//
-// When s is done and another record of the partition is ready, the worker
-// goes on with it, keeping its slot, as long as another slot of the
-// consumer is free (then no other partition waits for one): one goroutine
-// serves many
-// records in a row, as fast as a pool, and a partition with work always
-// queued cannot keep slots that other partitions wait for.
-func (p *partition) work(s *slot) {
-	c := p.c
-	defer func() {
-		<-c.slots
-		p.workers.Done()
-	}()
-	for s != nil {
-		c.active.Add(1)
-		p.finish(s, p.process(s.rec))
-		c.active.Add(-1)
-		s = nil
-		if len(c.slots) < cap(c.slots) {
-			s = p.take()
-		}
-	}
-}
-
-// take pops a ready record without waiting; nil if none is ready or soft
-// has ended.
-func (p *partition) take() *slot {
+// held returns the records and bytes the partition holds.
+func (p *partition) held() (int, int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.ready) == 0 || p.soft.Err() != nil {
-		return nil
-	}
-	s := p.ready[0]
-	p.ready[0] = nil
-	p.ready = p.ready[1:]
-	return s
-}
-
-// process takes permits for rec and handles it, retrying as configured,
-// until it is handled or dead-lettered (true), or the partition stops or
-// the consumer fails (false).
-func (p *partition) process(rec *kgo.Record) bool {
-	c := p.c
-	var (
-		attempts int
-		delays   int // permit timeouts or limiter failures in a row
-		lastErr  error
-	)
-	for {
-		k, err := p.acquire(rec)
-		switch {
-		case err == nil:
-			delays = 0
-			attempts++
-			if lastErr = p.call(rec, k); lastErr == nil {
-				c.handled.Add(1)
-				return true
-			}
-			c.reportAnswer(p.soft, rec, lastErr) // the adaptive rate (answer.go)
-		case p.soft.Err() != nil:
-			return false
-		case errors.Is(err, throttle.ErrTimeout):
-			c.permitTimeouts.Add(1)
-			if c.cfg.onTimeout == TimeoutRetry {
-				delays++
-				if !p.sleep(c.backoff(delays)) {
-					return false
-				}
-				continue
-			}
-			attempts++
-			lastErr = err
-		case errors.Is(err, throttle.ErrInvalid), errors.Is(err, throttle.ErrExceedsLimit):
-			// Waiting cannot help: the limiter is misconfigured.
-			c.fail(fmt.Errorf("consumer: permit for record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
-			return false
-		default:
-			// The limiter's store failed. That is no fault of the
-			// record's, so it uses up no attempt; back off and ask
-			// again.
-			c.limiterErrors.Add(1)
-			delays++
-			d := c.backoff(delays)
-			c.log.Warn("consumer: limiter failed; retrying", "topic", p.topic, "partition", p.id, "in", d, "err", err)
-			if !p.sleep(d) {
-				return false
-			}
-			continue
-		}
-
-		// The attempt failed.
-		if p.soft.Err() != nil {
-			return false // no longer ours to retry; the next owner will
-		}
-		if attempts < c.cfg.attempts {
-			d := c.backoff(attempts)
-			c.log.Debug("consumer: attempt failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempts, "in", d, "err", lastErr)
-			if !p.sleep(d) {
-				return false // no retry: not counted
-			}
-			c.retried.Add(1)
-			continue
-		}
-		return p.exhausted(rec, attempts, lastErr)
-	}
-}
-
-// acquire waits for rec's permit and returns the budget it came from; a
-// zero Keyed (no limiter for rec) takes no permit.
-func (p *partition) acquire(rec *kgo.Record) (throttle.Keyed, error) {
-	c := p.c
-	k := c.cfg.limiterFor(rec)
-	if k.Limiter() == nil {
-		return k, nil
-	}
-	p.waiting.Add(1)
-	c.waitingRecords.Add(1)
-	start := time.Now()
-	err := k.Acquire(p.soft, c.cfg.maxWait)
-	c.permitWait.Add(int64(time.Since(start)))
-	c.waitingRecords.Add(-1)
-	p.waiting.Add(-1)
-	return k, err
-}
-
-// call runs the handler once, within the handler timeout. Its context
-// holds the attempt's permit (k's), so that a client on the same budget
-// inside the handler uses it rather than taking a second one.
-func (p *partition) call(rec *kgo.Record, k throttle.Keyed) error {
-	c := p.c
-	hard := p.hard[p.calls.Add(1)%hardShards]
-	ctx, cancel := context.WithTimeout(hard, c.cfg.handlerTimeout)
-	defer cancel()
-	ctx = k.ContextWithPermit(ctx, 1)
-	c.notePeakInFlight(c.inFlight.Add(1))
-	defer c.inFlight.Add(-1)
-	return c.handler(ctx, rec)
-}
-
-// sleep waits d, or until soft ends (false).
-func (p *partition) sleep(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-p.soft.Done():
-		return false
-	}
-}
-
-// exhausted deals with a record whose every attempt failed: to the
-// dead-letter topic, or stop the consumer.
-//
-// The dead-letter write's context is the consumer's, not the partition's,
-// and has no deadline of its own: kgo fails a whole produce batch when its
-// first record's context ends, and dead-letter records of several
-// partitions share batches, so a context that one partition's revocation
-// (or a per-write timeout) could end would fail the other partitions'
-// writes, and stop the consumer. The write ends when the broker answers,
-// kgo's own delivery limits give up (kgo.RecordDeliveryTimeout,
-// kgo.RecordRetries), or the client closes at the end of Run. A revoked
-// partition waits for its write like for a handler call, and abandons it
-// at the handler timeout (its record is then never committed).
-func (p *partition) exhausted(rec *kgo.Record, attempts int, lastErr error) bool {
-	c := p.c
-	herr := &HandlerError{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Attempts: attempts, Err: lastErr}
-	if c.cfg.deadLetter == "" {
-		c.fail(herr)
-		return false
-	}
-	dl := deadLetter(c.cfg.deadLetter, rec, attempts, lastErr)
-	if err := p.cl.ProduceSync(c.base, dl).FirstErr(); err != nil {
-		if p.soft.Err() != nil {
-			return false
-		}
-		c.fail(fmt.Errorf("consumer: dead-lettering record %s[%d]@%d to %s: %w (record error: %w)", rec.Topic, rec.Partition, rec.Offset, c.cfg.deadLetter, err, lastErr))
-		return false
-	}
-	c.deadLettered.Add(1)
-	c.log.Warn("consumer: record dead-lettered", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "to", c.cfg.deadLetter, "attempts", attempts, "err", lastErr)
-	return true
-}
-
-// deadLetter builds the dead-letter copy of rec.
-func deadLetter(topic string, rec *kgo.Record, attempts int, lastErr error) *kgo.Record {
-	headers := make([]kgo.RecordHeader, 0, len(rec.Headers)+5)
-	headers = append(headers, rec.Headers...)
-	headers = append(headers,
-		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(rec.Topic)},
-		kgo.RecordHeader{Key: HeaderPartition, Value: strconv.AppendInt(nil, int64(rec.Partition), 10)},
-		kgo.RecordHeader{Key: HeaderOffset, Value: strconv.AppendInt(nil, rec.Offset, 10)},
-		kgo.RecordHeader{Key: HeaderError, Value: []byte(lastErr.Error())},
-		kgo.RecordHeader{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
-	)
-	return &kgo.Record{
-		Topic:     topic,
-		Key:       rec.Key,
-		Value:     rec.Value,
-		Headers:   headers,
-		Timestamp: rec.Timestamp,
-	}
+	return p.pending.len(), p.bytes
 }

@@ -1,15 +1,16 @@
 package consumer
 
-// Regression tests for three defects found in review, driving the
-// consumer's rebalance callbacks directly, in the order kgo could call
-// them, against a real kgo client on kfake: the sequences are hard to
-// force through a group, and here each step is exact.
+// Tests that drive the consumer's rebalance callbacks directly, in the
+// order kgo could call them, against a real kgo client on kfake: the
+// sequences are hard to force through a group, and here each step is
+// exact.
 
 import (
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,12 +34,16 @@ func bare(t *testing.T, kc *kafkaenv.Cluster, h Handler, opts ...Option) (*Consu
 	b, err := throttle.NewLocal(1000, 100*time.Millisecond)
 	require.NoError(t, err)
 	opts = append([]Option{
-		WithKafka(kgo.SeedBrokers(kc.Addrs()...)),
+		WithKafka(kgo.SeedBrokers(kc.Addrs()...), kgo.ConsumerGroup("bare"), kgo.ConsumeTopics("in")),
 		WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
 	}, opts...)
 	c, err := New(h, throttle.New(b), opts...)
 	require.NoError(t, err)
 	_, stop := c.prepare(context.Background())
+	if c.cfg.deadLetter != "" {
+		c.prod, err = c.newProducer()
+		require.NoError(t, err)
+	}
 	cl, err := kc.Client()
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -47,7 +52,9 @@ func bare(t *testing.T, kc *kafkaenv.Cluster, h Handler, opts ...Option) (*Consu
 		c.mu.Unlock()
 		c.stopAll(cl)
 		cl.Close()
+		c.prod.close()
 		c.wg.Wait()
+		c.sched.stop()
 		stop(nil)
 	})
 	return c, cl
@@ -181,7 +188,7 @@ func TestRegressionRevokeDoesNotFailAnotherPartitionsDeadLetter(t *testing.T) {
 	c.part("in", 0).push([]*kgo.Record{{Topic: "in", Partition: 0, Offset: 0}})
 	require.Eventually(t, func() bool { return fault.Hits() >= 1 }, 10*time.Second, time.Millisecond, "partition 0's write is being retried")
 	c.part("in", 1).push([]*kgo.Record{{Topic: "in", Partition: 1, Offset: 0}})
-	require.Eventually(t, func() bool { return cl.BufferedProduceRecords() == 2 }, 10*time.Second, time.Millisecond, "both writes buffered")
+	require.Eventually(t, func() bool { return c.prod.normal.BufferedProduceRecords() == 2 }, 10*time.Second, time.Millisecond, "both writes buffered")
 
 	// Partition 0 is revoked: its write is abandoned at the handler
 	// timeout; partition 1 stays.
@@ -234,4 +241,77 @@ func TestRetryCutShortByRevocationIsNotCounted(t *testing.T) {
 	c.revoked(ctx, cl, tps("in", 0))
 	assert.EqualValues(t, 1, calls.Load(), "handler calls")
 	assert.Zero(t, c.Stats().Retried, "a retry that never happened was counted")
+}
+
+// A handler that panics while its partition is being revoked does not take
+// the process down nor hold up the revocation: the attempt fails, is not
+// retried by a partition that is no longer ours, and its record is left
+// for the next owner (not finished, not marked).
+func TestPanicDuringRevocationLeavesTheRecordForTheNextOwner(t *testing.T) {
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	revoking := make(chan struct{})
+	h := func(context.Context, *kgo.Record) error {
+		<-revoking
+		panic("test: boom while revoked")
+	}
+	c, cl := bare(t, kc, h, WithHandlerTimeout(5*time.Second), WithRetry(5, time.Millisecond, time.Millisecond))
+	ctx := context.Background()
+	c.assigned(ctx, cl, tps("in", 0))
+	p := c.part("in", 0)
+	p.push([]*kgo.Record{{Topic: "in", Partition: 0, Offset: 0}})
+	require.Eventually(t, func() bool { return c.Stats().InFlight == 1 }, 10*time.Second, time.Millisecond)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.revoked(ctx, cl, tps("in", 0))
+	}()
+	require.Eventually(t, func() bool { return p.soft.Err() != nil }, 10*time.Second, time.Millisecond, "the revocation began")
+	close(revoking)
+	select {
+	case <-done:
+	case <-time.After(4 * time.Second):
+		t.Fatal("the revocation waited for the panicking handler to time out")
+	}
+	assert.False(t, p.isFenced(), "the revocation gave up on the call instead of seeing it end")
+	assert.EqualValues(t, -1, p.through, "the record was finished")
+	assert.Zero(t, c.Stats().Retried)
+	assert.Nil(t, c.failure.Load(), "the consumer stopped")
+}
+
+// Stats may be called all the time, from many goroutines, while records
+// are handled and partitions come and go: the race detector watches.
+func TestStatsWhileRebalancing(t *testing.T) {
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 4))
+	c, cl := bare(t, kc, func(context.Context, *kgo.Record) error { return nil })
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s := c.Stats()
+				if s.Buffered < 0 || s.BufferedBytes < 0 || s.Active < 0 {
+					t.Errorf("negative gauge: %+v", s)
+					return
+				}
+			}
+		}()
+	}
+	for round := range 50 {
+		c.assigned(ctx, cl, tps("in", 0, 1, 2, 3))
+		for id := range int32(4) {
+			c.part("in", id).push([]*kgo.Record{{Topic: "in", Partition: id, Offset: int64(round), Key: []byte("k")}})
+		}
+		c.revoked(ctx, cl, tps("in", 0, 1, 2, 3))
+	}
+	close(stop)
+	wg.Wait()
+	assert.Empty(t, c.Stats().Partitions)
 }

@@ -16,8 +16,10 @@ type Stats struct {
 	Retried int64
 	// DeadLettered counts records written to the dead-letter topic.
 	DeadLettered int64
+	// Parked counts records written to the shaping topic (WithShaping).
+	Parked int64
 	// PermitTimeouts counts waits for a permit that ended without one
-	// (only with a finite WithMaxWait).
+	// (only with a finite WithPermitWait).
 	PermitTimeouts int64
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.
@@ -45,10 +47,14 @@ type Stats struct {
 	// (not yet committable). Records still inside the Kafka client are
 	// not counted.
 	Buffered int
+	// BufferedBytes is what the records the consumer holds count for (see
+	// WithQueueBytes).
+	BufferedBytes int64
 	// PeakBuffered is the most records one partition has held at once
-	// since Run started: at most queue size + poll size (see the package
-	// documentation).
-	PeakBuffered int
+	// since Run started, and PeakBufferedBytes the most bytes (see the
+	// bounds in the package documentation).
+	PeakBuffered      int
+	PeakBufferedBytes int64
 	// Partitions describes each partition the consumer owns now, sorted by
 	// topic and partition.
 	Partitions []PartitionStats
@@ -58,8 +64,10 @@ type Stats struct {
 type PartitionStats struct {
 	Topic     string
 	Partition int32
-	// Buffered is how many of the partition's records the consumer holds.
-	Buffered int
+	// Buffered is how many of the partition's records the consumer holds,
+	// and BufferedBytes what they count for (see WithQueueBytes).
+	Buffered      int
+	BufferedBytes int64
 	// Waiting reports whether a record of the partition waits for a
 	// permit.
 	Waiting bool
@@ -73,33 +81,37 @@ type PartitionStats struct {
 // during and after Run.
 func (c *Consumer) Stats() Stats {
 	s := Stats{
-		Handled:        c.handled.Load(),
-		Retried:        c.retried.Load(),
-		DeadLettered:   c.deadLettered.Load(),
-		PermitTimeouts: c.permitTimeouts.Load(),
-		LimiterErrors:  c.limiterErrors.Load(),
-		PermitWait:     time.Duration(c.permitWait.Load()),
-		WaitingRecords: int(c.waitingRecords.Load()),
-		InFlight:       int(c.inFlight.Load()),
-		Active:         int(c.active.Load()),
-		PeakInFlight:   int(c.peakInFlight.Load()),
-		PeakBuffered:   int(c.peakBuffered.Load()),
+		Handled:           c.handled.Load(),
+		Retried:           c.retried.Load(),
+		DeadLettered:      c.deadLettered.Load(),
+		Parked:            c.parked.Load(),
+		PermitTimeouts:    c.permitTimeouts.Load(),
+		LimiterErrors:     c.limiterErrors.Load(),
+		PermitWait:        time.Duration(c.permitWait.Load()),
+		WaitingRecords:    int(c.waitingRecords.Load()),
+		InFlight:          int(c.inFlight.Load()),
+		Active:            int(c.active.Load()),
+		PeakInFlight:      int(c.peakInFlight.Load()),
+		PeakBuffered:      int(c.peakBuffered.Load()),
+		PeakBufferedBytes: c.peakBufferedBytes.Load(),
 	}
 	c.mu.Lock()
 	s.Partitions = make([]PartitionStats, 0, len(c.parts))
 	for _, p := range c.parts {
 		p.mu.Lock()
-		n, w := len(p.pending), p.waiting.Load() > 0
-		s.Partitions = append(s.Partitions, PartitionStats{
-			Topic:     p.topic,
-			Partition: p.id,
-			Buffered:  n,
-			Waiting:   w,
-			Paused:    p.paused,
-		})
+		ps := PartitionStats{
+			Topic:         p.topic,
+			Partition:     p.id,
+			Buffered:      p.pending.len(),
+			BufferedBytes: p.bytes,
+			Waiting:       p.waiting.Load() > 0,
+			Paused:        p.paused,
+		}
 		p.mu.Unlock()
-		s.Buffered += n
-		if w {
+		s.Partitions = append(s.Partitions, ps)
+		s.Buffered += ps.Buffered
+		s.BufferedBytes += ps.BufferedBytes
+		if ps.Waiting {
 			s.Waiting++
 		}
 	}

@@ -115,8 +115,12 @@ func ceilDiv(a, b int64) int64 {
 	return (a-1)/b + 1
 }
 
-// Take implements [Bucket].
-func (b *Local) Take(_ context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
+// Take implements [Bucket]. A ctx that has ended takes nothing and
+// returns its error.
+func (b *Local) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("throttle: Local: %w", err)
+	}
 	if n < 1 {
 		return Decision{}, invalid("throttle: Local", "n", n, "must be at least 1")
 	}
@@ -161,7 +165,7 @@ func (b *Local) decide(tat, now, n int64, maxWait time.Duration) (Decision, int6
 		return Decision{
 			Delay:     time.Duration(wait),
 			Limit:     b.limit,
-			Remaining: max(0, (now+b.tolerance-t)/b.emission),
+			Remaining: min(max(0, (now+b.tolerance-t)/b.emission), b.limit),
 			Reset:     time.Duration(t - now),
 		}, tat
 	}
@@ -169,7 +173,7 @@ func (b *Local) decide(tat, now, n int64, maxWait time.Duration) (Decision, int6
 		Granted:   true,
 		Delay:     time.Duration(max(wait, 0)),
 		Limit:     b.limit,
-		Remaining: max(0, (now+b.tolerance-next)/b.emission),
+		Remaining: min(max(0, (now+b.tolerance-next)/b.emission), b.limit),
 		Reset:     time.Duration(next - now),
 	}
 	if wait > 0 {

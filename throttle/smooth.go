@@ -152,13 +152,19 @@ func (s *Smooth) Fallback() (limit int64, interval time.Duration, instances int6
 
 // Take implements [Bucket]: when key's next slot has come it takes it and
 // returns the inner bucket's decision for n permits (asked with maxWait);
-// before that it refuses with the time to the slot.
+// before that it refuses with the time to the slot. n above the limit
+// fails with [ErrExceedsLimit] at once (n the inner bucket cannot grant
+// fails when its slot has come), and a ctx that has ended takes nothing
+// and returns its error.
 func (s *Smooth) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("throttle: Smooth: %w", err)
+	}
 	if n < 1 {
 		return Decision{}, invalid("throttle: Smooth", "n", n, "must be at least 1")
 	}
-	if n > math.MaxInt64/4/s.emission {
-		return Decision{}, fmt.Errorf("throttle: Smooth: %d permits asked at once overflow the pace: %w", n, ErrExceedsLimit)
+	if n > s.limit || n > math.MaxInt64/4/s.emission {
+		return Decision{}, fmt.Errorf("throttle: Smooth: %d permits asked at once, at most %d (the limit) can ever be granted: %w", n, s.limit, ErrExceedsLimit)
 	}
 	now := s.now()
 	if wait := s.pace(key, n, now); wait > 0 {
@@ -231,13 +237,15 @@ func (s *Smooth) shard(key string) *localShard {
 	return &s.shards[maphash.String(s.seed, key)%localShards]
 }
 
-// Refund implements [Refunder]: the n slots are given back and the permits
-// refunded to the inner bucket, if it takes them back.
+// Refund implements [Refunder]: the permits are refunded to the inner
+// bucket, if it takes them back. Their slots stay used: Refund does not
+// say which slots come back, and moving the pace back would free the
+// slots of permits granted since (late refunds of old permits would let
+// several permits through at once).
 func (s *Smooth) Refund(ctx context.Context, key string, n int64) error {
 	if n < 1 {
 		return nil
 	}
-	s.unpace(key, n, s.now())
 	if s.refunder != nil {
 		return s.refunder.Refund(ctx, key, n)
 	}

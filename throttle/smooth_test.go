@@ -217,7 +217,8 @@ func TestSmoothGivesTheSlotBack(t *testing.T) {
 }
 
 // TestSmoothPauseAndRefund: Pause holds this instance and reaches the inner
-// bucket; Refund gives the slot and the permit back.
+// bucket; Refund gives the permit back to the inner bucket and keeps the
+// slot used.
 func TestSmoothPauseAndRefund(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	wb := newWindowBucket(clock, 1000, time.Hour)
@@ -241,7 +242,7 @@ func TestSmoothPauseAndRefund(t *testing.T) {
 	assert.Equal(t, int64(1), inner.refunded.Load())
 	d, err = s.Take(ctx, "", 1, 0)
 	require.NoError(t, err)
-	assert.True(t, d.Granted, "the refunded slot is free again")
+	assert.False(t, d.Granted, "the refunded slot stays used")
 }
 
 // TestSmoothWithLimiter: callers of a Limiter sleep until their slot, on

@@ -18,15 +18,17 @@
 //	headway.consumer.owned_partitions       up-down counter  {partition}  partitions owned
 //	headway.consumer.waiting_partitions     up-down counter  {partition}  partitions waiting for a permit
 //	headway.consumer.buffered_records       up-down counter  {record}     records held: queued, waiting or in a handler
+//	headway.consumer.buffered_bytes         up-down counter  By           what those records count for (WithQueueBytes)
 //	headway.consumer.active_calls           up-down counter  {call}       handler calls running
 //	headway.consumer.handled.records        counter          {record}     records handled
 //	headway.consumer.retried.calls          counter          {call}       attempts after a record's first
 //	headway.consumer.dead_lettered.records  counter          {record}     records sent to the dead-letter topic
+//	headway.consumer.parked.records         counter          {record}     records parked in the shaping topic
 //	headway.consumer.permit.timeouts        counter          {timeout}    permit waits that timed out
 //	headway.consumer.limiter.errors         counter          {error}      limiter store failures
 //	headway.consumer.permit.wait.time       counter          s            total time spent waiting for permits
 //
-// The first four are up-down counters, not gauges: the figures of several
+// The first five are up-down counters, not gauges: the figures of several
 // instances add up (the partitions of a consumer group, the records it
 // holds), which is what a sum across instances should show. Names and
 // units follow OpenTelemetry's semantic-convention rules; the meter's
@@ -139,10 +141,12 @@ func Observe(mp metric.MeterProvider, name string, c *consumer.Consumer, opts ..
 	partitions := upDown("headway.consumer.owned_partitions", "{partition}", "Partitions the consumer owns.")
 	waiting := upDown("headway.consumer.waiting_partitions", "{partition}", "Partitions waiting for a permit.")
 	buffered := upDown("headway.consumer.buffered_records", "{record}", "Records the consumer holds: queued, waiting for a permit, or being handled.")
+	bufferedBytes := upDown("headway.consumer.buffered_bytes", "By", "What the records the consumer holds count for: keys, values, headers and bookkeeping.")
 	inFlight := upDown("headway.consumer.active_calls", "{call}", "Handler calls running.")
 	handled := counter("headway.consumer.handled.records", "{record}", "Records whose handler returned nil.")
 	retried := counter("headway.consumer.retried.calls", "{call}", "Attempts after a record's first.")
 	deadLettered := counter("headway.consumer.dead_lettered.records", "{record}", "Records written to the dead-letter topic.")
+	parked := counter("headway.consumer.parked.records", "{record}", "Records written to the shaping topic.")
 	timeouts := counter("headway.consumer.permit.timeouts", "{timeout}", "Waits for a permit that ended without one.")
 	limiterErrors := counter("headway.consumer.limiter.errors", "{error}", "Failures of the limiter's store.")
 	permitWait, err := m.Float64ObservableCounter("headway.consumer.permit.wait.time",
@@ -159,15 +163,17 @@ func Observe(mp metric.MeterProvider, name string, c *consumer.Consumer, opts ..
 		o.ObserveInt64(partitions, int64(len(s.Partitions)), opt...)
 		o.ObserveInt64(waiting, int64(s.Waiting), opt...)
 		o.ObserveInt64(buffered, int64(s.Buffered), opt...)
+		o.ObserveInt64(bufferedBytes, s.BufferedBytes, opt...)
 		o.ObserveInt64(inFlight, int64(s.InFlight), opt...)
 		o.ObserveInt64(handled, s.Handled, opt...)
 		o.ObserveInt64(retried, s.Retried, opt...)
 		o.ObserveInt64(deadLettered, s.DeadLettered, opt...)
+		o.ObserveInt64(parked, s.Parked, opt...)
 		o.ObserveInt64(timeouts, s.PermitTimeouts, opt...)
 		o.ObserveInt64(limiterErrors, s.LimiterErrors, opt...)
 		o.ObserveFloat64(permitWait, s.PermitWait.Seconds(), opt...)
 		return nil
-	}, partitions, waiting, buffered, inFlight, handled, retried, deadLettered, timeouts, limiterErrors, permitWait)
+	}, partitions, waiting, buffered, bufferedBytes, inFlight, handled, retried, deadLettered, parked, timeouts, limiterErrors, permitWait)
 	if err != nil {
 		return nil, instrumentErr(err)
 	}

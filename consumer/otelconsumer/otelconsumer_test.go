@@ -79,6 +79,9 @@ func TestObserveConsumer(t *testing.T) {
 				buffered := oteltest.UpDowns(t, m["headway.consumer.buffered_records"])[series]
 				assert.GreaterOrEqual(t, buffered, int64(records-20), "every record not handled is buffered")
 				assert.LessOrEqual(t, buffered, int64(records), "no record is counted twice")
+				bytes := oteltest.UpDowns(t, m["headway.consumer.buffered_bytes"])[series]
+				assert.GreaterOrEqual(t, bytes, buffered*consumer.RecordOverhead, "each held record counts its overhead at least")
+				assert.Zero(t, oteltest.Sums(t, m["headway.consumer.parked.records"])[series])
 				assert.Zero(t, oteltest.UpDowns(t, m["headway.consumer.active_calls"])[series])
 				assert.Zero(t, oteltest.Sums(t, m["headway.consumer.dead_lettered.records"])[series])
 				pw, ok := m["headway.consumer.permit.wait.time"].(metricdata.Sum[float64])

@@ -1,0 +1,88 @@
+package consumer_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/throttle"
+)
+
+// New checks the Kafka settings the consumer cannot work without, and
+// names the missing one, rather than letting Run wait without a word.
+func TestNewRefusesMissingKafkaSettings(t *testing.T) {
+	t.Parallel()
+	h := func(context.Context, *kgo.Record) error { return nil }
+	seeds := kgo.SeedBrokers("127.0.0.1:1")
+	group := kgo.ConsumerGroup("g")
+	topics := kgo.ConsumeTopics("in")
+	for _, tc := range []struct {
+		name string
+		opts []kgo.Opt
+		want string
+	}{
+		{"no topics", []kgo.Opt{seeds, group}, "kgo.ConsumeTopics"},
+		{"no group", []kgo.Opt{seeds, topics}, "kgo.ConsumerGroup"},
+		{"no brokers", []kgo.Opt{group, topics}, "kgo.SeedBrokers"},
+		{"transactional", []kgo.Opt{seeds, group, topics, kgo.TransactionalID("tx")}, "kgo.TransactionalID"},
+		{"autocommit disabled", []kgo.Opt{seeds, group, topics, kgo.DisableAutoCommit()}, "WithKafka"},
+		{"direct partitions", []kgo.Opt{seeds, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"in": {0: kgo.NewOffset()}})}, "kgo.ConsumerGroup"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := consumer.New(h, nil, consumer.WithKafka(tc.opts...))
+			require.Error(t, err)
+			assert.Nil(t, c)
+			assert.ErrorIs(t, err, throttle.ErrInvalid)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	// The shaping topic must be a topic of its own.
+	for _, opts := range [][]consumer.Option{
+		{consumer.WithKafka(seeds, group, topics), consumer.WithShaping("in", time.Second)},
+		{consumer.WithKafka(seeds, group, topics), consumer.WithShaping("x", time.Second), consumer.WithDeadLetter("x")},
+	} {
+		_, err := consumer.New(h, nil, opts...)
+		require.ErrorIs(t, err, throttle.ErrInvalid)
+		assert.Contains(t, err.Error(), "WithShaping")
+	}
+	for _, bad := range []consumer.Option{consumer.WithShaping("", time.Second), consumer.WithShaping("s", 0), consumer.WithShaping("s", 2*time.Hour)} {
+		_, err := consumer.New(h, nil, consumer.WithKafka(seeds, group, topics), bad)
+		require.ErrorIs(t, err, throttle.ErrInvalid)
+		assert.Contains(t, err.Error(), "WithShaping")
+	}
+	// A handler timeout a rebalance could not wait for is refused at New.
+	_, err := consumer.New(h, nil, consumer.WithKafka(seeds, group, topics, kgo.RebalanceTimeout(time.Second)),
+		consumer.WithHandlerTimeout(time.Second))
+	require.ErrorIs(t, err, throttle.ErrInvalid)
+	assert.Contains(t, err.Error(), "rebalance timeout")
+}
+
+// A consumer whose brokers do not answer says so in its log within 10 s,
+// rather than running silently.
+func TestRunWarnsWhenNoBrokerAnswers(t *testing.T) {
+	t.Parallel()
+	logs := &logCapture{}
+	h := func(context.Context, *kgo.Record) error { return nil }
+	c, err := consumer.New(h, nil,
+		consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in")),
+		consumer.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	r := start(t, c)
+	began := time.Now()
+	waitFor(t, 10*time.Second, "a warning that no broker answers", func() bool {
+		for _, w := range logs.find("no Kafka broker answers") {
+			if w["level"] == slog.LevelWarn.String() {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("warned after %v", time.Since(began))
+	require.NoError(t, r.stop(t))
+}

@@ -1,0 +1,143 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// sched hands partitions with ready records to the consumer's workers.
+// There are at most WithMaxInFlight workers, started as needed and kept
+// until Run ends; a worker holds one record at a time, from the moment it
+// takes it (before its permit wait) to the moment it finishes it, so the
+// workers are the in-flight bound. A partition is queued once however
+// many records it has ready, and queued again after each record a worker
+// takes from it: partitions with ready records take turns.
+type sched struct {
+	c    *Consumer
+	mu   sync.Mutex
+	cond sync.Cond
+	// queue holds the partitions with ready records, in turn.
+	queue []*partition
+	head  int
+	// workers counts the workers started; idle those waiting for a
+	// partition, and woken those of them signalled and not yet awake.
+	workers, idle, woken int
+	quit                 bool
+	wg                   sync.WaitGroup
+	// all holds every worker started, for endCalls.
+	all []*worker
+}
+
+// worker is one of the sched's goroutines.
+type worker struct {
+	s *sched
+	// call is the context of the handler call running, if any.
+	call atomic.Pointer[callCtx]
+}
+
+func (s *sched) init(c *Consumer) {
+	s.c = c
+	s.cond.L = &s.mu
+}
+
+// enqueue queues p, unless it is queued already, and wakes or starts a
+// worker for it.
+//
+// A partition popped by next is marked unqueued before its worker takes a
+// record from it; a record made ready meanwhile is seen by that take, so
+// an enqueue that still sees the mark may skip the lock.
+func (s *sched) enqueue(p *partition) {
+	if p.queued.Load() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.quit || !p.queued.CompareAndSwap(false, true) {
+		return
+	}
+	s.queue = append(s.queue, p)
+	switch {
+	case s.idle > s.woken:
+		s.woken++
+		s.cond.Signal()
+	case s.workers < s.c.cfg.maxInFlight:
+		s.workers++
+		s.wg.Add(1)
+		w := &worker{s: s}
+		s.all = append(s.all, w)
+		go w.work()
+	}
+}
+
+// next returns the next queued partition, waiting for one; nil once stop
+// was called.
+func (s *sched) next() *partition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.head == len(s.queue) && !s.quit {
+		s.idle++
+		s.cond.Wait()
+		s.idle--
+		if s.woken > 0 {
+			s.woken--
+		}
+	}
+	if s.quit {
+		return nil
+	}
+	p := s.queue[s.head]
+	s.queue[s.head] = nil
+	s.head++
+	if s.head == len(s.queue) {
+		s.queue, s.head = s.queue[:0], 0
+	}
+	p.queued.Store(false)
+	return p
+}
+
+// work is a worker: it takes a ready record of the next queued partition
+// and processes it, until stop.
+func (w *worker) work() {
+	s := w.s
+	defer s.wg.Done()
+	c := s.c
+	for {
+		p := s.next()
+		if p == nil {
+			return
+		}
+		sl := p.begin()
+		if sl == nil {
+			continue
+		}
+		c.active.Add(1)
+		out := p.process(w, sl)
+		c.active.Add(-1)
+		p.end(sl, out)
+	}
+}
+
+// endCalls cancels the running handler calls of p. p.callsEnded is set
+// first, and a worker publishes its call before it checks the flag, so a
+// call that starts meanwhile is cancelled by one or the other.
+func (s *sched) endCalls(p *partition) {
+	s.mu.Lock()
+	all := s.all
+	s.mu.Unlock()
+	for _, w := range all {
+		if call := w.call.Load(); call != nil && call.p == p {
+			call.cancel(context.Canceled)
+		}
+	}
+}
+
+// stop ends the workers once they are done with their records, and
+// waits for them.
+func (s *sched) stop() {
+	s.mu.Lock()
+	s.quit = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	s.wg.Wait()
+}

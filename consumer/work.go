@@ -1,0 +1,208 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// process takes permits for s's record and handles it, retrying as
+// configured, until it is handled or dead-lettered (finished), parked in
+// the shaping topic (parked), or the partition stops or the consumer
+// fails (stopped).
+//
+// With shaping on, a record is parked, rather than waiting or retrying,
+// once its unit has held the partition for the shaping bound, and at once
+// if its unit is parked; a failure of the limiter's store parks nothing
+// (every unit waits alike).
+func (p *partition) process(w *worker, s *slot) outcome {
+	c := p.c
+	rec := &s.rec
+	var (
+		attempts = s.attempts // made before the record was parked
+		delays   int          // permit timeouts or limiter failures in a row
+		lastErr  error
+		parkAt   time.Time
+	)
+	if p.parks {
+		if p.parkedUnit(s) {
+			return p.park(s, attempts)
+		}
+		parkAt = p.holdDeadline(s)
+	}
+	// late reports whether waiting d more would take the unit past the
+	// shaping bound.
+	late := func(d time.Duration) bool { return p.parks && !time.Now().Add(d).Before(parkAt) }
+	for {
+		wait, bounded := c.cfg.maxWait, false
+		if p.parks {
+			left := time.Until(parkAt)
+			if left <= 0 {
+				return p.park(s, attempts)
+			}
+			if left < wait {
+				wait, bounded = left, true
+			}
+		}
+		k, now, err := p.acquire(rec, wait)
+		switch {
+		case err == nil:
+			delays = 0
+			attempts++
+			if lastErr = p.call(w, rec, k, now); lastErr == nil {
+				c.handled.Add(1)
+				return finished
+			}
+			c.reportAnswer(p.soft, rec, lastErr) // the adaptive rate (answer.go)
+		case p.soft.Err() != nil:
+			return stopped
+		case errors.Is(err, throttle.ErrTimeout) && bounded:
+			return p.park(s, attempts)
+		case errors.Is(err, throttle.ErrTimeout):
+			c.permitTimeouts.Add(1)
+			if c.cfg.onTimeout == TimeoutRetry {
+				delays++
+				d := c.permitBackoff(delays)
+				if late(d) {
+					return p.park(s, attempts)
+				}
+				if !p.sleep(d) {
+					return stopped
+				}
+				continue
+			}
+			attempts++
+			lastErr = err
+		case isPanic(err):
+			// WithLimiterFor panicked on this record: a failed attempt.
+			attempts++
+			lastErr = err
+		case errors.Is(err, throttle.ErrInvalid), errors.Is(err, throttle.ErrExceedsLimit):
+			// Waiting cannot help: the limiter is misconfigured.
+			c.fail(fmt.Errorf("consumer: permit for record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
+			return stopped
+		default:
+			// The limiter's store failed. That is no fault of the record's, so it uses up no
+			// attempt; back off and ask again.
+			c.limiterErrors.Add(1)
+			delays++
+			d := c.permitBackoff(delays)
+			c.log.Warn("consumer: limiter failed; retrying", "topic", p.topic, "partition", p.id, "in", d, "err", err)
+			if !p.sleep(d) {
+				return stopped
+			}
+			continue
+		}
+
+		// The attempt failed.
+		if p.soft.Err() != nil {
+			return stopped // no longer ours to retry; the next owner will
+		}
+		if attempts < c.cfg.attempts {
+			d := c.backoff(attempts)
+			if late(d) {
+				return p.park(s, attempts) // the shaping topic retries it
+			}
+			c.log.Debug("consumer: attempt failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempts, "in", d, "err", lastErr)
+			if !p.sleep(d) {
+				return stopped // no retry: not counted
+			}
+			c.retried.Add(1)
+			continue
+		}
+		if p.exhausted(rec, attempts, lastErr) {
+			return finished
+		}
+		return stopped
+	}
+}
+
+// acquire waits up to wait for rec's permit and returns the budget it
+// came from, and the time it returned; a zero Keyed (no limiter for rec)
+// takes no permit.
+func (p *partition) acquire(rec *kgo.Record, wait time.Duration) (throttle.Keyed, time.Time, error) {
+	c := p.c
+	k, err := c.limiterOf(rec)
+	if err != nil || k.Limiter() == nil {
+		return k, time.Now(), err
+	}
+	p.waiting.Add(1)
+	c.waitingRecords.Add(1)
+	start := time.Now()
+	err = k.Acquire(p.soft, wait)
+	now := time.Now()
+	c.permitWait.Add(int64(now.Sub(start)))
+	c.waitingRecords.Add(-1)
+	p.waiting.Add(-1)
+	return k, now, err
+}
+
+// call runs the handler once, within the handler timeout from now. Its context
+// holds the attempt's permit (k's), so that a client on the same budget
+// inside the handler uses it rather than taking a second one.
+func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.Time) error {
+	c := p.c
+	call := newCallCtx(c.base, p, now, c.cfg.handlerTimeout)
+	w.call.Store(call)
+	if p.callsEnded.Load() {
+		call.cancel(context.Canceled)
+	}
+	defer func() {
+		call.cancel(context.Canceled)
+		w.call.Store(nil)
+	}()
+	ctx := k.ContextWithPermit(call, 1)
+	c.notePeakInFlight(c.inFlight.Add(1))
+	defer c.inFlight.Add(-1)
+	return c.safeCall(ctx, rec)
+}
+
+// safeCall calls the handler and turns a panic into a *PanicError.
+func (c *Consumer) safeCall(ctx context.Context, rec *kgo.Record) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			perr := &PanicError{Value: v, Stack: debug.Stack()}
+			c.log.Error("consumer: handler panicked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"panic", fmt.Sprint(v), "stack", string(perr.Stack))
+			err = perr
+		}
+	}()
+	return c.handler(ctx, rec)
+}
+
+// sleep waits d, or until soft ends (false).
+func (p *partition) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.soft.Done():
+		return false
+	}
+}
+
+// limiterOf returns rec's budget (WithLimiterFor), and a *PanicError if
+// the function panicked.
+func (c *Consumer) limiterOf(rec *kgo.Record) (k throttle.Keyed, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			perr := &PanicError{Value: v, Stack: debug.Stack()}
+			c.log.Error("consumer: WithLimiterFor panicked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"panic", fmt.Sprint(v), "stack", string(perr.Stack))
+			err = perr
+		}
+	}()
+	return c.cfg.limiterFor(rec), nil
+}
+
+func isPanic(err error) bool {
+	var perr *PanicError
+	return errors.As(err, &perr)
+}
