@@ -17,7 +17,8 @@ import (
 //
 //   - 429 Too Many Requests is a refusal. With a retry time ([RetryAfter]),
 //     or 503 Service Unavailable with one, Retry is set: the caller should
-//     pause, not infer. A 503 without one says nothing about the rate.
+//     pause (a 429 still counts as a refusal for the adaptive rate). A 503
+//     says nothing about the rate.
 //   - Any other status with nothing remaining (X-RateLimit-Remaining or
 //     RateLimit-Remaining 0, or a draft RateLimit item with r=0) and a
 //     reset time sets Retry: calls before the reset would be refused.

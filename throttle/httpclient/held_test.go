@@ -439,3 +439,77 @@ func TestLyingRetryAfterIsCappedAndASuccessIsNotARefusal(t *testing.T) {
 type knownRate struct{ *pauseRecorder }
 
 func (k knownRate) Fallback() (int64, time.Duration, int64) { return 50, time.Second, 1 }
+
+// A permit held for another budget (the consumer's Limiter over another
+// bucket) does not serve the Transport's request: each bucket is charged
+// once, and the held permit is still there for its own budget.
+func TestHeldPermitOfAnotherBucketIsNotUsed(t *testing.T) {
+	srv := newCountingServer(t, clockwork.NewRealClock(), nil)
+	consumerBucket := localBucket(t, clockwork.NewRealClock(), 1000)
+	transportBucket := localBucket(t, clockwork.NewRealClock(), 1000)
+	consumerLim, transportLim := throttle.New(consumerBucket), throttle.New(transportBucket)
+	client := &http.Client{Transport: mustTransport(t, transportLim, httpclient.WithBase(srv.Client().Transport), httpclient.WithMaxWait(0))}
+
+	attempt(t, consumerLim.Key(""), func(ctx context.Context) {
+		assert.Equal(t, http.StatusOK, get(t, ctx, client, srv.URL))
+		require.NoError(t, consumerLim.Acquire(ctx, 0))
+	})
+	assert.Equal(t, 1, srv.count())
+	assert.Equal(t, 1, transportBucket.total(), "the Transport's budget took its own permit")
+	assert.Equal(t, 1, consumerBucket.total(), "the consumer's permit was left for its own budget's next Acquire")
+}
+
+// One Transport that serves two Limiters (WithRequestKey picks one per
+// request) uses each attempt's permit for its own Limiter only, and a
+// 429 with Retry-After for one Limiter pauses that one alone.
+func TestTransportSharedByTwoLimitersKeepsTheirPermitsAndPausesApart(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	srv := newCountingServer(t, clk, func(_ int, w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Budget") == "a" && r.URL.Query().Get("refuse") != "" {
+			answer429("5")(0, w, r)
+			return
+		}
+		fmt.Fprint(w, "ok")
+	})
+	ba, bb := localBucket(t, clk, 1000), localBucket(t, clk, 1000)
+	la, lb := throttle.New(ba, throttle.WithClock(clk)), throttle.New(bb, throttle.WithClock(clk))
+	client := &http.Client{Transport: mustTransport(t, nil, httpclient.WithBase(srv.Client().Transport), httpclient.WithRetries(0),
+		httpclient.WithRequestKey(func(r *http.Request) throttle.Keyed {
+			if r.Header.Get("X-Budget") == "a" {
+				return la.Key("")
+			}
+			return lb.Key("")
+		}))}
+	send := func(ctx context.Context, budget, query string) int {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+query, nil)
+		require.NoError(t, err)
+		req.Header.Set("X-Budget", budget)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		drain(resp)
+		return resp.StatusCode
+	}
+
+	attempt(t, la.Key(""), func(ctx context.Context) { send(ctx, "a", "") })
+	attempt(t, lb.Key(""), func(ctx context.Context) { send(ctx, "b", "") })
+	assert.Equal(t, 1, ba.total(), "a: one permit for its attempt")
+	assert.Equal(t, 1, bb.total(), "b: one permit for its attempt")
+
+	attempt(t, la.Key(""), func(ctx context.Context) {
+		assert.Equal(t, http.StatusTooManyRequests, send(ctx, "a", "?refuse=1"))
+	})
+	attempt(t, lb.Key(""), func(ctx context.Context) {
+		assert.Equal(t, http.StatusOK, send(ctx, "b", ""), "b is not paused by a's refusal")
+	})
+	assert.Equal(t, 2, bb.total())
+	assert.Equal(t, 4, srv.count())
+
+	done := make(chan int, 1)
+	go attempt(t, la.Key(""), func(ctx context.Context) { done <- send(ctx, "a", "") })
+	waitSleepers(t, clk, 1) // a waits out its pause
+	assert.Equal(t, 4, srv.count(), "nothing sent for a during its pause")
+	clk.Advance(5 * time.Second)
+	assert.Equal(t, http.StatusOK, <-done)
+	assert.Equal(t, 5, srv.count())
+	assert.Equal(t, 4, ba.total(), "a: the held permit given up at the pause, and a new one after it")
+}
