@@ -502,6 +502,9 @@ func (p *partition) waitAfter(sc *scan) {
 	if sc != nil && !stopped {
 		select {
 		case <-sc.done:
+			// A scan cut short (Run ends) may have missed parked units:
+			// the partition does not start.
+			stopped = !sc.complete
 		case <-p.soft.Done():
 			stopped = true
 		}

@@ -40,7 +40,7 @@ func bare(t *testing.T, kc *kafkaenv.Cluster, h Handler, opts ...Option) (*Consu
 	c, err := New(h, throttle.New(b), opts...)
 	require.NoError(t, err)
 	_, stop := c.prepare(context.Background())
-	if c.cfg.deadLetter != "" {
+	if c.cfg.deadLetter != "" || c.cfg.shaping != "" {
 		c.prod, err = c.newProducer()
 		require.NoError(t, err)
 	}
