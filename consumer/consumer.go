@@ -445,13 +445,30 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 			}
 		}
 	}
-	if len(parks) > 0 {
-		sc := c.newScan(cl, parks)
-		c.wg.Add(1)
-		go sc.run(c.runCtx)
-		for _, p := range parks {
-			p.start(sc)
+	// One scan serves the partitions new to this member. A partition
+	// whose earlier ownership here has not ended has a scan of its own,
+	// which waits for that ownership: the others do not wait with it.
+	var fresh []*partition
+	for _, p := range parks {
+		if len(p.after) == 0 {
+			fresh = append(fresh, p)
+		} else {
+			c.startScan(cl, []*partition{p})
 		}
+	}
+	if len(fresh) > 0 {
+		c.startScan(cl, fresh)
+	}
+}
+
+// startScan starts a scan of the shaping topic for ps, and ps behind it;
+// c.mu is held.
+func (c *Consumer) startScan(cl *kgo.Client, ps []*partition) {
+	sc := c.newScan(cl, ps)
+	c.wg.Add(1)
+	go sc.run(c.runCtx)
+	for _, p := range ps {
+		p.start(sc)
 	}
 }
 

@@ -107,3 +107,32 @@ func TestSlowScanKeepsThePartitionWaitingUntilItHasReadTheShapingTopic(t *testin
 		"the parked key's next record parked behind its parked one")
 	assert.Zero(t, calls.Load(), "the parked key's next record was handled in place")
 }
+
+// A partition assigned together with one whose earlier ownership still
+// has a call running (abandoned at the handler timeout, ignoring its
+// context) starts at once: its scan of the shaping topic does not wait for
+// another partition's earlier ownership.
+func TestScanDoesNotWaitForAnotherPartitionsAbandonedCall(t *testing.T) {
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 2), kafkaenv.Topic("in.shaping", 1))
+	release := make(chan struct{})
+	defer close(release)
+	var handled atomic.Int64
+	h := func(_ context.Context, rec *kgo.Record) error {
+		if rec.Partition == 0 && rec.Offset == 0 {
+			<-release // ignores its context
+		}
+		handled.Add(1)
+		return nil
+	}
+	c, cl := bare(t, kc, h, WithShaping("in.shaping", time.Minute), WithHandlerTimeout(50*time.Millisecond))
+	ctx := context.Background()
+	c.assigned(ctx, cl, tps("in", 0))
+	c.part("in", 0).push([]*kgo.Record{{Topic: "in", Partition: 0, Offset: 0, Key: []byte("a")}})
+	require.Eventually(t, func() bool { return c.Stats().InFlight == 1 }, 10*time.Second, time.Millisecond)
+	c.revoked(ctx, cl, tps("in", 0)) // abandons the call after 50 ms
+
+	c.assigned(ctx, cl, tps("in", 0, 1))
+	c.part("in", 1).push([]*kgo.Record{{Topic: "in", Partition: 1, Offset: 0, Key: []byte("b")}})
+	require.Eventually(t, func() bool { return handled.Load() == 1 }, 10*time.Second, time.Millisecond,
+		"in[1] waited for the abandoned call of in[0]")
+}
