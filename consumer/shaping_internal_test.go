@@ -136,3 +136,41 @@ func TestScanDoesNotWaitForAnotherPartitionsAbandonedCall(t *testing.T) {
 	require.Eventually(t, func() bool { return handled.Load() == 1 }, 10*time.Second, time.Millisecond,
 		"in[1] waited for the abandoned call of in[0]")
 }
+
+// Every byte a partition counts for the records it holds is given back
+// once they are handled or parked, whether parked alone or in a batch
+// with the records of their key queued behind: the partition holds
+// nothing, and never counts below zero on the way.
+func TestParkedAndHandledRecordsGiveBackTheirBytes(t *testing.T) {
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 1))
+	h := func(_ context.Context, rec *kgo.Record) error {
+		if string(rec.Key) == "hot" {
+			return assert.AnError // retried later than the bound: parked
+		}
+		return nil
+	}
+	c, cl := bare(t, kc, h, WithShaping("in.shaping", 20*time.Millisecond), WithRetry(3, 200*time.Millisecond, time.Second))
+	c.assigned(context.Background(), cl, tps("in", 0))
+	p := c.part("in", 0)
+	var recs []*kgo.Record
+	for i := range 40 {
+		key := "cold"
+		if i%2 == 0 {
+			key = "hot"
+		}
+		recs = append(recs, &kgo.Record{Topic: "in", Partition: 0, Offset: int64(i), Key: []byte(key), Value: []byte("value"),
+			Headers: []kgo.RecordHeader{{Key: "h", Value: []byte("v")}}})
+	}
+	p.push(recs)
+	negative := false
+	require.Eventually(t, func() bool {
+		n, b := p.held()
+		negative = negative || b < 0 || n < 0
+		return n == 0
+	}, 10*time.Second, time.Millisecond)
+	n, b := p.held()
+	assert.Zero(t, n)
+	assert.Zero(t, b, "bytes still counted for no record held")
+	assert.False(t, negative, "the partition counted below zero")
+	assert.EqualValues(t, 20, c.parked.Load())
+}
