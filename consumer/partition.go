@@ -128,6 +128,15 @@ func (u *unit) push(s *slot) {
 	u.tail = s
 }
 
+// pushFront puts s back at the head of the unit's queue.
+func (u *unit) pushFront(s *slot) {
+	s.next = u.head
+	u.head = s
+	if u.tail == nil {
+		u.tail = s
+	}
+}
+
 func (u *unit) pop() *slot {
 	s := u.head
 	if s == nil {
@@ -351,6 +360,9 @@ const (
 	// stopped: the partition stopped or the consumer failed; the record
 	// stays unfinished.
 	stopped
+	// inPlace: the shaping topic refused the record as too large; it is
+	// handled where it is (park's caller goes on with it).
+	inPlace
 )
 
 // end finishes s (see finishLocked) for its worker, and ends the

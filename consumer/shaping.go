@@ -175,12 +175,19 @@ func (p *partition) holdDeadline(s *slot) time.Time {
 
 // park writes s, and the records of its unit queued behind it, to the
 // shaping topic and finishes them; the unit stays parked (parkedUnit).
+//
+// A record the shaping topic refuses as too large is not parked: the
+// records behind it go back to its unit's queue, and it is handled in
+// place (inPlace when it is s; otherwise it becomes ready, and is parked
+// in turn, or handled in place once its unit's parked records are).
 func (p *partition) park(s *slot, attempts int) outcome {
 	c := p.c
 	batch := []*slot{s}
 	p.mu.Lock()
 	u := s.unit
+	wasParked := false
 	if u != nil {
+		wasParked = u.parked
 		u.parked = true
 		for len(batch) < parkBatch && u.head != nil {
 			batch = append(batch, u.pop())
@@ -198,6 +205,7 @@ func (p *partition) park(s *slot, attempts int) outcome {
 		recs[i] = parkRecord(c.cfg.shaping, b, n)
 	}
 	written, err := c.writeInOrder(recs)
+	refused := err != nil && tooLarge(err) && p.soft.Err() == nil
 
 	p.mu.Lock()
 	for _, b := range batch[:written] {
@@ -207,15 +215,38 @@ func (p *partition) park(s *slot, attempts int) outcome {
 		last := recs[written-1]
 		u.parkPart, u.parkOff = last.Partition, last.Offset
 	}
-	if written == len(batch) {
+	switch {
+	case written == len(batch):
 		p.advance(u)
-	} else {
+	case refused:
+		// The records not written go back to the unit, in order; s,
+		// if not written, stays with its worker.
+		for i := len(batch) - 1; i >= max(written, 1); i-- {
+			u.pushFront(batch[i])
+		}
+		if written == 0 {
+			if u != nil {
+				u.parked = wasParked
+			}
+		} else {
+			p.advance(u)
+		}
+	default:
 		p.advanceWatermark() // the unit stays behind the record not written
 	}
 	p.inWork -= len(batch) - 1 // s itself is ended by its worker
 	p.mu.Unlock()
 	c.parked.Add(int64(written))
 
+	if refused {
+		rec := &batch[written].rec
+		c.log.Warn("consumer: record too large for the shaping topic; it waits in place, holding its partition",
+			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "shaping", c.cfg.shaping, "err", err)
+		if written == 0 {
+			return inPlace
+		}
+		return parked
+	}
 	if err != nil {
 		if p.soft.Err() == nil {
 			rec := &batch[written].rec
