@@ -293,8 +293,10 @@ func WithDeadLetter(topic string) Option {
 // and [HeaderAttempts] as its last headers.
 //
 // topic must exist, serve this consumer group alone, accept records as
-// large as the consumed topics do (max.message.bytes), and keep its number
-// of partitions: the records of one key go to one partition of it. New
+// large as the consumed topics do (max.message.bytes: a record it refuses
+// as too large is handled in place, and holds its partition as without
+// shaping), and keep its number of partitions: the records of one key go
+// to one partition of it. New
 // refuses a topic that WithKafka consumes or that dead letters go to.
 // bound must be positive and at most an hour.
 func WithShaping(topic string, bound time.Duration) Option {
