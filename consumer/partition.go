@@ -474,12 +474,36 @@ func (p *partition) close() {
 	p.mu.Lock()
 	p.flushLocked()
 	p.closed = true
-	p.ready.reset()
+	p.dropQueued()
 	last := p.inWork == 0 && p.waited
 	p.mu.Unlock()
 	p.cancelSoft()
 	if last {
 		p.finalize()
+	}
+}
+
+// dropQueued gives back the key, value and headers of the records no
+// worker has taken, which a closed partition will never handle: they stay
+// in pending, unfinished, so that the watermark stays behind them; p.mu
+// is held.
+func (p *partition) dropQueued() {
+	drop := func(s *slot) {
+		p.bytes -= s.size
+		s.size = 0
+		s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
+	}
+	for p.ready.len() > 0 {
+		drop(p.ready.pop())
+	}
+	p.ready.reset()
+	for _, u := range p.units {
+		for s := u.head; s != nil; s = s.next {
+			drop(s)
+		}
+	}
+	for s := p.whole.head; s != nil; s = s.next {
+		drop(s)
 	}
 }
 

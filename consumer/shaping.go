@@ -189,7 +189,7 @@ func (p *partition) park(s *slot, attempts int) outcome {
 	if u != nil {
 		wasParked = u.parked
 		u.parked = true
-		for len(batch) < parkBatch && u.head != nil {
+		for len(batch) < parkBatch && u.head != nil && !p.closed { // closed: their values are dropped
 			batch = append(batch, u.pop())
 			p.inWork++
 		}
