@@ -162,15 +162,16 @@ func (p *partition) parkedUnit(s *slot) bool {
 }
 
 // holdDeadline is when s's unit (s alone under Unordered) will have held
-// the partition for the shaping bound.
-func (p *partition) holdDeadline(s *slot) time.Time {
+// the partition for the shaping bound; first reports whether the unit's
+// hold began with s.
+func (p *partition) holdDeadline(s *slot) (deadline time.Time, first bool) {
 	since := s.began
 	if u := s.unit; u != nil {
 		p.mu.Lock()
 		since = u.holdSince
 		p.mu.Unlock()
 	}
-	return since.Add(p.c.cfg.shapingBound)
+	return since.Add(p.c.cfg.shapingBound), since.Equal(s.began)
 }
 
 // park writes s, and the records of its unit queued behind it, to the

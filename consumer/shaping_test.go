@@ -628,3 +628,25 @@ func TestRecordTooLargeForTheShapingTopicWaitsInPlace(t *testing.T) {
 	assert.Equal(t, []int64{0, 1, 2}, offsets, "the key's records in order, once each")
 	assert.True(t, whole, "the large record's value came back whole")
 }
+
+// A record whose permit is free is handled in place, however late a
+// worker reaches it: the shaping bound parks records that would wait, not
+// records that a busy machine was slow to start. With a bound of 1 ns
+// every worker is "late"; each key's only record still goes straight to
+// the handler, and the shaping topic stays empty.
+func TestRecordWithAFreePermitIsNotParkedWhenItsWorkerIsLate(t *testing.T) {
+	t.Parallel()
+	const n = 20 // per partition
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 2), kafkaenv.Topic("in.shaping", 2))
+	produce(t, kc, "in", 2, n, func(p int32, i int) string { return fmt.Sprint("k-", p, "-", i) })
+	o := newKeyOrder()
+	c, err := consumer.New(o.handle, nil, append(base(kc, "g", "in"), byKey(throttle.New(&gate{open: true})),
+		consumer.WithShaping("in.shaping", time.Nanosecond))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "every record handled", func() bool { return c.Stats().Handled == 2*n })
+	require.NoError(t, r.stop(t))
+	assert.Zero(t, c.Stats().Parked, "records with a free permit were parked")
+	assert.Empty(t, o.reorders)
+	assert.Equal(t, []int64{n, n}, committed(t, kc, "g", "in", 2))
+}

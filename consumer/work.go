@@ -31,6 +31,11 @@ func (p *partition) process(w *worker, s *slot) outcome {
 		lastErr  error
 		parkAt   time.Time
 		shaping  = p.parks // s may be parked
+		// first: s began its unit's hold and has not asked for a permit
+		// yet. It asks at least once before it is parked: a worker that
+		// reaches s late (a busy machine) must not park a record whose
+		// permit is free.
+		first bool
 	)
 	// park parks s (done), or, when the shaping topic refuses it as too
 	// large, waits for its unit's parked records to be handled and goes
@@ -51,7 +56,7 @@ func (p *partition) process(w *worker, s *slot) outcome {
 		}
 	}
 	if shaping {
-		parkAt = p.holdDeadline(s)
+		parkAt, first = p.holdDeadline(s)
 	}
 	// late reports whether waiting d more would take the unit past the
 	// shaping bound.
@@ -60,16 +65,17 @@ func (p *partition) process(w *worker, s *slot) outcome {
 		wait, bounded := c.cfg.maxWait, false
 		if shaping {
 			left := time.Until(parkAt)
-			if left <= 0 {
+			if left <= 0 && !first {
 				if out, done := park(); done {
 					return out
 				}
 				continue
 			}
 			if left < wait {
-				wait, bounded = left, true
+				wait, bounded = max(left, 0), true
 			}
 		}
+		first = false
 		k, now, err := p.acquire(rec, wait)
 		switch {
 		case err == nil:
