@@ -117,8 +117,7 @@ func (s *calls) beatDue() bool {
 // instances is the live count last seen while it is fresh (counted
 // within two beat intervals); after that, the largest count ever seen: an
 // instance that has not heard from Redis recently cannot know who joined
-// meanwhile, and a larger count gives it a smaller, safer share (issue 12,
-// defect 5). 0 before the first heartbeat.
+// meanwhile, and a larger count gives it a smaller, safer share. 0 before the first heartbeat.
 func (s *calls) instances() int64 {
 	live := s.live.Load()
 	if time.Now().UnixNano()-s.heard.Load() > 2*s.every {

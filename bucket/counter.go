@@ -13,9 +13,9 @@ import (
 )
 
 // Counter counts calls in a Redis key that a [Resetter] sets back to 0
-// every period. It replaces seed 001 (mParticle's INCR counter checked by
-// every consumer, zeroed every M ms by a leader-elected resetter) and, like
-// [TokenBucket], matches a provider policy of "N calls per period". Prefer
+// every period: the classic INCR counter checked by every caller and
+// zeroed every period by one leader-elected resetter. Like [TokenBucket],
+// it matches a provider policy of "N calls per period". Prefer
 // TokenBucket, which needs no extra process; use Counter when resets must
 // come from one place on a steady beat.
 //

@@ -16,10 +16,9 @@ import (
 )
 
 // SlidingLog logs every granted permit in a Redis sorted set and checks one
-// or more sliding windows against it in one script. It replaces seed 003
-// (a sorted-set log per URL, several windows in one Lua script, cluster
-// hash tags) and matches a provider that counts over a sliding window
-// ("at most 500 calls in any 2 s, and 2000 in any 10 s").
+// or more sliding windows against it in one script. It matches a provider
+// that counts over a sliding window ("at most 500 calls in any 2 s, and
+// 2000 in any 10 s").
 //
 // Guarantee: for each window, at most its Limit permits granted within any
 // span of its Period, on the Redis server's clock. Unlike the seed, a

@@ -12,10 +12,8 @@ import (
 )
 
 // TokenBucket is the default bucket: limit tokens per interval, refilled to
-// limit on demand. It replaces seed 002 (Azuga's Redis token bucket,
-// refilled to max by the first caller after the interval, under a
-// distributed mutex) and matches a provider policy of "N calls per period,
-// then wait for the next period".
+// limit on demand by the first caller after the interval. It matches a
+// provider policy of "N calls per period, then wait for the next period".
 //
 // Guarantee: at most limit permits per refill, and refills at least
 // interval apart on the Redis server's clock — so at most limit permits in
@@ -30,8 +28,8 @@ import (
 // next period (the refill) and takes the caller's tokens from it. The
 // script runs atomically and refills only when the period has really ended
 // on the server's clock, so two refills can never land in one period, and
-// no caller can be paused between the check and the refill. The refill
-// mutex of seed 002 is kept as an exclusion for others: while anyone holds
+// no caller can be paused between the check and the refill. The classic
+// refill mutex is kept as an exclusion for others: while anyone holds
 // the Redsync mutex on the bucket's lock key (an operator's tool, an older
 // instance), the script does not refill, and callers are told to come back
 // after WithRetry (1 ms). A caller with no token is told exactly when the

@@ -139,9 +139,9 @@ func (w *windows) run(ctx context.Context, key string, n int64) (upTo, error) {
 
 // FixedWindow counts permits in fixed windows aligned to the Redis server's
 // clock: window k runs from k·interval to (k+1)·interval since the Unix
-// epoch, as in seed 000 (Salesforce: windowStart = now/window*window), which
-// it replaces. It matches a provider whose limit resets on wall-clock
-// boundaries ("1000 calls per 10 s, counters reset at :00, :10, ...").
+// epoch (windowStart = now/window*window). It matches a provider whose
+// limit resets on wall-clock boundaries ("1000 calls per 10 s, counters
+// reset at :00, :10, ...").
 //
 // Guarantee: at most limit permits per aligned window. A span of one
 // interval that straddles a boundary can see up to 2·limit (the end of one
@@ -195,8 +195,7 @@ func (b *FixedWindow) Pause(ctx context.Context, key string, d time.Duration) er
 }
 
 // Tiers is several fixed-window limits on one key that must all pass, such
-// as "10 per second and 50 per 10 seconds": the tiers of seed 000's YAML
-// limits, and seed 003's several limits per URL. It matches a provider that
+// as "10 per second and 50 per 10 seconds". It matches a provider that
 // publishes several wall-clock-aligned limits at once.
 //
 // Guarantee: each tier's own (see [FixedWindow]): at most Limit permits per

@@ -422,22 +422,7 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 		return
 	}
 	c.log.Info("consumer: partitions assigned", "partitions", assigned)
-	var sc *scan
-	if c.cfg.shaping != "" {
-		var parks []topicPartition
-		for topic, ids := range assigned {
-			for _, id := range ids {
-				if key := (topicPartition{topic, id}); topic != c.cfg.shaping && c.parts[key] == nil {
-					parks = append(parks, key)
-				}
-			}
-		}
-		if len(parks) > 0 {
-			sc = c.newScan(cl, parks)
-			c.wg.Add(1)
-			go sc.run(c.runCtx)
-		}
-	}
+	var parks []*partition // partitions that wait for a scan of the shaping topic
 	for topic, ids := range assigned {
 		for _, id := range ids {
 			key := topicPartition{topic, id}
@@ -454,11 +439,36 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 			c.parts[key] = p
 			c.wg.Add(1)
 			if p.parks {
-				p.start(sc)
+				parks = append(parks, p)
 			} else {
 				p.start(nil)
 			}
 		}
+	}
+	// One scan serves the partitions new to this member. A partition
+	// whose earlier ownership here has not ended has a scan of its own,
+	// which waits for that ownership: the others do not wait with it.
+	var fresh []*partition
+	for _, p := range parks {
+		if len(p.after) == 0 {
+			fresh = append(fresh, p)
+		} else {
+			c.startScan(cl, []*partition{p})
+		}
+	}
+	if len(fresh) > 0 {
+		c.startScan(cl, fresh)
+	}
+}
+
+// startScan starts a scan of the shaping topic for ps, and ps behind it;
+// c.mu is held.
+func (c *Consumer) startScan(cl *kgo.Client, ps []*partition) {
+	sc := c.newScan(cl, ps)
+	c.wg.Add(1)
+	go sc.run(c.runCtx)
+	for _, p := range ps {
+		p.start(sc)
 	}
 }
 

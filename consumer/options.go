@@ -79,6 +79,9 @@ type config struct {
 	// partition, and how long it may own none before it warns (tests
 	// shorten them).
 	idleFirst, idleAssign time.Duration
+	// scanWarn: how often a reading of the shaping topic that has not
+	// reached the end warns (tests shorten it).
+	scanWarn time.Duration
 
 	// err is the first bad option seen.
 	err error
@@ -100,6 +103,9 @@ const (
 	// maxPermitDelay is the longest delay before asking the limiter again
 	// after its store failed or a permit wait timed out.
 	maxPermitDelay = 5 * time.Second
+	// defaultScanWarn is how often a reading of the shaping topic warns
+	// while it goes on.
+	defaultScanWarn = 30 * time.Second
 )
 
 func newConfig(opts []Option) config {
@@ -117,6 +123,7 @@ func newConfig(opts []Option) config {
 		logger:         slog.Default(),
 		idleFirst:      idleFirst,
 		idleAssign:     idleAssign,
+		scanWarn:       defaultScanWarn,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -286,8 +293,10 @@ func WithDeadLetter(topic string) Option {
 // and [HeaderAttempts] as its last headers.
 //
 // topic must exist, serve this consumer group alone, accept records as
-// large as the consumed topics do (max.message.bytes), and keep its number
-// of partitions: the records of one key go to one partition of it. New
+// large as the consumed topics do (max.message.bytes: a record it refuses
+// as too large is handled in place, and holds its partition as without
+// shaping), and keep its number of partitions: the records of one key go
+// to one partition of it. New
 // refuses a topic that WithKafka consumes or that dead letters go to.
 // bound must be positive and at most an hour.
 func WithShaping(topic string, bound time.Duration) Option {

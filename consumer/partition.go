@@ -128,6 +128,15 @@ func (u *unit) push(s *slot) {
 	u.tail = s
 }
 
+// pushFront puts s back at the head of the unit's queue.
+func (u *unit) pushFront(s *slot) {
+	s.next = u.head
+	u.head = s
+	if u.tail == nil {
+		u.tail = s
+	}
+}
+
 func (u *unit) pop() *slot {
 	s := u.head
 	if s == nil {
@@ -351,6 +360,9 @@ const (
 	// stopped: the partition stopped or the consumer failed; the record
 	// stays unfinished.
 	stopped
+	// inPlace: the shaping topic refused the record as too large; it is
+	// handled where it is (park's caller goes on with it).
+	inPlace
 )
 
 // end finishes s (see finishLocked) for its worker, and ends the
@@ -462,12 +474,36 @@ func (p *partition) close() {
 	p.mu.Lock()
 	p.flushLocked()
 	p.closed = true
-	p.ready.reset()
+	p.dropQueued()
 	last := p.inWork == 0 && p.waited
 	p.mu.Unlock()
 	p.cancelSoft()
 	if last {
 		p.finalize()
+	}
+}
+
+// dropQueued gives back the key, value and headers of the records no
+// worker has taken, which a closed partition will never handle: they stay
+// in pending, unfinished, so that the watermark stays behind them; p.mu
+// is held.
+func (p *partition) dropQueued() {
+	drop := func(s *slot) {
+		p.bytes -= s.size
+		s.size = 0
+		s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
+	}
+	for p.ready.len() > 0 {
+		drop(p.ready.pop())
+	}
+	p.ready.reset()
+	for _, u := range p.units {
+		for s := u.head; s != nil; s = s.next {
+			drop(s)
+		}
+	}
+	for s := p.whole.head; s != nil; s = s.next {
+		drop(s)
 	}
 }
 
@@ -502,6 +538,9 @@ func (p *partition) waitAfter(sc *scan) {
 	if sc != nil && !stopped {
 		select {
 		case <-sc.done:
+			// A scan cut short (Run ends) may have missed parked units:
+			// the partition does not start.
+			stopped = !sc.complete
 		case <-p.soft.Done():
 			stopped = true
 		}

@@ -40,7 +40,7 @@ func bare(t *testing.T, kc *kafkaenv.Cluster, h Handler, opts ...Option) (*Consu
 	c, err := New(h, throttle.New(b), opts...)
 	require.NoError(t, err)
 	_, stop := c.prepare(context.Background())
-	if c.cfg.deadLetter != "" {
+	if c.cfg.deadLetter != "" || c.cfg.shaping != "" {
 		c.prod, err = c.newProducer()
 		require.NoError(t, err)
 	}
@@ -314,4 +314,35 @@ func TestStatsWhileRebalancing(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	assert.Empty(t, c.Stats().Partitions)
+}
+
+// A stopped ownership whose call outlives the handler timeout gives back
+// the key, value and headers of the records it will never handle: each
+// revocation while the call runs would otherwise keep another queue's
+// worth of bytes, beyond the partition's byte bound and unseen by Stats.
+func TestStoppedPartitionKeepsOnlyTheBytesOfItsRecordsInWork(t *testing.T) {
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	release := make(chan struct{})
+	defer close(release)
+	h := func(_ context.Context, rec *kgo.Record) error {
+		<-release // ignores its context: abandoned at the timeout
+		return nil
+	}
+	c, cl := bare(t, kc, h, WithHandlerTimeout(50*time.Millisecond))
+	ctx := context.Background()
+	c.assigned(ctx, cl, tps("in", 0))
+	p := c.part("in", 0)
+	const n, size = 20, 10_000
+	var recs []*kgo.Record
+	for i := range n {
+		recs = append(recs, &kgo.Record{Topic: "in", Partition: 0, Offset: int64(i), Key: []byte("a"), Value: make([]byte, size)})
+	}
+	p.push(recs)
+	require.Eventually(t, func() bool { return c.Stats().InFlight == 1 }, 10*time.Second, time.Millisecond)
+	c.revoked(ctx, cl, tps("in", 0)) // abandons the call after 50 ms
+	require.True(t, p.isFenced())
+
+	held, bytes := p.held()
+	assert.Equal(t, n, held, "every record stays unfinished: none is committed")
+	assert.LessOrEqual(t, bytes, int64(size+1+n*RecordOverhead), "bytes kept for records that will never be handled")
 }

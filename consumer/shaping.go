@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -161,27 +162,35 @@ func (p *partition) parkedUnit(s *slot) bool {
 }
 
 // holdDeadline is when s's unit (s alone under Unordered) will have held
-// the partition for the shaping bound.
-func (p *partition) holdDeadline(s *slot) time.Time {
+// the partition for the shaping bound; first reports whether the unit's
+// hold began with s.
+func (p *partition) holdDeadline(s *slot) (deadline time.Time, first bool) {
 	since := s.began
 	if u := s.unit; u != nil {
 		p.mu.Lock()
 		since = u.holdSince
 		p.mu.Unlock()
 	}
-	return since.Add(p.c.cfg.shapingBound)
+	return since.Add(p.c.cfg.shapingBound), since.Equal(s.began)
 }
 
 // park writes s, and the records of its unit queued behind it, to the
 // shaping topic and finishes them; the unit stays parked (parkedUnit).
+//
+// A record the shaping topic refuses as too large is not parked: the
+// records behind it go back to its unit's queue, and it is handled in
+// place (inPlace when it is s; otherwise it becomes ready, and is parked
+// in turn, or handled in place once its unit's parked records are).
 func (p *partition) park(s *slot, attempts int) outcome {
 	c := p.c
 	batch := []*slot{s}
 	p.mu.Lock()
 	u := s.unit
+	wasParked := false
 	if u != nil {
+		wasParked = u.parked
 		u.parked = true
-		for len(batch) < parkBatch && u.head != nil {
+		for len(batch) < parkBatch && u.head != nil && !p.closed { // closed: their values are dropped
 			batch = append(batch, u.pop())
 			p.inWork++
 		}
@@ -197,6 +206,7 @@ func (p *partition) park(s *slot, attempts int) outcome {
 		recs[i] = parkRecord(c.cfg.shaping, b, n)
 	}
 	written, err := c.writeInOrder(recs)
+	refused := err != nil && tooLarge(err) && p.soft.Err() == nil
 
 	p.mu.Lock()
 	for _, b := range batch[:written] {
@@ -206,15 +216,38 @@ func (p *partition) park(s *slot, attempts int) outcome {
 		last := recs[written-1]
 		u.parkPart, u.parkOff = last.Partition, last.Offset
 	}
-	if written == len(batch) {
+	switch {
+	case written == len(batch):
 		p.advance(u)
-	} else {
+	case refused:
+		// The records not written go back to the unit, in order; s,
+		// if not written, stays with its worker.
+		for i := len(batch) - 1; i >= max(written, 1); i-- {
+			u.pushFront(batch[i])
+		}
+		if written == 0 {
+			if u != nil {
+				u.parked = wasParked
+			}
+		} else {
+			p.advance(u)
+		}
+	default:
 		p.advanceWatermark() // the unit stays behind the record not written
 	}
 	p.inWork -= len(batch) - 1 // s itself is ended by its worker
 	p.mu.Unlock()
 	c.parked.Add(int64(written))
 
+	if refused {
+		rec := &batch[written].rec
+		c.log.Warn("consumer: record too large for the shaping topic; it waits in place, holding its partition",
+			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "shaping", c.cfg.shaping, "err", err)
+		if written == 0 {
+			return inPlace
+		}
+		return parked
+	}
 	if err != nil {
 		if p.soft.Err() == nil {
 			rec := &batch[written].rec
@@ -319,7 +352,8 @@ func (v *shapingView) committed(c *Consumer, cl *kgo.Client, part int32) int64 {
 }
 
 // fetchCommitted returns group's committed offsets of the partitions of
-// topic (all of them when parts is nil); -1 for none.
+// topic (all of them when parts is nil); -1 for none, and none at all for
+// a group the coordinator does not know.
 func fetchCommitted(ctx context.Context, cl *kgo.Client, group, topic string, parts []int32) (map[int32]int64, error) {
 	req := kmsg.NewPtrOffsetFetchRequest()
 	req.Group = group
@@ -335,10 +369,13 @@ func fetchCommitted(ctx context.Context, cl *kgo.Client, group, topic string, pa
 	if err != nil {
 		return nil, err
 	}
+	out := make(map[int32]int64)
 	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		if errors.Is(err, kerr.GroupIDNotFound) {
+			return out, nil // a group that never committed
+		}
 		return nil, err
 	}
-	out := make(map[int32]int64)
 	for _, t := range resp.Topics {
 		if t.Topic != topic {
 			continue
@@ -355,12 +392,21 @@ func fetchCommitted(ctx context.Context, cl *kgo.Client, group, topic string, pa
 
 // scan finds, for partitions newly assigned, the units whose records are
 // still parked: the shaping topic's records from the group's committed
-// offsets to the end, by origin. The partitions start once it is done.
+// offsets to the end, by origin. The partitions start only once it has read
+// to the end: a unit it did not see would have its next record handled in
+// place, ahead of its parked ones.
 type scan struct {
 	c    *Consumer
 	cl   *kgo.Client
 	want map[topicPartition]bool
-	done chan struct{}
+	// parts are the ownerships waiting for the scan; earlier are the
+	// ownerships of the same partitions that had not ended when these were
+	// assigned, whose writes to the shaping topic the scan must see.
+	parts, earlier []*partition
+	done           chan struct{}
+	// complete: the shaping topic was read to its end (set before done is
+	// closed).
+	complete bool
 	// units holds, per origin partition, each parked unit's key and the
 	// shaping partition and offset of its last parked record.
 	units map[topicPartition]map[string]parkedAt
@@ -371,22 +417,49 @@ type parkedAt struct {
 	off  int64
 }
 
-func (c *Consumer) newScan(cl *kgo.Client, tps []topicPartition) *scan {
-	sc := &scan{c: c, cl: cl, want: make(map[topicPartition]bool), done: make(chan struct{}), units: make(map[topicPartition]map[string]parkedAt)}
-	for _, tp := range tps {
-		sc.want[tp] = true
+func (c *Consumer) newScan(cl *kgo.Client, ps []*partition) *scan {
+	sc := &scan{c: c, cl: cl, parts: ps, want: make(map[topicPartition]bool), done: make(chan struct{}), units: make(map[topicPartition]map[string]parkedAt)}
+	for _, p := range ps {
+		sc.want[topicPartition{p.topic, p.id}] = true
+		sc.earlier = append(sc.earlier, p.after...)
 	}
 	return sc
 }
 
-// run reads until done or Run ends, retrying on errors.
-func (sc *scan) run(ctx context.Context) {
+// run reads, retrying on errors, until it has read to the end, Run ends,
+// or every partition it serves has stopped.
+func (sc *scan) run(parent context.Context) {
 	c := sc.c
 	defer c.wg.Done()
 	defer close(sc.done)
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	var running atomic.Int32
+	running.Store(int32(len(sc.parts)))
+	for _, p := range sc.parts {
+		stop := context.AfterFunc(p.soft, func() {
+			if running.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	// An earlier ownership may still be writing records of these
+	// partitions to the shaping topic.
+	for _, e := range sc.earlier {
+		select {
+		case <-e.done:
+		case <-ctx.Done():
+			return
+		}
+	}
 	for n := 1; ; n++ {
 		err := sc.read(ctx)
-		if err == nil || ctx.Err() != nil {
+		if err == nil {
+			sc.complete = true
+			return
+		}
+		if ctx.Err() != nil {
 			return
 		}
 		d := c.permitBackoff(n)
@@ -401,18 +474,21 @@ func (sc *scan) run(ctx context.Context) {
 	}
 }
 
-// scanTimeout bounds one reading of the shaping topic.
-const scanTimeout = 30 * time.Second
+// scanRequestTimeout bounds each request for offsets of a scan.
+const scanRequestTimeout = 30 * time.Second
 
-func (sc *scan) read(parent context.Context) error {
+// read reads the shaping topic from the group's committed offsets to the
+// ends it has when read begins. It does not give up while the reading goes
+// on: it warns every scanWarn instead, and the partitions wait.
+func (sc *scan) read(ctx context.Context) error {
 	c := sc.c
-	ctx, cancel := context.WithTimeout(parent, scanTimeout)
+	rctx, cancel := context.WithTimeout(ctx, scanRequestTimeout)
 	defer cancel()
-	starts, ends, err := offsetRange(ctx, sc.cl, c.cfg.shaping)
+	starts, ends, err := offsetRange(rctx, sc.cl, c.cfg.shaping)
 	if err != nil {
 		return err
 	}
-	committed, err := fetchCommitted(ctx, sc.cl, c.group, c.cfg.shaping, nil)
+	committed, err := fetchCommitted(rctx, sc.cl, c.group, c.cfg.shaping, nil)
 	if err != nil {
 		return err
 	}
@@ -437,22 +513,29 @@ func (sc *scan) read(parent context.Context) error {
 		return err
 	}
 	defer rd.Close()
+	began := time.Now()
 	for len(left) > 0 {
-		fs := rd.PollFetches(ctx)
-		if err := parent.Err(); err != nil {
+		pctx, cancel := context.WithTimeout(ctx, c.cfg.scanWarn)
+		fs := rd.PollFetches(pctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if ctx.Err() != nil {
-			// Offsets the reader cannot reach (a compacted or
-			// transactional tail): go on with what was read.
-			c.log.Warn("consumer: the shaping topic could not be read to its end; going on with what was read",
-				"topic", c.cfg.shaping, "partitions", len(left), "after", scanTimeout)
-			return nil
-		}
 		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) { ferr = err })
+		slow := false
+		fs.EachError(func(_ string, _ int32, err error) {
+			if errors.Is(err, context.DeadlineExceeded) {
+				slow = true
+			} else {
+				ferr = err
+			}
+		})
 		if ferr != nil {
 			return ferr
+		}
+		if slow {
+			c.log.Warn("consumer: still reading the shaping topic for parked records; the assigned partitions wait",
+				"topic", c.cfg.shaping, "partitions", len(left), "for", time.Since(began).Round(time.Millisecond))
 		}
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 			end, ok := left[fp.Partition]

@@ -3,7 +3,9 @@ package consumer_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -385,7 +387,9 @@ func TestStopWhileParkingLosesNothing(t *testing.T) {
 	g.set(true)
 	b := member()
 	rb := start(t, b)
-	waitFor(t, 10*time.Second, "b handles the hot record", func() bool { return o.count("hot") == 1 })
+	// b handles every record again, from the record a was parking: a
+	// committed nothing past it.
+	waitFor(t, 10*time.Second, "b handles every record", func() bool { return o.count("hot") == 1 && b.Stats().Handled == cold+1 })
 	require.NoError(t, rb.stop(t))
 	assert.Empty(t, o.reorders)
 	assert.Equal(t, cold, o.count("k"))
@@ -572,4 +576,77 @@ func TestLargeRecordAmongParkedRecordsKeepsItsPlace(t *testing.T) {
 		offs = append(offs, headers(rec)[consumer.HeaderOffset])
 	}
 	assert.Equal(t, []string{"0", "1", "2", "3"}, offs, "the shaping topic's order")
+}
+
+// A record the shaping topic refuses as too large (its max.message.bytes
+// is below the record's topic's) does not stop the consumer, which would
+// stop again on it after every restart: it waits in place, behind its
+// key's parked records, and every record of its key is handled, whole and
+// in order.
+func TestRecordTooLargeForTheShapingTopicWaitsInPlace(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	createTopic(t, kc, "in.shaping", 1, map[string]string{"max.message.bytes": "100000"})
+	large := make([]byte, 300_000)
+	_, _ = rand.Read(large)
+	cl, err := kc.Client(kgo.ProducerBatchMaxBytes(8 << 20))
+	require.NoError(t, err)
+	for i, v := range [][]byte{[]byte("small"), large, []byte("small")} {
+		require.NoError(t, cl.ProduceSync(context.Background(), &kgo.Record{Topic: "in", Key: []byte("big"), Value: v}).FirstErr(), "record %d", i)
+	}
+	cl.Close()
+
+	g := &gate{}
+	logs := &logCapture{}
+	var mu sync.Mutex
+	var offsets []int64
+	var whole bool
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		offsets = append(offsets, rec.Offset)
+		if rec.Offset == 1 {
+			whole = bytes.Equal(large, rec.Value)
+		}
+		return nil
+	}, throttle.New(g), append(base(kc, "g", "in"), consumer.WithShaping("in.shaping", 50*time.Millisecond),
+		consumer.WithLogger(slog.New(logs)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "parking refused as too large", func() bool {
+		return len(logs.find("consumer: record too large for the shaping topic; it waits in place")) > 0
+	})
+	g.set(true)
+	waitFor(t, 10*time.Second, "every record handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(offsets) >= 3
+	})
+	require.NoError(t, r.stop(t), "the consumer stopped on a record too large to park")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []int64{0, 1, 2}, offsets, "the key's records in order, once each")
+	assert.True(t, whole, "the large record's value came back whole")
+}
+
+// A record whose permit is free is handled in place, however late a
+// worker reaches it: the shaping bound parks records that would wait, not
+// records that a busy machine was slow to start. With a bound of 1 ns
+// every worker is "late"; each key's only record still goes straight to
+// the handler, and the shaping topic stays empty.
+func TestRecordWithAFreePermitIsNotParkedWhenItsWorkerIsLate(t *testing.T) {
+	t.Parallel()
+	const n = 20 // per partition
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 2), kafkaenv.Topic("in.shaping", 2))
+	produce(t, kc, "in", 2, n, func(p int32, i int) string { return fmt.Sprint("k-", p, "-", i) })
+	o := newKeyOrder()
+	c, err := consumer.New(o.handle, nil, append(base(kc, "g", "in"), byKey(throttle.New(&gate{open: true})),
+		consumer.WithShaping("in.shaping", time.Nanosecond))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "every record handled", func() bool { return c.Stats().Handled == 2*n })
+	require.NoError(t, r.stop(t))
+	assert.Zero(t, c.Stats().Parked, "records with a free permit were parked")
+	assert.Empty(t, o.reorders)
+	assert.Equal(t, []int64{n, n}, committed(t, kc, "g", "in", 2))
 }

@@ -20,7 +20,8 @@ import (
 // With shaping on, a record is parked, rather than waiting or retrying,
 // once its unit has held the partition for the shaping bound, and at once
 // if its unit is parked; a failure of the limiter's store parks nothing
-// (every unit waits alike).
+// (every unit waits alike). A record the shaping topic refuses as too
+// large is handled in place, once its unit's parked records have been.
 func (p *partition) process(w *worker, s *slot) outcome {
 	c := p.c
 	rec := &s.rec
@@ -29,27 +30,52 @@ func (p *partition) process(w *worker, s *slot) outcome {
 		delays   int          // permit timeouts or limiter failures in a row
 		lastErr  error
 		parkAt   time.Time
+		shaping  = p.parks // s may be parked
+		// first: s began its unit's hold and has not asked for a permit
+		// yet. It asks at least once before it is parked: a worker that
+		// reaches s late (a busy machine) must not park a record whose
+		// permit is free.
+		first bool
 	)
-	if p.parks {
-		if p.parkedUnit(s) {
-			return p.park(s, attempts)
+	// park parks s (done), or, when the shaping topic refuses it as too
+	// large, waits for its unit's parked records to be handled and goes
+	// on with s in place (not done).
+	park := func() (out outcome, done bool) {
+		if out = p.park(s, attempts); out != inPlace {
+			return out, true
 		}
-		parkAt = p.holdDeadline(s)
+		shaping = false
+		if !p.waitUnparked(s) {
+			return stopped, true
+		}
+		return 0, false
+	}
+	if shaping && p.parkedUnit(s) {
+		if out, done := park(); done {
+			return out
+		}
+	}
+	if shaping {
+		parkAt, first = p.holdDeadline(s)
 	}
 	// late reports whether waiting d more would take the unit past the
 	// shaping bound.
-	late := func(d time.Duration) bool { return p.parks && !time.Now().Add(d).Before(parkAt) }
+	late := func(d time.Duration) bool { return shaping && !time.Now().Add(d).Before(parkAt) }
 	for {
 		wait, bounded := c.cfg.maxWait, false
-		if p.parks {
+		if shaping {
 			left := time.Until(parkAt)
-			if left <= 0 {
-				return p.park(s, attempts)
+			if left <= 0 && !first {
+				if out, done := park(); done {
+					return out
+				}
+				continue
 			}
 			if left < wait {
-				wait, bounded = left, true
+				wait, bounded = max(left, 0), true
 			}
 		}
+		first = false
 		k, now, err := p.acquire(rec, wait)
 		switch {
 		case err == nil:
@@ -63,14 +89,19 @@ func (p *partition) process(w *worker, s *slot) outcome {
 		case p.soft.Err() != nil:
 			return stopped
 		case errors.Is(err, throttle.ErrTimeout) && bounded:
-			return p.park(s, attempts)
+			if out, done := park(); done {
+				return out
+			}
+			continue
 		case errors.Is(err, throttle.ErrTimeout):
 			c.permitTimeouts.Add(1)
 			if c.cfg.onTimeout == TimeoutRetry {
 				delays++
 				d := c.permitBackoff(delays)
 				if late(d) {
-					return p.park(s, attempts)
+					if out, done := park(); done {
+						return out
+					}
 				}
 				if !p.sleep(d) {
 					return stopped
@@ -107,7 +138,9 @@ func (p *partition) process(w *worker, s *slot) outcome {
 		if attempts < c.cfg.attempts {
 			d := c.backoff(attempts)
 			if late(d) {
-				return p.park(s, attempts) // the shaping topic retries it
+				if out, done := park(); done {
+					return out // the shaping topic retries it
+				}
 			}
 			c.log.Debug("consumer: attempt failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempts, "in", d, "err", lastErr)
 			if !p.sleep(d) {
@@ -121,6 +154,21 @@ func (p *partition) process(w *worker, s *slot) outcome {
 		}
 		return stopped
 	}
+}
+
+// unparkPoll is how often a record that could not be parked checks
+// whether its unit's parked records have been handled.
+const unparkPoll = 100 * time.Millisecond
+
+// waitUnparked waits until s's unit has no record parked and not handled;
+// false if the partition stopped first.
+func (p *partition) waitUnparked(s *slot) bool {
+	for p.parkedUnit(s) {
+		if !p.sleep(unparkPoll) {
+			return false
+		}
+	}
+	return true
 }
 
 // acquire waits up to wait for rec's permit and returns the budget it

@@ -12,13 +12,13 @@ import (
 // The control law is additive increase, multiplicative decrease (AIMD, as
 // TCP's congestion control), with a memory of the rate that was refused:
 //
-//   - A refusal without a retry hint lowers the rate to 0.7 of what it
-//     was, at most once per interval, so that a burst of refusals seen by
-//     many callers at once counts once. The first such refusal switches
-//     the fleet to paced grants (evenly spaced at the adaptive rate, on
-//     top of whatever the bucket decides) and lowers the rate only to 0.9
-//     of the limit: a provider that refuses a fleet at its configured
-//     limit most often refuses its bursts, which pacing alone removes. So
+//   - A refusal lowers the rate to 0.7 of what it was, at most once per
+//     interval, so that a burst of refusals seen by many callers at once
+//     counts once. The first such refusal switches the fleet to paced
+//     grants (evenly spaced at the adaptive rate, on top of whatever the
+//     bucket decides) and lowers the rate only to 0.9 of the limit: a
+//     provider that refuses a fleet at its configured limit most often
+//     refuses its bursts, which pacing alone removes. So
 //     does a refusal while the rate is within 5 % of the rate refused last
 //     time, or above it: the fleet found the provider's limit again and
 //     overshot it a little (a sliding window meeting network jitter), or
@@ -43,9 +43,11 @@ import (
 //     sliding or fixed window refuses an even pace at exactly its limit
 //     now and then (network jitter), which cost a refusal on each probe
 //     to the ceiling (a second with 2.1 % refused in examples/adaptive).
-//   - A refusal with a retry hint (Retry-After and the like) pauses the
-//     bucket as before and changes nothing here: the provider said what it
-//     wants, there is nothing to infer.
+//   - A refusal with a retry hint (Retry-After and the like) also pauses
+//     the bucket until then; it counts here like one without: a provider
+//     counting a sliding window refuses a token bucket's period-start
+//     bursts with Retry-After at every period's edge, and only pacing
+//     ends that.
 //
 // Times are the store's (the Redis server's clock), which may step back (a
 // failover to a node whose clock is behind): a time in the state that lies
@@ -79,7 +81,7 @@ type AdaptiveState struct {
 	// Step is the next probe step beyond Peak.
 	Step float64
 	// Decreased, Increased and Refused are the times of the last decrease,
-	// the last increase and the last refusal without a hint, on the
+	// the last increase and the last refusal, on the
 	// store's clock (the Redis server's for a Redis bucket).
 	Decreased, Increased, Refused time.Time
 	// Version counts the state's changes, for [AdaptiveStore.SwapAdaptive].
@@ -215,7 +217,7 @@ func (a adaptLaw) clampFuture(s AdaptiveState, now time.Time) (AdaptiveState, bo
 // the configured one gets steps to its own scale).
 func (a adaptLaw) stepBase(s AdaptiveState) float64 { return min(a.limit, a.ceiling(s)) }
 
-// refused applies a refusal without a retry hint at now. It reports false
+// refused applies a refusal (with a retry hint or without) at now. It reports false
 // when nothing changed worth storing: a refusal within the interval after
 // a decrease counts once, and only its time is noted (which delays the
 // next increase), at most ten times an interval.

@@ -102,6 +102,24 @@ func TestHeldPermitDoesNotOutliveTheContext(t *testing.T) {
 	assert.Equal(t, context.Background(), lim.Key("").ContextWithPermit(context.Background(), 0), "n < 1 holds nothing")
 }
 
+func TestForfeitedPermitIsNotUsed(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &countingBucket{Bucket: newLocal(t, clock, 100, time.Second)}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	other := throttle.New(b, throttle.WithClock(clock))
+	ctx := lim.Key("a").ContextWithPermit(context.Background(), 2)
+	ctx = lim.Key("b").ContextWithPermit(ctx, 1)
+
+	assert.Zero(t, lim.Key("c").Forfeit(ctx), "another key holds nothing here")
+	assert.EqualValues(t, 2, other.Key("a").Forfeit(ctx), "a Limiter over the same bucket gives up the budget's permits")
+	assert.Zero(t, lim.Key("a").Forfeit(ctx), "once")
+	require.NoError(t, lim.Key("a").Acquire(ctx, 0))
+	assert.EqualValues(t, 1, b.takes.Load(), "a forfeited permit is not used: the call takes its own")
+	require.NoError(t, lim.Key("b").Acquire(ctx, 0))
+	assert.EqualValues(t, 1, b.takes.Load(), "the other budget's held permit is still there")
+	assert.Zero(t, throttle.Keyed{}.Forfeit(ctx), "a zero Keyed gives up nothing")
+}
+
 // A consumer handler's context carries the permit the consumer acquired
 // for the attempt: a client built on the same Limiter uses it, so the
 // call is charged once.

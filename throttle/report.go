@@ -19,9 +19,13 @@ type Answer struct {
 	// Retry reports that the provider named a time before which calls
 	// are useless (Retry-After on a refusal; a reset time when nothing
 	// remains): RetryAfter from now. Such an answer pauses the bucket
-	// for the whole fleet and is never read as a sign of the rate: a
-	// hint beats inference. A RetryAfter of 0 or less names no time to
-	// wait for: the answer counts as one without a hint.
+	// for the whole fleet. A refusal with a retry time also counts as a
+	// refusal for the adaptive rate, as one without: a provider that
+	// keeps refusing the fleet's bursts with Retry-After (a sliding
+	// window meeting a token bucket's period starts) teaches the fleet
+	// to pace below it, rather than pause it at every period's edge. A
+	// RetryAfter of 0 or less names no time to wait for: nothing is
+	// paused.
 	Retry      bool
 	RetryAfter time.Duration
 	// Limit is the limit the provider advertises (X-RateLimit-Limit,
@@ -74,10 +78,11 @@ func AnswerOf(err error) (Answer, bool) {
 // its permits, so that the fleet sharing l's bucket adapts (see
 // [AdaptiveState] for the law):
 //
-//   - a refusal with a retry time (Answer.Retry) pauses the bucket until
+//   - an answer with a retry time (Answer.Retry) pauses the bucket until
 //     then, for the whole fleet when the bucket is a [Pauser];
-//   - a refusal without one lowers the adaptive rate (at most once per
-//     interval, however many callers report it) and paces grants evenly;
+//   - a refusal, with a retry time or without, lowers the adaptive rate
+//     (at most once per interval, however many callers report it) and
+//     paces grants evenly;
 //   - a limit advertised below the configured one lowers the ceiling
 //     (with or without a retry time; before a refusal in the same answer
 //     is applied, so that the refusal is measured against it).
@@ -122,7 +127,7 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 	hint := ans.Retry && ans.RetryAfter > 0
 	var errs []error
 	if hint {
-		// A hint beats inference: pause first, and leave the rate alone.
+		// Honour the hint first: the pause is what the provider asked.
 		errs = append(errs, l.pause(ctx, key, min(ans.RetryAfter, maxAnswerPause)))
 	}
 	if !l.adapt.ok {
@@ -140,8 +145,11 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 			return law.advertised(s, adv, now)
 		}))
 	}
-	if ans.Refused && !hint {
-		// After the advertised limit: the refusal is measured against it.
+	if ans.Refused {
+		// With a hint or without: a provider that refuses the fleet's
+		// bursts with a retry time is answered by pacing, not only by
+		// pausing. After the advertised limit: the refusal is measured
+		// against it.
 		errs = append(errs, l.update(ctx, st, law.refused))
 	}
 	return errors.Join(errs...)

@@ -61,25 +61,57 @@ func TestReportRefusalPacesGrants(t *testing.T) {
 	require.NoError(t, <-done)
 }
 
-func TestReportHintBeatsInference(t *testing.T) {
+// A refusal with a retry hint pauses the bucket for the hint's time and
+// also lowers the adaptive rate, as one without: a provider that refuses
+// every period's burst with Retry-After is answered by pacing.
+func TestReportRefusalWithHintPausesAndLowersTheRate(t *testing.T) {
 	ctx := context.Background()
 	clock := clockwork.NewFakeClock()
 	b := &pausing{Local: newLocal(t, clock, 10, time.Second)}
 	lim := throttle.New(b, throttle.WithClock(clock))
 
-	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: 2 * time.Second}))
-	assert.Equal(t, []time.Duration{2 * time.Second}, b.pauses, "a retry hint pauses the bucket")
+	// Many callers see the same burst refused, each with the hint.
+	for range 5 {
+		require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: 2 * time.Second}))
+	}
+	assert.Len(t, b.pauses, 5, "every hint pauses the bucket")
+	assert.Equal(t, 2*time.Second, b.pauses[0])
 	s, err := lim.AdaptiveState(ctx, "")
 	require.NoError(t, err)
-	assert.False(t, s.Active(), "and is not read as a sign of the rate")
+	assert.InDelta(t, 9, s.Rate, 1e-9, "the refusals lower the rate, once per interval")
 
-	require.NoError(t, lim.Key("acme").Report(ctx, throttle.Answer{Refused: true}))
-	s, err = lim.AdaptiveState(ctx, "acme")
-	require.NoError(t, err)
-	assert.InDelta(t, 9, s.Rate, 1e-9, "without a hint, the key's rate is inferred")
+	// Grants are paced at 9 per second: one slot now, the next 1/9 s later.
+	require.NoError(t, lim.Acquire(ctx, 0))
+	require.ErrorIs(t, lim.Acquire(ctx, 0), throttle.ErrTimeout, "the bucket has permits, but the paced slot is not free yet")
+	clock.Advance(time.Second / 9)
+	require.NoError(t, lim.Acquire(ctx, 0))
+
+	// A second interval of hinted refusals lowers it further.
+	clock.Advance(time.Second)
+	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: time.Second}))
 	s, err = lim.AdaptiveState(ctx, "")
 	require.NoError(t, err)
+	assert.InDelta(t, 6.3, s.Rate, 1e-9, "refusals went on: a full decrease, 0.7 of the rate")
+
+	s, err = lim.AdaptiveState(ctx, "acme")
+	require.NoError(t, err)
 	assert.False(t, s.Active(), "each key adapts on its own")
+}
+
+// A retry time on an answer that is not a refusal (a success with nothing
+// remaining until the reset) pauses the bucket and says nothing about the
+// rate.
+func TestReportRetryWithoutRefusalOnlyPauses(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	b := &pausing{Local: newLocal(t, clock, 10, time.Second)}
+	lim := throttle.New(b, throttle.WithClock(clock))
+
+	require.NoError(t, lim.Report(ctx, throttle.Answer{Retry: true, RetryAfter: 3 * time.Second}))
+	assert.Equal(t, []time.Duration{3 * time.Second}, b.pauses)
+	s, err := lim.AdaptiveState(ctx, "")
+	require.NoError(t, err)
+	assert.False(t, s.Active(), "a success with nothing remaining is not a refusal")
 }
 
 func TestReportAdvertisedLimit(t *testing.T) {

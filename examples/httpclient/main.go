@@ -172,7 +172,12 @@ func runConfig(ctx context.Context, c config, out io.Writer) error {
 	lim := throttle.New(b)
 
 	var n counts
-	base := &countingTransport{base: http.DefaultTransport.(*http.Transport).Clone(), n: &n}
+	// The counting base replaces the Transport's default, so it keeps as
+	// many idle connections as that default does (256 per host; 2 would
+	// open and close a connection for most calls of a burst).
+	pool := http.DefaultTransport.(*http.Transport).Clone()
+	pool.MaxIdleConnsPerHost, pool.MaxIdleConns = 256, 1024
+	base := &countingTransport{base: pool, n: &n}
 	defer base.base.CloseIdleConnections()
 	tr, err := httpclient.NewTransport(lim,
 		httpclient.WithBase(base),

@@ -4,12 +4,26 @@
 // The instances share one limit through a Redis token bucket, so together
 // they never call the provider faster than it allows.
 //
+// Each instance gives one Limiter to its consumer and to the
+// httpclient.Transport its handler calls the provider through: the
+// consumer takes a permit per attempt and passes it in the handler's
+// context, and the Transport uses it for the handler's request, so each
+// call costs one permit; the Transport also pauses the fleet on a 429
+// with Retry-After and retries the call after the pause. The summary
+// counts the permits the bucket granted next to the calls the provider
+// saw. -permits transport gives the consumer no Limiter instead: the
+// Transport alone takes the permits.
+//
 // The built-in provider takes -latency (50 ms by default) to answer each
 // call, as a real API does; the consumers keep many calls in flight
 // (records with different keys run concurrently, -ordering and -inflight
 // say how) so that the fleet still uses the whole limit. The summary
 // counts, at the provider by arrival time, the calls of each full second
 // of steady state and their share of the limit.
+//
+// -provider sliding makes the built-in provider count a sliding window
+// (at most the limit in any span of one interval, and 429 with
+// Retry-After above it) instead of the token bucket's own guarantee.
 //
 // With no flags it needs nothing but Go: Kafka is embedded (kfake), Redis is
 // a real redis-server on a free port if one is on PATH (otherwise an
@@ -18,6 +32,7 @@
 //	go run ./examples/pipeline
 //	go run ./examples/pipeline -records 5000 -limit 200 -interval 500ms -instances 4
 //	go run ./examples/pipeline -records 6000 -limit 500 -interval 1s -instances 3 -partitions 6 -latency 100ms
+//	go run ./examples/pipeline -records 2000 -keys 200 -limit 100 -interval 1s -latency 30ms -provider sliding
 //	go run ./examples/pipeline -brokers 127.0.0.1:9092 -redis 127.0.0.1:6379   # docker compose up -d
 //
 // While it runs it prints one line per second; at the end, a summary of
@@ -52,6 +67,7 @@ import (
 	"github.com/headway-go/headway/internal/provider"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/httpclient"
 )
 
 // config is the command line.
@@ -69,6 +85,9 @@ type config struct {
 	latency    time.Duration // the built-in provider's time to answer
 	ordering   string        // key, partition or none
 	inFlight   int           // per instance; 0: the consumer's default
+	keys       int           // distinct record keys
+	policy     string        // the built-in provider's: periods or sliding
+	permits    string        // who takes permits: both or transport
 }
 
 func main() {
@@ -94,6 +113,9 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.latency, "latency", 50*time.Millisecond, "how long the built-in provider takes to answer each call")
 	fs.StringVar(&c.ordering, "ordering", "key", "which records are handled in order: key (records with one key, one at a time), partition, or none")
 	fs.IntVar(&c.inFlight, "inflight", 0, "records each instance works on at once (0: the consumer's default, 128)")
+	fs.IntVar(&c.keys, "keys", 1000, "distinct record keys (record i has key entity-<i mod keys>)")
+	fs.StringVar(&c.policy, "provider", "periods", "how the built-in provider counts its limit: periods (the token bucket's own guarantee) or sliding (at most the limit in any span of one interval, 429 with Retry-After above it)")
+	fs.StringVar(&c.permits, "permits", "both", "who takes permits: both (one Limiter given to the consumer and the Transport: one permit per call, the consumer's) or transport (the consumer gets no Limiter)")
 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	return cmd.Run(ctx, args, stdout, stderr, func() error { return c.check() }, func(ctx context.Context) error {
@@ -129,6 +151,12 @@ func (c config) check() error {
 		return fmt.Errorf("-latency %v: must not be negative", c.latency)
 	case c.inFlight < 0:
 		return fmt.Errorf("-inflight %d: must be 0 (the default) or positive", c.inFlight)
+	case c.keys < 1:
+		return fmt.Errorf("-keys %d: must be at least 1", c.keys)
+	case c.policy != "" && c.policy != "periods" && c.policy != "sliding":
+		return fmt.Errorf("-provider %q: want periods or sliding", c.policy)
+	case c.permits != "" && c.permits != "both" && c.permits != "transport":
+		return fmt.Errorf("-permits %q: want both or transport", c.permits)
 	}
 	if _, err := c.order(); err != nil {
 		return err
@@ -173,6 +201,15 @@ type summary struct {
 	// Settled is when, after the start, the group's assignment last
 	// changed.
 	Settled time.Duration
+	// Permits is how many permits the bucket granted (counted by an
+	// Observer of each Limiter, at its calls to the bucket), Attempts how
+	// many times a handler was called, and ProviderCalls how many
+	// requests reached the provider, accepted or refused: one permit per
+	// call is Permits == ProviderCalls.
+	Permits, Attempts, ProviderCalls int64
+	// AcceptedPerSecond is the calls the provider accepted per second,
+	// from the first accepted call to the last.
+	AcceptedPerSecond float64
 }
 
 func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summary, error) {
@@ -219,8 +256,12 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	target := c.target
 	if target == "" {
 		var err error
+		policy := provider.Periods
+		if c.policy == "sliding" {
+			policy = provider.Sliding
+		}
 		prov, err = provider.Start(provider.Config{
-			Limit: c.limit, Interval: c.interval, Policy: provider.Periods,
+			Limit: c.limit, Interval: c.interval, Policy: policy,
 			// Requests reach the provider a little after their grant:
 			// allow a tenth of the interval, at least 50 ms (a busy
 			// machine: with 30 ms, one CI run under -race out of many
@@ -234,7 +275,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		}
 		defer prov.Close()
 		target = prov.URL() + "/call"
-		fmt.Fprintf(out, "provider: %s, %d calls per %v, answers 429 above that, each call takes %v\n", target, c.limit, c.interval, c.latency)
+		fmt.Fprintf(out, "provider: %s, %d calls per %v (%s), answers 429 with Retry-After above that, each call takes %v\n", target, c.limit, c.interval, policy, c.latency)
 	} else {
 		fmt.Fprintf(out, "provider: %s\n", target)
 	}
@@ -245,41 +286,52 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		inFlight = append(inFlight, consumer.WithMaxInFlight(c.inFlight))
 		inFlightText = strconv.Itoa(c.inFlight)
 	}
-	fmt.Fprintf(out, "fleet:    %d instances share one token bucket of %d per %v in Redis; ordering %s, records in flight per instance: %s\n\n",
-		c.instances, c.limit, c.interval, ordering, inFlightText)
+	permitsText := "the consumer and the Transport share one Limiter: one permit per call"
+	if c.permits == "transport" {
+		permitsText = "the consumer has no Limiter: the Transport takes the permits"
+	}
+	fmt.Fprintf(out, "fleet:    %d instances share one token bucket of %d per %v in Redis; ordering %s, records in flight per instance: %s; %s\n\n",
+		c.instances, c.limit, c.interval, ordering, inFlightText, permitsText)
 
 	// The producer fills the topic while the consumers run.
 	var produced atomic.Int64
 	prodErr := make(chan error, 1)
 	go func() { prodErr <- produce(ctx, seeds, c, &produced) }()
 
-	// The fleet.
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	defer hc.CloseIdleConnections()
+	// The fleet. Each instance's handler calls the provider through an
+	// httpclient.Transport on the instance's Limiter, with the handler's
+	// context: the permit the consumer took for the attempt serves the
+	// request.
 	var seen sync.Map // record → *atomic.Int64: successful calls, for -target
-	var got429 atomic.Int64
-	handler := func(ctx context.Context, rec *kgo.Record) error {
-		q := url.Values{"topic": {rec.Topic}, "partition": {strconv.Itoa(int(rec.Partition))}, "offset": {strconv.FormatInt(rec.Offset, 10)}}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target+"?"+q.Encode(), nil)
-		if err != nil {
-			return err
+	var got429, attempts atomic.Int64
+	var grants grantCount
+	handlerFor := func(hc *http.Client) consumer.Handler {
+		return func(ctx context.Context, rec *kgo.Record) error {
+			attempts.Add(1)
+			q := url.Values{"topic": {rec.Topic}, "partition": {strconv.Itoa(int(rec.Partition))}, "offset": {strconv.FormatInt(rec.Offset, 10)}}
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, target+"?"+q.Encode(), nil)
+			if err != nil {
+				return err
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				return err
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests {
+				// The Transport paused the fleet, told the Limiter, and
+				// retried as often as it could: try the record again.
+				got429.Add(1)
+				return errors.New("provider answered 429")
+			}
+			if resp.StatusCode/100 != 2 {
+				return fmt.Errorf("provider answered %s", resp.Status)
+			}
+			n, _ := seen.LoadOrStore(fmt.Sprintf("%d/%d", rec.Partition, rec.Offset), new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+			return nil
 		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusTooManyRequests {
-			got429.Add(1)
-			return errors.New("provider answered 429")
-		}
-		if resp.StatusCode/100 != 2 {
-			return fmt.Errorf("provider answered %s", resp.Status)
-		}
-		n, _ := seen.LoadOrStore(fmt.Sprintf("%d/%d", rec.Partition, rec.Offset), new(atomic.Int64))
-		n.(*atomic.Int64).Add(1)
-		return nil
 	}
 
 	fleetCtx, stopFleet := context.WithCancel(ctx)
@@ -293,19 +345,24 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		if err != nil {
 			return summary{}, err
 		}
-		cons, err := consumer.New(handler, throttle.New(b), append(inFlight,
+		lim := throttle.New(b, throttle.WithObserver(&grants))
+		tr, err := httpclient.NewTransport(lim)
+		if err != nil {
+			return summary{}, err
+		}
+		hc := &http.Client{Transport: tr}
+		defer hc.CloseIdleConnections()
+		consLim := lim
+		if c.permits == "transport" {
+			consLim = nil
+		}
+		cons, err := consumer.New(handlerFor(hc), consLim, append(inFlight,
 			consumer.WithKafka(
 				kgo.SeedBrokers(seeds...),
 				kgo.ConsumerGroup("headway-pipeline-demo"),
 				kgo.ConsumeTopics(c.topic),
 				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-				kgo.HeartbeatInterval(200*time.Millisecond),
-				kgo.SessionTimeout(3*time.Second),
-				kgo.RebalanceTimeout(6*time.Second),
-				kgo.FetchMaxWait(200*time.Millisecond),
 			),
-			consumer.WithRetry(10, 50*time.Millisecond, time.Second),
-			consumer.WithHandlerTimeout(2*time.Second),
 			consumer.WithLogger(log),
 		)...)
 		if err != nil {
@@ -336,10 +393,20 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	lastOwners, settled := "", start
 	nextLine := start.Add(time.Second)
 	perSecond := float64(c.limit) * float64(time.Second) / float64(c.interval)
+	var firstErr error
+	stopped := 0 // consumers whose Run returned
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
 			done = true
+		case err := <-runErr:
+			// A consumer stopped before its records were handled: say
+			// why now, rather than wait for the timeout.
+			stopped++
+			done = true
+			if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+				firstErr = cmpErr(err, errors.New("Run returned before the records were handled"))
+			}
 		case err := <-prodErr:
 			if err != nil {
 				return summary{}, fmt.Errorf("producing: %w", err)
@@ -375,8 +442,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		<-prodErr // stopped early: the producer ends with ctx; leave nothing running
 	}
 	stopFleet()
-	var firstErr error
-	for range consumers {
+	for range len(consumers) - stopped {
 		if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) && firstErr == nil {
 			firstErr = err
 		}
@@ -385,13 +451,17 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		return summary{}, fmt.Errorf("a consumer stopped: %w", firstErr)
 	}
 
-	s := summary{Produced: produced.Load(), Elapsed: elapsed, Provider429: got429.Load()}
+	s := summary{Produced: produced.Load(), Elapsed: elapsed, Provider429: got429.Load(), Permits: grants.n.Load(), Attempts: attempts.Load()}
 	for _, cons := range consumers {
 		s.PeakInFlight = max(s.PeakInFlight, cons.Stats().PeakInFlight)
 	}
 	if prov != nil {
 		ps := prov.Stats()
 		s.Handled, s.Twice, s.Provider429, s.MaxInWindow = ps.Records, ps.Duplicates, ps.Rejected, ps.MaxInWindow
+		s.ProviderCalls = ps.Accepted + ps.Rejected
+		if arr := prov.Arrivals(); len(arr) > 1 {
+			s.AcceptedPerSecond = float64(len(arr)-1) / arr[len(arr)-1].Sub(arr[0]).Seconds()
+		}
 		s.Steady = steadySeconds(prov.Arrivals(), settled)
 		s.Settled = settled.Sub(start)
 		s.SteadyMin, s.SteadyMedian = shares(s.Steady, perSecond)
@@ -412,7 +482,13 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	s.Lost = s.Produced - s.Handled
 	fmt.Fprintf(out, "\nproduced %d, handled %d, lost %d, handled twice %d, provider 429s %d\n", s.Produced, s.Handled, s.Lost, s.Twice, s.Provider429)
 	if prov != nil {
-		fmt.Fprintf(out, "most calls the provider saw in one period: %d (limit %d per %v)\n", s.MaxInWindow, c.limit, c.interval)
+		fmt.Fprintf(out, "most calls the provider saw in one %s: %d (limit %d per %v)\n", map[bool]string{true: "sliding window", false: "period"}[c.policy == "sliding"], s.MaxInWindow, c.limit, c.interval)
+		share := 0.0
+		if accepted := s.ProviderCalls - s.Provider429; accepted > 0 {
+			share = 100 * float64(s.Provider429) / float64(accepted)
+		}
+		fmt.Fprintf(out, "calls at the provider %d (429s %.1f%% of accepted calls), permits the bucket granted %d, handler calls %d\n", s.ProviderCalls, share, s.Permits, s.Attempts)
+		fmt.Fprintf(out, "accepted calls per second, first to last: %.1f (%.1f%% of the limit)\n", s.AcceptedPerSecond, 100*s.AcceptedPerSecond/perSecond)
 		if len(s.Steady) > 0 {
 			list := ""
 			if len(s.Steady) <= 15 {
@@ -435,6 +511,25 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		return s, fmt.Errorf("stopped after %v with %d records not handled yet", c.timeout, s.Lost)
 	}
 	return s, nil
+}
+
+// grantCount is an Observer of the Limiters that counts the permits the
+// bucket granted, at the Limiters' calls to it: the bucket's side of "one
+// permit per call", apart from the consumer's and the Transport's.
+type grantCount struct{ n atomic.Int64 }
+
+func (g *grantCount) Acquired(string, int64, time.Duration, error) {}
+
+func (g *grantCount) BucketCall(_ string, d throttle.Decision, _ time.Duration, err error) {
+	if err == nil && d.Granted {
+		g.n.Add(1) // every Acquire here asks for one permit
+	}
+}
+
+func (g *grantCount) Degraded(_, _ string, granted bool, _ error) {
+	if granted {
+		g.n.Add(1)
+	}
 }
 
 // owners describes how many partitions each consumer owns.
@@ -481,8 +576,8 @@ func shares(counts []int64, perSecond float64) (lowest, median float64) {
 }
 
 // produce writes c.records records, spread evenly over the partitions,
-// with keys spread over 1000 entities (record i has key entity-<i mod
-// 1000>), as an outbox of events about many customers would be.
+// with keys spread over c.keys entities (record i has key entity-<i mod
+// keys>), as an outbox of events about many customers would be.
 func produce(ctx context.Context, seeds []string, c config, produced *atomic.Int64) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(c.topic))
 	if err != nil {
@@ -492,7 +587,7 @@ func produce(ctx context.Context, seeds []string, c config, produced *atomic.Int
 	var first error
 	var mu sync.Mutex
 	for i := range c.records {
-		rec := &kgo.Record{Partition: int32(i % c.partitions), Key: []byte("entity-" + strconv.Itoa(i%1000)), Value: []byte("record " + strconv.Itoa(i))}
+		rec := &kgo.Record{Partition: int32(i % c.partitions), Key: []byte("entity-" + strconv.Itoa(i%max(c.keys, 1))), Value: []byte("record " + strconv.Itoa(i))}
 		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 			if err != nil {
 				mu.Lock()

@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestPipelineLosesNothingAndStaysUnderTheLimit(t *testing.T) {
 	var out, logs bytes.Buffer
-	c := config{records: 400, limit: 80, interval: 200 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-test", latency: 20 * time.Millisecond}
+	c := config{records: 400, limit: 80, interval: 200 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-test", latency: 20 * time.Millisecond, keys: 1000}
 	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
 	t.Cleanup(func() {
 		if t.Failed() { // what the demo printed and logged, to tell why
@@ -34,6 +34,12 @@ func TestPipelineLosesNothingAndStaysUnderTheLimit(t *testing.T) {
 	assert.Contains(t, out.String(), "produced 400, handled 400, lost 0")
 	assert.Contains(t, out.String(), "steady state at the provider")
 	assert.Positive(t, s.PeakInFlight)
+	// One permit per call: the bucket's grants (counted at the Limiters'
+	// bucket calls), the calls the provider saw, and the handler's
+	// attempts agree.
+	assert.Equal(t, s.ProviderCalls, s.Permits, "permits the bucket granted, one per call at the provider")
+	assert.Equal(t, s.Attempts, s.ProviderCalls, "handler calls, one provider call each")
+	assert.GreaterOrEqual(t, s.Attempts, int64(400))
 }
 
 func TestSteadySeconds(t *testing.T) {
@@ -56,7 +62,7 @@ func TestSteadySeconds(t *testing.T) {
 }
 
 func TestPipelineRefusesBadFlags(t *testing.T) {
-	good := config{records: 1, limit: 1, interval: time.Second, instances: 1, partitions: 1, timeout: time.Second}
+	good := config{records: 1, limit: 1, interval: time.Second, instances: 1, partitions: 1, timeout: time.Second, keys: 1}
 	tests := []struct {
 		name string
 		mod  func(*config)
@@ -72,6 +78,9 @@ func TestPipelineRefusesBadFlags(t *testing.T) {
 		{"latency", func(c *config) { c.latency = -time.Second }, "-latency -1s"},
 		{"inflight", func(c *config) { c.inFlight = -1 }, "-inflight -1"},
 		{"ordering", func(c *config) { c.ordering = "chaos" }, `-ordering "chaos"`},
+		{"keys", func(c *config) { c.keys = 0 }, "-keys 0"},
+		{"provider", func(c *config) { c.policy = "leaky" }, `-provider "leaky"`},
+		{"permits", func(c *config) { c.permits = "neither" }, `-permits "neither"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

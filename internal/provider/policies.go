@@ -5,7 +5,7 @@ import (
 )
 
 // Policies of real providers that answer 429 without saying when to come
-// back, for the adaptive rate (issue 14): a leaky bucket, and any policy
+// back, for the adaptive rate: a leaky bucket, and any policy
 // with Config.NoHint; and a limit that changes during the run.
 
 // Leaky enforces a leaky bucket (a smooth rate with a small burst, as

@@ -35,7 +35,7 @@ const (
 	// none does. That is the check of guarantee.Periods, run online.
 	Periods Policy = iota
 	// Aligned enforces at most limit per window [k·interval, (k+1)·interval)
-	// on the wall clock, like seed 000's fixed windows.
+	// on the wall clock.
 	Aligned
 	// Sliding enforces at most limit in any span of one interval.
 	Sliding

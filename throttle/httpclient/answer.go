@@ -17,7 +17,8 @@ import (
 //
 //   - 429 Too Many Requests is a refusal. With a retry time ([RetryAfter]),
 //     or 503 Service Unavailable with one, Retry is set: the caller should
-//     pause, not infer. A 503 without one says nothing about the rate.
+//     pause (a 429 still counts as a refusal for the adaptive rate). A 503
+//     says nothing about the rate.
 //   - Any other status with nothing remaining (X-RateLimit-Remaining or
 //     RateLimit-Remaining 0, or a draft RateLimit item with r=0) and a
 //     reset time sets Retry: calls before the reset would be refused.
@@ -53,15 +54,17 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 
 // report tells k's Limiter what the provider answered (see
 // [throttle.Limiter.Report]), so that the fleet adapts to a provider that
-// refuses without saying when to come back, or advertises a lower limit.
-// An answer with a retry time on a limit status is left to RoundTrip,
-// which pauses the bucket itself: a hint beats inference. A retry time of
-// zero (Retry-After: 0, a reset already past) pauses nothing: such a
-// refusal is reported as one without a hint, so that the fleet slows down.
+// refuses (429, with a retry time or without), or advertises a lower
+// limit. The retry time of an answer on a limit status is left to
+// RoundTrip, which pauses the bucket itself (and this Transport); the
+// refusal is still reported, so that the fleet paces its grants below the
+// rate that was refused rather than burst into the provider again when
+// the pause ends. A retry time of zero (Retry-After: 0, a reset already
+// past) pauses nothing.
 func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Response, now time.Time) {
 	a := ReadAnswer(resp, now)
 	if a.Retry && a.RetryAfter > 0 && t.limit[resp.StatusCode] {
-		a.Retry, a.Refused = false, false
+		a.Retry = false // RoundTrip pauses
 	}
 	if !a.Refused && !a.Retry && a.Limit == 0 {
 		return

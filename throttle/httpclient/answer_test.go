@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -105,4 +106,46 @@ func TestTransportReportsZeroRetryAfterAsNoHint(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, s.Active(), "the refusal lowered the adaptive rate")
 	assert.InDelta(t, 45, s.Rate, 1e-9)
+}
+
+// TestTransportReportsRefusalsWithHint: a 429 with Retry-After pauses this
+// Transport and also lowers the fleet's adaptive rate, so that the
+// bucket's burst after the pause is paced; a 503 with Retry-After pauses
+// and says nothing about the rate.
+func TestTransportReportsRefusalsWithHint(t *testing.T) {
+	for _, tt := range []struct {
+		status int
+		paced  bool
+	}{{http.StatusTooManyRequests, true}, {http.StatusServiceUnavailable, false}} {
+		t.Run(http.StatusText(tt.status), func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Retry-After", "2")
+				w.WriteHeader(tt.status)
+			}))
+			defer srv.Close()
+			defer srv.Client().CloseIdleConnections()
+			clk := clockwork.NewFakeClock()
+			b, err := throttle.NewLocal(50, time.Second, throttle.WithClock(clk))
+			require.NoError(t, err)
+			lim := throttle.New(b, throttle.WithClock(clk))
+			tr, err := httpclient.NewTransport(lim, httpclient.WithBase(srv.Client().Transport), httpclient.WithRetries(0))
+			require.NoError(t, err)
+			client := &http.Client{Transport: tr}
+			resp, err := client.Get(srv.URL)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, tt.status, resp.StatusCode)
+
+			req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), time.Second), http.MethodGet, srv.URL, nil)
+			_, err = client.Do(req)
+			assert.ErrorIs(t, err, throttle.ErrTimeout, "the Transport is paused for 2 s")
+			s, err := lim.AdaptiveState(context.Background(), "")
+			require.NoError(t, err)
+			if tt.paced {
+				assert.InDelta(t, 45, s.Rate, 1e-9, "the refusal lowered the adaptive rate")
+			} else {
+				assert.False(t, s.Active(), "a 503 is not a refusal of the rate")
+			}
+		})
+	}
 }

@@ -14,4 +14,47 @@
 // fleet waits, and sends requests safe to repeat again after the pause.
 // [RetryAfter] is the reading of that time from the provider's headers,
 // usable on its own.
+//
+// # With a Kafka consumer
+//
+// Give the consumer of package consumer and the Transport the same
+// Limiter, and make the handler's requests with the handler's context:
+//
+//	client := &http.Client{Transport: tr} // tr := httpclient.NewTransport(lim)
+//	handler := func(ctx context.Context, rec *kgo.Record) error {
+//		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(rec.Value))
+//		...
+//		resp, err := client.Do(req)
+//		...
+//	}
+//	c, err := consumer.New(handler, lim, consumer.WithKafka(...))
+//
+// Each attempt at a record then costs one permit. The consumer takes it
+// and passes it down in the handler's context
+// ([throttle.Keyed.ContextWithPermit]); the handler's first request uses
+// it instead of taking a second. Every other request is a call of its own
+// and takes its own permit: a second request of the same attempt, a retry
+// after the provider's pause, a request made after waiting out a pause
+// (the permit held was taken before it, for a time the provider refused),
+// and a request whose context does not come from the handler's (it is
+// charged twice). consumer.New(handler, nil, ...) takes no permits:
+// then the Transport takes one per request, the same count for a handler
+// that makes one request.
+//
+// Per-key budgets compose the same way, when the two choose the same key
+// of the same bucket for a record and its request:
+//
+//	consumer.WithLimiterFor(func(r *kgo.Record) throttle.Keyed { return lim.Key(string(r.Key)) })
+//	httpclient.WithRequestKey(func(r *http.Request) throttle.Keyed { return lim.Key(r.Header.Get("X-Tenant")) })
+//
+// A request on another key, or on a Limiter over another bucket value,
+// draws from another budget and takes its own permit: both budgets are
+// charged, rightly for two keys. Two bucket values on one Redis key are
+// one budget in Redis but two here, so give the consumer and the
+// Transport Limiters over the same bucket value, or the same Limiter.
+//
+// Waits: the held permit is used at once; the consumer waited for it
+// under its own bound. A request that takes its own permit waits at most
+// the tighter of the Transport's maxWait ([WithMaxWait]) and its
+// context's deadline (the consumer's handler timeout).
 package httpclient

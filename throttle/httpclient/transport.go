@@ -33,7 +33,11 @@ const maxPause = time.Hour
 // deadline (which includes http.Client.Timeout). When no permit can come
 // in time, RoundTrip returns an error matching [throttle.ErrTimeout] at
 // once, and nothing is sent. Several retries of one request share one
-// maxWait.
+// maxWait. A permit the request's context holds for the same budget
+// ([throttle.Keyed.ContextWithPermit]: a consumer's, for the attempt)
+// serves its first send at once, unless the Transport must first wait
+// out a pause: then the permit is given up ([throttle.Keyed.Forfeit]) and
+// a new one taken. See the package doc, "With a Kafka consumer".
 //
 // Reacting. When the provider answers with a status that signals a limit
 // (by default 429 Too Many Requests, 503 Service Unavailable and 403
@@ -66,10 +70,12 @@ const maxPause = time.Hour
 // returned are read (up to 64 KiB) and closed.
 //
 // Adapting. Every answer is also read by [ReadAnswer] and reported to the
-// request's Limiter ([throttle.Limiter.Report]): a 429 without a retry
-// time lowers the fleet's adaptive rate and paces its grants, an
-// advertised limit below the configured one lowers its ceiling, and a
-// success with nothing remaining pauses the bucket until the reset.
+// request's Limiter ([throttle.Limiter.Report]): a 429, with a retry time
+// or without, lowers the fleet's adaptive rate and paces its grants (so
+// that the bucket's next burst does not meet the provider's refusal
+// again), an advertised limit below the configured one lowers its
+// ceiling, and a success with nothing remaining pauses the bucket until
+// the reset.
 //
 // Errors. RoundTrip's errors do not repeat the request's method and URL:
 // http.Client wraps them in a *url.Error that names both.
@@ -98,7 +104,7 @@ type Option interface {
 }
 
 type transportConfig struct {
-	base    http.RoundTripper                  // WithBase; default http.DefaultTransport
+	base    http.RoundTripper                  // WithBase; default defaultBase()
 	key     func(*http.Request) throttle.Keyed // WithRequestKey; default nil
 	maxWait time.Duration                      // WithMaxWait; default Forever
 	retries int                                // WithRetries; default 2
@@ -112,7 +118,17 @@ type transportOption func(*transportConfig)
 func (f transportOption) apply(c *transportConfig) { f(c) }
 
 // WithBase sets the RoundTripper a [Transport] sends requests through.
-// Default (and nil): http.DefaultTransport.
+// Default (and nil): a clone of http.DefaultTransport of the Transport's
+// own that keeps up to 256 idle connections per host and 1024 in all
+// (http.DefaultTransport keeps 2 per host and 100 in all), or
+// http.DefaultTransport itself when the program replaced it with another
+// kind of RoundTripper. A fleet's
+// calls come in bursts (a token bucket grants a period's permits at
+// once): every call beyond the idle connections opens a new one and
+// closes it after, a dial (and TLS handshake) per call that costs a
+// share of the limit. 256 covers twice the records a consumer of package
+// consumer keeps in flight by default. Give a base of your own to change
+// it, and for proxies, TLS or timeouts.
 func WithBase(rt http.RoundTripper) Option {
 	return transportOption(func(c *transportConfig) { c.base = rt })
 }
@@ -196,11 +212,15 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // [WithLogger]. The Transport sleeps on the clock of the request's
 // Limiter ([throttle.Limiter.Clock]).
 //
+// Build one Transport and share it: without [WithBase], each has a pool
+// of connections of its own, kept idle for up to 90 s after use
+// ([Transport.CloseIdleConnections] closes them).
+//
 // It refuses, with an error matching [throttle.ErrInvalid]: a nil lim
 // without WithRequestKey, a negative maxWait, a negative number of
 // retries.
 func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
-	c := transportConfig{base: http.DefaultTransport, maxWait: throttle.Forever, retries: 2, log: slog.Default(),
+	c := transportConfig{maxWait: throttle.Forever, retries: 2, log: slog.Default(),
 		limit: []int{http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden}}
 	for _, o := range opts {
 		if o != nil {
@@ -224,7 +244,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		limit[code] = true
 	}
 	if c.base == nil {
-		c.base = http.DefaultTransport
+		c.base = defaultBase()
 	}
 	return &Transport{
 		lim:     lim,
@@ -286,18 +306,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return fail(err)
 		}
 		resp, err := t.base.RoundTrip(r)
-		if err == nil {
-			t.report(ctx, k, resp, clock.Now()) // the adaptive rate (answer.go)
-		}
-		if err != nil || !t.limit[resp.StatusCode] {
+		if err != nil {
 			return resp, err
 		}
-		pause, ok := RetryAfter(resp, clock.Now())
-		if !ok {
+		now := clock.Now()
+		pause, hinted := time.Duration(0), false
+		if t.limit[resp.StatusCode] {
+			pause, hinted = RetryAfter(resp, now)
+			pause = min(pause, maxPause)
+			// First, so that the fleet stops at once; the adaptive
+			// rate's store calls come after.
+			t.pause(ctx, k, pause)
+		}
+		t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
+		if !hinted {
 			return resp, nil
 		}
-		pause = min(pause, maxPause)
-		t.pause(ctx, k, pause)
 		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited) {
 			return resp, nil
 		}
@@ -308,6 +332,28 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		discard(resp)
 		r = next
 	}
+}
+
+// Idle connections the default base keeps (see [WithBase]).
+const (
+	idlePerHost = 256
+	idleInAll   = 1024
+)
+
+// defaultBase is a clone of http.DefaultTransport, with its proxy, dial,
+// TLS and HTTP/2 settings, that keeps enough idle connections for a
+// fleet's bursts (see WithBase). A DefaultTransport the program replaced
+// by another kind of RoundTripper (one that traces, say) is used as it
+// is: its pool is its own business.
+func defaultBase() http.RoundTripper {
+	tr, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		return http.DefaultTransport
+	}
+	tr = tr.Clone()
+	tr.MaxIdleConnsPerHost = idlePerHost
+	tr.MaxIdleConns = idleInAll
+	return tr
 }
 
 // CloseIdleConnections closes the idle connections of the base
@@ -328,6 +374,11 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 			remaining = max(left-clock.Since(start), 0)
 		}
 		if wait := t.pauseLeft(k); wait > 0 {
+			// A permit the caller holds (the consumer's, for this
+			// attempt) was taken before the provider's pause: spent
+			// after it, it would come on top of what the bucket grants
+			// then. Wait, then take a new one.
+			k.Forfeit(ctx)
 			ctxBound := false
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 				ctxBound = true

@@ -105,7 +105,7 @@ var contenders = []contender{
 	},
 	{
 		name: "lock-per-call", redis: true, guarantee: periods,
-		note: "seed 002 literally: Redsync lock, read and refill, unlock, DECR; refused callers ask again after 1 ms",
+		note: "the classic design: Redsync lock, read and refill, unlock, DECR; refused callers ask again after 1 ms",
 		build: func(s setup) (acquirer, error) {
 			return &lockAcquirer{newLockPerCall(s.rdb, s.key, s.limit, s.interval, s.lockRetry)}, nil
 		},

@@ -12,8 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// lockPerCall is the design of seed 002, written out literally as the
-// baseline: every call takes a distributed mutex, reads the bucket's last
+// lockPerCall is the classic lock-per-call token bucket, written out as
+// the baseline: every call takes a distributed mutex, reads the bucket's last
 // refill time and refills it to limit if the interval has elapsed,
 // releases the mutex, then takes a token with DECR; a result ≥ 0 is a
 // grant.

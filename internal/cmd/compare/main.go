@@ -1,8 +1,8 @@
 // Command compare runs one load against several rate limiters, in one
 // process and one run, and prints how each fared: headway's token bucket
 // (the default bucket), its GCRA, its leased layer over the token bucket,
-// go-redis/redis_rate v10, the lock-per-call design of seed 002 (written
-// here as the baseline), and golang.org/x/time/rate (in memory, the local
+// go-redis/redis_rate v10, the classic lock-per-call token bucket
+// (written here as the baseline), and golang.org/x/time/rate (in memory, the local
 // baseline).
 //
 //	cd internal/cmd/compare && go run . -goroutines 64 -duration 10s

@@ -37,7 +37,7 @@ func newInstance(c loadConfig, i int, hook redis.Hook, t *tally) (*instance, err
 	in := &instance{workers: c.workersOf(i), pace: c.pacerOf(i)}
 	if c.Bucket == "local" {
 		// No shared store: each instance gets an even share of the
-		// fleet's limit (the "partial limit" of seed 004).
+		// fleet's limit (a "partial limit").
 		n := int64(c.Instances)
 		b, err := throttle.NewLocal(c.Limit/n, c.Interval, throttle.WithLocalBurst(max(c.Burst/n, 1)))
 		if err != nil {

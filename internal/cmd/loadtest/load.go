@@ -18,6 +18,7 @@ import (
 	"github.com/headway-go/headway/internal/guarantee"
 	"github.com/headway-go/headway/internal/provider"
 	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/httpclient"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -69,6 +70,14 @@ type loadConfig struct {
 	// the harness's own records: its 429s are calls a provider with that
 	// limit refused.
 	Provider string
+	// ProviderLimit is the provider's limit per Interval, when it differs
+	// from the fleet's (0: Limit): a provider with more room than the
+	// fleet is configured for refuses only the bunching of its grants.
+	ProviderLimit int64
+	// Report tells each instance's Limiter what the provider answered to
+	// each call (httpclient.ReadAnswer, Limiter.Report): a 429 with
+	// Retry-After pauses the fleet's bucket and lowers its adaptive rate.
+	Report bool
 	// ArrivalMargin is bucket.WithArrivalMargin for the slidinglog bucket.
 	ArrivalMargin time.Duration
 	// PauseAt and PauseFor stop the run's Redis (SIGSTOP) PauseAt after
@@ -196,12 +205,18 @@ type loadResult struct {
 	// What the counting provider (-provider) saw, by arrival time:
 	// requests it accepted and refused (429), the most that arrived in any
 	// span of one interval, and the arrivals per interval from the first.
-	Provider            string  `json:"provider,omitempty"`
-	ProviderAccepted    int     `json:"provider_accepted,omitempty"`
-	ProviderRefused     int     `json:"provider_refused,omitempty"`
-	ProviderWorst       int     `json:"provider_worst_interval,omitempty"`
-	ProviderPerInterval []int   `json:"provider_per_interval,omitempty"`
-	ArrivalMarginMs     float64 `json:"arrival_margin_ms,omitempty"`
+	Provider            string `json:"provider,omitempty"`
+	ProviderAccepted    int    `json:"provider_accepted,omitempty"`
+	ProviderRefused     int    `json:"provider_refused,omitempty"`
+	ProviderWorst       int    `json:"provider_worst_interval,omitempty"`
+	ProviderPerInterval []int  `json:"provider_per_interval,omitempty"`
+	// ProviderLimit is the provider's limit per interval;
+	// ProviderRefusedPerInterval its refusals per interval from the
+	// first arrival, by arrival time.
+	ProviderLimit              int64   `json:"provider_limit,omitempty"`
+	ProviderRefusedPerInterval []int   `json:"provider_refused_per_interval,omitempty"`
+	Report                     bool    `json:"report,omitempty"`
+	ArrivalMarginMs            float64 `json:"arrival_margin_ms,omitempty"`
 	// PausedAtS and PausedForS: when the run's Redis was stopped, from
 	// the start, and for how long (0: no pause).
 	PausedAtS  float64 `json:"paused_at_s,omitempty"`
@@ -254,6 +269,12 @@ func (c *loadConfig) check() error {
 		return fmt.Errorf("skew = %v: needs at least 2 instances", c.Skew)
 	case c.Provider != "" && !slices.Contains(slices.Collect(maps.Keys(providers)), c.Provider):
 		return fmt.Errorf("provider = %q: must be sliding, periods or aligned", c.Provider)
+	case c.ProviderLimit < 0:
+		return fmt.Errorf("provider-limit = %d: must be 0 (the limit) or positive", c.ProviderLimit)
+	case c.ProviderLimit > 0 && c.Provider == "":
+		return fmt.Errorf("provider-limit = %d: needs -provider", c.ProviderLimit)
+	case c.Report && c.Provider == "" && c.Target == "":
+		return fmt.Errorf("report: needs -provider or -target, whose answers it reports")
 	case c.Provider != "" && c.Target != "":
 		return fmt.Errorf("provider = %q and target = %q: give one of them", c.Provider, c.Target)
 	case !slices.Contains(slices.Collect(maps.Keys(failurePolicies)), c.Fail):
@@ -290,6 +311,9 @@ func (c *loadConfig) check() error {
 	}
 	if c.Burst == 0 {
 		c.Burst = c.Limit
+	}
+	if c.Provider != "" && c.ProviderLimit == 0 {
+		c.ProviderLimit = c.Limit
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = c.Interval
@@ -351,7 +375,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 
 	var prov *provider.Provider
 	if c.Provider != "" {
-		p, err := provider.Start(provider.Config{Limit: c.Limit, Interval: c.Interval, Policy: providers[c.Provider]})
+		p, err := provider.Start(provider.Config{Limit: c.ProviderLimit, Interval: c.Interval, Policy: providers[c.Provider]})
 		if err != nil {
 			return loadResult{}, err
 		}
@@ -532,19 +556,25 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	res.RestartedAtS, res.RestartTookS = restartAt.Seconds(), restartFor.Seconds()
 	res.Fail = failurePolicies[c.Fail].String()
 	res.ArrivalMarginMs = millis(c.ArrivalMargin)
+	res.Report = c.Report
 	if prov != nil {
 		accepted, refused := prov.Arrivals(), prov.Refusals()
 		all := slices.SortedFunc(slices.Values(slices.Concat(accepted, refused)), time.Time.Compare)
 		res.Provider = providers[c.Provider].String()
 		res.ProviderAccepted, res.ProviderRefused = len(accepted), len(refused)
 		res.ProviderWorst = maxIn(all, c.Interval)
+		res.ProviderLimit = c.ProviderLimit
 		if len(all) > 0 {
-			for _, a := range all {
-				i := int(a.Sub(all[0]) / c.Interval)
-				for len(res.ProviderPerInterval) <= i {
-					res.ProviderPerInterval = append(res.ProviderPerInterval, 0)
+			perInterval := func(times []time.Time) []int {
+				out := make([]int, int(all[len(all)-1].Sub(all[0])/c.Interval)+1)
+				for _, a := range times {
+					out[int(a.Sub(all[0])/c.Interval)]++
 				}
-				res.ProviderPerInterval[i]++
+				return out
+			}
+			res.ProviderPerInterval = perInterval(all)
+			if len(refused) > 0 {
+				res.ProviderRefusedPerInterval = perInterval(refused)
 			}
 		}
 	}
@@ -600,7 +630,13 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *inst
 			}
 			if httpc != nil {
 				// A permit taken is a call made, even as the run ends.
-				call(context.WithoutCancel(run), httpc, c.Target, t)
+				a := call(context.WithoutCancel(run), httpc, c.Target, t)
+				if c.Report {
+					if err := in.lim.Report(context.WithoutCancel(run), a); err != nil {
+						t.errors.Add(1)
+						t.firstErr.Do(func() { t.firstError = err.Error() })
+					}
+				}
 			}
 		case errors.Is(err, throttle.ErrTimeout):
 			t.timeouts.Add(1)
@@ -657,20 +693,22 @@ func warmHTTP(ctx context.Context, httpc *http.Client, url string, n int) {
 	wg.Wait()
 }
 
-// call sends one GET to the target, as a worker would call its provider.
-func call(ctx context.Context, httpc *http.Client, url string, t *tally) {
+// call sends one GET to the target, as a worker would call its provider,
+// and returns what the provider's answer says about its limit.
+func call(ctx context.Context, httpc *http.Client, url string, t *tally) throttle.Answer {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		t.targetErr.Add(1)
-		return
+		return throttle.Answer{}
 	}
 	resp, err := httpc.Do(req)
 	if err != nil {
 		if ctx.Err() == nil {
 			t.targetErr.Add(1)
 		}
-		return
+		return throttle.Answer{}
 	}
+	a := httpclient.ReadAnswer(resp, time.Now())
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	switch {
@@ -681,6 +719,7 @@ func call(ctx context.Context, httpc *http.Client, url string, t *tally) {
 	default:
 		t.targetErr.Add(1)
 	}
+	return a
 }
 
 // needed returns the least tolerance under which the grants pass, to

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -144,6 +147,9 @@ func TestConfigRefused(t *testing.T) {
 		{Bucket: "gcra", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Redis: "127.0.0.1:1", PauseAt: 600 * time.Millisecond, PauseFor: 400 * time.Millisecond},
 		{Bucket: "gcra", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Redis: "127.0.0.1:1", PauseAt: -time.Millisecond},
 		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Fail: "sometimes"},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, ProviderLimit: 5},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Provider: "sliding", ProviderLimit: -1},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Report: true},
 	} {
 		_, err := runLoad(context.Background(), c)
 		assert.Error(t, err, "%+v", c)
@@ -280,6 +286,36 @@ func TestRunLoadProviderAndPause(t *testing.T) {
 	assert.Less(t, res.PastWaitMs, 200.0, "every Acquire returns by its wait, through the pause")
 	_, err = srv.Client().Ping(context.Background()).Result()
 	assert.NoError(t, err, "Redis answers again after the run")
+}
+
+// TestRunLoadReportTeachesTheFleet: with -report, a provider that refuses
+// with Retry-After (a sliding window at half the fleet's limit) pauses the
+// fleet's bucket and lowers the adaptive rate kept in Redis, where another
+// Limiter on the bucket reads it; without -report the provider's answers
+// are only counted. Every call is counted at the provider.
+func TestRunLoadReportTeachesTheFleet(t *testing.T) {
+	srv := redisenv.New(t)
+	for _, report := range []bool{false, true} {
+		c := smallRun("tokenbucket", srv.Addr())
+		c.Limit, c.Interval = 20, 200*time.Millisecond
+		c.Provider, c.ProviderLimit, c.Report = "sliding", 10, report
+		c.Key = fmt.Sprintf("report-%v", report)
+		res, err := runLoad(context.Background(), c)
+		require.NoError(t, err)
+		assert.Equal(t, res.Grants, res.ProviderAccepted+res.ProviderRefused, "one call per grant, each counted at the provider")
+		require.Positive(t, res.ProviderRefused, "a provider at half the fleet's limit refuses")
+		sum := 0
+		for _, n := range res.ProviderRefusedPerInterval {
+			sum += n
+		}
+		assert.Equal(t, res.ProviderRefused, sum)
+
+		b, err := bucket.NewTokenBucket(srv.Client(), c.Key, c.Limit, c.Interval)
+		require.NoError(t, err)
+		st, err := throttle.New(b).AdaptiveState(context.Background(), "")
+		require.NoError(t, err)
+		assert.Equal(t, report, st.Active(), "the adaptive rate in Redis is lowered only when the answers are reported (report %v)", report)
+	}
 }
 
 // TestRunLoadRestart: -restart-at kills the run's own redis-server in the

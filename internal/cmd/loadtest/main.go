@@ -63,6 +63,14 @@
 //     arrival time, apart from the harness's own records: its 429s are
 //     calls a provider with that limit refused.
 //
+//     -provider-limit n gives the provider a limit of its own (the
+//     fleet's -limit by default); -report tells each instance's Limiter
+//     what the provider answered (Limiter.Report): a 429 with Retry-After
+//     pauses the fleet and lowers its adaptive rate.
+//
+//     go run ./internal/cmd/loadtest -limit 40 -provider sliding \
+//     -provider-limit 50 -report -instances 1 -workers 16 -duration 20s
+//
 //   - -arrival-margin d (slidinglog) keeps every window d longer
 //     (bucket.WithArrivalMargin), for a provider counting arrivals that
 //     come up to d late.
@@ -131,6 +139,8 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&c.Skew, "skew", 0, "give instance 0 this share (0 to 1) of all workers and of the demand; the rest is split evenly (sets -demand 2 if not given)")
 	fs.DurationVar(&c.Ramp, "ramp", 0, "start the workers spread evenly over this time instead of all at once")
 	fs.StringVar(&c.Provider, "provider", "", "start a counting provider on 127.0.0.1 that enforces the limit per interval as sliding, periods (an on-demand token bucket's guarantee) or aligned (fixed windows), and GET it once after each grant; its 429s are calls it refused")
+	fs.Int64Var(&c.ProviderLimit, "provider-limit", 0, "with -provider: the provider's limit per interval (0: -limit)")
+	fs.BoolVar(&c.Report, "report", false, "tell each instance's Limiter what the provider answered to each call (Limiter.Report): a 429 with Retry-After pauses the fleet and lowers its adaptive rate")
 	fs.DurationVar(&c.ArrivalMargin, "arrival-margin", 0, "slidinglog: keep every window this much longer (bucket.WithArrivalMargin), so that a provider counting arrivals that come up to this late sees at most the limit")
 	fs.DurationVar(&c.PauseAt, "pause-at", 0, "with -pause-for: when to stop the run's own redis-server (SIGSTOP), from the start")
 	fs.DurationVar(&c.PauseFor, "pause-for", 0, "stop the run's own redis-server this long (0: no pause); not with -redis")
@@ -237,7 +247,7 @@ func run(ctx context.Context, c loadConfig, asJSON bool, stdout, stderr io.Write
 		return cli.Failedf("%w", errBroken{res.Violations})
 	}
 	if res.ProviderRefused > 0 {
-		return cli.Failedf("the provider (%s, %d per %v) refused %d calls: it saw more than the limit", res.Provider, res.Limit, c.Interval, res.ProviderRefused)
+		return cli.Failedf("the provider (%s, %d per %v) refused %d calls: it saw more than its limit", res.Provider, res.ProviderLimit, c.Interval, res.ProviderRefused)
 	}
 	return nil
 }
@@ -297,8 +307,15 @@ func summarize(w io.Writer, r loadResult) {
 		if r.ArrivalMarginMs > 0 {
 			margin = fmt.Sprintf(", arrival margin %.1fms", r.ArrivalMarginMs)
 		}
-		fmt.Fprintf(w, "  provider     %s: %d accepted, %d refused; most arrivals in any interval %d (limit %d)%s\n               arrivals per interval from the first: %v\n",
-			r.Provider, r.ProviderAccepted, r.ProviderRefused, r.ProviderWorst, r.Limit, margin, r.ProviderPerInterval)
+		reported := ""
+		if r.Report {
+			reported = "; its answers reported to the Limiters"
+		}
+		fmt.Fprintf(w, "  provider     %s: %d accepted, %d refused; most arrivals in any interval %d (limit %d)%s%s\n               arrivals per interval from the first: %v\n",
+			r.Provider, r.ProviderAccepted, r.ProviderRefused, r.ProviderWorst, r.ProviderLimit, margin, reported, r.ProviderPerInterval)
+		if len(r.ProviderRefusedPerInterval) > 0 {
+			fmt.Fprintf(w, "               refused per interval from the first: %v\n", r.ProviderRefusedPerInterval)
+		}
 	}
 }
 
