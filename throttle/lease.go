@@ -23,8 +23,9 @@ import (
 // key's measured demand uses in Horizon, at most four times the last
 // batch (so a new key starts with just its own permits), at most Share of
 // the bucket's limit (Decision.Limit; 16 permits when it reports none),
-// and, for a lease that ends with a period, at most what the demand can
-// use before the period ends. A lease is not handed back: what it holds
+// at most what the demand uses in TTL (when set), and, for a lease that
+// ends with a period, at most what the demand can use before the period
+// ends. A lease is not handed back: what it holds
 // when demand stops expires with it (at most about a Horizon's worth).
 //
 // A lease is valid until the earlier of t0 + Reset of the grant and t0 +
@@ -224,6 +225,11 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 		// The next batch most likely belongs to the same period: take no
 		// more than this demand can use before the period ends.
 		w = min(w, math.Ceil(ls.rate*float64(prev.expires-now)))
+	}
+	if c.ttl > 0 {
+		// A batch lives at most TTL: take no more than the demand uses
+		// in it, or the rest expires unused, lost to the whole fleet.
+		w = min(w, math.Ceil(ls.rate*float64(c.ttl)))
 	}
 	capN := int64(leaseCapUnknown)
 	if ls.limit > 0 {

@@ -84,7 +84,7 @@ func (w *windowUse) Take(_ context.Context, _ string, n int64, _ time.Duration) 
 	return Decision{Granted: true, Limit: w.limit, Remaining: w.limit - w.used.Load(), Reset: reset}, nil
 }
 
-// FINDING (lost permits, fixed): a lease whose TTL is shorter than its
+// FINDING (lost permits; fixed): a lease whose TTL is shorter than its
 // Horizon fetches a Horizon's worth of demand per batch, but the batch
 // expires after TTL: most of it expires unused, permits of the shared
 // bucket that no instance of the fleet can use any more. Demand: one
