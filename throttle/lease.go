@@ -279,8 +279,13 @@ func (l *Limiter) leased(ctx context.Context, st *keyState, n int64, left time.D
 			continue // granted, refused or failed: try the lease (or the store) again
 		}
 		if ls.limit > 0 && n > ls.limit {
+			// More than a lease ever holds (a bucket's burst may be above
+			// its limit per interval): the bucket decides for the n
+			// alone, as without leasing, and says if it can never grant
+			// them.
 			st.mu.Unlock()
-			return Decision{}, fromStore, fmt.Errorf("throttle: lease of key %q: %d permits asked at once, the bucket's limit is %d: %w", st.key, n, ls.limit, ErrExceedsLimit)
+			d, _, src, err := l.ask(ctx, st, n, 0, wait, noWait)
+			return d, src, err
 		}
 		// This caller refills: it uses what the lease still holds and
 		// fetches the rest.

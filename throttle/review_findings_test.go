@@ -32,7 +32,7 @@ func sweepAll(t *testing.T, lim *Limiter, clock *clockwork.FakeClock, idle time.
 	}
 }
 
-// FINDING (wrong refusal, callers stuck): with leasing, a weighted take of
+// FINDING (wrong refusal; fixed): with leasing, a weighted take of
 // more permits than Decision.Limit but within the bucket's burst fails with
 // ErrExceedsLimit, although the bucket grants it (a Local of limit 10 and
 // burst 20 grants 15 at once without leasing). The lease checks n against
