@@ -157,7 +157,7 @@ func (s *sharedAdaptive) SwapAdaptive(ctx context.Context, key string, old, next
 // come back, this instance has no view of the rate, so none of them is
 // paced until a background read lands. A key slowed to 90/s by a
 // refusal, idle 2 s, then 20 callers with maxWait 0 at once: paced, one
-// gets a slot (the next is 14 ms away); all 20 were granted.
+// gets a slot (the next is 11 ms away); all 20 were granted.
 func TestFindingAForgottenKeyForgetsTheStoredAdaptiveRate(t *testing.T) {
 	ctx := context.Background()
 	clock := clockwork.NewFakeClock()
