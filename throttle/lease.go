@@ -419,10 +419,12 @@ func (l *Limiter) refill(ctx context.Context, st *keyState, prev *leaseBatch, he
 	extra := int64(0)
 	if life == 0 || ls.dryUntil.Load() > t1 {
 		// Nothing may be leased, or paused meanwhile: the caller keeps its
-		// own permits, the rest goes back.
+		// own permits, the rest goes back. When the held ones expired, all
+		// n of the caller's come from this batch, or it asks again (and
+		// gives everything back).
 		extra = b.left.Swap(0)
-		if expired {
-			extra, expired = extra-need, false
+		if n := need + held; expired && extra >= n {
+			extra, expired = extra-n, false
 		}
 	}
 	ls.cur.Store(b)
