@@ -78,8 +78,10 @@ type keyState struct {
 // or background task running, permits granted locally that the store has
 // not been charged for, a first-back cap, an adaptive rate (kept in memory,
 // or seen in the store within adaptMemory),
-// or a limit lowered below the bucket's own (base), which the failure
-// policy must keep applying to the key.
+// or a limit lowered live below base, the limit of keys without one of
+// their own ([Fallbacker]), which the failure policy must keep applying to
+// the key (forgotten, it would fall back to base). A limit raised above
+// base is forgotten: base is the stricter.
 func (st *keyState) holds(now, base int64, wall time.Time) bool {
 	if st.busy.Load() || !st.gate.idle(now) || st.lease.holds(now) {
 		return true

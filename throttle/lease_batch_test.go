@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -85,4 +86,75 @@ func TestLeaseGrantsNoHeldPermitsOnceTheirPeriodEnded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLeaseGrantsAWeightedTakeWithinTheBucketsBurst: with leasing, a
+// weighted take of more permits than Decision.Limit but within the bucket's
+// burst is granted, as without leasing (a Local of limit 10 and burst 20
+// grants 15 at once): Decision.Limit is the rate per interval, not what the
+// bucket can grant at once.
+func TestLeaseGrantsAWeightedTakeWithinTheBucketsBurst(t *testing.T) {
+	ctx := context.Background()
+	for _, leasing := range []bool{false, true} {
+		t.Run("leasing="+strconv.FormatBool(leasing), func(t *testing.T) {
+			clock := clockwork.NewFakeClock()
+			loc, err := NewLocal(10, time.Second, WithClock(clock), WithLocalBurst(20))
+			require.NoError(t, err)
+			opts := []LimiterOption{WithClock(clock)}
+			if leasing {
+				opts = append(opts, WithLeasing(Leasing{TTL: 100 * time.Millisecond}))
+			}
+			lim := New(loc, opts...)
+			defer lim.Close()
+			require.NoError(t, lim.Acquire(ctx, 0))
+			assert.NoError(t, lim.AcquireN(ctx, 15, 0), "15 of a burst of 20, 19 left")
+		})
+	}
+}
+
+// windowUse is a fixed-window bucket (limit per interval) that counts
+// every permit it grants, for the lease tests.
+type windowUse struct {
+	clock    clockwork.Clock
+	epoch    time.Time
+	limit    int64
+	interval time.Duration
+	window   atomic.Int64
+	used     atomic.Int64
+	granted  atomic.Int64 // every permit granted, all windows
+}
+
+func (w *windowUse) Take(_ context.Context, _ string, n int64, _ time.Duration) (Decision, error) {
+	el := w.clock.Since(w.epoch)
+	win := int64(el / w.interval)
+	reset := w.interval - el%w.interval
+	if w.window.Swap(win) != win {
+		w.used.Store(0)
+	}
+	if u := w.used.Add(n); u > w.limit {
+		w.used.Add(-n)
+		return Decision{Delay: reset, Limit: w.limit, Remaining: max(w.limit-(u-n), 0), Reset: reset}, nil
+	}
+	w.granted.Add(n)
+	return Decision{Granted: true, Limit: w.limit, Remaining: w.limit - w.used.Load(), Reset: reset}, nil
+}
+
+// TestLeaseShorterThanItsHorizonTakesWhatItsTTLUses: a lease whose TTL is
+// shorter than its Horizon takes per batch what the demand uses in TTL, not
+// in Horizon: the rest would expire unused, permits of the shared bucket
+// lost to every instance of the fleet. Demand: one permit a millisecond;
+// Horizon 200 ms, TTL 10 ms: at most 2 permits taken per permit handed out
+// (a Horizon's worth per batch took about 20).
+func TestLeaseShorterThanItsHorizonTakesWhatItsTTLUses(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	b := &windowUse{clock: clock, epoch: clock.Now(), limit: 100000, interval: time.Hour}
+	lim := New(b, WithClock(clock), WithLeasing(Leasing{Horizon: 200 * time.Millisecond, TTL: 10 * time.Millisecond, Share: 1}))
+	defer lim.Close()
+	const calls = 2000
+	for range calls {
+		require.NoError(t, lim.Acquire(ctx, 0))
+		clock.Advance(time.Millisecond)
+	}
+	assert.LessOrEqual(t, b.granted.Load(), int64(2*calls), "permits taken from the bucket for %d handed out", calls)
 }
