@@ -231,10 +231,11 @@ func bounded(ctx context.Context, c *common, key string, f func(context.Context)
 	return throttle.Decision{}, backend("take", tag, fmt.Errorf("no reply from redis before the context ended: %w", ctx.Err()))
 }
 
-// Fallback implements [throttle.Fallbacker]: limit per interval, and the
-// live instances last counted.
+// Fallback implements [throttle.Fallbacker]: the constructor's limit per
+// interval (that of every key without a live limit of its own, see
+// [TokenBucket.SetLimit]), and the live instances last counted.
 func (b *TokenBucket) Fallback() (int64, time.Duration, int64) {
-	return b.limitInForce(), ms(b.periodMs), b.calls.instances()
+	return b.limit, ms(b.periodMs), b.calls.instances()
 }
 
 // Fallback implements [throttle.Fallbacker]: limit per interval, and the
@@ -243,16 +244,18 @@ func (b *Counter) Fallback() (int64, time.Duration, int64) {
 	return b.limit, ms(b.periodMs), b.calls.instances()
 }
 
-// Fallback implements [throttle.Fallbacker]: limit per interval, and the
-// live instances last counted.
+// Fallback implements [throttle.Fallbacker]: the constructor's limit per
+// interval (that of every key without a live rate of its own, see
+// [GCRA.SetLimit]), and the live instances last counted.
 func (b *GCRA) Fallback() (int64, time.Duration, int64) {
-	return b.limitInForce(), us(b.emission * b.limit), b.calls.instances()
+	return b.limit, us(b.emission * b.limit), b.calls.instances()
 }
 
-// Fallback implements [throttle.Fallbacker]: limit per interval, and the
-// live instances last counted.
+// Fallback implements [throttle.Fallbacker]: the constructor's limit per
+// interval (that of every key without a live limit of its own, see
+// [FixedWindow.SetLimit]), and the live instances last counted.
 func (b *FixedWindow) Fallback() (int64, time.Duration, int64) {
-	return b.limitInForce(), b.w.tiers[0].Period, b.w.calls.instances()
+	return b.w.tiers[0].Limit, b.w.tiers[0].Period, b.w.calls.instances()
 }
 
 // Fallback implements [throttle.Fallbacker] conservatively for several

@@ -41,11 +41,10 @@ type GCRA struct {
 	common
 	limit     int64
 	burst     int64
-	emission  int64      // µs per permit
-	tolerance int64      // µs, burst × emission
-	ivUs      int64      // interval in µs, for a live limit
-	fixed     int64      // burst set by WithBurst, 0 when it follows the limit
-	seen      *seenLimit // last live limit seen, for Fallback
+	emission  int64 // µs per permit
+	tolerance int64 // µs, burst × emission
+	ivUs      int64 // interval in µs, for a live limit
+	fixed     int64 // burst set by WithBurst, 0 when it follows the limit
 }
 
 // NewGCRA returns a GCRA bucket of limit permits per interval under key,
@@ -80,7 +79,7 @@ func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.D
 	}
 	c.name = "bucket: GCRA"
 	return &GCRA{common: c, limit: limit, burst: burst, emission: emission, tolerance: burst * emission,
-		ivUs: ceilUs(interval), fixed: max(c.cfg.burst, 0), seen: new(seenLimit)}, nil
+		ivUs: ceilUs(interval), fixed: max(c.cfg.burst, 0)}, nil
 }
 
 // Take implements [throttle.Bucket]: it grants, or reserves a slot at most
@@ -124,7 +123,6 @@ func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Durati
 	if len(r) < 9 {
 		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from gcra.lua"))
 	}
-	b.seen.note(key, liveOr(r, 4, b.limit))
 	limit := liveOr(r, 4, b.limit)
 	if r[0] == 2 {
 		return upTo{}, exceeds(b.name, max(n, -n), limit) // the burst in force is below n

@@ -3,7 +3,6 @@ package bucket
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
@@ -54,29 +53,6 @@ func (c *common) clearLimit(ctx context.Context, key, kind string) error {
 		return backend("clear limit", k, err)
 	}
 	return nil
-}
-
-// seenLimit remembers the last limit in force a script reported for the
-// constructor's key, so that what runs without Redis (a Limiter's
-// FailLocal share, through Fallback) can follow a live change. 0: none seen.
-type seenLimit struct{ v atomic.Int64 }
-
-// note records a limit reported for key.
-func (s *seenLimit) note(key string, limit int64) {
-	if s != nil && key == "" && limit > 0 && s.v.Load() != limit {
-		s.v.Store(limit)
-	}
-}
-
-// or returns the last limit seen, or def.
-func (s *seenLimit) or(def int64) int64 {
-	if s == nil {
-		return def
-	}
-	if v := s.v.Load(); v > 0 {
-		return v
-	}
-	return def
 }
 
 // liveOr returns r[i], a limit a script reported, or def when the script
@@ -167,15 +143,3 @@ func (b *GCRA) SetLimit(ctx context.Context, key string, limit int64) error {
 func (b *GCRA) ClearLimit(ctx context.Context, key string) error {
 	return b.clearLimit(ctx, key, ":gcra")
 }
-
-// limitInForce is the limit of the constructor key's budget last seen in
-// force (a live one when set), or the constructor's before any take. A
-// Fallback that gives each instance its share should use it, so that a
-// limit lowered live stays lowered while Redis is down.
-func (b *TokenBucket) limitInForce() int64 { return b.seen.or(b.limit) }
-
-// limitInForce: see [TokenBucket.limitInForce].
-func (b *FixedWindow) limitInForce() int64 { return b.w.seen.or(b.w.tiers[0].Limit) }
-
-// limitInForce: see [TokenBucket.limitInForce]; the rate per interval.
-func (b *GCRA) limitInForce() int64 { return b.seen.or(b.limit) }

@@ -85,8 +85,7 @@ type TokenBucket struct {
 	common
 	limit    int64
 	periodMs int64
-	seen     *seenLimit // last limit in force seen, for Fallback
-	rootKeys []string   // tbKeys of key "", built once: the hot path
+	rootKeys []string // tbKeys of key "", built once: the hot path
 	outage   outageClock
 	ends     periodEnds
 }
@@ -181,7 +180,6 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 		common:   c,
 		limit:    limit,
 		periodMs: ceilMs(interval),
-		seen:     new(seenLimit),
 		rootKeys: tbKeys(c.ks.root),
 	}, nil
 }
@@ -287,7 +285,6 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error
 	if len(r) < 6 {
 		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
 	}
-	b.seen.note(key, r[4])
 	if len(r) > 6 && r[6] > 0 && (r[0] == 1 || r[0] == 0) && r[2] >= 0 && r[3] > 0 { // (a pause answers remaining -1)
 		b.ends.note(key, r[6]+r[3], r[6])
 	}

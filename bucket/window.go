@@ -20,11 +20,10 @@ const maxTiers = 16
 type windows struct {
 	common
 	tiers    []throttle.Tier
-	kinds    []string   // key suffix per tier
-	live     bool       // pass each tier's live-limit key (FixedWindow)
-	seen     *seenLimit // FixedWindow: last limit in force seen, for Fallback
-	args     []any      // ARGV[2..]: limit, length µs per tier
-	capacity int64      // smallest limit
+	kinds    []string // key suffix per tier
+	live     bool     // pass each tier's live-limit key (FixedWindow)
+	args     []any    // ARGV[2..]: limit, length µs per tier
+	capacity int64    // smallest limit
 }
 
 func newWindows(name string, rdb redis.UniversalClient, key string, tiers []throttle.Tier, kind string, opts []CommonOption) (windows, error) {
@@ -122,7 +121,6 @@ func (w *windows) run(ctx context.Context, key string, n int64) (upTo, error) {
 	if r[0] == 2 {
 		return upTo{}, exceeds(w.name, n, r[4])
 	}
-	w.seen.note(key, r[4])
 	d := throttle.Decision{Granted: r[0] == 1, Remaining: r[2], Reset: us(r[3]), Limit: r[4]}
 	if !d.Granted {
 		d.Delay = us(r[1])
@@ -179,7 +177,6 @@ func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval
 	}
 	w.name = "bucket: FixedWindow"
 	w.live = true
-	w.seen = new(seenLimit)
 	return &FixedWindow{w: w}, nil
 }
 

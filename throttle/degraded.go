@@ -37,9 +37,9 @@ import (
 //     has them) before the key's next shared grant is handed out.
 //
 // The limit is the key's own, as its last shared decision reported it (a
-// limit set live per key stays in force, and a key whose limit is below
-// the bucket's is remembered however long it idles); a key never seen uses
-// the bucket's ([Fallbacker]). The instance count is the bucket's: the Redis
+// limit set live per key stays in force, and a key whose limit was lowered
+// below the default is remembered however long it idles); a key never seen
+// uses the default, the limit of keys without a live one ([Fallbacker]). The instance count is the bucket's: the Redis
 // buckets report the largest count they saw when they have not heard from
 // the store recently. A share below one permit per interval (more
 // instances than the limit) is refused: evenly spread single permits

@@ -138,8 +138,11 @@ func WithStoreTimeout(d time.Duration) LimiterOption {
 // and [Local] implement it.
 type Fallbacker interface {
 	// Fallback returns the bucket's limit per interval and the number of
-	// live instances sharing it, as last seen while the store answered;
-	// instances is 0 when never seen (an instance that started while the
+	// live instances sharing it. The limit is that of every key without a
+	// live limit of its own (the constructor's): a limit set live for a
+	// key, "" included, is reported by that key's decisions
+	// (Decision.Limit), and the Limiter keeps it from there. The instances
+	// are as last seen while the store answered; 0 when never seen (an instance that started while the
 	// store was down cannot know its share, and the Limiter then fails
 	// closed). It must not block: it is called while the store is down.
 	Fallback() (limit int64, interval time.Duration, instances int64)

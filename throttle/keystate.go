@@ -76,14 +76,23 @@ type keyState struct {
 // holds reports whether st keeps something that must outlive an idle
 // spell: callers queued or a gate closed, a lease with permits, a refill
 // or background task running, permits granted locally that the store has
-// not been charged for, a first-back cap, an adaptive rate kept in memory,
-// or a limit lowered below the bucket's own (base), which the failure
-// policy must keep applying to the key.
+// not been charged for, a first-back cap, an adaptive rate (kept in memory,
+// or seen in the store within adaptMemory),
+// or a limit lowered live below base, the limit of keys without one of
+// their own ([Fallbacker]), which the failure policy must keep applying to
+// the key (forgotten, it would fall back to base). A limit raised above
+// base is forgotten: base is the stricter.
 func (st *keyState) holds(now, base int64, wall time.Time) bool {
 	if st.busy.Load() || !st.gate.idle(now) || st.lease.holds(now) {
 		return true
 	}
 	if l := st.limit.Load(); l > 0 && l < base {
+		return true
+	}
+	if v := st.view.Load(); v != nil && v.st.Active() && now-v.seen < int64(adaptMemory) {
+		// A rate the bucket's store keeps (and this instance paces by)
+		// may still be in force: a key back from an idle spell must not
+		// burst past it while its view is read again.
 		return true
 	}
 	st.mu.Lock()

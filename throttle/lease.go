@@ -23,8 +23,9 @@ import (
 // key's measured demand uses in Horizon, at most four times the last
 // batch (so a new key starts with just its own permits), at most Share of
 // the bucket's limit (Decision.Limit; 16 permits when it reports none),
-// and, for a lease that ends with a period, at most what the demand can
-// use before the period ends. A lease is not handed back: what it holds
+// at most what the demand uses in TTL (when set), and, for a lease that
+// ends with a period, at most what the demand can use before the period
+// ends. A lease is not handed back: what it holds
 // when demand stops expires with it (at most about a Horizon's worth).
 //
 // A lease is valid until the earlier of t0 + Reset of the grant and t0 +
@@ -225,6 +226,11 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 		// more than this demand can use before the period ends.
 		w = min(w, math.Ceil(ls.rate*float64(prev.expires-now)))
 	}
+	if c.ttl > 0 {
+		// A batch lives at most TTL: take no more than the demand uses
+		// in it, or the rest expires unused, lost to the whole fleet.
+		w = min(w, math.Ceil(ls.rate*float64(c.ttl)))
+	}
 	capN := int64(leaseCapUnknown)
 	if ls.limit > 0 {
 		capN = max(int64(c.share*float64(ls.limit)), 1)
@@ -273,8 +279,13 @@ func (l *Limiter) leased(ctx context.Context, st *keyState, n int64, left time.D
 			continue // granted, refused or failed: try the lease (or the store) again
 		}
 		if ls.limit > 0 && n > ls.limit {
+			// More than a lease ever holds (a bucket's burst may be above
+			// its limit per interval): the bucket decides for the n
+			// alone, as without leasing, and says if it can never grant
+			// them.
 			st.mu.Unlock()
-			return Decision{}, fromStore, fmt.Errorf("throttle: lease of key %q: %d permits asked at once, the bucket's limit is %d: %w", st.key, n, ls.limit, ErrExceedsLimit)
+			d, _, src, err := l.ask(ctx, st, n, 0, wait, noWait)
+			return d, src, err
 		}
 		// This caller refills: it uses what the lease still holds and
 		// fetches the rest.
@@ -408,10 +419,12 @@ func (l *Limiter) refill(ctx context.Context, st *keyState, prev *leaseBatch, he
 	extra := int64(0)
 	if life == 0 || ls.dryUntil.Load() > t1 {
 		// Nothing may be leased, or paused meanwhile: the caller keeps its
-		// own permits, the rest goes back.
+		// own permits, the rest goes back. When the held ones expired, all
+		// n of the caller's come from this batch, or it asks again (and
+		// gives everything back).
 		extra = b.left.Swap(0)
-		if expired {
-			extra, expired = extra-need, false
+		if n := need + held; expired && extra >= n {
+			extra, expired = extra-n, false
 		}
 	}
 	ls.cur.Store(b)

@@ -1,0 +1,82 @@
+package throttle_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestTenantsAreForgottenWhenTheOwnKeysLimitIsRaisedLive: the limit of a
+// token bucket's own key ("") raised live above the constructor's is that
+// key's alone; Fallback reports the constructor's, the limit of every key
+// without a live one, so tenants at that limit hold nothing past their
+// idle window. 500 tenants used once, the clock past the idle window,
+// every shard swept: none is kept (the sweeper's own state aside).
+func TestTenantsAreForgottenWhenTheOwnKeysLimitIsRaisedLive(t *testing.T) {
+	ctx := context.Background()
+	srv := redisenv.New(t)
+	rdb := redis.NewClient(srv.ClientOptions())
+	defer rdb.Close()
+	tb, err := bucket.NewTokenBucket(rdb, "live-raise", 1000, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, tb.SetLimit(ctx, "", 2000))
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(tb, throttle.WithClock(clock))
+	defer lim.Close()
+	require.NoError(t, lim.Acquire(ctx, time.Second)) // sees the raised limit of ""
+	lmt, _, _ := tb.Fallback()
+	require.EqualValues(t, 1000, lmt, "the limit of keys without a live one")
+	for i := range 500 {
+		require.NoError(t, lim.Key("tenant-"+strconv.Itoa(i)).Acquire(ctx, time.Second))
+	}
+	clock.Advance(time.Hour)
+	for range 128 {
+		require.NoError(t, lim.Key("sweeper").Acquire(ctx, time.Second))
+	}
+	assert.LessOrEqual(t, throttle.KeyStatesKept(lim), 1, "tenant states kept an hour after their only use")
+}
+
+// TestFailLocalPacesAnUnseenTenantAtTheDefaultLimit: during an outage,
+// FailLocal paces a tenant key this instance has not seen (first asked in
+// the outage, or forgotten) at the limit of keys without a live one, not
+// at the live limit of the bucket's own key "". A token bucket of 10/s
+// whose key "" was raised live to 20/s: Redis paused, one interval after
+// the failure (FailLocal's wait for an unknown period), the 10/s tenant
+// gets at most 10 (+1 at the window's edge) in the next second (20 when
+// paced at the limit of "").
+func TestFailLocalPacesAnUnseenTenantAtTheDefaultLimit(t *testing.T) {
+	ctx := context.Background()
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "pauses the server")
+	rdb := redis.NewClient(srv.ClientOptions())
+	defer rdb.Close()
+	tb, err := bucket.NewTokenBucket(rdb, "unseen-tenant", 10, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, tb.SetLimit(ctx, "", 20))
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(tb, throttle.WithClock(clock), throttle.WithStoreTimeout(50*time.Millisecond))
+	defer lim.Close()
+	require.NoError(t, lim.Acquire(ctx, time.Second)) // sees the raised limit of ""
+	require.NoError(t, srv.Pause())
+	defer func() { require.NoError(t, srv.Resume()) }()
+	k := lim.Key("tenant")
+	_ = k.Acquire(ctx, 0) // begins the outage
+	clock.Advance(time.Second + time.Millisecond)
+	granted := 0
+	for range 100 {
+		if k.Acquire(ctx, 0) == nil {
+			granted++
+		}
+		clock.Advance(10 * time.Millisecond)
+	}
+	assert.LessOrEqual(t, granted, 10+1, "local grants of a 10/s tenant in one second of the outage")
+}
