@@ -94,7 +94,7 @@ func BenchmarkLimiterTokenBucket(b *testing.B) {
 	b.ReportMetric(float64(hook.n.Load())/float64(b.N), "cmds/grant")
 }
 
-// BenchmarkLimiterAcquire is the comparison of issue 15: 64 goroutines
+// BenchmarkLimiterAcquire compares the buckets under load: 64 goroutines
 // (32 per CPU on 2 CPUs) acquiring through a Limiter with a limit never
 // reached, each bucket with concurrent takes coalesced (the default) and
 // without (each Take its own round trip). grants/s and cmds/grant are per

@@ -85,7 +85,7 @@ func TestConstructorsRefuseBadInput(t *testing.T) {
 			_, err := NewSlidingLog(rdb, "k", []throttle.Tier{{Limit: 5, Period: sec}}, WithArrivalMargin(sec))
 			return err
 		}(), "arrival margin"},
-		// Issue 12, defect 3: intervals whose µs or ms overflow.
+		// Intervals whose µs or ms overflow.
 		{"tb Forever", tb(rdb, "k", 5, throttle.Forever), "interval"},
 		{"tb above a year", tb(rdb, "k", 5, MaxInterval+time.Millisecond), "interval"},
 		{"fw Forever", func() error { _, err := NewFixedWindow(rdb, "k", 5, throttle.Forever); return err }(), "interval"},
@@ -278,7 +278,7 @@ func TestPause(t *testing.T) {
 	}
 }
 
-// TestPauseForever (issue 12, defect 7): a pause too long for the
+// TestPauseForever: a pause too long for the
 // millisecond arithmetic is clamped to throttle.MaxPause, not dropped.
 func TestPauseForever(t *testing.T) {
 	srv := redisenv.New(t)

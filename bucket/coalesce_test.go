@@ -375,7 +375,7 @@ func TestCoalescedStuckCallBypassed(t *testing.T) {
 	}
 }
 
-// TestRefillUnlockStalledAcquireInTime (issue 12, defect 6): the refill
+// TestRefillUnlockStalledAcquireInTime: the refill
 // used to end with an unlock that ran on a context of its own (the lock's
 // expiry, 200 ms); with Redis stalled right after the refill's reply,
 // Acquire(maxWait = 50 ms) returned after ~240 ms. The refill is now part
@@ -456,7 +456,7 @@ func (h stallAfterGrant) check(cmd redis.Cmder) {
 }
 
 // TestCrowdOnOneKey: 10,000 goroutines ask for one permit of one key in the
-// same instant, through one Limiter, with a binding limit (issue 15: this
+// same instant, through one Limiter, with a binding limit (this
 // crowd used to saturate a 512-connection pool and time out refill-lock
 // attempts). No error; every caller is granted within its wait; the
 // grants keep the period limit; and the crowd costs fewer Redis commands

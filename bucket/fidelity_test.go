@@ -12,7 +12,7 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// TestStaleInstanceCountNotTrusted (issue 12, defect 5): an instance that
+// TestStaleInstanceCountNotTrusted: an instance that
 // has not heard from Redis for two beats does not trust its last live
 // count (it may be old: others may have joined since) and reports the
 // largest it saw, which gives it the smaller share under FailLocal.
@@ -120,7 +120,7 @@ func (g *grantLog) first() time.Time {
 	}
 }
 
-// TestFleetPausedStaysWithinTheLimit (issue 12, the pause scenario): 4
+// TestFleetPausedStaysWithinTheLimit (the pause scenario): 4
 // instances × 4 greedy goroutines (enough to use the whole limit; more only
 // crowd a 2-core machine under -race) on a token bucket; redis-server is
 // stopped (SIGSTOP) for 3 intervals mid-run, or for 2 intervals from just
@@ -268,7 +268,7 @@ func overWindows(counts []int, limit int) map[int]int {
 	return over
 }
 
-// TestSlidingLogArrivalMargin (issue 12, arrival jitter): with a margin m,
+// TestSlidingLogArrivalMargin (arrival jitter): with a margin m,
 // a sliding log of limit L per W grants at most L in any span of W + m, so
 // calls that arrive up to m late still fit L per W at the provider.
 func TestSlidingLogArrivalMargin(t *testing.T) {

@@ -32,7 +32,7 @@ func caseBucket(t *testing.T, rdb redis.UniversalClient, prefix string, period t
 	return tb, key, keys
 }
 
-// TestTokenBucketKeepsPhaseAfterOutage (issue 12): a period that starts
+// TestTokenBucketKeepsPhaseAfterOutage: a period that starts
 // within the last tenth of a period of the phase before a gap is
 // lengthened to end on that phase when a caller that saw the store fail
 // meets it: by the refill itself, or by the first such caller after an
@@ -212,7 +212,7 @@ func TestOutageClock(t *testing.T) {
 	}
 }
 
-// TestTokenBucketOwnDeadlineIsNoOutage (review): a caller whose own
+// TestTokenBucketOwnDeadlineIsNoOutage: a caller whose own
 // deadline cuts a take short while Redis is healthy, or who cancels it,
 // does not make the instance ask for the old phase; it used to, for an
 // interval and a second, and a period an unaware refill had marked was
@@ -238,7 +238,7 @@ func TestTokenBucketOwnDeadlineIsNoOutage(t *testing.T) {
 	}
 }
 
-// TestTokenBucketTinyPeriodsKeepTheirPace (review): with periods of 1 or
+// TestTokenBucketTinyPeriodsKeepTheirPace: with periods of 1 or
 // 2 ms, a tenth of a period is under a millisecond, so nothing is ever
 // lengthened; a refill on the old phase never is. A 1 ms period used to be
 // lengthened at every refill by a caller that saw an outage (a third of
@@ -275,7 +275,7 @@ func TestTokenBucketTinyPeriodsKeepTheirPace(t *testing.T) {
 	}
 }
 
-// TestTokenBucketKeepsALostPeriod (issue 12, Redis restarted empty): a
+// TestTokenBucketKeepsALostPeriod (Redis restarted empty): a
 // take from an instance that was told of a period still running on the
 // server's clock, meeting a server with no record of it, starts no period:
 // the tokens stay at 0 until that end, for every instance. Without a loss

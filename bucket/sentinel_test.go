@@ -14,7 +14,7 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// TestSentinelFailover (issue 12): 4 instances × 8 greedy goroutines on a
+// TestSentinelFailover: 4 instances × 8 greedy goroutines on a
 // token bucket, each instance on its own go-redis failover client; the
 // master is killed and the Sentinel promotes the replica. Counted per
 // interval from the first grant, the fleet stays within the limit (+1 %)

@@ -13,7 +13,7 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// TestLocalRefundGoesToNoQueuedCaller (issue 12, defect 2): an abandoned
+// TestLocalRefundGoesToNoQueuedCaller: an abandoned
 // reservation's refund must not hand its slot to a caller queued behind
 // it, which would put two permits in one slot. With burst 1 and 10 per
 // second, permits are at least 100 ms apart whatever is refunded.
@@ -172,7 +172,7 @@ func (s *keyedStore) Take(_ context.Context, key string, n int64, _ time.Duratio
 
 func (s *keyedStore) Fallback() (int64, time.Duration, int64) { return s.base, time.Second, s.inst }
 
-// TestFailLocalKeepsPerKeyLimits (issue 12, defect 4): a tenant whose
+// TestFailLocalKeepsPerKeyLimits: a tenant whose
 // limit was lowered live keeps its own limit while the store is down, not
 // the base key's.
 func TestFailLocalKeepsPerKeyLimits(t *testing.T) {

@@ -159,7 +159,7 @@ func TestLocalForgetsIdleKeys(t *testing.T) {
 }
 
 // TestLocalRefundGivesNothingBack: Local cannot tell which permits a
-// Refund returns, so it takes none back (issue 12, defect 2); only a
+// Refund returns, so it takes none back; only a
 // Limiter's abandoned reservation, named exactly, goes back.
 func TestLocalRefundGivesNothingBack(t *testing.T) {
 	clock := clockwork.NewFakeClock()

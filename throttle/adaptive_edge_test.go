@@ -12,8 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Regression tests from a review of the adaptive law (and one of the errors
-// Acquire returns); each failed before its fix.
+// Edge cases of the adaptive law (and one of the errors Acquire returns).
 
 // thousandths is what the Redis buckets keep of each rate: thousandths,
 // rounded down as milli does.
@@ -181,7 +180,6 @@ func TestAcquireDeadlineDuringBucketCallIsErrTimeout(t *testing.T) {
 	}
 }
 
-// Second review.
 
 // TestAdaptLawTinyAdvertisedCeilingLifts: a ceiling of a thousandth of a
 // permit per interval is not "the configured limit" (stored as 0), and a
@@ -298,7 +296,6 @@ func TestAcquireDeadlineDuringPacingIsErrTimeout(t *testing.T) {
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
-// Third review.
 
 // TestMemPaceIncreaseKeepsReservedSlotsApart: slots reserved at 40 per
 // interval up to the horizon keep their times when the rate goes to 80;

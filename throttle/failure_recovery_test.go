@@ -322,7 +322,7 @@ func (h *heldProbe) release() error {
 	return <-h.probe
 }
 
-// TestFailLocalChargesGrantsMadeWhileTheProbeWaited (issue 12, the pause
+// TestFailLocalChargesGrantsMadeWhileTheProbeWaited (the pause
 // scenario's resume second): the probe that finds the store up again was
 // sent while it was down and carries what the instance had granted
 // locally until then; the permits granted locally while it waited for the
@@ -347,7 +347,7 @@ func TestFailLocalChargesGrantsMadeWhileTheProbeWaited(t *testing.T) {
 	assert.LessOrEqual(t, inPeriod, 10, "%d permits granted in a period of limit 10", inPeriod)
 }
 
-// TestFailLocalLongProbeChargesOnlyRecentGrants (review): grants made
+// TestFailLocalLongProbeChargesOnlyRecentGrants: grants made
 // while a probe waited several intervals are owed only as far as they
 // fall in the last two intervals, as any local grant is; they used to be
 // charged in full to the period the probe came back in, long after the
@@ -414,7 +414,7 @@ func bothLocal(clock *clockwork.FakeClock, ps *periodStore, a, b throttle.Bucket
 	return la, step, perPeriod, greedy
 }
 
-// TestFailLocalFirstBackKeepsToItsShare (issue 12, the Sentinel failover):
+// TestFailLocalFirstBackKeepsToItsShare (the Sentinel failover):
 // two instances share 10 per second; the store fails for both, and comes
 // back for one of them (its client found the promoted master) while the
 // other still grants its local share. In the first shared period after
@@ -447,7 +447,7 @@ func TestFailLocalFirstBackKeepsToItsShare(t *testing.T) {
 	assert.Equal(t, 10, greedy(la), "period 3: a takes the whole limit")
 }
 
-// TestFailLocalIdleKeyIsNotCappedLater (review): a key that granted
+// TestFailLocalIdleKeyIsNotCappedLater: a key that granted
 // locally in an outage and was not called again until long after it is
 // not held to its share when it is: it owes nothing any more. It used to
 // get half the limit, then refusals until the period's end, an hour on.
@@ -487,7 +487,7 @@ func (s *lostStore) Take(ctx context.Context, key string, n int64, w time.Durati
 	return s.splitStore.Take(ctx, key, n, w)
 }
 
-// TestFailLocalFirstBackRefusedKeepsToItsShareNext (review): the first
+// TestFailLocalFirstBackRefusedKeepsToItsShareNext: the first
 // instance back finds its period held (or spent): its first answer is a
 // refusal. Its cap goes on through the next period, the first it can take
 // from, with its share as the room, while the other still grants locally.
@@ -513,7 +513,7 @@ func TestFailLocalFirstBackRefusedKeepsToItsShareNext(t *testing.T) {
 	assert.Equal(t, 10, greedy(la), "period 4: a takes the whole limit")
 }
 
-// TestFailLocalWeightedTakeAboveTheShareWaitsForTheCapsEnd (review): after
+// TestFailLocalWeightedTakeAboveTheShareWaitsForTheCapsEnd: after
 // a refused first answer, the cap's next period has the share as its room;
 // a take of more than the share fits in neither period of the cap: it is
 // refused until the cap ends, told so, and granted then.
