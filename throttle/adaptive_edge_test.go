@@ -180,7 +180,6 @@ func TestAcquireDeadlineDuringBucketCallIsErrTimeout(t *testing.T) {
 	}
 }
 
-
 // TestAdaptLawTinyAdvertisedCeilingLifts: a ceiling of a thousandth of a
 // permit per interval is not "the configured limit" (stored as 0), and a
 // ceiling three times as high is a change.
@@ -295,7 +294,6 @@ func TestAcquireDeadlineDuringPacingIsErrTimeout(t *testing.T) {
 	assert.ErrorIs(t, err, ErrTimeout)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }
-
 
 // TestMemPaceIncreaseKeepsReservedSlotsApart: slots reserved at 40 per
 // interval up to the horizon keep their times when the rate goes to 80;
