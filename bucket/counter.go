@@ -23,7 +23,7 @@ import (
 // period apart on the Redis server's clock, even when two Resetters both
 // believe they lead (the reset is fenced by the period). A denied call
 // counts nothing: the script checks before it counts, so it never eats into
-// the next period, unlike the seed's bare INCR.
+// the next period, as a bare INCR would.
 //
 // A Counter grants nothing until a Resetter of its key has run once, and
 // stops granting (Decision.Delay = WithRetry, 1 ms) when resets are overdue,

@@ -2,7 +2,7 @@
 // each implements [throttle.Bucket], so a [throttle.Limiter] draws from it.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
-//	b, err := bucket.NewTokenBucket(rdb, "mparticle", 200, 500*time.Millisecond)
+//	b, err := bucket.NewTokenBucket(rdb, "provider-x", 200, 500*time.Millisecond)
 //	if err != nil {
 //		return err // bad configuration is refused here
 //	}
@@ -11,14 +11,14 @@
 //
 // Pick the bucket that matches how the provider counts:
 //
-//	bucket       provider policy                      guarantee                           trips/grant  seed
-//	TokenBucket  N per period, then wait (default)    ≤ limit per refill, refills         ≤ 1          002
+//	bucket       provider policy                      guarantee                           trips/grant
+//	TokenBucket  N per period, then wait (default)    ≤ limit per refill, refills         ≤ 1
 //	                                                  ≥ interval apart
-//	FixedWindow  wall-clock-aligned windows           ≤ limit per aligned window          1            000
-//	Tiers        several aligned windows at once      each tier's own, all-or-nothing     1            000, 003
-//	SlidingLog   sliding window(s)                    ≤ limit in any span of the window   1            003
-//	GCRA         smooth rate with a burst             ≤ burst + rate·t in any span t      1            (004's smoothing)
-//	Counter      N per period, reset by a leader      ≤ limit per reset, resets           1            001
+//	FixedWindow  wall-clock-aligned windows           ≤ limit per aligned window          1
+//	Tiers        several aligned windows at once      each tier's own, all-or-nothing     1
+//	SlidingLog   sliding window(s)                    ≤ limit in any span of the window   1
+//	GCRA         smooth rate with a burst             ≤ burst + rate·t in any span t      1
+//	Counter      N per period, reset by a leader      ≤ limit per reset, resets           1
 //	 + Resetter                                       ≥ period apart
 //
 // Every bucket:

@@ -12,10 +12,10 @@ import (
 
 // GCRA paces permits smoothly with a burst: the generic cell rate algorithm,
 // a token bucket of capacity burst refilled continuously at limit per
-// interval, kept as one timestamp in Redis. No seed has it; it is what seed
-// 004 asks for when it wants the burst at the window's start smoothed. It
-// matches a provider that enforces a smooth rate ("10 per second, at most
-// 20 at once"), a leaky bucket, or any provider you would rather not hit in
+// interval, kept as one timestamp in Redis. It smooths the burst a
+// period-based bucket allows at each period's start, and matches a
+// provider that enforces a smooth rate ("10 per second, at most 20 at
+// once"), a leaky bucket, or any provider you would rather not hit in
 // bursts (WithBurst(1) spaces calls evenly).
 //
 // Guarantee: in any span of time t, at most burst + limit·t/interval

@@ -21,7 +21,7 @@ import (
 // 2000 in any 10 s").
 //
 // Guarantee: for each window, at most its Limit permits granted within any
-// span of its Period, on the Redis server's clock. Unlike the seed, a
+// span of its Period, on the Redis server's clock. A
 // denied call logs nothing, so refused traffic never uses up capacity.
 //
 // How: one script trims entries older than the longest window, counts each

@@ -3,10 +3,10 @@
 // its limit live (every instance applies it within one interval, without a
 // restart), clears that change, and pauses the budget for the whole fleet.
 //
-//	headwayctl -redis 127.0.0.1:6379 show -bucket tokenbucket -key mparticle
-//	headwayctl set-limit -bucket tokenbucket -key mparticle -limit 300
+//	headwayctl -redis 127.0.0.1:6379 show -bucket tokenbucket -key provider-x
+//	headwayctl set-limit -bucket tokenbucket -key provider-x -limit 300
 //	headwayctl set-limit -bucket fixedwindow -key get-product -interval 1s -tenant acme -limit 20
-//	headwayctl clear-limit -bucket tokenbucket -key mparticle
+//	headwayctl clear-limit -bucket tokenbucket -key provider-x
 //	headwayctl pause -bucket gcra -key billing -interval 1s -for 2s
 //
 // -bucket, -key, -prefix and -interval must name the bucket as the fleet

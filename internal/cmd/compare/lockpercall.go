@@ -20,12 +20,12 @@ import (
 //
 //	lock.lock(); refill(); lock.unlock(); return getToken() >= 0
 //
-// The mutex is Redsync's (the seed used Redisson's). Redsync retries a
+// The mutex is Redsync's. Redsync retries a
 // taken lock after a random 50–250 ms by default, which would make this
 // baseline a straw man; it retries every lockRetry instead, a tuning a
 // careful user would make. The refill reads the caller's clock, as the
-// seed does (System.nanoTime), so callers must share one host's clock:
-// here they do.
+// classic design does, so callers must share one host's clock: here they
+// do.
 type lockPerCall struct {
 	rdb                 *redis.Client
 	rs                  *redsync.Redsync
