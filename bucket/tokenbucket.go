@@ -40,39 +40,17 @@ import (
 // of one token for the same key in one process share one round trip
 // (coalesced, see the package doc), so under load it is well below 1.
 //
-// Phase after an outage: while Redis is paused or down, a Limiter's
-// [throttle.FailLocal] grants keep the provider busy on the phase of the
-// periods before the outage, and the first refill afterwards starts a
-// period at an arbitrary phase. If it starts within the last tenth of a
-// period of the old phase, its burst of grants crosses the boundary of a
-// provider that counts on the old phase, on top of the next period's. So an
-// instance that saw the store fail or stall (an error from Redis, no
-// answer within the 10 ms or more a call allowed, or an answer after
-// 100 ms) asks, for one interval and a second after, that such a period be
-// lengthened to end on the old phase (the previous period's end plus a
-// whole number of periods). Lengthening never adds a token and keeps refills at least one
-// interval apart; it costs at most a tenth of an interval's grants, once
-// per outage and key. Until it is lengthened, such a period's decisions
-// report its end up to a tenth of an interval early; once it is, a caller
-// whose wait is shorter than the time to its end is refused at once, as
-// for any delay beyond a wait. The old phase is known for a minute after a
-// period ends (so the period's limit key, tb:cap, lives that long: one
-// small key per budget used in the last minute); a longer outage starts
-// afresh.
-//
-// Lost period: Redis restarted empty, or a promoted replica that had not
-// received the latest refill, has no record of a period the fleet was
-// told of and granted from; a refill would give a whole period's tokens
-// inside it. So every instance remembers, per budget, the end of the
-// latest period it was told of (on the server's clock, one entry per
-// budget taken from in the last period) and sends it with each take; a
-// server with no record of that period holds the budget at 0 tokens until
-// that end, for every instance, and the next period starts on the old
-// phase. Nothing more is granted in the lost period (what it had granted
-// is lost with it); the cost is the rest of that period, once per loss.
-// Deleting a budget's keys by hand is such a loss too: it does not give a
-// fresh period before the known one ends (lower the limit live instead,
-// [TokenBucket.SetLimit]).
+// Outages: a period that the first refill after an outage would start
+// within the last tenth of a period of the old phase is lengthened to end
+// on it (at most a tenth of an interval's grants, once per outage), so a
+// provider counting on the old phase sees no double burst. A period the
+// fleet was told of but the server has no record of (Redis restarted
+// empty, a failover to a replica without the latest refill, keys deleted
+// by hand) is held at 0 tokens until its known end, and the next period
+// starts on the old phase. Each instance keeps, per budget used in the
+// last period, the end of the latest period it was told of; the server
+// keeps the period's limit key (tb:cap) for a minute after the period. The
+// measured outages: docs/reliability.md.
 //
 // Its limit can be changed live, for the whole fleet, with
 // [TokenBucket.SetLimit]; the change applies from the next refill.

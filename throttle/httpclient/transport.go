@@ -40,34 +40,21 @@ const maxPause = time.Hour
 // a new one taken. See the package doc, "With a Kafka consumer".
 //
 // Reacting. When the provider answers with a status that signals a limit
-// (by default 429 Too Many Requests, 503 Service Unavailable and 403
-// Forbidden, as GitHub and Salesforce use; see [WithLimitStatuses]) and a
-// retry time (read by [RetryAfter]: Retry-After, or a reset when nothing
-// remains; capped at one hour), the Transport pauses the request's bucket
-// key until then. A 403 or 503 without a retry time, or whose reset
-// headers show calls remaining, is an answer like any other.
+// (by default 429, 503 and 403; see [WithLimitStatuses]) and a retry time
+// (read by [RetryAfter]; capped at one hour), the Transport pauses the
+// request's bucket key until then: through [throttle.Pauser] for every
+// instance sharing the bucket (the Redis buckets), and always in the
+// Transport itself, so its own requests wait even when the bucket is not
+// a Pauser or Pause failed. A 403 or 503 without a retry time, or whose
+// reset headers show calls remaining, is an answer like any other.
 //
-//   - If the bucket implements [throttle.Pauser] (the Redis buckets do),
-//     it calls Pause, so that every instance sharing the bucket stops:
-//     requests already waiting, and new ones, wait for the pause's end (or
-//     time out at once when it is beyond their wait).
-//   - Always, it also records the pause in the Transport itself, so that
-//     this Transport's requests wait even when the bucket is not a Pauser
-//     or Pause failed. For a bucket that is not a Pauser (a
-//     [throttle.Local]), that local pause is the only one: other
-//     Transports and other processes do not see it.
-//
-// Retrying. The request is then sent again after the pause, at most n
-// times ([WithRetries]; default 2), when the pause ends within the
-// request's wait (maxWait and deadline) and the request is safe to
-// repeat, by net/http's rule: its body can be had again (none, or
-// GetBody set, as http.NewRequest does for in-memory bodies), and its
-// method is GET, HEAD, OPTIONS or TRACE or it carries an Idempotency-Key
-// or X-Idempotency-Key header. [WithRetryAnyMethod] also resends other
-// methods (POST, PATCH, PUT, DELETE) whose body can be had again, for a
-// provider known to refuse before it acts. Otherwise the limit response
-// itself is returned to the caller. The bodies of responses that are not
-// returned are read (up to 64 KiB) and closed.
+// Retrying. The request is sent again after the pause, at most n times
+// ([WithRetries]; default 2), when the pause ends within the request's wait
+// and the request is safe to repeat by net/http's rule (its body can be
+// had again, and its method is idempotent or it carries an
+// Idempotency-Key); [WithRetryAnyMethod] also resends POST, PATCH, PUT and
+// DELETE. Otherwise the limit response itself is returned. The bodies of
+// responses not returned are read (up to 64 KiB) and closed.
 //
 // Adapting. Every answer is also read by [ReadAnswer] and reported to the
 // request's Limiter ([throttle.Limiter.Report]): a 429, with a retry time
