@@ -139,3 +139,30 @@ func ExampleKeyed_ContextWithPermit() {
 	// <nil>
 	// true
 }
+
+// funcBucket is a Bucket that is a func: its values cannot be compared.
+type funcBucket func(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error)
+
+func (f funcBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	return f(ctx, key, n, maxWait)
+}
+
+// valueWrap is a wrapper passed by value: a comparable type whose values
+// may hold an uncomparable bucket.
+type valueWrap struct{ throttle.Bucket }
+
+func TestHeldPermitOfALimiterOverAnUncomparableBucketIsCheckedWithoutPanic(t *testing.T) {
+	var takes atomic.Int64
+	fb := funcBucket(func(context.Context, string, int64, time.Duration) (throttle.Decision, error) {
+		takes.Add(1)
+		return throttle.Decision{Granted: true}, nil
+	})
+	consumerLim := throttle.New(valueWrap{fb})
+	clientLim := throttle.New(valueWrap{fb})
+	hctx := consumerLim.Key("k").ContextWithPermit(context.Background(), 1)
+	assert.NotPanics(t, func() {
+		assert.NoError(t, clientLim.Key("k").Acquire(hctx, 0))
+		assert.Zero(t, clientLim.Key("k").Forfeit(hctx), "buckets that cannot be compared are not the same")
+	})
+	assert.EqualValues(t, 1, takes.Load(), "a bucket that cannot be compared is not known to be the same: the call takes its own")
+}
