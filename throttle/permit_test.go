@@ -166,3 +166,27 @@ func TestHeldPermitOfALimiterOverAnUncomparableBucketIsCheckedWithoutPanic(t *te
 	})
 	assert.EqualValues(t, 1, takes.Load(), "a bucket that cannot be compared is not known to be the same: the call takes its own")
 }
+
+// grantObserver sums the permits an Observer is told were granted.
+type grantObserver struct{ granted atomic.Int64 }
+
+func (o *grantObserver) Acquired(_ string, n int64, _ time.Duration, err error) {
+	if err == nil {
+		o.granted.Add(n)
+	}
+}
+func (o *grantObserver) BucketCall(string, throttle.Decision, time.Duration, error) {}
+func (o *grantObserver) Degraded(string, string, bool, error)                       {}
+
+func TestHeldPermitIsReportedAsGrantedOnce(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &countingBucket{Bucket: newLocal(t, clock, 100, time.Second)}
+	o := &grantObserver{}
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithObserver(o))
+	ctx := context.Background()
+
+	require.NoError(t, lim.Acquire(ctx, 0), "the consumer's permit")
+	require.NoError(t, lim.Acquire(lim.Key("").ContextWithPermit(ctx, 1), 0), "the client's call, on the held permit")
+	assert.EqualValues(t, 1, b.takes.Load())
+	assert.EqualValues(t, b.takes.Load(), o.granted.Load(), "permits reported granted: one call, one permit, as the bucket counts")
+}
