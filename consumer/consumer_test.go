@@ -886,3 +886,39 @@ func (c *countingBucket) Take(ctx context.Context, key string, n int64, maxWait 
 	c.takes.Add(n)
 	return c.Bucket.Take(ctx, key, n, maxWait)
 }
+
+// The attempt's permit is the attempt's: a goroutine the handler starts
+// with a context detached from its cancellation (context.WithoutCancel),
+// that calls after the handler returned, takes a permit of its own,
+// rather than spending one granted for a call that ended.
+func TestHeldPermitEndsWithTheAttempt(t *testing.T) {
+	t.Parallel()
+	const records = 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("late", 1))
+	produce(t, kc, "late", 1, records, nil)
+
+	local, err := throttle.NewLocal(1000, time.Second)
+	require.NoError(t, err)
+	b := &countingBucket{Bucket: local}
+	lim := throttle.New(b)
+	h := newHandled(records)
+	var late sync.WaitGroup
+	handle := func(ctx context.Context, rec *kgo.Record) error {
+		detached := context.WithoutCancel(ctx)
+		late.Add(1)
+		go func() {
+			defer late.Done()
+			<-ctx.Done() // the handler has returned
+			assert.NoError(t, lim.Acquire(detached, 0))
+		}()
+		h.add("a", rec)
+		return nil // no call of its own: the attempt's permit is unused
+	}
+	c, err := consumer.New(handle, lim, base(kc, "g", "late")...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 15*time.Second)
+	require.NoError(t, r.stop(t))
+	late.Wait()
+	assert.EqualValues(t, 2*records, b.takes.Load(), "one permit per attempt, one per call made after it ended")
+}

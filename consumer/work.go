@@ -206,6 +206,10 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.
 		w.call.Store(nil)
 	}()
 	ctx := k.ContextWithPermit(call, 1)
+	// The permit is the attempt's: a call made after the handler returned
+	// (from a goroutine with a context detached from call's end) takes
+	// its own. Deferred after the cancel above, it runs before it.
+	defer k.Forfeit(ctx)
 	c.notePeakInFlight(c.inFlight.Add(1))
 	defer c.inFlight.Add(-1)
 	return c.safeCall(ctx, rec)

@@ -228,11 +228,16 @@ func (k Keyed) Limiter() *Limiter { return k.l }
 func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time.Duration) error {
 	o := l.cfg.observer
 	if o == nil {
-		return l.wait(ctx, key, n, maxWait)
+		_, err := l.wait(ctx, key, n, maxWait)
+		return err
 	}
 	start := l.tb.now()
-	err := l.wait(ctx, key, n, maxWait)
-	o.Acquired(key, n, time.Duration(l.tb.now()-start), err)
+	held, err := l.wait(ctx, key, n, maxWait)
+	if !held {
+		// A held permit was reported when it was granted: one permit,
+		// one report, however many calls it passes through.
+		o.Acquired(key, n, time.Duration(l.tb.now()-start), err)
+	}
 	return err
 }
 
@@ -258,22 +263,30 @@ func (l *Limiter) take(ctx context.Context, key string, n int64, maxWait time.Du
 //     policy (decide);
 //  5. the outcome: granted now; a reservation slept out (and given back if
 //     the caller leaves); a refusal slept out, then another round.
-func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Duration) error {
+//
+// held reports that the caller's held permits served the call.
+func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Duration) (held bool, err error) {
 	if l.bad != nil {
-		return l.bad
+		return false, l.bad
 	}
 	if n < 1 {
-		return invalid("throttle", "n", n, "must be at least 1")
+		return false, invalid("throttle", "n", n, "must be at least 1")
 	}
 	if maxWait < 0 {
-		return invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
+		return false, invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("throttle: acquire %d permit(s): %w", n, err)
+		return false, fmt.Errorf("throttle: acquire %d permit(s): %w", n, err)
 	}
 	if l.useHeld(ctx, key, n) {
-		return nil // the caller holds them already (ContextWithPermit)
+		return true, nil // the caller holds them already (ContextWithPermit)
 	}
+	return false, l.waitForPermits(ctx, key, n, maxWait)
+}
+
+// waitForPermits is wait's work after the checks and the held permits:
+// rounds 2 to 5 above.
+func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWait time.Duration) error {
 	// One clock reading serves the key's state, the wait's start and the
 	// first round's pace: on some hosts a reading costs 100 ns.
 	var now int64

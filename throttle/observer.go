@@ -12,7 +12,9 @@ import "time"
 type Observer interface {
 	// Acquired reports the outcome of one Acquire or AcquireN call: err
 	// is nil when the permits were granted, and waited is the time from
-	// the call to its return on the Limiter's clock.
+	// the call to its return on the Limiter's clock. A call served by
+	// permits its context held (Keyed.ContextWithPermit) is not
+	// reported: those permits were, when they were granted.
 	Acquired(key string, n int64, waited time.Duration, err error)
 	// BucketCall reports one call to the bucket's Take: its decision (or
 	// error) and how long it took on the Limiter's clock.

@@ -87,11 +87,13 @@ func (l *Limiter) useHeld(ctx context.Context, key string, n int64) bool {
 }
 
 // sameBucket reports whether a and b are the same bucket value; buckets
-// whose type cannot be compared are never the same.
+// that cannot be compared are never the same, nor are those of a
+// comparable type holding a value that cannot be (an interface field
+// holding a func), whose comparison would panic.
 func sameBucket(a, b Bucket) bool {
 	if a == nil || b == nil {
 		return false
 	}
-	t := reflect.TypeOf(a)
-	return t == reflect.TypeOf(b) && t.Comparable() && a == b
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	return va.Type() == vb.Type() && va.Comparable() && vb.Comparable() && a == b
 }

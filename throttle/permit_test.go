@@ -139,3 +139,54 @@ func ExampleKeyed_ContextWithPermit() {
 	// <nil>
 	// true
 }
+
+// funcBucket is a Bucket that is a func: its values cannot be compared.
+type funcBucket func(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error)
+
+func (f funcBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	return f(ctx, key, n, maxWait)
+}
+
+// valueWrap is a wrapper passed by value: a comparable type whose values
+// may hold an uncomparable bucket.
+type valueWrap struct{ throttle.Bucket }
+
+func TestHeldPermitOfALimiterOverAnUncomparableBucketIsCheckedWithoutPanic(t *testing.T) {
+	var takes atomic.Int64
+	fb := funcBucket(func(context.Context, string, int64, time.Duration) (throttle.Decision, error) {
+		takes.Add(1)
+		return throttle.Decision{Granted: true}, nil
+	})
+	consumerLim := throttle.New(valueWrap{fb})
+	clientLim := throttle.New(valueWrap{fb})
+	hctx := consumerLim.Key("k").ContextWithPermit(context.Background(), 1)
+	assert.NotPanics(t, func() {
+		assert.NoError(t, clientLim.Key("k").Acquire(hctx, 0))
+		assert.Zero(t, clientLim.Key("k").Forfeit(hctx), "buckets that cannot be compared are not the same")
+	})
+	assert.EqualValues(t, 1, takes.Load(), "a bucket that cannot be compared is not known to be the same: the call takes its own")
+}
+
+// grantObserver sums the permits an Observer is told were granted.
+type grantObserver struct{ granted atomic.Int64 }
+
+func (o *grantObserver) Acquired(_ string, n int64, _ time.Duration, err error) {
+	if err == nil {
+		o.granted.Add(n)
+	}
+}
+func (o *grantObserver) BucketCall(string, throttle.Decision, time.Duration, error) {}
+func (o *grantObserver) Degraded(string, string, bool, error)                       {}
+
+func TestHeldPermitIsReportedAsGrantedOnce(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &countingBucket{Bucket: newLocal(t, clock, 100, time.Second)}
+	o := &grantObserver{}
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithObserver(o))
+	ctx := context.Background()
+
+	require.NoError(t, lim.Acquire(ctx, 0), "the consumer's permit")
+	require.NoError(t, lim.Acquire(lim.Key("").ContextWithPermit(ctx, 1), 0), "the client's call, on the held permit")
+	assert.EqualValues(t, 1, b.takes.Load())
+	assert.EqualValues(t, b.takes.Load(), o.granted.Load(), "permits reported granted: one call, one permit, as the bucket counts")
+}
