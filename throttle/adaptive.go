@@ -236,10 +236,17 @@ func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) 
 		rate = min(s.Rate, ceiling)
 	}
 	factor := adaptDecrease
-	if !s.Active() || s.Peak > 0 && rate >= adaptNear*s.Peak {
+	near := s.Peak > 0 && rate >= adaptNear*s.Peak
+	if !s.Active() || near {
 		factor = adaptGentle
 	}
-	s.Peak = rate
+	// A refusal near the rate refused last time found the same limit
+	// again: the higher of the two stays the peak, so a fleet refused at
+	// its ceiling keeps its increases below it (top) rather than probing
+	// up to it again after a jitter refusal a little below.
+	if !near || rate > s.Peak {
+		s.Peak = rate
+	}
 	// Never up: a rate already below the floor (an instance with a
 	// higher configured limit, a rolling deploy) stays where it is.
 	s.Rate = min(max(a.floor(ceiling), rate*factor), rate)

@@ -193,3 +193,27 @@ func TestAdaptLawRoundedTopIsTop(t *testing.T) {
 	_, due := law.increase(s, clock.Now())
 	assert.False(t, due)
 }
+
+// A fleet refused at its ceiling, then refused again a little below it (a
+// sliding window meeting jitter), keeps its increases below the ceiling:
+// the second refusal found the same limit, not a lower one, and a probe
+// up to the ceiling would only be refused again.
+func TestAdaptLawNearRefusalKeepsTheTopBelowTheCeiling(t *testing.T) {
+	law, clock := newLaw()
+	s, _ := law.refused(AdaptiveState{}, clock.Now()) // at the ceiling, unpaced
+	for range 6 {
+		clock.Advance(time.Second)
+		s, _ = law.increase(s, clock.Now())
+	}
+	require.InDelta(t, 98, s.Rate, 1e-9, "refused at the ceiling: 0.98 of it at most")
+	s.Rate = 97 // refused a little below the top
+	s, _ = law.refused(s, clock.Now())
+	assert.InDelta(t, 100, s.Peak, 1e-9, "a refusal near the last one keeps the higher peak")
+	highest := 0.0
+	for range 30 {
+		clock.Advance(time.Second)
+		s, _ = law.increase(s, clock.Now())
+		highest = max(highest, s.Rate)
+	}
+	assert.InDelta(t, 98, highest, 1e-9, "increases stop at 0.98 of the ceiling")
+}
