@@ -73,8 +73,9 @@ type Transport struct {
 	maxWait time.Duration
 	retries int
 	log     *slog.Logger
-	limit   map[int]bool // statuses that signal a limit
-	anyVerb bool         // WithRetryAnyMethod
+	limit   map[int]bool   // statuses that signal a limit
+	anyVerb bool           // WithRetryAnyMethod
+	slots   throttle.Slots // WithConcurrency; nil: no cap
 
 	mu     sync.Mutex
 	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
@@ -98,6 +99,7 @@ type transportConfig struct {
 	log     *slog.Logger                       // WithLogger; default slog.Default()
 	limit   []int                              // WithLimitStatuses; default 429, 503, 403
 	anyVerb bool                               // WithRetryAnyMethod; default false
+	slots   throttle.Slots                     // WithConcurrency; default nil
 }
 
 type transportOption func(*transportConfig)
@@ -183,6 +185,20 @@ func WithLogger(l *slog.Logger) Option {
 	})
 }
 
+// WithConcurrency caps the requests in flight: each request holds a slot
+// of s for its key (the key its permit is taken for, [throttle.Keyed.Key])
+// from before its permit until its response body is closed, or until it
+// fails. The slot comes first: a request never holds a permit while it
+// waits for a slot, and goes out right after its permit, so the rate's
+// pacing holds. The slot's wait and the permit's share the request's wait
+// ([WithMaxWait]); a permit that does not come gives the slot back. A
+// retry after the provider's pause gives its slot back and holds a new one.
+// Default (and nil): no cap. Close every response's body, as net/http
+// asks: until then its slot stays held.
+func WithConcurrency(s throttle.Slots) Option {
+	return transportOption(func(c *transportConfig) { c.slots = s })
+}
+
 // ContextWithMaxWait returns a copy of ctx that makes a [Transport] wait
 // at most d for a permit for requests made with it, instead of the
 // client's maxWait ([WithMaxWait]). 0 takes only a permit free now;
@@ -195,7 +211,7 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // NewTransport returns a [Transport] drawing permits from lim, or from
 // the limiter [WithRequestKey] chooses per request. Options:
 // [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
-// [WithLimitStatuses], [WithRetryAnyMethod],
+// [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency],
 // [WithLogger]. The Transport sleeps on the clock of the request's
 // Limiter ([throttle.Limiter.Clock]).
 //
@@ -242,6 +258,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		log:     c.log,
 		limit:   limit,
 		anyVerb: c.anyVerb,
+		slots:   c.slots,
 		paused:  make(map[pauseKey]time.Time),
 	}, nil
 }
@@ -287,13 +304,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			left = max(maxWait-waited, 0)
 		}
 		start := clock.Now()
-		err := t.acquire(ctx, k, left)
+		release, err := t.hold(ctx, k, left)
+		if err == nil {
+			if left != throttle.Forever {
+				left = max(left-clock.Since(start), 0)
+			}
+			if err = t.acquire(ctx, k, left); err != nil {
+				free(release)
+			}
+		}
 		waited += clock.Since(start)
 		if err != nil {
 			return fail(err)
 		}
 		resp, err := t.base.RoundTrip(r)
 		if err != nil {
+			free(release)
 			return resp, err
 		}
 		now := clock.Now()
@@ -307,16 +333,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
 		if !hinted {
-			return resp, nil
+			return releaseOnClose(resp, release), nil
 		}
 		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited) {
-			return resp, nil
+			return releaseOnClose(resp, release), nil
 		}
 		next, err := rewind(req)
 		if err != nil {
-			return resp, nil // the body cannot be had again: give the answer
+			return releaseOnClose(resp, release), nil // the body cannot be had again: give the answer
 		}
 		discard(resp)
+		free(release)
 		r = next
 	}
 }
@@ -349,6 +376,68 @@ func (t *Transport) CloseIdleConnections() {
 	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
+}
+
+// hold takes a slot of k's key within left when the Transport caps
+// concurrency, and returns the function that gives it back (nil without
+// a cap: then the response's body is left as it is).
+func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Duration) (func(), error) {
+	if t.slots == nil {
+		return nil, nil
+	}
+	release, err := t.slots.Hold(ctx, k.Key(), left)
+	if err != nil {
+		return nil, fmt.Errorf("concurrency slot: %w", err)
+	}
+	return release, nil
+}
+
+// free calls release unless it is nil.
+func free(release func()) {
+	if release != nil {
+		release()
+	}
+}
+
+// releaseOnClose makes closing resp's body call release; a response with
+// no body releases at once. A nil release leaves resp as it is.
+func releaseOnClose(resp *http.Response, release func()) *http.Response {
+	if release == nil {
+		return resp
+	}
+	switch b := resp.Body.(type) {
+	case nil:
+		release()
+	case io.ReadWriteCloser: // a 101 Switching Protocols body must stay writable
+		resp.Body = &releasingRW{ReadWriteCloser: b, release: release}
+	default:
+		resp.Body = &releasingBody{ReadCloser: b, release: release}
+	}
+	return resp
+}
+
+// releasingBody calls release when closed.
+type releasingBody struct {
+	io.ReadCloser
+	release func()
+}
+
+func (b *releasingBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.release()
+	return err
+}
+
+// releasingRW is releasingBody for a writable body.
+type releasingRW struct {
+	io.ReadWriteCloser
+	release func()
+}
+
+func (b *releasingRW) Close() error {
+	err := b.ReadWriteCloser.Close()
+	b.release()
+	return err
 }
 
 // acquire waits out any local pause of k, then takes a permit within left.
