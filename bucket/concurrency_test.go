@@ -371,3 +371,33 @@ func TestConcurrencyCloseEndsWaits(t *testing.T) {
 		t.Fatalf("after release: %d held, %d waiting; want 0, 0", h, w)
 	}
 }
+
+// TestConcurrencyOnACluster: on Redis Cluster the cap's scripts run
+// without CROSSSLOT for keys with braces, and a waiter of one client is
+// woken through the cluster when a holder of another releases.
+func TestConcurrencyOnACluster(t *testing.T) {
+	cl := redisenv.NewCluster(t)
+	a := newSlots(t, cl.Client(), "api{v1}", 1)
+	b := newSlots(t, cl.Client(), "api{v1}", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, key := range []string{"", "{tenant}", "a}b"} {
+		release, err := a.Hold(ctx, key, 0)
+		if err != nil {
+			t.Fatalf("Hold(%q) = %v", key, err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			rel, err := b.Hold(ctx, key, throttle.Forever) // the default 10 s lease: only a wake-up is this fast
+			if err == nil {
+				rel()
+			}
+			got <- err
+		}()
+		waitSlots(t, "waiter queued", func() bool { _, w := count(t, cl.Client(), a, key); return w == 1 })
+		release()
+		if err := <-got; err != nil {
+			t.Fatalf("waiter of key %q: %v", key, err)
+		}
+	}
+}

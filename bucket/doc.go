@@ -21,6 +21,10 @@
 //	Counter      N per period, reset by a leader      ≤ limit per reset, resets           1
 //	 + Resetter                                       ≥ period apart
 //
+// Besides rates, [Concurrency] caps the calls in flight per key across
+// the fleet ([throttle.Slots]): at most N at once, a dead holder's slot
+// back within a lease, waiters served in arrival order.
+//
 // Every bucket:
 //   - decides on the Redis server's clock (TIME inside scripts, or key
 //     expiry), never on the caller's, so instances with skewed clocks agree;
@@ -77,7 +81,8 @@
 // kind is tb, tb:lock, tb:cap, tb:limit and tb:phase (TokenBucket; tb:cap
 // lives a minute past its period, for the phase after an outage), fw:<µs> and
 // fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog), gcra
-// and gcra:limit (GCRA), ctr and ctr:lock (Counter), and pause for every
+// and gcra:limit (GCRA), ctr and ctr:lock (Counter), slots, slots-queue,
+// slots-waiting and slots-seq (Concurrency), and pause for every
 // bucket; under the constructor's tag only, every bucket also writes live
 // (the sorted set of live instances, which expires two heartbeat windows
 // after the last take). The prefix is "headway" unless [WithPrefix] says

@@ -26,6 +26,10 @@
 // Per key: [Limiter.Key] gives each tenant or endpoint its own budget in
 // one bucket.
 //
+// Calls in flight: [Slots] caps how many calls run at once per key, a
+// slot held from Hold until its release; [LocalSlots] caps one process,
+// and package bucket's Concurrency a fleet.
+//
 // Around the core, in packages of their own: throttle/httpclient has an
 // http.RoundTripper that takes a permit before each outbound request and
 // turns a provider's "too many requests" into a pause of the shared
