@@ -1,11 +1,14 @@
 package bucket
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,9 +230,9 @@ func TestConcurrencyServesWaitersInArrivalOrderAcrossClients(t *testing.T) {
 }
 
 // TestConcurrencyDeadHolderFreesItsSlotWithinTheLease: a holder whose
-// renewals stop (its Concurrency closed and its client gone, as when its
-// process dies) loses its slot within the lease, and the slot goes to a
-// waiter of another client.
+// renewals stop (its client closed, as when its process dies or loses
+// Redis) loses its slot within the lease, and the slot goes to a waiter
+// of another client; while it renewed, it kept the slot past the lease.
 func TestConcurrencyDeadHolderFreesItsSlotWithinTheLease(t *testing.T) {
 	srv := redisenv.New(t)
 	const lease = 300 * time.Millisecond
@@ -249,8 +252,9 @@ func TestConcurrencyDeadHolderFreesItsSlotWithinTheLease(t *testing.T) {
 	if _, err := live.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("Hold(0) while a live holder renews = %v, want ErrTimeout", err)
 	}
-	_ = dead.Close()
+	// The holder's connection is lost: its renewals fail from now on.
 	_ = deadClient.Close()
+	defer dead.Close()
 	died := time.Now()
 	release, err := live.Hold(ctx, "", throttle.Forever)
 	if err != nil {
@@ -400,4 +404,77 @@ func TestConcurrencyOnACluster(t *testing.T) {
 			t.Fatalf("waiter of key %q: %v", key, err)
 		}
 	}
+}
+
+// TestConcurrencyKilledProcessFreesItsSlot: another process (this test's
+// binary, run again) holds the only slot; while it runs, this process
+// finds none; once it is killed (SIGKILL: no release, no goodbye), the
+// slot comes back within the lease.
+func TestConcurrencyKilledProcessFreesItsSlot(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	if addr := os.Getenv("HEADWAY_SLOTS_HOLDER"); addr != "" {
+		holdForever(addr, lease)
+		return
+	}
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "a second process shares the server")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestConcurrencyKilledProcessFreesItsSlot$")
+	cmd.Env = append(os.Environ(), "HEADWAY_SLOTS_HOLDER="+srv.Addr())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	defer func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+		}
+		_ = cmd.Wait()
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "held\n" {
+		t.Fatalf("holder process said %q, %v", line, err)
+	}
+	s := newSlots(t, srv.Client(), "proc", 1, WithLease(lease))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(0) while the other process holds = %v, want ErrTimeout", err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed = true
+	died := time.Now()
+	release, err := s.Hold(ctx, "", throttle.Forever)
+	if err != nil {
+		t.Fatalf("waiter after the holder process was killed: %v", err)
+	}
+	took := time.Since(died)
+	t.Logf("slot back %v after the kill (lease %v)", took, lease)
+	release()
+	if took > lease+500*time.Millisecond {
+		t.Fatalf("slot back %v after the kill, want within the lease %v", took, lease)
+	}
+}
+
+// holdForever is the holder process of
+// TestConcurrencyKilledProcessFreesItsSlot: it takes the slot, says so on
+// stdout, and renews it until it is killed (or for a minute, should the
+// test that runs it die first).
+func holdForever(addr string, lease time.Duration) {
+	s, err := NewConcurrency(redis.NewClient(&redis.Options{Addr: addr}), "proc", 1, WithLease(lease))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := s.Hold(context.Background(), "", 0); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("held")
+	time.Sleep(time.Minute)
 }
