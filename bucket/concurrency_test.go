@@ -478,3 +478,77 @@ func holdForever(addr string, lease time.Duration) {
 	fmt.Println("held")
 	time.Sleep(time.Minute)
 }
+
+// BenchmarkConcurrencyHoldRelease: a free slot taken and given back, two
+// round trips.
+func BenchmarkConcurrencyHoldRelease(b *testing.B) {
+	rdb := redisenv.New(b).Client()
+	s, err := NewConcurrency(rdb, "bench", 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for b.Loop() {
+		release, err := s.Hold(ctx, "", 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		release()
+	}
+}
+
+// BenchmarkConcurrencyHandoff: a slot passed back and forth between two
+// clients that each wait for it: each op is one release and the other
+// side's wake-up through Redis.
+func BenchmarkConcurrencyHandoff(b *testing.B) {
+	srv := redisenv.New(b)
+	ctx := context.Background()
+	var sides [2]*Concurrency
+	for i := range sides {
+		s, err := NewConcurrency(srv.Client(), "handoff", 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		sides[i] = s
+	}
+	release, err := sides[0].Hold(ctx, "", 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	b.ResetTimer()
+	for i := range b.N {
+		got := make(chan func(), 1)
+		next := sides[(i+1)%2]
+		go func() {
+			rel, err := next.Hold(ctx, "", throttle.Forever)
+			if err != nil {
+				b.Error(err)
+				rel = func() {}
+			}
+			got <- rel
+		}()
+		for { // the other side queued before the release
+			if _, w := countB(b, srv.Client(), next); w == 1 {
+				break
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+		b.StartTimer()
+		release()
+		release = <-got
+		b.StopTimer()
+	}
+	release()
+}
+
+func countB(b *testing.B, rdb redis.UniversalClient, s *Concurrency) (int64, int64) {
+	keys, _ := s.keys("")
+	n, err := rdb.ZCard(context.Background(), keys[2]).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return 0, n
+}
