@@ -273,7 +273,10 @@ func TestBudgetRefusesBadInput(t *testing.T) {
 		{"unknown dimension", take(throttle.Cost{"tokenz": 1}), `cost["tokenz"]`},
 		{"unknown in settle", b.Settle(ctx, "", throttle.Cost{"tokenz": 1}), `delta["tokenz"]`},
 		{"huge settle", b.Settle(ctx, "", throttle.Cost{"tokens": 1 << 51}), `delta["tokens"]`},
-		{"long key", func() error { _, err := b.TakeCost(ctx, strings.Repeat("k", MaxKeyLen+1), throttle.Cost{"tokens": 1}, 0); return err }(), "key"},
+		{"long key", func() error {
+			_, err := b.TakeCost(ctx, strings.Repeat("k", MaxKeyLen+1), throttle.Cost{"tokens": 1}, 0)
+			return err
+		}(), "key"},
 		{"Take of 0", func() error { _, err := b.Take(ctx, "", 0, 0); return err }(), "n"},
 	}
 	for _, tt := range tests {
