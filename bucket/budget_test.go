@@ -358,12 +358,12 @@ func TestBudgetPauseHoldsEveryDimension(t *testing.T) {
 	srv := redisenv.New(t)
 	b := newBudget(t, srv.Client(), "pause", llmDims(10, 100, time.Minute))
 	ctx := context.Background()
-	if err := b.Pause(ctx, "", 300*time.Millisecond); err != nil {
+	if err := b.Pause(ctx, "", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	d := takeCost(t, b, "", throttle.Cost{"tokens": 1})
-	if d.Granted || d.Delay < 250*time.Millisecond || d.Delay > 300*time.Millisecond {
-		t.Fatalf("paused take = %+v, want refused for ~300ms", d)
+	if d.Granted || d.Delay < 9*time.Second || d.Delay > 10*time.Second {
+		t.Fatalf("paused take = %+v, want refused for the pause's ~10s", d)
 	}
 	if d := takeCost(t, b, "elsewhere", throttle.Cost{"tokens": 1}); !d.Granted {
 		t.Fatalf("another key is paused: %+v", d)
@@ -400,5 +400,37 @@ func TestBudgetFailurePolicy(t *testing.T) {
 	}
 	if err := b.Settle(ctx, "", throttle.Cost{"tokens": 5}); err == nil {
 		t.Error("Settle with the store down = nil, want its error")
+	}
+}
+
+// TestBudgetTakeChargesRequests: Take and Refund, the plain Bucket's
+// methods, use the dimension named "requests", else the first.
+func TestBudgetTakeChargesRequests(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b := newBudget(t, srv.Client(), "plain", []Dimension{{Name: "tokens", Limit: 100, Interval: time.Minute}, {Name: "requests", Limit: 5, Interval: time.Minute}})
+	if d, err := b.Take(ctx, "", 3, 0); err != nil || !d.Granted || d.Limit != 5 || d.Remaining != 2 {
+		t.Fatalf("Take(3) = %+v, %v; want 3 of the 5 requests", d, err)
+	}
+	if err := b.Refund(ctx, "", 1); err != nil {
+		t.Fatal(err)
+	}
+	lim := throttle.New(b)
+	t.Cleanup(func() { lim.Close() })
+	if err := lim.AcquireN(ctx, 3, 0); err != nil {
+		t.Fatalf("AcquireN(3) after a refund of 1 = %v", err)
+	}
+	if err := lim.Acquire(ctx, 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("a 6th request = %v, want ErrTimeout", err)
+	}
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 100}); !d.Granted {
+		t.Fatalf("the tokens were charged by Take: %+v", d)
+	}
+	first := newBudget(t, srv.Client(), "plain-first", []Dimension{{Name: "points", Limit: 7, Interval: time.Minute}, {Name: "cost", Limit: 100, Interval: time.Minute}})
+	if d, err := first.Take(ctx, "", 1, 0); err != nil || d.Limit != 7 || d.Remaining != 6 {
+		t.Fatalf("Take(1) without a requests dimension = %+v, %v; want the first dimension's", d, err)
+	}
+	if _, err := b.Take(ctx, "", 6, 0); !errors.Is(err, throttle.ErrExceedsLimit) {
+		t.Fatalf("Take(6) of 5 requests = %v, want ErrExceedsLimit", err)
 	}
 }
