@@ -434,3 +434,33 @@ func TestBudgetTakeChargesRequests(t *testing.T) {
 		t.Fatalf("Take(6) of 5 requests = %v, want ErrExceedsLimit", err)
 	}
 }
+
+// TestBudgetGiveBackAfterThePeriodOnlyPaysDebt: once a period has ended,
+// a give-back reduces what is owed and adds nothing to the next period.
+func TestBudgetGiveBackAfterThePeriodOnlyPaysDebt(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b := newBudget(t, srv.Client(), "late", []Dimension{{Name: "requests", Limit: 1, Interval: time.Second}, {Name: "tokens", Limit: 100, Interval: time.Second}})
+	takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
+	settle(t, b, "", throttle.Cost{"tokens": 50}) // 50 owed
+	// Wait for the end of both periods (they began together): the next
+	// request comes then, and takes no token.
+	lim := throttle.New(b)
+	t.Cleanup(func() { lim.Close() })
+	if err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1}, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, b, "", throttle.Cost{"tokens": -30}) // 20 owed
+	// The refill brings 100 less the 20 owed.
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 80}); !d.Granted || d.Remaining != 0 {
+		t.Fatalf("take of 80 after the debt was reduced to 20 = %+v, want granted with 0 left", d)
+	}
+	// A give-back in the running period is capped at its limit.
+	settle(t, b, "", throttle.Cost{"tokens": -1000})
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 100}); !d.Granted || d.Remaining != 0 {
+		t.Fatalf("take of the whole limit = %+v, want granted with 0 left", d)
+	}
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted {
+		t.Fatalf("a token beyond the limit was granted: %+v", d)
+	}
+}
