@@ -54,12 +54,16 @@ type CostBucket interface {
 // beyond the wait. Give an estimate when the real cost is known only after
 // the call, and correct it with [Limiter.Settle].
 //
-// The bucket should be a [CostBucket] (package bucket's Budget). Any other
-// bucket keeps one dimension: c must then name exactly one, and
-// AcquireCost is AcquireN of its amount.
+// The bucket should be a [CostBucket] (package bucket's Budget), found as
+// the Limiter finds the other optional interfaces (along Unwrap: a wrapper
+// such as [Smooth] is passed by). Any other bucket keeps one dimension: c
+// must then name exactly one with an amount above 0, and AcquireCost is
+// [Limiter.AcquireN] of that amount.
 //
 // AcquireCost is simpler than Acquire: callers of a key do not queue
-// behind a refusal, and it uses no lease and no adaptive pace. When the
+// behind a refusal, it uses no lease and no adaptive pace, ignores the
+// permits a context holds, and reports nothing to the [Observer] but its
+// degraded decisions. When the
 // store fails, FailOpen grants and FailClosed refuses; FailLocal refuses
 // too (a budget of several dimensions has no local share), with an error
 // that says so. Each call asks the store itself.
