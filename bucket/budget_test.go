@@ -398,8 +398,12 @@ func TestBudgetFailurePolicy(t *testing.T) {
 			t.Errorf("%v: AcquireCost = %v, want a refusal wrapping the BackendError and naming %s", tc.policy, err, tc.says)
 		}
 	}
-	if err := b.Settle(ctx, "", throttle.Cost{"tokens": 5}); err == nil {
-		t.Error("Settle with the store down = nil, want its error")
+	var be *throttle.BackendError
+	if _, err := b.TakeCost(ctx, "", cost, 0); !errors.As(err, &be) || be.Op != "take" || !strings.HasSuffix(be.Key, ":budget") {
+		t.Errorf("TakeCost with the store down = %v, want a *throttle.BackendError of op take on the budget's key", err)
+	}
+	if err := b.Settle(ctx, "", throttle.Cost{"tokens": 5}); !errors.As(err, &be) || be.Op != "settle" {
+		t.Errorf("Settle with the store down = %v, want a *throttle.BackendError of op settle", err)
 	}
 }
 
