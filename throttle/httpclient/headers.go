@@ -40,6 +40,15 @@ const maxHeaderSeconds = 1 << 33
 //  4. X-RateLimit-Reset (GitHub, Twitter, Salesforce and others), when
 //     nothing remains: seconds from now, or a Unix time in seconds or
 //     milliseconds. A fraction is accepted ("1.5", "1470173023.123").
+//  5. The accounting headers of LLM providers, per dimension (requests,
+//     tokens, input and output tokens): OpenAI's
+//     x-ratelimit-remaining-requests / -tokens with
+//     x-ratelimit-reset-requests / -tokens (Go durations: "1s", "6m0s",
+//     "20ms", or plain seconds), and Anthropic's
+//     anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining
+//     with -reset (RFC 3339 times). When some dimension has nothing
+//     remaining: the latest reset among those dimensions. Otherwise, on a
+//     429 only, the earliest reset of any dimension.
 //
 // A reset header tells when a window ends, not that the caller must wait
 // for it: it applies only when its remaining count (RateLimit-Remaining,
@@ -81,7 +90,7 @@ func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
 			return d, true
 		}
 	}
-	return 0, false
+	return accountingReset(h, now, limited)
 }
 
 // noneLeft reports whether header name of h is the number 0.

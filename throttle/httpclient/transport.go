@@ -75,6 +75,7 @@ type Transport struct {
 	log     *slog.Logger
 	limit   map[int]bool // statuses that signal a limit
 	anyVerb bool         // WithRetryAnyMethod
+	answer  func(*http.Response, *throttle.Answer)
 
 	mu     sync.Mutex
 	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
@@ -91,13 +92,14 @@ type Option interface {
 }
 
 type transportConfig struct {
-	base    http.RoundTripper                  // WithBase; default defaultBase()
-	key     func(*http.Request) throttle.Keyed // WithRequestKey; default nil
-	maxWait time.Duration                      // WithMaxWait; default Forever
-	retries int                                // WithRetries; default 2
-	log     *slog.Logger                       // WithLogger; default slog.Default()
-	limit   []int                              // WithLimitStatuses; default 429, 503, 403
-	anyVerb bool                               // WithRetryAnyMethod; default false
+	base    http.RoundTripper                      // WithBase; default defaultBase()
+	key     func(*http.Request) throttle.Keyed     // WithRequestKey; default nil
+	maxWait time.Duration                          // WithMaxWait; default Forever
+	retries int                                    // WithRetries; default 2
+	log     *slog.Logger                           // WithLogger; default slog.Default()
+	limit   []int                                  // WithLimitStatuses; default 429, 503, 403
+	anyVerb bool                                   // WithRetryAnyMethod; default false
+	answer  func(*http.Response, *throttle.Answer) // WithAnswer; default nil
 }
 
 type transportOption func(*transportConfig)
@@ -173,6 +175,25 @@ func WithRetryAnyMethod() Option {
 	return transportOption(func(c *transportConfig) { c.anyVerb = true })
 }
 
+// WithAnswer makes a [Transport] call f with each response and the answer
+// [ReadAnswer] read from it, before reporting the answer to the request's
+// Limiter, so that f can fill in or change what the provider said in a
+// way the headers do not: a GraphQL cost extension in the body
+// (Shopify's throttleStatus: Retry with the time the points take to
+// come back when too few are left), a provider's own headers. Setting
+// Retry with a RetryAfter pauses the bucket for the fleet (through
+// [throttle.Limiter.Report]); Refused and Limit adapt the rate. The
+// Transport's own decision to retry a limit response follows the
+// headers, not f.
+//
+// f is called once per response, concurrently, from RoundTrip; it must
+// not block. It may read resp.Body only if it puts back a body that
+// gives the same bytes (the caller reads it next); it must not close it.
+// Default: none.
+func WithAnswer(f func(resp *http.Response, a *throttle.Answer)) Option {
+	return transportOption(func(c *transportConfig) { c.answer = f })
+}
+
 // WithLogger sets the logger for a Pause of the bucket that failed.
 // Default: slog.Default(). A nil logger keeps the default.
 func WithLogger(l *slog.Logger) Option {
@@ -195,7 +216,7 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // NewTransport returns a [Transport] drawing permits from lim, or from
 // the limiter [WithRequestKey] chooses per request. Options:
 // [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
-// [WithLimitStatuses], [WithRetryAnyMethod],
+// [WithLimitStatuses], [WithRetryAnyMethod], [WithAnswer],
 // [WithLogger]. The Transport sleeps on the clock of the request's
 // Limiter ([throttle.Limiter.Clock]).
 //
@@ -242,6 +263,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		log:     c.log,
 		limit:   limit,
 		anyVerb: c.anyVerb,
+		answer:  c.answer,
 		paused:  make(map[pauseKey]time.Time),
 	}, nil
 }
