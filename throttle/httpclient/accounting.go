@@ -38,37 +38,26 @@ const accountingWindow = time.Minute
 
 // accountingReset reads the accounting headers of h: when some dimension
 // has nothing remaining, the latest of those dimensions' resets (every
-// exhausted dimension must recover before a call can pass); otherwise, on
-// a refusal (limited), the earliest reset of any dimension, when the
-// provider may admit calls again.
-func accountingReset(h http.Header, now time.Time, limited bool) (time.Duration, bool) {
+// exhausted dimension must recover before a call can pass). The reset of
+// a dimension with some remaining says nothing, even on a 429: the
+// provider may have refused for a limit it does not report (concurrency,
+// a long request), and a pause until a window's end would idle the fleet
+// for nothing.
+func accountingReset(h http.Header, now time.Time) (time.Duration, bool) {
 	var (
-		exhausted, parsed bool
-		latest, earliest  time.Duration
+		latest    time.Duration
+		exhausted bool
 	)
 	for _, d := range accountingDimensions {
 		v := h.Get(d.reset)
-		if v == "" {
+		if v == "" || !noneLeft(h, d.remaining) {
 			continue
 		}
-		reset, ok := d.parse(v, now)
-		if !ok {
-			continue
-		}
-		if !parsed || reset < earliest {
-			earliest, parsed = reset, true
-		}
-		if noneLeft(h, d.remaining) {
+		if reset, ok := d.parse(v, now); ok {
 			latest, exhausted = max(latest, reset), true
 		}
 	}
-	switch {
-	case exhausted:
-		return latest, true
-	case limited && parsed:
-		return earliest, true
-	}
-	return 0, false
+	return latest, exhausted
 }
 
 // accountingLimit is the smallest requests limit the accounting headers

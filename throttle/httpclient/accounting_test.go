@@ -48,7 +48,11 @@ func TestReadAnswerAccountingHeaders(t *testing.T) {
 		{"OpenAI requests exhausted", 200, openAI("0", "20ms", "100", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 20 * time.Millisecond}, 500)},
 		{"OpenAI both exhausted: the later reset", 200, openAI("0", "1m30.5s", "0", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 90*time.Second + 500*time.Millisecond}, 500)},
 		{"OpenAI 429 with retry-after", 429, map[string]string{"retry-after": "3", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "9s"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 3 * time.Second}},
-		{"OpenAI 429, none at 0: the earliest reset", 429, openAI("3", "2s", "50", "7s"), perMinute(throttle.Answer{Refused: true, Retry: true, RetryAfter: 2 * time.Second}, 500)},
+		{"OpenAI 429, none at 0: no pause", 429, openAI("3", "2s", "50", "7s"), perMinute(throttle.Answer{Refused: true}, 500)},
+		{"OpenAI retry-after-ms first", 429, map[string]string{"retry-after-ms": "1500.5", "retry-after": "2"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 1500*time.Millisecond + 500*time.Microsecond}},
+		{"retry-after-ms huge is capped", 429, map[string]string{"retry-after-ms": "99999999999999999999999"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: (1 << 33) * time.Second}},
+		{"retry-after-ms garbage falls back", 429, map[string]string{"retry-after-ms": "-3", "retry-after": "2"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 2 * time.Second}},
+		{"retry-after-ms on a success is no limit", 200, map[string]string{"retry-after-ms": "300"}, throttle.Answer{}},
 		{"OpenAI reset in plain seconds", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1.5"}, throttle.Answer{Retry: true, RetryAfter: 1500 * time.Millisecond}},
 		{"OpenAI negative reset ignored", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "-5s"}, throttle.Answer{}},
 		{"OpenAI overflowing reset ignored", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "9999999999999h"}, throttle.Answer{}},
@@ -69,7 +73,7 @@ func TestReadAnswerAccountingHeaders(t *testing.T) {
 		{"Anthropic reset in the past", 200, map[string]string{"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "2026-03-01T11:00:00Z"}, throttle.Answer{Retry: true}},
 		{"Anthropic reset not RFC 3339", 200, map[string]string{"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "30"}, throttle.Answer{}},
 		{"Anthropic 429 with retry-after", 429, map[string]string{"retry-after": "4", "anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": "2026-03-01T12:00:30Z"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 4 * time.Second}},
-		{"Anthropic 429 without retry-after", 429, map[string]string{"anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": "2026-03-01T12:00:30Z"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 30 * time.Second}},
+		{"Anthropic 429 without retry-after, requests at 0", 429, map[string]string{"anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": "2026-03-01T12:00:30Z"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 30 * time.Second}},
 		{"503 with tokens left is no limit", 503, openAI("3", "2s", "50", "7s"), perMinute(throttle.Answer{}, 500)},
 	}
 	for _, tt := range tests {
@@ -103,6 +107,7 @@ func FuzzReadAnswerAccountingHeaders(f *testing.F) {
 				h.Set(sprintf(prefix, "limit"), limit)
 				h.Set(sprintf(prefix, "remaining"), remaining)
 				h.Set(sprintf(prefix, "reset"), reset)
+				h.Set("retry-after-ms", limit)
 				a := httpclient.ReadAnswer(&http.Response{StatusCode: status, Header: h}, now)
 				if a.RetryAfter < 0 || a.RetryAfter > (1<<33)*time.Second+time.Second {
 					t.Fatalf("%d %s (%q, %q, %q): RetryAfter %v out of [0, 2^33 s]", status, prefix, limit, remaining, reset, a.RetryAfter)

@@ -53,10 +53,11 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 		a.RetryAfter, a.Retry = RetryAfter(resp, now)
 	default:
 		// Only a reset with nothing remaining counts here: RetryAfter
-		// applies that rule to resets; a bare Retry-After on a success
-		// is not a limit.
+		// applies that rule to resets; a bare Retry-After (or
+		// Retry-After-Ms) on a success is not a limit.
 		h := resp.Header.Clone()
 		h.Del("Retry-After")
+		h.Del("Retry-After-Ms")
 		a.RetryAfter, a.Retry = RetryAfter(&http.Response{StatusCode: resp.StatusCode, Header: h}, now)
 	}
 	a.Limit, a.Window = advertisedLimit(resp.Header)
