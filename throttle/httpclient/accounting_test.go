@@ -214,10 +214,11 @@ func TestWithAnswerHookPausesTheFleet(t *testing.T) {
 	hook := func(resp *http.Response, a *throttle.Answer) {
 		calls.Add(1)
 		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body)) // the caller reads it next
 		if err != nil {
 			return
 		}
-		resp.Body = io.NopCloser(bytes.NewReader(body)) // the caller reads it next
 		var cost struct {
 			Extensions struct {
 				Cost struct {

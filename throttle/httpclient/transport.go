@@ -56,13 +56,15 @@ const maxPause = time.Hour
 // DELETE. Otherwise the limit response itself is returned. The bodies of
 // responses not returned are read (up to 64 KiB) and closed.
 //
-// Adapting. Every answer is also read by [ReadAnswer] and reported to the
-// request's Limiter ([throttle.Limiter.Report]): a 429, with a retry time
+// Adapting. Every answer is also read by [ReadAnswer] (then by the hook
+// of [WithAnswer], if any) and reported to the request's Limiter
+// ([throttle.Limiter.Report]): a 429, with a retry time
 // or without, lowers the fleet's adaptive rate and paces its grants (so
 // that the bucket's next burst does not meet the provider's refusal
 // again), an advertised limit below the configured one lowers its
-// ceiling, and a success with nothing remaining pauses the bucket until
-// the reset.
+// ceiling, and a success with nothing remaining (in any dimension an LLM
+// provider reports: requests or tokens) pauses the bucket until the
+// reset.
 //
 // Errors. RoundTrip's errors do not repeat the request's method and URL:
 // http.Client wraps them in a *url.Error that names both.
@@ -187,9 +189,9 @@ func WithRetryAnyMethod() Option {
 // headers, not f.
 //
 // f is called once per response, concurrently, from RoundTrip; it must
-// not block. It may read resp.Body only if it puts back a body that
-// gives the same bytes (the caller reads it next); it must not close it.
-// Default: none.
+// not block. It may read resp.Body if it then closes it and puts back a
+// body that gives the same bytes (io.NopCloser over them): the caller
+// reads it next. Default: none.
 func WithAnswer(f func(resp *http.Response, a *throttle.Answer)) Option {
 	return transportOption(func(c *transportConfig) { c.answer = f })
 }
