@@ -56,13 +56,15 @@ const maxPause = time.Hour
 // DELETE. Otherwise the limit response itself is returned. The bodies of
 // responses not returned are read (up to 64 KiB) and closed.
 //
-// Adapting. Every answer is also read by [ReadAnswer] and reported to the
-// request's Limiter ([throttle.Limiter.Report]): a 429, with a retry time
+// Adapting. Every answer is also read by [ReadAnswer] (then by the hook
+// of [WithAnswer], if any) and reported to the request's Limiter
+// ([throttle.Limiter.Report]): a 429, with a retry time
 // or without, lowers the fleet's adaptive rate and paces its grants (so
 // that the bucket's next burst does not meet the provider's refusal
 // again), an advertised limit below the configured one lowers its
-// ceiling, and a success with nothing remaining pauses the bucket until
-// the reset.
+// ceiling, and a success with nothing remaining (in any dimension an LLM
+// provider reports: requests or tokens) pauses the bucket until the
+// reset.
 //
 // Errors. RoundTrip's errors do not repeat the request's method and URL:
 // http.Client wraps them in a *url.Error that names both.
@@ -73,9 +75,10 @@ type Transport struct {
 	maxWait time.Duration
 	retries int
 	log     *slog.Logger
-	limit   map[int]bool   // statuses that signal a limit
-	anyVerb bool           // WithRetryAnyMethod
-	slots   throttle.Slots // WithConcurrency; nil: no cap
+	limit   map[int]bool                           // statuses that signal a limit
+	anyVerb bool                                   // WithRetryAnyMethod
+	slots   throttle.Slots                         // WithConcurrency; nil: no cap
+	answer  func(*http.Response, *throttle.Answer) // WithAnswer; nil: none
 
 	mu     sync.Mutex
 	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
@@ -92,14 +95,15 @@ type Option interface {
 }
 
 type transportConfig struct {
-	base    http.RoundTripper                  // WithBase; default defaultBase()
-	key     func(*http.Request) throttle.Keyed // WithRequestKey; default nil
-	maxWait time.Duration                      // WithMaxWait; default Forever
-	retries int                                // WithRetries; default 2
-	log     *slog.Logger                       // WithLogger; default slog.Default()
-	limit   []int                              // WithLimitStatuses; default 429, 503, 403
-	anyVerb bool                               // WithRetryAnyMethod; default false
-	slots   throttle.Slots                     // WithConcurrency; default nil
+	base    http.RoundTripper                      // WithBase; default defaultBase()
+	key     func(*http.Request) throttle.Keyed     // WithRequestKey; default nil
+	maxWait time.Duration                          // WithMaxWait; default Forever
+	retries int                                    // WithRetries; default 2
+	log     *slog.Logger                           // WithLogger; default slog.Default()
+	limit   []int                                  // WithLimitStatuses; default 429, 503, 403
+	anyVerb bool                                   // WithRetryAnyMethod; default false
+	slots   throttle.Slots                         // WithConcurrency; default nil
+	answer  func(*http.Response, *throttle.Answer) // WithAnswer; default nil
 }
 
 type transportOption func(*transportConfig)
@@ -175,6 +179,25 @@ func WithRetryAnyMethod() Option {
 	return transportOption(func(c *transportConfig) { c.anyVerb = true })
 }
 
+// WithAnswer makes a [Transport] call f with each response and the answer
+// [ReadAnswer] read from it, before reporting the answer to the request's
+// Limiter, so that f can fill in or change what the provider said in a
+// way the headers do not: a GraphQL cost extension in the body
+// (Shopify's throttleStatus: Retry with the time the points take to
+// come back when too few are left), a provider's own headers. Setting
+// Retry with a RetryAfter pauses the bucket for the fleet (through
+// [throttle.Limiter.Report]); Refused and Limit adapt the rate. The
+// Transport's own decision to retry a limit response follows the
+// headers, not f.
+//
+// f is called once per response, concurrently, from RoundTrip; it must
+// not block. It may read resp.Body if it then closes it and puts back a
+// body that gives the same bytes (io.NopCloser over them): the caller
+// reads it next. Default: none.
+func WithAnswer(f func(resp *http.Response, a *throttle.Answer)) Option {
+	return transportOption(func(c *transportConfig) { c.answer = f })
+}
+
 // WithLogger sets the logger for a Pause of the bucket that failed.
 // Default: slog.Default(). A nil logger keeps the default.
 func WithLogger(l *slog.Logger) Option {
@@ -212,6 +235,7 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // the limiter [WithRequestKey] chooses per request. Options:
 // [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
 // [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency],
+// [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency], [WithAnswer],
 // [WithLogger]. The Transport sleeps on the clock of the request's
 // Limiter ([throttle.Limiter.Clock]).
 //
@@ -259,6 +283,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		limit:   limit,
 		anyVerb: c.anyVerb,
 		slots:   c.slots,
+		answer:  c.answer,
 		paused:  make(map[pauseKey]time.Time),
 	}, nil
 }
