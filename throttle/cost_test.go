@@ -3,7 +3,6 @@ package throttle
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -90,7 +89,7 @@ func TestAcquireCostRefusesBadInput(t *testing.T) {
 
 func TestCostString(t *testing.T) {
 	got := Cost{"tokens": 800, "requests": 1}.String()
-	if !strings.EqualFold(got, "requests=1 tokens=800") {
+	if got != "requests=1 tokens=800" {
 		t.Fatalf("String = %q", got)
 	}
 }
