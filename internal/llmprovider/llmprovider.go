@@ -84,12 +84,34 @@ type Provider struct {
 	inFlight int
 	seen     map[string]int
 	stats    Stats
+	all      []arrival // every admitted call, for Tallies
 }
 
 // arrival is an admitted call: when it arrived and what it cost.
 type arrival struct {
 	at     time.Time
 	tokens int64
+}
+
+// Tally is what a Provider admitted in one window.
+type Tally struct{ Requests, Tokens int64 }
+
+// Tallies returns the calls and tokens admitted in each consecutive
+// Window from the first admitted call's arrival (the last one partial).
+func (p *Provider) Tallies() []Tally {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.all) == 0 {
+		return nil
+	}
+	first := p.all[0].at
+	out := make([]Tally, int(p.all[len(p.all)-1].at.Sub(first)/p.cfg.Window)+1)
+	for _, a := range p.all {
+		t := &out[int(a.at.Sub(first)/p.cfg.Window)]
+		t.Requests++
+		t.Tokens += a.tokens
+	}
+	return out
 }
 
 // Stats is what a Provider counted, by arrival.
@@ -284,6 +306,7 @@ func (p *Provider) arrive(record string) decision {
 		p.stats.Refused++
 	} else {
 		p.window = append(p.window, arrival{at: now, tokens: d.tokens})
+		p.all = append(p.all, arrival{at: now, tokens: d.tokens})
 		p.inWindow += d.tokens
 		p.inFlight++
 		s := &p.stats
