@@ -271,6 +271,54 @@ func TestConcurrencyDeadHolderFreesItsSlotWithinTheLease(t *testing.T) {
 	}
 }
 
+// TestConcurrencyDeadWaiterDoesNotBlockTheQueue: a waiter whose process
+// dies in the queue (its client closed) neither keeps its place nor a slot
+// handed to it for longer than its lease: the live waiter behind it gets
+// the slot within a lease of the release.
+func TestConcurrencyDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
+	srv := redisenv.New(t)
+	const lease = 300 * time.Millisecond
+	holder := newSlots(t, srv.Client(), "queue", 1, WithLease(lease))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	release, err := holder.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadClient := srv.Client()
+	dead := newSlots(t, deadClient, "queue", 1, WithLease(lease))
+	deadDone := make(chan error, 1)
+	go func() {
+		_, err := dead.Hold(ctx, "", throttle.Forever)
+		deadDone <- err
+	}()
+	waitSlots(t, "dead waiter queued", func() bool { _, w := count(t, srv.Client(), holder, ""); return w == 1 })
+	_ = deadClient.Close()
+
+	live := newSlots(t, srv.Client(), "queue", 1, WithLease(lease))
+	got := make(chan error, 1)
+	go func() {
+		rel, err := live.Hold(ctx, "", throttle.Forever)
+		if err == nil {
+			rel()
+		}
+		got <- err
+	}()
+	released := time.Now()
+	release()
+	if err := <-got; err != nil {
+		t.Fatalf("live waiter behind a dead one: %v", err)
+	}
+	took := time.Since(released)
+	t.Logf("live waiter served %v after the release (lease %v)", took, lease)
+	if took > lease+500*time.Millisecond {
+		t.Fatalf("live waiter served %v after the release, want within the lease %v", took, lease)
+	}
+	if err := <-deadDone; err == nil {
+		t.Fatal("the dead waiter's Hold succeeded with its client closed")
+	}
+}
+
 // TestConcurrencyGivingUpLeavesTheQueue: a caller that times out or is
 // cancelled leaves the queue and holds nothing after.
 func TestConcurrencyGivingUpLeavesTheQueue(t *testing.T) {

@@ -42,19 +42,30 @@ type reply struct {
 	tokens int64
 }
 
-// call sends one request, naming record when not empty.
+// call sends one request, naming record when not empty. It may run on
+// a goroutine of its own: it reports errors with t.Errorf, and returns a
+// zero reply then.
 func call(t *testing.T, p *llmprovider.Provider, record string) reply {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, p.URL()+"/v1/chat/completions", nil)
-	require.NoError(t, err)
+	if err != nil {
+		t.Errorf("NewRequest: %v", err)
+		return reply{}
+	}
 	if record != "" {
 		req.Header.Set(llmprovider.RecordHeader, record)
 	}
 	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
+	if err != nil {
+		t.Errorf("call: %v", err)
+		return reply{}
+	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	if err != nil {
+		t.Errorf("reading the answer: %v", err)
+		return reply{}
+	}
 	r := reply{status: resp.StatusCode, header: resp.Header}
 	if resp.StatusCode == http.StatusOK {
 		var u struct {
@@ -62,7 +73,9 @@ func call(t *testing.T, p *llmprovider.Provider, record string) reply {
 				TotalTokens int64 `json:"total_tokens"`
 			} `json:"usage"`
 		}
-		require.NoError(t, json.Unmarshal(body, &u), "body %q", body)
+		if err := json.Unmarshal(body, &u); err != nil {
+			t.Errorf("body %q: %v", body, err)
+		}
 		r.tokens = u.Usage.TotalTokens
 	}
 	return r
@@ -265,6 +278,26 @@ func TestHeadersReadByTheTransport(t *testing.T) {
 	assert.Equal(t, throttle.Answer{Retry: true, RetryAfter: 50 * time.Second, Limit: 60, Window: time.Minute}, read())
 	// Refused: Retry-After says the same, in whole seconds.
 	assert.Equal(t, throttle.Answer{Refused: true, Retry: true, RetryAfter: 50 * time.Second, Limit: 60, Window: time.Minute}, read())
+}
+
+// TestConcurrencyRefusalAsksForNoPause: a call refused for the
+// concurrency cap, with calls and tokens remaining, is a refusal without
+// a retry time: the fleet slows, it does not stop until a window's end.
+func TestConcurrencyRefusalAsksForNoPause(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	p := start(t, llmprovider.Config{RPM: 60, TPM: 1000, Concurrency: 1, Latency: time.Second, Clock: clk})
+	held := make(chan reply, 1)
+	go func() { held <- call(t, p, "") }()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, clk.BlockUntilContext(ctx, 1))
+	resp, err := http.Get(p.URL())
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "concurrency", resp.Header.Get(llmprovider.RefusedHeader))
+	assert.Equal(t, throttle.Answer{Refused: true, Limit: 60, Window: time.Minute}, httpclient.ReadAnswer(resp, clk.Now()))
+	clk.Advance(time.Second)
+	assert.Equal(t, http.StatusOK, (<-held).status)
 }
 
 func TestStartRefusesBadConfig(t *testing.T) {
