@@ -253,6 +253,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	}
 
 	var s summary
+	returned := 0 // consumers whose Run returned
 	start := time.Now()
 	var killTime time.Time
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -268,6 +269,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 			}
 			produced = nil
 		case err := <-runErrs:
+			returned++
 			if killed.Load() == 0 && err != nil && !errors.Is(err, context.Canceled) {
 				return s, fmt.Errorf("a consumer stopped: %w", err)
 			}
@@ -308,7 +310,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	}
 	elapsed := time.Since(start)
 	stopFleet()
-	for range c.instances {
+	for ; returned < c.instances; returned++ {
 		<-runErrs
 	}
 	s.handled = int(nHandled.Load())
@@ -376,8 +378,9 @@ func handler(lim *throttle.Limiter, hc *http.Client, target string, estimate int
 		ans.Limit, ans.Window = 0, 0
 		_ = lim.Report(ctx, ans) // best effort: a pause until the provider's reset
 		if resp.StatusCode == http.StatusTooManyRequests {
-			// Refused: the provider counted nothing; give it all back.
-			_ = lim.Settle(ctx, est, throttle.Cost{"requests": 0, "tokens": 0})
+			// Refused: the provider counted no tokens; the request stays
+			// charged, so that retries do not hammer it.
+			_ = lim.Settle(ctx, est, throttle.Cost{"requests": 1, "tokens": 0})
 			return fmt.Errorf("the provider refused the call (%s)", resp.Header.Get(llmprovider.RefusedHeader))
 		}
 		if resp.StatusCode/100 != 2 {
