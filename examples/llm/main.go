@@ -378,9 +378,9 @@ func handler(lim *throttle.Limiter, hc *http.Client, target string, estimate int
 		ans.Limit, ans.Window = 0, 0
 		_ = lim.Report(ctx, ans) // best effort: a pause until the provider's reset
 		if resp.StatusCode == http.StatusTooManyRequests {
-			// Refused: the provider counted no tokens; the request stays
-			// charged, so that retries do not hammer it.
-			_ = lim.Settle(ctx, est, throttle.Cost{"requests": 1, "tokens": 0})
+			// Refused: the provider counted nothing; give it all back (the
+			// answer's retry time, reported above, holds the fleet).
+			_ = lim.Settle(ctx, est, throttle.Cost{"requests": 0, "tokens": 0})
 			return fmt.Errorf("the provider refused the call (%s)", resp.Header.Get(llmprovider.RefusedHeader))
 		}
 		if resp.StatusCode/100 != 2 {
