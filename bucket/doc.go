@@ -20,6 +20,13 @@
 //	GCRA         smooth rate with a burst             ≤ burst + rate·t in any span t      1
 //	Counter      N per period, reset by a leader      ≤ limit per reset, resets           1
 //	 + Resetter                                       ≥ period apart
+//	Budget       several dimensions (requests and     each dimension a TokenBucket;       1
+//	             tokens per minute), cost settled     all-or-nothing; Settle up is a
+//	             after the call                       debt paid by the next refills
+//
+// Besides rates, [Concurrency] caps the calls in flight per key across
+// the fleet ([throttle.Slots]): at most N at once, a dead holder's slot
+// back within a lease, waiters served in arrival order.
 //
 // Every bucket:
 //   - decides on the Redis server's clock (TIME inside scripts, or key
@@ -28,7 +35,8 @@
 //     EVALSHA and reloaded after NOSCRIPT (a restart, a failover); the
 //     TokenBucket's refill is part of its take script;
 //   - coalesces concurrent takes of one permit for the same key in one
-//     process into one round trip (see Coalesced takes below);
+//     process into one round trip (see Coalesced takes below), but
+//     [Budget], whose costs differ call by call;
 //   - charges nothing for a denied call, and grants n permits all or none;
 //   - names, when it refuses, the time after which asking again can succeed
 //     (Decision.Delay), so a Limiter sleeps instead of polling; [GCRA] even
@@ -77,7 +85,9 @@
 // kind is tb, tb:lock, tb:cap, tb:limit and tb:phase (TokenBucket; tb:cap
 // lives a minute past its period, for the phase after an outage), fw:<µs> and
 // fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog), gcra
-// and gcra:limit (GCRA), ctr and ctr:lock (Counter), and pause for every
+// and gcra:limit (GCRA), ctr and ctr:lock (Counter), budget (Budget: one
+// hash for every dimension), slots, slots-queue, slots-waiting and
+// slots-seq (Concurrency), and pause for every
 // bucket; under the constructor's tag only, every bucket also writes live
 // (the sorted set of live instances, which expires two heartbeat windows
 // after the last take). The prefix is "headway" unless [WithPrefix] says

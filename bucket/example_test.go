@@ -114,3 +114,45 @@ func ExampleNewTiers() {
 	fmt.Println(d.Granted, d.Limit, d.Remaining, err)
 	// Output: true 10 9 <nil>
 }
+
+func ExampleNewConcurrency() {
+	srv, err := redisenv.Start()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Close()
+
+	// At most two calls in flight to the provider, across every instance
+	// that shares this Redis and key. A holder that dies gives its slot
+	// back within the lease.
+	slots, err := bucket.NewConcurrency(srv.Client(), "example-provider", 2, bucket.WithLease(5*time.Second))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer slots.Close()
+	ctx := context.Background()
+
+	first, _ := slots.Hold(ctx, "", 0)
+	second, _ := slots.Hold(ctx, "", 0)
+	_, err = slots.Hold(ctx, "", 0) // only a slot free now
+	fmt.Println("third call:", errors.Is(err, throttle.ErrTimeout))
+
+	// A waiting caller gets the slot as soon as one is given back.
+	got := make(chan error, 1)
+	go func() {
+		release, err := slots.Hold(ctx, "", 10*time.Second)
+		if err == nil {
+			release()
+		}
+		got <- err
+	}()
+	first()
+	fmt.Println("waiter:", <-got)
+	second()
+
+	// Output:
+	// third call: true
+	// waiter: <nil>
+}

@@ -46,6 +46,20 @@ type SlidingLogOption interface {
 	slidingLogOption()
 }
 
+// ConcurrencyOption configures [NewConcurrency]: [WithPrefix],
+// [WithLease].
+type ConcurrencyOption interface {
+	apply(*config)
+	concurrencyOption()
+}
+
+// PrefixOption is [WithPrefix]'s type: it configures every constructor of
+// this package.
+type PrefixOption interface {
+	CommonOption
+	ConcurrencyOption
+}
+
 // CommonOption configures every bucket constructor: [WithPrefix],
 // [WithHeartbeat]. [NewFixedWindow], [NewTiers] and [NewSlidingLog] read
 // no other options.
@@ -77,6 +91,20 @@ func (commonOption) tokenBucketOption() {}
 func (commonOption) gcraOption()        {}
 func (commonOption) counterOption()     {}
 func (commonOption) slidingLogOption()  {}
+
+type prefixOption func(*config)
+
+func (f prefixOption) apply(c *config)  { f(c) }
+func (prefixOption) tokenBucketOption() {}
+func (prefixOption) gcraOption()        {}
+func (prefixOption) counterOption()     {}
+func (prefixOption) slidingLogOption()  {}
+func (prefixOption) concurrencyOption() {}
+
+type concurrencyOnly func(*config)
+
+func (f concurrencyOnly) apply(c *config)  { f(c) }
+func (concurrencyOnly) concurrencyOption() {}
 
 type leaderOption func(*config)
 
@@ -110,6 +138,7 @@ type config struct {
 	retry      time.Duration
 	liveWindow time.Duration // WithHeartbeat, in call.go
 	margin     time.Duration
+	slotLease  time.Duration // WithLease
 }
 
 const (
@@ -125,6 +154,7 @@ func newConfig[O interface{ apply(*config) }](opts []O) config {
 		lease:      defaultLease,
 		retry:      defaultRetry,
 		liveWindow: defaultLiveWindow,
+		slotLease:  defaultSlotLease,
 	}
 	for _, o := range opts {
 		if any(o) != nil {
@@ -138,8 +168,8 @@ func newConfig[O interface{ apply(*config) }](opts []O) config {
 // that several applications can share one Redis. Default: "headway". It
 // must be non-empty, at most 64 bytes, and contain no '{' or '}' (they would
 // change the keys' cluster hash slot); constructors refuse it otherwise.
-func WithPrefix(p string) CommonOption {
-	return commonOption(func(c *config) { c.prefix = p })
+func WithPrefix(p string) PrefixOption {
+	return prefixOption(func(c *config) { c.prefix = p })
 }
 
 // WithLogger sets a Resetter's logger for rare events: winning or losing

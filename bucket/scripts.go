@@ -27,6 +27,8 @@ var (
 	srcCounterReset string
 	//go:embed lua/state.lua
 	srcState string
+	//go:embed lua/budget.lua
+	srcBudget string
 
 	scriptPause        = redis.NewScript(srcPause)
 	scriptTBTake       = redis.NewScript(srcTBTake)
@@ -36,6 +38,7 @@ var (
 	scriptCounterTake  = redis.NewScript(srcCounterTake)
 	scriptCounterReset = redis.NewScript(srcCounterReset)
 	scriptState        = redis.NewScript(srcState)
+	scriptBudget       = redis.NewScript(srcBudget)
 )
 
 // scripts lists every script by file name, for tests.
@@ -48,4 +51,5 @@ var scripts = map[string]*redis.Script{
 	"counter_take.lua":  scriptCounterTake,
 	"counter_reset.lua": scriptCounterReset,
 	"state.lua":         scriptState,
+	"budget.lua":        scriptBudget,
 }

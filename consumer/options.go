@@ -68,6 +68,8 @@ type config struct {
 	// retry delays).
 	ordering    Ordering
 	maxInFlight int
+	// slots: nil, meaning no cap on handler calls in flight per key.
+	slots throttle.Slots
 	// queueSize: 4096 records per partition; queueBytes: 1 MiB per
 	// partition. pollSize: 0, meaning every record the client has
 	// fetched.
@@ -464,4 +466,23 @@ func WithMaxInFlight(n int) Option {
 		}
 		c.maxInFlight = n
 	})
+}
+
+// WithConcurrency caps the handler calls in flight: each attempt holds a
+// slot of s for its record's key (the key of the budget [WithLimiterFor]
+// chooses, "" by default) from before its permit until the handler call
+// returns. The slot comes first: a record never holds a permit while it
+// waits for a slot, and its call starts right after its permit, so the
+// rate's pacing holds. The slot's wait and the permit's share
+// [WithPermitWait]'s wait, and a slot that comes without its permit is
+// given back; no slot in time counts as a permit timeout. With a
+// bucket.Concurrency, the cap holds across every consumer instance.
+// Default (and nil): no cap.
+//
+// Give the cap to the consumer or to an httpclient.Transport the handler
+// sends through, not to both: the handler's request would wait for a
+// second slot of the cap its record already holds, and with every slot
+// held by records, wait forever.
+func WithConcurrency(s throttle.Slots) Option {
+	return optionFunc(func(c *config) { c.slots = s })
 }

@@ -76,12 +76,14 @@ func (p *partition) process(w *worker, s *slot) outcome {
 			}
 		}
 		first = false
-		k, now, err := p.acquire(rec, wait)
+		k, release, now, err := p.acquire(rec, wait)
 		switch {
 		case err == nil:
 			delays = 0
 			attempts++
-			if lastErr = p.call(w, rec, k, now); lastErr == nil {
+			lastErr = p.call(w, rec, k, now)
+			release()
+			if lastErr == nil {
 				c.handled.Add(1)
 				return finished
 			}
@@ -171,25 +173,47 @@ func (p *partition) waitUnparked(s *slot) bool {
 	return true
 }
 
-// acquire waits up to wait for rec's permit and returns the budget it
-// came from, and the time it returned; a zero Keyed (no limiter for rec)
-// takes no permit.
-func (p *partition) acquire(rec *kgo.Record, wait time.Duration) (throttle.Keyed, time.Time, error) {
+// acquire waits up to wait for rec's concurrency slot (WithConcurrency),
+// then for its permit, and returns the budget it came from, the function
+// that gives the slot back (to call when the handler returns; a no-op
+// without a cap), and the time it returned. A zero Keyed (no limiter for
+// rec) takes no permit. On an error nothing is held.
+func (p *partition) acquire(rec *kgo.Record, wait time.Duration) (throttle.Keyed, func(), time.Time, error) {
 	c := p.c
 	k, err := c.limiterOf(rec)
-	if err != nil || k.Limiter() == nil {
-		return k, time.Now(), err
+	if err != nil || k.Limiter() == nil && c.cfg.slots == nil {
+		return k, noRelease, time.Now(), err
 	}
 	p.waiting.Add(1)
 	c.waitingRecords.Add(1)
+	defer func() {
+		c.waitingRecords.Add(-1)
+		p.waiting.Add(-1)
+	}()
 	start := time.Now()
+	release := noRelease
+	if c.cfg.slots != nil {
+		if release, err = c.cfg.slots.Hold(p.soft, k.Key(), wait); err != nil {
+			return k, noRelease, time.Now(), fmt.Errorf("concurrency slot: %w", err)
+		}
+		if wait != throttle.Forever {
+			wait = max(wait-time.Since(start), 0)
+		}
+	}
+	if k.Limiter() == nil {
+		return k, release, time.Now(), nil
+	}
 	err = k.Acquire(p.soft, wait)
 	now := time.Now()
 	c.permitWait.Add(int64(now.Sub(start)))
-	c.waitingRecords.Add(-1)
-	p.waiting.Add(-1)
-	return k, now, err
+	if err != nil {
+		release()
+		return k, noRelease, now, err
+	}
+	return k, release, now, nil
 }
+
+func noRelease() {}
 
 // call runs the handler once, within the handler timeout from now. Its context
 // holds the attempt's permit (k's), so that a client on the same budget

@@ -26,6 +26,16 @@
 // Per key: [Limiter.Key] gives each tenant or endpoint its own budget in
 // one bucket.
 //
+// Calls in flight: [Slots] caps how many calls run at once per key, a
+// slot held from Hold until its release; [LocalSlots] caps one process,
+// and package bucket's Concurrency a fleet.
+//
+// Costs: a call that spends several things at once (one request and 800
+// tokens of an LLM API), known only after it, takes an estimated [Cost]
+// with [Limiter.AcquireCost] and corrects it with [Limiter.Settle], from
+// a [CostBucket] (package bucket's Budget) that takes every dimension or
+// none.
+//
 // Around the core, in packages of their own: throttle/httpclient has an
 // http.RoundTripper that takes a permit before each outbound request and
 // turns a provider's "too many requests" into a pause of the shared

@@ -27,8 +27,19 @@ import (
 //   - The advertised limit, from X-RateLimit-Limit (per the bucket's own
 //     interval, as the header names no window), RateLimit-Limit (draft
 //     ≤ 06, with an optional `;w=` window) or RateLimit-Policy (`q=`
-//     and `w=` of draft 07 on, or `limit;w=` before): the smallest rate
-//     among the policies given.
+//     and `w=` of draft 07 on, or `limit;w=` before), OpenAI's
+//     x-ratelimit-limit-requests or Anthropic's
+//     anthropic-ratelimit-requests-limit (per minute, Window one minute):
+//     the smallest rate among the policies given.
+//   - The accounting headers of LLM providers (OpenAI's x-ratelimit-*,
+//     Anthropic's anthropic-ratelimit-*; see [RetryAfter]) count each
+//     dimension apart: any dimension with nothing remaining, requests or
+//     tokens, and a reset time sets Retry until its reset, so the fleet
+//     pauses until the provider admits calls again. A tokens limit is not
+//     a limit on calls: it sets no Limit.
+//
+// Values that do not parse (signs, exponents, overflowing durations,
+// garbage) are ignored, header by header.
 func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 	var a throttle.Answer
 	if resp == nil {
@@ -42,10 +53,11 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 		a.RetryAfter, a.Retry = RetryAfter(resp, now)
 	default:
 		// Only a reset with nothing remaining counts here: RetryAfter
-		// applies that rule to resets; a bare Retry-After on a success
-		// is not a limit.
+		// applies that rule to resets; a bare Retry-After (or
+		// Retry-After-Ms) on a success is not a limit.
 		h := resp.Header.Clone()
 		h.Del("Retry-After")
+		h.Del("Retry-After-Ms")
 		a.RetryAfter, a.Retry = RetryAfter(&http.Response{StatusCode: resp.StatusCode, Header: h}, now)
 	}
 	a.Limit, a.Window = advertisedLimit(resp.Header)
@@ -63,7 +75,11 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 // past) pauses nothing.
 func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Response, now time.Time) {
 	a := ReadAnswer(resp, now)
-	if a.Retry && a.RetryAfter > 0 && t.limit[resp.StatusCode] {
+	read := a
+	if t.answer != nil {
+		t.answer(resp, &a)
+	}
+	if a.Retry && a.RetryAfter > 0 && t.limit[resp.StatusCode] && read.Retry && a.RetryAfter <= read.RetryAfter {
 		a.Retry = false // RoundTrip pauses
 	}
 	if !a.Refused && !a.Retry && a.Limit == 0 {
@@ -96,6 +112,7 @@ func advertisedLimit(h http.Header) (int64, time.Duration) {
 			consider(q, 0)
 		}
 	}
+	consider(accountingLimit(h), accountingWindow)
 	for _, name := range []string{"RateLimit-Limit", "RateLimit-Policy"} {
 		v := h.Values(name)
 		if len(v) == 0 {

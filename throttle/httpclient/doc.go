@@ -53,6 +53,10 @@
 // one budget in Redis but two here, so give the consumer and the
 // Transport Limiters over the same bucket value, or the same Limiter.
 //
+// A cap on calls in flight ([WithConcurrency], consumer.WithConcurrency)
+// goes to one of the two, not both: a handler's request would wait for a
+// second slot of the cap its record already holds.
+//
 // Waits: the held permit is used at once; the consumer waited for it
 // under its own bound. A request that takes its own permit waits at most
 // the tighter of the Transport's maxWait ([WithMaxWait]) and its

@@ -29,8 +29,10 @@ const maxHeaderSeconds = 1 << 33
 // again, at time now, and whether it says so at all. The first of these
 // that applies wins:
 //
-//  1. Retry-After (RFC 9110): a whole number of seconds, or an HTTP date
-//     (IMF-fixdate, RFC 850 or asctime). It always applies.
+//  1. Retry-After-Ms (OpenAI), a number of milliseconds, with a
+//     fraction or without; then Retry-After (RFC 9110): a whole number
+//     of seconds, or an HTTP date (IMF-fixdate, RFC 850 or asctime).
+//     They always apply.
 //  2. RateLimit-Reset (IETF draft up to -06, GitLab and others), when
 //     nothing remains: seconds from now, or a Unix time (see below).
 //  3. RateLimit (IETF draft): in the dictionary form of draft -07,
@@ -40,6 +42,16 @@ const maxHeaderSeconds = 1 << 33
 //  4. X-RateLimit-Reset (GitHub, Twitter, Salesforce and others), when
 //     nothing remains: seconds from now, or a Unix time in seconds or
 //     milliseconds. A fraction is accepted ("1.5", "1470173023.123").
+//  5. The accounting headers of LLM providers, per dimension (requests,
+//     tokens, input and output tokens): OpenAI's
+//     x-ratelimit-remaining-requests / -tokens with
+//     x-ratelimit-reset-requests / -tokens (Go durations: "1s", "6m0s",
+//     "20ms", or plain seconds), and Anthropic's
+//     anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining
+//     with -reset (RFC 3339 times), when some dimension has nothing
+//     remaining: the latest reset among those dimensions. A dimension
+//     with some remaining says nothing, even on a 429 (the provider may
+//     have refused for a limit it does not report, such as concurrency).
 //
 // A reset header tells when a window ends, not that the caller must wait
 // for it: it applies only when its remaining count (RateLimit-Remaining,
@@ -57,6 +69,12 @@ const maxHeaderSeconds = 1 << 33
 // capped at 2³³ seconds so that nothing overflows.
 func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
 	h := resp.Header
+	if v := h.Get("Retry-After-Ms"); v != "" {
+		if ms, frac, ok := parseDecimal(v, true); ok {
+			// Capped before the multiplication, so that it cannot overflow.
+			return min(time.Duration(min(ms, maxHeaderSeconds*1000))*time.Millisecond+time.Duration(frac)/1000, maxHeaderSeconds*time.Second), true
+		}
+	}
 	if v := h.Get("Retry-After"); v != "" {
 		if d, ok := parseSeconds(v, false); ok {
 			return d, true
@@ -81,7 +99,7 @@ func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
 			return d, true
 		}
 	}
-	return 0, false
+	return accountingReset(h, now)
 }
 
 // noneLeft reports whether header name of h is the number 0.

@@ -96,7 +96,7 @@ func FuzzRetryAfter(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		for _, name := range []string{"Retry-After", "RateLimit-Reset", "RateLimit", "X-RateLimit-Reset"} {
+		for _, name := range []string{"Retry-After-Ms", "Retry-After", "RateLimit-Reset", "RateLimit", "X-RateLimit-Reset"} {
 			h := http.Header{}
 			h.Set(name, v)
 			d, ok := httpclient.RetryAfter(&http.Response{StatusCode: http.StatusServiceUnavailable, Header: h}, headerNow)

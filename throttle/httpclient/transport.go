@@ -56,13 +56,15 @@ const maxPause = time.Hour
 // DELETE. Otherwise the limit response itself is returned. The bodies of
 // responses not returned are read (up to 64 KiB) and closed.
 //
-// Adapting. Every answer is also read by [ReadAnswer] and reported to the
-// request's Limiter ([throttle.Limiter.Report]): a 429, with a retry time
+// Adapting. Every answer is also read by [ReadAnswer] (then by the hook
+// of [WithAnswer], if any) and reported to the request's Limiter
+// ([throttle.Limiter.Report]): a 429, with a retry time
 // or without, lowers the fleet's adaptive rate and paces its grants (so
 // that the bucket's next burst does not meet the provider's refusal
 // again), an advertised limit below the configured one lowers its
-// ceiling, and a success with nothing remaining pauses the bucket until
-// the reset.
+// ceiling, and a success with nothing remaining (in any dimension an LLM
+// provider reports: requests or tokens) pauses the bucket until the
+// reset.
 //
 // Errors. RoundTrip's errors do not repeat the request's method and URL:
 // http.Client wraps them in a *url.Error that names both.
@@ -73,8 +75,10 @@ type Transport struct {
 	maxWait time.Duration
 	retries int
 	log     *slog.Logger
-	limit   map[int]bool // statuses that signal a limit
-	anyVerb bool         // WithRetryAnyMethod
+	limit   map[int]bool                           // statuses that signal a limit
+	anyVerb bool                                   // WithRetryAnyMethod
+	slots   throttle.Slots                         // WithConcurrency; nil: no cap
+	answer  func(*http.Response, *throttle.Answer) // WithAnswer; nil: none
 
 	mu     sync.Mutex
 	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
@@ -91,13 +95,15 @@ type Option interface {
 }
 
 type transportConfig struct {
-	base    http.RoundTripper                  // WithBase; default defaultBase()
-	key     func(*http.Request) throttle.Keyed // WithRequestKey; default nil
-	maxWait time.Duration                      // WithMaxWait; default Forever
-	retries int                                // WithRetries; default 2
-	log     *slog.Logger                       // WithLogger; default slog.Default()
-	limit   []int                              // WithLimitStatuses; default 429, 503, 403
-	anyVerb bool                               // WithRetryAnyMethod; default false
+	base    http.RoundTripper                      // WithBase; default defaultBase()
+	key     func(*http.Request) throttle.Keyed     // WithRequestKey; default nil
+	maxWait time.Duration                          // WithMaxWait; default Forever
+	retries int                                    // WithRetries; default 2
+	log     *slog.Logger                           // WithLogger; default slog.Default()
+	limit   []int                                  // WithLimitStatuses; default 429, 503, 403
+	anyVerb bool                                   // WithRetryAnyMethod; default false
+	slots   throttle.Slots                         // WithConcurrency; default nil
+	answer  func(*http.Response, *throttle.Answer) // WithAnswer; default nil
 }
 
 type transportOption func(*transportConfig)
@@ -173,6 +179,25 @@ func WithRetryAnyMethod() Option {
 	return transportOption(func(c *transportConfig) { c.anyVerb = true })
 }
 
+// WithAnswer makes a [Transport] call f with each response and the answer
+// [ReadAnswer] read from it, before reporting the answer to the request's
+// Limiter, so that f can fill in or change what the provider said in a
+// way the headers do not: a GraphQL cost extension in the body
+// (Shopify's throttleStatus: Retry with the time the points take to
+// come back when too few are left), a provider's own headers. Setting
+// Retry with a RetryAfter pauses the bucket for the fleet (through
+// [throttle.Limiter.Report]); Refused and Limit adapt the rate. The
+// Transport's own decision to retry a limit response follows the
+// headers, not f.
+//
+// f is called once per response, concurrently, from RoundTrip; it must
+// not block. It may read resp.Body if it then closes it and puts back a
+// body that gives the same bytes (io.NopCloser over them): the caller
+// reads it next. Default: none.
+func WithAnswer(f func(resp *http.Response, a *throttle.Answer)) Option {
+	return transportOption(func(c *transportConfig) { c.answer = f })
+}
+
 // WithLogger sets the logger for a Pause of the bucket that failed.
 // Default: slog.Default(). A nil logger keeps the default.
 func WithLogger(l *slog.Logger) Option {
@@ -181,6 +206,20 @@ func WithLogger(l *slog.Logger) Option {
 			c.log = l
 		}
 	})
+}
+
+// WithConcurrency caps the requests in flight: each request holds a slot
+// of s for its key (the key its permit is taken for, [throttle.Keyed.Key])
+// from before its permit until its response body is closed, or until it
+// fails. The slot comes first: a request never holds a permit while it
+// waits for a slot, and goes out right after its permit, so the rate's
+// pacing holds. The slot's wait and the permit's share the request's wait
+// ([WithMaxWait]); a permit that does not come gives the slot back. A
+// retry after the provider's pause gives its slot back and holds a new one.
+// Default (and nil): no cap. Close every response's body, as net/http
+// asks: until then its slot stays held.
+func WithConcurrency(s throttle.Slots) Option {
+	return transportOption(func(c *transportConfig) { c.slots = s })
 }
 
 // ContextWithMaxWait returns a copy of ctx that makes a [Transport] wait
@@ -195,7 +234,8 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // NewTransport returns a [Transport] drawing permits from lim, or from
 // the limiter [WithRequestKey] chooses per request. Options:
 // [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
-// [WithLimitStatuses], [WithRetryAnyMethod],
+// [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency],
+// [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency], [WithAnswer],
 // [WithLogger]. The Transport sleeps on the clock of the request's
 // Limiter ([throttle.Limiter.Clock]).
 //
@@ -242,6 +282,8 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		log:     c.log,
 		limit:   limit,
 		anyVerb: c.anyVerb,
+		slots:   c.slots,
+		answer:  c.answer,
 		paused:  make(map[pauseKey]time.Time),
 	}, nil
 }
@@ -287,13 +329,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			left = max(maxWait-waited, 0)
 		}
 		start := clock.Now()
-		err := t.acquire(ctx, k, left)
+		release, err := t.hold(ctx, k, left)
+		if err == nil {
+			if left != throttle.Forever {
+				left = max(left-clock.Since(start), 0)
+			}
+			if err = t.acquire(ctx, k, left); err != nil {
+				free(release)
+			}
+		}
 		waited += clock.Since(start)
 		if err != nil {
 			return fail(err)
 		}
 		resp, err := t.base.RoundTrip(r)
 		if err != nil {
+			free(release)
 			return resp, err
 		}
 		now := clock.Now()
@@ -307,16 +358,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
 		if !hinted {
-			return resp, nil
+			return releaseOnClose(resp, release), nil
 		}
 		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited) {
-			return resp, nil
+			return releaseOnClose(resp, release), nil
 		}
 		next, err := rewind(req)
 		if err != nil {
-			return resp, nil // the body cannot be had again: give the answer
+			return releaseOnClose(resp, release), nil // the body cannot be had again: give the answer
 		}
 		discard(resp)
+		free(release)
 		r = next
 	}
 }
@@ -349,6 +401,68 @@ func (t *Transport) CloseIdleConnections() {
 	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
+}
+
+// hold takes a slot of k's key within left when the Transport caps
+// concurrency, and returns the function that gives it back (nil without
+// a cap: then the response's body is left as it is).
+func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Duration) (func(), error) {
+	if t.slots == nil {
+		return nil, nil
+	}
+	release, err := t.slots.Hold(ctx, k.Key(), left)
+	if err != nil {
+		return nil, fmt.Errorf("concurrency slot: %w", err)
+	}
+	return release, nil
+}
+
+// free calls release unless it is nil.
+func free(release func()) {
+	if release != nil {
+		release()
+	}
+}
+
+// releaseOnClose makes closing resp's body call release; a response with
+// no body releases at once. A nil release leaves resp as it is.
+func releaseOnClose(resp *http.Response, release func()) *http.Response {
+	if release == nil {
+		return resp
+	}
+	switch b := resp.Body.(type) {
+	case nil:
+		release()
+	case io.ReadWriteCloser: // a 101 Switching Protocols body must stay writable
+		resp.Body = &releasingRW{ReadWriteCloser: b, release: release}
+	default:
+		resp.Body = &releasingBody{ReadCloser: b, release: release}
+	}
+	return resp
+}
+
+// releasingBody calls release when closed.
+type releasingBody struct {
+	io.ReadCloser
+	release func()
+}
+
+func (b *releasingBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.release()
+	return err
+}
+
+// releasingRW is releasingBody for a writable body.
+type releasingRW struct {
+	io.ReadWriteCloser
+	release func()
+}
+
+func (b *releasingRW) Close() error {
+	err := b.ReadWriteCloser.Close()
+	b.release()
+	return err
 }
 
 // acquire waits out any local pause of k, then takes a permit within left.

@@ -890,6 +890,10 @@ func TestTransportPauseFromProviderHeaders(t *testing.T) {
 		{"403 with Retry-After", http.StatusForbidden, map[string]string{"Retry-After": "20"}, "=20s"},
 		{"403 without a retry time", http.StatusForbidden, map[string]string{"X-RateLimit-Reset": "1800000030", "X-RateLimit-Remaining": "40"}, ""},
 		{"RateLimit draft -07 dictionary", http.StatusTooManyRequests, map[string]string{"RateLimit": "limit=100, remaining=0, reset=15"}, "=15s"},
+		{"Anthropic requests exhausted", http.StatusTooManyRequests, map[string]string{"anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": "2027-01-15T08:00:30Z"}, "=30s"},
+		{"OpenAI 429 with tokens left", http.StatusTooManyRequests, map[string]string{"x-ratelimit-remaining-tokens": "40", "x-ratelimit-reset-tokens": "30s"}, ""},
+		{"OpenAI 503 with tokens exhausted", http.StatusServiceUnavailable, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1m30.5s"}, "=1m30.5s"},
+		{"OpenAI retry-after-ms", http.StatusTooManyRequests, map[string]string{"retry-after-ms": "250"}, "=250ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

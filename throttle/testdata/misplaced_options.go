@@ -33,6 +33,9 @@ func main() {
 	_, _ = bucket.NewFixedWindow(nil, "k", 10, time.Second, bucket.WithRetry(time.Millisecond)) // want "bucket.RetryOption does not implement bucket.CommonOption"
 	_, _ = bucket.NewGCRA(nil, "k", 10, time.Second, bucket.WithRetry(time.Millisecond))        // want "bucket.RetryOption does not implement bucket.GCRAOption"
 	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithPrefix("p"), bucket.WithRetry(time.Millisecond))
+	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithLease(time.Second)) // want "bucket.ConcurrencyOption does not implement bucket.TokenBucketOption"
+	_, _ = bucket.NewConcurrency(nil, "k", 2, bucket.WithHeartbeat(time.Second))           // want "bucket.CommonOption does not implement bucket.ConcurrencyOption"
+	_, _ = bucket.NewConcurrency(nil, "k", 2, bucket.WithPrefix("p"), bucket.WithLease(time.Second))
 
 	_, _ = httpserver.NewMiddleware(nil, httpserver.LocalWindows(nil), httpserver.TenantHeader("X-Org-Id"), throttle.WithFailurePolicy(throttle.FailClosed)) // want "throttle.LimiterOption does not implement httpserver.Option"
 	_, _ = httpclient.NewTransport(lim, throttle.WithLogger(nil))                                                                                            // want "throttle.LimiterOption does not implement httpclient.Option"

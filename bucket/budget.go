@@ -1,0 +1,269 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/headway-go/headway/internal/errs"
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// Dimension is one dimension of a [Budget]: at most Limit per Interval of
+// what a call spends, counted under Name ("requests", "tokens").
+type Dimension struct {
+	// Name names the dimension in a [throttle.Cost]; non-empty, at most
+	// 64 bytes, distinct within a Budget.
+	Name string
+	// Limit is how much a key may spend of it per Interval; 1 to 2^50.
+	Limit int64
+	// Interval is the period of its refills; 1 ms to [MaxInterval].
+	Interval time.Duration
+}
+
+// maxDimensions bounds the dimensions of one Budget.
+const maxDimensions = 16
+
+// Budget keeps several dimensions per key, such as the requests and the
+// tokens per minute of an LLM API, and takes a call's cost from all of
+// them together or from none ([throttle.CostBucket]). With a Limiter, a
+// caller acquires an estimate, then settles the real cost once known:
+//
+//	lim := throttle.New(b)
+//	err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1, "tokens": est}, time.Minute)
+//	// ... the call ...
+//	err = lim.Settle(ctx, throttle.Cost{"tokens": est}, throttle.Cost{"tokens": used})
+//
+// Each dimension is a token bucket of its own, as [TokenBucket]: at most
+// Limit per refill, refills at least Interval apart on the Redis server's
+// clock, a period starting at the first take after the last one ended.
+//
+// Guarantee, per dimension: in any period, what is granted, less what is
+// given back in that period, is at most Limit; over any k consecutive
+// periods, the real spending is at most k·Limit plus what Settle charged
+// beyond the estimates in them, and such a charge (a debt) is paid by the
+// next refills, one Limit per period elapsed, before anything more is
+// granted. An over-estimate given back while its period runs can be
+// granted again in the same period, so it does not idle the budget. A
+// give-back lands in the period running when Settle runs: one for a call
+// granted in an earlier period adds to the running one (its tokens never
+// above Limit), so settle before a period ends where the provider counts
+// strictly (calls much shorter than the Interval do).
+//
+// How: one script (one round trip) checks every dimension the cost names,
+// refills those whose period has ended, and takes from all of them or
+// none; the dimensions of a key live in one hash under one Cluster hash
+// tag. A refused take names in Decision.Delay the time when every
+// dimension has enough (its next refill, or the refills that pay its
+// debt).
+//
+// Take(n) charges n to the dimension named "requests" if there is one,
+// else to the first; Refund gives back to the same dimension. Budget
+// implements [throttle.Bucket], [throttle.CostBucket], [throttle.Refunder],
+// [throttle.Pauser] (a pause holds every dimension of the key),
+// [throttle.Fallbacker] (for Take's dimension) and [throttle.Checker]. It
+// is safe for concurrent use.
+type Budget struct {
+	common
+	dims  []Dimension
+	index map[string]int
+	takes int   // the dimension Take charges
+	args  []any // ARGV[3..] without the amounts: name, limit, ms per dimension
+}
+
+// NewBudget returns a budget of the dimensions dims (at least one, at most
+// 16) under key, shared by every instance that builds it with the same key,
+// prefix and dimensions. Every per-call key gets its own budget of each
+// dimension. Options: [WithPrefix], [WithHeartbeat].
+func NewBudget(rdb redis.UniversalClient, key string, dims []Dimension, opts ...CommonOption) (*Budget, error) {
+	const name = "bucket: NewBudget"
+	c, err := newCommon(name, rdb, key, opts)
+	if err != nil {
+		return nil, err
+	}
+	if len(dims) == 0 {
+		return nil, errs.Invalid(name, "dims", "[]", "must hold at least one dimension")
+	}
+	if len(dims) > maxDimensions {
+		return nil, errs.Invalid(name, "dims", fmt.Sprintf("%d dimensions", len(dims)), fmt.Sprintf("must hold at most %d", maxDimensions))
+	}
+	b := &Budget{common: c, dims: append([]Dimension(nil), dims...), index: make(map[string]int, len(dims))}
+	for i, d := range dims {
+		switch {
+		case d.Name == "":
+			return nil, errs.Invalid(name, fmt.Sprintf("dims[%d].Name", i), `""`, "must be non-empty")
+		case len(d.Name) > 64:
+			return nil, errs.Invalid(name, fmt.Sprintf("dims[%d].Name", i), fmt.Sprintf("%.32q…", d.Name), "must be at most 64 bytes")
+		}
+		if _, dup := b.index[d.Name]; dup {
+			return nil, errs.Invalid(name, fmt.Sprintf("dims[%d].Name", i), fmt.Sprintf("%q", d.Name), "must differ from every other dimension's name")
+		}
+		if err := checkLimitRange(name, fmt.Sprintf("dims[%d].Limit", i), d.Limit); err != nil {
+			return nil, err
+		}
+		if err := checkDuration(name, fmt.Sprintf("dims[%d].Interval", i), d.Interval, time.Millisecond); err != nil {
+			return nil, err
+		}
+		b.index[d.Name] = i
+		b.args = append(b.args, d.Name, d.Limit, ceilMs(d.Interval))
+	}
+	if i, ok := b.index["requests"]; ok {
+		b.takes = i
+	}
+	b.name = "bucket: Budget"
+	return b, nil
+}
+
+// Dimensions returns the budget's dimensions, as given to NewBudget.
+func (b *Budget) Dimensions() []Dimension { return append([]Dimension(nil), b.dims...) }
+
+// Take implements [throttle.Bucket]: n of the dimension named "requests",
+// or of the first if none is. It never reserves: maxWait is ignored.
+func (b *Budget) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	if n < 1 {
+		return throttle.Decision{}, errs.Invalid(b.name, "n", n, "must be at least 1")
+	}
+	return b.TakeCost(ctx, key, throttle.Cost{b.dims[b.takes].Name: n}, maxWait)
+}
+
+// Refund implements [throttle.Refunder]: n of Take's dimension, given back
+// as [Budget.Settle] gives back.
+func (b *Budget) Refund(ctx context.Context, key string, n int64) error {
+	if n < 1 {
+		return nil
+	}
+	return b.Settle(ctx, key, throttle.Cost{b.dims[b.takes].Name: -n})
+}
+
+// amounts checks c against the budget's dimensions and returns the
+// script's ARGV. take refuses negative amounts, amounts above a
+// dimension's limit and a cost of nothing.
+func (b *Budget) amounts(field string, c throttle.Cost, take bool) ([]any, bool, error) {
+	amt := make([]int64, len(b.dims))
+	some := false
+	for name, v := range c {
+		i, ok := b.index[name]
+		if !ok {
+			return nil, false, errs.Invalid(b.name, fmt.Sprintf("%s[%q]", field, name), v, fmt.Sprintf("names no dimension of the budget (it has %s)", b.names()))
+		}
+		switch {
+		case take && v < 0:
+			return nil, false, errs.Invalid(b.name, fmt.Sprintf("%s[%q]", field, name), v, "must be at least 0")
+		case v > maxRateLimit || v < -maxRateLimit:
+			return nil, false, errs.Invalid(b.name, fmt.Sprintf("%s[%q]", field, name), v, "must be at most 2^50 in size")
+		case take && v > b.dims[i].Limit:
+			return nil, false, fmt.Errorf("%s: %d of %q asked at once, at most %d can ever be granted: %w", b.name, v, name, b.dims[i].Limit, throttle.ErrExceedsLimit)
+		}
+		amt[i] = v
+		some = some || v != 0
+	}
+	mode := "settle"
+	if take {
+		mode = "take"
+	}
+	args := make([]any, 0, 2+4*len(b.dims))
+	args = append(args, mode, len(b.dims))
+	for i := range b.dims {
+		args = append(args, b.args[3*i], b.args[3*i+1], b.args[3*i+2], amt[i])
+	}
+	return args, some, nil
+}
+
+func (b *Budget) names() string {
+	s := ""
+	for i, d := range b.dims {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%q", d.Name)
+	}
+	return s
+}
+
+// keys returns the keys of key's budget: its state and its pause.
+func (b *Budget) keys(key string) ([]string, error) {
+	tag, err := b.ks.tag(b.name, key)
+	if err != nil {
+		return nil, err
+	}
+	return []string{tag + ":budget", tag + ":pause"}, nil
+}
+
+// TakeCost implements [throttle.CostBucket]: c from every dimension it
+// names, all or nothing, in one round trip. It never reserves: maxWait is
+// ignored. Refused, Decision.Delay is the time until every dimension has
+// enough (its refill, its debt paid) or the pause ends; Limit, Remaining
+// and Reset describe the dimension that binds (granted: the one with the
+// least left for its limit).
+func (b *Budget) TakeCost(ctx context.Context, key string, c throttle.Cost, _ time.Duration) (throttle.Decision, error) {
+	args, some, err := b.amounts("cost", c, true)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	if !some {
+		return throttle.Decision{}, errs.Invalid(b.name, "cost", fmt.Sprintf("%q", c.String()), "must ask for at least 1 of some dimension")
+	}
+	keys, err := b.keys(key)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) {
+		r, err := b.eval(ctx, scriptBudget, keys, args...)
+		if err != nil {
+			return throttle.Decision{}, backend("take", keys[0], err)
+		}
+		if len(r) < 7 {
+			return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from budget.lua"))
+		}
+		d := throttle.Decision{Granted: r[0] == 1, Remaining: r[2], Reset: ms(r[3]), Limit: r[4]}
+		if !d.Granted {
+			d.Delay = ms(r[1])
+		}
+		if d.Limit == 0 { // paused
+			d.Limit = b.dims[b.takes].Limit
+		}
+		return d, nil
+	})
+}
+
+// Settle implements [throttle.CostBucket]: each dimension changes by its
+// amount in delta, in one round trip. A positive amount is charged at
+// once, even beyond what is left (a debt, paid by the next refills before
+// anything more is granted); a negative one is given back to the running
+// period, up to its limit, or, once that period has ended, only reduces a
+// debt. Amounts of 0 change nothing, and a delta of nothing sends nothing.
+func (b *Budget) Settle(ctx context.Context, key string, delta throttle.Cost) error {
+	args, some, err := b.amounts("delta", delta, false)
+	if err != nil || !some {
+		return err
+	}
+	keys, err := b.keys(key)
+	if err != nil {
+		return err
+	}
+	_, err = bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) {
+		if _, err := b.eval(ctx, scriptBudget, keys, args...); err != nil {
+			return throttle.Decision{}, backend("settle", keys[0], err)
+		}
+		return throttle.Decision{}, nil
+	})
+	return err
+}
+
+// Fallback implements [throttle.Fallbacker] for Take's dimension: its
+// limit per interval, and the live instances last counted.
+func (b *Budget) Fallback() (int64, time.Duration, int64) {
+	d := b.dims[b.takes]
+	return d.Limit, ms(ceilMs(d.Interval)), b.calls.instances()
+}
+
+var (
+	_ throttle.Bucket     = (*Budget)(nil)
+	_ throttle.CostBucket = (*Budget)(nil)
+	_ throttle.Refunder   = (*Budget)(nil)
+	_ throttle.Pauser     = (*Budget)(nil)
+	_ throttle.Fallbacker = (*Budget)(nil)
+	_ throttle.Checker    = (*Budget)(nil)
+)

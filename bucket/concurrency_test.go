@@ -1,0 +1,602 @@
+package bucket
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestConcurrencyScripts: the cap's scripts carry their header, and each
+// loads on a real server under the hash Go computed for it (the shared
+// part prepended).
+func TestConcurrencyScripts(t *testing.T) {
+	rdb := redisenv.New(t).Client()
+	for name, s := range map[string]*redis.Script{
+		"slots_hold.lua":    scriptSlotsHold,
+		"slots_release.lua": scriptSlotsRelease,
+		"slots_renew.lua":   scriptSlotsRenew,
+	} {
+		common, err := os.ReadFile("lua/slots_common.lua")
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := os.ReadFile("lua/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha1.Sum(append(common, src...))
+		if got := hex.EncodeToString(sum[:]); got != s.Hash() {
+			t.Errorf("%s: embedded hash %s, files' hash %s", name, s.Hash(), got)
+		}
+		if !strings.HasPrefix(string(src), "-- "+name+":") || !strings.Contains(string(src), "ARGV[4") {
+			t.Errorf("%s: header comment must name the file and give its ARGV", name)
+		}
+		if sha, err := s.Load(context.Background(), rdb).Result(); err != nil || sha != s.Hash() {
+			t.Errorf("%s: SCRIPT LOAD = %s, %v; want %s", name, sha, err, s.Hash())
+		}
+	}
+}
+
+func TestConcurrencyRefusesBadArguments(t *testing.T) {
+	rdb := redisenv.New(t).Client()
+	for _, c := range []struct {
+		field string
+		make  func() (*Concurrency, error)
+	}{
+		{"rdb", func() (*Concurrency, error) { return NewConcurrency(nil, "k", 1) }},
+		{"key", func() (*Concurrency, error) { return NewConcurrency(rdb, "", 1) }},
+		{"capacity", func() (*Concurrency, error) { return NewConcurrency(rdb, "k", 0) }},
+		{"capacity", func() (*Concurrency, error) { return NewConcurrency(rdb, "k", 1<<51) }},
+		{"lease", func() (*Concurrency, error) { return NewConcurrency(rdb, "k", 1, WithLease(time.Millisecond)) }},
+		{"prefix", func() (*Concurrency, error) { return NewConcurrency(rdb, "k", 1, WithPrefix("a{b")) }},
+	} {
+		s, err := c.make()
+		if !errors.Is(err, throttle.ErrInvalid) || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("bad %s: err = %v, want ErrInvalid naming %s", c.field, err, c.field)
+		}
+		if s != nil {
+			t.Errorf("bad %s: got a Concurrency", c.field)
+		}
+	}
+	s := newSlots(t, rdb, "k", 1)
+	ctx := context.Background()
+	if _, err := s.Hold(ctx, "", -time.Second); !errors.Is(err, throttle.ErrInvalid) || !strings.Contains(err.Error(), "maxWait") {
+		t.Errorf("Hold(maxWait -1s) = %v, want ErrInvalid naming maxWait", err)
+	}
+	if _, err := s.Hold(ctx, strings.Repeat("x", MaxKeyLen+1), 0); !errors.Is(err, throttle.ErrInvalid) {
+		t.Errorf("Hold(too long a key) = %v, want ErrInvalid", err)
+	}
+}
+
+// newSlots builds a Concurrency that the test closes at its end.
+func newSlots(t *testing.T, rdb redis.UniversalClient, key string, capacity int64, opts ...ConcurrencyOption) *Concurrency {
+	t.Helper()
+	s, err := NewConcurrency(rdb, key, capacity, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// count returns how many members hold a slot of key and how many wait,
+// read from Redis (unexpired leases only).
+func count(t *testing.T, rdb redis.UniversalClient, s *Concurrency, key string) (held, waiting int64) {
+	t.Helper()
+	keys, err := s.keys(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := "(" + strconv.FormatInt(now.UnixMilli(), 10)
+	held, err = rdb.ZCount(ctx, keys[0], after, "+inf").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting, err = rdb.ZCount(ctx, keys[2], after, "+inf").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return held, waiting
+}
+
+// waitSlots waits for cond, failing the test after 5 s.
+func waitSlots(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestConcurrencyNeverMoreThanCapacityAcrossClients: several processes'
+// worth of Concurrency values, each with its own Redis client, never have
+// more than capacity callers inside the held section, counted by the test
+// itself; and nothing is held once all have released.
+func TestConcurrencyNeverMoreThanCapacityAcrossClients(t *testing.T) {
+	srv := redisenv.New(t)
+	const capacity, instances, workers, rounds = 3, 4, 3, 15
+	var inside, most, calls atomic.Int64
+	var wg sync.WaitGroup
+	var first *Concurrency
+	for i := range instances {
+		rdb := srv.Client() // a client of its own, as another process would have
+		s := newSlots(t, rdb, "api", capacity)
+		if i == 0 {
+			first = s
+		}
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				for range rounds {
+					release, err := s.Hold(ctx, "", throttle.Forever)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					n := inside.Add(1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					calls.Add(1)
+					time.Sleep(time.Millisecond) // the call in flight
+					inside.Add(-1)
+					release()
+					release() // idempotent
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if m := most.Load(); m > capacity || m < 1 {
+		t.Fatalf("most in flight = %d, want 1..%d", m, capacity)
+	}
+	if c := calls.Load(); c != instances*workers*rounds {
+		t.Fatalf("calls = %d, want %d", c, instances*workers*rounds)
+	}
+	if h, w := count(t, srv.Client(), first, ""); h != 0 || w != 0 {
+		t.Fatalf("after all released: %d held, %d waiting; want 0, 0", h, w)
+	}
+}
+
+// TestConcurrencyServesWaitersInArrivalOrderAcrossClients: waiters of
+// different clients get the slot in the order they joined the queue, and
+// each is woken through Redis: with the default 10 s lease, a missed
+// wake-up would exceed the test's 5 s bound.
+func TestConcurrencyServesWaitersInArrivalOrderAcrossClients(t *testing.T) {
+	srv := redisenv.New(t)
+	holder := newSlots(t, srv.Client(), "fifo", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	release, err := holder.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 5
+	order := make(chan int, waiters)
+	var wg sync.WaitGroup
+	for i := range waiters {
+		s := newSlots(t, srv.Client(), "fifo", 1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rel, err := s.Hold(ctx, "", throttle.Forever)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			order <- i
+			rel()
+		}()
+		waitSlots(t, "waiter queued", func() bool { _, w := count(t, srv.Client(), holder, ""); return w == int64(i+1) })
+	}
+	release()
+	wg.Wait()
+	close(order)
+	want := 0
+	for got := range order {
+		if got != want {
+			t.Fatalf("waiter %d served in place %d", got, want)
+		}
+		want++
+	}
+	if want != waiters {
+		t.Fatalf("%d waiters served, want %d", want, waiters)
+	}
+}
+
+// TestConcurrencyDeadHolderFreesItsSlotWithinTheLease: a holder whose
+// renewals stop (its client closed, as when its process dies or loses
+// Redis) loses its slot within the lease, and the slot goes to a waiter
+// of another client; while it renewed, it kept the slot past the lease.
+func TestConcurrencyDeadHolderFreesItsSlotWithinTheLease(t *testing.T) {
+	srv := redisenv.New(t)
+	const lease = 300 * time.Millisecond
+	deadClient := srv.Client()
+	dead, err := NewConcurrency(deadClient, "die", 1, WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := dead.Hold(ctx, "", 0); err != nil { // never released
+		t.Fatal(err)
+	}
+	live := newSlots(t, srv.Client(), "die", 1, WithLease(lease))
+	// While the holder lives, its renewals keep the slot past its lease.
+	time.Sleep(2 * lease) // the time passing is what is tested
+	if _, err := live.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(0) while a live holder renews = %v, want ErrTimeout", err)
+	}
+	// The holder's connection is lost: its renewals fail from now on.
+	_ = deadClient.Close()
+	defer dead.Close()
+	died := time.Now()
+	release, err := live.Hold(ctx, "", throttle.Forever)
+	if err != nil {
+		t.Fatalf("waiter after the holder died: %v", err)
+	}
+	took := time.Since(died)
+	t.Logf("slot back %v after the holder died (lease %v)", took, lease)
+	release()
+	// The dead holder's last renewal was before died, so its slot is due
+	// back by died+lease; the rest is the waiter's round trip and the
+	// scheduling of a loaded machine.
+	if took > lease+500*time.Millisecond {
+		t.Fatalf("slot back %v after the holder died, want within the lease %v", took, lease)
+	}
+}
+
+// TestConcurrencyDeadWaiterDoesNotBlockTheQueue: a waiter whose process
+// dies in the queue (its client closed) neither keeps its place nor a slot
+// handed to it for longer than its lease: the live waiter behind it gets
+// the slot within a lease of the release.
+func TestConcurrencyDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
+	srv := redisenv.New(t)
+	const lease = 300 * time.Millisecond
+	holder := newSlots(t, srv.Client(), "queue", 1, WithLease(lease))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	release, err := holder.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadClient := srv.Client()
+	dead := newSlots(t, deadClient, "queue", 1, WithLease(lease))
+	deadDone := make(chan error, 1)
+	go func() {
+		_, err := dead.Hold(ctx, "", throttle.Forever)
+		deadDone <- err
+	}()
+	waitSlots(t, "dead waiter queued", func() bool { _, w := count(t, srv.Client(), holder, ""); return w == 1 })
+	_ = deadClient.Close()
+
+	live := newSlots(t, srv.Client(), "queue", 1, WithLease(lease))
+	got := make(chan error, 1)
+	go func() {
+		rel, err := live.Hold(ctx, "", throttle.Forever)
+		if err == nil {
+			rel()
+		}
+		got <- err
+	}()
+	released := time.Now()
+	release()
+	if err := <-got; err != nil {
+		t.Fatalf("live waiter behind a dead one: %v", err)
+	}
+	took := time.Since(released)
+	t.Logf("live waiter served %v after the release (lease %v)", took, lease)
+	if took > lease+500*time.Millisecond {
+		t.Fatalf("live waiter served %v after the release, want within the lease %v", took, lease)
+	}
+	if err := <-deadDone; err == nil {
+		t.Fatal("the dead waiter's Hold succeeded with its client closed")
+	}
+}
+
+// TestConcurrencyGivingUpLeavesTheQueue: a caller that times out or is
+// cancelled leaves the queue and holds nothing after.
+func TestConcurrencyGivingUpLeavesTheQueue(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	s := newSlots(t, rdb, "quit", 1)
+	other := newSlots(t, srv.Client(), "quit", 1)
+	ctx := context.Background()
+	release, err := s.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(0) while full = %v, want ErrTimeout", err)
+	}
+	if _, err := other.Hold(ctx, "", 50*time.Millisecond); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(50ms) while full = %v, want ErrTimeout", err)
+	}
+	dctx, dcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer dcancel()
+	if _, err := other.Hold(dctx, "", throttle.Forever); !errors.Is(err, throttle.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Hold past the context's deadline = %v, want ErrTimeout and DeadlineExceeded", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := other.Hold(cctx, "", throttle.Forever)
+		done <- err
+	}()
+	waitSlots(t, "waiter queued", func() bool { _, w := count(t, rdb, s, ""); return w == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Hold = %v, want context.Canceled", err)
+	}
+	if h, w := count(t, rdb, s, ""); h != 1 || w != 0 {
+		t.Fatalf("after giving up: %d held, %d waiting; want 1, 0", h, w)
+	}
+	release()
+	if h, w := count(t, rdb, s, ""); h != 0 || w != 0 {
+		t.Fatalf("after release: %d held, %d waiting; want 0, 0", h, w)
+	}
+	// The slot is free at once for a caller that does not wait.
+	rel, err := other.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatalf("Hold(0) after release = %v", err)
+	}
+	rel()
+}
+
+// TestConcurrencyKeysHaveTheirOwnCap: a per-call key has its own slots,
+// and a key with braces cannot reach another key's cap.
+func TestConcurrencyKeysHaveTheirOwnCap(t *testing.T) {
+	rdb := redisenv.New(t).Client()
+	s := newSlots(t, rdb, "tenants", 1)
+	ctx := context.Background()
+	var rels []func()
+	for _, k := range []string{"", "a", "b", "}x{"} {
+		rel, err := s.Hold(ctx, k, 0)
+		if err != nil {
+			t.Fatalf("Hold(%q) = %v, want a slot of its own", k, err)
+		}
+		rels = append(rels, rel)
+	}
+	if _, err := s.Hold(ctx, "a", 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("second Hold(a) = %v, want ErrTimeout", err)
+	}
+	for _, r := range rels {
+		r()
+	}
+}
+
+// TestConcurrencyCloseEndsWaits: Close wakes waiting callers with
+// redis.ErrClosed and refuses later Holds; releases still work.
+func TestConcurrencyCloseEndsWaits(t *testing.T) {
+	rdb := redisenv.New(t).Client()
+	s, err := NewConcurrency(rdb, "close", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	release, err := s.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Hold(ctx, "", throttle.Forever)
+		done <- err
+	}()
+	waitSlots(t, "waiter queued", func() bool { _, w := count(t, rdb, s, ""); return w == 1 })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("waiting Hold at Close = %v, want redis.ErrClosed", err)
+	}
+	if _, err := s.Hold(ctx, "", 0); !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("Hold after Close = %v, want redis.ErrClosed", err)
+	}
+	release()
+	if h, w := count(t, rdb, s, ""); h != 0 || w != 0 {
+		t.Fatalf("after release: %d held, %d waiting; want 0, 0", h, w)
+	}
+}
+
+// TestConcurrencyOnACluster: on Redis Cluster the cap's scripts run
+// without CROSSSLOT for keys with braces, and a waiter of one client is
+// woken through the cluster when a holder of another releases.
+func TestConcurrencyOnACluster(t *testing.T) {
+	cl := redisenv.NewCluster(t)
+	a := newSlots(t, cl.Client(), "api{v1}", 1)
+	b := newSlots(t, cl.Client(), "api{v1}", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, key := range []string{"", "{tenant}", "a}b"} {
+		release, err := a.Hold(ctx, key, 0)
+		if err != nil {
+			t.Fatalf("Hold(%q) = %v", key, err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			rel, err := b.Hold(ctx, key, throttle.Forever) // the default 10 s lease: only a wake-up is this fast
+			if err == nil {
+				rel()
+			}
+			got <- err
+		}()
+		waitSlots(t, "waiter queued", func() bool { _, w := count(t, cl.Client(), a, key); return w == 1 })
+		release()
+		if err := <-got; err != nil {
+			t.Fatalf("waiter of key %q: %v", key, err)
+		}
+	}
+}
+
+// TestConcurrencyKilledProcessFreesItsSlot: another process (this test's
+// binary, run again) holds the only slot; while it runs, this process
+// finds none; once it is killed (SIGKILL: no release, no goodbye), the
+// slot comes back within the lease.
+func TestConcurrencyKilledProcessFreesItsSlot(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	if addr := os.Getenv("HEADWAY_SLOTS_HOLDER"); addr != "" {
+		holdForever(addr, lease)
+		return
+	}
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "a second process shares the server")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestConcurrencyKilledProcessFreesItsSlot$")
+	cmd.Env = append(os.Environ(), "HEADWAY_SLOTS_HOLDER="+srv.Addr())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	defer func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+		}
+		_ = cmd.Wait()
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "held\n" {
+		t.Fatalf("holder process said %q, %v", line, err)
+	}
+	s := newSlots(t, srv.Client(), "proc", 1, WithLease(lease))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(0) while the other process holds = %v, want ErrTimeout", err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed = true
+	died := time.Now()
+	release, err := s.Hold(ctx, "", throttle.Forever)
+	if err != nil {
+		t.Fatalf("waiter after the holder process was killed: %v", err)
+	}
+	took := time.Since(died)
+	t.Logf("slot back %v after the kill (lease %v)", took, lease)
+	release()
+	if took > lease+500*time.Millisecond {
+		t.Fatalf("slot back %v after the kill, want within the lease %v", took, lease)
+	}
+}
+
+// holdForever is the holder process of
+// TestConcurrencyKilledProcessFreesItsSlot: it takes the slot, says so on
+// stdout, and renews it until it is killed (or for a minute, should the
+// test that runs it die first).
+func holdForever(addr string, lease time.Duration) {
+	s, err := NewConcurrency(redis.NewClient(&redis.Options{Addr: addr}), "proc", 1, WithLease(lease))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := s.Hold(context.Background(), "", 0); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("held")
+	time.Sleep(time.Minute)
+}
+
+// BenchmarkConcurrencyHoldRelease: a free slot taken and given back, two
+// round trips.
+func BenchmarkConcurrencyHoldRelease(b *testing.B) {
+	rdb := redisenv.New(b).Client()
+	s, err := NewConcurrency(rdb, "bench", 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for b.Loop() {
+		release, err := s.Hold(ctx, "", 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		release()
+	}
+}
+
+// BenchmarkConcurrencyHandoff: a slot passed back and forth between two
+// clients that each wait for it: each op is one release and the other
+// side's wake-up through Redis.
+func BenchmarkConcurrencyHandoff(b *testing.B) {
+	srv := redisenv.New(b)
+	ctx := context.Background()
+	var sides [2]*Concurrency
+	for i := range sides {
+		s, err := NewConcurrency(srv.Client(), "handoff", 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		sides[i] = s
+	}
+	release, err := sides[0].Hold(ctx, "", 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	b.ResetTimer()
+	for i := range b.N {
+		got := make(chan func(), 1)
+		next := sides[(i+1)%2]
+		go func() {
+			rel, err := next.Hold(ctx, "", throttle.Forever)
+			if err != nil {
+				b.Error(err)
+				rel = func() {}
+			}
+			got <- rel
+		}()
+		for { // the other side queued before the release
+			if _, w := countB(b, srv.Client(), next); w == 1 {
+				break
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+		b.StartTimer()
+		release()
+		release = <-got
+		b.StopTimer()
+	}
+	release()
+}
+
+func countB(b *testing.B, rdb redis.UniversalClient, s *Concurrency) (int64, int64) {
+	keys, _ := s.keys("")
+	n, err := rdb.ZCard(context.Background(), keys[2]).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return 0, n
+}

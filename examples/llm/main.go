@@ -1,0 +1,425 @@
+// Command llm runs a fleet of Kafka consumer instances that send each
+// record to an LLM-like API limited in requests per minute (RPM), tokens
+// per minute (TPM) and calls in flight, the way OpenAI's and Anthropic's
+// APIs are, and prints what the provider counted.
+//
+//	go run ./examples/llm
+//
+// Each call's token cost is known only after the call (the provider's
+// answer carries it in usage.total_tokens). Each handler call:
+//
+//  1. holds a slot of a fleet-wide concurrency cap (bucket.NewConcurrency,
+//     given to the consumer with consumer.WithConcurrency);
+//  2. takes an estimate of its cost, one request and -estimate tokens,
+//     from a budget of two dimensions (bucket.NewBudget), both or none, in
+//     one round trip (throttle.Limiter.AcquireCost);
+//  3. calls the provider, reports its answer (a 429, or a dimension with
+//     nothing left, pauses the fleet until the provider's reset), and
+//     settles the estimate with the real usage (throttle.Limiter.Settle):
+//     an estimate too high is given back to the running period, one too
+//     low is charged as a debt the next periods pay.
+//
+// By default everything runs in the process: an embedded Kafka (kfake), a
+// redis-server on a free port (or an in-process stand-in, saying so), and a
+// built-in provider that enforces the three limits, counting by arrival.
+// -target sends the calls to another provider instead (OpenAI-style
+// headers and usage expected). -kill-instance-at kills one instance in the
+// middle of its calls (its Redis connections cut first, so it releases
+// nothing): its slots come back when their lease ends.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/kafkaenv"
+	"github.com/headway-go/headway/internal/llmprovider"
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/httpclient"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	os.Exit(command(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+type config struct {
+	instances, partitions, records int
+	rpm, tpm                       int64
+	concurrency                    int64
+	window, latency, lease         time.Duration
+	minTokens, maxTokens, estimate int64
+	target, redisAddr              string
+	killAt, timeout                time.Duration
+	seed                           uint64
+}
+
+func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var c config
+	fs := flag.NewFlagSet("llm", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&c.instances, "instances", 3, "consumer instances in one group")
+	fs.IntVar(&c.partitions, "partitions", 6, "partitions of the topic")
+	fs.IntVar(&c.records, "records", 900, "records to send, one call each")
+	fs.Int64Var(&c.rpm, "rpm", 600, "the provider's requests per window, and the fleet's")
+	fs.Int64Var(&c.tpm, "tpm", 40_000, "the provider's tokens per window, and the fleet's")
+	fs.Int64Var(&c.concurrency, "concurrency", 8, "the provider's calls in flight, and the fleet's cap")
+	fs.DurationVar(&c.window, "window", time.Minute, "the window of -rpm and -tpm")
+	fs.DurationVar(&c.latency, "latency", 300*time.Millisecond, "how long the built-in provider takes per call")
+	fs.Int64Var(&c.minTokens, "min-tokens", 20, "the least tokens a call costs (built-in provider)")
+	fs.Int64Var(&c.maxTokens, "max-tokens", 100, "the most tokens a call costs (built-in provider)")
+	fs.Int64Var(&c.estimate, "estimate", 0, "tokens taken before each call, settled after it (0: -max-tokens, the most a call can cost)")
+	fs.DurationVar(&c.lease, "lease", 2*time.Second, "how long a dead instance's slot outlives it (bucket.WithLease)")
+	fs.DurationVar(&c.killAt, "kill-instance-at", 0, "kill one instance this long after the start, in the middle of its calls (0: none)")
+	fs.StringVar(&c.target, "target", "", "call this URL instead of the built-in provider (POST, OpenAI-style usage in the answer)")
+	fs.StringVar(&c.redisAddr, "redis", "", "Redis address (default: start redis-server on a free port, or an in-process stand-in)")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up after this long")
+	fs.Uint64Var(&c.seed, "seed", 1, "seed of the built-in provider's token costs")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if c.estimate == 0 {
+		c.estimate = c.maxTokens
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s, err := run(ctx, c, stdout, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "llm:", err)
+		return 1
+	}
+	if s.lost > 0 {
+		return 1
+	}
+	return 0
+}
+
+func (c config) check() error {
+	switch {
+	case c.instances < 1 || c.partitions < 1 || c.records < 1:
+		return errors.New("-instances, -partitions and -records must be at least 1")
+	case c.rpm < 1 || c.tpm < 1 || c.concurrency < 1:
+		return errors.New("-rpm, -tpm and -concurrency must be at least 1")
+	case c.window <= 0 || c.latency < 0 || c.lease <= 0:
+		return errors.New("-window and -lease must be positive, -latency not negative")
+	case c.minTokens < 1 || c.maxTokens < c.minTokens:
+		return errors.New("-min-tokens must be at least 1 and at most -max-tokens")
+	case c.estimate < 1 || c.estimate > c.tpm:
+		return fmt.Errorf("-estimate must be between 1 and -tpm (%d)", c.tpm)
+	case c.killAt < 0:
+		return errors.New("-kill-instance-at must not be negative")
+	case c.killAt > 0 && c.instances < 2:
+		return errors.New("-kill-instance-at needs at least 2 instances")
+	}
+	return nil
+}
+
+// summary is what a run counted.
+type summary struct {
+	handled, lost int
+	stats         llmprovider.Stats
+	windows       []llmprovider.Tally
+	killedHeld    int64
+	slotsBack     time.Duration // after the kill; 0: not seen
+}
+
+const topic = "headway-llm"
+
+func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summary, error) {
+	if err := c.check(); err != nil {
+		return summary{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+
+	redisAddr := c.redisAddr
+	if redisAddr == "" {
+		srv, err := redisenv.Start()
+		if err != nil {
+			return summary{}, fmt.Errorf("starting Redis: %w", err)
+		}
+		defer srv.Close()
+		redisAddr = srv.Addr()
+		fmt.Fprintf(out, "redis:    %s at %s\n", srv.Kind(), redisAddr)
+	}
+	kc, err := kafkaenv.Start(kafkaenv.Topic(topic, int32(c.partitions)))
+	if err != nil {
+		return summary{}, fmt.Errorf("starting the embedded Kafka: %w", err)
+	}
+	defer kc.Close()
+	seeds := kc.Addrs()
+
+	var prov *llmprovider.Provider
+	target := c.target
+	if target == "" {
+		prov, err = llmprovider.Start(llmprovider.Config{
+			RPM: c.rpm, TPM: c.tpm, Concurrency: int(c.concurrency), Window: c.window,
+			MinTokens: c.minTokens, MaxTokens: c.maxTokens, Seed: c.seed, Latency: c.latency,
+		})
+		if err != nil {
+			return summary{}, err
+		}
+		defer prov.Close()
+		target = prov.URL() + "/v1/chat/completions"
+		fmt.Fprintf(out, "provider: %s: %d requests and %d tokens per %v, %d in flight; each call %v, %d–%d tokens, known after it\n",
+			target, c.rpm, c.tpm, c.window, c.concurrency, c.latency, c.minTokens, c.maxTokens)
+	} else {
+		fmt.Fprintf(out, "provider: %s\n", target)
+	}
+	fmt.Fprintf(out, "fleet:    %d instances; one budget of %d requests and %d tokens per %v, %d slots (lease %v), in Redis; %d tokens taken per call, settled after it\n\n",
+		c.instances, c.rpm, c.tpm, c.window, c.concurrency, c.lease, c.estimate)
+
+	produced := make(chan error, 1)
+	go func() { produced <- produce(ctx, seeds, c.records, c.partitions) }()
+
+	var (
+		handled   sync.Map // record id → struct{}
+		nHandled  atomic.Int64
+		inFlight  = make([]atomic.Int64, c.instances)
+		killed    atomic.Int32 // 1 + the instance killed; 0: none
+		hc        = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+		runErrs   = make(chan error, c.instances)
+		stops     = make([]context.CancelFunc, c.instances)
+		clients   = make([][]*redis.Client, c.instances)
+		consumers = make([]*consumer.Consumer, c.instances)
+	)
+	defer hc.CloseIdleConnections()
+	fleetCtx, stopFleet := context.WithCancel(ctx)
+	defer stopFleet()
+	for i := range c.instances {
+		// Each instance its own Redis connections, as separate processes
+		// would have: killing one cuts only its own.
+		budgetRDB := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+		slotsRDB := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+		clients[i] = []*redis.Client{budgetRDB, slotsRDB}
+		defer budgetRDB.Close()
+		defer slotsRDB.Close()
+		budget, err := bucket.NewBudget(budgetRDB, "llm-demo", []bucket.Dimension{
+			{Name: "requests", Limit: c.rpm, Interval: c.window},
+			{Name: "tokens", Limit: c.tpm, Interval: c.window},
+		})
+		if err != nil {
+			return summary{}, err
+		}
+		slots, err := bucket.NewConcurrency(slotsRDB, "llm-demo", c.concurrency, bucket.WithLease(c.lease))
+		if err != nil {
+			return summary{}, err
+		}
+		defer slots.Close()
+		lim := throttle.New(budget, throttle.WithFailurePolicy(throttle.FailClosed), throttle.WithLogger(log))
+		defer lim.Close()
+		h := handler(lim, hc, target, c.estimate, &inFlight[i], func(id string) {
+			if _, dup := handled.LoadOrStore(id, struct{}{}); !dup {
+				nHandled.Add(1)
+			}
+		})
+		cons, err := consumer.New(h, nil,
+			consumer.WithConcurrency(slots),
+			consumer.WithKafka(
+				kgo.SeedBrokers(seeds...),
+				kgo.ConsumerGroup("headway-llm-demo"),
+				kgo.ConsumeTopics(topic),
+				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+			),
+			consumer.WithRetry(1000, 50*time.Millisecond, 2*time.Second),
+			consumer.WithLogger(log),
+		)
+		if err != nil {
+			return summary{}, err
+		}
+		consumers[i] = cons
+		ictx, stop := context.WithCancel(fleetCtx)
+		stops[i] = stop
+		go func() { runErrs <- cons.Run(ictx) }()
+	}
+
+	var s summary
+	returned := 0 // consumers whose Run returned
+	start := time.Now()
+	var killTime time.Time
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	nextLine := start.Add(time.Second)
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			return s, fmt.Errorf("%d of %d records handled when the run ended: %w", nHandled.Load(), c.records, ctx.Err())
+		case err := <-produced:
+			if err != nil {
+				return s, fmt.Errorf("producing: %w", err)
+			}
+			produced = nil
+		case err := <-runErrs:
+			returned++
+			if killed.Load() == 0 && err != nil && !errors.Is(err, context.Canceled) {
+				return s, fmt.Errorf("a consumer stopped: %w", err)
+			}
+		case now := <-tick.C:
+			done = nHandled.Load() >= int64(c.records)
+			if c.killAt > 0 && killed.Load() == 0 && now.Sub(start) >= c.killAt {
+				// Kill the last instance: its Redis connections first, so
+				// that it gives back nothing and renews nothing.
+				k := c.instances - 1
+				s.killedHeld = inFlight[k].Load()
+				for _, rdb := range clients[k] {
+					_ = rdb.Close()
+				}
+				stops[k]()
+				killed.Store(int32(k + 1))
+				killTime = now
+				fmt.Fprintf(out, "%5.1fs  instance %d killed holding %d slots\n", now.Sub(start).Seconds(), k, s.killedHeld)
+			}
+			if !killTime.IsZero() && s.slotsBack == 0 {
+				var live int64
+				for i := range c.instances - 1 {
+					live += inFlight[i].Load()
+				}
+				if live >= c.concurrency {
+					s.slotsBack = now.Sub(killTime)
+					fmt.Fprintf(out, "%5.1fs  the other instances hold all %d slots again, %.2fs after the kill\n", now.Sub(start).Seconds(), c.concurrency, s.slotsBack.Seconds())
+				}
+			}
+			if now.After(nextLine) {
+				nextLine = nextLine.Add(time.Second)
+				var fl int64
+				for i := range inFlight {
+					fl += inFlight[i].Load()
+				}
+				fmt.Fprintf(out, "%5.1fs  %5d/%d handled, %2d calls in flight\n", now.Sub(start).Seconds(), nHandled.Load(), c.records, fl)
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	stopFleet()
+	for ; returned < c.instances; returned++ {
+		<-runErrs
+	}
+	s.handled = int(nHandled.Load())
+	if prov != nil {
+		s.handled = int(prov.Stats().Records) // counted where the calls land
+	}
+	s.lost = c.records - s.handled
+	fmt.Fprintf(out, "\nhandled %d of %d records, lost %d, in %.1fs\n", s.handled, c.records, s.lost, elapsed.Seconds())
+	if prov == nil {
+		return s, nil
+	}
+	s.stats = prov.Stats()
+	s.windows = prov.Tallies()
+	st := s.stats
+	fmt.Fprintf(out, "provider counted, by arrival:\n")
+	fmt.Fprintf(out, "  most calls in flight       %d (limit %d)\n", st.MaxInFlight, c.concurrency)
+	fmt.Fprintf(out, "  most requests in a window  %d (limit %d per %v)\n", st.MaxRequestsInWindow, c.rpm, c.window)
+	fmt.Fprintf(out, "  most tokens in a window    %d (limit %d per %v)\n", st.MaxTokensInWindow, c.tpm, c.window)
+	fmt.Fprintf(out, "  refused                    %d (requests %d, tokens %d, concurrency %d) of %d calls\n",
+		st.Refused, st.RefusedRequests, st.RefusedTokens, st.RefusedConcurrency, st.Accepted+st.Refused)
+	fmt.Fprintf(out, "  handled twice              %d\n", st.Duplicates)
+	if len(s.windows) > 0 {
+		var parts []string
+		for _, w := range s.windows {
+			parts = append(parts, fmt.Sprintf("%d req / %d tok (%.0f%%)", w.Requests, w.Tokens, 100*max(float64(w.Requests)/float64(c.rpm), float64(w.Tokens)/float64(c.tpm))))
+		}
+		fmt.Fprintf(out, "  per window from the first call: %s\n", strings.Join(parts, ", "))
+		fmt.Fprintf(out, "  (the last window is partial; the binding dimension's share in parentheses)\n")
+	}
+	return s, nil
+}
+
+// usage is the part of the provider's answer the fleet reads.
+type usage struct {
+	Usage struct {
+		TotalTokens int64 `json:"total_tokens"`
+	} `json:"usage"`
+}
+
+// handler is one instance's record handler (see the package doc).
+func handler(lim *throttle.Limiter, hc *http.Client, target string, estimate int64, inFlight *atomic.Int64, done func(id string)) consumer.Handler {
+	est := throttle.Cost{"requests": 1, "tokens": estimate}
+	return func(ctx context.Context, rec *kgo.Record) error {
+		inFlight.Add(1) // the consumer holds this call's slot
+		defer inFlight.Add(-1)
+		if err := lim.AcquireCost(ctx, est, throttle.Forever); err != nil {
+			return err
+		}
+		id := strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10)
+		body, _ := json.Marshal(map[string]any{"model": "demo", "max_tokens": estimate, "messages": []map[string]string{{"role": "user", "content": string(rec.Value)}}})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(llmprovider.RecordHeader, id)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err // the call may have reached the provider: the estimate stays charged
+		}
+		defer resp.Body.Close()
+		ans := httpclient.ReadAnswer(resp, time.Now())
+		// The built-in provider's window is -window, not the minute
+		// OpenAI's limit headers mean: take its pauses, not its limits.
+		ans.Limit, ans.Window = 0, 0
+		_ = lim.Report(ctx, ans) // best effort: a pause until the provider's reset
+		if resp.StatusCode == http.StatusTooManyRequests {
+			// Refused: the provider counted nothing; give it all back (the
+			// answer's retry time, reported above, holds the fleet).
+			_ = lim.Settle(ctx, est, throttle.Cost{"requests": 0, "tokens": 0})
+			return fmt.Errorf("the provider refused the call (%s)", resp.Header.Get(llmprovider.RefusedHeader))
+		}
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("the provider answered %s", resp.Status)
+		}
+		var u usage
+		if err := json.NewDecoder(resp.Body).Decode(&u); err != nil {
+			return fmt.Errorf("reading the provider's usage: %w", err)
+		}
+		if err := lim.Settle(ctx, est, throttle.Cost{"requests": 1, "tokens": u.Usage.TotalTokens}); err != nil {
+			slog.Warn("llm: settling a call's cost failed", "err", err)
+		}
+		done(id)
+		return nil
+	}
+}
+
+func produce(ctx context.Context, seeds []string, records, partitions int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var mu sync.Mutex
+	var first error
+	for i := range records {
+		rec := &kgo.Record{Partition: int32(i % partitions), Key: []byte("doc-" + strconv.Itoa(i)), Value: []byte("summarise document " + strconv.Itoa(i))}
+		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+			if err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return err
+	}
+	return first
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// small is a run of a few seconds: windows of a second.
+func small() config {
+	return config{
+		instances: 2, partitions: 4, records: 90,
+		rpm: 40, tpm: 2400, concurrency: 3,
+		window: time.Second, latency: 50 * time.Millisecond, lease: 300 * time.Millisecond,
+		minTokens: 20, maxTokens: 100, estimate: 100,
+		timeout: time.Minute, seed: 7,
+	}
+}
+
+func runSmall(t *testing.T, c config) summary {
+	t.Helper()
+	var out, logs bytes.Buffer
+	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
+		}
+	})
+	require.NoError(t, err)
+	return s
+}
+
+// The fleet's cap keeps the provider's own: it never refuses a call for
+// concurrency; every record reaches it; it admits at most its limits in
+// any window (by arrival).
+func TestFleetKeepsTheProvidersLimits(t *testing.T) {
+	c := small()
+	s := runSmall(t, c)
+	assert.Zero(t, s.lost, "records lost")
+	assert.Equal(t, c.records, s.handled)
+	assert.Zero(t, s.stats.RefusedConcurrency, "the fleet's cap kept the calls in flight within the provider's")
+	assert.LessOrEqual(t, s.stats.MaxInFlight, int(c.concurrency))
+	assert.LessOrEqual(t, s.stats.MaxTokensInWindow, c.tpm)
+	assert.NotEmpty(t, s.windows)
+}
+
+// An instance killed in the middle of its calls (its Redis connections
+// cut, so it releases nothing) loses no record, and its slots come back
+// to the others when their lease ends.
+func TestKilledInstanceGivesItsSlotsBack(t *testing.T) {
+	c := small()
+	c.instances, c.records, c.killAt = 3, 120, 1500*time.Millisecond
+	c.latency = 300 * time.Millisecond // calls long enough that the cap binds
+	c.tpm = 100_000
+	s := runSmall(t, c)
+	assert.Zero(t, s.lost, "records lost")
+	assert.Positive(t, s.slotsBack, "the other instances held every slot again after the kill")
+	assert.Zero(t, s.stats.RefusedConcurrency, "a dead holder's slot is not given out twice")
+}
+
+func TestBadFlagsAreRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"-instances", "0"},
+		{"-tpm", "0"},
+		{"-estimate", "999999"},
+		{"-min-tokens", "10", "-max-tokens", "5"},
+		{"-kill-instance-at", "1s", "-instances", "1"},
+	} {
+		var out, errs bytes.Buffer
+		assert.Equal(t, 1, command(context.Background(), args, &out, &errs), "%v", args)
+		assert.Contains(t, errs.String(), "llm: -", "%v: the error names the flag", args)
+	}
+}

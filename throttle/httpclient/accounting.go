@@ -1,0 +1,105 @@
+package httpclient
+
+import (
+	"net/http"
+	"strings"
+	"time"
+)
+
+// The accounting headers of LLM providers: several dimensions (requests,
+// tokens, input and output tokens), each with its limit, what remains of
+// it and when it resets.
+
+// dimension names the headers of one dimension a provider accounts for.
+type dimension struct {
+	limit, remaining, reset string
+	// requests: the limit counts calls, per minute, and is advertised to
+	// the adaptive rate; the others count tokens.
+	requests bool
+	// parse reads the reset.
+	parse func(v string, now time.Time) (time.Duration, bool)
+}
+
+// accountingDimensions are OpenAI's x-ratelimit-* headers (resets are Go
+// durations, "6m0s") and Anthropic's anthropic-ratelimit-* headers
+// (resets are RFC 3339 times). Both count per minute.
+var accountingDimensions = []dimension{
+	{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests", true, parseGoDuration},
+	{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens", false, parseGoDuration},
+	{"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset", true, parseRFC3339},
+	{"Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset", false, parseRFC3339},
+	{"Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset", false, parseRFC3339},
+	{"Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset", false, parseRFC3339},
+}
+
+// accountingWindow is the window of the requests limits the accounting
+// headers advertise: OpenAI and Anthropic both count per minute.
+const accountingWindow = time.Minute
+
+// accountingReset reads the accounting headers of h: when some dimension
+// has nothing remaining, the latest of those dimensions' resets (every
+// exhausted dimension must recover before a call can pass). The reset of
+// a dimension with some remaining says nothing, even on a 429: the
+// provider may have refused for a limit it does not report (concurrency,
+// a long request), and a pause until a window's end would idle the fleet
+// for nothing.
+func accountingReset(h http.Header, now time.Time) (time.Duration, bool) {
+	var (
+		latest    time.Duration
+		exhausted bool
+	)
+	for _, d := range accountingDimensions {
+		v := h.Get(d.reset)
+		if v == "" || !noneLeft(h, d.remaining) {
+			continue
+		}
+		if reset, ok := d.parse(v, now); ok {
+			latest, exhausted = max(latest, reset), true
+		}
+	}
+	return latest, exhausted
+}
+
+// accountingLimit is the smallest requests limit the accounting headers
+// advertise, per accountingWindow (0: none).
+func accountingLimit(h http.Header) int64 {
+	var best int64
+	for _, d := range accountingDimensions {
+		if !d.requests {
+			continue
+		}
+		if q, _, ok := parseDecimal(h.Get(d.limit), false); ok && q > 0 && (best == 0 || q < best) {
+			best = q
+		}
+	}
+	return best
+}
+
+// parseGoDuration reads a reset written as a Go duration ("1s", "6m0s",
+// "20ms", "1m30.5s"), or as a plain number of seconds. A sign, an
+// overflow or any other text is refused; the result is capped at
+// maxHeaderSeconds.
+func parseGoDuration(v string, _ time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" || v[0] < '0' || v[0] > '9' {
+		return 0, false // no sign
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return parseSeconds(v, true)
+	}
+	if d < 0 {
+		return 0, false
+	}
+	return min(d, maxHeaderSeconds*time.Second), true
+}
+
+// parseRFC3339 reads a reset written as an RFC 3339 time: the time left
+// until it from now, 0 when it is past, capped at maxHeaderSeconds.
+func parseRFC3339(v string, now time.Time) (time.Duration, bool) {
+	t, err := time.Parse(time.RFC3339, strings.TrimSpace(v))
+	if err != nil {
+		return 0, false
+	}
+	return until(t, now), true
+}

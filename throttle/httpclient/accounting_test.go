@@ -1,0 +1,256 @@
+package httpclient_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/assert"
+
+	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/httpclient"
+)
+
+// TestReadAnswerAccountingHeaders: OpenAI's and Anthropic's per-dimension
+// headers, as they come and as they should not.
+func TestReadAnswerAccountingHeaders(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	openAI := func(remReq, resetReq, remTok, resetTok string) map[string]string {
+		return map[string]string{
+			"x-ratelimit-limit-requests": "500", "x-ratelimit-limit-tokens": "30000",
+			"x-ratelimit-remaining-requests": remReq, "x-ratelimit-reset-requests": resetReq,
+			"x-ratelimit-remaining-tokens": remTok, "x-ratelimit-reset-tokens": resetTok,
+		}
+	}
+	perMinute := func(a throttle.Answer, limit int64) throttle.Answer {
+		a.Limit, a.Window = limit, time.Minute
+		return a
+	}
+	tests := []struct {
+		name   string
+		status int
+		h      map[string]string
+		want   throttle.Answer
+	}{
+		{"OpenAI success within limits", 200, openAI("499", "120ms", "29000", "2s"), perMinute(throttle.Answer{}, 500)},
+		{"OpenAI tokens exhausted", 200, openAI("499", "120ms", "0", "6m0s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 6 * time.Minute}, 500)},
+		{"OpenAI requests exhausted", 200, openAI("0", "20ms", "100", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 20 * time.Millisecond}, 500)},
+		{"OpenAI both exhausted: the later reset", 200, openAI("0", "1m30.5s", "0", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 90*time.Second + 500*time.Millisecond}, 500)},
+		{"OpenAI 429 with retry-after", 429, map[string]string{"retry-after": "3", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "9s"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 3 * time.Second}},
+		{"OpenAI 429, none at 0: no pause", 429, openAI("3", "2s", "50", "7s"), perMinute(throttle.Answer{Refused: true}, 500)},
+		{"OpenAI retry-after-ms first", 429, map[string]string{"retry-after-ms": "1500.5", "retry-after": "2"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 1500*time.Millisecond + 500*time.Microsecond}},
+		{"retry-after-ms huge is capped", 429, map[string]string{"retry-after-ms": "99999999999999999999999"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: (1 << 33) * time.Second}},
+		{"retry-after-ms garbage falls back", 429, map[string]string{"retry-after-ms": "-3", "retry-after": "2"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 2 * time.Second}},
+		{"retry-after-ms on a success is no limit", 200, map[string]string{"retry-after-ms": "300"}, throttle.Answer{}},
+		{"OpenAI reset in plain seconds", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1.5"}, throttle.Answer{Retry: true, RetryAfter: 1500 * time.Millisecond}},
+		{"OpenAI negative reset ignored", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "-5s"}, throttle.Answer{}},
+		{"OpenAI overflowing reset ignored", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "9999999999999h"}, throttle.Answer{}},
+		{"OpenAI huge reset capped", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "2500000h"}, throttle.Answer{Retry: true, RetryAfter: (1 << 33) * time.Second}},
+		{"OpenAI garbage", 200, map[string]string{"x-ratelimit-limit-requests": "NaN", "x-ratelimit-remaining-tokens": "-0", "x-ratelimit-reset-tokens": "soon"}, throttle.Answer{}},
+		{"OpenAI remaining not 0", 200, map[string]string{"x-ratelimit-remaining-tokens": "1e0", "x-ratelimit-reset-tokens": "1s"}, throttle.Answer{}},
+		{"OpenAI negative limit ignored", 200, map[string]string{"x-ratelimit-limit-requests": "-500"}, throttle.Answer{}},
+		{"the smaller requests limit wins", 200, map[string]string{"x-ratelimit-limit-requests": "500", "anthropic-ratelimit-requests-limit": "50"}, perMinute(throttle.Answer{}, 50)},
+		{"a slower X-RateLimit-Limit per second is not it", 200, map[string]string{"x-ratelimit-limit-requests": "6000", "X-RateLimit-Limit": "20"}, throttle.Answer{Limit: 20}},
+		{"Anthropic output tokens exhausted", 200, map[string]string{
+			"anthropic-ratelimit-requests-limit": "50", "anthropic-ratelimit-requests-remaining": "49", "anthropic-ratelimit-requests-reset": "2026-03-01T12:00:01Z",
+			"anthropic-ratelimit-output-tokens-limit": "8000", "anthropic-ratelimit-output-tokens-remaining": "0", "anthropic-ratelimit-output-tokens-reset": "2026-03-01T12:00:12Z",
+		}, perMinute(throttle.Answer{Retry: true, RetryAfter: 12 * time.Second}, 50)},
+		{"Anthropic input and tokens exhausted", 200, map[string]string{
+			"anthropic-ratelimit-input-tokens-remaining": "0", "anthropic-ratelimit-input-tokens-reset": "2026-03-01T12:00:05.5Z",
+			"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "2026-03-01T13:00:04+01:00",
+		}, throttle.Answer{Retry: true, RetryAfter: 5500 * time.Millisecond}},
+		{"Anthropic reset in the past", 200, map[string]string{"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "2026-03-01T11:00:00Z"}, throttle.Answer{Retry: true}},
+		{"Anthropic reset not RFC 3339", 200, map[string]string{"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "30"}, throttle.Answer{}},
+		{"Anthropic 429 with retry-after", 429, map[string]string{"retry-after": "4", "anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": "2026-03-01T12:00:30Z"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 4 * time.Second}},
+		{"Anthropic 429 without retry-after, requests at 0", 429, map[string]string{"anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": "2026-03-01T12:00:30Z"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 30 * time.Second}},
+		{"503 with tokens left is no limit", 503, openAI("3", "2s", "50", "7s"), perMinute(throttle.Answer{}, 500)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := &http.Response{StatusCode: tt.status, Header: http.Header{}}
+			for k, v := range tt.h {
+				resp.Header.Set(k, v)
+			}
+			assert.Equal(t, tt.want, httpclient.ReadAnswer(resp, now))
+		})
+	}
+}
+
+// FuzzReadAnswerAccountingHeaders checks that no value of the accounting
+// headers makes ReadAnswer panic, or answer a negative or overflowing
+// wait, a negative limit or window.
+func FuzzReadAnswerAccountingHeaders(f *testing.F) {
+	for _, s := range []string{
+		"", "0", "1s", "6m0s", "20ms", "1m30.5s", "0s", "1.5", "-1s", "+1s", "1e9", "NaN", "Inf", "-0", " 7s ",
+		"9999999999999h", "2562047h47m16.854775807s", "2562047h47m16.854775808s", "1h1h1h1h", ".5s", "5.s", "1µs",
+		"2026-03-01T12:00:12Z", "2026-03-01T12:00:05.5+01:00", "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z", "2026-13-01T00:00:00Z",
+		"500", "30000", "99999999999999999999999999", "9223372036854775807", "-500",
+	} {
+		f.Add(s, s, s)
+	}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, limit, remaining, reset string) {
+		for _, status := range []int{200, 429, 503} {
+			for _, prefix := range []string{"x-ratelimit-%s-requests", "x-ratelimit-%s-tokens", "anthropic-ratelimit-tokens-%s", "anthropic-ratelimit-output-tokens-%s"} {
+				h := http.Header{}
+				h.Set(sprintf(prefix, "limit"), limit)
+				h.Set(sprintf(prefix, "remaining"), remaining)
+				h.Set(sprintf(prefix, "reset"), reset)
+				h.Set("retry-after-ms", limit)
+				a := httpclient.ReadAnswer(&http.Response{StatusCode: status, Header: h}, now)
+				if a.RetryAfter < 0 || a.RetryAfter > (1<<33)*time.Second+time.Second {
+					t.Fatalf("%d %s (%q, %q, %q): RetryAfter %v out of [0, 2^33 s]", status, prefix, limit, remaining, reset, a.RetryAfter)
+				}
+				if !a.Retry && a.RetryAfter != 0 {
+					t.Fatalf("%d %s: RetryAfter %v without Retry", status, prefix, a.RetryAfter)
+				}
+				if a.Limit < 0 || a.Window < 0 {
+					t.Fatalf("%d %s (%q): Limit %d per %v", status, prefix, limit, a.Limit, a.Window)
+				}
+				if status != 429 && a.Refused {
+					t.Fatalf("%d: Refused", status)
+				}
+			}
+		}
+	})
+}
+
+// sprintf replaces the one %s of format with s.
+func sprintf(format, s string) string {
+	for i := 0; i+1 < len(format); i++ {
+		if format[i] == '%' && format[i+1] == 's' {
+			return format[:i] + s + format[i+2:]
+		}
+	}
+	return format
+}
+
+// TestTransportPausesTheFleetWhenTokensRunOut: one instance's call is
+// answered 200 with x-ratelimit-remaining-tokens 0 and a reset in 1 s;
+// another instance (its own Transport, Limiter and Redis connection on one
+// Redis token bucket) can send nothing until the reset.
+func TestTransportPausesTheFleetWhenTokensRunOut(t *testing.T) {
+	rs := redisenv.New(t)
+	var answered atomic.Int64 // UnixNano when the exhausted answer left
+	srv := newCountingServer(t, clockwork.NewRealClock(), func(n int, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("x-ratelimit-limit-tokens", "1000")
+		if n == 1 {
+			w.Header().Set("x-ratelimit-remaining-tokens", "0")
+			w.Header().Set("x-ratelimit-reset-tokens", "1s")
+			answered.Store(time.Now().UnixNano())
+		} else {
+			w.Header().Set("x-ratelimit-remaining-tokens", "500")
+			w.Header().Set("x-ratelimit-reset-tokens", "500ms")
+		}
+		w.Write([]byte(`{"usage":{"total_tokens":1000}}`))
+	})
+	client := func() *http.Client {
+		b, err := bucket.NewTokenBucket(rs.Client(), "transport-tokens", 100, time.Second)
+		if err != nil {
+			t.Fatalf("NewTokenBucket: %v", err)
+		}
+		return &http.Client{Transport: mustTransport(t, throttle.New(b), httpclient.WithBase(srv.Client().Transport))}
+	}
+	a, b := client(), client()
+	resp, err := a.Get(srv.URL)
+	if err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	drain(resp)
+
+	// At once: the other instance may not send.
+	req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), 0), http.MethodGet, srv.URL, nil)
+	if resp, err := b.Do(req); !errors.Is(err, throttle.ErrTimeout) {
+		if err == nil {
+			drain(resp)
+		}
+		t.Fatalf("the other instance's call during the pause: %v; want ErrTimeout", err)
+	}
+	if n := srv.count(); n != 1 {
+		t.Fatalf("the provider saw %d calls; want only the first during the pause", n)
+	}
+	// Waiting: it goes after the reset.
+	resp, err = b.Get(srv.URL)
+	if err != nil {
+		t.Fatalf("the other instance's call after the pause: %v", err)
+	}
+	drain(resp)
+	arr := srv.times()
+	if len(arr) != 2 {
+		t.Fatalf("the provider saw %d calls; want 2", len(arr))
+	}
+	// Redis counts the pause from when the client read the answer, a
+	// little after it left.
+	if gap := arr[1].Sub(time.Unix(0, answered.Load())); gap < time.Second {
+		t.Errorf("the second call came %v after the exhausted answer; want the 1 s reset", gap)
+	}
+}
+
+// TestWithAnswerHookPausesTheFleet: a hook reads a GraphQL cost extension
+// (Shopify's throttleStatus) and asks for the time the points take to come
+// back; the bucket is paused for it, as for a header.
+func TestWithAnswerHookPausesTheFleet(t *testing.T) {
+	clk := clockwork.NewFakeClockAt(time.Unix(1_800_000_000, 0))
+	srv := newCountingServer(t, clk, func(_ int, w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(`{"extensions":{"cost":{"throttleStatus":{"currentlyAvailable":10,"restoreRate":50}}}}`))
+	})
+	local, err := throttle.NewLocal(1000, time.Second, throttle.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb := &pauseRecorder{Bucket: local, clock: clk, until: map[string]time.Time{}}
+	var calls atomic.Int64
+	hook := func(resp *http.Response, a *throttle.Answer) {
+		calls.Add(1)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body)) // the caller reads it next
+		if err != nil {
+			return
+		}
+		var cost struct {
+			Extensions struct {
+				Cost struct {
+					ThrottleStatus struct {
+						CurrentlyAvailable float64 `json:"currentlyAvailable"`
+						RestoreRate        float64 `json:"restoreRate"`
+					} `json:"throttleStatus"`
+				} `json:"cost"`
+			} `json:"extensions"`
+		}
+		if json.Unmarshal(body, &cost) != nil {
+			return
+		}
+		const wanted = 100 // the points the next query costs
+		st := cost.Extensions.Cost.ThrottleStatus
+		if st.CurrentlyAvailable < wanted && st.RestoreRate > 0 {
+			// 90 points short, 50 per second back: 1.8 s.
+			a.Retry, a.RetryAfter = true, time.Duration(math.Ceil((wanted-st.CurrentlyAvailable)/st.RestoreRate*1000))*time.Millisecond
+		}
+	}
+	tr := mustTransport(t, throttle.New(pb, throttle.WithClock(clk)), httpclient.WithBase(srv.Client().Transport), httpclient.WithAnswer(hook))
+	resp, err := (&http.Client{Transport: tr}).Get(srv.URL)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if body := drain(resp); !strings.Contains(body, "throttleStatus") {
+		t.Errorf("the caller read %q after the hook; want the provider's body", body)
+	}
+	if calls.Load() != 1 {
+		t.Errorf("the hook was called %d times; want once", calls.Load())
+	}
+	pb.mu.Lock()
+	defer pb.mu.Unlock()
+	assert.Equal(t, []string{"=1.8s"}, pb.pauses)
+}
