@@ -137,6 +137,9 @@ func (b *Budget) Refund(ctx context.Context, key string, n int64) error {
 	return b.Settle(ctx, key, throttle.Cost{b.dims[b.takes].Name: -n})
 }
 
+// maxSettleUp bounds one settle-up, in periods' limits of its dimension.
+const maxSettleUp = 10
+
 // amounts checks c against the budget's dimensions and returns the
 // script's ARGV. take refuses negative amounts, amounts above a
 // dimension's limit and a cost of nothing.
@@ -155,6 +158,10 @@ func (b *Budget) amounts(field string, c throttle.Cost, take bool) ([]any, bool,
 			return nil, false, errs.Invalid(b.name, fmt.Sprintf("%s[%q]", field, name), v, "must be at most 2^50 in size")
 		case take && v > b.dims[i].Limit:
 			return nil, false, fmt.Errorf("%s: %d of %q asked at once, at most %d can ever be granted: %w", b.name, v, name, b.dims[i].Limit, throttle.ErrExceedsLimit)
+		case !take && v > maxSettleUp*b.dims[i].Limit:
+			// A charge of many periods' limits is a caller's error (units,
+			// a garbled usage), and would lock the key for as long.
+			return nil, false, errs.Invalid(b.name, fmt.Sprintf("%s[%q]", field, name), v, fmt.Sprintf("a settle-up must be at most %d times the dimension's limit (%d): check the actual cost's units", maxSettleUp, b.dims[i].Limit))
 		}
 		amt[i] = v
 		some = some || v != 0

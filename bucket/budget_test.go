@@ -273,6 +273,7 @@ func TestBudgetRefusesBadInput(t *testing.T) {
 		{"unknown dimension", take(throttle.Cost{"tokenz": 1}), `cost["tokenz"]`},
 		{"unknown in settle", b.Settle(ctx, "", throttle.Cost{"tokenz": 1}), `delta["tokenz"]`},
 		{"huge settle", b.Settle(ctx, "", throttle.Cost{"tokens": 1 << 51}), `delta["tokens"]`},
+		{"settle-up of more than ten periods' limits", b.Settle(ctx, "", throttle.Cost{"tokens": 501}), `delta["tokens"]`},
 		{"long key", func() error {
 			_, err := b.TakeCost(ctx, strings.Repeat("k", MaxKeyLen+1), throttle.Cost{"tokens": 1}, 0)
 			return err
@@ -466,5 +467,28 @@ func TestBudgetGiveBackAfterThePeriodOnlyPaysDebt(t *testing.T) {
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted {
 		t.Fatalf("a token beyond the limit was granted: %+v", d)
+	}
+}
+
+// A dimension the actual cost does not name is left as estimated: a
+// Settle of the tokens alone keeps the request charged.
+func TestSettleLeavesADimensionActualDoesNotName(t *testing.T) {
+	srv := redisenv.New(t)
+	b := newBudget(t, srv.Client(), "unnamed", llmDims(1, 100, time.Minute))
+	lim := throttle.New(b)
+	t.Cleanup(func() { lim.Close() })
+	ctx := context.Background()
+	est := throttle.Cost{"requests": 1, "tokens": 50}
+	if err := lim.AcquireCost(ctx, est, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := lim.Settle(ctx, est, throttle.Cost{"tokens": 40}); err != nil {
+		t.Fatal(err)
+	}
+	if d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 1}); d.Granted {
+		t.Fatalf("a second request against a limit of 1 = %+v, want refused: the request stays charged", d)
+	}
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 60}); !d.Granted {
+		t.Fatalf("60 tokens after 40 used of 100 = %+v, want granted: the 10 unused were given back", d)
 	}
 }

@@ -84,9 +84,19 @@ func WithLease(d time.Duration) ConcurrencyOption {
 //
 // Each decision is one Lua script. Connections: one subscription
 // connection per Concurrency, opened at the first wait, plus the client's
-// pool for the scripts; a waiting caller holds no connection. Background
-// work (renewals, wake-ups) runs only while something is held or waited
-// for, and stops at [Concurrency.Close].
+// pool for the scripts; a waiting caller holds no connection. Renewals run
+// while something is held or waited for; the subscription, once opened,
+// runs until [Concurrency.Close]: call Close when done with a
+// Concurrency. The wake-ups need pub/sub: a redis.Ring client (whose
+// shards share no pub/sub) and an ACL user without channel permissions
+// lose them, and waiters are then served only when the earliest lease
+// ends.
+//
+// A holder whose process loses Redis for longer than a lease loses its
+// slot while its call may still run: the cap then admits a call more until
+// that one ends. Renewals are one round trip per key held, within lease/3:
+// a process holding slots of hundreds of keys at once needs a longer
+// lease.
 //
 // A release makes one round trip to Redis (at most a second); if it fails,
 // the slot comes back when its lease ends.

@@ -600,3 +600,67 @@ func countB(b *testing.B, rdb redis.UniversalClient, s *Concurrency) (int64, int
 	}
 	return 0, n
 }
+
+// An instance with a shorter lease (a rolling deploy that changes
+// WithLease) does not make the cap's keys vanish under the holders of a
+// longer one: the capacity holds.
+func TestConcurrencyShorterLeaseDoesNotDropLongerHolders(t *testing.T) {
+	srv := redisenv.New(t)
+	long := newSlots(t, srv.Client(), "mixed", 1, WithLease(3*time.Second))
+	short := newSlots(t, srv.Client(), "mixed", 1, WithLease(60*time.Millisecond))
+	ctx := context.Background()
+	rel, err := long.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rel()
+	if _, err := short.Hold(ctx, "", 10*time.Millisecond); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("the short-lease instance while the only slot is held: %v, want ErrTimeout", err)
+	}
+	// Beyond two of the short leases, on the server's clock: the keys
+	// must still be there.
+	time.Sleep(300 * time.Millisecond)
+	if r2, err := short.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		if err == nil {
+			r2()
+		}
+		t.Fatalf("a second holder of a capacity of 1 while the first still holds: %v, want ErrTimeout", err)
+	}
+}
+
+// More dead waiters of one key than a Lua unpack takes (8000) are dropped
+// without failing the scripts: the cap goes on answering.
+func TestConcurrencyManyDeadWaitersAreDropped(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	s := newSlots(t, rdb, "crowd", 1, WithLease(time.Second))
+	ctx := context.Background()
+	rel, err := s.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rel()
+	keys, err := s.keys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 9000
+	queue, leases := make([]redis.Z, n), make([]redis.Z, n)
+	for i := range n {
+		m := "deadbeef:" + strconv.Itoa(i)
+		queue[i] = redis.Z{Score: float64(i + 1), Member: m}
+		leases[i] = redis.Z{Score: float64(now.UnixMilli() - 1), Member: m} // ended
+	}
+	rdb.ZAdd(ctx, keys[1], queue...)
+	rdb.ZAdd(ctx, keys[2], leases...)
+	if _, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold after 9,000 dead waiters: %v, want ErrTimeout (the one slot is held), not a script error", err)
+	}
+	if left, err := rdb.ZCard(ctx, keys[1]).Result(); err != nil || left != 0 {
+		t.Fatalf("waiters left in the queue: %d, %v; want 0", left, err)
+	}
+}

@@ -76,7 +76,8 @@ func (l *Limiter) AcquireCost(ctx context.Context, c Cost, maxWait time.Duration
 
 // Settle corrects a cost acquired with [Limiter.AcquireCost] once the
 // call's real cost is known: it charges actual−estimated of each
-// dimension, at once and without waiting. A dimension the call used less
+// dimension actual names, at once and without waiting (a dimension actual
+// does not name is left as estimated). A dimension the call used less
 // of than estimated is given back (best effort: a bucket may keep what
 // belongs to a period that has ended), so that an over-estimate does not
 // idle the budget; one it used more of is charged even beyond what is
@@ -87,6 +88,10 @@ func (l *Limiter) AcquireCost(ctx context.Context, c Cost, maxWait time.Duration
 // a charge is taken at once if the bucket has it: a plain bucket cannot
 // hold a debt, so a charge it cannot grant now returns an error matching
 // [ErrTimeout] and is not taken.
+//
+// A grant made by the failure policy (FailOpen while the store failed)
+// charged nothing: do not give it back. A charge above a dimension's
+// limit is refused by bucket.Budget as an error in the caller's units.
 //
 // Settle waits for the store at most the store timeout
 // ([WithStoreTimeout]) or ctx's deadline, and returns the store's error
@@ -275,11 +280,6 @@ func (l *Limiter) settleCost(ctx context.Context, key string, estimated, actual 
 	for name, v := range actual {
 		if d := v - estimated[name]; d != 0 {
 			delta[name] = d
-		}
-	}
-	for name, v := range estimated {
-		if _, ok := actual[name]; !ok && v != 0 {
-			delta[name] = -v
 		}
 	}
 	if len(delta) == 0 {

@@ -24,9 +24,11 @@ local lease = tonumber(ARGV[2])
 local function tidy()
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-  if #dead > 0 then
-    redis.call('ZREM', KEYS[2], unpack(dead))
-    redis.call('ZREM', KEYS[3], unpack(dead))
+  -- In chunks: unpack() takes at most 8000 values.
+  for i = 1, #dead, 1000 do
+    local last = math.min(i + 999, #dead)
+    redis.call('ZREM', KEYS[2], unpack(dead, i, last))
+    redis.call('ZREM', KEYS[3], unpack(dead, i, last))
   end
 end
 
@@ -52,9 +54,13 @@ local function promote()
 end
 
 -- keep() lets the keys of an idle cap vanish two leases after the last
--- write: by then every lease in them has ended.
+-- write: by then every lease in them has ended. It never shortens a key's
+-- time to live, so that an instance with a shorter lease (a rolling
+-- deploy) cannot make the keys vanish under the holders of a longer one.
 local function keep()
   for i = 1, 4 do
-    redis.call('PEXPIRE', KEYS[i], 2 * lease)
+    if redis.call('PTTL', KEYS[i]) < 2 * lease then
+      redis.call('PEXPIRE', KEYS[i], 2 * lease)
+    end
   end
 end

@@ -390,7 +390,11 @@ func handler(lim *throttle.Limiter, hc *http.Client, target string, estimate int
 		if err := json.NewDecoder(resp.Body).Decode(&u); err != nil {
 			return fmt.Errorf("reading the provider's usage: %w", err)
 		}
-		if err := lim.Settle(ctx, est, throttle.Cost{"requests": 1, "tokens": u.Usage.TotalTokens}); err != nil {
+		if u.Usage.TotalTokens <= 0 {
+			done(id) // no usage reported: the estimate stays charged
+			return nil
+		}
+		if err := lim.Settle(ctx, est, throttle.Cost{"tokens": u.Usage.TotalTokens}); err != nil {
 			slog.Warn("llm: settling a call's cost failed", "err", err)
 		}
 		done(id)

@@ -174,3 +174,51 @@ func TestTransportTakesTheSlotBeforeThePermit(t *testing.T) {
 	}
 	rel()
 }
+
+type panickingBase struct{}
+
+func (panickingBase) RoundTrip(*http.Request) (*http.Response, error) { panic("a broken RoundTripper") }
+
+// A panic inside RoundTrip (the base RoundTripper's, or a WithAnswer
+// hook's) gives the request's slot back: an http.Server recovers such
+// panics, and the slot must not stay held for the life of the process.
+func TestPanicInsideRoundTripGivesTheSlotBack(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	defer srv.Close()
+	for name, opts := range map[string][]httpclient.Option{
+		"base":        {httpclient.WithBase(panickingBase{})},
+		"answer hook": {httpclient.WithBase(srv.Client().Transport), httpclient.WithAnswer(func(*http.Response, *throttle.Answer) { panic("a broken hook") })},
+	} {
+		t.Run(name, func(t *testing.T) {
+			slots, err := throttle.NewLocalSlots(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := throttle.NewLocal(1000, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr, err := httpclient.NewTransport(throttle.New(b), append(opts, httpclient.WithConcurrency(slots))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Error("the panic did not reach the caller")
+					}
+				}()
+				_, _ = tr.RoundTrip(req)
+			}()
+			release, err := slots.Hold(context.Background(), "", 0)
+			if err != nil {
+				t.Fatalf("the slot after the panic: %v, want it free again", err)
+			}
+			release()
+		})
+	}
+}

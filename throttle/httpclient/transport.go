@@ -330,12 +330,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		start := clock.Now()
 		release, err := t.hold(ctx, k, left)
+		// The slot is freed however this attempt ends, a panic included
+		// (a WithAnswer hook's, the base RoundTripper's), unless it is
+		// handed to the response's body.
+		h := &heldSlot{release: release}
+		defer h.free()
 		if err == nil {
 			if left != throttle.Forever {
 				left = max(left-clock.Since(start), 0)
 			}
 			if err = t.acquire(ctx, k, left); err != nil {
-				free(release)
+				h.free()
 			}
 		}
 		waited += clock.Since(start)
@@ -344,7 +349,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		resp, err := t.base.RoundTrip(r)
 		if err != nil {
-			free(release)
+			h.free()
 			return resp, err
 		}
 		now := clock.Now()
@@ -358,17 +363,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
 		if !hinted {
-			return releaseOnClose(resp, release), nil
+			return releaseOnClose(resp, h.hand()), nil
 		}
 		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited) {
-			return releaseOnClose(resp, release), nil
+			return releaseOnClose(resp, h.hand()), nil
 		}
 		next, err := rewind(req)
 		if err != nil {
-			return releaseOnClose(resp, release), nil // the body cannot be had again: give the answer
+			return releaseOnClose(resp, h.hand()), nil // the body cannot be had again: give the answer
 		}
 		discard(resp)
-		free(release)
+		h.free()
 		r = next
 	}
 }
@@ -417,11 +422,23 @@ func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Durati
 	return release, nil
 }
 
-// free calls release unless it is nil.
-func free(release func()) {
-	if release != nil {
-		release()
+// heldSlot is a request's slot until it is freed or handed on.
+type heldSlot struct{ release func() }
+
+// free gives the slot back, once; nothing after hand.
+func (h *heldSlot) free() {
+	if r := h.release; r != nil {
+		h.release = nil
+		r()
 	}
+}
+
+// hand returns the release for another owner (the response's body), and
+// frees nothing itself from then on.
+func (h *heldSlot) hand() func() {
+	r := h.release
+	h.release = nil
+	return r
 }
 
 // releaseOnClose makes closing resp's body call release; a response with
