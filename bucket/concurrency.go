@@ -94,9 +94,9 @@ func WithLease(d time.Duration) ConcurrencyOption {
 //
 // A holder whose process loses Redis for longer than a lease loses its
 // slot while its call may still run: the cap then admits a call more until
-// that one ends. Renewals are one round trip per key held, within lease/3:
-// a process holding slots of hundreds of keys at once needs a longer
-// lease.
+// that one ends. Renewals are one round trip per key held, 16 at a time,
+// within lease/3: a process holding slots of thousands of keys at once
+// needs a longer lease.
 //
 // A release makes one round trip to Redis (at most a second); if it fails,
 // the slot comes back when its lease ends.
@@ -195,7 +195,7 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 	mode := "try"
 	if maxWait > 0 {
 		mode = "wait"
-		s.subscribe(ctx)
+		s.subscribe(ctx, maxWait)
 	}
 	id := s.inst + ":" + strconv.FormatUint(s.seq.Add(1), 36)
 	m := &slotMember{keys: keys, wake: make(chan struct{}, 1)}
@@ -304,8 +304,13 @@ func (s *Concurrency) untrack(id string) {
 	s.mu.Unlock()
 }
 
+// renewParallel bounds the renewal scripts of one Concurrency in flight at
+// once.
+const renewParallel = 16
+
 // renew extends the leases of every member of this Concurrency every
-// lease/3, one script per key, and returns when none is left or at Close.
+// lease/3, one script per key (renewParallel at a time), and returns when
+// none is left or at Close.
 func (s *Concurrency) renew() {
 	defer s.wg.Done()
 	tick := s.clock.NewTicker(s.lease / 3)
@@ -329,18 +334,30 @@ func (s *Concurrency) renew() {
 			keysOf[m.keys[0]] = m.keys
 		}
 		s.mu.Unlock()
+		// Keys renewed side by side, a few at a time: in series, the
+		// renewals of many keys held at once did not fit in lease/3,
+		// and the later keys' leases ended under live holders.
 		ctx, cancel := context.WithTimeout(s.life, min(s.lease/3, slotCallTimeout))
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, renewParallel)
 		for k, ids := range byKey {
-			_, _ = s.run(ctx, "renew", scriptSlotsRenew, keysOf[k], ids...)
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				_, _ = s.run(ctx, "renew", scriptSlotsRenew, keysOf[k], ids...)
+			}()
 		}
+		wg.Wait()
 		cancel()
 	}
 }
 
 // subscribe opens the wake-up subscription at the first wait and waits
-// (within ctx, at most a second) until Redis confirms it, so that no
+// (within ctx and maxWait, at most a second) until Redis confirms it, so that no
 // wake-up published after the caller joins the queue is missed.
-func (s *Concurrency) subscribe(ctx context.Context) {
+func (s *Concurrency) subscribe(ctx context.Context, maxWait time.Duration) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -354,7 +371,9 @@ func (s *Concurrency) subscribe(ctx context.Context) {
 	}
 	ready := s.psReady
 	s.mu.Unlock()
-	t := s.clock.NewTimer(slotCallTimeout)
+	// Within the caller's wait: a subscription slow to confirm (or
+	// never, without channel permissions) costs a wake-up, not the wait.
+	t := s.clock.NewTimer(min(slotCallTimeout, maxWait))
 	defer t.Stop()
 	select {
 	case <-ready:
