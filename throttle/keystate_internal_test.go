@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"reflect"
 	"strconv"
 	"sync/atomic"
@@ -291,25 +292,37 @@ func TestLeasingDecidesByThePolicyWhileARefillProbes(t *testing.T) {
 	require.NoError(t, <-probe, "when its wait ends, the probe too is granted locally")
 }
 
-// TestACrowdOfKeysGoneLeavesNoLargeMaps: 20,000 keys used once, then only
-// one key for longer than the idle window. A Go map keeps the room of its
-// largest size, so each shard's map must be a new one, sized for the few
-// states left, not the one that held the crowd.
+// TestACrowdOfKeysGoneLeavesNoLargeMaps: 300 keys in every shard used
+// once, then only one key for longer than the idle window. A Go map keeps
+// the room of its largest size, so each shard's map must be a new one,
+// sized for the few states left, not the one that held the crowd.
 func TestACrowdOfKeysGoneLeavesNoLargeMaps(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	loc, err := NewLocal(10, time.Second, WithClock(clock))
 	require.NoError(t, err)
 	lim := New(loc, WithClock(clock))
 	ctx := context.Background()
-	for i := range 20000 {
-		require.NoError(t, lim.Key(strconv.Itoa(i)).Acquire(ctx, 0))
+	// The shard of a key depends on the Limiter's random hash seed, so the
+	// keys are chosen by their shard: every shard gets exactly perShard.
+	const perShard = 300
+	var filled [stateShards]int
+	for i, full := 0, 0; full < stateShards; i++ {
+		key := strconv.Itoa(i)
+		sh := maphash.String(lim.states.seed, key) % stateShards
+		if filled[sh] == perShard {
+			continue
+		}
+		require.NoError(t, lim.Key(key).Acquire(ctx, 0))
+		if filled[sh]++; filled[sh] == perShard {
+			full++
+		}
 	}
 	var crowd [stateShards]uintptr
 	for i := range lim.states.shards {
 		sh := &lim.states.shards[i]
 		sh.mu.Lock()
 		crowd[i] = reflect.ValueOf(sh.m).Pointer()
-		require.Greater(t, len(sh.m), 256, "shard %d's share of the crowd", i)
+		require.Equal(t, perShard, len(sh.m), "shard %d's share of the crowd", i)
 		sh.mu.Unlock()
 	}
 	for range 2 * stateShards { // one key sweeps every shard, twice over
