@@ -238,6 +238,18 @@ func (b *TokenBucket) Fallback() (int64, time.Duration, int64) {
 	return b.limit, ms(b.periodMs), b.calls.instances()
 }
 
+// Periodic implements [throttle.Periodic]: a period's tokens are all
+// there at its start.
+func (b *TokenBucket) Periodic() bool { return true }
+
+// Periodic implements [throttle.Periodic]: a period's calls may all come
+// at its start.
+func (b *Counter) Periodic() bool { return true }
+
+// Periodic implements [throttle.Periodic]: a window's permits are all
+// there at its start.
+func (b *FixedWindow) Periodic() bool { return true }
+
 // Fallback implements [throttle.Fallbacker]: limit per interval, and the
 // live instances last counted.
 func (b *Counter) Fallback() (int64, time.Duration, int64) {

@@ -14,7 +14,7 @@ import (
 //
 // Beyond Take, a Limiter uses what a bucket offers through optional
 // interfaces: [Refunder], [Pauser], [Fallbacker], [AdaptiveStore],
-// [Immediate], [Checker]. A bucket that wraps another (to count its calls,
+// [Immediate], [Checker], [Periodic]. A bucket that wraps another (to count its calls,
 // say) keeps them all by adding a method
 //
 //	Unwrap() Bucket
@@ -110,6 +110,24 @@ type Pauser interface {
 // it. Immediate returns false for a wrapper that does wait on something.
 type Immediate interface {
 	Immediate() bool
+}
+
+// Periodic is implemented by buckets that grant up to their limit afresh
+// in each period, at any pace within it: a token bucket refilled at once,
+// a fixed window, a counter reset every period. Their Decisions count one
+// period each: Limit is the period's limit, Remaining what is left of it
+// after the decision, Reset the time until it ends; the period's length is
+// the interval [Fallbacker] reports.
+//
+// Such a bucket lets the end of one period's grants and the start of the
+// next period's meet within one interval: up to twice the limit, which a
+// provider counting a sliding window (or periods of its own) refuses. A
+// Limiter that hears from the provider ([Limiter.Report]) spreads each
+// period's grants over the period instead (see [Limiter.Report]).
+// Periodic returns false for a wrapper whose Decisions do not count
+// periods that way.
+type Periodic interface {
+	Periodic() bool
 }
 
 // Checker is implemented by buckets that can check their store cheaply

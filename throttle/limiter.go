@@ -64,6 +64,7 @@ type capabilities struct {
 	adaptive   AdaptiveStore
 	checker    Checker
 	immediate  bool
+	periodic   bool
 }
 
 func findCapabilities(b Bucket) capabilities {
@@ -75,6 +76,9 @@ func findCapabilities(b Bucket) capabilities {
 	c.checker, _ = capability[Checker](b)
 	if im, ok := capability[Immediate](b); ok {
 		c.immediate = im.Immediate()
+	}
+	if p, ok := capability[Periodic](b); ok {
+		c.periodic = p.Periodic()
 	}
 	return c
 }
@@ -261,8 +265,10 @@ func (l *Limiter) take(ctx context.Context, key string, n int64, maxWait time.Du
 //  3. the pace: while the key adapts, an evenly spaced slot first;
 //  4. the decision: from the key's lease, the bucket, or the failure
 //     policy (decide);
-//  5. the outcome: granted now; a reservation slept out (and given back if
-//     the caller leaves); a refusal slept out, then another round.
+//  5. the outcome: granted now (after the grant's place in its period,
+//     once the key was heard from: spread.go); a reservation slept out
+//     (and given back if the caller leaves); a refusal slept out, then
+//     another round.
 //
 // held reports that the caller's held permits served the call.
 func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Duration) (held bool, err error) {
@@ -328,6 +334,11 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		case err != nil:
 			return w.failed(err)
 		case d.Granted && d.Delay <= 0:
+			if src == fromStore {
+				if s := min(l.spreadDelay(st, n, d), left); s > 0 {
+					return l.spreadOut(ctx, st.key, n, s)
+				}
+			}
 			return nil
 		case d.Granted:
 			return l.sleepReservation(ctx, st.key, n, d, left, w.tb)

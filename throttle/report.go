@@ -85,7 +85,18 @@ func AnswerOf(err error) (Answer, bool) {
 //     paces grants evenly;
 //   - a limit advertised below the configured one lowers the ceiling
 //     (with or without a retry time; before a refusal in the same answer
-//     is applied, so that the refusal is measured against it).
+//     is applied, so that the refusal is measured against it);
+//   - any answer, a success included, tells l that the key's permits
+//     reach a provider: from then on, the grants of a [Periodic] bucket
+//     (the token bucket, the fixed window, the counter of package bucket)
+//     are spread over their period, each waiting, within its caller's
+//     wait, for its place: the permits granted before it in the period,
+//     over the limit, of the interval. A provider counting a sliding
+//     window (or periods of its own) then sees no more than the limit in
+//     one window, where a period's burst at its start could meet the
+//     previous period's in one window. Grants asked sparsely are not held
+//     back; a caller with no wait (maxWait 0) is not either, nor are
+//     permits from a lease, and intervals above a minute are not spread.
 //
 // An answer that says nothing new (a success within the limit) costs
 // nothing: no store call. Report needs the bucket's limit per interval:
@@ -130,11 +141,19 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 		// Honour the hint first: the pause is what the provider asked.
 		errs = append(errs, l.pause(ctx, key, min(ans.RetryAfter, maxAnswerPause)))
 	}
-	if !l.adapt.ok {
+	// plain: the answer says nothing but that a provider was called.
+	plain := !ans.Refused && !hint && ans.Limit <= 0
+	if !l.caps.periodic && (plain || !l.adapt.ok) {
 		return errors.Join(errs...)
 	}
 	st := l.state(key)
 	defer l.release(st)
+	if !st.heard.Load() {
+		st.heard.Store(true)
+	}
+	if !l.adapt.ok || plain {
+		return errors.Join(errs...)
+	}
 	law := l.law(st)
 	if ans.Limit > 0 {
 		adv := float64(ans.Limit)

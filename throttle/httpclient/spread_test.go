@@ -1,0 +1,67 @@
+package httpclient_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/httpclient"
+)
+
+// periodic grants limit per aligned period of its clock, as a fixed
+// window does, and says so ([throttle.Periodic]).
+type periodic struct {
+	clock clockwork.Clock
+	limit int64
+	mu    sync.Mutex
+	used  map[int64]int64
+}
+
+func (p *periodic) Take(_ context.Context, _ string, n int64, _ time.Duration) (throttle.Decision, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	since := p.clock.Now().Sub(time.Time{})
+	k := int64(since / time.Second)
+	reset := time.Duration(k+1)*time.Second - since
+	if p.used[k]+n > p.limit {
+		return throttle.Decision{Delay: reset, Limit: p.limit, Remaining: p.limit - p.used[k], Reset: reset}, nil
+	}
+	p.used[k] += n
+	return throttle.Decision{Granted: true, Limit: p.limit, Remaining: p.limit - p.used[k], Reset: reset}, nil
+}
+
+func (p *periodic) Fallback() (int64, time.Duration, int64) { return p.limit, time.Second, 1 }
+func (p *periodic) Periodic() bool                          { return true }
+
+// After its first answer, a success, the Transport's calls of a period go
+// at the limit's even pace instead of all at the period's start: the
+// provider sees them a limit-th of the interval apart.
+func TestAfterTheFirstAnswerCallsAreSpreadOverThePeriod(t *testing.T) {
+	clk := clockwork.NewFakeClockAt(time.Time{}.Add(time.Hour)) // at a period's start
+	srv := newCountingServer(t, clk, func(_ int, w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
+	lim := throttle.New(&periodic{clock: clk, limit: 4, used: map[int64]int64{}}, throttle.WithClock(clk))
+	defer lim.Close()
+	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport))}
+	ctx := context.Background()
+	require.Equal(t, http.StatusOK, get(t, ctx, client, srv.URL), "the first call: nothing heard yet")
+
+	done := make(chan int, 3)
+	for range 3 {
+		go func() { done <- get(t, ctx, client, srv.URL) }()
+	}
+	for i := 2; i >= 0; i-- {
+		waitSleepers(t, clk, i+1) // every call left waits for its place
+		assert.Equal(t, 3-i, srv.count(), "arrivals before the next place")
+		clk.Advance(250 * time.Millisecond)
+		assert.Equal(t, http.StatusOK, <-done)
+	}
+	assert.Equal(t, 4, srv.count())
+}

@@ -1,0 +1,66 @@
+package throttle
+
+import (
+	"context"
+	"time"
+)
+
+// Spreading a period's grants.
+//
+// A [Periodic] bucket grants its whole limit as soon as it is asked in a
+// period: a crowd of callers at a period's start takes it in a few
+// milliseconds. The next period's crowd comes one interval later, and a
+// provider counting a sliding window of that interval sees the end of the
+// first burst and the whole second one in one window: up to twice the
+// limit, refused at a random period edge however well the fleet keeps the
+// bucket's own guarantee.
+//
+// Once a key was heard from (any answer reported: a provider is being
+// called), each grant of the key's period waits for its place in the
+// period: the permits granted before it in the period, over the limit, of
+// the interval, from the period's start. The Decision says all of that:
+// the period's limit, what is left of it after this grant (the coalesced
+// takes of package bucket each get their own count) and when it ends. So
+// grants taken in a crowd go at the limit's even pace, and a sliding
+// window of the interval holds at most the limit of them (one more at its
+// edge). Grants taken sparsely are never held back: their places have
+// passed.
+//
+// The place is waited for within the caller's wait left: a caller that
+// cannot wait that long (maxWait 0) goes when its wait runs out, as the
+// bucket granted it. Intervals longer than maxSpreadInterval are not
+// spread: a daily quota is not a pace. Permits from a lease or from the
+// failure policy are not spread either.
+
+// maxSpreadInterval is the longest interval whose periods are spread.
+const maxSpreadInterval = time.Minute
+
+// spreadDelay is how long a grant d of n permits of st's key waits for its
+// place in the period; 0 when it goes at once.
+func (l *Limiter) spreadDelay(st *keyState, n int64, d Decision) time.Duration {
+	if !l.caps.periodic || l.leasing != nil || !st.heard.Load() {
+		return 0
+	}
+	interval := time.Duration(l.interval)
+	if interval <= 0 || interval > maxSpreadInterval || d.Limit < 1 || d.Remaining < 0 || d.Reset <= 0 {
+		return 0
+	}
+	before := d.Limit - d.Remaining - n // the period's permits granted before these
+	if before <= 0 {
+		return 0
+	}
+	// The period started interval before it ends (a period lengthened by
+	// the bucket started earlier still: its places come a little late).
+	place := time.Duration(float64(interval) * float64(min(before, d.Limit)) / float64(d.Limit))
+	return min(d.Reset-interval+place, d.Reset)
+}
+
+// spreadOut waits delay (a grant's place in its period) for the caller's
+// n permits of key; a caller that leaves first gives them back.
+func (l *Limiter) spreadOut(ctx context.Context, key string, n int64, delay time.Duration) error {
+	if err := l.sleep(ctx, delay); err != nil {
+		l.cancelReservation(ctx, key, n, Decision{})
+		return err
+	}
+	return nil
+}

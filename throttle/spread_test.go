@@ -1,0 +1,188 @@
+package throttle_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// onDemandBucket grants limit permits per period of interval on its clock, a
+// period starting at the first take after the last one ended (as the Redis
+// token bucket refills on demand). Its Decisions count the period: Limit,
+// Remaining after the take, Reset until the period ends.
+type onDemandBucket struct {
+	clock    clockwork.Clock
+	limit    int64
+	interval time.Duration
+	periodic bool
+
+	mu       sync.Mutex
+	start    time.Time
+	left     int64
+	refunded int64
+}
+
+func newOnDemandBucket(clock clockwork.Clock, limit int64, interval time.Duration) *onDemandBucket {
+	return &onDemandBucket{clock: clock, limit: limit, interval: interval, periodic: true}
+}
+
+func (b *onDemandBucket) Take(_ context.Context, _ string, n int64, _ time.Duration) (throttle.Decision, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.clock.Now()
+	if b.start.IsZero() || now.Sub(b.start) >= b.interval {
+		b.start, b.left = now, b.limit
+	}
+	reset := b.interval - now.Sub(b.start)
+	if b.left < n {
+		return throttle.Decision{Delay: reset, Limit: b.limit, Remaining: b.left, Reset: reset}, nil
+	}
+	b.left -= n
+	return throttle.Decision{Granted: true, Limit: b.limit, Remaining: b.left, Reset: reset}, nil
+}
+
+func (b *onDemandBucket) Refund(_ context.Context, _ string, n int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.left += n
+	b.refunded += n
+	return nil
+}
+
+func (b *onDemandBucket) Fallback() (int64, time.Duration, int64) { return b.limit, b.interval, 1 }
+func (b *onDemandBucket) Periodic() bool                          { return b.periodic }
+
+func (b *onDemandBucket) refunds() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.refunded
+}
+
+// acquireAll starts n Acquires of key with maxWait, and returns the channel
+// each sends its result to.
+func acquireAll(ctx context.Context, k throttle.Keyed, n int, maxWait time.Duration) chan error {
+	done := make(chan error, n)
+	for range n {
+		go func() { done <- k.Acquire(ctx, maxWait) }()
+	}
+	return done
+}
+
+// receive takes exactly want results from done, failing on an error, and
+// then checks that no other result is there once sleepers callers sleep.
+func receive(t *testing.T, clock *clockwork.FakeClock, done chan error, want, sleepers int) {
+	t.Helper()
+	for range want {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("a grant did not come")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, clock.BlockUntilContext(ctx, sleepers), "callers waiting for their place")
+	select {
+	case err := <-done:
+		t.Fatalf("a grant came before its place in the period (err %v)", err)
+	default:
+	}
+}
+
+func TestAHeardKeySpreadsAPeriodsGrantsOverThePeriod(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := newOnDemandBucket(clock, 10, time.Second)
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	k := lim.Key("api")
+	require.NoError(t, k.Report(ctx, throttle.Answer{}), "a success from the provider")
+
+	done := acquireAll(ctx, k, 10, 5*time.Second)
+	receive(t, clock, done, 1, 9) // the period's first permit goes at once
+	for i := 8; i >= 0; i-- {
+		clock.Advance(100 * time.Millisecond)
+		receive(t, clock, done, 1, i) // then one every tenth of the interval
+	}
+}
+
+func TestAKeyNotHeardFromGrantsItsPeriodAtOnce(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Key("other").Report(ctx, throttle.Answer{}), "another key was heard from")
+	receive(t, clock, acquireAll(ctx, lim.Key("api"), 10, 5*time.Second), 10, 0)
+}
+
+func TestSpreadingNeedsAPeriodicBucketAndAnIntervalOfAMinuteAtMost(t *testing.T) {
+	for name, b := range map[string]*onDemandBucket{
+		"not periodic":   {limit: 10, interval: time.Second},
+		"daily interval": {limit: 10, interval: 24 * time.Hour, periodic: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			clock := clockwork.NewFakeClock()
+			b.clock = clock
+			lim := throttle.New(b, throttle.WithClock(clock))
+			defer lim.Close()
+			ctx := context.Background()
+			require.NoError(t, lim.Report(ctx, throttle.Answer{}))
+			receive(t, clock, acquireAll(ctx, lim.Key(""), 10, 5*time.Second), 10, 0)
+		})
+	}
+}
+
+func TestACallerWithoutWaitIsNotHeldForItsPlace(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Report(ctx, throttle.Answer{}))
+	for i := range 10 {
+		require.NoError(t, lim.Acquire(ctx, 0), "permit %d with maxWait 0", i)
+	}
+	assert.ErrorIs(t, lim.Acquire(ctx, 0), throttle.ErrTimeout, "the period is spent")
+}
+
+func TestACallerWaitsForItsPlaceOnlyWithinItsWait(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Report(ctx, throttle.Answer{}))
+	for range 5 {
+		require.NoError(t, lim.Acquire(ctx, 0))
+	}
+	done := acquireAll(ctx, lim.Key(""), 1, 50*time.Millisecond) // its place is 500 ms on
+	receive(t, clock, done, 0, 1)
+	clock.Advance(50 * time.Millisecond)
+	receive(t, clock, done, 1, 0)
+}
+
+func TestACallerThatLeavesBeforeItsPlaceGivesItsPermitBack(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := newOnDemandBucket(clock, 10, time.Second)
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	require.NoError(t, lim.Report(context.Background(), throttle.Answer{}))
+	require.NoError(t, lim.Acquire(context.Background(), 0))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := acquireAll(ctx, lim.Key(""), 1, 5*time.Second) // its place is 100 ms on
+	receive(t, clock, done, 0, 1)
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the caller did not leave")
+	}
+	assert.Equal(t, int64(1), b.refunds(), "its permit back in the bucket")
+}
