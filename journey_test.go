@@ -72,7 +72,7 @@ func journey(t *testing.T, shared bool) {
 
 	var (
 		attempts atomic.Int64 // handler calls
-		grants   grantCounter // permits the bucket granted, at the Limiters' calls to it
+		grants   grantCounter // permits the Limiters' callers got
 		mu       sync.Mutex
 		tries    = map[string]int{} // record → handler calls so far
 	)
@@ -232,21 +232,19 @@ func (p *slidingProvider) counts() (arrivals, refused, retries int) {
 	return p.arrivals, p.refused, p.retries
 }
 
-// grantCounter is a throttle.Observer that counts the permits the bucket
-// granted, at the Limiters' calls to it (a permit a context held costs
-// no call, and is not counted).
+// grantCounter is a throttle.Observer that counts the permits the
+// Limiters' callers got (an Acquire that returned nil): granted by the
+// bucket and kept, as a caller that leaves while waiting for its permit's
+// place in the period does not. A permit a context held costs no
+// Acquire, and is not counted again.
 type grantCounter struct{ n atomic.Int64 }
 
-func (g *grantCounter) Acquired(string, int64, time.Duration, error) {}
-
-func (g *grantCounter) BucketCall(_ string, d throttle.Decision, _ time.Duration, err error) {
-	if err == nil && d.Granted {
-		g.n.Add(1) // every Acquire here asks for one permit
+func (g *grantCounter) Acquired(_ string, n int64, _ time.Duration, err error) {
+	if err == nil {
+		g.n.Add(n)
 	}
 }
 
-func (g *grantCounter) Degraded(_, _ string, granted bool, _ error) {
-	if granted {
-		g.n.Add(1)
-	}
-}
+func (g *grantCounter) BucketCall(string, throttle.Decision, time.Duration, error) {}
+
+func (g *grantCounter) Degraded(string, string, bool, error) {}

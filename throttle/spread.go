@@ -56,7 +56,8 @@ func (l *Limiter) spreadDelay(st *keyState, n int64, d Decision) time.Duration {
 }
 
 // spreadOut waits delay (a grant's place in its period) for the caller's
-// n permits of key; a caller that leaves first gives them back.
+// n permits of key; a caller that leaves first gives them back if the
+// bucket takes permits back ([Refunder]), else they are spent.
 func (l *Limiter) spreadOut(ctx context.Context, key string, n int64, delay time.Duration) error {
 	if err := l.sleep(ctx, delay); err != nil {
 		l.cancelReservation(ctx, key, n, Decision{})

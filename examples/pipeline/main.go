@@ -10,7 +10,7 @@
 // context, and the Transport uses it for the handler's request, so each
 // call costs one permit; the Transport also pauses the fleet on a 429
 // with Retry-After and retries the call after the pause. The summary
-// counts the permits the bucket granted next to the calls the provider
+// counts the permits the Limiters granted next to the calls the provider
 // saw. -permits transport gives the consumer no Limiter instead: the
 // Transport alone takes the permits.
 //
@@ -201,8 +201,8 @@ type summary struct {
 	// Settled is when, after the start, the group's assignment last
 	// changed.
 	Settled time.Duration
-	// Permits is how many permits the bucket granted (counted by an
-	// Observer of each Limiter, at its calls to the bucket), Attempts how
+	// Permits is how many permits the Limiters' callers got (counted by
+	// an Observer of each Limiter), Attempts how
 	// many times a handler was called, and ProviderCalls how many
 	// requests reached the provider, accepted or refused: one permit per
 	// call is Permits == ProviderCalls.
@@ -487,7 +487,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		if accepted := s.ProviderCalls - s.Provider429; accepted > 0 {
 			share = 100 * float64(s.Provider429) / float64(accepted)
 		}
-		fmt.Fprintf(out, "calls at the provider %d (429s %.1f%% of accepted calls), permits the bucket granted %d, handler calls %d\n", s.ProviderCalls, share, s.Permits, s.Attempts)
+		fmt.Fprintf(out, "calls at the provider %d (429s %.1f%% of accepted calls), permits used %d, handler calls %d\n", s.ProviderCalls, share, s.Permits, s.Attempts)
 		fmt.Fprintf(out, "accepted calls per second, first to last: %.1f (%.1f%% of the limit)\n", s.AcceptedPerSecond, 100*s.AcceptedPerSecond/perSecond)
 		if len(s.Steady) > 0 {
 			list := ""
@@ -513,24 +513,24 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	return s, nil
 }
 
-// grantCount is an Observer of the Limiters that counts the permits the
-// bucket granted, at the Limiters' calls to it: the bucket's side of "one
-// permit per call", apart from the consumer's and the Transport's.
+// grantCount is an Observer of the Limiters that counts the permits their
+// callers got: granted by the bucket (or by the failure policy) and not
+// given back, as a caller that leaves while waiting for its permit's place
+// does. A permit passed down to the Transport in the handler's ctx counts
+// once, when the consumer got it; a permit the Transport takes itself
+// counts too: "one permit per call" is this count against the calls the
+// provider saw.
 type grantCount struct{ n atomic.Int64 }
 
-func (g *grantCount) Acquired(string, int64, time.Duration, error) {}
-
-func (g *grantCount) BucketCall(_ string, d throttle.Decision, _ time.Duration, err error) {
-	if err == nil && d.Granted {
-		g.n.Add(1) // every Acquire here asks for one permit
+func (g *grantCount) Acquired(_ string, n int64, _ time.Duration, err error) {
+	if err == nil {
+		g.n.Add(n)
 	}
 }
 
-func (g *grantCount) Degraded(_, _ string, granted bool, _ error) {
-	if granted {
-		g.n.Add(1)
-	}
-}
+func (g *grantCount) BucketCall(string, throttle.Decision, time.Duration, error) {}
+
+func (g *grantCount) Degraded(string, string, bool, error) {}
 
 // owners describes how many partitions each consumer owns.
 func owners(cs []*consumer.Consumer) string {

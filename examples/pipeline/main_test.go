@@ -37,7 +37,7 @@ func TestPipelineLosesNothingAndStaysUnderTheLimit(t *testing.T) {
 	// One permit per call: the bucket's grants (counted at the Limiters'
 	// bucket calls), the calls the provider saw, and the handler's
 	// attempts agree.
-	assert.Equal(t, s.ProviderCalls, s.Permits, "permits the bucket granted, one per call at the provider")
+	assert.Equal(t, s.ProviderCalls, s.Permits, "permits used, one per call at the provider")
 	assert.Equal(t, s.Attempts, s.ProviderCalls, "handler calls, one provider call each")
 	assert.GreaterOrEqual(t, s.Attempts, int64(400))
 }
