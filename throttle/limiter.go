@@ -335,7 +335,14 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 			return w.failed(err)
 		case d.Granted && d.Delay <= 0:
 			if src == fromStore {
-				if s := min(l.spreadDelay(st, n, d), left); s > 0 {
+				// A place beyond the wait: a caller bound by maxWait
+				// waits it out; one bound by its context's deadline goes
+				// at once, while the context can still be used.
+				s := l.spreadDelay(st, n, d)
+				if s >= left && w.tb.ctxBound {
+					s = 0
+				}
+				if s = min(s, left); s > 0 {
 					return l.spreadOut(ctx, st.key, n, s)
 				}
 			}

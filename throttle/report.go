@@ -95,8 +95,9 @@ func AnswerOf(err error) (Answer, bool) {
 //     window (or periods of its own) then sees no more than the limit in
 //     one window, where a period's burst at its start could meet the
 //     previous period's in one window. Grants asked sparsely are not held
-//     back; a caller with no wait (maxWait 0) is not either, nor are
-//     permits from a lease, and intervals above a minute are not spread.
+//     back; a caller with no wait (maxWait 0) is not either, nor one whose
+//     context ends before its place, nor are permits from a lease, and
+//     intervals above a minute are not spread.
 //
 // An answer that says nothing new (a success within the limit) costs
 // nothing: no store call. Report needs the bucket's limit per interval:

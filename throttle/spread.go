@@ -28,7 +28,8 @@ import (
 //
 // The place is waited for within the caller's wait left: a caller that
 // cannot wait that long (maxWait 0) goes when its wait runs out, as the
-// bucket granted it. Intervals longer than maxSpreadInterval are not
+// bucket granted it; one whose context's deadline comes first goes at
+// once (at its deadline, its call could no longer be made). Intervals longer than maxSpreadInterval are not
 // spread: a daily quota is not a pace. Permits from a lease or from the
 // failure policy are not spread either.
 

@@ -186,3 +186,41 @@ func TestACallerThatLeavesBeforeItsPlaceGivesItsPermitBack(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), b.refunds(), "its permit back in the bucket")
 }
+
+// A caller whose context ends before its place goes at once, while its
+// context can still be used: held until its deadline, it would get its
+// permit (or the context's error) only when its call can no longer be
+// made, and the period's permit would be spent for nothing.
+func TestACallerWhoseContextEndsBeforeItsPlaceGoesAtOnce(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newOnDemandBucket(clock, 10, time.Minute), throttle.WithClock(clock))
+	defer lim.Close()
+	require.NoError(t, lim.Report(context.Background(), throttle.Answer{}))
+	for range 5 {
+		require.NoError(t, lim.Acquire(context.Background(), 0))
+	}
+	// Its place is 30 s on (the limiter's clock never moves here); its
+	// context ends within 2 s.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	require.NoError(t, lim.Acquire(ctx, throttle.Forever))
+	assert.NoError(t, ctx.Err(), "the permit came while the caller's context could still use it")
+}
+
+// A caller whose maxWait, not its context, ends before its place still
+// waits out its maxWait: its context outlives it.
+func TestACallerWhoseMaxWaitEndsBeforeItsPlaceWaitsItOut(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newOnDemandBucket(clock, 10, time.Minute), throttle.WithClock(clock))
+	defer lim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	require.NoError(t, lim.Report(ctx, throttle.Answer{}))
+	for range 5 {
+		require.NoError(t, lim.Acquire(ctx, 0))
+	}
+	done := acquireAll(ctx, lim.Key(""), 1, time.Second) // its place is 30 s on
+	receive(t, clock, done, 0, 1)
+	clock.Advance(time.Second)
+	receive(t, clock, done, 1, 0)
+}

@@ -16,21 +16,30 @@ import (
 	"github.com/headway-go/headway/throttle/httpclient"
 )
 
-// periodic grants limit per aligned period of its clock, as a fixed
-// window does, and says so ([throttle.Periodic]).
+// periodic grants limit per aligned period (a second unless every says
+// otherwise) of its clock, as a fixed window does, and says so
+// ([throttle.Periodic]).
 type periodic struct {
 	clock clockwork.Clock
 	limit int64
+	every time.Duration
 	mu    sync.Mutex
 	used  map[int64]int64
+}
+
+func (p *periodic) period() time.Duration {
+	if p.every > 0 {
+		return p.every
+	}
+	return time.Second
 }
 
 func (p *periodic) Take(_ context.Context, _ string, n int64, _ time.Duration) (throttle.Decision, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	since := p.clock.Now().Sub(time.Time{})
-	k := int64(since / time.Second)
-	reset := time.Duration(k+1)*time.Second - since
+	k := int64(since / p.period())
+	reset := time.Duration(k+1)*p.period() - since
 	if p.used[k]+n > p.limit {
 		return throttle.Decision{Delay: reset, Limit: p.limit, Remaining: p.limit - p.used[k], Reset: reset}, nil
 	}
@@ -38,7 +47,7 @@ func (p *periodic) Take(_ context.Context, _ string, n int64, _ time.Duration) (
 	return throttle.Decision{Granted: true, Limit: p.limit, Remaining: p.limit - p.used[k], Reset: reset}, nil
 }
 
-func (p *periodic) Fallback() (int64, time.Duration, int64) { return p.limit, time.Second, 1 }
+func (p *periodic) Fallback() (int64, time.Duration, int64) { return p.limit, p.period(), 1 }
 func (p *periodic) Periodic() bool                          { return true }
 
 // After its first answer, a success, the Transport's calls of a period go
@@ -62,6 +71,29 @@ func TestAfterTheFirstAnswerCallsAreSpreadOverThePeriod(t *testing.T) {
 		assert.Equal(t, 3-i, srv.count(), "arrivals before the next place")
 		clk.Advance(250 * time.Millisecond)
 		assert.Equal(t, http.StatusOK, <-done)
+	}
+	assert.Equal(t, 4, srv.count())
+}
+
+// A client whose timeout comes before a call's place in the period (the
+// Transport's wait is then the request's deadline) sends the call at
+// once: held until its deadline, the call would fail there, its permit
+// spent for nothing.
+func TestACallWhoseClientTimeoutComesBeforeItsPlaceGoesAtOnce(t *testing.T) {
+	clk := clockwork.NewFakeClockAt(time.Time{}.Add(time.Hour)) // at a period's start
+	srv := newCountingServer(t, clk, func(_ int, w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
+	lim := throttle.New(&periodic{clock: clk, limit: 10, every: time.Minute, used: map[int64]int64{}}, throttle.WithClock(clk))
+	defer lim.Close()
+	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport)), Timeout: 2 * time.Second}
+	ctx := context.Background()
+	require.Equal(t, http.StatusOK, get(t, ctx, client, srv.URL), "the first call: nothing heard yet")
+	for i := range 3 { // their places are 6, 12 and 18 s on (the limiter's clock stands still)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+		require.NoError(t, err)
+		resp, err := client.Do(req)
+		require.NoError(t, err, "call %d", i+2)
+		drain(resp)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
 	}
 	assert.Equal(t, 4, srv.count())
 }
