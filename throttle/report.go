@@ -133,26 +133,32 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 	if l.bad != nil {
 		return l.bad
 	}
+	hint := ans.Retry && ans.RetryAfter > 0
+	// plain: the answer says nothing but that a provider was called (a
+	// success, reported on every call by the Transport: free).
+	if !ans.Refused && !hint && ans.Limit <= 0 {
+		if l.caps.periodic {
+			st := l.state(key)
+			st.hear()
+			l.release(st)
+		}
+		return nil
+	}
 	// The adaptation matters beyond this call: do not let its
 	// cancellation skip it.
 	ctx = context.WithoutCancel(ctx)
-	hint := ans.Retry && ans.RetryAfter > 0
 	var errs []error
 	if hint {
 		// Honour the hint first: the pause is what the provider asked.
 		errs = append(errs, l.pause(ctx, key, min(ans.RetryAfter, maxAnswerPause)))
 	}
-	// plain: the answer says nothing but that a provider was called.
-	plain := !ans.Refused && !hint && ans.Limit <= 0
-	if !l.caps.periodic && (plain || !l.adapt.ok) {
+	if !l.caps.periodic && !l.adapt.ok {
 		return errors.Join(errs...)
 	}
 	st := l.state(key)
 	defer l.release(st)
-	if !st.heard.Load() {
-		st.heard.Store(true)
-	}
-	if !l.adapt.ok || plain {
+	st.hear()
+	if !l.adapt.ok {
 		return errors.Join(errs...)
 	}
 	law := l.law(st)

@@ -56,6 +56,13 @@ func (l *Limiter) spreadDelay(st *keyState, n int64, d Decision) time.Duration {
 	return min(d.Reset-interval+place, d.Reset)
 }
 
+// hear notes that a provider's answer for st's key was reported.
+func (st *keyState) hear() {
+	if !st.heard.Load() {
+		st.heard.Store(true)
+	}
+}
+
 // spreadOut waits delay (a grant's place in its period) for the caller's
 // n permits of key; a caller that leaves first gives them back if the
 // bucket takes permits back ([Refunder]), else they are spent.

@@ -224,3 +224,21 @@ func TestACallerWhoseMaxWaitEndsBeforeItsPlaceWaitsItOut(t *testing.T) {
 	clock.Advance(time.Second)
 	receive(t, clock, done, 1, 0)
 }
+
+// A success reported on every call (as the Transport does) allocates
+// nothing, for a periodic bucket or another.
+func TestReportingASuccessAllocatesNothing(t *testing.T) {
+	for _, periodic := range []bool{false, true} {
+		clock := clockwork.NewFakeClock()
+		b := newOnDemandBucket(clock, 10, time.Second)
+		b.periodic = periodic
+		lim := throttle.New(b, throttle.WithClock(clock))
+		ctx, cancel := context.WithCancel(context.Background())
+		for _, k := range []throttle.Keyed{lim.Key(""), lim.Key("api")} {
+			allocs := testing.AllocsPerRun(100, func() { _ = k.Report(ctx, throttle.Answer{}) })
+			assert.Zero(t, allocs, "periodic %v, key %q", periodic, k.Key())
+		}
+		cancel()
+		lim.Close()
+	}
+}
