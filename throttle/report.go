@@ -91,13 +91,15 @@ func AnswerOf(err error) (Answer, bool) {
 //     (the token bucket, the fixed window, the counter of package bucket)
 //     are spread over their period, each waiting, within its caller's
 //     wait, for its place: the permits granted before it in the period,
-//     over the limit, of the interval. A provider counting a sliding
-//     window (or periods of its own) then sees no more than the limit in
-//     one window, where a period's burst at its start could meet the
-//     previous period's in one window. Grants asked sparsely are not held
-//     back; a caller with no wait (maxWait 0) is not either, nor one whose
-//     context ends before its place, nor are permits from a lease, and
-//     intervals above a minute are not spread.
+//     over the limit, of the interval. A crowd of callers then reaches a
+//     provider counting a sliding window (or periods of its own) at the
+//     limit's even pace, where a period's burst at its start could meet
+//     the previous period's in one window. Grants asked sparsely are not
+//     held back (so a crowd that comes late in a period can still meet
+//     the next period's first grants); a caller with no wait (maxWait 0)
+//     is not either, nor one whose context ends before its place, nor
+//     are permits from a lease, and intervals above a minute are not
+//     spread.
 //
 // An answer that says nothing new (a success within the limit) costs
 // nothing: no store call. Report needs the bucket's limit per interval:

@@ -21,17 +21,22 @@ import (
 // the interval, from the period's start. The Decision says all of that:
 // the period's limit, what is left of it after this grant (the coalesced
 // takes of package bucket each get their own count) and when it ends. So
-// grants taken in a crowd go at the limit's even pace, and a sliding
-// window of the interval holds at most the limit of them (one more at its
-// edge). Grants taken sparsely are never held back: their places have
-// passed.
+// a crowd's grants (callers queued at the period's start, a backlog) go
+// at the limit's even pace, and a sliding window of the interval holds at
+// most the limit of them (one more at its edge). Grants taken sparsely
+// are never held back: their places have passed. That is also the limit
+// of the method, which remembers nothing but the bucket's count: a crowd
+// that comes late in a period a trickle started finds its places passed
+// and goes at once, and the next period's first grants can meet it in one
+// window (fewer than without spreading, up to twice the limit at worst).
 //
 // The place is waited for within the caller's wait left: a caller that
 // cannot wait that long (maxWait 0) goes when its wait runs out, as the
 // bucket granted it; one whose context's deadline comes first goes at
-// once (at its deadline, its call could no longer be made). Intervals longer than maxSpreadInterval are not
-// spread: a daily quota is not a pace. Permits from a lease or from the
-// failure policy are not spread either.
+// once (at its deadline, its call could no longer be made). Intervals
+// longer than maxSpreadInterval are not spread: a daily quota is not a
+// pace. Permits from a lease or from the failure policy are not spread
+// either.
 
 // maxSpreadInterval is the longest interval whose periods are spread.
 const maxSpreadInterval = time.Minute

@@ -60,8 +60,8 @@ const maxPause = time.Hour
 // of [WithAnswer], if any) and reported to the request's Limiter
 // ([throttle.Limiter.Report]): the first one spreads the grants of a
 // periodic bucket (token bucket, fixed window, counter) evenly over their
-// period, so that two periods' bursts never meet in the provider's own
-// window; a 429, with a retry time
+// period, so that a crowd's calls reach the provider at the limit's even
+// pace rather than two periods' bursts within one of its windows; a 429, with a retry time
 // or without, lowers the fleet's adaptive rate and paces its grants (so
 // that the bucket's next burst does not meet the provider's refusal
 // again), an advertised limit below the configured one lowers its
