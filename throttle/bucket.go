@@ -122,10 +122,9 @@ type Immediate interface {
 // Such a bucket lets the end of one period's grants and the start of the
 // next period's meet within one interval: up to twice the limit, which a
 // provider counting a sliding window (or periods of its own) refuses. A
-// Limiter that hears from the provider ([Limiter.Report]) spreads each
-// period's grants over the period instead (see [Limiter.Report]).
-// Periodic returns false for a wrapper whose Decisions do not count
-// periods that way.
+// Limiter spreads a crowd's grants over the period instead (see
+// [Limiter.Acquire]). Periodic returns false for a wrapper whose
+// Decisions do not count periods that way.
 type Periodic interface {
 	Periodic() bool
 }

@@ -54,10 +54,6 @@ type keyState struct {
 	// while a background read or update of it runs.
 	view atomic.Pointer[adaptView]
 	busy atomic.Bool
-	// heard is set once a provider's answer for the key was reported
-	// ([Limiter.Report]): the grants of a [Periodic] bucket are spread
-	// over its period from then on (spread.go).
-	heard atomic.Bool
 	// faulted is set while mu guards something of an outage: a local
 	// share or a first-back cap. A shared decision of a key without it
 	// takes mu only to note its ledger.

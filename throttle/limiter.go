@@ -182,6 +182,13 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // call with maxWait 0 may take up to the store timeout
 // ([WithStoreTimeout], 100 ms).
 //
+// Over a [Periodic] bucket (the token bucket, fixed window and counter of
+// package bucket), a crowd does not take a period all at its start: each
+// grant waits for its place in the period (the k-th of a limit of N, k/N
+// of the interval in), so that a provider counting a sliding window sees
+// the limit's even pace rather than two periods' bursts in one window. A
+// caller whose place lies beyond its wait goes at once.
+//
 // When ctx carries permits of the same budget that the caller acquired
 // already ([Keyed.ContextWithPermit]), Acquire uses one of them and
 // returns nil at once.
@@ -266,7 +273,7 @@ func (l *Limiter) take(ctx context.Context, key string, n int64, maxWait time.Du
 //  4. the decision: from the key's lease, the bucket, or the failure
 //     policy (decide);
 //  5. the outcome: granted now (after the grant's place in its period,
-//     once the key was heard from: spread.go); a reservation slept out
+//     for a periodic bucket: spread.go); a reservation slept out
 //     (and given back if the caller leaves); a refusal slept out, then
 //     another round.
 //
@@ -335,14 +342,8 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 			return w.failed(err)
 		case d.Granted && d.Delay <= 0:
 			if src == fromStore {
-				// A place beyond the wait: a caller bound by maxWait
-				// waits it out; one bound by its context's deadline goes
-				// at once, while the context can still be used.
-				s := l.spreadDelay(st, n, d)
-				if s >= left && w.tb.ctxBound {
-					s = 0
-				}
-				if s = min(s, left); s > 0 {
+				// A place beyond the wait: the caller goes at once.
+				if s := l.spreadDelay(n, d); s > 0 && s < left {
 					return l.spreadOut(ctx, st.key, n, s)
 				}
 			}

@@ -85,21 +85,7 @@ func AnswerOf(err error) (Answer, bool) {
 //     paces grants evenly;
 //   - a limit advertised below the configured one lowers the ceiling
 //     (with or without a retry time; before a refusal in the same answer
-//     is applied, so that the refusal is measured against it);
-//   - any answer, a success included, tells l that the key's permits
-//     reach a provider: from then on, the grants of a [Periodic] bucket
-//     (the token bucket, the fixed window, the counter of package bucket)
-//     are spread over their period, each waiting, within its caller's
-//     wait, for its place: the permits granted before it in the period,
-//     over the limit, of the interval. A crowd of callers then reaches a
-//     provider counting a sliding window (or periods of its own) at the
-//     limit's even pace, where a period's burst at its start could meet
-//     the previous period's in one window. Grants asked sparsely are not
-//     held back (so a crowd that comes late in a period can still meet
-//     the next period's first grants); a caller with no wait (maxWait 0)
-//     is not either, nor one whose context ends before its place, nor
-//     are permits from a lease, and intervals above a minute are not
-//     spread.
+//     is applied, so that the refusal is measured against it).
 //
 // An answer that says nothing new (a success within the limit) costs
 // nothing: no store call. Report needs the bucket's limit per interval:
@@ -136,15 +122,8 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 		return l.bad
 	}
 	hint := ans.Retry && ans.RetryAfter > 0
-	// plain: the answer says nothing but that a provider was called (a
-	// success, reported on every call by the Transport: free).
 	if !ans.Refused && !hint && ans.Limit <= 0 {
-		if l.caps.periodic {
-			st := l.state(key)
-			st.hear()
-			l.release(st)
-		}
-		return nil
+		return nil // a success that says nothing new: free
 	}
 	// The adaptation matters beyond this call: do not let its
 	// cancellation skip it.
@@ -154,15 +133,11 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 		// Honour the hint first: the pause is what the provider asked.
 		errs = append(errs, l.pause(ctx, key, min(ans.RetryAfter, maxAnswerPause)))
 	}
-	if !l.caps.periodic && !l.adapt.ok {
+	if !l.adapt.ok {
 		return errors.Join(errs...)
 	}
 	st := l.state(key)
 	defer l.release(st)
-	st.hear()
-	if !l.adapt.ok {
-		return errors.Join(errs...)
-	}
 	law := l.law(st)
 	if ans.Limit > 0 {
 		adv := float64(ans.Limit)

@@ -15,36 +15,38 @@ import (
 // limit, refused at a random period edge however well the fleet keeps the
 // bucket's own guarantee.
 //
-// Once a key was heard from (any answer reported: a provider is being
-// called), each grant of the key's period waits for its place in the
-// period: the permits granted before it in the period, over the limit, of
-// the interval, from the period's start. The Decision says all of that:
-// the period's limit, what is left of it after this grant (the coalesced
-// takes of package bucket each get their own count) and when it ends. So
-// a crowd's grants (callers queued at the period's start, a backlog) go
-// at the limit's even pace, and a sliding window of the interval holds at
-// most the limit of them (one more at its edge). Grants taken sparsely
-// are never held back: their places have passed. That is also the limit
-// of the method, which remembers nothing but the bucket's count: a crowd
-// that comes late in a period a trickle started finds its places passed
-// and goes at once, and the next period's first grants can meet it in one
-// window (fewer than without spreading, up to twice the limit at worst).
+// So each grant of a period waits for its place in the period: the
+// permits granted before it in the period, over the limit, of the
+// interval, from the period's start. The Decision says all of that: the
+// period's limit, what is left of it after this grant (the coalesced takes
+// of package bucket each get their own count) and when it ends. A crowd's
+// grants (callers queued at the period's start, a backlog) then go at the
+// limit's even pace, and a sliding window of the interval holds at most
+// the limit of them (and what a millisecond holds at its edge: minSpread). Grants taken sparsely are
+// never held back: their places have passed. That is also the limit of
+// the method, which remembers nothing but the bucket's count: a crowd that
+// comes late in a period a trickle started finds its places passed and
+// goes at once, and the next period's first grants can meet it in one
+// window (fewer than without spreading; twice the limit at worst).
 //
-// The place is waited for within the caller's wait left: a caller that
-// cannot wait that long (maxWait 0) goes when its wait runs out, as the
-// bucket granted it; one whose context's deadline comes first goes at
-// once (at its deadline, its call could no longer be made). Intervals
-// longer than maxSpreadInterval are not spread: a daily quota is not a
-// pace. Permits from a lease or from the failure policy are not spread
-// either.
+// A caller whose place lies beyond its wait (maxWait, or its context's
+// deadline) goes at once, as the bucket granted it: held until its wait
+// ends, it would gain nothing. Intervals longer than maxSpreadInterval are
+// not spread: a daily quota is not a pace. Permits from a lease or from
+// the failure policy are not spread either.
 
 // maxSpreadInterval is the longest interval whose periods are spread.
 const maxSpreadInterval = time.Minute
 
-// spreadDelay is how long a grant d of n permits of st's key waits for its
-// place in the period; 0 when it goes at once.
-func (l *Limiter) spreadDelay(st *keyState, n int64, d Decision) time.Duration {
-	if !l.caps.periodic || l.leasing != nil || !st.heard.Load() {
+// minSpread is the shortest wait for a place: a place nearer than that is
+// not waited for (a timer costs more than it spreads, and no provider's
+// window tells a millisecond's burst from an even pace).
+const minSpread = time.Millisecond
+
+// spreadDelay is how long a grant d of n permits waits for its place in
+// the period; 0 when it goes at once.
+func (l *Limiter) spreadDelay(n int64, d Decision) time.Duration {
+	if !l.caps.periodic || l.leasing != nil {
 		return 0
 	}
 	interval := time.Duration(l.interval)
@@ -58,14 +60,10 @@ func (l *Limiter) spreadDelay(st *keyState, n int64, d Decision) time.Duration {
 	// The period started interval before it ends (a period lengthened by
 	// the bucket started earlier still: its places come a little late).
 	place := time.Duration(float64(interval) * float64(min(before, d.Limit)) / float64(d.Limit))
-	return min(d.Reset-interval+place, d.Reset)
-}
-
-// hear notes that a provider's answer for st's key was reported.
-func (st *keyState) hear() {
-	if !st.heard.Load() {
-		st.heard.Store(true)
+	if wait := min(d.Reset-interval+place, d.Reset); wait >= minSpread {
+		return wait
 	}
+	return 0
 }
 
 // spreadOut waits delay (a grant's place in its period) for the caller's

@@ -97,16 +97,12 @@ func receive(t *testing.T, clock *clockwork.FakeClock, done chan error, want, sl
 	}
 }
 
-func TestAHeardKeySpreadsAPeriodsGrantsOverThePeriod(t *testing.T) {
+func TestAPeriodsGrantsAreSpreadOverThePeriod(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	b := newOnDemandBucket(clock, 10, time.Second)
-	lim := throttle.New(b, throttle.WithClock(clock))
+	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
 	defer lim.Close()
 	ctx := context.Background()
-	k := lim.Key("api")
-	require.NoError(t, k.Report(ctx, throttle.Answer{}), "a success from the provider")
-
-	done := acquireAll(ctx, k, 10, 5*time.Second)
+	done := acquireAll(ctx, lim.Key("api"), 10, 5*time.Second)
 	receive(t, clock, done, 1, 9) // the period's first permit goes at once
 	for i := 8; i >= 0; i-- {
 		clock.Advance(100 * time.Millisecond)
@@ -114,13 +110,17 @@ func TestAHeardKeySpreadsAPeriodsGrantsOverThePeriod(t *testing.T) {
 	}
 }
 
-func TestAKeyNotHeardFromGrantsItsPeriodAtOnce(t *testing.T) {
+func TestGrantsAskedSparselyAreNotHeldBack(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
 	defer lim.Close()
 	ctx := context.Background()
-	require.NoError(t, lim.Key("other").Report(ctx, throttle.Answer{}), "another key was heard from")
-	receive(t, clock, acquireAll(ctx, lim.Key("api"), 10, 5*time.Second), 10, 0)
+	for range 5 { // one every 150 ms: each place has passed when it is asked
+		require.NoError(t, lim.Acquire(ctx, 0))
+		clock.Advance(150 * time.Millisecond)
+	}
+	// The sixth, 750 ms into the period: its place (500 ms) has passed.
+	receive(t, clock, acquireAll(ctx, lim.Key(""), 1, 5*time.Second), 1, 0)
 }
 
 func TestSpreadingNeedsAPeriodicBucketAndAnIntervalOfAMinuteAtMost(t *testing.T) {
@@ -133,11 +133,16 @@ func TestSpreadingNeedsAPeriodicBucketAndAnIntervalOfAMinuteAtMost(t *testing.T)
 			b.clock = clock
 			lim := throttle.New(b, throttle.WithClock(clock))
 			defer lim.Close()
-			ctx := context.Background()
-			require.NoError(t, lim.Report(ctx, throttle.Answer{}))
-			receive(t, clock, acquireAll(ctx, lim.Key(""), 10, 5*time.Second), 10, 0)
+			receive(t, clock, acquireAll(context.Background(), lim.Key(""), 10, 5*time.Second), 10, 0)
 		})
 	}
+}
+
+func TestLeasedPermitsAreNotSpread(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+	defer lim.Close()
+	receive(t, clock, acquireAll(context.Background(), lim.Key(""), 10, 5*time.Second), 10, 0)
 }
 
 func TestACallerWithoutWaitIsNotHeldForItsPlace(t *testing.T) {
@@ -145,26 +150,37 @@ func TestACallerWithoutWaitIsNotHeldForItsPlace(t *testing.T) {
 	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
 	defer lim.Close()
 	ctx := context.Background()
-	require.NoError(t, lim.Report(ctx, throttle.Answer{}))
 	for i := range 10 {
 		require.NoError(t, lim.Acquire(ctx, 0), "permit %d with maxWait 0", i)
 	}
 	assert.ErrorIs(t, lim.Acquire(ctx, 0), throttle.ErrTimeout, "the period is spent")
 }
 
-func TestACallerWaitsForItsPlaceOnlyWithinItsWait(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
-	defer lim.Close()
-	ctx := context.Background()
-	require.NoError(t, lim.Report(ctx, throttle.Answer{}))
-	for range 5 {
-		require.NoError(t, lim.Acquire(ctx, 0))
+// A caller whose place lies beyond its wait goes at once: held until its
+// wait ended, it would gain nothing (and one bound by its context's
+// deadline could no longer use the permit).
+func TestACallerWhosePlaceLiesBeyondItsWaitGoesAtOnce(t *testing.T) {
+	for name, bound := range map[string]struct {
+		maxWait time.Duration
+		ctxWait time.Duration
+	}{
+		"maxWait":          {maxWait: time.Second, ctxWait: time.Hour},
+		"context deadline": {maxWait: throttle.Forever, ctxWait: 2 * time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			clock := clockwork.NewFakeClock()
+			lim := throttle.New(newOnDemandBucket(clock, 10, time.Minute), throttle.WithClock(clock))
+			defer lim.Close()
+			for range 5 {
+				require.NoError(t, lim.Acquire(context.Background(), 0))
+			}
+			// Its place is 30 s on; the limiter's clock never moves here.
+			ctx, cancel := context.WithTimeout(context.Background(), bound.ctxWait)
+			defer cancel()
+			require.NoError(t, lim.Acquire(ctx, bound.maxWait))
+			assert.NoError(t, ctx.Err(), "the permit came while the caller's context could still use it")
+		})
 	}
-	done := acquireAll(ctx, lim.Key(""), 1, 50*time.Millisecond) // its place is 500 ms on
-	receive(t, clock, done, 0, 1)
-	clock.Advance(50 * time.Millisecond)
-	receive(t, clock, done, 1, 0)
 }
 
 func TestACallerThatLeavesBeforeItsPlaceGivesItsPermitBack(t *testing.T) {
@@ -172,7 +188,6 @@ func TestACallerThatLeavesBeforeItsPlaceGivesItsPermitBack(t *testing.T) {
 	b := newOnDemandBucket(clock, 10, time.Second)
 	lim := throttle.New(b, throttle.WithClock(clock))
 	defer lim.Close()
-	require.NoError(t, lim.Report(context.Background(), throttle.Answer{}))
 	require.NoError(t, lim.Acquire(context.Background(), 0))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := acquireAll(ctx, lim.Key(""), 1, 5*time.Second) // its place is 100 ms on
@@ -187,58 +202,31 @@ func TestACallerThatLeavesBeforeItsPlaceGivesItsPermitBack(t *testing.T) {
 	assert.Equal(t, int64(1), b.refunds(), "its permit back in the bucket")
 }
 
-// A caller whose context ends before its place goes at once, while its
-// context can still be used: held until its deadline, it would get its
-// permit (or the context's error) only when its call can no longer be
-// made, and the period's permit would be spent for nothing.
-func TestACallerWhoseContextEndsBeforeItsPlaceGoesAtOnce(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	lim := throttle.New(newOnDemandBucket(clock, 10, time.Minute), throttle.WithClock(clock))
-	defer lim.Close()
-	require.NoError(t, lim.Report(context.Background(), throttle.Answer{}))
-	for range 5 {
-		require.NoError(t, lim.Acquire(context.Background(), 0))
-	}
-	// Its place is 30 s on (the limiter's clock never moves here); its
-	// context ends within 2 s.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	require.NoError(t, lim.Acquire(ctx, throttle.Forever))
-	assert.NoError(t, ctx.Err(), "the permit came while the caller's context could still use it")
-}
-
-// A caller whose maxWait, not its context, ends before its place still
-// waits out its maxWait: its context outlives it.
-func TestACallerWhoseMaxWaitEndsBeforeItsPlaceWaitsItOut(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	lim := throttle.New(newOnDemandBucket(clock, 10, time.Minute), throttle.WithClock(clock))
-	defer lim.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
-	require.NoError(t, lim.Report(ctx, throttle.Answer{}))
-	for range 5 {
-		require.NoError(t, lim.Acquire(ctx, 0))
-	}
-	done := acquireAll(ctx, lim.Key(""), 1, time.Second) // its place is 30 s on
-	receive(t, clock, done, 0, 1)
-	clock.Advance(time.Second)
-	receive(t, clock, done, 1, 0)
-}
-
 // A success reported on every call (as the Transport does) allocates
-// nothing, for a periodic bucket or another.
+// nothing.
 func TestReportingASuccessAllocatesNothing(t *testing.T) {
-	for _, periodic := range []bool{false, true} {
-		clock := clockwork.NewFakeClock()
-		b := newOnDemandBucket(clock, 10, time.Second)
-		b.periodic = periodic
-		lim := throttle.New(b, throttle.WithClock(clock))
-		ctx, cancel := context.WithCancel(context.Background())
-		for _, k := range []throttle.Keyed{lim.Key(""), lim.Key("api")} {
-			allocs := testing.AllocsPerRun(100, func() { _ = k.Report(ctx, throttle.Answer{}) })
-			assert.Zero(t, allocs, "periodic %v, key %q", periodic, k.Key())
-		}
-		cancel()
-		lim.Close()
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
+	defer lim.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, k := range []throttle.Keyed{lim.Key(""), lim.Key("api")} {
+		allocs := testing.AllocsPerRun(100, func() { _ = k.Report(ctx, throttle.Answer{}) })
+		assert.Zero(t, allocs, "key %q", k.Key())
 	}
+}
+
+// A place less than a millisecond ahead is not waited for: a timer costs
+// more than it spreads.
+func TestAPlaceWithinAMillisecondIsNotWaitedFor(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newOnDemandBucket(clock, 10_000, time.Second), throttle.WithClock(clock))
+	defer lim.Close()
+	// Places 0 to 900 µs on: all at once.
+	receive(t, clock, acquireAll(context.Background(), lim.Key(""), 10, 5*time.Second), 10, 0)
+	// The eleventh place is 1 ms on: waited for.
+	done := acquireAll(context.Background(), lim.Key(""), 1, 5*time.Second)
+	receive(t, clock, done, 0, 1)
+	clock.Advance(time.Millisecond)
+	receive(t, clock, done, 1, 0)
 }

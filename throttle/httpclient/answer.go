@@ -65,10 +65,9 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 }
 
 // report tells k's Limiter what the provider answered (see
-// [throttle.Limiter.Report]), every answer: the first one spreads the
-// grants of a periodic bucket over their period, and the fleet adapts to
-// a provider that refuses (429, with a retry time or without), or
-// advertises a lower limit. The retry time of an answer on a limit status is left to
+// [throttle.Limiter.Report]), so that the fleet adapts to a provider that
+// refuses (429, with a retry time or without), or advertises a lower
+// limit. The retry time of an answer on a limit status is left to
 // RoundTrip, which pauses the bucket itself (and this Transport); the
 // refusal is still reported, so that the fleet paces its grants below the
 // rate that was refused rather than burst into the provider again when
@@ -82,6 +81,9 @@ func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Res
 	}
 	if a.Retry && a.RetryAfter > 0 && t.limit[resp.StatusCode] && read.Retry && a.RetryAfter <= read.RetryAfter {
 		a.Retry = false // RoundTrip pauses
+	}
+	if !a.Refused && !a.Retry && a.Limit == 0 {
+		return
 	}
 	if err := k.Report(ctx, a); err != nil {
 		t.log.Warn("httpclient: reporting the provider's answer failed", "key", k.Key(), "err", err)

@@ -50,22 +50,21 @@ func (p *periodic) Take(_ context.Context, _ string, n int64, _ time.Duration) (
 func (p *periodic) Fallback() (int64, time.Duration, int64) { return p.limit, p.period(), 1 }
 func (p *periodic) Periodic() bool                          { return true }
 
-// After its first answer, a success, the Transport's calls of a period go
-// at the limit's even pace instead of all at the period's start: the
-// provider sees them a limit-th of the interval apart.
-func TestAfterTheFirstAnswerCallsAreSpreadOverThePeriod(t *testing.T) {
+// The Transport's calls of a period go at the limit's even pace instead of
+// all at the period's start: the provider sees them a limit-th of the
+// interval apart.
+func TestCallsAreSpreadOverThePeriod(t *testing.T) {
 	clk := clockwork.NewFakeClockAt(time.Time{}.Add(time.Hour)) // at a period's start
 	srv := newCountingServer(t, clk, func(_ int, w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
 	lim := throttle.New(&periodic{clock: clk, limit: 4, used: map[int64]int64{}}, throttle.WithClock(clk))
 	defer lim.Close()
 	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport))}
 	ctx := context.Background()
-	require.Equal(t, http.StatusOK, get(t, ctx, client, srv.URL), "the first call: nothing heard yet")
-
-	done := make(chan int, 3)
-	for range 3 {
+	done := make(chan int, 4)
+	for range 4 {
 		go func() { done <- get(t, ctx, client, srv.URL) }()
 	}
+	assert.Equal(t, http.StatusOK, <-done, "the period's first call goes at once")
 	for i := 2; i >= 0; i-- {
 		waitSleepers(t, clk, i+1) // every call left waits for its place
 		assert.Equal(t, 3-i, srv.count(), "arrivals before the next place")
@@ -86,12 +85,11 @@ func TestACallWhoseClientTimeoutComesBeforeItsPlaceGoesAtOnce(t *testing.T) {
 	defer lim.Close()
 	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport)), Timeout: 2 * time.Second}
 	ctx := context.Background()
-	require.Equal(t, http.StatusOK, get(t, ctx, client, srv.URL), "the first call: nothing heard yet")
-	for i := range 3 { // their places are 6, 12 and 18 s on (the limiter's clock stands still)
+	for i := range 4 { // the places are 0, 6, 12 and 18 s on (the limiter's clock stands still)
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
 		require.NoError(t, err)
 		resp, err := client.Do(req)
-		require.NoError(t, err, "call %d", i+2)
+		require.NoError(t, err, "call %d", i+1)
 		drain(resp)
 		assert.Equal(t, http.StatusOK, resp.StatusCode)
 	}

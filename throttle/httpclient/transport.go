@@ -58,10 +58,7 @@ const maxPause = time.Hour
 //
 // Adapting. Every answer is also read by [ReadAnswer] (then by the hook
 // of [WithAnswer], if any) and reported to the request's Limiter
-// ([throttle.Limiter.Report]): the first one spreads the grants of a
-// periodic bucket (token bucket, fixed window, counter) evenly over their
-// period, so that a crowd's calls reach the provider at the limit's even
-// pace rather than two periods' bursts within one of its windows; a 429, with a retry time
+// ([throttle.Limiter.Report]): a 429, with a retry time
 // or without, lowers the fleet's adaptive rate and paces its grants (so
 // that the bucket's next burst does not meet the provider's refusal
 // again), an advertised limit below the configured one lowers its

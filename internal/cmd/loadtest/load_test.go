@@ -61,10 +61,13 @@ func TestRunLoad(t *testing.T) {
 		util   float64 // least utilization expected
 	}{
 		{"local", 0.9},
-		{"tokenbucket", 0.9},
-		{"fixedwindow", 0.9},
 		{"slidinglog", 0.9},
 		{"gcra", 0.9},
+		// The periodic buckets spread a period's grants over it: the
+		// period the run ends in is used only up to the run's end, where
+		// the guarantee allows it all: up to one period of 11 unused.
+		{"tokenbucket", 0.8},
+		{"fixedwindow", 0.8},
 		// Resets allows one period more than a run that starts on a
 		// reset can use: 10 of 11 periods.
 		{"counter", 0.8},
