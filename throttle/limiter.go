@@ -320,6 +320,10 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 			}
 			return err
 		}
+		var asked int64 // when the bucket was asked, for a grant's place
+		if l.spreads() {
+			asked = l.tb.now()
+		}
 		d, src, err := l.decide(ctx, st, n, w.left(), w.noWait())
 		left := w.left()
 		refused := err == nil && !d.Granted
@@ -343,7 +347,7 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		case d.Granted && d.Delay <= 0:
 			if src == fromStore {
 				// A place beyond the wait: the caller goes at once.
-				if s := l.spreadDelay(n, d); s > 0 && s < left {
+				if s := l.spreadDelay(n, d, time.Duration(l.tb.now()-asked)); s > 0 && s < left {
 					return l.spreadOut(ctx, st.key, n, s)
 				}
 			}

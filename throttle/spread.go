@@ -43,16 +43,23 @@ const maxSpreadInterval = time.Minute
 // window tells a millisecond's burst from an even pace).
 const minSpread = time.Millisecond
 
+// spreads reports whether grants of l's bucket are spread over their
+// period.
+func (l *Limiter) spreads() bool {
+	return l.caps.periodic && l.leasing == nil && l.interval > 0 && time.Duration(l.interval) <= maxSpreadInterval
+}
+
 // spreadDelay is how long a grant d of n permits waits for its place in
-// the period; 0 when it goes at once.
-func (l *Limiter) spreadDelay(n int64, d Decision) time.Duration {
-	if !l.caps.periodic || l.leasing != nil {
+// the period, elapsed after the bucket was asked; 0 when it goes at once.
+// The period is taken to end Reset after the bucket was asked (it ends
+// Reset after the store decided, which came later): a reply that took
+// long (a store that stalled) moves the places earlier, never past the
+// period's end, where the next period's grants begin.
+func (l *Limiter) spreadDelay(n int64, d Decision, elapsed time.Duration) time.Duration {
+	if !l.spreads() || d.Limit < 1 || d.Remaining < 0 || d.Reset <= 0 {
 		return 0
 	}
 	interval := time.Duration(l.interval)
-	if interval <= 0 || interval > maxSpreadInterval || d.Limit < 1 || d.Remaining < 0 || d.Reset <= 0 {
-		return 0
-	}
 	before := d.Limit - d.Remaining - n // the period's permits granted before these
 	if before <= 0 {
 		return 0
@@ -60,7 +67,7 @@ func (l *Limiter) spreadDelay(n int64, d Decision) time.Duration {
 	// The period started interval before it ends (a period lengthened by
 	// the bucket started earlier still: its places come a little late).
 	place := time.Duration(float64(interval) * float64(min(before, d.Limit)) / float64(d.Limit))
-	if wait := min(d.Reset-interval+place, d.Reset); wait >= minSpread {
+	if wait := min(d.Reset-interval+place, d.Reset) - elapsed; wait >= minSpread {
 		return wait
 	}
 	return 0
