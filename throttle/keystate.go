@@ -61,6 +61,12 @@ type keyState struct {
 
 	lease lease
 
+	// pausedUntil is the end of the latest pause reported for the key
+	// through this Limiter (Report with a retry time), on the Limiter's
+	// time base; 0 none. Callers waiting for their place in the period
+	// read it when their place comes (spread.go).
+	pausedUntil atomic.Int64
+
 	// ledger is noted without mu for the period running (see
 	// periodBound); what follows is under mu.
 	ledger   periodBound

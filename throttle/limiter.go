@@ -321,7 +321,8 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 			return err
 		}
 		var asked int64 // when the bucket was asked, for a grant's place
-		if l.spreads() {
+		spread := l.spreads() && w.canSpread(time.Duration(l.interval))
+		if spread {
 			asked = l.tb.now()
 		}
 		d, src, err := l.decide(ctx, st, n, w.left(), w.noWait())
@@ -345,10 +346,14 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		case err != nil:
 			return w.failed(err)
 		case d.Granted && d.Delay <= 0:
-			if src == fromStore {
-				// A place beyond the wait: the caller goes at once.
+			if spread && src == fromStore {
+				// A place beyond the wait left: the caller goes at once.
 				if s := l.spreadDelay(n, d, time.Duration(l.tb.now()-asked)); s > 0 && s < left {
-					return l.spreadOut(ctx, st.key, n, s)
+					again, err := l.spreadOut(ctx, st, n, s)
+					if !again {
+						return err
+					}
+					continue // a pause came first: ask anew
 				}
 			}
 			return nil
@@ -412,6 +417,19 @@ func (w *waiter) left() time.Duration {
 
 // noWait reports that the caller allowed no wait at all (maxWait 0).
 func (w *waiter) noWait() bool { return w.budget == 0 }
+
+// canSpread reports whether the caller's wait is long enough to wait for
+// its place in a period of interval (spread.go): a whole interval, or two
+// when its context's deadline bounds it, so that the call made with that
+// context still has time. A caller with a shorter wait is not spread: had
+// it to go at once whenever its place lay beyond its wait, a period's
+// spread grants would meet the next period's burst.
+func (w *waiter) canSpread(interval time.Duration) bool {
+	if w.tb.ctxBound {
+		return w.budget >= 2*interval
+	}
+	return w.budget >= interval
+}
 
 // queue is the gate's stage: it returns at once while the key's gate is
 // open; after a refusal, it queues the caller (first in line on a retry)

@@ -161,12 +161,17 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 // pause stops key for d: this instance's lease of the key at once (with
 // leasing), and the bucket, for the whole fleet, when it is a [Pauser].
 func (l *Limiter) pause(ctx context.Context, key string, d time.Duration) error {
-	if l.leasing != nil {
+	p := l.caps.pauser
+	if l.leasing != nil || p != nil && l.caps.periodic {
 		st := l.state(key)
-		st.lease.pause(addSat(l.tb.now(), d))
+		until := addSat(l.tb.now(), d)
+		if l.leasing != nil {
+			st.lease.pause(until)
+		} else {
+			st.notePause(until) // for callers waiting for their place (spread.go)
+		}
 		l.release(st)
 	}
-	p := l.caps.pauser
 	if p == nil {
 		return nil
 	}

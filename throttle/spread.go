@@ -34,6 +34,13 @@ import (
 // ends, it would gain nothing. Intervals longer than maxSpreadInterval are
 // not spread: a daily quota is not a pace. Permits from a lease or from
 // the failure policy are not spread either.
+//
+// A pause reported to the Limiter (an answer with a retry time) while a
+// caller waits for its place holds that caller too: when its place comes
+// in the pause, it gives its permit back (if the bucket takes it) and
+// asks anew. Only this process's callers learn of the pause that way; a
+// grant another instance of the fleet holds for a later place goes at
+// that place.
 
 // maxSpreadInterval is the longest interval whose periods are spread.
 const maxSpreadInterval = time.Minute
@@ -74,12 +81,31 @@ func (l *Limiter) spreadDelay(n int64, d Decision, elapsed time.Duration) time.D
 }
 
 // spreadOut waits delay (a grant's place in its period) for the caller's
-// n permits of key; a caller that leaves first gives them back if the
-// bucket takes permits back ([Refunder]), else they are spent.
-func (l *Limiter) spreadOut(ctx context.Context, key string, n int64, delay time.Duration) error {
+// n permits of st's key; a caller that leaves first gives them back if
+// the bucket takes permits back ([Refunder]), else they are spent. again
+// reports that a pause of the key reported meanwhile (Report with a retry
+// time) still holds when the place comes: the permits are given back the
+// same way, and the caller must ask anew, as a caller arriving now would,
+// rather than call the provider during the pause it asked for.
+func (l *Limiter) spreadOut(ctx context.Context, st *keyState, n int64, delay time.Duration) (again bool, err error) {
 	if err := l.sleep(ctx, delay); err != nil {
-		l.cancelReservation(ctx, key, n, Decision{})
-		return err
+		l.cancelReservation(ctx, st.key, n, Decision{})
+		return false, err
 	}
-	return nil
+	if st.pausedUntil.Load() > l.tb.now() {
+		l.cancelReservation(ctx, st.key, n, Decision{})
+		return true, nil
+	}
+	return false, nil
+}
+
+// notePause records a pause of the key until until (on the Limiter's time
+// base), for the callers waiting for their place.
+func (st *keyState) notePause(until int64) {
+	for {
+		old := st.pausedUntil.Load()
+		if old >= until || st.pausedUntil.CompareAndSwap(old, until) {
+			return
+		}
+	}
 }

@@ -230,3 +230,67 @@ func TestAPlaceWithinAMillisecondIsNotWaitedFor(t *testing.T) {
 	clock.Advance(time.Millisecond)
 	receive(t, clock, done, 1, 0)
 }
+
+// pausableBucket is an onDemandBucket that is also a Pauser: while paused
+// it refuses, with the pause's end as the delay.
+type pausableBucket struct {
+	*onDemandBucket
+	pmu   sync.Mutex
+	until time.Time
+}
+
+func (b *pausableBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	b.pmu.Lock()
+	left := b.until.Sub(b.clock.Now())
+	b.pmu.Unlock()
+	if left > 0 {
+		return throttle.Decision{Delay: left, Limit: b.limit, Remaining: -1, Reset: left}, nil
+	}
+	return b.onDemandBucket.Take(ctx, key, n, maxWait)
+}
+
+func (b *pausableBucket) Pause(_ context.Context, _ string, d time.Duration) error {
+	b.pmu.Lock()
+	defer b.pmu.Unlock()
+	if until := b.clock.Now().Add(d); until.After(b.until) {
+		b.until = until
+	}
+	return nil
+}
+
+// A pause the provider asks for (an answer with a retry time, reported to
+// the Limiter) holds every caller of the key until it ends, including the
+// callers whose grant came before the pause and who are still waiting
+// for their place in the period: a grant that goes out during the pause
+// is a call the provider asked not to get.
+func TestACallerWaitingForItsPlaceDoesNotGoDuringAPauseReportedMeanwhile(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &pausableBucket{onDemandBucket: newOnDemandBucket(clock, 10, time.Second)}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := acquireAll(ctx, lim.Key(""), 10, throttle.Forever)
+	receive(t, clock, done, 1, 9) // the first at once; 9 wait for their places
+
+	// The provider refuses the first call: "come back in 5 s".
+	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: 5 * time.Second}))
+
+	// 100 ms on, the second caller's place has come, but the pause holds
+	// until 5 s: it asks anew and waits for the pause's end.
+	clock.Advance(100 * time.Millisecond)
+	receive(t, clock, done, 0, 9)
+	assert.Equal(t, int64(1), b.refunds(), "the permit of the caller whose place came in the pause, given back")
+
+	// At the pause's end, the callers are granted again.
+	clock.Advance(4900 * time.Millisecond)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no grant after the pause")
+	}
+	cancel()
+	for range 8 {
+		<-done
+	}
+}
