@@ -186,8 +186,10 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // package bucket), a crowd does not take a period all at its start: each
 // grant waits for its place in the period (the k-th of a limit of N, k/N
 // of the interval in), so that a provider counting a sliding window sees
-// the limit's even pace rather than two periods' bursts in one window. A
-// caller whose place lies beyond its wait goes at once.
+// the limit's even pace rather than two periods' bursts in one window.
+// That holds for callers whose wait is at least the interval (two
+// intervals when ctx's deadline bounds it); those with shorter waits get
+// their permits as the bucket grants them.
 //
 // When ctx carries permits of the same budget that the caller acquired
 // already ([Keyed.ContextWithPermit]), Acquire uses one of them and

@@ -29,11 +29,17 @@ import (
 // goes at once, and the next period's first grants can meet it in one
 // window (fewer than without spreading; twice the limit at worst).
 //
-// A caller whose place lies beyond its wait (maxWait, or its context's
-// deadline) goes at once, as the bucket granted it: held until its wait
-// ends, it would gain nothing. Intervals longer than maxSpreadInterval are
-// not spread: a daily quota is not a pace. Permits from a lease or from
-// the failure policy are not spread either.
+// Only callers that can wait for any place are spread: a wait (maxWait,
+// or the context's deadline) of at least the interval, or two when the
+// deadline bounds it, so that the call made with that context still has
+// time (waiter.canSpread). The others go when the bucket grants, as
+// before: had they to go at once whenever their place lay beyond their
+// wait, a period's spread grants would meet the next period's burst in
+// one window. A spread caller whose place is beyond what is left of its
+// wait (the gate or the pace took the rest) goes at once too. Intervals
+// longer than maxSpreadInterval are not spread: a daily quota is not a
+// pace. Permits from a lease or from the failure policy are not spread
+// either.
 //
 // A pause reported to the Limiter (an answer with a retry time) while a
 // caller waits for its place holds that caller too: when its place comes

@@ -156,31 +156,45 @@ func TestACallerWithoutWaitIsNotHeldForItsPlace(t *testing.T) {
 	assert.ErrorIs(t, lim.Acquire(ctx, 0), throttle.ErrTimeout, "the period is spent")
 }
 
-// A caller whose place lies beyond its wait goes at once: held until its
-// wait ended, it would gain nothing (and one bound by its context's
-// deadline could no longer use the permit).
-func TestACallerWhosePlaceLiesBeyondItsWaitGoesAtOnce(t *testing.T) {
+// A caller whose wait is shorter than the interval (two intervals when its
+// context's deadline bounds it) is not spread: it could not wait for
+// every place, and going at once when its place lay beyond its wait would
+// put a period's spread grants next to the next period's burst.
+func TestACallerWithAShortWaitIsNotSpread(t *testing.T) {
 	for name, bound := range map[string]struct {
 		maxWait time.Duration
 		ctxWait time.Duration
 	}{
-		"maxWait":          {maxWait: time.Second, ctxWait: time.Hour},
-		"context deadline": {maxWait: throttle.Forever, ctxWait: 2 * time.Second},
+		"maxWait below the interval":    {maxWait: 500 * time.Millisecond, ctxWait: time.Hour},
+		"deadline below two intervals":  {maxWait: throttle.Forever, ctxWait: 1500 * time.Millisecond},
+		"deadline below a minute's two": {maxWait: throttle.Forever, ctxWait: time.Minute},
 	} {
 		t.Run(name, func(t *testing.T) {
 			clock := clockwork.NewFakeClock()
-			lim := throttle.New(newOnDemandBucket(clock, 10, time.Minute), throttle.WithClock(clock))
-			defer lim.Close()
-			for range 5 {
-				require.NoError(t, lim.Acquire(context.Background(), 0))
+			interval := time.Second
+			if bound.ctxWait == time.Minute {
+				interval = time.Minute
 			}
-			// Its place is 30 s on; the limiter's clock never moves here.
+			lim := throttle.New(newOnDemandBucket(clock, 10, interval), throttle.WithClock(clock))
+			defer lim.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), bound.ctxWait)
 			defer cancel()
-			require.NoError(t, lim.Acquire(ctx, bound.maxWait))
-			assert.NoError(t, ctx.Err(), "the permit came while the caller's context could still use it")
+			receive(t, clock, acquireAll(ctx, lim.Key(""), 10, bound.maxWait), 10, 0)
 		})
 	}
+}
+
+func TestACallerWhoseDeadlineIsTwoIntervalsAwayIsSpread(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
+	defer lim.Close()
+	require.NoError(t, lim.Acquire(context.Background(), 0))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	done := acquireAll(ctx, lim.Key(""), 1, throttle.Forever) // its place is 100 ms on
+	receive(t, clock, done, 0, 1)
+	clock.Advance(100 * time.Millisecond)
+	receive(t, clock, done, 1, 0)
 }
 
 func TestACallerThatLeavesBeforeItsPlaceGivesItsPermitBack(t *testing.T) {
