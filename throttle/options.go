@@ -96,6 +96,10 @@ func (localOnly) localOption()      {}
 //
 // Only the clock's monotonic readings (Since, timers) are used: a host
 // whose wall clock steps (NTP, a VM resumed) changes nothing.
+//
+// With a fake clock over a Redis bucket, every wait the bucket names (a
+// refill, a grant's place in its period, see [Limiter.Acquire]) is slept
+// on the fake clock: a test advances it, or asks with maxWait 0.
 func WithClock(c clockwork.Clock) ClockOption {
 	return clockOption(func(cfg *config) {
 		if c != nil {
