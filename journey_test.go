@@ -159,6 +159,7 @@ func journey(t *testing.T, shared bool) {
 	assert.Positive(t, refused, "a provider at a third of the bucket's limit refuses")
 	assert.EqualValues(t, arrivals, attempts.Load()+int64(retries), "each handler call sent one request, each Transport retry one more")
 	assert.EqualValues(t, arrivals, grants.n.Load(), "one permit per call at the provider")
+	assert.LessOrEqual(t, int64(arrivals), grants.granted.Load(), "no call without a permit the bucket granted")
 }
 
 // slidingProvider is a provider on loopback that allows limit calls in
@@ -233,11 +234,12 @@ func (p *slidingProvider) counts() (arrivals, refused, retries int) {
 }
 
 // grantCounter is a throttle.Observer that counts the permits the
-// Limiters' callers got (an Acquire that returned nil): granted by the
-// bucket and kept, as a caller that leaves while waiting for its permit's
-// place in the period does not. A permit a context held costs no
-// Acquire, and is not counted again.
-type grantCounter struct{ n atomic.Int64 }
+// Limiters' callers got (an Acquire that returned nil; a permit a context
+// held costs no Acquire, and is not counted again), and, apart, the
+// permits the bucket (or the failure policy) granted: at least as many, a
+// caller that left while waiting for its place in the period having spent
+// one without a call.
+type grantCounter struct{ n, granted atomic.Int64 }
 
 func (g *grantCounter) Acquired(_ string, n int64, _ time.Duration, err error) {
 	if err == nil {
@@ -245,6 +247,14 @@ func (g *grantCounter) Acquired(_ string, n int64, _ time.Duration, err error) {
 	}
 }
 
-func (g *grantCounter) BucketCall(string, throttle.Decision, time.Duration, error) {}
+func (g *grantCounter) BucketCall(_ string, d throttle.Decision, _ time.Duration, err error) {
+	if err == nil && d.Granted {
+		g.granted.Add(1) // every Acquire here asks for one permit
+	}
+}
 
-func (g *grantCounter) Degraded(string, string, bool, error) {}
+func (g *grantCounter) Degraded(_, _ string, granted bool, _ error) {
+	if granted {
+		g.granted.Add(1)
+	}
+}

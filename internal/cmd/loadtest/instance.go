@@ -228,24 +228,29 @@ func (h *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // timedBucket passes calls to a bucket and notes, for the worker whose
-// context carries a grantedKey, the earliest time at which a grant can have
-// been decided: when the Take that granted it began, plus the reservation's
-// delay. The bucket decides somewhere between then and the Take's return
-// (on loopback the Redis server's clock is the worker's), and the worker
-// records the grant later still, when Acquire returns; so a recorded grant
-// time is late by at most the time since then. The largest such lateness is
-// the measured tolerance: the checker then holds the bucket to its
-// guarantee as tightly as the measurements allow, and no tighter.
+// context carries a grantedKey, when the bucket decided a grant: after the
+// Take that granted it began and before it returned (plus the
+// reservation's delay; on loopback the Redis server's clock is the
+// worker's). The worker records the grant at the Take's return, late by at
+// most the Take's duration, not at Acquire's return: a Limiter may hold a
+// granted permit for its place in the period (a periodic bucket's grants
+// are spread over it), which is no part of the bucket's decision; the
+// provider, counting the calls made after Acquire, sees those. The largest
+// lateness is the measured tolerance: the checker then holds the bucket to
+// its guarantee as tightly as the measurements allow, and no tighter.
 type timedBucket struct{ throttle.Bucket }
 
 type grantedKey struct{}
+
+// grantTimes bounds when the bucket decided the worker's last grant.
+type grantTimes struct{ since, until time.Time }
 
 func (b timedBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	begin := time.Now()
 	d, err := b.Bucket.Take(ctx, key, n, maxWait)
 	if err == nil && d.Granted {
-		if since, ok := ctx.Value(grantedKey{}).(*time.Time); ok {
-			*since = begin.Add(d.Delay)
+		if gt, ok := ctx.Value(grantedKey{}).(*grantTimes); ok {
+			*gt = grantTimes{since: begin.Add(d.Delay), until: time.Now().Add(d.Delay)}
 		}
 	}
 	return d, err

@@ -600,8 +600,8 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 // returns, for each grant, how long Acquire took and how late the grant's
 // time may have been recorded.
 func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *instance, httpc *http.Client, rec *guarantee.Recorder, t *tally) (waits, lates []time.Duration) {
-	var since time.Time // when the last grant can have been decided, set by timedBucket
-	ctx := context.WithValue(run, grantedKey{}, &since)
+	var gt grantTimes // when the last grant was decided, set by timedBucket
+	ctx := context.WithValue(run, grantedKey{}, &gt)
 	for run.Err() == nil {
 		if !in.pace.wait(run) {
 			break
@@ -619,9 +619,16 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *inst
 		}
 		switch {
 		case err == nil:
-			rec.RecordAt(now)
+			// The grant as the bucket decided it: by the granting Take's
+			// return, when this Acquire made one (not from a lease or
+			// the failure policy).
+			at := now
+			if !gt.since.Before(begin) && gt.until.Before(now) {
+				at = gt.until
+			}
+			rec.RecordAt(at)
 			waits = append(waits, now.Sub(begin))
-			if late, ok := lateness(begin, since, now); ok {
+			if late, ok := lateness(begin, gt.since, at); ok {
 				lates = append(lates, late)
 			}
 			in.grants.Add(1)
