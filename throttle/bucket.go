@@ -14,8 +14,8 @@ import (
 //
 // Beyond Take, a Limiter uses what a bucket offers through optional
 // interfaces: [Refunder], [Pauser], [Fallbacker], [AdaptiveStore],
-// [Immediate], [Checker], [Periodic]. A bucket that wraps another (to count its calls,
-// say) keeps them all by adding a method
+// [Immediate], [Checker], [Periodic]. A bucket that wraps another (to
+// count its calls, say) keeps them all by adding a method
 //
 //	Unwrap() Bucket
 //

@@ -22,12 +22,13 @@ import (
 // of package bucket each get their own count) and when it ends. A crowd's
 // grants (callers queued at the period's start, a backlog) then go at the
 // limit's even pace, and a sliding window of the interval holds at most
-// the limit of them (and what a millisecond holds at its edge: minSpread). Grants taken sparsely are
-// never held back: their places have passed. That is also the limit of
-// the method, which remembers nothing but the bucket's count: a crowd that
-// comes late in a period a trickle started finds its places passed and
-// goes at once, and the next period's first grants can meet it in one
-// window (fewer than without spreading; twice the limit at worst).
+// the limit of them (and what a millisecond holds at its edge:
+// minSpread). Grants taken sparsely are never held back: their places
+// have passed. That is also the limit of the method, which remembers
+// nothing but the bucket's count: a crowd that comes late in a period a
+// trickle started finds its places passed and goes at once, and the next
+// period's first grants can meet it in one window (fewer than without
+// spreading; twice the limit at worst).
 //
 // Only callers that can wait for any place are spread: a wait (maxWait,
 // or the context's deadline) of at least the interval, or two when the
