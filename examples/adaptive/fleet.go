@@ -167,8 +167,14 @@ func runFleet(ctx context.Context, c config) (result, error) {
 	defer prov.Close()
 
 	n := int(c.Duration / c.Interval)
-	runCtx, cancel := context.WithTimeout(ctx, time.Duration(n)*c.Interval)
+	// The run ends after n intervals: cancelled then, with no deadline, so
+	// that the calls' waits are not bounded by the run's end (a deadline a
+	// few seconds off would make the last seconds' calls skip their place
+	// in the period, as a caller with a short wait does).
+	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	stopRun := time.AfterFunc(time.Duration(n)*c.Interval, cancel)
+	defer stopRun.Stop()
 	var wg sync.WaitGroup
 	for _, in := range fleet {
 		for range c.Workers {
