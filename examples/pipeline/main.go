@@ -10,8 +10,8 @@
 // context, and the Transport uses it for the handler's request, so each
 // call costs one permit; the Transport also pauses the fleet on a 429
 // with Retry-After and retries the call after the pause. The summary
-// counts the permits the Limiters granted next to the calls the provider
-// saw. -permits transport gives the consumer no Limiter instead: the
+// counts the permits the Limiters' callers got next to the calls the
+// provider saw. -permits transport gives the consumer no Limiter instead: the
 // Transport alone takes the permits.
 //
 // The built-in provider takes -latency (50 ms by default) to answer each
@@ -202,10 +202,10 @@ type summary struct {
 	// changed.
 	Settled time.Duration
 	// Permits is how many permits the Limiters' callers got (counted by
-	// an Observer of each Limiter), Attempts how
-	// many times a handler was called, and ProviderCalls how many
-	// requests reached the provider, accepted or refused: one permit per
-	// call is Permits == ProviderCalls.
+	// an Observer of each Limiter), Attempts how many times a handler was
+	// called, and ProviderCalls how many requests reached the provider,
+	// accepted or refused: one permit per call is Permits ==
+	// ProviderCalls (a permit held through a pause is given up: one more).
 	Permits, Attempts, ProviderCalls int64
 	// AcceptedPerSecond is the calls the provider accepted per second,
 	// from the first accepted call to the last.
@@ -514,12 +514,12 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 }
 
 // grantCount is an Observer of the Limiters that counts the permits their
-// callers got: granted by the bucket (or by the failure policy) and not
-// given back, as a caller that leaves while waiting for its permit's place
-// does. A permit passed down to the Transport in the handler's ctx counts
-// once, when the consumer got it; a permit the Transport takes itself
-// counts too: "one permit per call" is this count against the calls the
-// provider saw.
+// callers got: each Acquire that returned nil (a caller that left while
+// waiting for its permit's place in the period got none, though the bucket
+// granted it). A permit passed down to the Transport in the handler's ctx
+// counts once, when the consumer got it; a permit the Transport takes
+// itself counts too: "one permit per call" is this count against the
+// calls the provider saw.
 type grantCount struct{ n atomic.Int64 }
 
 func (g *grantCount) Acquired(_ string, n int64, _ time.Duration, err error) {
