@@ -53,9 +53,10 @@ func TestTokenBucketGrantsAreSpreadOverThePeriod(t *testing.T) {
 	}
 	expect(1, 9) // the period's first token at once
 	for i := 8; i >= 0; i-- {
-		// The places are a whole second apart, less the few real
-		// milliseconds the period ran on the server before each answer.
-		clock.Advance(time.Second)
+		// The places are 950 ms apart (95 % of the interval over 10),
+		// less the few real milliseconds the period ran on the server
+		// before each answer.
+		clock.Advance(950 * time.Millisecond)
 		expect(1, i)
 	}
 }

@@ -185,7 +185,7 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // Over a [Periodic] bucket (the token bucket, fixed window and counter of
 // package bucket), a crowd does not take a period all at its start: each
 // grant waits for its place in the period (the k-th of a limit of N, k/N
-// of the interval in), so that a provider counting a sliding window sees
+// of 95 % of the interval in), so that a provider counting a sliding window sees
 // the limit's even pace rather than two periods' bursts in one window.
 // That holds for callers whose wait is at least the interval (two
 // intervals when ctx's deadline bounds it); those with shorter waits get

@@ -16,8 +16,8 @@ import (
 // bucket's own guarantee.
 //
 // So each grant of a period waits for its place in the period: the
-// permits granted before it in the period, over the limit, of the
-// interval, from the period's start. The Decision says all of that: the
+// permits granted before it in the period, over the limit, of 95 % of the
+// interval (spreadSpan), from the period's start. The Decision says all of that: the
 // period's limit, what is left of it after this grant (the coalesced takes
 // of package bucket each get their own count) and when it ends. A crowd's
 // grants (callers queued at the period's start, a backlog) then go at the
@@ -52,6 +52,14 @@ import (
 // maxSpreadInterval is the longest interval whose periods are spread.
 const maxSpreadInterval = time.Minute
 
+// spreadSpan is the share of the period the places span: the last place
+// comes a twentieth of the interval (and one place) before the period's
+// end, so that a call delayed on its way (a loaded machine) still reaches
+// a provider counting periods of its own, or fixed windows, within the
+// period it was granted in. Any window of one interval still holds at
+// most the limit: periods start an interval apart.
+const spreadSpan = 0.95
+
 // minSpread is the shortest wait for a place: a place nearer than that is
 // not waited for (a timer costs more than it spreads, and no provider's
 // window tells a millisecond's burst from an even pace).
@@ -80,7 +88,7 @@ func (l *Limiter) spreadDelay(n int64, d Decision, elapsed time.Duration) time.D
 	}
 	// The period started interval before it ends (a period lengthened by
 	// the bucket started earlier still: its places come a little late).
-	place := time.Duration(float64(interval) * float64(min(before, d.Limit)) / float64(d.Limit))
+	place := time.Duration(spreadSpan * float64(interval) * float64(min(before, d.Limit)) / float64(d.Limit))
 	if wait := min(d.Reset-interval+place, d.Reset) - elapsed; wait >= minSpread {
 		return wait
 	}

@@ -105,8 +105,8 @@ func TestAPeriodsGrantsAreSpreadOverThePeriod(t *testing.T) {
 	done := acquireAll(ctx, lim.Key("api"), 10, 5*time.Second)
 	receive(t, clock, done, 1, 9) // the period's first permit goes at once
 	for i := 8; i >= 0; i-- {
-		clock.Advance(100 * time.Millisecond)
-		receive(t, clock, done, 1, i) // then one every tenth of the interval
+		clock.Advance(95 * time.Millisecond)
+		receive(t, clock, done, 1, i) // then one every tenth of 95 % of the interval
 	}
 }
 
@@ -119,7 +119,7 @@ func TestGrantsAskedSparselyAreNotHeldBack(t *testing.T) {
 		require.NoError(t, lim.Acquire(ctx, 0))
 		clock.Advance(150 * time.Millisecond)
 	}
-	// The sixth, 750 ms into the period: its place (500 ms) has passed.
+	// The sixth, 750 ms into the period: its place (475 ms) has passed.
 	receive(t, clock, acquireAll(ctx, lim.Key(""), 1, 5*time.Second), 1, 0)
 }
 
@@ -191,9 +191,9 @@ func TestACallerWhoseDeadlineIsTwoIntervalsAwayIsSpread(t *testing.T) {
 	require.NoError(t, lim.Acquire(context.Background(), 0))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	done := acquireAll(ctx, lim.Key(""), 1, throttle.Forever) // its place is 100 ms on
+	done := acquireAll(ctx, lim.Key(""), 1, throttle.Forever) // its place is 95 ms on
 	receive(t, clock, done, 0, 1)
-	clock.Advance(100 * time.Millisecond)
+	clock.Advance(95 * time.Millisecond)
 	receive(t, clock, done, 1, 0)
 }
 
@@ -204,7 +204,7 @@ func TestACallerThatLeavesBeforeItsPlaceGivesItsPermitBack(t *testing.T) {
 	defer lim.Close()
 	require.NoError(t, lim.Acquire(context.Background(), 0))
 	ctx, cancel := context.WithCancel(context.Background())
-	done := acquireAll(ctx, lim.Key(""), 1, 5*time.Second) // its place is 100 ms on
+	done := acquireAll(ctx, lim.Key(""), 1, 5*time.Second) // its place is 95 ms on
 	receive(t, clock, done, 0, 1)
 	cancel()
 	select {
@@ -236,12 +236,12 @@ func TestAPlaceWithinAMillisecondIsNotWaitedFor(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	lim := throttle.New(newOnDemandBucket(clock, 10_000, time.Second), throttle.WithClock(clock))
 	defer lim.Close()
-	// Places 0 to 900 µs on: all at once.
-	receive(t, clock, acquireAll(context.Background(), lim.Key(""), 10, 5*time.Second), 10, 0)
-	// The eleventh place is 1 ms on: waited for.
+	// Places 0 to 950 µs on (95 µs apart): all at once.
+	receive(t, clock, acquireAll(context.Background(), lim.Key(""), 11, 5*time.Second), 11, 0)
+	// The twelfth place is 1045 µs on: waited for.
 	done := acquireAll(context.Background(), lim.Key(""), 1, 5*time.Second)
 	receive(t, clock, done, 0, 1)
-	clock.Advance(time.Millisecond)
+	clock.Advance(1045 * time.Microsecond)
 	receive(t, clock, done, 1, 0)
 }
 

@@ -52,7 +52,7 @@ func (p *periodic) Periodic() bool                          { return true }
 
 // The Transport's calls of a period go at the limit's even pace instead of
 // all at the period's start: the provider sees them a limit-th of the
-// interval apart.
+// interval (of 95 % of it) apart.
 func TestCallsAreSpreadOverThePeriod(t *testing.T) {
 	clk := clockwork.NewFakeClockAt(time.Time{}.Add(time.Hour)) // at a period's start
 	srv := newCountingServer(t, clk, func(_ int, w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
@@ -68,7 +68,7 @@ func TestCallsAreSpreadOverThePeriod(t *testing.T) {
 	for i := 2; i >= 0; i-- {
 		waitSleepers(t, clk, i+1) // every call left waits for its place
 		assert.Equal(t, 3-i, srv.count(), "arrivals before the next place")
-		clk.Advance(250 * time.Millisecond)
+		clk.Advance(237500 * time.Microsecond) // a quarter of 95 % of the interval
 		assert.Equal(t, http.StatusOK, <-done)
 	}
 	assert.Equal(t, 4, srv.count())
@@ -85,7 +85,7 @@ func TestACallWhoseClientTimeoutComesBeforeItsPlaceGoesAtOnce(t *testing.T) {
 	defer lim.Close()
 	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport)), Timeout: 2 * time.Second}
 	ctx := context.Background()
-	for i := range 4 { // the places are 0, 6, 12 and 18 s on (the limiter's clock stands still)
+	for i := range 4 { // the places are 0, 5.7, 11.4 and 17.1 s on (the limiter's clock stands still)
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
 		require.NoError(t, err)
 		resp, err := client.Do(req)
