@@ -89,18 +89,21 @@ func TestTokenBucketKeepsPhaseAfterOutage(t *testing.T) {
 				}
 				return d
 			}
+			start := time.Now()
 			d := take(tc.aware)
 			if tc.later {
 				d = take(true)
 			}
+			took := time.Since(start) // the refill is at most this long before d's take
 			pttl := rdb.PTTL(ctx, keys[0]).Val()
 			// A round trip or two have passed since the refill.
 			if pttl > tc.wantTTL || pttl < tc.wantTTL-150*time.Millisecond {
 				t.Errorf("period left %v, want about %v", pttl, tc.wantTTL)
 			}
-			// The take's own answer: exact for a refill, one round trip
-			// short for a take just after one.
-			if d.Reset > tc.wantTTL || d.Reset < tc.wantTTL-20*time.Millisecond {
+			// The take's own answer: exact for a refill, short by the time
+			// since the refill for a take just after one (a loaded machine
+			// stretches it: measured, not assumed).
+			if d.Reset > tc.wantTTL || d.Reset < tc.wantTTL-took-2*time.Millisecond {
 				t.Errorf("Decision.Reset %v, want about %v", d.Reset, tc.wantTTL)
 			}
 			if capTTL := rdb.PTTL(ctx, keys[3]).Val(); capTTL < pttl+phaseHold-50*time.Millisecond || capTTL > pttl+phaseHold+50*time.Millisecond {
