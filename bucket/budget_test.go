@@ -492,3 +492,32 @@ func TestSettleLeavesADimensionActualDoesNotName(t *testing.T) {
 		t.Fatalf("60 tokens after 40 used of 100 = %+v, want granted: the 10 unused were given back", d)
 	}
 }
+
+func TestBudgetAcquireCostEndsWhenItsWaitsAreStopped(t *testing.T) {
+	srv := redisenv.New(t)
+	b := newBudget(t, srv.Client(), "stopped", llmDims(1, 100, time.Minute))
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(b, throttle.WithClock(clock))
+	t.Cleanup(func() { lim.Close() })
+	cost := throttle.Cost{"requests": 1, "tokens": 10}
+	if err := lim.AcquireCost(context.Background(), cost, 0); err != nil {
+		t.Fatal(err)
+	}
+	gone := errors.New("partition gone")
+	stop, end := context.WithCancelCause(context.Background())
+	ctx := throttle.ContextWithWaitStop(context.Background(), stop)
+	done := make(chan error, 1)
+	go func() { done <- lim.AcquireCost(ctx, cost, throttle.Forever) }()
+	bctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := clock.BlockUntilContext(bctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	end(gone)
+	if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, gone) {
+		t.Fatalf("AcquireCost after its waits were stopped = %v, want context.Canceled naming the stop's cause", err)
+	}
+	if err := ctx.Err(); err != nil {
+		t.Fatalf("the caller's context ended too: %v", err)
+	}
+}

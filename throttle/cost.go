@@ -173,6 +173,11 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("throttle: acquire cost %v: %w", c, err)
 	}
+	ctx, cancel := WaitContext(ctx)
+	defer cancel()
+	if ctx.Err() != nil {
+		return waitErr(ctx) // stopped already
+	}
 	w := l.newWaiter(ctx, total, maxWait, 0)
 	for {
 		left := w.left()

@@ -296,6 +296,11 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 	if l.useHeld(ctx, key, n) {
 		return true, nil // the caller holds them already (ContextWithPermit)
 	}
+	ctx, cancel := WaitContext(ctx)
+	defer cancel()
+	if ctx.Err() != nil {
+		return false, waitErr(ctx) // stopped already
+	}
 	return false, l.waitForPermits(ctx, key, n, maxWait)
 }
 
@@ -518,10 +523,6 @@ func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
 		t.Stop()
 		return waitErr(ctx)
 	}
-}
-
-func waitErr(ctx context.Context) error {
-	return fmt.Errorf("throttle: waiting for a permit: %w", ctx.Err())
 }
 
 // timeoutBound is what an ErrTimeout of one Acquire says: how many

@@ -415,7 +415,9 @@ func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Durati
 	if t.slots == nil {
 		return nil, nil
 	}
-	release, err := t.slots.Hold(ctx, k.Key(), left)
+	wctx, cancel := throttle.WaitContext(ctx)
+	defer cancel()
+	release, err := t.slots.Hold(wctx, k.Key(), left)
 	if err != nil {
 		return nil, fmt.Errorf("concurrency slot: %w", err)
 	}
@@ -535,14 +537,20 @@ func (t *Transport) pauseLeft(k throttle.Keyed) time.Duration {
 	return until.Sub(k.Limiter().Clock().Now())
 }
 
-// sleep waits d on clock, or until ctx ends.
+// sleep waits d on clock, or until ctx ends or its waits are stopped
+// (throttle.ContextWithWaitStop).
 func sleep(ctx context.Context, clock clockwork.Clock, d time.Duration) error {
+	ctx, cancel := throttle.WaitContext(ctx)
+	defer cancel()
 	tm := clock.NewTimer(d)
 	defer tm.Stop()
 	select {
 	case <-tm.Chan():
 		return nil
 	case <-ctx.Done():
+		if cause := context.Cause(ctx); cause != ctx.Err() {
+			return fmt.Errorf("waiting out the provider's pause: %w (%w)", ctx.Err(), cause)
+		}
 		return fmt.Errorf("waiting out the provider's pause: %w", ctx.Err())
 	}
 }

@@ -1,0 +1,81 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+)
+
+// ContextWithWaitStop returns a copy of ctx under which waits for
+// permits also end once stop is done, while ctx itself, and the work done
+// under it, go on. The waits are those of Acquire, AcquireN and
+// AcquireCost, of a concurrency slot ([Slots.Hold]), and of a provider's
+// pause in the Transport of package throttle/httpclient; a wait ended so
+// returns an error matching context.Canceled that also names stop's cause
+// ([context.Cause]). Once stop is done, a new wait under the returned
+// context ends at once.
+//
+// The consumer of package consumer gives each handler call such a context,
+// stopped when the record's partition is revoked or the consumer stops: a
+// handler whose client is still waiting for a permit then returns at once
+// with that error, and the record goes to the partition's next owner,
+// while calls already made finish in their own time.
+//
+// A nil stop returns ctx.
+func ContextWithWaitStop(ctx, stop context.Context) context.Context {
+	if stop == nil {
+		return ctx
+	}
+	outer, _ := ctx.Value(waitStopKey{}).(*waitStop)
+	return context.WithValue(ctx, waitStopKey{}, &waitStop{stop: stop, outer: outer})
+}
+
+// WaitContext returns the context to wait under for a permit, a slot or a
+// pause asked for under ctx: ctx itself when no stop was given to it
+// ([ContextWithWaitStop]), else a context that also ends when a stop does.
+// Call cancel once the wait is over. Clients that wait on their own, as
+// the Transport of throttle/httpclient waits out a provider's pause, use
+// it so that a stop ends their waits too.
+func WaitContext(ctx context.Context) (wctx context.Context, cancel context.CancelFunc) {
+	ws, _ := ctx.Value(waitStopKey{}).(*waitStop)
+	if ws == nil {
+		return ctx, func() {}
+	}
+	wctx, cancelCause := context.WithCancelCause(ctx)
+	var unhook []func() bool
+	for ; ws != nil; ws = ws.outer {
+		stop := ws.stop
+		end := func() {
+			cancelCause(fmt.Errorf("permit waits stopped: %w", context.Cause(stop)))
+		}
+		if stop.Err() != nil {
+			end()
+			break
+		}
+		unhook = append(unhook, context.AfterFunc(stop, end))
+	}
+	return wctx, func() {
+		for _, u := range unhook {
+			u()
+		}
+		cancelCause(nil)
+	}
+}
+
+type waitStopKey struct{}
+
+// waitStop is a stop passed down a context; outer is the enclosing
+// context's.
+type waitStop struct {
+	stop  context.Context
+	outer *waitStop
+}
+
+// waitErr is the error of a wait that ctx ended: ctx's error, and its
+// cause when that says more (a stop's, a user's WithCancelCause).
+func waitErr(ctx context.Context) error {
+	err := ctx.Err()
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("throttle: waiting for a permit: %w (%w)", err, cause)
+	}
+	return fmt.Errorf("throttle: waiting for a permit: %w", err)
+}
