@@ -349,6 +349,63 @@ func TestRevokeEndsPermitWaitsAndCommits(t *testing.T) {
 	assert.Equal(t, []int64{perPart, perPart, perPart, perPart}, committed(t, kc, "g", "tasks", parts))
 }
 
+// A consumer without a Limiter leaves the permits to the handler's own
+// client. When a partition is revoked, a handler still waiting there for
+// a permit returns at once (its context's permit waits are stopped), and
+// the record goes to the next owner: the revocation does not wait for the
+// permits of records it will not handle.
+func TestRevokeEndsPermitWaitsInsideHandlers(t *testing.T) {
+	t.Parallel()
+	const parts, perPart = 4, 20
+	kc := kafkaenv.New(t, kafkaenv.Topic("tasks", parts))
+	produce(t, kc, "tasks", parts, perPart, nil)
+
+	// The handler's client: a budget per partition of one permit at
+	// once, then one per 8 s, within the handler timeout (a permit beyond
+	// it would be refused at once).
+	h := newHandled(parts)
+	lim := limiter(t, 1, 8*time.Second)
+	var stopped atomic.Int64
+	handler := func(ctx context.Context, r *kgo.Record) error {
+		if err := lim.Key(strconv.Itoa(int(r.Partition))).Acquire(ctx, throttle.Forever); err != nil {
+			if errors.Is(err, context.Canceled) && ctx.Err() == nil {
+				stopped.Add(1) // the wait was stopped; the call was not
+			}
+			return err
+		}
+		return h.handler("a")(ctx, r)
+	}
+	ca, err := consumer.New(handler, nil, consumer.WithOrdering(consumer.ByPartition),
+		kafka(kc, "g", "tasks", kgo.RebalanceTimeout(20*time.Second)),
+		consumer.WithHandlerTimeout(10*time.Second),
+		consumer.WithLogger(testLogger()))
+	require.NoError(t, err)
+	a := start(t, ca)
+	h.waitFull(t, 10*time.Second)
+	require.Eventually(t, func() bool { return ca.Stats().InFlight == parts }, 10*time.Second, time.Millisecond,
+		"each partition's second record waits for its permit in the handler")
+
+	b := &newOwner{kc: kc, parts: parts}
+	rb := b.start(t, "tasks")
+	require.Eventually(t, func() bool { return len(b.got()) >= 1 }, 10*time.Second, time.Millisecond, "b gets partitions")
+	early := b.got() // partitions revoked from a while its handlers waited
+	stopAt := time.Now()
+	require.NoError(t, a.stop(t))
+	assert.Less(t, time.Since(stopAt), 2*time.Second, "a's shutdown waited for the permits its handlers asked for")
+	require.Eventually(t, func() bool { return b.handledAll(parts, perPart-1) }, 10*time.Second, time.Millisecond, "b handles the rest")
+	require.NoError(t, rb.stop(t))
+
+	for p, f := range b.got() {
+		assert.EqualValues(t, 1, f.offset, "partition %d: b starts with the record whose handler was stopped", p)
+		assert.EqualValues(t, 1, f.committed, "partition %d: a committed only the record it handled", p)
+	}
+	assert.EqualValues(t, parts, stopped.Load(), "every waiting handler was stopped, by the revocation or the shutdown")
+	for p, f := range early {
+		assert.Less(t, f.after, 3*time.Second, "partition %d reaches b long before the permits a's handler waited for (8 s)", p)
+	}
+	assert.Equal(t, []int64{perPart, perPart, perPart, perPart}, committed(t, kc, "g", "tasks", parts))
+}
+
 // A revoked partition's in-flight handler is let finish, and its record is
 // committed before the new owner reads the partition.
 func TestRevokeWaitsForInFlightHandler(t *testing.T) {
@@ -921,4 +978,55 @@ func TestHeldPermitEndsWithTheAttempt(t *testing.T) {
 	require.NoError(t, r.stop(t))
 	late.Wait()
 	assert.EqualValues(t, 2*records, b.takes.Load(), "one permit per attempt, one per call made after it ended")
+}
+
+// A handler whose own client had no permit within the call's deadline
+// (an error matching throttle.ErrTimeout) met a permit timeout, not a
+// failure of the record: under TimeoutRetry the call is made again after
+// the permit back-off without using up an attempt; under TimeoutFail it
+// is a failed attempt.
+func TestHandlerPermitTimeoutFollowsTheTimeoutPolicy(t *testing.T) {
+	t.Parallel()
+	clientTimeout := fmt.Errorf("the client's Acquire: %w", throttle.ErrTimeout)
+	for name, policy := range map[string]consumer.TimeoutPolicy{"retry": consumer.TimeoutRetry, "fail": consumer.TimeoutFail} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+			produce(t, kc, "in", 1, 1, nil)
+			var calls atomic.Int64
+			done := make(chan struct{})
+			handler := func(ctx context.Context, rec *kgo.Record) error {
+				if calls.Add(1) <= 3 {
+					return clientTimeout
+				}
+				close(done)
+				return nil
+			}
+			c, err := consumer.New(handler, nil, append(base(kc, "g", "in"),
+				consumer.WithRetry(1, time.Millisecond, 4*time.Millisecond),
+				consumer.WithPermitWait(throttle.Forever, policy))...)
+			require.NoError(t, err)
+			r := start(t, c)
+			if policy == consumer.TimeoutFail {
+				err := r.wait(t, 10*time.Second)
+				var herr *consumer.HandlerError
+				require.ErrorAs(t, err, &herr)
+				assert.ErrorIs(t, err, throttle.ErrTimeout)
+				assert.Equal(t, 1, herr.Attempts, "the timeout used up the record's one attempt")
+				return
+			}
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the record was not handled; %d calls", calls.Load())
+			}
+			require.NoError(t, r.stop(t))
+			assert.EqualValues(t, 4, calls.Load(), "three calls met a timeout, the fourth was handled")
+			s := c.Stats()
+			assert.EqualValues(t, 1, s.Handled)
+			assert.EqualValues(t, 3, s.PermitTimeouts)
+			assert.EqualValues(t, 0, s.Retried, "a permit timeout is no retry of a failed attempt")
+			assert.Equal(t, []int64{1}, committed(t, kc, "g", "in", 1))
+		})
+	}
 }

@@ -32,10 +32,16 @@ const (
 	// and asks for a permit again, for as long as it takes, holding its key (see
 	// [WithOrdering]) and its in-flight slot. The record's handler attempts
 	// are not used up. Each timeout is counted in Stats.PermitTimeouts.
+	//
+	// A handler error matching [throttle.ErrTimeout] is such a timeout
+	// too: the handler's own client (a Transport, AcquireCost) had no
+	// permit within the call's deadline, the handler timeout. The call is
+	// made again after the same back-off, without using up an attempt,
+	// so a handler may wait for a cost the next period grants.
 	TimeoutRetry TimeoutPolicy = iota
-	// TimeoutFail counts a timeout as a failed attempt of the record, as if
-	// its handler had returned the [throttle.ErrTimeout]: it is retried
-	// under [WithRetry], then dead-lettered or stops the consumer.
+	// TimeoutFail counts a timeout as a failed attempt of the record, as
+	// a handler's [throttle.ErrTimeout] is: it is retried under
+	// [WithRetry], then dead-lettered or stops the consumer.
 	TimeoutFail
 )
 

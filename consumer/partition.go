@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,12 +26,13 @@ type partition struct {
 	topic string
 	id    int32
 
-	// soft ends permit waits and retry delays: cancelled on revoke, loss
-	// and shutdown. Handler calls are ended only when a stop gives up
-	// waiting for them (fence), or when the partition ends: callsEnded,
-	// then endCalls.
+	// soft ends permit waits and retry delays, the consumer's and those
+	// in handler calls (throttle.ContextWithWaitStop): cancelled on
+	// revoke, loss and shutdown. Handler calls are ended only when a stop
+	// gives up waiting for them (fence), or when the partition ends:
+	// callsEnded, then endCalls.
 	soft       context.Context
-	cancelSoft context.CancelFunc
+	cancelSoft context.CancelCauseFunc
 	callsEnded atomic.Bool
 
 	done chan struct{} // closed once stopped and no record is in work
@@ -193,7 +195,7 @@ func newPartition(c *Consumer, cl *kgo.Client, topic string, id int32) *partitio
 		p.shaped = topic == sh
 		p.parks = !p.shaped
 	}
-	p.soft, p.cancelSoft = context.WithCancel(c.base)
+	p.soft, p.cancelSoft = context.WithCancelCause(c.base)
 	return p
 }
 
@@ -477,7 +479,7 @@ func (p *partition) close() {
 	p.dropQueued()
 	last := p.inWork == 0 && p.waited
 	p.mu.Unlock()
-	p.cancelSoft()
+	p.cancelSoft(fmt.Errorf("consumer: partition %s[%d] is no longer handled here (revoked, lost, or the consumer is stopping)", p.topic, p.id))
 	if last {
 		p.finalize()
 	}

@@ -28,6 +28,10 @@ func (p *partition) process(w *worker, s *slot) outcome {
 	var (
 		attempts = s.attempts // made before the record was parked
 		delays   int          // permit timeouts or limiter failures in a row
+		// waits: calls in a row whose handler's own client had no permit
+		// within the call's deadline (TimeoutRetry): not reset by the
+		// consumer's permit, so that their back-off grows.
+		waits int
 		lastErr  error
 		parkAt   time.Time
 		shaping  = p.parks // s may be parked
@@ -88,6 +92,24 @@ func (p *partition) process(w *worker, s *slot) outcome {
 				return finished
 			}
 			c.reportAnswer(p.soft, rec, lastErr) // the adaptive rate (answer.go)
+			if c.cfg.onTimeout == TimeoutRetry && errors.Is(lastErr, throttle.ErrTimeout) && p.soft.Err() == nil {
+				// The handler's client had no permit within the call's
+				// deadline: a permit timeout, no fault of the record's.
+				// Back off, growing, and call again; no attempt used.
+				attempts--
+				c.permitTimeouts.Add(1)
+				waits++
+				d := c.permitBackoff(waits)
+				if late(d) {
+					if out, done := park(); done {
+						return out
+					}
+				}
+				if !p.sleep(d) {
+					return stopped
+				}
+				continue
+			}
 		case p.soft.Err() != nil:
 			return stopped
 		case errors.Is(err, throttle.ErrTimeout) && bounded:
@@ -217,7 +239,10 @@ func noRelease() {}
 
 // call runs the handler once, within the handler timeout from now. Its context
 // holds the attempt's permit (k's), so that a client on the same budget
-// inside the handler uses it rather than taking a second one.
+// inside the handler uses it rather than taking a second one, and its
+// permit waits end with the partition's (soft): a handler whose client
+// waits for a permit returns when the partition is revoked, and the
+// record goes to the next owner.
 func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.Time) error {
 	c := p.c
 	call := newCallCtx(c.base, p, now, c.cfg.handlerTimeout)
@@ -229,7 +254,7 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.
 		call.cancel(context.Canceled)
 		w.call.Store(nil)
 	}()
-	ctx := k.ContextWithPermit(call, 1)
+	ctx := k.ContextWithPermit(throttle.ContextWithWaitStop(call, p.soft), 1)
 	// The permit is the attempt's: a call made after the handler returned
 	// (from a goroutine with a context detached from call's end) takes
 	// its own. Deferred after the cancel above, it runs before it.
