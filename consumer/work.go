@@ -31,10 +31,10 @@ func (p *partition) process(w *worker, s *slot) outcome {
 		// waits: calls in a row whose handler's own client had no permit
 		// within the call's deadline (TimeoutRetry): not reset by the
 		// consumer's permit, so that their back-off grows.
-		waits int
-		lastErr  error
-		parkAt   time.Time
-		shaping  = p.parks // s may be parked
+		waits   int
+		lastErr error
+		parkAt  time.Time
+		shaping = p.parks // s may be parked
 		// first: s began its unit's hold and has not asked for a permit
 		// yet. It asks at least once before it is parked: a worker that
 		// reaches s late (a busy machine) must not park a record whose
