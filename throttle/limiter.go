@@ -339,6 +339,9 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		if refused && delay <= 0 {
 			delay = retryFloor
 		}
+		if refused && src == fromStore && l.spreads() {
+			delay += l.periodGap(d)
+		}
 		// A refusal closes the key's gate for everyone only when it says
 		// something about one permit from the shared bucket: not one of
 		// the failure policy (the bucket may answer at the next call),

@@ -65,6 +65,29 @@ const spreadSpan = 0.95
 // window tells a millisecond's burst from an even pace).
 const minSpread = time.Millisecond
 
+// maxPeriodGap bounds periodGap.
+const maxPeriodGap = 10 * time.Millisecond
+
+// periodGap is how long after the end of a period callers refused in it
+// wait besides, before they ask for the next one: a hundredth of the
+// interval, at most maxPeriodGap. The bucket starts a period when it is
+// first asked after the last one ended, so the fleet's periods then start
+// at least the gap apart from one interval to the next, and the k-th
+// grants of two periods (each at its place) reach a provider counting a
+// sliding window at least an interval apart even when one of them was
+// delayed on its way by up to the gap. Without it the fleet runs at the
+// provider's exact limit, and a millisecond's delay of a period's first
+// call against the next period's first is refused. Refusals that do not
+// name the period's end (a bucket busy refilling asks for a retry in a
+// millisecond) get no gap: their callers are the period's first.
+func (l *Limiter) periodGap(d Decision) time.Duration {
+	gap := min(time.Duration(l.interval)/100, maxPeriodGap)
+	if d.Reset <= gap || d.Delay < d.Reset {
+		return 0
+	}
+	return gap
+}
+
 // spreads reports whether grants of l's bucket are spread over their
 // period.
 func (l *Limiter) spreads() bool {

@@ -308,3 +308,47 @@ func TestACallerWaitingForItsPlaceDoesNotGoDuringAPauseReportedMeanwhile(t *test
 		<-done
 	}
 }
+
+// A caller refused for the rest of a period asks for the next one a
+// hundredth of the interval after the period's end (at most 10 ms), so
+// the fleet's periods start that much more than an interval apart: a
+// period's first call delayed on its way by less than that still reaches
+// a sliding window an interval after the previous period's first.
+func TestACallerRefusedInAPeriodAsksAGapAfterItsEnd(t *testing.T) {
+	for _, tc := range []struct {
+		interval, gap time.Duration
+	}{
+		{time.Second, 10 * time.Millisecond},
+		{500 * time.Millisecond, 5 * time.Millisecond},
+		{10 * time.Second, 10 * time.Millisecond},
+	} {
+		t.Run(tc.interval.String(), func(t *testing.T) {
+			clock := clockwork.NewFakeClock()
+			b := newOnDemandBucket(clock, 1, tc.interval)
+			lim := throttle.New(b, throttle.WithClock(clock))
+			defer lim.Close()
+			ctx := context.Background()
+			require.NoError(t, lim.Acquire(ctx, 0), "the period's one permit")
+			// No deadline: the caller's one timer is its wait for the
+			// next period.
+			done := acquireAll(ctx, lim.Key(""), 1, throttle.Forever)
+			bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			require.NoError(t, clock.BlockUntilContext(bctx, 1), "the refused caller sleeps")
+			clock.Advance(tc.interval)
+			require.NoError(t, clock.BlockUntilContext(bctx, 1), "at the period's end the caller still sleeps: the gap")
+			select {
+			case err := <-done:
+				t.Fatalf("the caller asked at the period's end (err %v)", err)
+			default:
+			}
+			clock.Advance(tc.gap)
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(5 * time.Second):
+				t.Fatal("no grant after the gap")
+			}
+		})
+	}
+}
