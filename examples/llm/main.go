@@ -139,7 +139,8 @@ type summary struct {
 	stats         llmprovider.Stats
 	windows       []llmprovider.Tally
 	killedHeld    int64
-	slotsBack     time.Duration // after the kill; 0: not seen
+	slotsBack     time.Duration // after the kill, once seen (back)
+	back          bool
 }
 
 const topic = "headway-llm"
@@ -275,10 +276,11 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 			}
 		case now := <-tick.C:
 			done = nHandled.Load() >= int64(c.records)
-			if c.killAt > 0 && killed.Load() == 0 && now.Sub(start) >= c.killAt {
-				// Kill the last instance: its Redis connections first, so
-				// that it gives back nothing and renews nothing.
-				k := c.instances - 1
+			if k := busiest(inFlight); c.killAt > 0 && killed.Load() == 0 && now.Sub(start) >= c.killAt && inFlight[k].Load() > 0 {
+				// Kill the instance with the most calls in flight (once
+				// one has a call: the kill comes mid-call): its Redis
+				// connections first, so that it gives back nothing and
+				// renews nothing.
 				s.killedHeld = inFlight[k].Load()
 				for _, rdb := range clients[k] {
 					_ = rdb.Close()
@@ -288,13 +290,15 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 				killTime = now
 				fmt.Fprintf(out, "%5.1fs  instance %d killed holding %d slots\n", now.Sub(start).Seconds(), k, s.killedHeld)
 			}
-			if !killTime.IsZero() && s.slotsBack == 0 {
+			if !killTime.IsZero() && !s.back {
 				var live int64
-				for i := range c.instances - 1 {
-					live += inFlight[i].Load()
+				for i := range inFlight {
+					if i != int(killed.Load())-1 {
+						live += inFlight[i].Load()
+					}
 				}
 				if live >= c.concurrency {
-					s.slotsBack = now.Sub(killTime)
+					s.slotsBack, s.back = now.Sub(killTime), true
 					fmt.Fprintf(out, "%5.1fs  the other instances hold all %d slots again, %.2fs after the kill\n", now.Sub(start).Seconds(), c.concurrency, s.slotsBack.Seconds())
 				}
 			}
@@ -426,4 +430,15 @@ func produce(ctx context.Context, seeds []string, records, partitions int) error
 		return err
 	}
 	return first
+}
+
+// busiest returns the instance with the most calls in flight.
+func busiest(inFlight []atomic.Int64) int {
+	k := 0
+	for i := range inFlight {
+		if inFlight[i].Load() > inFlight[k].Load() {
+			k = i
+		}
+	}
+	return k
 }

@@ -73,7 +73,13 @@ func TestKilledInstanceGivesItsSlotsBack(t *testing.T) {
 	c.tpm = 100_000
 	s := runSmall(t, c)
 	assert.Zero(t, s.lost, "records lost")
-	assert.Positive(t, s.slotsBack, "the other instances held every slot again after the kill")
+	assert.Positive(t, s.killedHeld, "the instance was killed in the middle of its calls")
+	require.True(t, s.back, "the other instances held every slot again after the kill")
+	t.Logf("killed holding %d slots; all back %v after the kill (lease %v)", s.killedHeld, s.slotsBack, c.lease)
+	// The slots expire at most a lease after the dead holder's last
+	// renewal, which came before the kill; the rest is the waiters' wake-up
+	// and the harness's 20 ms look.
+	assert.LessOrEqual(t, s.slotsBack, c.lease+c.lease/2, "the killed instance's slots came back within its lease")
 	assert.Zero(t, s.stats.RefusedConcurrency, "a dead holder's slot is not given out twice")
 }
 
