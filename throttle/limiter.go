@@ -189,7 +189,13 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // the limit's even pace rather than two periods' bursts in one window.
 // That holds for callers whose wait is at least the interval (two
 // intervals when ctx's deadline bounds it); those with shorter waits get
-// their permits as the bucket grants them.
+// their permits as the bucket grants them. A caller refused for the rest
+// of a period asks again a hundredth of the interval after its end (at
+// most 10 ms), so that a call delayed on its way by less than that does
+// not meet the previous period's calls in the provider's window.
+//
+// A stop given to ctx with [ContextWithWaitStop] ends the wait as ctx's
+// end would, without ending ctx.
 //
 // When ctx carries permits of the same budget that the caller acquired
 // already ([Keyed.ContextWithPermit]), Acquire uses one of them and
