@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strconv"
@@ -662,5 +664,135 @@ func TestConcurrencyManyDeadWaitersAreDropped(t *testing.T) {
 	}
 	if left, err := rdb.ZCard(ctx, keys[1]).Result(); err != nil || left != 0 {
 		t.Fatalf("waiters left in the queue: %d, %v; want 0", left, err)
+	}
+}
+
+// TestConcurrencyNeverMoreThanCapacityAcrossProcesses: three processes,
+// each with its own Concurrency on the same key and four callers, never
+// hold more slots at once than the capacity, as counted by this process
+// from what each holder reports while it holds (an independent count,
+// not the cap's own).
+func TestConcurrencyNeverMoreThanCapacityAcrossProcesses(t *testing.T) {
+	const (
+		capacity  = 3
+		processes = 3
+		callers   = 4 // per process
+		rounds    = 5 // holds per caller
+	)
+	if addr := os.Getenv("HEADWAY_SLOTS_WORKER"); addr != "" {
+		holdAndReport(addr, os.Getenv("HEADWAY_SLOTS_COUNTER"), capacity, callers, rounds)
+		return
+	}
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "other processes share the server")
+
+	var (
+		mu              sync.Mutex
+		inside, most    int
+		entered, exited int
+	)
+	counter := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch r.URL.Path {
+		case "/enter":
+			inside++
+			entered++
+			most = max(most, inside)
+		case "/exit":
+			inside--
+			exited++
+		}
+	}))
+	defer counter.Close()
+
+	cmds := make([]*exec.Cmd, processes)
+	outs := make([]*strings.Builder, processes)
+	for i := range cmds {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestConcurrencyNeverMoreThanCapacityAcrossProcesses$")
+		cmd.Env = append(os.Environ(), "HEADWAY_SLOTS_WORKER="+srv.Addr(), "HEADWAY_SLOTS_COUNTER="+counter.URL)
+		outs[i] = new(strings.Builder)
+		cmd.Stdout, cmd.Stderr = outs[i], outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[i] = cmd
+	}
+	for i, cmd := range cmds {
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("process %d: %v\n%s", i, err, outs[i])
+			}
+		case <-time.After(30 * time.Second):
+			for _, c := range cmds {
+				_ = c.Process.Kill()
+			}
+			<-done
+			t.Fatalf("process %d did not finish within 30 s", i)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d holds, at most %d at once", entered, most)
+	if want := processes * callers * rounds; entered != want || exited != want {
+		t.Fatalf("%d holds entered and %d left, want %d", entered, exited, want)
+	}
+	if most > capacity {
+		t.Fatalf("%d slots held at once across the processes, capacity %d", most, capacity)
+	}
+}
+
+// holdAndReport is a process of
+// TestConcurrencyNeverMoreThanCapacityAcrossProcesses: callers goroutines
+// each take a slot rounds times, and report to the counter at url when
+// they hold it and before they give it back. It exits non-zero on any
+// failure.
+func holdAndReport(addr, url string, capacity int64, callers, rounds int) {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	s, err := NewConcurrency(rdb, "procs", capacity)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	report := func(path string) error {
+		resp, err := client.Get(url + path)
+		if err != nil {
+			return err
+		}
+		return resp.Body.Close()
+	}
+	var failed atomic.Bool
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for range rounds {
+				release, err := s.Hold(ctx, "", throttle.Forever)
+				if err == nil {
+					err = report("/enter")
+					time.Sleep(5 * time.Millisecond) // the call
+					if rerr := report("/exit"); err == nil {
+						err = rerr
+					}
+					release()
+				}
+				if err != nil {
+					fmt.Println(err)
+					failed.Store(true)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() {
+		os.Exit(1)
 	}
 }
