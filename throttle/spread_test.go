@@ -352,3 +352,36 @@ func TestACallerRefusedInAPeriodAsksAGapAfterItsEnd(t *testing.T) {
 		})
 	}
 }
+
+// A caller whose wait covers the period's end gets the next period's
+// permit: the gap after a period's end is waited only within the
+// caller's wait, never turned into an ErrTimeout for a permit that comes
+// in time.
+func TestACallerRefusedForAPeriodsRestWithinItsWaitGetsTheNextPeriod(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := newOnDemandBucket(clock, 1, time.Second)
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0), "the period's one permit")
+	clock.Advance(500 * time.Millisecond)
+	// The next period starts in 500 ms; the caller waits up to 505 ms.
+	done := acquireAll(ctx, lim.Key(""), 1, 505*time.Millisecond)
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	sleeping := make(chan error, 1)
+	go func() { sleeping <- clock.BlockUntilContext(bctx, 1) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Acquire with 505 ms to wait, 500 ms before the next period = %v, want it to wait for that period", err)
+	case err := <-sleeping:
+		require.NoError(t, err)
+	}
+	clock.Advance(500 * time.Millisecond)
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the next period's permit, within the wait")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer after the caller's wait")
+	}
+}
