@@ -385,3 +385,42 @@ func TestACallerRefusedForAPeriodsRestWithinItsWaitGetsTheNextPeriod(t *testing.
 		t.Fatal("no answer after the caller's wait")
 	}
 }
+
+// The same holds for a caller that finds the key's gate closed by an
+// earlier refusal of the period: the gate's reopening, a gap after the
+// period's end, does not turn it away when the period starts within its
+// wait.
+func TestACallerQueuedAtAGateClosedForAPeriodsRestWithinItsWaitGetsTheNextPeriod(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := newOnDemandBucket(clock, 2, time.Second)
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0))
+	require.NoError(t, lim.Acquire(ctx, 0))
+	clock.Advance(500 * time.Millisecond)
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	fctx, stopFirst := context.WithCancel(ctx)
+	first := acquireAll(fctx, lim.Key(""), 1, throttle.Forever) // refused: closes the gate
+	require.NoError(t, clock.BlockUntilContext(bctx, 1), "the first refused caller sleeps")
+	// The next period starts in 500 ms; this caller waits up to 505 ms.
+	done := acquireAll(ctx, lim.Key(""), 1, 505*time.Millisecond)
+	sleeping := make(chan error, 1)
+	go func() { sleeping <- clock.BlockUntilContext(bctx, 2) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Acquire with 505 ms to wait, 500 ms before the next period = %v, want it to wait for that period", err)
+	case err := <-sleeping:
+		require.NoError(t, err)
+	}
+	clock.Advance(500 * time.Millisecond)
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the caller with 505 ms to wait: the next period's permit")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer at the period's end for the caller whose wait ends before the gap's")
+	}
+	stopFirst()
+	<-first // granted or stopped: it only closed the gate
+}
