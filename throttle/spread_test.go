@@ -402,6 +402,7 @@ func TestACallerQueuedAtAGateClosedForAPeriodsRestWithinItsWaitGetsTheNextPeriod
 	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	fctx, stopFirst := context.WithCancel(ctx)
+	defer stopFirst()
 	first := acquireAll(fctx, lim.Key(""), 1, throttle.Forever) // refused: closes the gate
 	require.NoError(t, clock.BlockUntilContext(bctx, 1), "the first refused caller sleeps")
 	// The next period starts in 500 ms; this caller waits up to 505 ms.
