@@ -72,3 +72,34 @@ func TestWaitContextWithoutAStopIsTheContext(t *testing.T) {
 	assert.Equal(t, ctx, wctx, "no stop: no derived context")
 	assert.Equal(t, ctx, throttle.ContextWithWaitStop(ctx, nil), "a nil stop changes nothing")
 }
+
+// inFlightBucket is a store whose Take is on its way until its context
+// ends (a round trip to a remote store), as a network client's would:
+// it reports the call it is in and returns the context's error.
+type inFlightBucket struct{ asked chan struct{} }
+
+func (b *inFlightBucket) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (throttle.Decision, error) {
+	b.asked <- struct{}{}
+	<-ctx.Done()
+	return throttle.Decision{}, ctx.Err()
+}
+
+// A stop that ends a wait while the bucket is being asked names its
+// cause too, as one ending a sleep does: the caller learns that its
+// waits were stopped, not only that a context ended.
+func TestWaitStopDuringABucketCallNamesTheStopsCause(t *testing.T) {
+	b := &inFlightBucket{asked: make(chan struct{}, 1)}
+	lim := throttle.New(b)
+	defer lim.Close()
+	stop, end := context.WithCancelCause(context.Background())
+	ctx := throttle.ContextWithWaitStop(context.Background(), stop)
+	done := make(chan error, 1)
+	go func() { done <- lim.Acquire(ctx, throttle.Forever) }()
+	<-b.asked
+	end(errPartitionGone)
+	err := <-done
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.ErrorIs(t, err, errPartitionGone, "the error names the stop's cause")
+	assert.NoError(t, ctx.Err())
+}
