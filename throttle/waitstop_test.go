@@ -103,3 +103,22 @@ func TestWaitStopDuringABucketCallNamesTheStopsCause(t *testing.T) {
 	assert.ErrorIs(t, err, errPartitionGone, "the error names the stop's cause")
 	assert.NoError(t, ctx.Err())
 }
+
+// ContextWithWaitStop names the wait for a concurrency slot (Slots.Hold)
+// among those it stops: a Hold under a stopped context does not wait for
+// a slot.
+func TestWaitStopEndsAWaitForASlot(t *testing.T) {
+	slots, err := throttle.NewLocalSlots(1)
+	require.NoError(t, err)
+	release, err := slots.Hold(context.Background(), "k", 0)
+	require.NoError(t, err, "the only slot")
+	defer release()
+
+	stop, end := context.WithCancelCause(context.Background())
+	end(errPartitionGone)
+	ctx := throttle.ContextWithWaitStop(context.Background(), stop)
+	_, err = slots.Hold(ctx, "k", 200*time.Millisecond)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.Canceled, "a stopped wait, not one that ran its course")
+	assert.ErrorIs(t, err, errPartitionGone)
+}
