@@ -182,8 +182,10 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := throttle.WaitContext(ctx) // a stop ends the wait too
+	defer cancel()
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, waitErr(ctx)
 	}
 	start := s.clock.Now()
 	var expired <-chan time.Time
@@ -225,7 +227,7 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 		case <-expired:
 			err = fmt.Errorf("%s: no slot of key %q within %v: %w", s.c.name, key, s.clock.Since(start), throttle.ErrTimeout)
 		case <-ctx.Done():
-			err = ctx.Err()
+			err = waitErr(ctx)
 			if errors.Is(err, context.DeadlineExceeded) {
 				err = fmt.Errorf("%s: no slot of key %q before the context's deadline: %w: %w", s.c.name, key, throttle.ErrTimeout, err)
 			}
@@ -236,6 +238,16 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 		s.leave(id, m)
 		return nil, err
 	}
+}
+
+// waitErr is the error of a wait for a slot that ctx ended: its error,
+// and its cause when that says more (a stop's).
+func waitErr(ctx context.Context) error {
+	err := ctx.Err()
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w (%w)", err, cause)
+	}
+	return err
 }
 
 // run runs one of the cap's scripts for member id, bounded by ctx and by

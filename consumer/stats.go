@@ -18,8 +18,10 @@ type Stats struct {
 	DeadLettered int64
 	// Parked counts records written to the shaping topic (WithShaping).
 	Parked int64
-	// PermitTimeouts counts waits for a permit that ended without one
-	// (only with a finite WithPermitWait).
+	// PermitTimeouts counts waits for a permit that ended without one:
+	// the consumer's own (only with a finite WithPermitWait), and handler
+	// calls that returned an error matching throttle.ErrTimeout under
+	// TimeoutRetry.
 	PermitTimeouts int64
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.

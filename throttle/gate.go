@@ -42,7 +42,11 @@ type gate struct {
 	closedUntil atomic.Int64
 	queued      atomic.Int32
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// slack is the last part of the closing time that callers wait only
+	// within their wait (the period gap, periodGap): one whose deadline
+	// comes in it is let in at the time the bucket named, not turned away.
+	slack   time.Duration
 	q       []*gateWaiter // FIFO
 	active  int           // admitted callers whose bucket call is in flight
 	timer   clockwork.Timer
@@ -70,12 +74,18 @@ func (g *gate) open() bool {
 	return until == 0 || until <= g.tb.now()
 }
 
-// closeFor records a refusal: asking again is useless for d.
-func (g *gate) closeFor(d time.Duration) {
+// closeFor records a refusal: asking again is useless for d, and callers
+// that can wait for it wait slack more.
+func (g *gate) closeFor(d, slack time.Duration) {
 	g.mu.Lock()
-	g.closedUntil.Store(addSat(g.tb.now(), d))
+	g.closeLocked(d, slack)
 	g.admitLocked()
 	g.mu.Unlock()
+}
+
+func (g *gate) closeLocked(d, slack time.Duration) {
+	g.closedUntil.Store(addSat(g.tb.now(), d+slack))
+	g.slack = slack
 }
 
 // enter queues the caller (first in line if retry, as it was already
@@ -85,7 +95,7 @@ func (g *gate) closeFor(d time.Duration) {
 func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb timeoutBound) error {
 	g.mu.Lock()
 	now := g.tb.now()
-	if wait := time.Duration(g.closedUntil.Load() - now); wait > 0 && wait > left {
+	if wait := time.Duration(g.closedUntil.Load()-now) - g.slack; wait > 0 && wait > left {
 		g.mu.Unlock()
 		return tb.err(wait)
 	}
@@ -149,12 +159,13 @@ func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb tim
 	return err
 }
 
-// leave ends an admission. A refusal closes the gate for d.
-func (g *gate) leave(refused bool, d time.Duration) {
+// leave ends an admission. A refusal closes the gate for d, and slack
+// more for the callers that can wait for it.
+func (g *gate) leave(refused bool, d, slack time.Duration) {
 	g.mu.Lock()
 	g.active--
 	if refused {
-		g.closedUntil.Store(addSat(g.tb.now(), d))
+		g.closeLocked(d, slack)
 	}
 	g.admitLocked()
 	g.mu.Unlock()
@@ -162,31 +173,45 @@ func (g *gate) leave(refused bool, d time.Duration) {
 
 // admitLocked admits queued callers while the gate is open and fewer than
 // admitWave are in flight. While it is closed, it turns away the callers
-// whose deadline comes before it reopens and arms the timer that reopens
-// it.
+// whose deadline comes before the time the bucket named (the closing time
+// less its slack), lets in those whose deadline comes within the slack
+// once that time has come, and arms the timer that reopens it (or lets
+// them in).
 func (g *gate) admitLocked() {
 	now := g.tb.now()
 	until := g.closedUntil.Load()
 	if until > now {
+		named := until - int64(g.slack)
 		kept := g.q[:0]
+		hurried := false // a kept caller cannot wait for the slack
 		for _, w := range g.q {
-			if w.deadline < until {
-				w.err = w.timeout.err(time.Duration(until - now))
+			switch {
+			case w.deadline < named:
+				w.err = w.timeout.err(time.Duration(named - now))
 				w.ready <- struct{}{}
 				g.queued.Add(-1)
 				continue
+			case w.deadline < until && named <= now && g.active < admitWave:
+				g.admitOne(w)
+				continue
+			case w.deadline < until:
+				hurried = true
 			}
 			kept = append(kept, w)
 		}
 		clear(g.q[len(kept):])
 		g.q = kept
-		if len(g.q) > 0 && g.timer != nil && until < g.timerAt {
+		at := until
+		if hurried && named > now {
+			at = named
+		}
+		if len(g.q) > 0 && g.timer != nil && at < g.timerAt {
 			// Reopens sooner than the timer was set for: set it again.
 			g.timer.Stop()
 			g.timer = nil
 		}
 		if len(g.q) > 0 && g.timer == nil {
-			g.timer, g.timerAt = g.tb.clock.AfterFunc(time.Duration(until-now), g.reopen), until
+			g.timer, g.timerAt = g.tb.clock.AfterFunc(time.Duration(at-now), g.reopen), at
 		}
 		return
 	}
@@ -199,11 +224,16 @@ func (g *gate) admitLocked() {
 		w := g.q[0]
 		g.q[0] = nil
 		g.q = g.q[1:]
-		g.queued.Add(-1)
-		w.admitted = true
-		g.active++
-		w.ready <- struct{}{}
+		g.admitOne(w)
 	}
+}
+
+// admitOne lets w in; g.mu is held and w is out of the queue.
+func (g *gate) admitOne(w *gateWaiter) {
+	g.queued.Add(-1)
+	w.admitted = true
+	g.active++
+	w.ready <- struct{}{}
 }
 
 // reopen runs when the time the bucket named has come.

@@ -329,7 +329,7 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		}
 		if err := w.pace(st); err != nil {
 			if gated {
-				st.gate.leave(false, 0)
+				st.gate.leave(false, 0, 0)
 			}
 			return err
 		}
@@ -345,8 +345,11 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		if refused && delay <= 0 {
 			delay = retryFloor
 		}
+		// After the period's end, a gap for the callers that can wait
+		// for it (spread.go).
+		var gap time.Duration
 		if refused && src == fromStore && l.spreads() {
-			delay += l.periodGap(d)
+			gap = l.periodGap(d)
 		}
 		// A refusal closes the key's gate for everyone only when it says
 		// something about one permit from the shared bucket: not one of
@@ -354,9 +357,9 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		// nor one for n > 1 (a single permit may come sooner).
 		shared := src != fromPolicy && n == 1
 		if gated {
-			st.gate.leave(refused && shared, delay)
+			st.gate.leave(refused && shared, delay, gap)
 		} else if refused && shared {
-			st.gate.closeFor(delay)
+			st.gate.closeFor(delay, gap)
 		}
 		switch {
 		case err != nil:
@@ -379,7 +382,11 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 			return w.tb.err(delay)
 		case !shared:
 			// No herd to protect the store from here: sleep out the
-			// delay privately, then ask (or probe) again.
+			// delay privately (and the gap, if the wait allows), then
+			// ask (or probe) again.
+			if delay+gap <= left {
+				delay += gap
+			}
 			if err := l.sleep(ctx, delay); err != nil {
 				return err
 			}
@@ -482,8 +489,10 @@ func (w *waiter) failed(err error) error {
 		// says, ErrTimeout.
 		return expiredWhileAsking(w.n, "the bucket", err)
 	}
-	if !errors.Is(err, ctxErr) {
-		return fmt.Errorf("throttle: acquire %d permit(s): %w (bucket: %v)", w.n, ctxErr, err)
+	if cause := context.Cause(w.ctx); cause != ctxErr || !errors.Is(err, ctxErr) {
+		// Name what ended the wait (a stop's cause, say), not only the
+		// bucket's view of it.
+		return fmt.Errorf("%w (bucket: %v)", waitErr(w.ctx), err)
 	}
 	return err
 }

@@ -70,8 +70,10 @@ func (s *LocalSlots) Hold(ctx context.Context, key string, maxWait time.Duration
 	if maxWait < 0 {
 		return nil, invalid("throttle: LocalSlots.Hold", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
 	}
+	ctx, cancel := WaitContext(ctx)
+	defer cancel()
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, waitCtxErr(ctx)
 	}
 	s.mu.Lock()
 	q := s.keys[key]
@@ -131,6 +133,9 @@ func waitCtxErr(ctx context.Context) error {
 	err := ctx.Err()
 	if err == context.DeadlineExceeded {
 		return fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w (%w)", err, cause)
 	}
 	return err
 }

@@ -8,8 +8,9 @@ import (
 // ContextWithWaitStop returns a copy of ctx under which waits for
 // permits also end once stop is done, while ctx itself, and the work done
 // under it, go on. The waits are those of Acquire, AcquireN and
-// AcquireCost, of a concurrency slot ([Slots.Hold]), and of a provider's
-// pause in the Transport of package throttle/httpclient; a wait ended so
+// AcquireCost, of a concurrency slot ([LocalSlots] and the Concurrency of
+// package bucket), and of a provider's pause in the Transport of package
+// throttle/httpclient; a wait ended so
 // returns an error matching context.Canceled that also names stop's cause
 // ([context.Cause]). Once stop is done, a new wait under the returned
 // context ends at once.
@@ -18,7 +19,9 @@ import (
 // stopped when the record's partition is revoked or the consumer stops: a
 // handler whose client is still waiting for a permit then returns at once
 // with that error, and the record goes to the partition's next owner,
-// while calls already made finish in their own time.
+// while calls already made finish in their own time. Such an error is
+// final for the work under ctx: every later wait under it ends at once,
+// so a handler should return it rather than try again.
 //
 // A nil stop returns ctx.
 func ContextWithWaitStop(ctx, stop context.Context) context.Context {

@@ -418,6 +418,9 @@ func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Durati
 	wctx, cancel := throttle.WaitContext(ctx)
 	defer cancel()
 	release, err := t.slots.Hold(wctx, k.Key(), left)
+	if err != nil && wctx.Err() != nil && context.Cause(wctx) != wctx.Err() {
+		return nil, fmt.Errorf("concurrency slot: %w (%w)", err, context.Cause(wctx))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("concurrency slot: %w", err)
 	}
