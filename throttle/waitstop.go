@@ -21,7 +21,10 @@ import (
 // with that error, and the record goes to the partition's next owner,
 // while calls already made finish in their own time. Such an error is
 // final for the work under ctx: every later wait under it ends at once,
-// so a handler should return it rather than try again.
+// so a handler should return it rather than try again. The stop is a
+// value of ctx: contexts derived from it keep it, context.WithoutCancel's
+// included, so work detached from a handler still stops waiting for
+// permits when its partition is revoked.
 //
 // A nil stop returns ctx.
 func ContextWithWaitStop(ctx, stop context.Context) context.Context {
