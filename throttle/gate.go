@@ -84,7 +84,8 @@ func (g *gate) closeFor(d, slack time.Duration) {
 }
 
 func (g *gate) closeLocked(d, slack time.Duration) {
-	g.closedUntil.Store(addSat(g.tb.now(), d+slack))
+	// Added in two steps: d+slack overflows for a d near Forever.
+	g.closedUntil.Store(addSat(addSat(g.tb.now(), d), slack))
 	g.slack = slack
 }
 

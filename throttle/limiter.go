@@ -384,7 +384,7 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 			// No herd to protect the store from here: sleep out the
 			// delay privately (and the gap, if the wait allows), then
 			// ask (or probe) again.
-			if delay+gap <= left {
+			if gap <= left-delay { // delay <= left here; delay+gap may overflow
 				delay += gap
 			}
 			if err := l.sleep(ctx, delay); err != nil {
