@@ -175,35 +175,43 @@ func (g *gate) leave(refused bool, d, slack time.Duration) {
 // admitLocked admits queued callers while the gate is open and fewer than
 // admitWave are in flight. While it is closed, it turns away the callers
 // whose deadline comes before the time the bucket named (the closing time
-// less its slack), lets in those whose deadline comes within the slack
-// once that time has come, and arms the timer that reopens it (or lets
-// them in).
+// less its slack); once that time has come, it lets in those whose
+// deadline comes within the slack, with every caller queued ahead of them
+// (else callers with short waits, coming each period, would pass them
+// over period after period); and it arms the timer that reopens it (or
+// lets them in).
 func (g *gate) admitLocked() {
 	now := g.tb.now()
 	until := g.closedUntil.Load()
 	if until > now {
 		named := until - int64(g.slack)
 		kept := g.q[:0]
-		hurried := false // a kept caller cannot wait for the slack
+		last := -1 // the last kept caller that cannot wait for the slack
 		for _, w := range g.q {
-			switch {
-			case w.deadline < named:
+			if w.deadline < named {
 				w.err = w.timeout.err(time.Duration(named - now))
 				w.ready <- struct{}{}
 				g.queued.Add(-1)
 				continue
-			case w.deadline < until && named <= now && g.active < admitWave:
-				g.admitOne(w)
-				continue
-			case w.deadline < until:
-				hurried = true
+			}
+			if w.deadline < until {
+				last = len(kept)
 			}
 			kept = append(kept, w)
 		}
 		clear(g.q[len(kept):])
 		g.q = kept
+		if last >= 0 && named <= now {
+			i := 0
+			for ; i <= last && g.active < admitWave; i++ {
+				g.admitOne(g.q[i])
+				g.q[i] = nil
+			}
+			g.q = g.q[i:]
+			last -= i
+		}
 		at := until
-		if hurried && named > now {
+		if last >= 0 && named > now {
 			at = named
 		}
 		if len(g.q) > 0 && g.timer != nil && at < g.timerAt {
