@@ -239,10 +239,12 @@ func noRelease() {}
 
 // call runs the handler once, within the handler timeout from now. Its context
 // holds the attempt's permit (k's), so that a client on the same budget
-// inside the handler uses it rather than taking a second one, and its
-// permit waits end with the partition's (soft): a handler whose client
-// waits for a permit returns when the partition is revoked, and the
-// record goes to the next owner.
+// inside the handler uses it rather than taking a second one, and, while
+// the call runs, its permit waits end with the partition's (soft): a
+// handler whose client waits for a permit returns when the partition is
+// revoked, and the record goes to the next owner. Work the handler leaves
+// behind (a goroutine on a detached context) waits as any caller does
+// once the call has returned.
 func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.Time) error {
 	c := p.c
 	call := newCallCtx(c.base, p, now, c.cfg.handlerTimeout)
@@ -254,7 +256,10 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.
 		call.cancel(context.Canceled)
 		w.call.Store(nil)
 	}()
-	ctx := k.ContextWithPermit(throttle.ContextWithWaitStop(call, p.soft), 1)
+	stop, endStop := context.WithCancelCause(context.Background())
+	disarm := context.AfterFunc(p.soft, func() { endStop(context.Cause(p.soft)) })
+	defer disarm()
+	ctx := k.ContextWithPermit(throttle.ContextWithWaitStop(call, stop), 1)
 	// The permit is the attempt's: a call made after the handler returned
 	// (from a goroutine with a context detached from call's end) takes
 	// its own. Deferred after the cancel above, it runs before it.

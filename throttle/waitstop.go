@@ -10,21 +10,20 @@ import (
 // under it, go on. The waits are those of Acquire, AcquireN and
 // AcquireCost, of a concurrency slot ([LocalSlots] and the Concurrency of
 // package bucket), and of a provider's pause in the Transport of package
-// throttle/httpclient; a wait ended so
-// returns an error matching context.Canceled that also names stop's cause
-// ([context.Cause]). Once stop is done, a new wait under the returned
-// context ends at once.
+// throttle/httpclient; a wait ended so returns an error matching
+// context.Canceled that also names stop's cause ([context.Cause]). Once
+// stop is done, a new wait under the returned context ends at once.
 //
 // The consumer of package consumer gives each handler call such a context,
-// stopped when the record's partition is revoked or the consumer stops: a
+// stopped when the record's partition is revoked or the consumer stops
+// while the call runs (not after it has returned): a
 // handler whose client is still waiting for a permit then returns at once
 // with that error, and the record goes to the partition's next owner,
 // while calls already made finish in their own time. Such an error is
 // final for the work under ctx: every later wait under it ends at once,
 // so a handler should return it rather than try again. The stop is a
 // value of ctx: contexts derived from it keep it, context.WithoutCancel's
-// included, so work detached from a handler still stops waiting for
-// permits when its partition is revoked.
+// included.
 //
 // A nil stop returns ctx.
 func ContextWithWaitStop(ctx, stop context.Context) context.Context {
