@@ -22,6 +22,8 @@ type callCtx struct {
 	timer  *time.Timer   // started by the first Done or AfterFunc
 	err    error
 	afters []*afterCall // to run once done, each in its own goroutine
+
+	stop callStop // the call's permit-wait stop (call sets it up)
 }
 
 type afterCall struct{ f func() }
@@ -127,4 +129,129 @@ func (c *callCtx) cancelLocked(err error) {
 		go a.f()
 	}
 	c.afters = nil
+}
+
+// callStop ends the permit waits of one handler call
+// (throttle.ContextWithWaitStop) when its partition's soft context ends
+// while the call runs; disarm, when the call returns, leaves later waits
+// (work the handler left behind) alone. Like callCtx it costs nothing
+// until a wait asks for it (Done or AfterFunc): a call whose permit
+// needs no wait (the consumer's own, passed down) registers nothing on
+// soft.
+type callStop struct {
+	soft context.Context
+
+	mu       sync.Mutex
+	done     chan struct{} // made by the first Done
+	err      error         // context.Canceled once ended
+	cause    error         // soft's cause
+	afters   []*afterCall
+	unhook   func() bool // the registration on soft, once armed
+	disarmed bool
+}
+
+// Deadline implements context.Context: a stop has none.
+func (s *callStop) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// Value implements context.Context: a stop carries no values.
+func (s *callStop) Value(any) any { return nil }
+
+// Done implements context.Context.
+func (s *callStop) Done() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done == nil {
+		s.done = make(chan struct{})
+		if s.err != nil {
+			close(s.done)
+		} else {
+			s.armLocked()
+		}
+	}
+	return s.done
+}
+
+// Err implements context.Context.
+func (s *callStop) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil && !s.disarmed && s.soft.Err() != nil {
+		s.endLocked()
+	}
+	return s.err
+}
+
+// Cause is why the stop ended (the partition's soft cause), for the
+// error of a stopped wait.
+func (s *callStop) Cause() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cause
+}
+
+// AfterFunc arranges for f to run in its own goroutine once s has ended,
+// as context.AfterFunc (which calls it) does.
+func (s *callStop) AfterFunc(f func()) (stop func() bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	a := &afterCall{f}
+	s.afters = append(s.afters, a)
+	s.armLocked()
+	return func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for i, b := range s.afters {
+			if b == a {
+				s.afters = append(s.afters[:i], s.afters[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// String names the context, as the standard library's do.
+func (s *callStop) String() string { return "consumer.handlerWaitStop" }
+
+// armLocked registers s on soft, once, unless disarmed; s.mu is held.
+func (s *callStop) armLocked() {
+	if s.unhook != nil || s.disarmed {
+		return
+	}
+	s.unhook = context.AfterFunc(s.soft, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !s.disarmed {
+			s.endLocked()
+		}
+	})
+}
+
+func (s *callStop) endLocked() {
+	if s.err != nil {
+		return
+	}
+	s.err, s.cause = context.Canceled, context.Cause(s.soft)
+	if s.done != nil {
+		close(s.done)
+	}
+	for _, a := range s.afters {
+		go a.f()
+	}
+	s.afters = nil
+}
+
+// disarm ends s's watch on soft: the call has returned.
+func (s *callStop) disarm() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.disarmed = true
+	if s.unhook != nil {
+		s.unhook()
+	}
+	s.afters = nil
 }

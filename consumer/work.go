@@ -256,9 +256,9 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.
 		call.cancel(context.Canceled)
 		w.call.Store(nil)
 	}()
-	stop, endStop := context.WithCancelCause(context.Background())
-	disarm := context.AfterFunc(p.soft, func() { endStop(context.Cause(p.soft)) })
-	defer disarm()
+	stop := &call.stop
+	stop.soft = p.soft
+	defer stop.disarm()
 	ctx := k.ContextWithPermit(throttle.ContextWithWaitStop(call, stop), 1)
 	// The permit is the attempt's: a call made after the handler returned
 	// (from a goroutine with a context detached from call's end) takes

@@ -11,7 +11,8 @@ import (
 // AcquireCost, of a concurrency slot ([LocalSlots] and the Concurrency of
 // package bucket), and of a provider's pause in the Transport of package
 // throttle/httpclient; a wait ended so returns an error matching
-// context.Canceled that also names stop's cause ([context.Cause]). Once
+// context.Canceled that also names stop's cause ([context.Cause], or the
+// answer of a Cause() error method, for a stop of a type of its own). Once
 // stop is done, a new wait under the returned context ends at once.
 //
 // The consumer of package consumer gives each handler call such a context,
@@ -50,7 +51,7 @@ func WaitContext(ctx context.Context) (wctx context.Context, cancel context.Canc
 	for ; ws != nil; ws = ws.outer {
 		stop := ws.stop
 		end := func() {
-			cancelCause(fmt.Errorf("permit waits stopped: %w", context.Cause(stop)))
+			cancelCause(fmt.Errorf("permit waits stopped: %w", stopCause(stop)))
 		}
 		if stop.Err() != nil {
 			end()
@@ -64,6 +65,17 @@ func WaitContext(ctx context.Context) (wctx context.Context, cancel context.Canc
 		}
 		cancelCause(nil)
 	}
+}
+
+// stopCause is why stop ended: its Cause method's answer when it has
+// one (a stop of a type of its own), else context.Cause's.
+func stopCause(stop context.Context) error {
+	if c, ok := stop.(interface{ Cause() error }); ok {
+		if err := c.Cause(); err != nil {
+			return err
+		}
+	}
+	return context.Cause(stop)
 }
 
 type waitStopKey struct{}
