@@ -370,6 +370,7 @@ func TestRevokeEndsPermitWaitsInsideHandlers(t *testing.T) {
 		if err := lim.Key(strconv.Itoa(int(r.Partition))).Acquire(ctx, throttle.Forever); err != nil {
 			if errors.Is(err, context.Canceled) && ctx.Err() == nil {
 				stopped.Add(1) // the wait was stopped; the call was not
+				assert.ErrorContains(t, err, "no longer handled here", "the error says why the wait stopped")
 			}
 			return err
 		}
