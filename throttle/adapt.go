@@ -215,9 +215,12 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Dur
 		}
 		sctx, cancel := context.WithTimeout(ctx, bound)
 		p, err := l.paceStore(sctx, st, n, horizon)
+		// A call bounded by what is left of a wait that ctx's deadline
+		// bounds ends a hair before that deadline: the wait ran out.
+		expired := tb.ctxBound && bound == remaining && errors.Is(sctx.Err(), context.DeadlineExceeded)
 		cancel()
 		if err != nil {
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			if expired || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				// The caller's wait ran out while the store was asked:
 				// ErrTimeout, as from a bucket call (see wait).
 				return expiredWhileAsking(n, "the adaptive pace", err)
