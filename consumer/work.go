@@ -65,6 +65,21 @@ func (p *partition) process(w *worker, s *slot) outcome {
 	// late reports whether waiting d more would take the unit past the
 	// shaping bound.
 	late := func(d time.Duration) bool { return shaping && !time.Now().Add(d).Before(parkAt) }
+	// backOff waits d after a permit timeout before the record asks
+	// again: parked instead when d would take its unit past the shaping
+	// bound (done, unless the record stays in place), stopped when the
+	// partition stops first (done).
+	backOff := func(d time.Duration) (out outcome, done bool) {
+		if late(d) {
+			if out, done := park(); done {
+				return out, true
+			}
+		}
+		if !p.sleep(d) {
+			return stopped, true
+		}
+		return 0, false
+	}
 	for {
 		wait, bounded := c.cfg.maxWait, false
 		if shaping {
@@ -99,14 +114,8 @@ func (p *partition) process(w *worker, s *slot) outcome {
 				attempts--
 				c.permitTimeouts.Add(1)
 				waits++
-				d := c.permitBackoff(waits)
-				if late(d) {
-					if out, done := park(); done {
-						return out
-					}
-				}
-				if !p.sleep(d) {
-					return stopped
+				if out, done := backOff(c.permitBackoff(waits)); done {
+					return out
 				}
 				continue
 			}
@@ -121,14 +130,8 @@ func (p *partition) process(w *worker, s *slot) outcome {
 			c.permitTimeouts.Add(1)
 			if c.cfg.onTimeout == TimeoutRetry {
 				delays++
-				d := c.permitBackoff(delays)
-				if late(d) {
-					if out, done := park(); done {
-						return out
-					}
-				}
-				if !p.sleep(d) {
-					return stopped
+				if out, done := backOff(c.permitBackoff(delays)); done {
+					return out
 				}
 				continue
 			}
