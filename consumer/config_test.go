@@ -86,3 +86,25 @@ func TestRunWarnsWhenNoBrokerAnswers(t *testing.T) {
 	t.Logf("warned after %v", time.Since(began))
 	require.NoError(t, r.stop(t))
 }
+
+// New accepts the configuration every user writes first, whatever form the
+// franz-go release in the user's module returns its options in (v1.22.3
+// returned the topics in another form than v1.22.2, and New refused every
+// consumer).
+func TestNewAcceptsTheFirstConfigurationAUserWrites(t *testing.T) {
+	t.Parallel()
+	h := func(context.Context, *kgo.Record) error { return nil }
+	for _, opts := range [][]consumer.Option{
+		{consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("app"), kgo.ConsumeTopics("orders"))},
+		{consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("app"), kgo.ConsumeTopics("orders", "refunds")),
+			consumer.WithShaping("orders-parked", time.Second), consumer.WithDeadLetter("orders-dlq")},
+		{consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("app"), kgo.ConsumeTopics("orders.*"), kgo.ConsumeRegex()),
+			consumer.WithShaping("orders-parked", time.Second)},
+		{consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("app"), kgo.ConsumeTopics("orders"),
+			kgo.RebalanceTimeout(time.Minute), kgo.FetchMaxPartitionBytes(64<<20))},
+	} {
+		c, err := consumer.New(h, nil, opts...)
+		require.NoError(t, err)
+		assert.NotNil(t, c)
+	}
+}

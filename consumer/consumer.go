@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"regexp"
 	"slices"
@@ -180,30 +181,32 @@ func (c *Consumer) checkKafka() error {
 		return err
 	}
 	defer cl.Close()
-	if seeds, _ := cl.OptValue(kgo.SeedBrokers).([]string); len(seeds) == 1 && seeds[0] == noSeeds {
+	if seeds, _ := asStrings(cl.OptValue(kgo.SeedBrokers)); len(seeds) == 1 && seeds[0] == noSeeds {
 		return errs.Invalid("consumer", "kgo.SeedBrokers", "none", "WithKafka must name the brokers")
 	}
 	if err := c.check(cl); err != nil {
 		return err
 	}
-	c.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
+	c.group, _ = asString(cl.OptValue(kgo.ConsumerGroup))
 	if sh := c.cfg.shaping; sh != "" {
-		topics, _ := cl.OptValue(kgo.ConsumeTopics).(map[string]*regexp.Regexp)
-		regex, _ := cl.OptValue(kgo.ConsumeRegex).(bool)
-		if _, ok := topics[sh]; ok && !regex || sh == c.cfg.deadLetter {
+		topics, ok := asStrings(cl.OptValue(kgo.ConsumeTopics))
+		regex, okRegex := asBool(cl.OptValue(kgo.ConsumeRegex))
+		if !ok || !okRegex {
+			return fmt.Errorf("consumer: WithShaping: cannot read the consumed topics back from this franz-go release (kgo.ConsumeTopics is %T, kgo.ConsumeRegex %T); please report it, and leave WithShaping out meanwhile",
+				cl.OptValue(kgo.ConsumeTopics), cl.OptValue(kgo.ConsumeRegex))
+		}
+		if slices.Contains(topics, sh) && !regex || sh == c.cfg.deadLetter {
 			return errs.Invalid("consumer", "WithShaping topic", sh, "must be a topic of its own: not one WithKafka consumes, nor the dead-letter topic")
 		}
-		c.topics = make([]string, 0, len(topics)+1)
-		for t := range topics {
-			c.topics = append(c.topics, t)
-		}
+		c.topics = append(topics, sh)
 		if regex {
-			sh = "^" + regexp.QuoteMeta(sh) + "$"
+			c.topics[len(topics)] = "^" + regexp.QuoteMeta(sh) + "$"
 		}
-		c.topics = append(c.topics, sh)
 	}
-	if b, _ := cl.OptValue(kgo.FetchMaxPartitionBytes).(int32); int64(b) > c.cfg.queueBytes/4 {
-		c.fetchPartBytes = int32(c.cfg.queueBytes / 4)
+	// A partition's fetch must fit in a quarter of the byte bound; when
+	// the setting cannot be read, set it anyway.
+	if b, ok := asInt(cl.OptValue(kgo.FetchMaxPartitionBytes)); !ok || b > c.cfg.queueBytes/4 {
+		c.fetchPartBytes = int32(min(c.cfg.queueBytes/4, math.MaxInt32))
 	}
 	full, err := inertClient(c.clientOpts())
 	if err != nil {
@@ -361,16 +364,19 @@ func (c *Consumer) prepare(ctx context.Context) (context.Context, context.Cancel
 // check refuses client settings the consumer cannot keep its promises
 // with.
 func (c *Consumer) check(cl *kgo.Client) error {
-	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
+	// A setting whose form this franz-go release returns differently is
+	// not refused: what cannot be read is not checked.
+	if g, ok := asString(cl.OptValue(kgo.ConsumerGroup)); ok && g == "" {
 		return errs.Invalid("consumer", "kgo.ConsumerGroup", `""`, "WithKafka must name a consumer group: the consumer commits what it handled")
 	}
-	if topics, _ := cl.OptValue(kgo.ConsumeTopics).(map[string]*regexp.Regexp); len(topics) == 0 {
+	if topics, ok := asStrings(cl.OptValue(kgo.ConsumeTopics)); ok && len(topics) == 0 {
 		return errs.Invalid("consumer", "kgo.ConsumeTopics", "none", "WithKafka must name the topics to consume (or kgo.ConsumeRegex patterns)")
 	}
-	if id, _ := cl.OptValue(kgo.TransactionalID).(string); id != "" {
+	if id, _ := asString(cl.OptValue(kgo.TransactionalID)); id != "" {
 		return errs.Invalid("consumer", "kgo.TransactionalID", id, "transactional clients are not supported")
 	}
-	rt, _ := cl.OptValue(kgo.RebalanceTimeout).(time.Duration)
+	n, _ := asInt(cl.OptValue(kgo.RebalanceTimeout))
+	rt := time.Duration(n)
 	if rt > 0 && c.cfg.handlerTimeout > rt/2 { // not 2*timeout > rt: that overflows for throttle.Forever
 		return errs.Invalid("consumer", "WithHandlerTimeout", c.cfg.handlerTimeout,
 			fmt.Sprintf("must be at most half the group's rebalance timeout (%v): a rebalance waits for in-flight handlers, then commits", rt))

@@ -3,6 +3,7 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -47,14 +48,17 @@ func (c *Consumer) newProducer() (*producer, error) {
 			return nil, fmt.Errorf("consumer: building the producer from WithKafka: %w", err)
 		}
 	}
-	most, _ := normal.OptValue(kgo.BrokerMaxWriteBytes).(int32)
-	most = max(most-largeHeadroom, 1<<20) // room for the request around the batch
+	writeMax, _ := asInt(normal.OptValue(kgo.BrokerMaxWriteBytes))
+	most := int32(min(max(writeMax-largeHeadroom, 1<<20), math.MaxInt32)) // room for the request around the batch
 	large, err := kgo.NewClient(append(base, kgo.ProducerBatchMaxBytes(most), kgo.MaxBufferedRecords(1))...)
 	if err != nil {
 		normal.Close()
 		return nil, fmt.Errorf("consumer: building the producer from WithKafka: %w", err)
 	}
-	batch, _ := normal.OptValue(kgo.ProducerBatchMaxBytes).(int32)
+	batch, ok := asInt(normal.OptValue(kgo.ProducerBatchMaxBytes))
+	if !ok {
+		batch = 0 // unread: every record goes through the large client, one at a time
+	}
 	return &producer{normal: normal, large: large, small: int(batch) - 128}, nil
 }
 

@@ -2,8 +2,6 @@ package consumer
 
 import (
 	"context"
-	"regexp"
-	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -64,13 +62,8 @@ func (c *Consumer) explainIdle(ctx context.Context, cl *kgo.Client, idle time.Du
 		return
 	}
 	group := cl.OptValue(kgo.ConsumerGroup)
-	topics, _ := cl.OptValue(kgo.ConsumeTopics).(map[string]*regexp.Regexp)
-	names := make([]string, 0, len(topics))
-	for t := range topics {
-		names = append(names, t)
-	}
-	slices.Sort(names)
-	if regex, _ := cl.OptValue(kgo.ConsumeRegex).(bool); !regex {
+	names, _ := asStrings(cl.OptValue(kgo.ConsumeTopics))
+	if regex, ok := asBool(cl.OptValue(kgo.ConsumeRegex)); ok && !regex {
 		if missing := missingTopics(pctx, cl, names); len(missing) > 0 {
 			c.log.Warn("consumer: topics to consume do not exist; nothing is consumed", "missing", missing, "group", group, "for", idle.Round(time.Second))
 			return

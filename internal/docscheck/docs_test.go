@@ -237,9 +237,9 @@ func TestDocProgramsCompile(t *testing.T) {
 	// Several packages at once: go build compiles them and discards the
 	// result. (go vet cannot run in a directory that exists only in the
 	// overlay.)
-	out, err := goCmd(t, absRoot, append([]string{"build", "-overlay", ovFile}, pkgs...)...)
+	_, diag, err := goCmd(t, absRoot, append([]string{"build", "-overlay", ovFile}, pkgs...)...)
 	if err != nil {
-		t.Errorf("the docs' programs do not compile:\n%s", translate(out, where))
+		t.Errorf("the docs' programs do not compile:\n%s", translate(diag, where))
 	}
 }
 
@@ -391,9 +391,9 @@ func (l listedPkg) problem() string {
 // goList lists the packages that patterns name, run in dir.
 func goList(t *testing.T, dir string, patterns ...string) []listedPkg {
 	t.Helper()
-	out, err := goCmd(t, dir, append([]string{"list", "-e", "-json=ImportPath,Dir,Name,Error,DepsErrors"}, patterns...)...)
+	out, diag, err := goCmd(t, dir, append([]string{"list", "-e", "-json=ImportPath,Dir,Name,Error,DepsErrors"}, patterns...)...)
 	if err != nil {
-		t.Errorf("go list %s in %s: %v\n%s", patterns, dir, err, out)
+		t.Errorf("go list %s in %s: %v\n%s", patterns, dir, err, diag)
 		return nil
 	}
 	var pkgs []listedPkg
@@ -410,15 +410,21 @@ func goList(t *testing.T, dir string, patterns ...string) []listedPkg {
 	return pkgs
 }
 
-func goCmd(t *testing.T, dir string, args ...string) (string, error) {
+// goCmd runs the go command in dir and returns what it wrote to stdout,
+// the only data a caller may parse, and to stderr, which is for people:
+// on a machine with an empty module cache it starts with "go: downloading"
+// lines.
+func goCmd(t *testing.T, dir string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOFLAGS=") // the user's flags (-race, -mod) are not the docs'
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	var out, diag strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &diag
+	err = cmd.Run()
+	return out.String(), diag.String(), err
 }
 
 // stringLiterals returns the string literals of a directory's non-test Go
