@@ -239,7 +239,7 @@ func TestDocProgramsCompile(t *testing.T) {
 	// overlay.)
 	_, diag, err := goCmd(t, absRoot, append([]string{"build", "-overlay", ovFile}, pkgs...)...)
 	if err != nil {
-		t.Errorf("the docs' programs do not compile:\n%s", translate(diag, where))
+		t.Errorf("the docs' programs do not compile (%v):\n%s", err, translate(diag, where))
 	}
 }
 
@@ -416,7 +416,13 @@ func goList(t *testing.T, dir string, patterns ...string) []listedPkg {
 // lines.
 func goCmd(t *testing.T, dir string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// On a fresh machine the go command downloads and builds every
+	// dependency first: allow it the test's own time.
+	deadline, ok := t.Deadline()
+	if !ok {
+		deadline = time.Now().Add(10 * time.Minute)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(-10*time.Second))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
