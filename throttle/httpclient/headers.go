@@ -66,8 +66,12 @@ const maxHeaderSeconds = 1 << 33
 // Numbers must be plain decimal digits (no sign, exponent or hex); a value
 // that does not parse is skipped and the next header is tried. A time in
 // the past gives 0 with ok true: the caller may go again now. Values are
-// capped at 2³³ seconds so that nothing overflows.
+// capped at 2³³ seconds so that nothing overflows. A nil resp says
+// nothing: 0, false.
 func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
+	if resp == nil {
+		return 0, false
+	}
 	h := resp.Header
 	if v := h.Get("Retry-After-Ms"); v != "" {
 		if ms, frac, ok := parseDecimal(v, true); ok {

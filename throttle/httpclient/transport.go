@@ -226,8 +226,12 @@ func WithConcurrency(s throttle.Slots) Option {
 // at most d for a permit for requests made with it, instead of the
 // client's maxWait ([WithMaxWait]). 0 takes only a permit free now;
 // [throttle.Forever] waits until ctx ends. A negative d makes those
-// requests fail with an error matching [throttle.ErrInvalid].
+// requests fail with an error matching [throttle.ErrInvalid]. A nil ctx
+// stands for context.Background().
 func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	return context.WithValue(ctx, maxWaitKey{}, d)
 }
 
@@ -295,12 +299,18 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 // when the deadline was the bound) without sending anything; when the
 // context ends it returns the context's error.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req == nil {
+		return nil, fmt.Errorf("httpclient: %w", errs.Invalid("Transport", "request", nil, "must be a request"))
+	}
 	r := req
 	fail := func(err error) (*http.Response, error) {
 		if r.Body != nil {
 			r.Body.Close() // a RoundTripper closes the body, even on errors
 		}
 		return nil, fmt.Errorf("httpclient: %w", err)
+	}
+	if t == nil {
+		return fail(errs.Invalid("Transport", "Transport", nil, "must be built by NewTransport"))
 	}
 	ctx := req.Context()
 	var k throttle.Keyed
@@ -403,6 +413,9 @@ func defaultBase() http.RoundTripper {
 // CloseIdleConnections closes the idle connections of the base
 // RoundTripper, if it has any (http.Client.CloseIdleConnections calls it).
 func (t *Transport) CloseIdleConnections() {
+	if t == nil {
+		return
+	}
 	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
