@@ -1,6 +1,7 @@
 package httpclient_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -47,5 +48,50 @@ func TestExportedFunctionsTakeNilWithoutPanicking(t *testing.T) {
 	}
 	if _, err := tr.RoundTrip(&http.Request{Method: http.MethodGet}); err == nil {
 		t.Error("RoundTrip(a request without a URL) succeeded")
+	}
+}
+
+// staticBase answers every request with a 200 whose body is body.
+type staticBase struct{ body *trackedBody }
+
+func (s staticBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: s.body, Request: r}, nil
+}
+
+// A WithAnswer hook that panics after the send used to leave the response
+// body open, and its connection with it: the body is closed, and the panic
+// still reaches the caller, as net/http's client lets a RoundTripper's
+// panic through.
+func TestPanickingAnswerHookClosesTheResponseBody(t *testing.T) {
+	for name, hook := range map[string]func(*http.Response, *throttle.Answer){
+		"before reading": func(*http.Response, *throttle.Answer) { panic("a broken hook") },
+		"after swapping the body": func(resp *http.Response, _ *throttle.Answer) {
+			resp.Body = http.NoBody // lost the provider's body, then panicked
+			panic("a broken hook")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			body := &trackedBody{Reader: http.NoBody}
+			b, err := throttle.NewLocal(10, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := mustTransport(t, throttle.New(b), httpclient.WithBase(staticBase{body}), httpclient.WithAnswer(hook))
+			req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://example.invalid/", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got any
+			func() {
+				defer func() { got = recover() }()
+				_, _ = (&http.Client{Transport: tr}).Do(req)
+			}()
+			if got != "a broken hook" {
+				t.Errorf("the caller recovered %v; want the hook's panic", got)
+			}
+			if !body.closed.Load() {
+				t.Error("the response body is still open after the hook's panic")
+			}
+		})
 	}
 }

@@ -193,7 +193,10 @@ func WithRetryAnyMethod() Option {
 // f is called once per response, concurrently, from RoundTrip; it must
 // not block. It may read resp.Body if it then closes it and puts back a
 // body that gives the same bytes (io.NopCloser over them): the caller
-// reads it next. Default: none.
+// reads it next. If f panics, the response's body (the provider's, and
+// any f put in its place) is closed, and the panic goes on to the
+// caller of RoundTrip (http.Client.Do), as any RoundTripper's does.
+// Default: none.
 func WithAnswer(f func(resp *http.Response, a *throttle.Answer)) Option {
 	return transportOption(func(c *transportConfig) { c.answer = f })
 }
@@ -362,16 +365,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			h.free()
 			return resp, err
 		}
-		now := clock.Now()
-		pause, hinted := time.Duration(0), false
-		if t.limit[resp.StatusCode] {
-			pause, hinted = RetryAfter(resp, now)
-			pause = min(pause, maxPause)
-			// First, so that the fleet stops at once; the adaptive
-			// rate's store calls come after.
-			t.pause(ctx, k, pause)
-		}
-		t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
+		pause, hinted := t.react(ctx, k, resp, clock.Now())
 		if !hinted {
 			return releaseOnClose(resp, h.hand()), nil
 		}
@@ -386,6 +380,41 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		h.free()
 		r = next
 	}
+}
+
+// react pauses k when resp signals a limit with a retry time, and reports
+// resp's answer; it returns the pause, and whether resp named one.
+//
+// A panic on the way (a WithAnswer hook's, a Pauser's) closes resp's
+// body, the provider's and any the hook put in its place, so that the
+// connection is not held for the life of the process, and goes on to
+// RoundTrip's caller unrecovered, with its stack: http.Client lets a
+// RoundTripper's panic through, and a hook's panic is a bug to see, not
+// a failed call to retry.
+func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Response, now time.Time) (pause time.Duration, hinted bool) {
+	body := resp.Body
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		if body != nil {
+			_ = body.Close()
+		}
+		if resp.Body != nil && resp.Body != body {
+			_ = resp.Body.Close()
+		}
+	}()
+	if t.limit[resp.StatusCode] {
+		pause, hinted = RetryAfter(resp, now)
+		pause = min(pause, maxPause)
+		// First, so that the fleet stops at once; the adaptive rate's
+		// store calls come after.
+		t.pause(ctx, k, pause)
+	}
+	t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
+	done = true
+	return pause, hinted
 }
 
 // Idle connections the default base keeps (see [WithBase]).
