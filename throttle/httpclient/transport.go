@@ -300,7 +300,9 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 // [Transport] doc says. When no permit comes within the wait it returns
 // an error matching [throttle.ErrTimeout] (and context.DeadlineExceeded
 // when the deadline was the bound) without sending anything; when the
-// context ends it returns the context's error.
+// context ends it returns the context's error. A nil req, or a Transport
+// not built by [NewTransport], gives an error matching
+// [throttle.ErrInvalid].
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req == nil {
 		return nil, fmt.Errorf("httpclient: %w", errs.Invalid("Transport", "request", nil, "must be a request"))
