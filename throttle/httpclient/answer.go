@@ -38,6 +38,11 @@ import (
 //     pauses until the provider admits calls again. A tokens limit is not
 //     a limit on calls: it sets no Limit.
 //
+// Absolute times (HTTP dates, Unix times, RFC 3339) are read against
+// the response's Date header, as [RetryAfter] says, and RetryAfter is
+// capped at one hour: one answer never pauses the fleet for longer (see
+// [throttle.Answer]).
+//
 // Values that do not parse (signs, exponents, overflowing durations,
 // garbage) are ignored, header by header.
 func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
@@ -60,6 +65,7 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 		h.Del("Retry-After-Ms")
 		a.RetryAfter, a.Retry = RetryAfter(&http.Response{StatusCode: resp.StatusCode, Header: h}, now)
 	}
+	a.RetryAfter = min(a.RetryAfter, maxPause)
 	a.Limit, a.Window = advertisedLimit(resp.Header)
 	return a
 }

@@ -15,9 +15,11 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// maxPause caps the pause a provider's answer can impose: a provider that
-// asks for more is asked again after an hour (one request), rather than a
-// typo in its header stopping the fleet for days.
+// maxPause caps the pause a provider's answer can impose, through the
+// Transport or ReadAnswer: a provider that asks for more is asked again
+// after an hour (one request), rather than a typo in its header, or a
+// clock years off, stopping the fleet for days. throttle.Report caps the
+// same.
 const maxPause = time.Hour
 
 // Transport is an http.RoundTripper that takes a permit from a
