@@ -29,8 +29,18 @@ import (
 //     ≤ 06, with an optional `;w=` window) or RateLimit-Policy (`q=`
 //     and `w=` of draft 07 on, or `limit;w=` before), OpenAI's
 //     x-ratelimit-limit-requests or Anthropic's
-//     anthropic-ratelimit-requests-limit (per minute, Window one minute):
-//     the smallest rate among the policies given.
+//     anthropic-ratelimit-requests-limit: the smallest rate among the
+//     policies given.
+//   - The accounting headers name no window: x-ratelimit-limit-requests
+//     and anthropic-ratelimit-requests-limit are read as per minute
+//     (Window one minute), as OpenAI and Anthropic count requests. A
+//     provider that sends the same headers for another window (Groq's
+//     x-ratelimit-limit-requests counts per day) is misread by that
+//     factor: a longer window reads as a faster rate, which lowers the
+//     fleet's ceiling less than it should, never more; a shorter one
+//     would lower it wrongly. Say otherwise by setting the Answer's
+//     Window (in a [WithAnswer] hook for the Transport; see the
+//     example of ReadAnswer).
 //   - The accounting headers of LLM providers (OpenAI's x-ratelimit-*,
 //     Anthropic's anthropic-ratelimit-*; see [RetryAfter]) count each
 //     dimension apart: any dimension with nothing remaining, requests or

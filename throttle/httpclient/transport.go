@@ -190,7 +190,15 @@ func WithRetryAnyMethod() Option {
 // Retry with a RetryAfter pauses the bucket for the fleet (through
 // [throttle.Limiter.Report]); Refused and Limit adapt the rate. The
 // Transport's own decision to retry a limit response follows the
-// headers, not f.
+// headers, not f. A provider whose requests limit header counts per
+// another window than ReadAnswer assumes (a minute, for
+// x-ratelimit-limit-requests) is told apart here:
+//
+//	httpclient.WithAnswer(func(resp *http.Response, a *throttle.Answer) {
+//		if resp.Header.Get("x-ratelimit-limit-requests") != "" {
+//			a.Window = 24 * time.Hour // Groq counts requests per day
+//		}
+//	})
 //
 // f is called once per response, concurrently, from RoundTrip; it must
 // not block. It may read resp.Body if it then closes it and puts back a
