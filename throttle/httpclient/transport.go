@@ -39,7 +39,9 @@ const maxPause = time.Hour
 // ([throttle.Keyed.ContextWithPermit]: a consumer's, for the attempt)
 // serves its first send at once, unless the Transport must first wait
 // out a pause: then the permit is given up ([throttle.Keyed.Forfeit]) and
-// a new one taken. See the package doc, "With a Kafka consumer".
+// a new one taken. See the package doc, "With a Kafka consumer". With
+// [WithCost], a request takes its estimated cost (requests and tokens)
+// instead of a permit, and settles it with the provider's usage.
 //
 // Reacting. When the provider answers with a status that signals a limit
 // (by default 429, 503 and 403; see [WithLimitStatuses]) and a retry time
@@ -81,6 +83,7 @@ type Transport struct {
 	anyVerb bool                                   // WithRetryAnyMethod
 	slots   throttle.Slots                         // WithConcurrency; nil: no cap
 	answer  func(*http.Response, *throttle.Answer) // WithAnswer; nil: none
+	cost    *costModel                             // WithCost; nil: a permit per request
 
 	mu     sync.Mutex
 	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
@@ -106,6 +109,7 @@ type transportConfig struct {
 	anyVerb bool                                   // WithRetryAnyMethod; default false
 	slots   throttle.Slots                         // WithConcurrency; default nil
 	answer  func(*http.Response, *throttle.Answer) // WithAnswer; default nil
+	cost    *costModel                             // WithCost; default nil
 }
 
 type transportOption func(*transportConfig)
@@ -252,9 +256,8 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // the limiter [WithRequestKey] chooses per request. Options:
 // [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
 // [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency],
-// [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency], [WithAnswer],
-// [WithLogger]. The Transport sleeps on the clock of the request's
-// Limiter ([throttle.Limiter.Clock]).
+// [WithAnswer], [WithCost], [WithLogger]. The Transport sleeps on the
+// clock of the request's Limiter ([throttle.Limiter.Clock]).
 //
 // Build one Transport and share it: without [WithBase], each has a pool
 // of connections of its own, kept idle for up to 90 s after use
@@ -262,7 +265,7 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 //
 // It refuses, with an error matching [throttle.ErrInvalid]: a nil lim
 // without WithRequestKey, a negative maxWait, a negative number of
-// retries.
+// retries, a nil estimate for WithCost.
 func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 	c := transportConfig{maxWait: throttle.Forever, retries: 2, log: slog.Default(),
 		limit: []int{http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden}}
@@ -287,6 +290,9 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		}
 		limit[code] = true
 	}
+	if c.cost != nil && c.cost.estimate == nil {
+		return nil, errs.Invalid("httpclient: NewTransport", "WithCost estimate", nil, "must be a function")
+	}
 	if c.base == nil {
 		c.base = defaultBase()
 	}
@@ -301,6 +307,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		anyVerb: c.anyVerb,
 		slots:   c.slots,
 		answer:  c.answer,
+		cost:    c.cost,
 		paused:  make(map[pauseKey]time.Time),
 	}, nil
 }
@@ -346,6 +353,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
 	}
 	clock := k.Limiter().Clock()
+	var est throttle.Cost // WithCost: taken before each send, instead of a permit
+	if t.cost != nil {
+		var err error
+		if est, err = t.cost.estimate(req); err != nil {
+			return fail(fmt.Errorf("estimating the call's cost: %w", err))
+		}
+		if est == nil {
+			est = throttle.Cost{} // refused by AcquireCost: it asks for nothing
+		}
+	}
 
 	var waited time.Duration
 	for attempt := 0; ; attempt++ {
@@ -364,7 +381,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			if left != throttle.Forever {
 				left = max(left-clock.Since(start), 0)
 			}
-			if err = t.acquire(ctx, k, left); err != nil {
+			if err = t.acquire(ctx, k, left, est); err != nil {
 				h.free()
 			}
 		}
@@ -375,20 +392,30 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp, err := t.base.RoundTrip(r)
 		if err != nil {
 			h.free()
-			return resp, err
+			return resp, err // a cost taken stays: the request may have reached the provider
 		}
 		pause, hinted := t.react(ctx, k, resp, clock.Now())
+		answer := func() (*http.Response, error) {
+			resp = releaseOnClose(resp, h.hand())
+			if est != nil {
+				resp = t.settleOnClose(ctx, k, resp, est)
+			}
+			return resp, nil
+		}
 		if !hinted {
-			return releaseOnClose(resp, h.hand()), nil
+			return answer()
 		}
 		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited) {
-			return releaseOnClose(resp, h.hand()), nil
+			return answer()
 		}
 		next, err := rewind(req)
 		if err != nil {
-			return releaseOnClose(resp, h.hand()), nil // the body cannot be had again: give the answer
+			return answer() // the body cannot be had again: give the answer
 		}
 		discard(resp)
+		if est != nil {
+			t.settle(ctx, k, est, t.cost.actual(Usage{})) // a refusal generated nothing
+		}
 		h.free()
 		r = next
 	}
@@ -541,8 +568,9 @@ func (b *releasingRW) Close() error {
 	return err
 }
 
-// acquire waits out any local pause of k, then takes a permit within left.
-func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration) error {
+// acquire waits out any local pause of k, then takes a permit within left,
+// or the cost est when it is not nil (WithCost).
+func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration, est throttle.Cost) error {
 	clock := k.Limiter().Clock()
 	start := clock.Now()
 	for {
@@ -568,13 +596,19 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 			}
 			continue
 		}
-		if err := k.Acquire(ctx, remaining); err != nil {
+		if est != nil {
+			if err := k.AcquireCost(ctx, est, remaining); err != nil {
+				return err
+			}
+		} else if err := k.Acquire(ctx, remaining); err != nil {
 			return err
 		}
 		// A pause that began while we waited for a reserved permit holds
 		// too: give the permit back if we can, and wait again.
 		if t.pauseLeft(k) > 0 {
-			if r, ok := k.Limiter().Bucket().(throttle.Refunder); ok {
+			if est != nil {
+				_ = k.Settle(context.WithoutCancel(ctx), est, zeroOf(est)) // best effort
+			} else if r, ok := k.Limiter().Bucket().(throttle.Refunder); ok {
 				_ = r.Refund(ctx, k.Key(), 1) // best effort
 			}
 			continue
