@@ -159,7 +159,7 @@ type costBody struct {
 func (b *costBody) Read(p []byte) (int, error) {
 	n, err := b.body.Read(p)
 	b.mu.Lock()
-	if !b.done {
+	if !b.done && n >= 0 && n <= len(p) {
 		b.usage.write(p[:n])
 		if errors.Is(err, io.EOF) {
 			b.eof = true
