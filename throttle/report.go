@@ -26,6 +26,17 @@ type Answer struct {
 	// to pace below it, rather than pause it at every period's edge. A
 	// RetryAfter of 0 or less names no time to wait for: nothing is
 	// paused.
+	//
+	// RetryAfter is a duration from when the answer came. A provider
+	// that names a time instead (a reset at 12:00:30) names it on its
+	// own clock: subtract the provider's time of the answer (HTTP's Date
+	// header), not the instance's clock, or an instance a few seconds
+	// behind pauses the whole fleet for those seconds too, and one
+	// ahead not at all (httpclient.ReadAnswer does so).
+	//
+	// One answer pauses for at most an hour: a provider naming a later
+	// time (a daily quota, a typo, a clock years off) is asked again
+	// after the hour, one call, rather than stopping the fleet for days.
 	Retry      bool
 	RetryAfter time.Duration
 	// Limit is the limit the provider advertises (X-RateLimit-Limit,
@@ -79,7 +90,8 @@ func AnswerOf(err error) (Answer, bool) {
 // [AdaptiveState] for the law):
 //
 //   - an answer with a retry time (Answer.Retry) pauses the bucket until
-//     then, for the whole fleet when the bucket is a [Pauser];
+//     then (at most an hour), for the whole fleet when the bucket is a
+//     [Pauser];
 //   - a refusal, with a retry time or without, lowers the adaptive rate
 //     (at most once per interval, however many callers report it) and
 //     paces grants evenly;
@@ -113,8 +125,8 @@ type AdaptiveObserver interface {
 }
 
 // maxAnswerPause caps the pause one answer can impose (a provider that
-// names a reset days ahead is most likely wrong), as the Transport of
-// package throttle/httpclient caps its own.
+// names a reset days ahead is most likely wrong), as the Transport and
+// ReadAnswer of package throttle/httpclient cap their own: see Answer.
 const maxAnswerPause = time.Hour
 
 func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {

@@ -33,7 +33,9 @@ var accountingDimensions = []dimension{
 }
 
 // accountingWindow is the window of the requests limits the accounting
-// headers advertise: OpenAI and Anthropic both count per minute.
+// headers advertise, which the headers do not name: OpenAI and Anthropic
+// both count per minute. Another provider's window is the caller's to
+// set (see ReadAnswer).
 const accountingWindow = time.Minute
 
 // accountingReset reads the accounting headers of h: when some dimension

@@ -50,13 +50,14 @@ func TestReadAnswerAccountingHeaders(t *testing.T) {
 		{"OpenAI 429 with retry-after", 429, map[string]string{"retry-after": "3", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "9s"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 3 * time.Second}},
 		{"OpenAI 429, none at 0: no pause", 429, openAI("3", "2s", "50", "7s"), perMinute(throttle.Answer{Refused: true}, 500)},
 		{"OpenAI retry-after-ms first", 429, map[string]string{"retry-after-ms": "1500.5", "retry-after": "2"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 1500*time.Millisecond + 500*time.Microsecond}},
-		{"retry-after-ms huge is capped", 429, map[string]string{"retry-after-ms": "99999999999999999999999"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: (1 << 33) * time.Second}},
+		{"retry-after-ms huge is capped at an hour", 429, map[string]string{"retry-after-ms": "99999999999999999999999"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: time.Hour}},
 		{"retry-after-ms garbage falls back", 429, map[string]string{"retry-after-ms": "-3", "retry-after": "2"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 2 * time.Second}},
 		{"retry-after-ms on a success is no limit", 200, map[string]string{"retry-after-ms": "300"}, throttle.Answer{}},
 		{"OpenAI reset in plain seconds", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1.5"}, throttle.Answer{Retry: true, RetryAfter: 1500 * time.Millisecond}},
 		{"OpenAI negative reset ignored", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "-5s"}, throttle.Answer{}},
 		{"OpenAI overflowing reset ignored", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "9999999999999h"}, throttle.Answer{}},
-		{"OpenAI huge reset capped", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "2500000h"}, throttle.Answer{Retry: true, RetryAfter: (1 << 33) * time.Second}},
+		{"OpenAI huge reset capped at an hour", 200, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "2500000h"}, throttle.Answer{Retry: true, RetryAfter: time.Hour}},
+		{"OpenAI daily reset capped at an hour", 200, map[string]string{"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "23h59m"}, throttle.Answer{Retry: true, RetryAfter: time.Hour}},
 		{"OpenAI garbage", 200, map[string]string{"x-ratelimit-limit-requests": "NaN", "x-ratelimit-remaining-tokens": "-0", "x-ratelimit-reset-tokens": "soon"}, throttle.Answer{}},
 		{"OpenAI remaining not 0", 200, map[string]string{"x-ratelimit-remaining-tokens": "1e0", "x-ratelimit-reset-tokens": "1s"}, throttle.Answer{}},
 		{"OpenAI negative limit ignored", 200, map[string]string{"x-ratelimit-limit-requests": "-500"}, throttle.Answer{}},
@@ -97,10 +98,14 @@ func FuzzReadAnswerAccountingHeaders(f *testing.F) {
 		"2026-03-01T12:00:12Z", "2026-03-01T12:00:05.5+01:00", "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z", "2026-13-01T00:00:00Z",
 		"500", "30000", "99999999999999999999999999", "9223372036854775807", "-500",
 	} {
-		f.Add(s, s, s)
+		f.Add(s, s, s, "")
+		f.Add(s, "0", s, "Sun, 01 Mar 2026 11:59:55 GMT")
 	}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	f.Fuzz(func(t *testing.T, limit, remaining, reset string) {
+	f.Fuzz(func(t *testing.T, limit, remaining, reset, date string) {
+		if a := httpclient.ReadAnswer(nil, now); a != (throttle.Answer{}) {
+			t.Fatalf("ReadAnswer(nil) = %+v", a)
+		}
 		for _, status := range []int{200, 429, 503} {
 			for _, prefix := range []string{"x-ratelimit-%s-requests", "x-ratelimit-%s-tokens", "anthropic-ratelimit-tokens-%s", "anthropic-ratelimit-output-tokens-%s"} {
 				h := http.Header{}
@@ -108,9 +113,12 @@ func FuzzReadAnswerAccountingHeaders(f *testing.F) {
 				h.Set(sprintf(prefix, "remaining"), remaining)
 				h.Set(sprintf(prefix, "reset"), reset)
 				h.Set("retry-after-ms", limit)
+				if date != "" {
+					h.Set("Date", date)
+				}
 				a := httpclient.ReadAnswer(&http.Response{StatusCode: status, Header: h}, now)
-				if a.RetryAfter < 0 || a.RetryAfter > (1<<33)*time.Second+time.Second {
-					t.Fatalf("%d %s (%q, %q, %q): RetryAfter %v out of [0, 2^33 s]", status, prefix, limit, remaining, reset, a.RetryAfter)
+				if a.RetryAfter < 0 || a.RetryAfter > time.Hour {
+					t.Fatalf("%d %s (%q, %q, %q, Date %q): RetryAfter %v out of [0, 1h]", status, prefix, limit, remaining, reset, date, a.RetryAfter)
 				}
 				if !a.Retry && a.RetryAfter != 0 {
 					t.Fatalf("%d %s: RetryAfter %v without Retry", status, prefix, a.RetryAfter)

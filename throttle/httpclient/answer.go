@@ -29,14 +29,29 @@ import (
 //     ≤ 06, with an optional `;w=` window) or RateLimit-Policy (`q=`
 //     and `w=` of draft 07 on, or `limit;w=` before), OpenAI's
 //     x-ratelimit-limit-requests or Anthropic's
-//     anthropic-ratelimit-requests-limit (per minute, Window one minute):
-//     the smallest rate among the policies given.
+//     anthropic-ratelimit-requests-limit: the smallest rate among the
+//     policies given.
+//   - The accounting headers name no window: x-ratelimit-limit-requests
+//     and anthropic-ratelimit-requests-limit are read as per minute
+//     (Window one minute), as OpenAI and Anthropic count requests. A
+//     provider that sends the same headers for another window (Groq's
+//     x-ratelimit-limit-requests counts per day) is misread by that
+//     factor: a longer window reads as a faster rate, which lowers the
+//     fleet's ceiling less than it should, never more; a shorter one
+//     would lower it wrongly. Say otherwise by setting the Answer's
+//     Window (in a [WithAnswer] hook for the Transport; see the
+//     example of ReadAnswer).
 //   - The accounting headers of LLM providers (OpenAI's x-ratelimit-*,
 //     Anthropic's anthropic-ratelimit-*; see [RetryAfter]) count each
 //     dimension apart: any dimension with nothing remaining, requests or
 //     tokens, and a reset time sets Retry until its reset, so the fleet
 //     pauses until the provider admits calls again. A tokens limit is not
 //     a limit on calls: it sets no Limit.
+//
+// Absolute times (HTTP dates, Unix times, RFC 3339) are read against
+// the response's Date header, as [RetryAfter] says, and RetryAfter is
+// capped at one hour: one answer never pauses the fleet for longer (see
+// [throttle.Answer]).
 //
 // Values that do not parse (signs, exponents, overflowing durations,
 // garbage) are ignored, header by header.
@@ -60,6 +75,7 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 		h.Del("Retry-After-Ms")
 		a.RetryAfter, a.Retry = RetryAfter(&http.Response{StatusCode: resp.StatusCode, Header: h}, now)
 	}
+	a.RetryAfter = min(a.RetryAfter, maxPause)
 	a.Limit, a.Window = advertisedLimit(resp.Header)
 	return a
 }

@@ -2,6 +2,7 @@ package httpclient_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -146,6 +147,63 @@ func TestTransportReportsRefusalsWithHint(t *testing.T) {
 			} else {
 				assert.False(t, s.Active(), "a 503 is not a refusal of the rate")
 			}
+		})
+	}
+}
+
+// ReadAnswer reads OpenAI's requests limit as per minute, as OpenAI counts;
+// for a provider that sends the same header per day, the caller says so.
+func ExampleReadAnswer_window() {
+	resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{}}
+	resp.Header.Set("x-ratelimit-limit-requests", "14400")
+	a := httpclient.ReadAnswer(resp, time.Now())
+	fmt.Println(a.Limit, "per", a.Window)
+
+	// Groq's x-ratelimit-limit-requests counts requests per day.
+	a.Window = 24 * time.Hour
+	fmt.Println(a.Limit, "per", a.Window)
+	// Output:
+	// 14400 per 1m0s
+	// 14400 per 24h0m0s
+}
+
+// The requests limit of the accounting headers is read per minute; a
+// WithAnswer hook that knows its provider counts per day says so, and the
+// fleet's ceiling follows the day's rate.
+func TestAnswerHookSetsTheWindowOfTheRequestsLimit(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("x-ratelimit-limit-requests", "1800")
+	}))
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	for _, tt := range []struct {
+		name    string
+		window  time.Duration // set by the hook; 0: no hook
+		ceiling float64       // per second
+	}{
+		{"read per minute", 0, 30},
+		{"per day, as the hook says", 24 * time.Hour, 1800.0 / 86400},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := throttle.NewLocal(50, time.Second)
+			require.NoError(t, err)
+			lim := throttle.New(b)
+			opts := []httpclient.Option{httpclient.WithBase(srv.Client().Transport)}
+			if tt.window > 0 {
+				opts = append(opts, httpclient.WithAnswer(func(resp *http.Response, a *throttle.Answer) {
+					if resp.Header.Get("x-ratelimit-limit-requests") != "" {
+						a.Window = tt.window
+					}
+				}))
+			}
+			tr, err := httpclient.NewTransport(lim, opts...)
+			require.NoError(t, err)
+			resp, err := (&http.Client{Transport: tr}).Get(srv.URL)
+			require.NoError(t, err)
+			resp.Body.Close()
+			s, err := lim.AdaptiveState(context.Background(), "")
+			require.NoError(t, err)
+			assert.InDelta(t, tt.ceiling, s.Ceiling, 1e-9)
 		})
 	}
 }

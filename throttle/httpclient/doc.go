@@ -15,6 +15,16 @@
 // [RetryAfter] is the reading of that time from the provider's headers,
 // usable on its own.
 //
+// # LLM calls
+//
+// [WithCost] makes the Transport do an LLM call's accounting against a
+// budget of requests and tokens (bucket.Budget): it takes the call's
+// estimated cost before the request, reads the usage the provider reports
+// (OpenAI's or Anthropic's, in JSON or streamed) as the caller reads the
+// body, and settles the estimate with it when the body is closed. With
+// [WithConcurrency] for the calls in flight, the handler is a plain
+// client.Do.
+//
 // # With a Kafka consumer
 //
 // Give the consumer of package consumer and the Transport the same

@@ -63,12 +63,27 @@ const maxHeaderSeconds = 1 << 33
 // years as a delay, but 2001-09-09 as a date, so the readings cannot be
 // confused), and one of 10¹² or more a Unix time in milliseconds.
 //
+// now is when resp arrived, on the caller's clock, and the result a
+// duration from then. A time (an HTTP date, a Unix time, an RFC 3339
+// time) is on the provider's clock, so it is read against resp's Date
+// header, the provider's time of the answer, when it has one that
+// parses: an instance whose clock is seconds off waits what the provider
+// meant, not those seconds more or less. Date names a whole second: when
+// now falls within that second, the clocks agree and now, the finer, is
+// used. Without a Date, times are read against now.
+//
 // Numbers must be plain decimal digits (no sign, exponent or hex); a value
 // that does not parse is skipped and the next header is tried. A time in
 // the past gives 0 with ok true: the caller may go again now. Values are
-// capped at 2³³ seconds so that nothing overflows.
+// capped at 2³³ seconds so that nothing overflows. A nil resp says
+// nothing: 0, false.
 func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
+	if resp == nil {
+		return 0, false
+	}
 	h := resp.Header
+	// Absolute times are on the provider's clock.
+	now = providerNow(h, now)
 	if v := h.Get("Retry-After-Ms"); v != "" {
 		if ms, frac, ok := parseDecimal(v, true); ok {
 			// Capped before the multiplication, so that it cannot overflow.
@@ -100,6 +115,26 @@ func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
 		}
 	}
 	return accountingReset(h, now)
+}
+
+// providerNow is the time against which the absolute times of a response
+// with header h are read, now being the local clock's when it came: the
+// provider's clock, from its Date header, when it has one that parses.
+// Date names a whole second; when now falls within it, the two clocks
+// agree, and now, the finer, is kept.
+func providerNow(h http.Header, now time.Time) time.Time {
+	v := h.Get("Date")
+	if v == "" {
+		return now
+	}
+	date, err := http.ParseTime(strings.TrimSpace(v))
+	if err != nil {
+		return now
+	}
+	if !now.Before(date) && now.Before(date.Add(time.Second)) {
+		return now
+	}
+	return date
 }
 
 // noneLeft reports whether header name of h is the number 0.

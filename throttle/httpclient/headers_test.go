@@ -2,6 +2,7 @@ package httpclient_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,21 +86,38 @@ func TestRetryAfter(t *testing.T) {
 }
 
 // FuzzRetryAfter checks that no header value makes RetryAfter panic, or
-// return a negative or overflowing wait.
+// return a negative or overflowing wait; and that with a Date header, the
+// instance's clock moves the answer by less than Date's one second, however
+// far off it is.
 func FuzzRetryAfter(f *testing.F) {
-	for _, s := range []string{
+	dates := []string{"", "Sun, 01 Mar 2026 12:00:00 GMT", "Sun, 01 Mar 2026 11:59:55 GMT", "Sunday, 01-Mar-26 12:00:05 GMT", "Sun Mar  1 12:00:05 2026",
+		"Fri, 31 Dec 9999 23:59:59 GMT", "Mon, 01 Jan 0001 00:00:00 GMT", "Thu, 01 Jan 1970 00:00:00 GMT", "yesterday", " Sun, 01 Mar 2026 12:00:00 GMT "}
+	for i, s := range []string{
 		"", "0", "2", "1.5", "-1", "+1", "1e9", "0x1f", "NaN", "Inf", " 7 ",
 		"Sun, 01 Mar 2026 12:00:30 GMT", "Sunday, 01-Mar-26 12:01:00 GMT", "Sun Mar  1 12:00:05 2026", "Fri, 31 Dec 9999 23:59:59 GMT",
 		"1772366460", "1772366460.123456789123", "1772366460000", "limit=1, remaining=0, reset=1772366460000", "99999999999999999999999999", "9223372036854775807",
 		`"default";r=0;t=30`, `"a";r=0;t=3, "b";r=0;t=9`, `"\"`, `;;;,,,`, `"a";r=0;t=`, `r=0;t=1`,
+		"2026-03-01T12:00:12Z", "1m30.5s",
 	} {
-		f.Add(s)
+		f.Add(s, dates[i%len(dates)], int64(0))
+		f.Add(s, dates[(i+1)%len(dates)], int64(-5*time.Second))
 	}
-	f.Fuzz(func(t *testing.T, v string) {
-		for _, name := range []string{"Retry-After-Ms", "Retry-After", "RateLimit-Reset", "RateLimit", "X-RateLimit-Reset"} {
+	f.Fuzz(func(t *testing.T, v, date string, skew int64) {
+		if _, ok := httpclient.RetryAfter(nil, headerNow); ok {
+			t.Fatal("RetryAfter(nil) says something")
+		}
+		for _, name := range []string{"Retry-After-Ms", "Retry-After", "RateLimit-Reset", "RateLimit", "X-RateLimit-Reset",
+			"Anthropic-Ratelimit-Tokens-Reset", "X-Ratelimit-Reset-Requests"} {
 			h := http.Header{}
 			h.Set(name, v)
-			d, ok := httpclient.RetryAfter(&http.Response{StatusCode: http.StatusServiceUnavailable, Header: h}, headerNow)
+			h.Set("Anthropic-Ratelimit-Tokens-Remaining", "0")
+			h.Set("X-Ratelimit-Remaining-Requests", "0")
+			if date != "" {
+				h.Set("Date", date)
+			}
+			resp := &http.Response{StatusCode: http.StatusServiceUnavailable, Header: h}
+			now := headerNow.Add(time.Duration(skew))
+			d, ok := httpclient.RetryAfter(resp, now)
 			if d < 0 {
 				t.Fatalf("RetryAfter(%s: %q) = %v, negative", name, v, d)
 			}
@@ -108,6 +126,18 @@ func FuzzRetryAfter(f *testing.F) {
 			}
 			if d > (1<<33)*time.Second+time.Second {
 				t.Fatalf("RetryAfter(%s: %q) = %v, beyond the 2^33 s cap", name, v, d)
+			}
+			if _, err := http.ParseTime(strings.TrimSpace(date)); err != nil {
+				continue
+			}
+			// The provider's clock, from Date, decides: an instance a
+			// year behind or ahead reads (nearly) what one in step does.
+			for _, other := range []time.Duration{-365 * 24 * time.Hour, -time.Second, 999 * time.Millisecond, 365 * 24 * time.Hour} {
+				d2, ok2 := httpclient.RetryAfter(resp, now.Add(other))
+				if ok2 != ok || d2-d >= time.Second || d-d2 >= time.Second {
+					t.Fatalf("RetryAfter(%s: %q, Date %q) = %v, %v at %v; %v, %v at %v: the local clock moved it by a second or more",
+						name, v, date, d, ok, now, d2, ok2, now.Add(other))
+				}
 			}
 		}
 	})

@@ -15,9 +15,11 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// maxPause caps the pause a provider's answer can impose: a provider that
-// asks for more is asked again after an hour (one request), rather than a
-// typo in its header stopping the fleet for days.
+// maxPause caps the pause a provider's answer can impose, through the
+// Transport or ReadAnswer: a provider that asks for more is asked again
+// after an hour (one request), rather than a typo in its header, or a
+// clock years off, stopping the fleet for days. throttle.Report caps the
+// same.
 const maxPause = time.Hour
 
 // Transport is an http.RoundTripper that takes a permit from a
@@ -37,7 +39,9 @@ const maxPause = time.Hour
 // ([throttle.Keyed.ContextWithPermit]: a consumer's, for the attempt)
 // serves its first send at once, unless the Transport must first wait
 // out a pause: then the permit is given up ([throttle.Keyed.Forfeit]) and
-// a new one taken. See the package doc, "With a Kafka consumer".
+// a new one taken. See the package doc, "With a Kafka consumer". With
+// [WithCost], a request takes its estimated cost (requests and tokens)
+// instead of a permit, and settles it with the provider's usage.
 //
 // Reacting. When the provider answers with a status that signals a limit
 // (by default 429, 503 and 403; see [WithLimitStatuses]) and a retry time
@@ -79,6 +83,7 @@ type Transport struct {
 	anyVerb bool                                   // WithRetryAnyMethod
 	slots   throttle.Slots                         // WithConcurrency; nil: no cap
 	answer  func(*http.Response, *throttle.Answer) // WithAnswer; nil: none
+	cost    *costModel                             // WithCost; nil: a permit per request
 
 	mu     sync.Mutex
 	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
@@ -104,6 +109,7 @@ type transportConfig struct {
 	anyVerb bool                                   // WithRetryAnyMethod; default false
 	slots   throttle.Slots                         // WithConcurrency; default nil
 	answer  func(*http.Response, *throttle.Answer) // WithAnswer; default nil
+	cost    *costModel                             // WithCost; default nil
 }
 
 type transportOption func(*transportConfig)
@@ -188,12 +194,23 @@ func WithRetryAnyMethod() Option {
 // Retry with a RetryAfter pauses the bucket for the fleet (through
 // [throttle.Limiter.Report]); Refused and Limit adapt the rate. The
 // Transport's own decision to retry a limit response follows the
-// headers, not f.
+// headers, not f. A provider whose requests limit header counts per
+// another window than ReadAnswer assumes (a minute, for
+// x-ratelimit-limit-requests) is told apart here:
+//
+//	httpclient.WithAnswer(func(resp *http.Response, a *throttle.Answer) {
+//		if resp.Header.Get("x-ratelimit-limit-requests") != "" {
+//			a.Window = 24 * time.Hour // Groq counts requests per day
+//		}
+//	})
 //
 // f is called once per response, concurrently, from RoundTrip; it must
 // not block. It may read resp.Body if it then closes it and puts back a
 // body that gives the same bytes (io.NopCloser over them): the caller
-// reads it next. Default: none.
+// reads it next. If f panics, the response's body (the provider's, and
+// any f put in its place) is closed, and the panic goes on to the
+// caller of RoundTrip (http.Client.Do), as any RoundTripper's does.
+// Default: none.
 func WithAnswer(f func(resp *http.Response, a *throttle.Answer)) Option {
 	return transportOption(func(c *transportConfig) { c.answer = f })
 }
@@ -226,8 +243,12 @@ func WithConcurrency(s throttle.Slots) Option {
 // at most d for a permit for requests made with it, instead of the
 // client's maxWait ([WithMaxWait]). 0 takes only a permit free now;
 // [throttle.Forever] waits until ctx ends. A negative d makes those
-// requests fail with an error matching [throttle.ErrInvalid].
+// requests fail with an error matching [throttle.ErrInvalid]. A nil ctx
+// stands for context.Background().
 func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	return context.WithValue(ctx, maxWaitKey{}, d)
 }
 
@@ -235,9 +256,8 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // the limiter [WithRequestKey] chooses per request. Options:
 // [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
 // [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency],
-// [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency], [WithAnswer],
-// [WithLogger]. The Transport sleeps on the clock of the request's
-// Limiter ([throttle.Limiter.Clock]).
+// [WithAnswer], [WithCost], [WithLogger]. The Transport sleeps on the
+// clock of the request's Limiter ([throttle.Limiter.Clock]).
 //
 // Build one Transport and share it: without [WithBase], each has a pool
 // of connections of its own, kept idle for up to 90 s after use
@@ -245,7 +265,7 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 //
 // It refuses, with an error matching [throttle.ErrInvalid]: a nil lim
 // without WithRequestKey, a negative maxWait, a negative number of
-// retries.
+// retries, a nil estimate for WithCost.
 func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 	c := transportConfig{maxWait: throttle.Forever, retries: 2, log: slog.Default(),
 		limit: []int{http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden}}
@@ -270,6 +290,9 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		}
 		limit[code] = true
 	}
+	if c.cost != nil && c.cost.estimate == nil {
+		return nil, errs.Invalid("httpclient: NewTransport", "WithCost estimate", nil, "must be a function")
+	}
 	if c.base == nil {
 		c.base = defaultBase()
 	}
@@ -284,6 +307,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		anyVerb: c.anyVerb,
 		slots:   c.slots,
 		answer:  c.answer,
+		cost:    c.cost,
 		paused:  make(map[pauseKey]time.Time),
 	}, nil
 }
@@ -293,14 +317,22 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 // [Transport] doc says. When no permit comes within the wait it returns
 // an error matching [throttle.ErrTimeout] (and context.DeadlineExceeded
 // when the deadline was the bound) without sending anything; when the
-// context ends it returns the context's error.
+// context ends it returns the context's error. A nil req, or a Transport
+// not built by [NewTransport], gives an error matching
+// [throttle.ErrInvalid].
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req == nil {
+		return nil, fmt.Errorf("httpclient: %w", errs.Invalid("Transport", "request", nil, "must be a request"))
+	}
 	r := req
 	fail := func(err error) (*http.Response, error) {
 		if r.Body != nil {
 			r.Body.Close() // a RoundTripper closes the body, even on errors
 		}
 		return nil, fmt.Errorf("httpclient: %w", err)
+	}
+	if t == nil {
+		return fail(errs.Invalid("Transport", "Transport", nil, "must be built by NewTransport"))
 	}
 	ctx := req.Context()
 	var k throttle.Keyed
@@ -321,6 +353,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
 	}
 	clock := k.Limiter().Clock()
+	var est throttle.Cost // WithCost: taken before each send, instead of a permit
+	if t.cost != nil {
+		var err error
+		if est, err = t.cost.estimate(req); err != nil {
+			return fail(fmt.Errorf("estimating the call's cost: %w", err))
+		}
+		if est == nil {
+			est = throttle.Cost{} // refused by AcquireCost: it asks for nothing
+		}
+	}
 
 	var waited time.Duration
 	for attempt := 0; ; attempt++ {
@@ -339,7 +381,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			if left != throttle.Forever {
 				left = max(left-clock.Since(start), 0)
 			}
-			if err = t.acquire(ctx, k, left); err != nil {
+			if err = t.acquire(ctx, k, left, est); err != nil {
 				h.free()
 			}
 		}
@@ -350,32 +392,68 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp, err := t.base.RoundTrip(r)
 		if err != nil {
 			h.free()
-			return resp, err
+			return resp, err // a cost taken stays: the request may have reached the provider
 		}
-		now := clock.Now()
-		pause, hinted := time.Duration(0), false
-		if t.limit[resp.StatusCode] {
-			pause, hinted = RetryAfter(resp, now)
-			pause = min(pause, maxPause)
-			// First, so that the fleet stops at once; the adaptive
-			// rate's store calls come after.
-			t.pause(ctx, k, pause)
+		pause, hinted := t.react(ctx, k, resp, clock.Now())
+		answer := func() (*http.Response, error) {
+			resp = releaseOnClose(resp, h.hand())
+			if est != nil {
+				resp = t.settleOnClose(ctx, k, resp, est)
+			}
+			return resp, nil
 		}
-		t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
 		if !hinted {
-			return releaseOnClose(resp, h.hand()), nil
+			return answer()
 		}
 		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited) {
-			return releaseOnClose(resp, h.hand()), nil
+			return answer()
 		}
 		next, err := rewind(req)
 		if err != nil {
-			return releaseOnClose(resp, h.hand()), nil // the body cannot be had again: give the answer
+			return answer() // the body cannot be had again: give the answer
 		}
 		discard(resp)
+		if est != nil {
+			t.settle(ctx, k, est, t.cost.actual(Usage{})) // a refusal generated nothing
+		}
 		h.free()
 		r = next
 	}
+}
+
+// react pauses k when resp signals a limit with a retry time, and reports
+// resp's answer; it returns the pause, and whether resp named one.
+//
+// A panic on the way (a WithAnswer hook's, a Pauser's) closes resp's
+// body, the provider's and any the hook put in its place, so that the
+// connection is not held for the life of the process, and goes on to
+// RoundTrip's caller unrecovered, with its stack: http.Client lets a
+// RoundTripper's panic through, and a hook's panic is a bug to see, not
+// a failed call to retry.
+func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Response, now time.Time) (pause time.Duration, hinted bool) {
+	body := resp.Body
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		if body != nil {
+			_ = body.Close()
+		}
+		if resp.Body != nil && resp.Body != body {
+			_ = resp.Body.Close()
+		}
+	}()
+	if t.limit[resp.StatusCode] {
+		pause, hinted = RetryAfter(resp, now)
+		pause = min(pause, maxPause)
+		// First, so that the fleet stops at once; the adaptive rate's
+		// store calls come after.
+		t.pause(ctx, k, pause)
+	}
+	t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
+	done = true
+	return pause, hinted
 }
 
 // Idle connections the default base keeps (see [WithBase]).
@@ -403,6 +481,9 @@ func defaultBase() http.RoundTripper {
 // CloseIdleConnections closes the idle connections of the base
 // RoundTripper, if it has any (http.Client.CloseIdleConnections calls it).
 func (t *Transport) CloseIdleConnections() {
+	if t == nil {
+		return
+	}
 	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
@@ -487,8 +568,9 @@ func (b *releasingRW) Close() error {
 	return err
 }
 
-// acquire waits out any local pause of k, then takes a permit within left.
-func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration) error {
+// acquire waits out any local pause of k, then takes a permit within left,
+// or the cost est when it is not nil (WithCost).
+func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration, est throttle.Cost) error {
 	clock := k.Limiter().Clock()
 	start := clock.Now()
 	for {
@@ -514,13 +596,19 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 			}
 			continue
 		}
-		if err := k.Acquire(ctx, remaining); err != nil {
+		if est != nil {
+			if err := k.AcquireCost(ctx, est, remaining); err != nil {
+				return err
+			}
+		} else if err := k.Acquire(ctx, remaining); err != nil {
 			return err
 		}
 		// A pause that began while we waited for a reserved permit holds
 		// too: give the permit back if we can, and wait again.
 		if t.pauseLeft(k) > 0 {
-			if r, ok := k.Limiter().Bucket().(throttle.Refunder); ok {
+			if est != nil {
+				_ = k.Settle(context.WithoutCancel(ctx), est, zeroOf(est)) // best effort
+			} else if r, ok := k.Limiter().Bucket().(throttle.Refunder); ok {
 				_ = r.Refund(ctx, k.Key(), 1) // best effort
 			}
 			continue

@@ -48,6 +48,9 @@ func newCountingServer(t *testing.T, clock clockwork.Clock, answer func(n int, w
 		s.bodies = append(s.bodies, string(body))
 		n := len(s.arrivals)
 		s.mu.Unlock()
+		// The provider dates its answers on its clock, against which its
+		// absolute resets are read.
+		w.Header().Set("Date", s.clock.Now().UTC().Format(http.TimeFormat))
 		if s.answer != nil {
 			s.answer(n, w, r)
 			return
@@ -894,11 +897,22 @@ func TestTransportPauseFromProviderHeaders(t *testing.T) {
 		{"OpenAI 429 with tokens left", http.StatusTooManyRequests, map[string]string{"x-ratelimit-remaining-tokens": "40", "x-ratelimit-reset-tokens": "30s"}, ""},
 		{"OpenAI 503 with tokens exhausted", http.StatusServiceUnavailable, map[string]string{"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1m30.5s"}, "=1m30.5s"},
 		{"OpenAI retry-after-ms", http.StatusTooManyRequests, map[string]string{"retry-after-ms": "250"}, "=250ms"},
+		{"instance 5 s behind the provider", http.StatusTooManyRequests, map[string]string{"X-RateLimit-Reset": "1800000007"}, "=2s"},
+		{"instance 5 s ahead of the provider", http.StatusTooManyRequests, map[string]string{"X-RateLimit-Reset": "1799999997"}, "=2s"},
+		{"instance 5 s behind, HTTP date", http.StatusServiceUnavailable, map[string]string{"Retry-After": time.Unix(1800000007, 0).UTC().Format(http.TimeFormat)}, "=2s"},
+	}
+	// How far the provider's clock, which writes the Date header, is ahead
+	// of the instance's.
+	ahead := map[string]time.Duration{
+		"instance 5 s behind the provider":   5 * time.Second,
+		"instance 5 s ahead of the provider": -5 * time.Second,
+		"instance 5 s behind, HTTP date":     5 * time.Second,
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := clockwork.NewFakeClockAt(time.Unix(now, 0))
 			srv := newCountingServer(t, clk, func(_ int, w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Date", clk.Now().Add(ahead[tt.name]).UTC().Format(http.TimeFormat))
 				for k, v := range tt.header {
 					w.Header().Set(k, v)
 				}
