@@ -57,25 +57,42 @@ func (l *Limiter) viewAt(st *keyState, now int64) (adaptView, bool) {
 	return *v, now-v.seen < int64(l.adapt.interval)
 }
 
-// note records s as st's state seen now, unless the view holds a state
-// read later on the store's clock, of the same version or a later one,
-// that is still fresh: replies of concurrent store calls (a background
-// refresh, a swap) may land out of order, and the older must not undo the
-// newer (a refusal's decrease replaced by a read from before it would stop
-// the pacing). A later version always wins, so that a store clock that
-// stepped back cannot hide a change.
+// note records s as st's state seen now, unless the view, still fresh,
+// holds a state that s cannot be newer than (older reports): replies of
+// concurrent store calls (a background refresh, a swap) may land out of
+// order, and the older must not undo the newer (a refusal's decrease
+// replaced by a read from before it would stop the pacing for an
+// interval).
+//
+// The store's version orders its states while it keeps them; its clock
+// alone does not: two calls within one tick of it (a fake clock, Redis
+// TIME's microsecond) read the same At, and the clock may step back. A
+// later version always wins, so that a store clock that stepped back
+// cannot hide a change; a state read later on the store's clock wins too,
+// so that a store that lost the state (an empty restart) and counts its
+// versions anew is believed.
 func (l *Limiter) note(st *keyState, s AdaptiveState) {
 	now := l.tb.now()
 	nv := &adaptView{st: s, seen: now}
 	for {
 		cur := st.view.Load()
-		if cur != nil && s.At.Before(cur.st.At) && s.Version <= cur.st.Version && now-cur.seen < int64(l.adapt.interval) {
+		if cur != nil && now-cur.seen < int64(l.adapt.interval) && older(s, cur.st) {
 			return
 		}
 		if st.view.CompareAndSwap(cur, nv) {
 			return
 		}
 	}
+}
+
+// older reports whether s, read from a store, is older than cur: not of
+// a later version nor read later on the store's clock, and not cur
+// itself (the same version at the same time, read again).
+func older(s, cur AdaptiveState) bool {
+	if s.Version > cur.Version || s.At.After(cur.At) {
+		return false
+	}
+	return s.Version < cur.Version || s.At.Before(cur.At)
 }
 
 // memory returns st's in-memory adaptive state, creating it; the caller
@@ -136,9 +153,16 @@ func (l *Limiter) swap(ctx context.Context, st *keyState, old, next AdaptiveStat
 	return s, ok, nil
 }
 
+// updateAttempts bounds the swaps of one update: each one lost means that
+// another change of the state was made meanwhile.
+const updateAttempts = 5
+
 // update applies f to st's state in the store, retrying when another
-// instance changed it meanwhile. A fresh view that f leaves unchanged
-// saves the store call.
+// instance changed it meanwhile. It returns nil only when the state in the
+// store holds f's change: this update swapped it in, or f found nothing to
+// change in the state read (another instance made the change first). A
+// fresh view that f leaves unchanged saves the store call. An update that
+// loses every swap returns an error: another change stands, but not f's.
 func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState, time.Time) (AdaptiveState, bool)) error {
 	if v, fresh := l.view(st); fresh {
 		if _, changed := f(v.st, v.st.At.Add(time.Duration(l.tb.now()-v.seen))); !changed {
@@ -146,7 +170,7 @@ func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState
 		}
 	}
 	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
-	for attempt := 0; err == nil && attempt < 4; attempt++ {
+	for attempt := 0; err == nil && attempt < updateAttempts; attempt++ {
 		next, changed := f(s, s.At)
 		if !changed {
 			return nil
@@ -159,7 +183,7 @@ func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState
 	if err != nil {
 		return fmt.Errorf("throttle: adaptive rate of key %q: %w", st.key, err)
 	}
-	return nil // others keep changing it: theirs stands
+	return fmt.Errorf("throttle: adaptive rate of key %q not changed: the store's state changed under each of %d swaps", st.key, updateAttempts)
 }
 
 // AdaptiveState returns the adaptive state of key ("" for the bucket's
