@@ -207,15 +207,22 @@ func (l *Limiter) AdaptiveState(ctx context.Context, key string) (AdaptiveState,
 // a change of rate reaches the queue within a quarter interval.
 const paceHorizon = 4
 
-// pace waits for an evenly spaced slot at st's adaptive rate, within
-// left, before a caller asks the bucket. It returns at once, with no store
+// pace waits for an evenly spaced slot at st's adaptive rate, within w's
+// wait, before a caller asks the bucket. It returns at once, with no store
 // call, while the key is known not to be adapting. A store failure skips
 // the shared pacing (the bucket call that follows meets the same store and
 // the failure policy) for this process's share of the last rate seen. An
 // increase the law finds due is written in the background: no caller
 // waits for it. now is the time on the base if the caller has read it,
 // else 0.
-func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Duration, tb timeoutBound, now int64) error {
+//
+// Every store call and sleep of it ends by w's deadline, and it takes no
+// slot that begins after it: the slot the store names begins at most its
+// Delay after the reply came (the store decided before), so what is left
+// of the wait is measured again once the reply is in. A slot granted
+// beyond it is spent (a store cannot take a slot back), and the caller
+// gets ErrTimeout by its deadline.
+func (l *Limiter) pace(ctx context.Context, st *keyState, w *waiter, now int64) error {
 	if !l.adapt.ok {
 		return nil
 	}
@@ -225,16 +232,16 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Dur
 		}
 		return nil
 	}
-	start := l.tb.now()
+	n, tb := w.n, w.tb
 	for {
-		remaining := left
-		if left != Forever {
-			remaining = max(left-time.Duration(l.tb.now()-start), 0)
+		remaining := w.left()
+		if remaining <= 0 && !w.noWait() {
+			return w.ranOut("the adaptive pace")
 		}
 		horizon := min(l.adapt.interval/paceHorizon, remaining)
 		// Bounded like a bucket call, and within the caller's wait.
 		bound := l.storeBound()
-		if remaining > 0 {
+		if !w.noWait() {
 			bound = min(bound, remaining)
 		}
 		sctx, cancel := context.WithTimeout(ctx, bound)
@@ -243,6 +250,7 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Dur
 		// bounds ends a hair before that deadline: the wait ran out.
 		expired := tb.ctxBound && bound == remaining && errors.Is(sctx.Err(), context.DeadlineExceeded)
 		cancel()
+		remaining = w.left() // the reply took some of it
 		if err != nil {
 			if expired || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				// The caller's wait ran out while the store was asked:
@@ -251,6 +259,9 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Dur
 			}
 			if ctx.Err() != nil {
 				return waitErr(ctx)
+			}
+			if remaining <= 0 && !w.noWait() {
+				return w.ranOut("the adaptive pace")
 			}
 			// A slow or failed store must not let a burst through:
 			// pace this process at its share of the last rate seen.
@@ -263,16 +274,17 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Dur
 		if next, due := l.law(st).increase(p.State, p.State.At); due {
 			l.raise(st, p.State, next)
 		}
+		if p.Delay > remaining {
+			// Granted or not, the slot begins after the wait's end.
+			return tb.err(p.Delay)
+		}
 		if p.Granted {
 			if p.Delay <= 0 {
 				return nil
 			}
 			return l.sleep(ctx, p.Delay)
 		}
-		if p.Delay > remaining {
-			return tb.err(p.Delay)
-		}
-		if err := l.sleep(ctx, max(p.Delay-horizon, retryFloor)); err != nil {
+		if err := l.sleep(ctx, min(max(p.Delay-horizon, retryFloor), remaining)); err != nil {
 			return err
 		}
 	}

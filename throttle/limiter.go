@@ -438,6 +438,15 @@ func (w *waiter) left() time.Duration {
 	return max(w.budget-time.Duration(w.l.tb.now()-w.start), 0)
 }
 
+// ranOut is the ErrTimeout of a wait that ran out before what (a stage of
+// it) could be asked.
+func (w *waiter) ranOut(what string) error {
+	if w.tb.ctxBound {
+		return fmt.Errorf("%w: the context's deadline came before %s was asked for %d permit(s) (%w)", ErrTimeout, what, w.n, context.DeadlineExceeded)
+	}
+	return fmt.Errorf("%w: maxWait %v ran out before %s was asked for %d permit(s)", ErrTimeout, w.tb.maxWait, what, w.n)
+}
+
 // noWait reports that the caller allowed no wait at all (maxWait 0).
 func (w *waiter) noWait() bool { return w.budget == 0 }
 
@@ -473,7 +482,7 @@ func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
 func (w *waiter) pace(st *keyState) error {
 	now := w.first
 	w.first = 0
-	return w.l.pace(w.ctx, st, w.n, w.left(), w.tb, now)
+	return w.l.pace(w.ctx, st, w, now)
 }
 
 // failed maps a decision's error to Acquire's: a deadline that passed
