@@ -180,7 +180,12 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // store call on its way gets a context with that deadline, and work that
 // may take longer (updating the adaptive rate) runs in the background. A
 // call with maxWait 0 may take up to the store timeout
-// ([WithStoreTimeout], 100 ms).
+// ([WithStoreTimeout], 100 ms). The end of the wait is fixed when it
+// starts (the earlier of maxWait and ctx's deadline, or a stop given with
+// [ContextWithWaitStop] when it comes), and Acquire never grants past it:
+// a paced slot or a reservation that begins after it is ErrTimeout at
+// once, and a grant whose answer comes after it (a slow store) is given
+// back and returns ErrTimeout, or the stop's error.
 //
 // Over a [Periodic] bucket (the token bucket, fixed window and counter of
 // package bucket), a crowd does not take a period all at its start: each
@@ -369,15 +374,20 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 				// A place beyond the wait left: the caller goes at once.
 				if s := l.spreadDelay(n, d, time.Duration(l.tb.now()-asked)); s > 0 && s < left {
 					again, err := l.spreadOut(ctx, st, n, s)
-					if !again {
+					if again {
+						continue // a pause came first: ask anew
+					}
+					if err != nil {
 						return err
 					}
-					continue // a pause came first: ask anew
 				}
 			}
-			return nil
+			return w.keep(st, d, src)
 		case d.Granted:
-			return l.sleepReservation(ctx, st.key, n, d, left, w.tb)
+			if err := l.sleepReservation(ctx, st.key, n, d, left, w.tb); err != nil {
+				return err
+			}
+			return w.keep(st, d, src)
 		case delay > left:
 			return w.tb.err(delay)
 		case !shared:
@@ -428,6 +438,46 @@ func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration,
 		w.start = now
 	}
 	return w
+}
+
+// keep returns nil when the caller may keep the permits of d (from src),
+// granted now: its wait has not ended (its deadline passed, ctx ended or
+// its wait stopped) while the bucket was asked or the grant's time was
+// slept out. Else it gives them back, as for a reservation the caller
+// leaves, and returns why the wait ended: a grant's answer may come after
+// the wait's end (a store call is bounded a little past it, minStoreCall,
+// and a store may answer late), and a caller must never be granted after
+// it. A caller that allowed no wait (maxWait 0) is bounded by the store
+// timeout instead, as its store call is.
+func (w *waiter) keep(st *keyState, d Decision, src source) error {
+	err := w.ended()
+	if err == nil {
+		return nil
+	}
+	l := w.l
+	switch src {
+	case fromStore:
+		l.cancelReservation(w.ctx, st.key, w.n, d)
+	case fromLease:
+		l.giveBack(w.ctx, st.key, w.n)
+	}
+	// (A permit of the failure policy was granted in this process alone:
+	// it stays counted in the local share, which only slows this process.)
+	return err
+}
+
+// ended returns why w's wait has ended, or nil while it runs.
+func (w *waiter) ended() error {
+	if err := w.ctx.Err(); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: %d permit(s) granted only after the context's deadline, given back (%w)", ErrTimeout, w.n, context.DeadlineExceeded)
+		}
+		return waitErr(w.ctx)
+	}
+	if w.measured && w.l.tb.now()-w.start > int64(w.budget) {
+		return fmt.Errorf("%w: %d permit(s) granted only after maxWait %v ran out, given back", ErrTimeout, w.n, w.tb.maxWait)
+	}
+	return nil
 }
 
 // left is what is left of the wait now.
