@@ -68,3 +68,40 @@ func TestPacedSlotAfterTheDeadlineIsATimeout(t *testing.T) {
 	assert.ErrorIs(t, aerr, ErrTimeout, "the slot begins 75 ms in, after the wait's end")
 	assert.LessOrEqual(t, took, 50*time.Millisecond, "returned after the wait's end")
 }
+
+// lateCost is a CostBucket that grants every cost and answers latency
+// after it decided, on the fake clock; it counts what Settle gives back.
+type lateCost struct {
+	*Local
+	fake     *clockwork.FakeClock
+	latency  time.Duration
+	returned Cost
+}
+
+func (b *lateCost) TakeCost(_ context.Context, _ string, _ Cost, _ time.Duration) (Decision, error) {
+	b.fake.Advance(b.latency)
+	return Decision{Granted: true}, nil
+}
+
+func (b *lateCost) Settle(_ context.Context, _ string, delta Cost) error {
+	for k, v := range delta {
+		b.returned[k] += v
+	}
+	return nil
+}
+
+// TestCostGrantedAfterTheDeadlineIsGivenBack: a cost whose grant comes
+// back after the caller's wait has ended (a store answering in 30 ms, a
+// wait of 20 ms) is given back and is ErrTimeout, not a grant after the
+// wait.
+func TestCostGrantedAfterTheDeadlineIsGivenBack(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	b := &lateCost{Local: loc, fake: clock, latency: 30 * time.Millisecond, returned: Cost{}}
+	lim := New(b, WithClock(clock))
+	defer lim.Close()
+	err = lim.AcquireCost(context.Background(), Cost{"tokens": 5}, 20*time.Millisecond)
+	assert.ErrorIs(t, err, ErrTimeout)
+	assert.Equal(t, Cost{"tokens": -5}, b.returned, "the late grant given back")
+}
