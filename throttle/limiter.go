@@ -143,6 +143,12 @@ func (l *Limiter) state(key string) *keyState { return l.stateAt(key, l.tb.now()
 // stateAt is state with the time on the base read already (now).
 func (l *Limiter) stateAt(key string, now int64) *keyState {
 	if key == "" {
+		if l.states.kept.Load() > 0 {
+			if now == 0 {
+				now = l.tb.now()
+			}
+			l.states.sweepTurn(nil, now)
+		}
 		return l.root
 	}
 	return l.states.acquire(key, now)
