@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,4 +105,30 @@ func TestCostGrantedAfterTheDeadlineIsGivenBack(t *testing.T) {
 	err = lim.AcquireCost(context.Background(), Cost{"tokens": 5}, 20*time.Millisecond)
 	assert.ErrorIs(t, err, ErrTimeout)
 	assert.Equal(t, Cost{"tokens": -5}, b.returned, "the late grant given back")
+}
+
+// stopDuringTake grants every take, with a Cancel it counts, after
+// calling stop (the wait is stopped while the reply travels back).
+type stopDuringTake struct {
+	stop      context.CancelFunc
+	cancelled atomic.Int64
+}
+
+func (b *stopDuringTake) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (Decision, error) {
+	b.stop()
+	<-ctx.Done() // the stop has reached the call's context (it goes through a goroutine)
+	return Decision{Granted: true, Cancel: func(context.Context) error { b.cancelled.Add(1); return nil }}, nil
+}
+
+// TestGrantAnsweredAfterAStopIsGivenBack: a wait stopped while the bucket
+// was asked returns the stop's error, not the grant that came back after
+// it, and gives the grant back.
+func TestGrantAnsweredAfterAStopIsGivenBack(t *testing.T) {
+	stopCtx, stop := context.WithCancel(context.Background())
+	b := &stopDuringTake{stop: stop}
+	lim := New(b)
+	defer lim.Close()
+	err := lim.Acquire(ContextWithWaitStop(context.Background(), stopCtx), time.Second)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, int64(1), b.cancelled.Load(), "the grant given back")
 }

@@ -453,8 +453,8 @@ func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration,
 // leaves, and returns why the wait ended: a grant's answer may come after
 // the wait's end (a store call is bounded a little past it, minStoreCall,
 // and a store may answer late), and a caller must never be granted after
-// it. A caller that allowed no wait (maxWait 0) is bounded by the store
-// timeout instead, as its store call is.
+// it. A caller that allowed no wait (maxWait 0) has no deadline here (its
+// store call is bounded by the store timeout): only its ctx is looked at.
 func (w *waiter) keep(st *keyState, d Decision, src source) error {
 	err := w.ended()
 	if err == nil {
@@ -474,16 +474,16 @@ func (w *waiter) keep(st *keyState, d Decision, src source) error {
 
 // ended returns why w's wait has ended, or nil while it runs.
 func (w *waiter) ended() error {
-	if err := w.ctx.Err(); err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%w: %d permit(s) granted only after the context's deadline, given back (%w)", ErrTimeout, w.n, context.DeadlineExceeded)
-		}
-		return waitErr(w.ctx)
+	err := w.ctx.Err()
+	switch {
+	case err != nil && !errors.Is(err, context.DeadlineExceeded):
+		return waitErr(w.ctx) // cancelled or stopped
+	case err == nil && !(w.measured && w.l.tb.now()-w.start > int64(w.budget)):
+		return nil
+	case err != nil || w.tb.ctxBound:
+		return fmt.Errorf("%w: %d permit(s) granted only after the context's deadline, given back (%w)", ErrTimeout, w.n, context.DeadlineExceeded)
 	}
-	if w.measured && w.l.tb.now()-w.start > int64(w.budget) {
-		return fmt.Errorf("%w: %d permit(s) granted only after maxWait %v ran out, given back", ErrTimeout, w.n, w.tb.maxWait)
-	}
-	return nil
+	return fmt.Errorf("%w: %d permit(s) granted only after maxWait %v ran out, given back", ErrTimeout, w.n, w.tb.maxWait)
 }
 
 // left is what is left of the wait now.
