@@ -57,25 +57,42 @@ func (l *Limiter) viewAt(st *keyState, now int64) (adaptView, bool) {
 	return *v, now-v.seen < int64(l.adapt.interval)
 }
 
-// note records s as st's state seen now, unless the view holds a state
-// read later on the store's clock, of the same version or a later one,
-// that is still fresh: replies of concurrent store calls (a background
-// refresh, a swap) may land out of order, and the older must not undo the
-// newer (a refusal's decrease replaced by a read from before it would stop
-// the pacing). A later version always wins, so that a store clock that
-// stepped back cannot hide a change.
+// note records s as st's state seen now, unless the view, still fresh,
+// holds a state that s cannot be newer than (older reports): replies of
+// concurrent store calls (a background refresh, a swap) may land out of
+// order, and the older must not undo the newer (a refusal's decrease
+// replaced by a read from before it would stop the pacing for an
+// interval).
+//
+// The store's version orders its states while it keeps them; its clock
+// alone does not: two calls within one tick of it (a fake clock, Redis
+// TIME's microsecond) read the same At, and the clock may step back. A
+// later version always wins, so that a store clock that stepped back
+// cannot hide a change; a state read later on the store's clock wins too,
+// so that a store that lost the state (an empty restart) and counts its
+// versions anew is believed.
 func (l *Limiter) note(st *keyState, s AdaptiveState) {
 	now := l.tb.now()
 	nv := &adaptView{st: s, seen: now}
 	for {
 		cur := st.view.Load()
-		if cur != nil && s.At.Before(cur.st.At) && s.Version <= cur.st.Version && now-cur.seen < int64(l.adapt.interval) {
+		if cur != nil && now-cur.seen < int64(l.adapt.interval) && older(s, cur.st) {
 			return
 		}
 		if st.view.CompareAndSwap(cur, nv) {
 			return
 		}
 	}
+}
+
+// older reports whether s, read from a store, is older than cur: not of
+// a later version nor read later on the store's clock, and not cur
+// itself (the same version at the same time, read again).
+func older(s, cur AdaptiveState) bool {
+	if s.Version > cur.Version || s.At.After(cur.At) {
+		return false
+	}
+	return s.Version < cur.Version || s.At.Before(cur.At)
 }
 
 // memory returns st's in-memory adaptive state, creating it; the caller
@@ -136,9 +153,16 @@ func (l *Limiter) swap(ctx context.Context, st *keyState, old, next AdaptiveStat
 	return s, ok, nil
 }
 
+// updateAttempts bounds the swaps of one update: each one lost means that
+// another change of the state was made meanwhile.
+const updateAttempts = 5
+
 // update applies f to st's state in the store, retrying when another
-// instance changed it meanwhile. A fresh view that f leaves unchanged
-// saves the store call.
+// instance changed it meanwhile. It returns nil only when the state in the
+// store holds f's change: this update swapped it in, or f found nothing to
+// change in the state read (another instance made the change first). A
+// fresh view that f leaves unchanged saves the store call. An update that
+// loses every swap returns an error: another change stands, but not f's.
 func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState, time.Time) (AdaptiveState, bool)) error {
 	if v, fresh := l.view(st); fresh {
 		if _, changed := f(v.st, v.st.At.Add(time.Duration(l.tb.now()-v.seen))); !changed {
@@ -146,7 +170,7 @@ func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState
 		}
 	}
 	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
-	for attempt := 0; err == nil && attempt < 4; attempt++ {
+	for attempt := 0; err == nil && attempt < updateAttempts; attempt++ {
 		next, changed := f(s, s.At)
 		if !changed {
 			return nil
@@ -159,7 +183,7 @@ func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState
 	if err != nil {
 		return fmt.Errorf("throttle: adaptive rate of key %q: %w", st.key, err)
 	}
-	return nil // others keep changing it: theirs stands
+	return fmt.Errorf("throttle: adaptive rate of key %q not changed: the store's state changed under each of %d swaps", st.key, updateAttempts)
 }
 
 // AdaptiveState returns the adaptive state of key ("" for the bucket's
@@ -183,15 +207,22 @@ func (l *Limiter) AdaptiveState(ctx context.Context, key string) (AdaptiveState,
 // a change of rate reaches the queue within a quarter interval.
 const paceHorizon = 4
 
-// pace waits for an evenly spaced slot at st's adaptive rate, within
-// left, before a caller asks the bucket. It returns at once, with no store
+// pace waits for an evenly spaced slot at st's adaptive rate, within w's
+// wait, before a caller asks the bucket. It returns at once, with no store
 // call, while the key is known not to be adapting. A store failure skips
 // the shared pacing (the bucket call that follows meets the same store and
 // the failure policy) for this process's share of the last rate seen. An
 // increase the law finds due is written in the background: no caller
 // waits for it. now is the time on the base if the caller has read it,
 // else 0.
-func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Duration, tb timeoutBound, now int64) error {
+//
+// Every store call and sleep of it ends by w's deadline, and it takes no
+// slot that begins after it: the slot the store names begins at most its
+// Delay after the reply came (the store decided before), so what is left
+// of the wait is measured again once the reply is in. A slot granted
+// beyond it is spent (a store cannot take a slot back), and the caller
+// gets ErrTimeout by its deadline.
+func (l *Limiter) pace(ctx context.Context, st *keyState, w *waiter, now int64) error {
 	if !l.adapt.ok {
 		return nil
 	}
@@ -201,16 +232,16 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Dur
 		}
 		return nil
 	}
-	start := l.tb.now()
+	n, tb := w.n, w.tb
 	for {
-		remaining := left
-		if left != Forever {
-			remaining = max(left-time.Duration(l.tb.now()-start), 0)
+		remaining := w.left()
+		if remaining <= 0 && !w.noWait() {
+			return w.ranOut("the adaptive pace")
 		}
 		horizon := min(l.adapt.interval/paceHorizon, remaining)
 		// Bounded like a bucket call, and within the caller's wait.
 		bound := l.storeBound()
-		if remaining > 0 {
+		if !w.noWait() {
 			bound = min(bound, remaining)
 		}
 		sctx, cancel := context.WithTimeout(ctx, bound)
@@ -219,6 +250,7 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Dur
 		// bounds ends a hair before that deadline: the wait ran out.
 		expired := tb.ctxBound && bound == remaining && errors.Is(sctx.Err(), context.DeadlineExceeded)
 		cancel()
+		remaining = w.left() // the reply took some of it
 		if err != nil {
 			if expired || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				// The caller's wait ran out while the store was asked:
@@ -227,6 +259,9 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Dur
 			}
 			if ctx.Err() != nil {
 				return waitErr(ctx)
+			}
+			if remaining <= 0 && !w.noWait() {
+				return w.ranOut("the adaptive pace")
 			}
 			// A slow or failed store must not let a burst through:
 			// pace this process at its share of the last rate seen.
@@ -239,16 +274,17 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, n int64, left time.Dur
 		if next, due := l.law(st).increase(p.State, p.State.At); due {
 			l.raise(st, p.State, next)
 		}
+		if p.Delay > remaining {
+			// Granted or not, the slot begins after the wait's end.
+			return tb.err(p.Delay)
+		}
 		if p.Granted {
 			if p.Delay <= 0 {
 				return nil
 			}
 			return l.sleep(ctx, p.Delay)
 		}
-		if p.Delay > remaining {
-			return tb.err(p.Delay)
-		}
-		if err := l.sleep(ctx, max(p.Delay-horizon, retryFloor)); err != nil {
+		if err := l.sleep(ctx, min(max(p.Delay-horizon, retryFloor), remaining)); err != nil {
 			return err
 		}
 	}

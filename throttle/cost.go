@@ -197,7 +197,6 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 		left = w.left()
 		switch {
 		case d.Granted && d.Delay <= 0:
-			return nil
 		case d.Granted:
 			// A reservation: sleep it out, or give it back.
 			if d.Delay > left {
@@ -205,6 +204,13 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 				return costTimeout(c, maxWait, d.Delay, w.tb.ctxBound)
 			}
 			if err := l.sleep(ctx, d.Delay); err != nil {
+				l.giveBackCost(ctx, cb, key, c)
+				return err
+			}
+		}
+		if d.Granted {
+			// Never granted after the wait's end (see waiter.keep).
+			if err := w.ended(); err != nil {
 				l.giveBackCost(ctx, cb, key, c)
 				return err
 			}

@@ -119,9 +119,12 @@ const stateShards = 64
 // second and at most ten minutes) that holds nothing (keyState.holds) is
 // removed when its shard is swept: on the call path, when the shard has
 // doubled since its last sweep or idle has passed since it, and each call
-// sweeps one more shard in turn on the same terms. No goroutine. Memory
-// follows the keys used within idle, plus those that still hold something;
-// a shard's map is made anew once it holds under a quarter of its peak.
+// sweeps one more shard in turn on the same terms, a call of key "" too
+// while any state is kept (a fleet whose traffic went back to key ""
+// after an outage of its tenant keys forgets them). No goroutine: nothing
+// to stop, and a Limiter nobody calls keeps what it had. Memory follows
+// the keys used within idle, plus those that still hold something; a
+// shard's map is made anew once it holds under a quarter of its peak.
 //
 // A state in use is never removed: refs is raised under the shard's lock
 // (acquire) and the sweep removes a state only under that lock with refs
@@ -136,6 +139,9 @@ type keyStates struct {
 	base   func() int64
 	shards [stateShards]stateShard
 	init   func(*keyState)
+	// kept counts the states in the shards, so that calls of key "" sweep
+	// only while there is something to sweep.
+	kept atomic.Int64
 }
 
 type stateShard struct {
@@ -179,17 +185,13 @@ func (s *keyStates) acquire(key string, now int64) *keyState {
 			st = &keyState{key: key}
 			s.init(st)
 			sh.m[key] = st
+			s.kept.Add(1)
 			sh.peak = max(sh.peak, len(sh.m))
 		}
 		st.refs.Add(1)
 		sh.mu.Unlock()
 	}
-	// One more shard in turn, so that every shard is swept while any key
-	// is used, not only the shards of the keys still in use.
-	if o := &s.shards[s.next.Add(1)%stateShards]; o != sh && now-o.swept.Load() >= s.idle && o.mu.TryLock() {
-		s.sweep(o, now)
-		o.mu.Unlock()
-	}
+	s.sweepTurn(sh, now)
 	// used need not be exact to the nanosecond: a hot key's callers on
 	// several cores write it at most once a millisecond. (The sweep reads
 	// it with the state's refs at 0, so a caller's own write is not needed
@@ -198,6 +200,18 @@ func (s *keyStates) acquire(key string, now int64) *keyState {
 		st.used.Store(now)
 	}
 	return st
+}
+
+// sweepTurn sweeps one more shard in turn, other than sh (the caller's
+// own, nil for key ""), if it is due, so that every shard is swept while
+// any key is used, key "" included, not only the shards of the keys still
+// in use. It costs two atomic operations when the shard is not due, and
+// never waits for a shard's lock.
+func (s *keyStates) sweepTurn(sh *stateShard, now int64) {
+	if o := &s.shards[s.next.Add(1)%stateShards]; o != sh && now-o.swept.Load() >= s.idle && o.mu.TryLock() {
+		s.sweep(o, now)
+		o.mu.Unlock()
+	}
 }
 
 // release gives back a reference from acquire.
@@ -210,6 +224,7 @@ func (s *keyStates) sweep(sh *stateShard, now int64) {
 	for k, st := range sh.m {
 		if st.refs.Load() == 0 && now-st.used.Load() >= s.idle && !st.holds(now, base, s.tb.wall(now)) {
 			delete(sh.m, k)
+			s.kept.Add(-1)
 		}
 	}
 	if sh.peak > 256 && len(sh.m) < sh.peak/4 {

@@ -143,6 +143,12 @@ func (l *Limiter) state(key string) *keyState { return l.stateAt(key, l.tb.now()
 // stateAt is state with the time on the base read already (now).
 func (l *Limiter) stateAt(key string, now int64) *keyState {
 	if key == "" {
+		if l.states.kept.Load() > 0 {
+			if now == 0 {
+				now = l.tb.now()
+			}
+			l.states.sweepTurn(nil, now)
+		}
 		return l.root
 	}
 	return l.states.acquire(key, now)
@@ -180,7 +186,12 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // store call on its way gets a context with that deadline, and work that
 // may take longer (updating the adaptive rate) runs in the background. A
 // call with maxWait 0 may take up to the store timeout
-// ([WithStoreTimeout], 100 ms).
+// ([WithStoreTimeout], 100 ms). The end of the wait is fixed when it
+// starts (the earlier of maxWait and ctx's deadline, or a stop given with
+// [ContextWithWaitStop] when it comes), and Acquire never grants past it:
+// a paced slot or a reservation that begins after it is ErrTimeout at
+// once, and a grant whose answer comes after it (a slow store) is given
+// back and returns ErrTimeout, or the stop's error.
 //
 // Over a [Periodic] bucket (the token bucket, fixed window and counter of
 // package bucket), a crowd does not take a period all at its start: each
@@ -369,15 +380,20 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 				// A place beyond the wait left: the caller goes at once.
 				if s := l.spreadDelay(n, d, time.Duration(l.tb.now()-asked)); s > 0 && s < left {
 					again, err := l.spreadOut(ctx, st, n, s)
-					if !again {
+					if again {
+						continue // a pause came first: ask anew
+					}
+					if err != nil {
 						return err
 					}
-					continue // a pause came first: ask anew
 				}
 			}
-			return nil
+			return w.keep(st, d, src)
 		case d.Granted:
-			return l.sleepReservation(ctx, st.key, n, d, left, w.tb)
+			if err := l.sleepReservation(ctx, st.key, n, d, left, w.tb); err != nil {
+				return err
+			}
+			return w.keep(st, d, src)
 		case delay > left:
 			return w.tb.err(delay)
 		case !shared:
@@ -430,12 +446,61 @@ func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration,
 	return w
 }
 
+// keep returns nil when the caller may keep the permits of d (from src),
+// granted now: its wait has not ended (its deadline passed, ctx ended or
+// its wait stopped) while the bucket was asked or the grant's time was
+// slept out. Else it gives them back, as for a reservation the caller
+// leaves, and returns why the wait ended: a grant's answer may come after
+// the wait's end (a store call is bounded a little past it, minStoreCall,
+// and a store may answer late), and a caller must never be granted after
+// it. A caller that allowed no wait (maxWait 0) has no deadline here (its
+// store call is bounded by the store timeout): only its ctx is looked at.
+func (w *waiter) keep(st *keyState, d Decision, src source) error {
+	err := w.ended()
+	if err == nil {
+		return nil
+	}
+	l := w.l
+	switch src {
+	case fromStore:
+		l.cancelReservation(w.ctx, st.key, w.n, d)
+	case fromLease:
+		l.giveBack(w.ctx, st.key, w.n)
+	}
+	// (A permit of the failure policy was granted in this process alone:
+	// it stays counted in the local share, which only slows this process.)
+	return err
+}
+
+// ended returns why w's wait has ended, or nil while it runs.
+func (w *waiter) ended() error {
+	err := w.ctx.Err()
+	switch {
+	case err != nil && !errors.Is(err, context.DeadlineExceeded):
+		return waitErr(w.ctx) // cancelled or stopped
+	case err == nil && !(w.measured && w.l.tb.now()-w.start > int64(w.budget)):
+		return nil
+	case err != nil || w.tb.ctxBound:
+		return fmt.Errorf("%w: %d permit(s) granted only after the context's deadline, given back (%w)", ErrTimeout, w.n, context.DeadlineExceeded)
+	}
+	return fmt.Errorf("%w: %d permit(s) granted only after maxWait %v ran out, given back", ErrTimeout, w.n, w.tb.maxWait)
+}
+
 // left is what is left of the wait now.
 func (w *waiter) left() time.Duration {
 	if !w.measured {
 		return w.budget
 	}
 	return max(w.budget-time.Duration(w.l.tb.now()-w.start), 0)
+}
+
+// ranOut is the ErrTimeout of a wait that ran out before what (a stage of
+// it) could be asked.
+func (w *waiter) ranOut(what string) error {
+	if w.tb.ctxBound {
+		return fmt.Errorf("%w: the context's deadline came before %s was asked for %d permit(s) (%w)", ErrTimeout, what, w.n, context.DeadlineExceeded)
+	}
+	return fmt.Errorf("%w: maxWait %v ran out before %s was asked for %d permit(s)", ErrTimeout, w.tb.maxWait, what, w.n)
 }
 
 // noWait reports that the caller allowed no wait at all (maxWait 0).
@@ -473,7 +538,7 @@ func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
 func (w *waiter) pace(st *keyState) error {
 	now := w.first
 	w.first = 0
-	return w.l.pace(w.ctx, st, w.n, w.left(), w.tb, now)
+	return w.l.pace(w.ctx, st, w, now)
 }
 
 // failed maps a decision's error to Acquire's: a deadline that passed

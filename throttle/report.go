@@ -105,6 +105,18 @@ func AnswerOf(err error) (Answer, bool) {
 // [Fallbacker]); for another bucket only the pause applies. It returns the
 // store's errors, if any, joined: the pause and the adaptation are each
 // best effort, and one may have been made when the other failed.
+//
+// When Report returns nil, the fleet's adaptive state (in the bucket's
+// store when it is an [AdaptiveStore], else in l) holds the answer once
+// Report returns: a refusal's decrease is written, or the state already
+// held a decrease made within the interval before it (another caller's
+// report of the same refusals), which counts for it; an advertised limit
+// is the ceiling. l paces by that state from its next call on: a reply of
+// an earlier store call landing later never replaces it in l's view. (A
+// store that loses its state afterwards, an empty restart, loses the
+// answer with it.) An error means the change may not have been made: the
+// store failed, or other instances changed the state under each swap
+// Report tried.
 func (l *Limiter) Report(ctx context.Context, a Answer) error { return l.report(ctx, "", a) }
 
 // Report is [Limiter.Report] for k's key.
