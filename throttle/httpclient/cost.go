@@ -54,10 +54,13 @@ type Usage struct {
 //     server-sent events (OpenAI's last chunk, with stream_options
 //     include_usage; Anthropic's message_start and message_delta
 //     events), read as the caller reads the body. The usage counts only
-//     once the body was read to its end: a body closed before (never
-//     read, a stream abandoned) or without usage keeps the estimate
-//     charged, for the provider did the work and the estimate is the
-//     best count there is.
+//     once the answer was read to its end: the body's EOF, or the end
+//     the answer shows itself, where callers stop reading (the JSON
+//     value's last byte, for json.Decoder; a stream's last event,
+//     OpenAI's `data: [DONE]` or Anthropic's message_stop). A body
+//     closed before (never read, a stream abandoned) or without usage
+//     keeps the estimate charged, for the provider did the work and the
+//     estimate is the best count there is.
 //   - Any other answer (a 429 or another refusal, a 4xx, a 5xx) generated
 //     nothing: it is settled at once as actual(Usage{}), so that the
 //     dimensions actual names (tokens) are given back and the others
@@ -170,15 +173,16 @@ func (b *costBody) Read(p []byte) (int, error) {
 }
 
 // Close closes the body, then settles: with the usage read, when the body
-// was read to its end and reported one; otherwise the estimate stays.
+// was read to its end (its EOF, or the answer's own end: see usageReader)
+// and reported one; otherwise the estimate stays.
 func (b *costBody) Close() error {
 	err := b.body.Close()
 	b.mu.Lock()
 	first := !b.done
 	b.done = true
 	u, ok := Usage{}, false
-	if first && b.eof {
-		u, ok = b.usage.result()
+	if first {
+		u, ok = b.usage.result(b.eof)
 	}
 	b.mu.Unlock()
 	if ok {
@@ -202,9 +206,13 @@ const (
 )
 
 // usageReader finds the usage in a body written to it piece by piece.
+// result gives it once the answer was read to its end: eof says the body
+// reported io.EOF; without it, the answer may still show its end (a JSON
+// value complete, a stream's last event), for a caller that stops there
+// need not read on to the EOF, which HTTP/2 gives only with a later Read.
 type usageReader interface {
 	write(p []byte)
-	result() (Usage, bool)
+	result(eof bool) (Usage, bool)
 }
 
 // newUsageReader returns the reader for a body of contentType: server-sent
@@ -235,7 +243,10 @@ func (j *jsonUsage) write(p []byte) {
 	j.buf.Write(p)
 }
 
-func (j *jsonUsage) result() (Usage, bool) {
+// result reads the usage of the JSON value kept, eof or not: a value that
+// parses is complete (an object's prefix never does), and nothing but
+// spaces may follow it in the body.
+func (j *jsonUsage) result(bool) (Usage, bool) {
 	if j.overflow {
 		return Usage{}, false
 	}
@@ -248,7 +259,9 @@ func (j *jsonUsage) result() (Usage, bool) {
 // an event's data, dispatched at a blank line), each data a JSON object
 // that may carry usage: the usage is the largest count of each field
 // seen (Anthropic's message_delta counts output tokens so far; OpenAI's
-// last chunk gives all).
+// last chunk gives all). The stream ends at its EOF, or at the line that
+// says it is over, after every usage: OpenAI's `data: [DONE]`, Anthropic's
+// `event: message_stop`.
 type eventUsage struct {
 	line     []byte // the current line, without its end
 	skip     bool   // the current line is too long: dropped to its end
@@ -256,6 +269,7 @@ type eventUsage struct {
 	dropData bool   // the current event's data is too long
 	u        Usage
 	seen     bool
+	over     bool // the stream said it is over
 }
 
 func (e *eventUsage) write(p []byte) {
@@ -292,10 +306,16 @@ func (e *eventUsage) endLine(line []byte) {
 		return
 	}
 	field, value, _ := bytes.Cut(line, []byte(":"))
+	value = bytes.TrimPrefix(value, []byte(" "))
+	if string(field) == "event" && string(value) == "message_stop" {
+		e.over = true // Anthropic's last event
+	}
 	if string(field) != "data" {
 		return // event:, id:, retry:, a comment
 	}
-	value = bytes.TrimPrefix(value, []byte(" "))
+	if string(value) == "[DONE]" {
+		e.over = true // OpenAI's last event
+	}
 	if e.dropData || len(e.data)+1+len(value) > maxUsageEvent {
 		e.dropData, e.data = true, e.data[:0]
 		return
@@ -317,7 +337,12 @@ func (e *eventUsage) dispatch() {
 	}
 }
 
-func (e *eventUsage) result() (Usage, bool) {
+func (e *eventUsage) result(eof bool) (Usage, bool) {
+	if !eof {
+		// A stream not read to its EOF counts only once it said it is
+		// over; a line or an event cut short by the caller is not read.
+		return e.u, e.seen && e.over
+	}
 	if !e.skip && len(e.line) > 0 {
 		e.endLine(bytes.TrimSuffix(e.line, []byte("\r")))
 	}

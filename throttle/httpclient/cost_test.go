@@ -1,9 +1,12 @@
 package httpclient_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -378,5 +381,56 @@ func TestCostOfNothingIsRefused(t *testing.T) {
 		_, err := post(t, costTransport(t, b, base, est, nil))
 		assert.ErrorIs(t, err, throttle.ErrInvalid, "estimate %v", est)
 		assert.Equal(t, 0, base.sent)
+	}
+}
+
+// A caller that stops reading at the answer's end, before the body says
+// io.EOF, has read the whole usage: json.Decoder stops at the value's last
+// byte, OpenAI's SDKs stop at `data: [DONE]`, a loop over Anthropic's
+// events at message_stop, and over HTTP/2 the EOF comes only with a later
+// Read (the bodies here, over strings.Reader, do the same). Such a body
+// used to keep its estimate, so that every call was charged its worst case.
+func TestCostIsSettledWhenTheCallerStopsAtTheAnswersEnd(t *testing.T) {
+	anthropic := func(u httpclient.Usage) throttle.Cost {
+		return throttle.Cost{"input_tokens": u.InputTokens + u.CacheCreationInputTokens, "output_tokens": u.OutputTokens}
+	}
+	// upTo reads the body line by line, as an SSE client does, until a
+	// line that is last.
+	upTo := func(last string) func(io.Reader) error {
+		return func(r io.Reader) error {
+			sc := bufio.NewScanner(r)
+			for sc.Scan() {
+				if strings.TrimSuffix(sc.Text(), "\r") == last {
+					return nil
+				}
+			}
+			return fmt.Errorf("no line %q: %w", last, sc.Err())
+		}
+	}
+	for _, tt := range []struct {
+		name   string
+		answer func() *http.Response
+		read   func(io.Reader) error
+		est    throttle.Cost
+		actual func(httpclient.Usage) throttle.Cost
+		want   throttle.Cost
+	}{
+		{"JSON decoded", answer(200, "application/json", openAIJSON), func(r io.Reader) error { return json.NewDecoder(r).Decode(new(map[string]any)) },
+			throttle.Cost{"requests": 1, "tokens": 500}, nil, throttle.Cost{"requests": 1, "tokens": 120}},
+		{"OpenAI stream up to [DONE]", answer(200, "text/event-stream", openAIStream), upTo("data: [DONE]"),
+			throttle.Cost{"requests": 1, "tokens": 500}, nil, throttle.Cost{"requests": 1, "tokens": 120}},
+		{"Anthropic stream up to message_stop", answer(200, "text/event-stream", anthropicStream), upTo(`data: {"type":"message_stop"}`),
+			throttle.Cost{"requests": 1, "input_tokens": 200, "output_tokens": 300}, anthropic, throttle.Cost{"requests": 1, "input_tokens": 35, "output_tokens": 90}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newLedger()
+			resp, err := post(t, costTransport(t, b, &answers{list: []func() *http.Response{tt.answer}}, tt.est, tt.actual))
+			require.NoError(t, err)
+			require.NoError(t, tt.read(resp.Body))
+			require.NoError(t, resp.Body.Close())
+			charged, settles := b.now()
+			assert.Equal(t, tt.want, charged)
+			assert.Equal(t, 1, settles)
+		})
 	}
 }
