@@ -21,8 +21,9 @@ import (
 // JSON `usage` object: OpenAI's (prompt_tokens, completion_tokens) or
 // Anthropic's (input_tokens, output_tokens and the cache counts).
 type Usage struct {
-	// InputTokens is OpenAI's prompt_tokens (cached ones included), or
-	// Anthropic's input_tokens (cached ones not included).
+	// InputTokens is OpenAI's prompt_tokens, or input_tokens in its
+	// Responses API (cached ones included), or Anthropic's input_tokens
+	// (cached ones not included).
 	InputTokens int64
 	// OutputTokens is OpenAI's completion_tokens, or Anthropic's
 	// output_tokens.
@@ -52,8 +53,9 @@ type Usage struct {
 //   - A 2xx answer is settled when its body is closed, from the `usage`
 //     object it carries, in JSON (`{"usage":{...}}`) or streamed as
 //     server-sent events (OpenAI's last chunk, with stream_options
-//     include_usage; Anthropic's message_start and message_delta
-//     events), read as the caller reads the body. The usage counts only
+//     include_usage, or the response.completed event of its Responses
+//     API; Anthropic's message_start and message_delta events), read as
+//     the caller reads the body. The usage counts only
 //     once the answer was read to its end: the body's EOF, or the end
 //     the answer shows itself, where callers stop reading (the JSON
 //     value's last byte, for json.Decoder; a stream's last event,
@@ -361,15 +363,19 @@ type usageFields struct {
 	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
 }
 
-// readUsage reads the usage of one JSON object, at its top (`usage`) or in
-// its message (Anthropic's message_start), into u: each count the largest
-// of u's and the object's. It reports whether the object carried one.
+// readUsage reads the usage of one JSON object, at its top (`usage`), in
+// its message (Anthropic's message_start) or in its response (the
+// response.completed event of OpenAI's Responses API), into u: each count
+// the largest of u's and the object's. It reports whether the object
+// carried one.
 func readUsage(data []byte, u *Usage) bool {
+	type nested struct {
+		Usage *usageFields `json:"usage"`
+	}
 	var obj struct {
-		Usage   *usageFields `json:"usage"`
-		Message *struct {
-			Usage *usageFields `json:"usage"`
-		} `json:"message"`
+		Usage    *usageFields `json:"usage"`
+		Message  *nested      `json:"message"`
+		Response *nested      `json:"response"`
 	}
 	if json.Unmarshal(data, &obj) != nil {
 		return false
@@ -377,6 +383,9 @@ func readUsage(data []byte, u *Usage) bool {
 	f := obj.Usage
 	if f == nil && obj.Message != nil {
 		f = obj.Message.Usage
+	}
+	if f == nil && obj.Response != nil {
+		f = obj.Response.Usage
 	}
 	if f == nil {
 		return false

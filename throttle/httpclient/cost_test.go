@@ -434,3 +434,21 @@ func TestCostIsSettledWhenTheCallerStopsAtTheAnswersEnd(t *testing.T) {
 		})
 	}
 }
+
+// OpenAI's Responses API streams its usage in its last event, inside the
+// response it completes (`response.usage`), not at the top: such a stream
+// used to keep its estimate.
+func TestCostIsSettledWithTheUsageOfAnOpenAIResponsesStream(t *testing.T) {
+	const stream = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"usage\":null}}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":2,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\"," +
+		"\"usage\":{\"input_tokens\":30,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":90,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":120}}}\n\n"
+	est := throttle.Cost{"requests": 1, "tokens": 500}
+	b := newLedger()
+	resp, err := post(t, costTransport(t, b, &answers{list: []func() *http.Response{answer(200, "text/event-stream", stream)}}, est, nil))
+	require.NoError(t, err)
+	drain(resp)
+	charged, settles := b.now()
+	assert.Equal(t, throttle.Cost{"requests": 1, "tokens": 120}, charged)
+	assert.Equal(t, 1, settles)
+}
