@@ -55,14 +55,15 @@ type Usage struct {
 //     server-sent events (OpenAI's last chunk, with stream_options
 //     include_usage, or the response.completed event of its Responses
 //     API; Anthropic's message_start and message_delta events), read as
-//     the caller reads the body. The usage counts only
-//     once the answer was read to its end: the body's EOF, or the end
-//     the answer shows itself, where callers stop reading (the JSON
-//     value's last byte, for json.Decoder; a stream's last event,
-//     OpenAI's `data: [DONE]` or Anthropic's message_stop). A body
-//     closed before (never read, a stream abandoned) or without usage
-//     keeps the estimate charged, for the provider did the work and the
-//     estimate is the best count there is.
+//     the caller reads the body. The usage counts only once the answer
+//     was read to its end: the body's EOF, or the end the answer shows
+//     itself, where callers stop reading (the JSON value's last byte,
+//     for json.Decoder; a stream's last event, OpenAI's `data: [DONE]`
+//     or Anthropic's message_stop). A body closed before (never read, a
+//     stream abandoned), or without usage (a stream that an error event
+//     ends before its count) keeps the estimate charged, for the
+//     provider did the work and the estimate is the best count there
+//     is.
 //   - Any other answer (a 429 or another refusal, a 4xx, a 5xx) generated
 //     nothing: it is settled at once as actual(Usage{}), so that the
 //     dimensions actual names (tokens) are given back and the others
@@ -253,7 +254,7 @@ func (j *jsonUsage) result(bool) (Usage, bool) {
 		return Usage{}, false
 	}
 	var u Usage
-	ok := readUsage(j.buf.Bytes(), &u)
+	ok := readUsage(j.buf.Bytes(), &u) != noUsage
 	return u, ok
 }
 
@@ -261,16 +262,17 @@ func (j *jsonUsage) result(bool) (Usage, bool) {
 // an event's data, dispatched at a blank line), each data a JSON object
 // that may carry usage: the usage is the largest count of each field
 // seen (Anthropic's message_delta counts output tokens so far; OpenAI's
-// last chunk gives all). The stream ends at its EOF, or at the line that
-// says it is over, after every usage: OpenAI's `data: [DONE]`, Anthropic's
-// `event: message_stop`.
+// last chunk gives all); message_start's alone (an Anthropic stream that
+// ends before its count, on an error event) counts nothing. The stream
+// ends at its EOF, or at the line that says it is over, after every
+// usage: OpenAI's `data: [DONE]`, Anthropic's `event: message_stop`.
 type eventUsage struct {
 	line     []byte // the current line, without its end
 	skip     bool   // the current line is too long: dropped to its end
 	data     []byte // the current event's data
 	dropData bool   // the current event's data is too long
 	u        Usage
-	seen     bool
+	seen     bool // a usage that counts the call (finalUsage)
 	over     bool // the stream said it is over
 }
 
@@ -334,7 +336,7 @@ func (e *eventUsage) dispatch() {
 	if drop || len(data) == 0 || data[0] != '{' {
 		return // [DONE], an empty event
 	}
-	if readUsage(data, &e.u) {
+	if readUsage(data, &e.u) == finalUsage {
 		e.seen = true
 	}
 }
@@ -363,12 +365,26 @@ type usageFields struct {
 	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
 }
 
+// usageFound says where a JSON object carried a usage, if it did.
+type usageFound int
+
+const (
+	noUsage usageFound = iota
+	// startUsage is the usage of Anthropic's message_start: the input,
+	// and the output begun (1), not what the call generates, which its
+	// message_delta counts. A stream that gives no other is not counted.
+	startUsage
+	// finalUsage is a usage at the object's top, or in its response
+	// (OpenAI's Responses API): the call's count.
+	finalUsage
+)
+
 // readUsage reads the usage of one JSON object, at its top (`usage`), in
 // its message (Anthropic's message_start) or in its response (the
 // response.completed event of OpenAI's Responses API), into u: each count
-// the largest of u's and the object's. It reports whether the object
+// the largest of u's and the object's. It reports where the object
 // carried one.
-func readUsage(data []byte, u *Usage) bool {
+func readUsage(data []byte, u *Usage) usageFound {
 	type nested struct {
 		Usage *usageFields `json:"usage"`
 	}
@@ -378,23 +394,23 @@ func readUsage(data []byte, u *Usage) bool {
 		Response *nested      `json:"response"`
 	}
 	if json.Unmarshal(data, &obj) != nil {
-		return false
+		return noUsage
 	}
-	f := obj.Usage
-	if f == nil && obj.Message != nil {
-		f = obj.Message.Usage
-	}
+	f, found := obj.Usage, finalUsage
 	if f == nil && obj.Response != nil {
 		f = obj.Response.Usage
 	}
+	if f == nil && obj.Message != nil {
+		f, found = obj.Message.Usage, startUsage
+	}
 	if f == nil {
-		return false
+		return noUsage
 	}
 	u.InputTokens = max(u.InputTokens, f.PromptTokens, f.InputTokens)
 	u.OutputTokens = max(u.OutputTokens, f.CompletionTokens, f.OutputTokens)
 	u.CacheCreationInputTokens = max(u.CacheCreationInputTokens, f.CacheCreationInputTokens)
 	u.CacheReadInputTokens = max(u.CacheReadInputTokens, f.CacheReadInputTokens)
-	return true
+	return found
 }
 
 // zeroOf is c with every amount set to 0: what a give-back settles to.

@@ -452,3 +452,26 @@ func TestCostIsSettledWithTheUsageOfAnOpenAIResponsesStream(t *testing.T) {
 	assert.Equal(t, throttle.Cost{"requests": 1, "tokens": 120}, charged)
 	assert.Equal(t, 1, settles)
 }
+
+// Anthropic's message_start counts the output begun (output_tokens 1), not
+// what the call generates: the count comes with message_delta. A stream
+// that ends without it (an error event mid-stream, as Anthropic sends
+// when overloaded, then the stream's end) used to settle the output with
+// that 1, giving back the tokens the provider did generate; it keeps the
+// estimate, as a stream abandoned does.
+func TestCostOfAnAnthropicStreamEndingBeforeItsCountStaysEstimated(t *testing.T) {
+	const stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":30,\"output_tokens\":1}}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n" +
+		"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	est := throttle.Cost{"requests": 1, "input_tokens": 200, "output_tokens": 300}
+	b := newLedger()
+	resp, err := post(t, costTransport(t, b, &answers{list: []func() *http.Response{answer(200, "text/event-stream", stream)}}, est,
+		func(u httpclient.Usage) throttle.Cost {
+			return throttle.Cost{"input_tokens": u.InputTokens + u.CacheCreationInputTokens, "output_tokens": u.OutputTokens}
+		}))
+	require.NoError(t, err)
+	drain(resp)
+	charged, settles := b.now()
+	assert.Equal(t, est, charged)
+	assert.Equal(t, 0, settles)
+}
