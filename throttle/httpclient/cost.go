@@ -95,7 +95,8 @@ type Usage struct {
 // second time (consumer.New(handler, nil, ...) takes none). A permit the
 // request's context holds is not used. A body is
 // copied, while it is read, up to 8 MiB for JSON and 1 MiB per
-// server-sent event, to find its usage; a larger one keeps the estimate.
+// server-sent event, to find its usage; a larger one keeps the estimate,
+// and one that is no JSON object (audio, a file) is not copied.
 // NewTransport refuses a nil estimate.
 func WithCost(estimate func(req *http.Request) (throttle.Cost, error), actual func(Usage) throttle.Cost) Option {
 	return transportOption(func(c *transportConfig) {
@@ -228,15 +229,23 @@ func newUsageReader(contentType string) usageReader {
 }
 
 // jsonUsage keeps a JSON body, up to maxUsageJSON, and reads its usage
-// at the end.
+// at the end. A body that is no JSON object (audio, a file), seen at its
+// first byte after spaces, is not kept: it carries no usage.
 type jsonUsage struct {
 	buf      bytes.Buffer
-	overflow bool
+	overflow bool // too long, or no object: nothing kept
 }
 
 func (j *jsonUsage) write(p []byte) {
 	if j.overflow {
 		return
+	}
+	if j.buf.Len() == 0 {
+		p = bytes.TrimLeft(p, " \t\r\n")
+		if len(p) > 0 && p[0] != '{' {
+			j.overflow = true
+			return
+		}
 	}
 	if j.buf.Len()+len(p) > maxUsageJSON {
 		j.overflow = true

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -471,6 +472,28 @@ func TestCostOfAnAnthropicStreamEndingBeforeItsCountStaysEstimated(t *testing.T)
 		}))
 	require.NoError(t, err)
 	drain(resp)
+	charged, settles := b.now()
+	assert.Equal(t, est, charged)
+	assert.Equal(t, 0, settles)
+}
+
+// An answer that is no JSON object (speech audio, a file's content) has no
+// usage to find: its body is not kept while it is read. It used to be
+// copied, up to 8 MiB per call in flight, then parsed in vain.
+func TestCostBodyKeepsNothingOfAnAnswerThatIsNoJSONObject(t *testing.T) {
+	audio := strings.Repeat("\xff\xfb\x90\x64", 1<<20) // 4 MiB
+	est := throttle.Cost{"requests": 1, "tokens": 500}
+	b := newLedger()
+	resp, err := post(t, costTransport(t, b, &answers{list: []func() *http.Response{answer(200, "audio/mpeg", audio)}}, est, nil))
+	require.NoError(t, err)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	n, err := io.Copy(io.Discard, resp.Body)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.Equal(t, int64(len(audio)), n)
+	require.NoError(t, resp.Body.Close())
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated while reading a 4 MiB body")
 	charged, settles := b.now()
 	assert.Equal(t, est, charged)
 	assert.Equal(t, 0, settles)
