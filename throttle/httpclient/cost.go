@@ -21,8 +21,9 @@ import (
 // JSON `usage` object: OpenAI's (prompt_tokens, completion_tokens) or
 // Anthropic's (input_tokens, output_tokens and the cache counts).
 type Usage struct {
-	// InputTokens is OpenAI's prompt_tokens (cached ones included), or
-	// Anthropic's input_tokens (cached ones not included).
+	// InputTokens is OpenAI's prompt_tokens, or input_tokens in its
+	// Responses API (cached ones included), or Anthropic's input_tokens
+	// (cached ones not included).
 	InputTokens int64
 	// OutputTokens is OpenAI's completion_tokens, or Anthropic's
 	// output_tokens.
@@ -52,12 +53,17 @@ type Usage struct {
 //   - A 2xx answer is settled when its body is closed, from the `usage`
 //     object it carries, in JSON (`{"usage":{...}}`) or streamed as
 //     server-sent events (OpenAI's last chunk, with stream_options
-//     include_usage; Anthropic's message_start and message_delta
-//     events), read as the caller reads the body. The usage counts only
-//     once the body was read to its end: a body closed before (never
-//     read, a stream abandoned) or without usage keeps the estimate
-//     charged, for the provider did the work and the estimate is the
-//     best count there is.
+//     include_usage, or the response.completed event of its Responses
+//     API; Anthropic's message_start and message_delta events), read as
+//     the caller reads the body. The usage counts only once the answer
+//     was read to its end: the body's EOF, or the end the answer shows
+//     itself, where callers stop reading (the JSON value's last byte,
+//     for json.Decoder; a stream's last event, OpenAI's `data: [DONE]`
+//     or Anthropic's message_stop). A body closed before (never read, a
+//     stream abandoned), or without usage (a stream that an error event
+//     ends before its count) keeps the estimate charged, for the
+//     provider did the work and the estimate is the best count there
+//     is.
 //   - Any other answer (a 429 or another refusal, a 4xx, a 5xx) generated
 //     nothing: it is settled at once as actual(Usage{}), so that the
 //     dimensions actual names (tokens) are given back and the others
@@ -89,7 +95,8 @@ type Usage struct {
 // second time (consumer.New(handler, nil, ...) takes none). A permit the
 // request's context holds is not used. A body is
 // copied, while it is read, up to 8 MiB for JSON and 1 MiB per
-// server-sent event, to find its usage; a larger one keeps the estimate.
+// server-sent event, to find its usage; a larger one keeps the estimate,
+// and one that is no JSON object (audio, a file) is not copied.
 // NewTransport refuses a nil estimate.
 func WithCost(estimate func(req *http.Request) (throttle.Cost, error), actual func(Usage) throttle.Cost) Option {
 	return transportOption(func(c *transportConfig) {
@@ -170,15 +177,16 @@ func (b *costBody) Read(p []byte) (int, error) {
 }
 
 // Close closes the body, then settles: with the usage read, when the body
-// was read to its end and reported one; otherwise the estimate stays.
+// was read to its end (its EOF, or the answer's own end: see usageReader)
+// and reported one; otherwise the estimate stays.
 func (b *costBody) Close() error {
 	err := b.body.Close()
 	b.mu.Lock()
 	first := !b.done
 	b.done = true
 	u, ok := Usage{}, false
-	if first && b.eof {
-		u, ok = b.usage.result()
+	if first {
+		u, ok = b.usage.result(b.eof)
 	}
 	b.mu.Unlock()
 	if ok {
@@ -202,9 +210,13 @@ const (
 )
 
 // usageReader finds the usage in a body written to it piece by piece.
+// result gives it once the answer was read to its end: eof says the body
+// reported io.EOF; without it, the answer may still show its end (a JSON
+// value complete, a stream's last event), for a caller that stops there
+// need not read on to the EOF, which HTTP/2 gives only with a later Read.
 type usageReader interface {
 	write(p []byte)
-	result() (Usage, bool)
+	result(eof bool) (Usage, bool)
 }
 
 // newUsageReader returns the reader for a body of contentType: server-sent
@@ -217,15 +229,23 @@ func newUsageReader(contentType string) usageReader {
 }
 
 // jsonUsage keeps a JSON body, up to maxUsageJSON, and reads its usage
-// at the end.
+// at the end. A body that is no JSON object (audio, a file), seen at its
+// first byte after spaces, is not kept: it carries no usage.
 type jsonUsage struct {
 	buf      bytes.Buffer
-	overflow bool
+	overflow bool // too long, or no object: nothing kept
 }
 
 func (j *jsonUsage) write(p []byte) {
 	if j.overflow {
 		return
+	}
+	if j.buf.Len() == 0 {
+		p = bytes.TrimLeft(p, " \t\r\n")
+		if len(p) > 0 && p[0] != '{' {
+			j.overflow = true
+			return
+		}
 	}
 	if j.buf.Len()+len(p) > maxUsageJSON {
 		j.overflow = true
@@ -235,12 +255,15 @@ func (j *jsonUsage) write(p []byte) {
 	j.buf.Write(p)
 }
 
-func (j *jsonUsage) result() (Usage, bool) {
+// result reads the usage of the JSON value kept, eof or not: a value that
+// parses is complete (an object's prefix never does), and nothing but
+// spaces may follow it in the body.
+func (j *jsonUsage) result(bool) (Usage, bool) {
 	if j.overflow {
 		return Usage{}, false
 	}
 	var u Usage
-	ok := readUsage(j.buf.Bytes(), &u)
+	ok := readUsage(j.buf.Bytes(), &u) != noUsage
 	return u, ok
 }
 
@@ -248,14 +271,18 @@ func (j *jsonUsage) result() (Usage, bool) {
 // an event's data, dispatched at a blank line), each data a JSON object
 // that may carry usage: the usage is the largest count of each field
 // seen (Anthropic's message_delta counts output tokens so far; OpenAI's
-// last chunk gives all).
+// last chunk gives all); message_start's alone (an Anthropic stream that
+// ends before its count, on an error event) counts nothing. The stream
+// ends at its EOF, or at the line that says it is over, after every
+// usage: OpenAI's `data: [DONE]`, Anthropic's `event: message_stop`.
 type eventUsage struct {
 	line     []byte // the current line, without its end
 	skip     bool   // the current line is too long: dropped to its end
 	data     []byte // the current event's data
 	dropData bool   // the current event's data is too long
 	u        Usage
-	seen     bool
+	seen     bool // a usage that counts the call (finalUsage)
+	over     bool // the stream said it is over
 }
 
 func (e *eventUsage) write(p []byte) {
@@ -292,10 +319,16 @@ func (e *eventUsage) endLine(line []byte) {
 		return
 	}
 	field, value, _ := bytes.Cut(line, []byte(":"))
+	value = bytes.TrimPrefix(value, []byte(" "))
+	if string(field) == "event" && string(value) == "message_stop" {
+		e.over = true // Anthropic's last event
+	}
 	if string(field) != "data" {
 		return // event:, id:, retry:, a comment
 	}
-	value = bytes.TrimPrefix(value, []byte(" "))
+	if string(value) == "[DONE]" {
+		e.over = true // OpenAI's last event
+	}
 	if e.dropData || len(e.data)+1+len(value) > maxUsageEvent {
 		e.dropData, e.data = true, e.data[:0]
 		return
@@ -312,12 +345,17 @@ func (e *eventUsage) dispatch() {
 	if drop || len(data) == 0 || data[0] != '{' {
 		return // [DONE], an empty event
 	}
-	if readUsage(data, &e.u) {
+	if readUsage(data, &e.u) == finalUsage {
 		e.seen = true
 	}
 }
 
-func (e *eventUsage) result() (Usage, bool) {
+func (e *eventUsage) result(eof bool) (Usage, bool) {
+	if !eof {
+		// A stream not read to its EOF counts only once it said it is
+		// over; a line or an event cut short by the caller is not read.
+		return e.u, e.seen && e.over
+	}
 	if !e.skip && len(e.line) > 0 {
 		e.endLine(bytes.TrimSuffix(e.line, []byte("\r")))
 	}
@@ -336,31 +374,52 @@ type usageFields struct {
 	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
 }
 
-// readUsage reads the usage of one JSON object, at its top (`usage`) or in
-// its message (Anthropic's message_start), into u: each count the largest
-// of u's and the object's. It reports whether the object carried one.
-func readUsage(data []byte, u *Usage) bool {
+// usageFound says where a JSON object carried a usage, if it did.
+type usageFound int
+
+const (
+	noUsage usageFound = iota
+	// startUsage is the usage of Anthropic's message_start: the input,
+	// and the output begun (1), not what the call generates, which its
+	// message_delta counts. A stream that gives no other is not counted.
+	startUsage
+	// finalUsage is a usage at the object's top, or in its response
+	// (OpenAI's Responses API): the call's count.
+	finalUsage
+)
+
+// readUsage reads the usage of one JSON object, at its top (`usage`), in
+// its message (Anthropic's message_start) or in its response (the
+// response.completed event of OpenAI's Responses API), into u: each count
+// the largest of u's and the object's. It reports where the object
+// carried one.
+func readUsage(data []byte, u *Usage) usageFound {
+	type nested struct {
+		Usage *usageFields `json:"usage"`
+	}
 	var obj struct {
-		Usage   *usageFields `json:"usage"`
-		Message *struct {
-			Usage *usageFields `json:"usage"`
-		} `json:"message"`
+		Usage    *usageFields `json:"usage"`
+		Message  *nested      `json:"message"`
+		Response *nested      `json:"response"`
 	}
 	if json.Unmarshal(data, &obj) != nil {
-		return false
+		return noUsage
 	}
-	f := obj.Usage
+	f, found := obj.Usage, finalUsage
+	if f == nil && obj.Response != nil {
+		f = obj.Response.Usage
+	}
 	if f == nil && obj.Message != nil {
-		f = obj.Message.Usage
+		f, found = obj.Message.Usage, startUsage
 	}
 	if f == nil {
-		return false
+		return noUsage
 	}
 	u.InputTokens = max(u.InputTokens, f.PromptTokens, f.InputTokens)
 	u.OutputTokens = max(u.OutputTokens, f.CompletionTokens, f.OutputTokens)
 	u.CacheCreationInputTokens = max(u.CacheCreationInputTokens, f.CacheCreationInputTokens)
 	u.CacheReadInputTokens = max(u.CacheReadInputTokens, f.CacheReadInputTokens)
-	return true
+	return found
 }
 
 // zeroOf is c with every amount set to 0: what a give-back settles to.

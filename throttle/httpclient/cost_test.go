@@ -1,12 +1,16 @@
 package httpclient_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -379,4 +383,118 @@ func TestCostOfNothingIsRefused(t *testing.T) {
 		assert.ErrorIs(t, err, throttle.ErrInvalid, "estimate %v", est)
 		assert.Equal(t, 0, base.sent)
 	}
+}
+
+// A caller that stops reading at the answer's end, before the body says
+// io.EOF, has read the whole usage: json.Decoder stops at the value's last
+// byte, OpenAI's SDKs stop at `data: [DONE]`, a loop over Anthropic's
+// events at message_stop, and over HTTP/2 the EOF comes only with a later
+// Read (the bodies here, over strings.Reader, do the same). Such a body
+// used to keep its estimate, so that every call was charged its worst case.
+func TestCostIsSettledWhenTheCallerStopsAtTheAnswersEnd(t *testing.T) {
+	anthropic := func(u httpclient.Usage) throttle.Cost {
+		return throttle.Cost{"input_tokens": u.InputTokens + u.CacheCreationInputTokens, "output_tokens": u.OutputTokens}
+	}
+	// upTo reads the body line by line, as an SSE client does, until a
+	// line that is last.
+	upTo := func(last string) func(io.Reader) error {
+		return func(r io.Reader) error {
+			sc := bufio.NewScanner(r)
+			for sc.Scan() {
+				if strings.TrimSuffix(sc.Text(), "\r") == last {
+					return nil
+				}
+			}
+			return fmt.Errorf("no line %q: %w", last, sc.Err())
+		}
+	}
+	for _, tt := range []struct {
+		name   string
+		answer func() *http.Response
+		read   func(io.Reader) error
+		est    throttle.Cost
+		actual func(httpclient.Usage) throttle.Cost
+		want   throttle.Cost
+	}{
+		{"JSON decoded", answer(200, "application/json", openAIJSON), func(r io.Reader) error { return json.NewDecoder(r).Decode(new(map[string]any)) },
+			throttle.Cost{"requests": 1, "tokens": 500}, nil, throttle.Cost{"requests": 1, "tokens": 120}},
+		{"OpenAI stream up to [DONE]", answer(200, "text/event-stream", openAIStream), upTo("data: [DONE]"),
+			throttle.Cost{"requests": 1, "tokens": 500}, nil, throttle.Cost{"requests": 1, "tokens": 120}},
+		{"Anthropic stream up to message_stop", answer(200, "text/event-stream", anthropicStream), upTo(`data: {"type":"message_stop"}`),
+			throttle.Cost{"requests": 1, "input_tokens": 200, "output_tokens": 300}, anthropic, throttle.Cost{"requests": 1, "input_tokens": 35, "output_tokens": 90}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newLedger()
+			resp, err := post(t, costTransport(t, b, &answers{list: []func() *http.Response{tt.answer}}, tt.est, tt.actual))
+			require.NoError(t, err)
+			require.NoError(t, tt.read(resp.Body))
+			require.NoError(t, resp.Body.Close())
+			charged, settles := b.now()
+			assert.Equal(t, tt.want, charged)
+			assert.Equal(t, 1, settles)
+		})
+	}
+}
+
+// OpenAI's Responses API streams its usage in its last event, inside the
+// response it completes (`response.usage`), not at the top: such a stream
+// used to keep its estimate.
+func TestCostIsSettledWithTheUsageOfAnOpenAIResponsesStream(t *testing.T) {
+	const stream = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"usage\":null}}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":2,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\"," +
+		"\"usage\":{\"input_tokens\":30,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":90,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":120}}}\n\n"
+	est := throttle.Cost{"requests": 1, "tokens": 500}
+	b := newLedger()
+	resp, err := post(t, costTransport(t, b, &answers{list: []func() *http.Response{answer(200, "text/event-stream", stream)}}, est, nil))
+	require.NoError(t, err)
+	drain(resp)
+	charged, settles := b.now()
+	assert.Equal(t, throttle.Cost{"requests": 1, "tokens": 120}, charged)
+	assert.Equal(t, 1, settles)
+}
+
+// Anthropic's message_start counts the output begun (output_tokens 1), not
+// what the call generates: the count comes with message_delta. A stream
+// that ends without it (an error event mid-stream, as Anthropic sends
+// when overloaded, then the stream's end) used to settle the output with
+// that 1, giving back the tokens the provider did generate; it keeps the
+// estimate, as a stream abandoned does.
+func TestCostOfAnAnthropicStreamEndingBeforeItsCountStaysEstimated(t *testing.T) {
+	const stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":30,\"output_tokens\":1}}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n" +
+		"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	est := throttle.Cost{"requests": 1, "input_tokens": 200, "output_tokens": 300}
+	b := newLedger()
+	resp, err := post(t, costTransport(t, b, &answers{list: []func() *http.Response{answer(200, "text/event-stream", stream)}}, est,
+		func(u httpclient.Usage) throttle.Cost {
+			return throttle.Cost{"input_tokens": u.InputTokens + u.CacheCreationInputTokens, "output_tokens": u.OutputTokens}
+		}))
+	require.NoError(t, err)
+	drain(resp)
+	charged, settles := b.now()
+	assert.Equal(t, est, charged)
+	assert.Equal(t, 0, settles)
+}
+
+// An answer that is no JSON object (speech audio, a file's content) has no
+// usage to find: its body is not kept while it is read. It used to be
+// copied, up to 8 MiB per call in flight, then parsed in vain.
+func TestCostBodyKeepsNothingOfAnAnswerThatIsNoJSONObject(t *testing.T) {
+	audio := strings.Repeat("\xff\xfb\x90\x64", 1<<20) // 4 MiB
+	est := throttle.Cost{"requests": 1, "tokens": 500}
+	b := newLedger()
+	resp, err := post(t, costTransport(t, b, &answers{list: []func() *http.Response{answer(200, "audio/mpeg", audio)}}, est, nil))
+	require.NoError(t, err)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	n, err := io.Copy(io.Discard, resp.Body)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.Equal(t, int64(len(audio)), n)
+	require.NoError(t, resp.Body.Close())
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated while reading a 4 MiB body")
+	charged, settles := b.now()
+	assert.Equal(t, est, charged)
+	assert.Equal(t, 0, settles)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,4 +95,43 @@ func TestPanickingAnswerHookClosesTheResponseBody(t *testing.T) {
 			}
 		})
 	}
+}
+
+// nothingBase is a broken base RoundTripper: no response and no error.
+type nothingBase struct{}
+
+func (nothingBase) RoundTrip(*http.Request) (*http.Response, error) { return nil, nil }
+
+// A base RoundTripper that answers neither a response nor an error (a
+// test double's zero answer) used to make RoundTrip panic on the missing
+// response: it is an error naming the base, as http.Client makes it, and
+// the request's slot is given back.
+func TestBaseGivingNoResponseAndNoErrorIsAnError(t *testing.T) {
+	b, err := throttle.NewLocal(10, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := throttle.NewLocalSlots(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := mustTransport(t, throttle.New(b), httpclient.WithBase(nothingBase{}), httpclient.WithConcurrency(slots))
+	req := httptest.NewRequest(http.MethodGet, "http://example.invalid/", nil)
+	var resp *http.Response
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("RoundTrip panicked: %v", p)
+			}
+		}()
+		resp, err = tr.RoundTrip(req)
+	}()
+	if resp != nil || err == nil || !strings.Contains(err.Error(), "nothingBase") {
+		t.Errorf("RoundTrip = %v, %v; want an error naming the base", resp, err)
+	}
+	release, err := slots.Hold(context.Background(), "", 0)
+	if err != nil {
+		t.Fatalf("the slot is still held: %v", err)
+	}
+	release()
 }

@@ -390,6 +390,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return fail(err)
 		}
 		resp, err := t.base.RoundTrip(r)
+		if err == nil && resp == nil { // a broken base: nothing to read
+			err = fmt.Errorf("httpclient: the base RoundTripper (%T) returned no response and no error", t.base)
+		}
 		if err != nil {
 			h.free()
 			return resp, err // a cost taken stays: the request may have reached the provider
