@@ -86,6 +86,7 @@ type Consumer struct {
 	handled, retried, deadLettered atomic.Int64
 	parked                         atomic.Int64
 	permitTimeouts, limiterErrors  atomic.Int64
+	refused                        atomic.Int64
 	waitingRecords, inFlight       atomic.Int64
 	active                         atomic.Int64
 	permitWait                     atomic.Int64 // ns
@@ -240,9 +241,15 @@ func inertClient(opts []kgo.Opt) (*kgo.Client, error) {
 // Run returns nil after a shutdown caused by ctx; a [*HandlerError] when a
 // record failed every attempt and no dead-letter topic is set; an error
 // when the Kafka client cannot be built, the dead-letter topic cannot be
-// written, the limiter is misconfigured, or the final commit fails (then
-// the records handled since the last commit will be handled again). Run may
-// be called only once.
+// written, the limiter is misconfigured (an error matching
+// [throttle.ErrInvalid] that is no refusal of the record's own key), or
+// the final commit fails (then the records handled since the last commit
+// will be handled again). A record the limiter or the concurrency cap
+// refuses for its own key or cost (an error matching
+// [throttle.ErrKeyRefused] or [throttle.ErrExceedsLimit]) fails alone,
+// at once and without retries, like a record whose attempts all failed:
+// it goes to the dead-letter topic, and Run goes on. Run may be called
+// only once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run called twice; build a new Consumer")

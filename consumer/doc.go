@@ -52,7 +52,10 @@
 //     a panic) goes to the dead-letter topic ([WithDeadLetter]), without
 //     its value if that cannot go, or stops the consumer, and then Run
 //     returns a [*HandlerError] and nothing from that record on is
-//     committed.
+//     committed. A record whose own key or cost the limiter or the
+//     concurrency cap refuses fails so at once (see [Consumer.Run]): one
+//     odd record never stops the consumer when a dead-letter topic is
+//     set.
 //
 // # Bounds
 //

@@ -26,6 +26,12 @@ type Stats struct {
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.
 	LimiterErrors int64
+	// Refused counts records the limiter or the concurrency cap refused
+	// for their own key or cost (errors matching throttle.ErrKeyRefused
+	// or throttle.ErrExceedsLimit): each failed at once, without retries,
+	// and went to the dead-letter topic. A count that grows with every
+	// record says the budgets WithLimiterFor chooses are wrong.
+	Refused int64
 	// PermitWait is the total time partitions have spent waiting for
 	// permits.
 	PermitWait time.Duration
@@ -89,6 +95,7 @@ func (c *Consumer) Stats() Stats {
 		Parked:            c.parked.Load(),
 		PermitTimeouts:    c.permitTimeouts.Load(),
 		LimiterErrors:     c.limiterErrors.Load(),
+		Refused:           c.refused.Load(),
 		PermitWait:        time.Duration(c.permitWait.Load()),
 		WaitingRecords:    int(c.waitingRecords.Load()),
 		InFlight:          int(c.inFlight.Load()),
