@@ -60,9 +60,10 @@
 // # Bounds
 //
 // Held per partition: at most [WithQueueSize] records (4096) and
-// [WithQueueBytes] bytes (1 MiB; each record counts its key, value and
-// headers while unfinished, and [RecordOverhead]), then fetching pauses
-// until it holds half of both; plus what one poll brings: by default what
+// [WithQueueBytes] bytes (1 MiB; an unfinished record counts its key,
+// value and headers and [RecordOverhead], a finished one behind it 16
+// bytes: the consumer keeps its offset, not the record), then fetching
+// pauses until it holds half of both; plus what one poll brings: by default what
 // the client fetched for the partition, at most kgo.FetchMaxPartitionBytes
 // of records (lowered to a quarter of the queue bytes) or one record batch
 // if larger; with [WithPollSize], at most that many records. The consumer

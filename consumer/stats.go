@@ -56,7 +56,8 @@ type Stats struct {
 	// not counted.
 	Buffered int
 	// BufferedBytes is what the records the consumer holds count for (see
-	// WithQueueBytes).
+	// WithQueueBytes): a finished record behind an unfinished one, 16
+	// bytes.
 	BufferedBytes int64
 	// PeakBuffered is the most records one partition has held at once
 	// since Run started, and PeakBufferedBytes the most bytes (see the
@@ -111,7 +112,7 @@ func (c *Consumer) Stats() Stats {
 		ps := PartitionStats{
 			Topic:         p.topic,
 			Partition:     p.id,
-			Buffered:      p.pending.len(),
+			Buffered:      p.span.len(),
 			BufferedBytes: p.bytes,
 			Waiting:       p.waiting.Load() > 0,
 			Paused:        p.paused,
