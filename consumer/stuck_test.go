@@ -85,3 +85,60 @@ func TestStuckRecordDoesNotHoldItsPartition(t *testing.T) {
 		}
 	}
 }
+
+// Behind a stuck record, its partition stops at its bound of uncommitted
+// records (queue size plus one poll), paused, until the policies chosen
+// deal with the stuck record: here the handler timeout ends its one
+// attempt and it goes to the dead-letter topic; then the partition
+// resumes, and every other record is handled once.
+func TestStuckRecordPausesItsPartitionUntilThePoliciesEndIt(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt, queue, poll = 1000, 5, 64, 16
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("dlt", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	h := func(ctx context.Context, rec *kgo.Record) error {
+		if rec.Offset == stuckAt {
+			<-ctx.Done() // the handler timeout
+			return ctx.Err()
+		}
+		calls[rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}
+	c, err := consumer.New(h, nil,
+		kafka(kc, "g", "in", kgo.RebalanceTimeout(10*time.Second)),
+		consumer.WithHandlerTimeout(3*time.Second), // room to see the pause first
+		consumer.WithLogger(testLogger()),
+		consumer.WithQueueSize(queue), consumer.WithPollSize(poll),
+		consumer.WithRetry(1, time.Millisecond, time.Millisecond),
+		consumer.WithDeadLetter("dlt"))
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the partition paused behind its stuck record", func() bool {
+		s := c.Stats()
+		return len(s.Partitions) == 1 && s.Partitions[0].Paused && s.DeadLettered == 0 && s.Handled >= queue-1
+	})
+	s := c.Stats()
+	assert.LessOrEqual(t, s.Partitions[0].Buffered, queue+poll, "records held behind the stuck one")
+	assert.Less(t, s.Handled, int64(n-1), "the partition went on past its bound")
+
+	waitFor(t, 15*time.Second, "the stuck record dead-lettered and the rest handled", func() bool {
+		s := c.Stats()
+		return s.DeadLettered == 1 && handled.Load() == n-1
+	})
+	require.NoError(t, r.stop(t))
+	assert.LessOrEqual(t, c.Stats().PeakBuffered, queue+poll)
+	for o := range n {
+		want := int32(1)
+		if o == stuckAt {
+			want = 0
+		}
+		if got := calls[o].Load(); got != want {
+			t.Errorf("record %d handled %d times, want %d", o, got, want)
+		}
+	}
+	assert.Equal(t, []int64{n}, committed(t, kc, "g", "in", 1))
+}
