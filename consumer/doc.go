@@ -91,7 +91,10 @@
 // held (the bound above) and those that passed the watermark since its
 // last commit (marked every 50 ms, committed every kgo.AutoCommitInterval,
 // 5 s by default); records it had parked but not committed are parked
-// again. A revocation or shutdown commits the watermark first.
+// again. A revocation or shutdown commits the watermark first, with the
+// offsets finished past it in the commit's metadata (at most 4,000 bytes
+// of ranges; what does not fit is handled again): the next owner does not
+// handle those again.
 //
 // # Revocation and shutdown
 //

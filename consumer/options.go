@@ -159,7 +159,8 @@ func (c *config) invalid(field string, value any, want string) {
 // at the oldest record and a lost offset rewinds rather than skips. After
 // them, and not to be overridden: kgo.AutoCommitMarks,
 // kgo.BlockRebalanceOnPoll and the OnPartitionsAssigned, Revoked and Lost
-// callbacks. New refuses options that conflict with these
+// callbacks; and kgo.OnOffsetsFetched, which reads the offset maps (see
+// [WithQueueSize]) and then calls the one given here, if any. New refuses options that conflict with these
 // (kgo.DisableAutoCommit, kgo.GreedyAutoCommit), a transactional ID, and
 // a nil kgo.Opt; it checks the options by building a client that never
 // connects. kgo's autocommit interval
@@ -346,8 +347,11 @@ func WithHandlerTimeout(d time.Duration) Option {
 // half as many (and half its bytes, [WithQueueBytes]). A record stuck in
 // its handler or its permit wait thus stops its partition at this bound,
 // until the handler timeout, retries, the dead-letter topic or
-// [WithShaping] deal with it. Default: 4096. n must be at least 1. See
-// the package documentation for the bounds this gives.
+// [WithShaping] deal with it. When the partition stops here (revocation,
+// shutdown), the commit carries the offsets finished past the watermark
+// (a bounded offset map), and the next owner does not handle them again
+// ([Stats] Restored). Default: 4096. n must be at least 1. See the
+// package documentation for the bounds this gives.
 func WithQueueSize(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {

@@ -80,6 +80,19 @@ type partition struct {
 	// marked for commit yet.
 	mark  kgo.Record
 	dirty bool
+	// first is the offset of the first record taken, marked the offset
+	// after the last record marked for commit: -1 before any (offset
+	// maps, offsetmap.go). final is the map of the partition as it
+	// ended, hasFinal whether it has one.
+	first, marked int64
+	final         offsetMap
+	hasFinal      bool
+	// skip holds the ranges of offsets the last commit's map says were
+	// finished: their records are finished as they come, not handled.
+	// skipChecked (under c.mu) says the consumer's restored maps were
+	// looked up for this ownership.
+	skip        []offRun
+	skipChecked bool
 }
 
 // RecordOverhead is what each unfinished record the consumer holds counts
@@ -261,6 +274,8 @@ func newPartition(c *Consumer, cl *kgo.Client, topic string, id int32) *partitio
 		units:   make(map[string]*unit),
 		mark:    kgo.Record{Topic: topic, Partition: id},
 		through: -1,
+		first:   -1,
+		marked:  -1,
 	}
 	if sh := c.cfg.shaping; sh != "" {
 		p.shaped = topic == sh
@@ -315,7 +330,8 @@ func copyRecord(s *slot, r *kgo.Record, topic string) int64 {
 // push queues records from the poll loop. It never blocks: once the
 // partition holds its queue size in records or in bytes, its fetches are
 // paused, so that no more of its records are polled until it holds half
-// as many of both.
+// as many of both. Records in the ranges of skip (restore) are finished
+// at once.
 func (p *partition) push(recs []*kgo.Record) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -323,7 +339,17 @@ func (p *partition) push(recs []*kgo.Record) {
 		return
 	}
 	c := p.c
+	var skipped int64
 	for _, r := range recs {
+		if p.first < 0 {
+			p.first = r.Offset
+		}
+		if p.skip != nil && p.skipped(r.Offset) {
+			p.span.finish(p.span.push(r.Offset, r.LeaderEpoch))
+			p.bytes += spanEntryBytes
+			skipped++
+			continue
+		}
 		s := &slot{seq: p.span.push(r.Offset, r.LeaderEpoch)}
 		s.size = copyRecord(s, r, p.topic)
 		if p.shaped {
@@ -342,12 +368,37 @@ func (p *partition) push(recs []*kgo.Record) {
 			p.ready.push(s)
 		}
 	}
+	if skipped > 0 {
+		c.restoredSkips.Add(skipped)
+		p.advanceWatermark()
+	}
 	c.notePeak(int64(p.span.len()), p.bytes)
 	if !p.paused && p.full() {
 		p.cl.PauseFetchPartitions(p.tps())
 		p.paused = true
 	}
 	p.schedule()
+}
+
+// restore sets the ranges of offsets that the last commit's map says
+// were finished (offsetmap.go), before the first records are pushed.
+func (p *partition) restore(skip []offRun) {
+	p.mu.Lock()
+	p.skip = skip
+	p.mu.Unlock()
+}
+
+// skipped reports whether the record at off is in the ranges of skip,
+// and drops the ranges behind it; p.mu is held.
+func (p *partition) skipped(off int64) bool {
+	for len(p.skip) > 0 && p.skip[0].last < off {
+		p.skip = p.skip[1:]
+	}
+	if len(p.skip) == 0 {
+		p.skip = nil
+		return false
+	}
+	return p.skip[0].first <= off
 }
 
 // unitOf returns rec's ordering unit, nil under Unordered; p.mu is held.
@@ -556,6 +607,7 @@ func (p *partition) flushLocked() {
 	if p.dirty && !p.fenced {
 		p.cl.MarkCommitRecords(&p.mark)
 		p.dirty = false
+		p.marked = p.through
 	}
 }
 
@@ -661,6 +713,7 @@ func (p *partition) finalize() {
 	}
 	p.ended = true
 	p.flushLocked()
+	p.final, p.hasFinal = p.mapLocked()
 	p.span.reset()
 	p.ready.reset()
 	p.units, p.whole = nil, unit{}

@@ -32,6 +32,10 @@ type Stats struct {
 	// and went to the dead-letter topic. A count that grows with every
 	// record says the budgets WithLimiterFor chooses are wrong.
 	Refused int64
+	// Restored counts records finished as they came, not handled,
+	// because the last commit's offset map said an earlier owner had
+	// finished them (see WithQueueSize).
+	Restored int64
 	// PermitWait is the total time partitions have spent waiting for
 	// permits.
 	PermitWait time.Duration
@@ -97,6 +101,7 @@ func (c *Consumer) Stats() Stats {
 		PermitTimeouts:    c.permitTimeouts.Load(),
 		LimiterErrors:     c.limiterErrors.Load(),
 		Refused:           c.refused.Load(),
+		Restored:          c.restoredSkips.Load(),
 		PermitWait:        time.Duration(c.permitWait.Load()),
 		WaitingRecords:    int(c.waitingRecords.Load()),
 		InFlight:          int(c.inFlight.Load()),
