@@ -14,6 +14,9 @@ import (
 
 // MaxKeyLen is the longest key, in bytes before escaping, that a bucket
 // accepts: the constructor's key and every key passed to Take or Pause.
+// A call with a longer key fails with an error matching both
+// [throttle.ErrInvalid] and [throttle.ErrKeyRefused]: the key is at
+// fault, not the bucket's configuration.
 const MaxKeyLen = 512
 
 // maxPrefixLen bounds WithPrefix.
@@ -51,7 +54,7 @@ func (k keyspace) tag(pkg, key string) (string, error) {
 		return k.root, nil
 	}
 	if len(key) > MaxKeyLen {
-		return "", errs.Invalid(pkg, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+		return "", errs.InvalidKey(pkg, fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
 	}
 	return k.prefix + "/" + escKey.Replace(key) + "}", nil
 }

@@ -22,6 +22,13 @@ var (
 	// ErrInvalid is wrapped by every error about a bad argument or a bad
 	// configuration. The message names the field and the value.
 	ErrInvalid = errors.New("invalid argument")
+
+	// ErrKeyRefused is wrapped, together with [ErrInvalid], by the error
+	// of a call whose key the bucket refuses (package bucket: a key longer
+	// than bucket.MaxKeyLen). The key is at fault, not the configuration:
+	// a caller that serves many keys (a consumer, a server) fails that one
+	// call and goes on with the others.
+	ErrKeyRefused = errors.New("throttle: key refused")
 )
 
 // BackendError reports that a bucket's store (Redis) failed. It wraps the
