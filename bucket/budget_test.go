@@ -521,3 +521,32 @@ func TestBudgetAcquireCostEndsWhenItsWaitsAreStopped(t *testing.T) {
 		t.Fatalf("the caller's context ended too: %v", err)
 	}
 }
+
+// TestPerCallKeyTooLongIsThatCallsError: a per-call key too long for the
+// store is that call's problem (throttle.ErrInvalidKey, still an
+// ErrInvalid), told apart from a bad configuration, which a key too long
+// given to the constructor is.
+func TestPerCallKeyTooLongIsThatCallsError(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	long := strings.Repeat("k", MaxKeyLen+1)
+	b := newBudget(t, srv.Client(), "longkey", llmDims(5, 50, time.Minute))
+	tb, err := NewTokenBucket(srv.Client(), "longkey", 5, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, lt := throttle.New(b), throttle.New(tb)
+	t.Cleanup(func() { lb.Close(); lt.Close() })
+	for name, err := range map[string]error{
+		"AcquireCost": lb.Key(long).AcquireCost(ctx, throttle.Cost{"tokens": 1}, 0),
+		"Acquire":     lt.Key(long).Acquire(ctx, 0),
+		"Pause":       tb.Pause(ctx, long, time.Second),
+	} {
+		if !errors.Is(err, throttle.ErrInvalidKey) || !errors.Is(err, throttle.ErrInvalid) {
+			t.Errorf("%s with a key of %d bytes = %v, want an error matching throttle.ErrInvalidKey and throttle.ErrInvalid", name, len(long), err)
+		}
+	}
+	if _, err := NewBudget(srv.Client(), long, llmDims(5, 50, time.Minute)); !errors.Is(err, throttle.ErrInvalid) || errors.Is(err, throttle.ErrInvalidKey) {
+		t.Errorf("NewBudget with a key of %d bytes = %v, want a configuration error: ErrInvalid, not ErrInvalidKey", len(long), err)
+	}
+}

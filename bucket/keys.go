@@ -51,7 +51,9 @@ func (k keyspace) tag(pkg, key string) (string, error) {
 		return k.root, nil
 	}
 	if len(key) > MaxKeyLen {
-		return "", errs.Invalid(pkg, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+		// A per-call key (a tenant's): that call's problem, not the
+		// configuration's.
+		return "", errs.InvalidKey(pkg, fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
 	}
 	return k.prefix + "/" + escKey.Replace(key) + "}", nil
 }
