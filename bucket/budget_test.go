@@ -550,3 +550,47 @@ func TestPerCallKeyTooLongIsThatCallsError(t *testing.T) {
 		t.Errorf("NewBudget with a key of %d bytes = %v, want a configuration error: ErrInvalid, not ErrInvalidKey", len(long), err)
 	}
 }
+
+// slowBudget delays the budget script's calls by delay, as a loaded
+// network would, Redis itself being fine.
+type slowBudget struct{ delay time.Duration }
+
+func (h *slowBudget) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowBudget) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 1 && strings.HasPrefix(strings.ToLower(cmd.Name()), "eval") {
+			t := time.NewTimer(h.delay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *slowBudget) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestAcquireCostNearItsDeadlineIsATimeout: a store call cut short by the
+// caller's own deadline, Redis healthy, is the wait running out
+// (ErrTimeout, and the context's DeadlineExceeded), under every failure
+// policy that refuses, not a store failure.
+func TestAcquireCostNearItsDeadlineIsATimeout(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(&slowBudget{delay: 200 * time.Millisecond})
+	b := newBudget(t, rdb, "deadline", llmDims(10, 100, time.Minute))
+	for _, policy := range []throttle.FailurePolicy{throttle.FailLocal, throttle.FailClosed} {
+		lim := throttle.New(b, throttle.WithFailurePolicy(policy))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1, "tokens": 10}, time.Minute)
+		cancel()
+		lim.Close()
+		if !errors.Is(err, throttle.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%v: AcquireCost whose deadline ends during the store call = %v, want ErrTimeout matching context.DeadlineExceeded", policy, err)
+		}
+	}
+}

@@ -181,13 +181,22 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 	w := l.newWaiter(ctx, total, maxWait, 0)
 	for {
 		left := w.left()
-		tctx, cancel, d0, _ := boundStoreCall(ctx, left, w.noWait(), l.cfg.storeTimeout)
+		tctx, cancel, d0, budgetBound := boundStoreCall(ctx, left, w.noWait(), l.cfg.storeTimeout)
 		d, err := cb.TakeCost(tctx, key, c, left)
+		// expired: the call's own deadline, set before the caller's,
+		// passed (the caller did not cancel).
 		expired := d0 > 0 && !errors.Is(ctx.Err(), context.Canceled) && deadlinePassed(tctx)
 		cancel()
 		if err != nil {
 			if storeFailure(ctx, expired, err) {
-				return l.degradeCost(key, c, err)
+				if expired && budgetBound && d0 < l.cfg.storeTimeout/4 {
+					// The caller's wait cut the call short of a fair
+					// chance (a quarter of the store timeout), as in
+					// Acquire: no evidence that the store is down. The
+					// wait ran out.
+					return w.tb.costExpired(c, d0, err)
+				}
+				return l.degradeCost(key, c, err, budgetBound && expired, w.tb)
 			}
 			if errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) {
 				return err
@@ -238,8 +247,10 @@ func (l *Limiter) giveBackCost(ctx context.Context, cb CostBucket, key string, c
 }
 
 // degradeCost is AcquireCost's failure policy when the store failed with
-// err: FailOpen grants; FailClosed and FailLocal refuse.
-func (l *Limiter) degradeCost(key string, c Cost, err error) error {
+// err: FailOpen grants; FailClosed and FailLocal refuse. outOfTime: the
+// store call took all the wait left, so a refusal is also the wait
+// running out (ErrTimeout).
+func (l *Limiter) degradeCost(key string, c Cost, err error, outOfTime bool, tb timeoutBound) error {
 	policy := l.cfg.policy
 	var derr error
 	switch policy {
@@ -249,6 +260,9 @@ func (l *Limiter) degradeCost(key string, c Cost, err error) error {
 	default:
 		derr = fmt.Errorf("throttle: acquire cost %v: bucket store failed, and FailLocal refuses costs as FailClosed does (a budget of several dimensions has no local share): %w", c, err)
 	}
+	if outOfTime && derr != nil {
+		derr = tb.costExpired(c, 0, derr)
+	}
 	if o := l.cfg.observer; o != nil {
 		name := policy.String()
 		if derr != nil {
@@ -257,6 +271,19 @@ func (l *Limiter) degradeCost(key string, c Cost, err error) error {
 		o.Degraded(key, name, derr == nil, err)
 	}
 	return derr
+}
+
+// costExpired is the ErrTimeout of an AcquireCost whose wait ran out
+// while the store was asked for c (in the d0 it had, when known).
+func (tb timeoutBound) costExpired(c Cost, d0 time.Duration, err error) error {
+	within := "within the wait"
+	if d0 > 0 {
+		within = fmt.Sprintf("in the %v left of the wait", d0)
+	}
+	if tb.ctxBound {
+		return fmt.Errorf("%w: cost %v: the bucket store did not answer %s, which ends at the context's deadline (%w): %w", ErrTimeout, c, within, context.DeadlineExceeded, err)
+	}
+	return fmt.Errorf("%w: cost %v: the bucket store did not answer %s: %w", ErrTimeout, c, within, err)
 }
 
 // costTimeout is the ErrTimeout of an AcquireCost whose cost comes only
