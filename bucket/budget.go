@@ -219,10 +219,11 @@ func (b *Budget) amounts(field string, c throttle.Cost, take bool, mark int64, k
 		switch {
 		case take && v < 0:
 			return nil, false, errs.Invalid(b.name, fmt.Sprintf("%s[%q]", field, name), v, "must be at least 0")
+		case take && v > b.dims[i].Limit:
+			// However large: waiting cannot help.
+			return nil, false, fmt.Errorf("%s: %d of %q asked at once, at most %d can ever be granted: %w", b.name, v, name, b.dims[i].Limit, throttle.ErrExceedsLimit)
 		case v > maxRateLimit || v < -maxRateLimit:
 			return nil, false, errs.Invalid(b.name, fmt.Sprintf("%s[%q]", field, name), v, "must be at most 2^50 in size")
-		case take && v > b.dims[i].Limit:
-			return nil, false, fmt.Errorf("%s: %d of %q asked at once, at most %d can ever be granted: %w", b.name, v, name, b.dims[i].Limit, throttle.ErrExceedsLimit)
 		case !take && v > maxSettleUp*b.dims[i].Limit:
 			// A charge of many periods' limits is a caller's error (units,
 			// a garbled usage), and would lock the key for as long.
