@@ -94,7 +94,7 @@ func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest
 	bud := spec(func(rdb redis.UniversalClient, key string) (throttle.Bucket, error) {
 		return NewBudget(rdb, key, []Dimension{{Name: "requests", Limit: 10, Interval: ms200}, {Name: "tokens", Limit: 1000, Interval: ms200}})
 	})
-	bud.Limit, bud.Interval, bud.Guarantee = 10, ms200, buckettest.PerPeriod
+	bud.Limit, bud.Interval, bud.Guarantee, bud.CostDimension = 10, ms200, buckettest.PerPeriod, "requests"
 
 	return map[string]buckettest.Spec{
 		"Budget": bud, "TokenBucket": tb, "FixedWindow": fw, "Counter": ctr, "SlidingLog": sl, "GCRA": gcra, "GCRA burst above limit": gcraBurst, "Tiers": ti,
