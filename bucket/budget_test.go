@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -702,5 +703,91 @@ func TestBudgetRestartedEmptyHoldsThePeriod(t *testing.T) {
 	}
 	if got := time.Until(end.Add(period)) - granted.Reset; got < -50*time.Millisecond || got > 30*time.Millisecond {
 		t.Fatalf("the new period ends %v off the lost period's phase", got)
+	}
+}
+
+// TestBudgetKeepsALostPeriod: a call from an instance that was told of a
+// period still running on the server's clock, meeting a record without
+// it, holds the dimension at 0 until that end, for every instance; a
+// charge holds it too, as a debt. Without a loss (the record has the
+// period, or the end the call carries has passed: it was delayed on its
+// way) nothing is held. The instance's knowledge and the record are set
+// by hand, on the server's clock, so no case waits on it.
+func TestBudgetKeepsALostPeriod(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const period = time.Second
+	const none = time.Duration(-1 << 62)
+	cases := []struct {
+		name     string
+		known    time.Duration // the end the instance knows, from the server's now; 0: none
+		recorded time.Duration // the end on record, from now; none: no record
+		hold     time.Duration // 0: a usual refill
+	}{
+		{"restarted empty", 600 * time.Millisecond, none, 600 * time.Millisecond},
+		{"refill lost", 700 * time.Millisecond, -300 * time.Millisecond, 700 * time.Millisecond},
+		{"a call delayed past the end it knew", -20 * time.Millisecond, -20 * time.Millisecond, 0},
+		{"a call delayed past the end, restarted empty", -20 * time.Millisecond, none, 0},
+		{"the known end within the clock's rounding", time.Millisecond, none, 0},
+		{"the record within half a period of the known end", 400 * time.Millisecond, -90 * time.Millisecond, 0},
+		{"nothing known", 0, none, 0},
+		{"an end further ahead than any period", time.Hour, none, period},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBudget(t, rdb, fmt.Sprintf("lost-%d", i), llmDims(10, 100, period))
+			keys, err := b.keys("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			now, err := rdb.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := now.UnixMilli()
+			if tc.recorded != none {
+				end := at + tc.recorded.Milliseconds()
+				if err := rdb.HSet(ctx, keys[0], "t:requests", 3, "e:requests", end, "t:tokens", 30, "e:tokens", end).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.known != 0 {
+				end := at + tc.known.Milliseconds()
+				b.ends.note("", []int64{end, end}, at)
+			}
+			d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 20})
+			if tc.hold == 0 {
+				if !d.Granted || d.Remaining != 80 || d.Reset < period-50*time.Millisecond {
+					t.Fatalf("want a usual refill (granted, 80 tokens left, a whole period), got %+v", d)
+				}
+				return
+			}
+			// The server's clock moved on since it was read.
+			if d.Granted || d.Remaining != 0 || d.Delay > tc.hold+time.Millisecond || d.Delay < tc.hold-250*time.Millisecond {
+				t.Fatalf("want a refusal until the lost period's end (%v), got %+v", tc.hold, d)
+			}
+			// Every instance, knowing nothing, finds the period held.
+			other := newBudget(t, rdb, fmt.Sprintf("lost-%d", i), llmDims(10, 100, period))
+			if d := takeCost(t, other, "", throttle.Cost{"requests": 1}); d.Granted {
+				t.Fatalf("another instance: %+v; want a refusal", d)
+			}
+		})
+	}
+	// A charge (a late settle-up) meeting a lost period holds it, and
+	// its debt comes on top: paid by the next period's refill.
+	b := newBudget(t, rdb, "lost-charge", llmDims(10, 100, period))
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := now.UnixMilli()
+	b.ends.note("", []int64{at + 500, at + 500}, at)
+	if err := b.settle(ctx, "", at-100, throttle.Cost{"tokens": 40}); err != nil {
+		t.Fatal(err)
+	}
+	d := takeCost(t, b, "", throttle.Cost{"tokens": 61})
+	if d.Granted || d.Delay < period || d.Delay > period+500*time.Millisecond {
+		t.Fatalf("61 tokens after a charge of 40 in a lost period = %+v, want refused until the refill after the next (it brings 60)", d)
 	}
 }
