@@ -112,6 +112,9 @@ func (p *budgetEnds) get(key string) []int64 {
 // note records the ends of key's periods an answer gave (0: none), now
 // being the server's clock of the same answer, for sweeping (ms).
 func (p *budgetEnds) note(key string, ends []int64, now int64) {
+	if len(ends) == 0 {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.m == nil {
