@@ -80,8 +80,8 @@ func TestConcurrencyRefusesBadArguments(t *testing.T) {
 	if _, err := s.Hold(ctx, "", -time.Second); !errors.Is(err, throttle.ErrInvalid) || !strings.Contains(err.Error(), "maxWait") {
 		t.Errorf("Hold(maxWait -1s) = %v, want ErrInvalid naming maxWait", err)
 	}
-	if _, err := s.Hold(ctx, strings.Repeat("x", MaxKeyLen+1), 0); !errors.Is(err, throttle.ErrInvalid) || !errors.Is(err, throttle.ErrKeyRefused) {
-		t.Errorf("Hold(too long a key) = %v, want ErrInvalid and ErrKeyRefused", err)
+	if _, err := s.Hold(ctx, strings.Repeat("x", MaxKeyLen+1), 0); !errors.Is(err, throttle.ErrInvalid) || !errors.Is(err, throttle.ErrInvalidKey) {
+		t.Errorf("Hold(too long a key) = %v, want ErrInvalid and ErrInvalidKey", err)
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 // MaxKeyLen is the longest key, in bytes before escaping, that a bucket
 // accepts: the constructor's key and every key passed to Take or Pause.
 // A call with a longer key fails with an error matching both
-// [throttle.ErrInvalid] and [throttle.ErrKeyRefused]: the key is at
+// [throttle.ErrInvalid] and [throttle.ErrInvalidKey]: the key is at
 // fault, not the bucket's configuration.
 const MaxKeyLen = 512
 
@@ -54,6 +54,8 @@ func (k keyspace) tag(pkg, key string) (string, error) {
 		return k.root, nil
 	}
 	if len(key) > MaxKeyLen {
+		// A per-call key (a tenant's): that call's problem, not the
+		// configuration's.
 		return "", errs.InvalidKey(pkg, fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
 	}
 	return k.prefix + "/" + escKey.Replace(key) + "}", nil

@@ -273,7 +273,7 @@ func inertClient(opts []kgo.Opt) (*kgo.Client, error) {
 // the final commit fails (then the records handled since the last commit
 // will be handled again). A record the limiter or the concurrency cap
 // refuses for its own key or cost (an error matching
-// [throttle.ErrKeyRefused] or [throttle.ErrExceedsLimit]) fails alone,
+// [throttle.ErrInvalidKey] or [throttle.ErrExceedsLimit]) fails alone,
 // at once and without retries, like a record whose attempts all failed:
 // it goes to the dead-letter topic, and Run goes on. Run may be called
 // only once.

@@ -27,7 +27,7 @@ type Stats struct {
 	// error), after which the partition backed off and asked again.
 	LimiterErrors int64
 	// Refused counts records the limiter or the concurrency cap refused
-	// for their own key or cost (errors matching throttle.ErrKeyRefused
+	// for their own key or cost (errors matching throttle.ErrInvalidKey
 	// or throttle.ErrExceedsLimit): each failed at once, without retries,
 	// and went to the dead-letter topic. A count that grows with every
 	// record says the budgets WithLimiterFor chooses are wrong.

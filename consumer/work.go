@@ -328,7 +328,7 @@ func (c *Consumer) limiterOf(rec *kgo.Record) (k throttle.Keyed, err error) {
 // bucket) or its cost (more than the budget can ever grant). Other
 // records go on.
 func refusedRecord(err error) bool {
-	return errors.Is(err, throttle.ErrKeyRefused) || errors.Is(err, throttle.ErrExceedsLimit)
+	return errors.Is(err, throttle.ErrInvalidKey) || errors.Is(err, throttle.ErrExceedsLimit)
 }
 
 func isPanic(err error) bool {

@@ -23,12 +23,12 @@ var (
 	// configuration. The message names the field and the value.
 	ErrInvalid = errors.New("invalid argument")
 
-	// ErrKeyRefused is wrapped, together with [ErrInvalid], by the error
-	// of a call whose key the bucket refuses (package bucket: a key longer
-	// than bucket.MaxKeyLen). The key is at fault, not the configuration:
-	// a caller that serves many keys (a consumer, a server) fails that one
-	// call and goes on with the others.
-	ErrKeyRefused = errors.New("throttle: key refused")
+	// ErrInvalidKey is wrapped by the error of a call whose per-call key
+	// (a tenant's, given to [Limiter.Key]) the bucket cannot store: too
+	// long, say. It is that call's problem, not the configuration's:
+	// other keys work. It also matches [ErrInvalid]; test for it first to
+	// tell the two apart.
+	ErrInvalidKey = fmt.Errorf("invalid key: %w", ErrInvalid)
 )
 
 // BackendError reports that a bucket's store (Redis) failed. It wraps the

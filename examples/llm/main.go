@@ -15,9 +15,9 @@
 //     one round trip (throttle.Limiter.AcquireCost);
 //  3. calls the provider, reports its answer (a 429, or a dimension with
 //     nothing left, pauses the fleet until the provider's reset), and
-//     settles the estimate with the real usage (throttle.Limiter.Settle):
-//     an estimate too high is given back to the running period, one too
-//     low is charged as a debt the next periods pay.
+//     settles the estimate with the real usage (throttle.CostGrant.Settle):
+//     an estimate too high is given back to the grant's period (if it
+//     still runs), one too low is charged as a debt the next periods pay.
 //
 // By default everything runs in the process: an embedded Kafka (kfake), a
 // redis-server on a free port (or an in-process stand-in, saying so), and a
@@ -360,7 +360,8 @@ func handler(lim *throttle.Limiter, hc *http.Client, target string, estimate int
 	return func(ctx context.Context, rec *kgo.Record) error {
 		inFlight.Add(1) // the consumer holds this call's slot
 		defer inFlight.Add(-1)
-		if err := lim.AcquireCost(ctx, est, throttle.Forever); err != nil {
+		g, err := lim.AcquireCost(ctx, est, throttle.Forever)
+		if err != nil {
 			return err
 		}
 		id := strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10)
@@ -384,7 +385,7 @@ func handler(lim *throttle.Limiter, hc *http.Client, target string, estimate int
 		if resp.StatusCode == http.StatusTooManyRequests {
 			// Refused: the provider counted nothing; give it all back (the
 			// answer's retry time, reported above, holds the fleet).
-			_ = lim.Settle(ctx, est, throttle.Cost{"requests": 0, "tokens": 0})
+			_ = g.Settle(ctx, throttle.Cost{"requests": 0, "tokens": 0})
 			return fmt.Errorf("the provider refused the call (%s)", resp.Header.Get(llmprovider.RefusedHeader))
 		}
 		if resp.StatusCode/100 != 2 {
@@ -398,7 +399,7 @@ func handler(lim *throttle.Limiter, hc *http.Client, target string, estimate int
 			done(id) // no usage reported: the estimate stays charged
 			return nil
 		}
-		if err := lim.Settle(ctx, est, throttle.Cost{"tokens": u.Usage.TotalTokens}); err != nil {
+		if err := g.Settle(ctx, throttle.Cost{"tokens": u.Usage.TotalTokens}); err != nil {
 			slog.Warn("llm: settling a call's cost failed", "err", err)
 		}
 		done(id)

@@ -50,11 +50,12 @@ func TestRecipeConsumerWaitsForTheNextPeriodInsteadOfStopping(t *testing.T) {
 	var granted atomic.Int64
 	handler := func(ctx context.Context, rec *kgo.Record) error {
 		est := throttle.Cost{"requests": 1, "tokens": 100}
-		if err := lim.AcquireCost(ctx, est, time.Minute); err != nil {
+		g, err := lim.AcquireCost(ctx, est, time.Minute)
+		if err != nil {
 			return err
 		}
 		granted.Add(1)
-		return lim.Settle(ctx, est, throttle.Cost{"requests": 1, "tokens": 40})
+		return g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 40})
 	}
 	c, err := consumer.New(handler, nil, consumer.WithConcurrency(slots),
 		consumer.WithHandlerTimeout(time.Second), // shorter than the period, as a minute's budget is than the default 10 s

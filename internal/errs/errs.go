@@ -17,16 +17,11 @@ func Invalid(pkg, field string, value any, want string) error {
 	return fmt.Errorf("%s: %s = %v: %w: %s", pkg, field, value, throttle.ErrInvalid, want)
 }
 
-// InvalidKey returns the error for a key passed to a call (not to a
-// constructor) that the bucket refuses: [Invalid]'s error for field "key",
-// which also matches [throttle.ErrKeyRefused], with the same text.
+// InvalidKey returns an error that wraps [throttle.ErrInvalidKey] (and so
+// [throttle.ErrInvalid]) for a per-call key the store cannot hold, for
+// example:
+//
+//	bucket: TokenBucket: key = "aaaa"… (513 bytes): invalid key: invalid argument: must be at most 512 bytes
 func InvalidKey(pkg string, value any, want string) error {
-	return keyRefused{Invalid(pkg, "key", value, want)}
+	return fmt.Errorf("%s: key = %v: %w: %s", pkg, value, throttle.ErrInvalidKey, want)
 }
-
-// keyRefused marks a configuration-style error as the fault of one key.
-type keyRefused struct{ error }
-
-func (e keyRefused) Unwrap() error { return e.error }
-
-func (e keyRefused) Is(target error) bool { return target == throttle.ErrKeyRefused }

@@ -487,6 +487,67 @@ func checkRefunds(t *testing.T, s *suite) {
 	s.judgeRun(t, "permits kept while others were refunded", ps, !l.weighted)
 }
 
+// checkCostGiveBacks: a cost bucket's grant of a whole period's burst,
+// settled down to nothing only after the next period has been spent (a
+// call that straddled the period's end), gives the next period nothing:
+// the permits granted, the late grant's counted as used, stay within the
+// guarantee.
+func checkCostGiveBacks(t *testing.T, s *suite) {
+	b := s.fresh(t)
+	cb := b.value(0).(throttle.CostBucket)
+	const key = "late-cost"
+	b.prepare(key)
+	ctx := context.Background()
+	r := &recorder{}
+	take := func(n int64) throttle.Decision {
+		t.Helper()
+		lo := s.now()
+		d, err := cb.TakeCost(ctx, key, throttle.Cost{s.CostDimension: n}, 0)
+		hi := s.now()
+		if err != nil {
+			t.Fatalf("TakeCost(%q, %s=%d) = %v", key, s.CostDimension, n, err)
+		}
+		b.checkDecision(key, n, 0, d)
+		if d.Granted {
+			r.add(lo, hi, n)
+		}
+		return d
+	}
+	// grantAfter follows refusals of n (each Delay waited out) to a grant.
+	grantAfter := func(n int64, d throttle.Decision) throttle.Decision {
+		t.Helper()
+		for hops := 0; !d.Granted && hops < 3; hops++ {
+			s.wait(d.Delay)
+			d = take(n)
+		}
+		if !d.Granted {
+			t.Fatalf("TakeCost(%q, %s=%d) refused after its Delays: %+v", key, s.CostDimension, n, d)
+		}
+		return d
+	}
+	first := grantAfter(s.Burst, take(s.Burst))
+	if first.Settle == nil {
+		t.Fatalf("TakeCost(%q, %s=%d) granted with no Decision.Settle: a CostBucket's grant must say how to settle it", key, s.CostDimension, s.Burst)
+	}
+	// The next period: spent by others while the first call runs on.
+	grantAfter(1, take(1))
+	for range s.Burst + 2 {
+		if !take(1).Granted {
+			break
+		}
+	}
+	// The first call ends now: it used nothing.
+	if err := first.Settle(ctx, throttle.Cost{s.CostDimension: -s.Burst}); err != nil {
+		t.Fatalf("Settle of the first grant = %v", err)
+	}
+	for range s.Burst + 2 {
+		if !take(1).Granted {
+			break
+		}
+	}
+	s.judgeRun(t, "permits kept while a grant of an ended period was settled down", r.permits, false)
+}
+
 // checkConcurrent: many goroutines, spread over both values of NewPair,
 // take one permit of the bucket's own key "" at a time at the same moment
 // until refused, three times over (each burst after the refusal's Delay):
