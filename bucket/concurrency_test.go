@@ -85,6 +85,27 @@ func TestConcurrencyRefusesBadArguments(t *testing.T) {
 	}
 }
 
+// TestConcurrencyTooLongAKeyIsTheCallsProblem: a per-call key longer than
+// MaxKeyLen fails that Hold with an error matching throttle.ErrInvalidKey
+// (and ErrInvalid), which a consumer tells apart from a configuration
+// mistake; the constructor's own key is a configuration mistake.
+func TestConcurrencyTooLongAKeyIsTheCallsProblem(t *testing.T) {
+	rdb := redisenv.New(t).Client()
+	s := newSlots(t, rdb, "long", 1)
+	_, err := s.Hold(context.Background(), strings.Repeat("k", MaxKeyLen+1), 0)
+	if !errors.Is(err, throttle.ErrInvalidKey) || !errors.Is(err, throttle.ErrInvalid) {
+		t.Fatalf("Hold(key of %d bytes) = %v; want ErrInvalidKey and ErrInvalid", MaxKeyLen+1, err)
+	}
+	rel, err := s.Hold(context.Background(), strings.Repeat("k", MaxKeyLen), 0)
+	if err != nil {
+		t.Fatalf("Hold(key of MaxKeyLen bytes) = %v", err)
+	}
+	rel()
+	if _, err := NewConcurrency(rdb, strings.Repeat("k", MaxKeyLen+1), 1); errors.Is(err, throttle.ErrInvalidKey) || !errors.Is(err, throttle.ErrInvalid) {
+		t.Fatalf("NewConcurrency(key of %d bytes) = %v; want ErrInvalid only (configuration)", MaxKeyLen+1, err)
+	}
+}
+
 // newSlots builds a Concurrency that the test closes at its end.
 func newSlots(t *testing.T, rdb redis.UniversalClient, key string, capacity int64, opts ...ConcurrencyOption) *Concurrency {
 	t.Helper()

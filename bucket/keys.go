@@ -45,13 +45,17 @@ func newKeyspace(prefix, base string) keyspace {
 	return keyspace{prefix: p, root: p + "}"}
 }
 
-// tag returns the "<prefix>:{...}" part of every key of key's budget.
+// tag returns the "<prefix>:{...}" part of every key of key's budget. A
+// key longer than MaxKeyLen fails with an error matching
+// throttle.ErrInvalidKey and throttle.ErrInvalid.
 func (k keyspace) tag(pkg, key string) (string, error) {
 	if key == "" {
 		return k.root, nil
 	}
 	if len(key) > MaxKeyLen {
-		return "", errs.Invalid(pkg, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+		// The call's own problem, not the configuration's: ErrInvalidKey
+		// tells a caller (a consumer) that other keys still work.
+		return "", fmt.Errorf("%s: key = %.32q… (%d bytes): %w: %w: must be at most %d bytes", pkg, key, len(key), throttle.ErrInvalidKey, throttle.ErrInvalid, MaxKeyLen)
 	}
 	return k.prefix + "/" + escKey.Replace(key) + "}", nil
 }

@@ -22,6 +22,14 @@ var (
 	// ErrInvalid is wrapped by every error about a bad argument or a bad
 	// configuration. The message names the field and the value.
 	ErrInvalid = errors.New("invalid argument")
+
+	// ErrInvalidKey is wrapped, together with [ErrInvalid], by the error
+	// of a call whose per-call key the store cannot use (longer than the
+	// Redis buckets' bucket.MaxKeyLen). It is that call's problem, not
+	// the configuration's: the same key fails again, other keys work. A
+	// caller that takes keys from its input (a Kafka record's) can match
+	// it to set that input aside rather than stop.
+	ErrInvalidKey = errors.New("invalid key")
 )
 
 // BackendError reports that a bucket's store (Redis) failed. It wraps the
