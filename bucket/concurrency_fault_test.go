@@ -91,11 +91,13 @@ func TestConcurrencyWithoutChannelRightsKeepsItsGuarantee(t *testing.T) {
 	// Every slot free: a Hold that may wait takes one at once, not
 	// after waiting for a subscription confirmation (which never comes).
 	dctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
+	asked := time.Now()
 	rel, err := a.Hold(dctx, "", throttle.Forever)
 	cancel()
 	if err != nil {
 		t.Fatalf("Hold with every slot free (context of 800ms) = %v", err)
 	}
+	t.Logf("Hold(Forever) with every slot free took %v", time.Since(asked))
 
 	// A waiter of another client gets the slot the release hands it.
 	got := make(chan error, 1)
@@ -107,10 +109,12 @@ func TestConcurrencyWithoutChannelRightsKeepsItsGuarantee(t *testing.T) {
 		got <- err
 	}()
 	waitSlots(t, "waiter queued", func() bool { _, w := count(t, srv.Client(), a, ""); return w == 1 })
+	released := time.Now()
 	rel()
 	if err := <-got; err != nil {
 		t.Fatalf("waiter after a release, without wake-ups = %v", err)
 	}
+	t.Logf("waiter served %v after the release, without wake-ups (lease %v)", time.Since(released), lease)
 
 	// A holder whose lease has ended and a waiter (of a process that
 	// is not there to renew it): a try promotes the waiter and finds no
@@ -265,7 +269,9 @@ func TestConcurrencyStalledSubscriptionBlocksNothingElse(t *testing.T) {
 	d.stall.Store(int64(3 * time.Second))
 	waited := make(chan error, 1)
 	go func() {
+		asked := time.Now()
 		_, err := a.Hold(ctx, "", 200*time.Millisecond) // opens the subscription
+		t.Logf("Hold(200ms) returned after %v: %v", time.Since(asked), err)
 		waited <- err
 	}()
 	// Over four leases, the other instance never gets the held slot.
@@ -289,7 +295,9 @@ func TestConcurrencyStalledSubscriptionBlocksNothingElse(t *testing.T) {
 	}
 	released := make(chan struct{})
 	go func() {
+		start := time.Now()
 		rel()
+		t.Logf("release took %v", time.Since(start))
 		close(released)
 	}()
 	select {
