@@ -229,8 +229,9 @@ func checkNeverMoreThanCapacity(t *testing.T, env capEnv) {
 
 // TestConcurrencyServesWaitersInArrivalOrderAcrossClients: waiters of
 // different clients get the slot in the order they joined the queue, and
-// each is woken through Redis: with the default 10 s lease, a missed
-// wake-up would exceed the test's 5 s bound.
+// they are woken through Redis: with the default 10 s lease, five
+// waiters told only by their renewals (every 3.3 s) would exceed the
+// test's 5 s bound.
 func TestConcurrencyServesWaitersInArrivalOrderAcrossClients(t *testing.T) {
 	checkArrivalOrder(t, defaultCapEnv(t))
 }
