@@ -359,3 +359,25 @@ func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// TestConcurrencyRoundTripEndsWithTheWait: a Hold whose script gets no
+// answer returns when its maxWait runs out, with ErrTimeout, not at the
+// round trip's own one-second bound with a store error; and leaves
+// nothing behind.
+func TestConcurrencyRoundTripEndsWithTheWait(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	hook := &holdHook{entered: make(chan struct{})}
+	rdb.AddHook(hook)
+	s := newSlots(t, rdb, "bounded", 1)
+	hook.armed.Store(true)
+	asked := time.Now()
+	_, err := s.Hold(context.Background(), "", 200*time.Millisecond)
+	t.Logf("Hold(200ms) with no answer returned after %v: %v", time.Since(asked), err)
+	if !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(200ms) whose script gets no answer = %v, want ErrTimeout", err)
+	}
+	if h, w := count(t, srv.Client(), s, ""); h != 0 || w != 0 {
+		t.Fatalf("after the Hold: %d held, %d waiting; want 0, 0", h, w)
+	}
+}
