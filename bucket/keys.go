@@ -48,7 +48,9 @@ func newKeyspace(prefix, base string) keyspace {
 	return keyspace{prefix: p, root: p + "}"}
 }
 
-// tag returns the "<prefix>:{...}" part of every key of key's budget.
+// tag returns the "<prefix>:{...}" part of every key of key's budget. A
+// key longer than MaxKeyLen fails with an error matching
+// throttle.ErrInvalidKey and throttle.ErrInvalid.
 func (k keyspace) tag(pkg, key string) (string, error) {
 	if key == "" {
 		return k.root, nil

@@ -43,7 +43,9 @@ type Spec struct {
 	// time (a store's clock).
 	Clock *clockwork.FakeClock
 	// MaxKeyLen is the longest key, in bytes, the bucket accepts; a longer
-	// one must be refused with an error wrapping throttle.ErrInvalid. 0: no
+	// one must be refused with an error wrapping throttle.ErrInvalidKey
+	// and throttle.ErrInvalid (the call's problem, not the
+	// configuration's). 0: no
 	// maximum (the suite tries keys of 4 KiB and 64 KiB).
 	MaxKeyLen int
 	// Remote reports that the bucket reaches its budget over a network (a

@@ -169,8 +169,8 @@ func checkKeysIndependent(t *testing.T, s *suite) {
 }
 
 // checkLongKey: a key longer than MaxKeyLen is refused with an error
-// wrapping throttle.ErrInvalid that names the key, by Take and Pause,
-// never cut short or sent on to the store.
+// wrapping throttle.ErrInvalidKey and throttle.ErrInvalid that names the
+// key, by Take and Pause, never cut short or sent on to the store.
 func checkLongKey(t *testing.T, s *suite) {
 	if s.MaxKeyLen == 0 {
 		b := s.fresh(t)
@@ -183,12 +183,12 @@ func checkLongKey(t *testing.T, s *suite) {
 	base := strings.Repeat("k", s.MaxKeyLen)
 	for _, k := range []string{base + "x", base + "y", base + base} {
 		d, err := b.takeReturns(context.Background(), 0, k, 1, 0)
-		if !isInvalid(err) || !strings.Contains(err.Error(), "key") {
-			t.Errorf("Take(key of %d bytes, MaxKeyLen %d) = %+v, %v; want an error wrapping throttle.ErrInvalid that names the key", len(k), s.MaxKeyLen, d, err)
+		if !isInvalid(err) || !errors.Is(err, throttle.ErrInvalidKey) || !strings.Contains(err.Error(), "key") {
+			t.Errorf("Take(key of %d bytes, MaxKeyLen %d) = %+v, %v; want an error wrapping throttle.ErrInvalidKey and throttle.ErrInvalid that names the key", len(k), s.MaxKeyLen, d, err)
 		}
 		if _, ok := b.value(0).(throttle.Pauser); ok {
-			if err := b.pause(0, k, time.Second); !isInvalid(err) {
-				t.Errorf("Pause(key of %d bytes, MaxKeyLen %d) = %v; want an error wrapping throttle.ErrInvalid", len(k), s.MaxKeyLen, err)
+			if err := b.pause(0, k, time.Second); !isInvalid(err) || !errors.Is(err, throttle.ErrInvalidKey) {
+				t.Errorf("Pause(key of %d bytes, MaxKeyLen %d) = %v; want an error wrapping throttle.ErrInvalidKey and throttle.ErrInvalid", len(k), s.MaxKeyLen, err)
 			}
 		}
 	}
