@@ -93,15 +93,6 @@ type CostGrant struct {
 	settled atomic.Bool
 }
 
-// Cost returns the cost the grant took: the estimate AcquireCost was
-// given. A nil grant has none.
-func (g *CostGrant) Cost() Cost {
-	if g == nil {
-		return nil
-	}
-	return maps.Clone(g.cost)
-}
-
 // Settle corrects the grant once the call's real cost is known: it
 // charges actual−estimated of each dimension actual names, at once and
 // without waiting (a dimension actual does not name is left as

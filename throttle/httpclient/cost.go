@@ -126,7 +126,7 @@ func totalTokens(u Usage) throttle.Cost {
 // request's, and logs a failure.
 func (t *Transport) settle(ctx context.Context, k throttle.Keyed, g *throttle.CostGrant, actual throttle.Cost) {
 	if err := g.Settle(context.WithoutCancel(ctx), actual); err != nil {
-		t.log.Warn("httpclient: settling a call's cost failed", "key", k.Key(), "estimated", g.Cost().String(), "actual", actual.String(), "err", err)
+		t.log.Warn("httpclient: settling a call's cost failed", "key", k.Key(), "actual", actual.String(), "err", err)
 	}
 }
 
