@@ -187,7 +187,12 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 		cancel()
 		if err != nil {
 			if storeFailure(ctx, expired, err) {
-				return l.degradeCost(key, c, err)
+				if err := l.degradeCost(key, c, err); err != nil {
+					return err
+				}
+				// FailOpen's grant, never after the wait's end either
+				// (the failure may come back after it).
+				return w.ended()
 			}
 			if errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) {
 				return err

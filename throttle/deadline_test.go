@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -131,4 +132,38 @@ func TestGrantAnsweredAfterAStopIsGivenBack(t *testing.T) {
 	err := lim.Acquire(ContextWithWaitStop(context.Background(), stopCtx), time.Second)
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, int64(1), b.cancelled.Load(), "the grant given back")
+}
+
+// lateFailCost is a CostBucket whose store answers latency after the call,
+// on the fake clock, with a store failure.
+type lateFailCost struct {
+	*Local
+	fake    *clockwork.FakeClock
+	latency time.Duration
+}
+
+func (b *lateFailCost) TakeCost(_ context.Context, _ string, _ Cost, _ time.Duration) (Decision, error) {
+	b.fake.Advance(b.latency)
+	return Decision{}, &BackendError{Op: "take", Err: errors.New("connection reset")}
+}
+
+func (b *lateFailCost) Settle(context.Context, string, Cost) error { return nil }
+
+// TestCostFailOpenAfterTheDeadlineIsATimeout: FailOpen's grant of a cost
+// whose store failure came back after the caller's wait had ended (a
+// store answering in 30 ms, a wait of 20 ms) is ErrTimeout, as Acquire's
+// is: AcquireCost never grants after its wait's end, by the failure
+// policy either.
+func TestCostFailOpenAfterTheDeadlineIsATimeout(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	b := &lateFailCost{Local: loc, fake: clock, latency: 30 * time.Millisecond}
+	lim := New(b, WithClock(clock), WithFailurePolicy(FailOpen))
+	defer lim.Close()
+	err = lim.AcquireCost(context.Background(), Cost{"tokens": 5}, 20*time.Millisecond)
+	assert.ErrorIs(t, err, ErrTimeout, "granted by FailOpen after the wait's end")
+
+	b.latency = 0 // the failure within the wait: FailOpen grants
+	assert.NoError(t, lim.AcquireCost(context.Background(), Cost{"tokens": 5}, 20*time.Millisecond))
 }
