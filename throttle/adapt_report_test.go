@@ -98,3 +98,34 @@ func TestReportThatNeverWinsTheSwapSaysSo(t *testing.T) {
 	require.Error(t, err, "Report returned nil, and the fleet's state does not hold the refusal")
 	assert.Contains(t, err.Error(), `"tenant"`)
 }
+
+// TestReportIsNotUndoneByAnEarlierReadWhenTheStoreClockStepsBack: as
+// TestReportIsNotUndoneByAnEarlierReadAnsweredLate, but the store's clock
+// steps back a second (NTP, a failover to a host behind) between the read
+// and the decrease: the read, of the earlier version, carries the later
+// store time. The decrease is still the newer state, and stays in the
+// view (it was replaced by the read: At, not the version, decided).
+func TestReportIsNotUndoneByAnEarlierReadWhenTheStoreClockStepsBack(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	storeClock := clockwork.NewFakeClock()
+	b := &heldRead{sharedAdaptive: newSharedAdaptive(t, storeClock, 100), taken: make(chan struct{}), release: make(chan struct{})}
+	lim := New(b, WithClock(clock))
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(b.release) }) }
+	defer lim.Close()
+	defer unblock()
+	k := lim.Key("tenant")
+	require.NoError(t, k.Acquire(ctx, 0))
+	<-b.taken
+	storeClock.Advance(-time.Second)
+	require.NoError(t, k.Report(ctx, Answer{Refused: true}))
+	unblock()
+	require.NoError(t, lim.Close()) // the background read has been noted
+	s, err := lim.AdaptiveState(ctx, "tenant")
+	require.NoError(t, err)
+	assert.True(t, s.Active(), "the refusal slows the key: %+v", s)
+	stored, _, err := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond)
+	require.NoError(t, err)
+	assert.Equal(t, stored.Version, s.Version, "the view is the stored state")
+}
