@@ -410,11 +410,14 @@ func (b *background) run(l *Limiter, st *keyState, f func(context.Context)) {
 
 // Close stops l's background work (reads and updates of the adaptive rate
 // in the bucket's store, each at most the store timeout long) and waits
-// for it to end. It is optional: that work ends on its own within the
-// store timeout, so a Limiter dropped without Close leaks nothing for
-// long; call Close where a test or a shutdown must know that nothing of l
-// runs any more. After Close, l keeps granting; its adaptive view is then
-// refreshed only by its own reports. Close is safe to call more than once.
+// for it to end, and for the give-backs of permits that callers left and
+// did not wait for (a store slower than the store timeout; each at most a
+// second long). It is optional: that work ends on its own within a
+// second, so a Limiter dropped without Close leaks nothing for long; call
+// Close where a test or a shutdown must know that nothing of l runs any
+// more. After Close, l keeps granting; its adaptive view is then
+// refreshed only by its own reports, and callers make their give-backs
+// themselves. Close is safe to call more than once.
 func (l *Limiter) Close() error {
 	b := &l.bg
 	b.mu.Lock()
@@ -424,6 +427,7 @@ func (l *Limiter) Close() error {
 		b.cancel()
 	}
 	b.wg.Wait()
+	l.gives.close()
 	return nil
 }
 

@@ -234,18 +234,18 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 	}
 }
 
-// giveBackCost gives back an abandoned reservation of c, on a short
-// context of its own (ctx may be done).
+// giveBackCost gives back an abandoned reservation of c (handBack: the
+// caller waits for it at most the store timeout).
 func (l *Limiter) giveBackCost(ctx context.Context, cb CostBucket, key string, c Cost) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
 	back := make(Cost, len(c))
 	for name, v := range c {
 		back[name] = -v
 	}
-	if err := cb.Settle(rctx, key, back); err != nil {
-		l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "cost", c.String(), "err", err)
-	}
+	l.handBack(ctx, func(rctx context.Context) {
+		if err := cb.Settle(rctx, key, back); err != nil {
+			l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "cost", c.String(), "err", err)
+		}
+	})
 }
 
 // degradeCost is AcquireCost's failure policy when the store failed with

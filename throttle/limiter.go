@@ -53,6 +53,7 @@ type Limiter struct {
 	adapt   adapter
 	leasing *leaseConfig // nil: no leasing
 	bg      background
+	gives   giveBacks
 }
 
 // capabilities are what the bucket offers beyond Take, each found on the
@@ -107,6 +108,7 @@ func New(b Bucket, opts ...LimiterOption) *Limiter {
 		l.leasing = newLeaseConfig(*cfg.leasing)
 	}
 	l.bg.ctx, l.bg.cancel = context.WithCancel(context.Background())
+	l.gives.idle.L = &l.gives.mu
 	l.root = &keyState{}
 	l.initState(l.root)
 	idle := min(max(time.Duration(l.interval), time.Second), 10*time.Minute)
@@ -191,7 +193,10 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // [ContextWithWaitStop] when it comes), and Acquire never grants past it:
 // a paced slot or a reservation that begins after it is ErrTimeout at
 // once, and a grant whose answer comes after it (a slow store) is given
-// back and returns ErrTimeout, or the stop's error.
+// back and returns ErrTimeout, or the stop's error. Giving permits back
+// keeps a caller at most the store timeout past the end of its wait: a
+// give-back the store has not answered by then goes on in the background
+// ([Limiter.Close] waits for it).
 //
 // Over a [Periodic] bucket (the token bucket, fixed window and counter of
 // package bucket), a crowd does not take a period all at its start: each
@@ -578,22 +583,23 @@ func (l *Limiter) sleepReservation(ctx context.Context, key string, n int64, d D
 }
 
 // cancelReservation gives back an abandoned reservation d: exactly, by its
-// Cancel, when the bucket said how; else through the bucket's Refunder.
+// Cancel, when the bucket said how; else through the bucket's Refunder
+// (handBack: the caller waits for it at most the store timeout).
 func (l *Limiter) cancelReservation(ctx context.Context, key string, n int64, d Decision) {
-	// ctx may be done: give the reservation back on a short context of
-	// its own.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	var err error
-	switch {
-	case d.Cancel != nil:
-		err = d.Cancel(rctx)
-	case l.caps.refunder != nil:
-		err = l.caps.refunder.Refund(rctx, key, n)
+	if d.Cancel == nil && l.caps.refunder == nil {
+		return
 	}
-	if err != nil {
-		l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "n", n, "err", err)
-	}
+	l.handBack(ctx, func(rctx context.Context) {
+		var err error
+		if d.Cancel != nil {
+			err = d.Cancel(rctx)
+		} else {
+			err = l.caps.refunder.Refund(rctx, key, n)
+		}
+		if err != nil {
+			l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "n", n, "err", err)
+		}
+	})
 }
 
 // sleep waits d on the limiter's clock, or until ctx ends.
