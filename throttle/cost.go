@@ -192,7 +192,7 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 				}
 				// FailOpen's grant, never after the wait's end either
 				// (the failure may come back after it).
-				return w.ended()
+				return w.ended(false)
 			}
 			if errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) {
 				return err
@@ -200,22 +200,22 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 			return w.failed(err)
 		}
 		left = w.left()
-		switch {
-		case d.Granted && d.Delay <= 0:
-		case d.Granted:
-			// A reservation: sleep it out, or give it back.
+		if d.Granted {
 			if d.Delay > left {
+				// A reservation beyond the wait left (none is left when
+				// the answer came after the wait's end): give it back.
 				l.giveBackCost(ctx, cb, key, c)
 				return costTimeout(c, maxWait, d.Delay, w.tb.ctxBound)
 			}
-			if err := l.sleep(ctx, d.Delay); err != nil {
-				l.giveBackCost(ctx, cb, key, c)
-				return err
+			if d.Delay > 0 {
+				if err := l.sleep(ctx, d.Delay); err != nil {
+					l.giveBackCost(ctx, cb, key, c)
+					return err
+				}
 			}
-		}
-		if d.Granted {
-			// Never granted after the wait's end (see waiter.keep).
-			if err := w.ended(); err != nil {
+			// Never granted after the wait's end (see waiter.keep): a
+			// grant answered after it, or a wait ended as its slot came.
+			if err := w.ended(d.Delay > 0); err != nil {
 				l.giveBackCost(ctx, cb, key, c)
 				return err
 			}

@@ -167,3 +167,61 @@ func TestCostFailOpenAfterTheDeadlineIsATimeout(t *testing.T) {
 	b.latency = 0 // the failure within the wait: FailOpen grants
 	assert.NoError(t, lim.AcquireCost(context.Background(), Cost{"tokens": 5}, 20*time.Millisecond))
 }
+
+// TestReservationWithinTheWaitIsKeptWhenTheCallerWakesLate: a
+// reservation that begins at the end of the caller's wait, slept out by a
+// timer that fires a little late (a loaded machine; the fake clock moves
+// past it in one step), is the caller's: its slot began within the wait.
+// It returned ErrTimeout, and gave the reservation back when its slot had
+// begun already, which gives nothing back.
+func TestReservationWithinTheWaitIsKeptWhenTheCallerWakesLate(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(1, 100*time.Millisecond, WithClock(clock))
+	require.NoError(t, err)
+	lim := New(loc, WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0)) // the next slot is 100 ms on
+	done := make(chan error, 1)
+	go func() { done <- lim.Acquire(ctx, 100*time.Millisecond) }()
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // sleeping for its reservation
+	clock.Advance(101 * time.Millisecond)
+	assert.NoError(t, <-done, "the reservation began within the wait")
+}
+
+// TestCostReservationWithinTheWaitIsKeptWhenTheCallerWakesLate is
+// TestReservationWithinTheWaitIsKeptWhenTheCallerWakesLate for
+// AcquireCost.
+func TestCostReservationWithinTheWaitIsKeptWhenTheCallerWakesLate(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	b := &reservingCost{Local: loc, delay: 100 * time.Millisecond, returned: Cost{}}
+	lim := New(b, WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() { done <- lim.AcquireCost(ctx, Cost{"tokens": 5}, 100*time.Millisecond) }()
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // sleeping for its reservation
+	clock.Advance(101 * time.Millisecond)
+	assert.NoError(t, <-done, "the reservation began within the wait")
+	assert.Empty(t, b.returned, "nothing given back")
+}
+
+// reservingCost is a CostBucket that reserves every cost delay ahead.
+type reservingCost struct {
+	*Local
+	delay    time.Duration
+	returned Cost
+}
+
+func (b *reservingCost) TakeCost(context.Context, string, Cost, time.Duration) (Decision, error) {
+	return Decision{Granted: true, Delay: b.delay}, nil
+}
+
+func (b *reservingCost) Settle(_ context.Context, _ string, delta Cost) error {
+	for k, v := range delta {
+		b.returned[k] += v
+	}
+	return nil
+}

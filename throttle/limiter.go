@@ -382,6 +382,9 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		case err != nil:
 			return w.failed(err)
 		case d.Granted && d.Delay <= 0:
+			if err := w.keep(st, d, src, false); err != nil {
+				return err // answered after the wait's end
+			}
 			if spread && src == fromStore {
 				// A place beyond the wait left: the caller goes at once.
 				if s := l.spreadDelay(n, d, time.Duration(l.tb.now()-asked)); s > 0 && s < left {
@@ -392,14 +395,15 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 					if err != nil {
 						return err
 					}
+					return w.keep(st, d, src, true)
 				}
 			}
-			return w.keep(st, d, src)
+			return nil
 		case d.Granted:
 			if err := l.sleepReservation(ctx, st.key, n, d, left, w.tb); err != nil {
 				return err
 			}
-			return w.keep(st, d, src)
+			return w.keep(st, d, src, true)
 		case delay > left:
 			return w.tb.err(delay)
 		case !shared:
@@ -454,15 +458,18 @@ func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration,
 
 // keep returns nil when the caller may keep the permits of d (from src),
 // granted now: its wait has not ended (its deadline passed, ctx ended or
-// its wait stopped) while the bucket was asked or the grant's time was
-// slept out. Else it gives them back, as for a reservation the caller
-// leaves, and returns why the wait ended: a grant's answer may come after
-// the wait's end (a store call is bounded a little past it, minStoreCall,
-// and a store may answer late), and a caller must never be granted after
-// it. A caller that allowed no wait (maxWait 0) has no deadline here (its
-// store call is bounded by the store timeout): only its ctx is looked at.
-func (w *waiter) keep(st *keyState, d Decision, src source) error {
-	err := w.ended()
+// its wait stopped) while the bucket was asked. Else it gives them back,
+// as for a reservation the caller leaves, and returns why the wait ended:
+// a grant's answer may come after the wait's end (a store call is bounded
+// a little past it, minStoreCall, and a store may answer late), and a
+// caller must never be granted after it. A caller that allowed no wait
+// (maxWait 0) has no deadline here (its store call is bounded by the
+// store timeout): only its ctx is looked at. sleptOut reports that the
+// grant's time (a reservation's slot, a place in the period) was slept
+// out, and came within what was left of the wait when the answer came:
+// only ctx's end counts then, not a timer that woke the caller late.
+func (w *waiter) keep(st *keyState, d Decision, src source, sleptOut bool) error {
+	err := w.ended(sleptOut)
 	if err == nil {
 		return nil
 	}
@@ -478,13 +485,15 @@ func (w *waiter) keep(st *keyState, d Decision, src source) error {
 	return err
 }
 
-// ended returns why w's wait has ended, or nil while it runs.
-func (w *waiter) ended() error {
+// ended returns why w's wait has ended, or nil while it runs; with
+// ctxOnly, only ctx's end counts, not the time measured on the Limiter's
+// clock.
+func (w *waiter) ended(ctxOnly bool) error {
 	err := w.ctx.Err()
 	switch {
 	case err != nil && !errors.Is(err, context.DeadlineExceeded):
 		return waitErr(w.ctx) // cancelled or stopped
-	case err == nil && !(w.measured && w.l.tb.now()-w.start > int64(w.budget)):
+	case err == nil && (ctxOnly || !(w.measured && w.l.tb.now()-w.start > int64(w.budget))):
 		return nil
 	case err != nil || w.tb.ctxBound:
 		return fmt.Errorf("%w: %d permit(s) granted only after the context's deadline, given back (%w)", ErrTimeout, w.n, context.DeadlineExceeded)
