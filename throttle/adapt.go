@@ -177,10 +177,15 @@ func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState
 		}
 	}
 	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
-	for attempt := 0; err == nil && attempt < updateAttempts; attempt++ {
+	for attempt := 0; err == nil; attempt++ {
+		// Each lost swap returns the state that won: f looks at it, the
+		// last one's included (it may hold f's change, made by another).
 		next, changed := f(s, s.At)
 		if !changed {
 			return nil
+		}
+		if attempt == updateAttempts {
+			break
 		}
 		var swapped bool
 		if s, swapped, err = l.swap(ctx, st, s, next); swapped {
