@@ -57,26 +57,28 @@ func (l *Limiter) viewAt(st *keyState, now int64) (adaptView, bool) {
 	return *v, now-v.seen < int64(l.adapt.interval)
 }
 
-// note records s as st's state seen now, unless the view, still fresh,
-// holds a state that s cannot be newer than (older reports): replies of
-// concurrent store calls (a background refresh, a swap) may land out of
-// order, and the older must not undo the newer (a refusal's decrease
-// replaced by a read from before it would stop the pacing for an
-// interval).
+// note records s, read by a store call sent at sent (on the time base),
+// as st's state seen now, unless the view, still fresh, holds a state that
+// s cannot be newer than: replies of concurrent store calls (a background
+// refresh, a swap) may land out of order, and the older must not undo the
+// newer (a refusal's decrease replaced by a read from before it would stop
+// the pacing for an interval).
 //
-// The store's version orders its states while it keeps them; its clock
-// alone does not: two calls within one tick of it (a fake clock, Redis
-// TIME's microsecond) read the same At, and the clock may step back. A
-// later version always wins, so that a store clock that stepped back
-// cannot hide a change; a state read later on the store's clock wins too,
-// so that a store that lost the state (an empty restart) and counts its
-// versions anew is believed.
-func (l *Limiter) note(st *keyState, s AdaptiveState) {
+// The store's version orders its states while it keeps them, and a later
+// version always wins. An earlier version is older, unless its call was
+// sent after the view's state had come back: that call read the store
+// after the view's state was in it, so the store lost the state (an empty
+// restart) and counts its versions anew, and is believed. The order of
+// the calls is read on this process's monotonic time base, never on the
+// store's clock: two calls within one tick of it (a fake clock, Redis
+// TIME's microsecond) read the same At, and it may step back, so that a
+// read taken before a decrease carries the later At.
+func (l *Limiter) note(st *keyState, s AdaptiveState, sent int64) {
 	now := l.tb.now()
 	nv := &adaptView{st: s, seen: now}
 	for {
 		cur := st.view.Load()
-		if cur != nil && now-cur.seen < int64(l.adapt.interval) && older(s, cur.st) {
+		if cur != nil && now-cur.seen < int64(l.adapt.interval) && older(s, sent, cur) {
 			return
 		}
 		if st.view.CompareAndSwap(cur, nv) {
@@ -85,14 +87,18 @@ func (l *Limiter) note(st *keyState, s AdaptiveState) {
 	}
 }
 
-// older reports whether s, read from a store, is older than cur: not of
-// a later version nor read later on the store's clock, and not cur
-// itself (the same version at the same time, read again).
-func older(s, cur AdaptiveState) bool {
-	if s.Version > cur.Version || s.At.After(cur.At) {
-		return false
+// older reports whether s, read by a store call sent at sent, is older
+// than the view cur: of an earlier version, read by a call sent before
+// cur came back; or cur's own version read again at an earlier store time
+// (nothing newer to learn from it).
+func older(s AdaptiveState, sent int64, cur *adaptView) bool {
+	switch {
+	case s.Version < cur.st.Version:
+		return sent <= cur.seen
+	case s.Version == cur.st.Version:
+		return s.At.Before(cur.st.At)
 	}
-	return s.Version < cur.Version || s.At.Before(cur.At)
+	return false
 }
 
 // memory returns st's in-memory adaptive state, creating it; the caller
@@ -140,11 +146,12 @@ func (l *Limiter) swap(ctx context.Context, st *keyState, old, next AdaptiveStat
 	sctx, cancel := context.WithTimeout(ctx, l.storeBound())
 	defer cancel()
 	ttl := max(adaptMemory, 10*l.adapt.interval)
+	sent := l.tb.now()
 	s, ok, err := l.swapStore(sctx, st, old, next, ttl)
 	if err != nil {
 		return AdaptiveState{}, false, err
 	}
-	l.note(st, s)
+	l.note(st, s, sent)
 	if ok {
 		if o, isAO := l.cfg.observer.(AdaptiveObserver); isAO {
 			o.Adapted(st.key, s)
@@ -170,10 +177,15 @@ func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState
 		}
 	}
 	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
-	for attempt := 0; err == nil && attempt < updateAttempts; attempt++ {
+	for attempt := 0; err == nil; attempt++ {
+		// Each lost swap returns the state that won: f looks at it, the
+		// last one's included (it may hold f's change, made by another).
 		next, changed := f(s, s.At)
 		if !changed {
 			return nil
+		}
+		if attempt == updateAttempts {
+			break
 		}
 		var swapped bool
 		if s, swapped, err = l.swap(ctx, st, s, next); swapped {
@@ -245,6 +257,7 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, w *waiter, now int64) 
 			bound = min(bound, remaining)
 		}
 		sctx, cancel := context.WithTimeout(ctx, bound)
+		sent := l.tb.now()
 		p, err := l.paceStore(sctx, st, n, horizon)
 		// A call bounded by what is left of a wait that ctx's deadline
 		// bounds ends a hair before that deadline: the wait ran out.
@@ -267,7 +280,7 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, w *waiter, now int64) 
 			// pace this process at its share of the last rate seen.
 			return l.paceLocal(ctx, st, n, remaining, tb)
 		}
-		l.note(st, p.State)
+		l.note(st, p.State, sent)
 		if !p.State.Active() {
 			return nil
 		}
@@ -306,8 +319,9 @@ func (l *Limiter) raise(st *keyState, old, next AdaptiveState) {
 // even with the store down.
 func (l *Limiter) refresh(st *keyState) {
 	read := func(ctx context.Context) {
+		sent := l.tb.now()
 		if s, _, err := l.swapStore(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond); err == nil {
-			l.note(st, s)
+			l.note(st, s, sent)
 		}
 	}
 	if l.adapt.store == nil {
@@ -401,11 +415,14 @@ func (b *background) run(l *Limiter, st *keyState, f func(context.Context)) {
 
 // Close stops l's background work (reads and updates of the adaptive rate
 // in the bucket's store, each at most the store timeout long) and waits
-// for it to end. It is optional: that work ends on its own within the
-// store timeout, so a Limiter dropped without Close leaks nothing for
-// long; call Close where a test or a shutdown must know that nothing of l
-// runs any more. After Close, l keeps granting; its adaptive view is then
-// refreshed only by its own reports. Close is safe to call more than once.
+// for it to end, and for the give-backs of permits that callers left and
+// did not wait for (a store slower than the store timeout; each at most a
+// second long). It is optional: that work ends on its own within a
+// second, so a Limiter dropped without Close leaks nothing for long; call
+// Close where a test or a shutdown must know that nothing of l runs any
+// more. After Close, l keeps granting; its adaptive view is then
+// refreshed only by its own reports, and callers make their give-backs
+// themselves. Close is safe to call more than once.
 func (l *Limiter) Close() error {
 	b := &l.bg
 	b.mu.Lock()
@@ -415,6 +432,7 @@ func (l *Limiter) Close() error {
 		b.cancel()
 	}
 	b.wg.Wait()
+	l.gives.close()
 	return nil
 }
 

@@ -144,12 +144,12 @@ func TestAdaptViewKeepsTheNewerState(t *testing.T) {
 	st := lim.state("k")
 	defer lim.release(st)
 	t0 := clock.Now()
-	lim.note(st, AdaptiveState{Rate: 9, At: t0.Add(time.Millisecond)})
-	lim.note(st, AdaptiveState{At: t0}) // the refresh's read, from before
+	lim.note(st, AdaptiveState{Rate: 9, At: t0.Add(time.Millisecond)}, lim.tb.now())
+	lim.note(st, AdaptiveState{At: t0}, lim.tb.now()) // the refresh's read, from before
 	v, _ := lim.view(st)
 	assert.InDelta(t, 9, v.st.Rate, 1e-9)
 	clock.Advance(time.Second) // the newer view is stale now: anything goes
-	lim.note(st, AdaptiveState{At: t0})
+	lim.note(st, AdaptiveState{At: t0}, lim.tb.now())
 	v, _ = lim.view(st)
 	assert.False(t, v.st.Active())
 }
@@ -239,8 +239,8 @@ func TestAdaptViewLaterVersionWins(t *testing.T) {
 	st := lim.state("k")
 	defer lim.release(st)
 	t0 := clock.Now()
-	lim.note(st, AdaptiveState{At: t0.Add(time.Minute), Version: 0})
-	lim.note(st, AdaptiveState{Rate: 9, At: t0, Version: 1})
+	lim.note(st, AdaptiveState{At: t0.Add(time.Minute), Version: 0}, lim.tb.now())
+	lim.note(st, AdaptiveState{Rate: 9, At: t0, Version: 1}, lim.tb.now())
 	v, _ := lim.view(st)
 	assert.InDelta(t, 9, v.st.Rate, 1e-9)
 }
@@ -287,7 +287,7 @@ func TestAcquireDeadlineDuringPacingIsErrTimeout(t *testing.T) {
 	loc, err := NewLocal(10, time.Second)
 	require.NoError(t, err)
 	lim := New(&failingAdaptive{Local: loc})
-	lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}) // adapting, as a refusal left it
+	lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting, as a refusal left it
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	err = lim.Acquire(ctx, Forever)
@@ -368,4 +368,29 @@ func setMemRate(t *testing.T, m *memAdaptive, now time.Time, rate float64) {
 	old, _ := m.swap(now, AdaptiveState{Version: -1}, AdaptiveState{}, 0)
 	_, ok := m.swap(now, old, AdaptiveState{Rate: rate}, time.Hour)
 	require.True(t, ok)
+}
+
+// TestAdaptViewBelievesAStoreThatLostItsState: a state of an earlier
+// version read by a call sent after the view's state came back is the
+// store's own (it lost the state, an empty restart, and counts versions
+// anew), whatever its clock says; one read by a call sent before is an
+// older reply landing late.
+func TestAdaptViewBelievesAStoreThatLostItsState(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	lim := New(loc, WithClock(clock))
+	st := lim.state("k")
+	defer lim.release(st)
+	t0 := clock.Now()
+	before := lim.tb.now()
+	clock.Advance(time.Millisecond)
+	lim.note(st, AdaptiveState{Rate: 9, At: t0, Version: 3}, before)
+	lim.note(st, AdaptiveState{At: t0.Add(time.Hour), Version: 1}, before) // sent before the view came back
+	v, _ := lim.view(st)
+	assert.InDelta(t, 9, v.st.Rate, 1e-9, "a reply of a call sent earlier replaced the view")
+	clock.Advance(time.Millisecond)
+	lim.note(st, AdaptiveState{At: t0.Add(-time.Hour), Version: 1}, lim.tb.now()) // read after it: the store lost it
+	v, _ = lim.view(st)
+	assert.False(t, v.st.Active(), "the store's state, read after the view, is not believed")
 }

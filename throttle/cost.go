@@ -236,9 +236,16 @@ func (l *Limiter) takeCost(ctx context.Context, g *CostGrant, maxWait time.Durat
 					// wait ran out.
 					return Decision{}, w.tb.costExpired(c, d0, err)
 				}
-				err = l.degradeCost(key, c, err, budgetBound && expired, w.tb)
-				g.policy = err == nil
-				return Decision{}, err
+				if err := l.degradeCost(key, c, err, budgetBound && expired, w.tb); err != nil {
+					return Decision{}, err
+				}
+				// FailOpen's grant, never after the wait's end either
+				// (the failure may come back after it).
+				if err := w.ended(false); err != nil {
+					return Decision{}, err
+				}
+				g.policy = true
+				return Decision{}, nil
 			}
 			if errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) {
 				return Decision{}, err
@@ -246,22 +253,22 @@ func (l *Limiter) takeCost(ctx context.Context, g *CostGrant, maxWait time.Durat
 			return Decision{}, w.failed(err)
 		}
 		left = w.left()
-		switch {
-		case d.Granted && d.Delay <= 0:
-		case d.Granted:
-			// A reservation: sleep it out, or give it back.
+		if d.Granted {
 			if d.Delay > left {
+				// A reservation beyond the wait left (none is left when
+				// the answer came after the wait's end): give it back.
 				l.giveBackCost(ctx, d, key, c)
 				return Decision{}, costTimeout(c, maxWait, d.Delay, w.tb.ctxBound)
 			}
-			if err := l.sleep(ctx, d.Delay); err != nil {
-				l.giveBackCost(ctx, d, key, c)
-				return Decision{}, err
+			if d.Delay > 0 {
+				if err := l.sleep(ctx, d.Delay); err != nil {
+					l.giveBackCost(ctx, d, key, c)
+					return Decision{}, err
+				}
 			}
-		}
-		if d.Granted {
-			// Never granted after the wait's end (see waiter.keep).
-			if err := w.ended(); err != nil {
+			// Never granted after the wait's end (see waiter.keep): a
+			// grant answered after it, or a wait ended as its slot came.
+			if err := w.ended(d.Delay > 0); err != nil {
 				l.giveBackCost(ctx, d, key, c)
 				return Decision{}, err
 			}
@@ -280,21 +287,21 @@ func (l *Limiter) takeCost(ctx context.Context, g *CostGrant, maxWait time.Durat
 	}
 }
 
-// giveBackCost gives back an abandoned reservation d of c, through its
-// Settle, on a short context of its own (ctx may be done).
+// giveBackCost gives back an abandoned reservation d of c through its
+// Settle (handBack: the caller waits for it at most the store timeout).
 func (l *Limiter) giveBackCost(ctx context.Context, d Decision, key string, c Cost) {
 	if d.Settle == nil {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
 	back := make(Cost, len(c))
 	for name, v := range c {
 		back[name] = -v
 	}
-	if err := d.Settle(rctx, back); err != nil {
-		l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "cost", c.String(), "err", err)
-	}
+	l.handBack(ctx, func(rctx context.Context) {
+		if err := d.Settle(rctx, back); err != nil {
+			l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "cost", c.String(), "err", err)
+		}
+	})
 }
 
 // degradeCost is AcquireCost's failure policy when the store failed with

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,4 +131,96 @@ func TestGrantAnsweredAfterAStopIsGivenBack(t *testing.T) {
 	err := lim.Acquire(ContextWithWaitStop(context.Background(), stopCtx), time.Second)
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, int64(1), b.cancelled.Load(), "the grant given back")
+}
+
+// lateFailCost is a CostBucket whose store answers latency after the call,
+// on the fake clock, with a store failure.
+type lateFailCost struct {
+	*Local
+	fake    *clockwork.FakeClock
+	latency time.Duration
+}
+
+func (b *lateFailCost) TakeCost(_ context.Context, _ string, _ Cost, _ time.Duration) (Decision, error) {
+	b.fake.Advance(b.latency)
+	return Decision{}, &BackendError{Op: "take", Err: errors.New("connection reset")}
+}
+
+// TestCostFailOpenAfterTheDeadlineIsATimeout: FailOpen's grant of a cost
+// whose store failure came back after the caller's wait had ended (a
+// store answering in 30 ms, a wait of 20 ms) is ErrTimeout, as Acquire's
+// is: AcquireCost never grants after its wait's end, by the failure
+// policy either.
+func TestCostFailOpenAfterTheDeadlineIsATimeout(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	b := &lateFailCost{Local: loc, fake: clock, latency: 30 * time.Millisecond}
+	lim := New(b, WithClock(clock), WithFailurePolicy(FailOpen))
+	defer lim.Close()
+	_, err = lim.AcquireCost(context.Background(), Cost{"tokens": 5}, 20*time.Millisecond)
+	assert.ErrorIs(t, err, ErrTimeout, "granted by FailOpen after the wait's end")
+
+	b.latency = 0 // the failure within the wait: FailOpen grants
+	_, err = lim.AcquireCost(context.Background(), Cost{"tokens": 5}, 20*time.Millisecond)
+	assert.NoError(t, err)
+}
+
+// TestReservationWithinTheWaitIsKeptWhenTheCallerWakesLate: a
+// reservation that begins at the end of the caller's wait, slept out by a
+// timer that fires a little late (a loaded machine; the fake clock moves
+// past it in one step), is the caller's: its slot began within the wait.
+// It returned ErrTimeout, and gave the reservation back when its slot had
+// begun already, which gives nothing back.
+func TestReservationWithinTheWaitIsKeptWhenTheCallerWakesLate(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(1, 100*time.Millisecond, WithClock(clock))
+	require.NoError(t, err)
+	lim := New(loc, WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0)) // the next slot is 100 ms on
+	done := make(chan error, 1)
+	go func() { done <- lim.Acquire(ctx, 100*time.Millisecond) }()
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // sleeping for its reservation
+	clock.Advance(101 * time.Millisecond)
+	assert.NoError(t, <-done, "the reservation began within the wait")
+}
+
+// TestCostReservationWithinTheWaitIsKeptWhenTheCallerWakesLate is
+// TestReservationWithinTheWaitIsKeptWhenTheCallerWakesLate for
+// AcquireCost.
+func TestCostReservationWithinTheWaitIsKeptWhenTheCallerWakesLate(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	loc, err := NewLocal(10, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	b := &reservingCost{Local: loc, delay: 100 * time.Millisecond, returned: Cost{}}
+	lim := New(b, WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() {
+		_, err := lim.AcquireCost(ctx, Cost{"tokens": 5}, 100*time.Millisecond)
+		done <- err
+	}()
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // sleeping for its reservation
+	clock.Advance(101 * time.Millisecond)
+	assert.NoError(t, <-done, "the reservation began within the wait")
+	assert.Empty(t, b.returned, "nothing given back")
+}
+
+// reservingCost is a CostBucket that reserves every cost delay ahead.
+type reservingCost struct {
+	*Local
+	delay    time.Duration
+	returned Cost
+}
+
+func (b *reservingCost) TakeCost(context.Context, string, Cost, time.Duration) (Decision, error) {
+	return Decision{Granted: true, Delay: b.delay, Settle: func(_ context.Context, delta Cost) error {
+		for k, v := range delta {
+			b.returned[k] += v
+		}
+		return nil
+	}}, nil
 }

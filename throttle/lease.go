@@ -439,15 +439,16 @@ func (l *Limiter) refill(ctx context.Context, st *keyState, prev *leaseBatch, he
 }
 
 // giveBack hands n permits of key back to the bucket, if it takes them
-// (a [Refunder]); they only cost throughput otherwise.
+// (a [Refunder]); they only cost throughput otherwise. The caller waits
+// for it at most the store timeout (handBack).
 func (l *Limiter) giveBack(ctx context.Context, key string, n int64) {
 	r := l.caps.refunder
 	if r == nil || n < 1 {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	if err := r.Refund(rctx, key, n); err != nil {
-		l.cfg.logger.Warn("throttle: handing back leased permits failed", "key", key, "n", n, "err", err)
-	}
+	l.handBack(ctx, func(rctx context.Context) {
+		if err := r.Refund(rctx, key, n); err != nil {
+			l.cfg.logger.Warn("throttle: handing back leased permits failed", "key", key, "n", n, "err", err)
+		}
+	})
 }

@@ -53,6 +53,7 @@ type Limiter struct {
 	adapt   adapter
 	leasing *leaseConfig // nil: no leasing
 	bg      background
+	gives   giveBacks
 }
 
 // capabilities are what the bucket offers beyond Take, each found on the
@@ -107,6 +108,7 @@ func New(b Bucket, opts ...LimiterOption) *Limiter {
 		l.leasing = newLeaseConfig(*cfg.leasing)
 	}
 	l.bg.ctx, l.bg.cancel = context.WithCancel(context.Background())
+	l.gives.idle.L = &l.gives.mu
 	l.root = &keyState{}
 	l.initState(l.root)
 	idle := min(max(time.Duration(l.interval), time.Second), 10*time.Minute)
@@ -191,7 +193,11 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // [ContextWithWaitStop] when it comes), and Acquire never grants past it:
 // a paced slot or a reservation that begins after it is ErrTimeout at
 // once, and a grant whose answer comes after it (a slow store) is given
-// back and returns ErrTimeout, or the stop's error.
+// back and returns ErrTimeout, or the stop's error. Giving permits back
+// keeps a caller at most the store timeout past the end of its wait: a
+// give-back the store has not answered by then goes on in the background
+// ([Limiter.Close] waits for it), unless 64 already do (a store that
+// slow keeps each caller for its give-back, up to a second).
 //
 // Over a [Periodic] bucket (the token bucket, fixed window and counter of
 // package bucket), a crowd does not take a period all at its start: each
@@ -376,6 +382,9 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		case err != nil:
 			return w.failed(err)
 		case d.Granted && d.Delay <= 0:
+			if err := w.keep(st, d, src, false); err != nil {
+				return err // answered after the wait's end
+			}
 			if spread && src == fromStore {
 				// A place beyond the wait left: the caller goes at once.
 				if s := l.spreadDelay(n, d, time.Duration(l.tb.now()-asked)); s > 0 && s < left {
@@ -386,14 +395,15 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 					if err != nil {
 						return err
 					}
+					return w.keep(st, d, src, true)
 				}
 			}
-			return w.keep(st, d, src)
+			return nil
 		case d.Granted:
 			if err := l.sleepReservation(ctx, st.key, n, d, left, w.tb); err != nil {
 				return err
 			}
-			return w.keep(st, d, src)
+			return w.keep(st, d, src, true)
 		case delay > left:
 			return w.tb.err(delay)
 		case !shared:
@@ -448,15 +458,18 @@ func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration,
 
 // keep returns nil when the caller may keep the permits of d (from src),
 // granted now: its wait has not ended (its deadline passed, ctx ended or
-// its wait stopped) while the bucket was asked or the grant's time was
-// slept out. Else it gives them back, as for a reservation the caller
-// leaves, and returns why the wait ended: a grant's answer may come after
-// the wait's end (a store call is bounded a little past it, minStoreCall,
-// and a store may answer late), and a caller must never be granted after
-// it. A caller that allowed no wait (maxWait 0) has no deadline here (its
-// store call is bounded by the store timeout): only its ctx is looked at.
-func (w *waiter) keep(st *keyState, d Decision, src source) error {
-	err := w.ended()
+// its wait stopped) while the bucket was asked. Else it gives them back,
+// as for a reservation the caller leaves, and returns why the wait ended:
+// a grant's answer may come after the wait's end (a store call is bounded
+// a little past it, minStoreCall, and a store may answer late), and a
+// caller must never be granted after it. A caller that allowed no wait
+// (maxWait 0) has no deadline here (its store call is bounded by the
+// store timeout): only its ctx is looked at. sleptOut reports that the
+// grant's time (a reservation's slot, a place in the period) was slept
+// out, and came within what was left of the wait when the answer came:
+// only ctx's end counts then, not a timer that woke the caller late.
+func (w *waiter) keep(st *keyState, d Decision, src source, sleptOut bool) error {
+	err := w.ended(sleptOut)
 	if err == nil {
 		return nil
 	}
@@ -472,13 +485,15 @@ func (w *waiter) keep(st *keyState, d Decision, src source) error {
 	return err
 }
 
-// ended returns why w's wait has ended, or nil while it runs.
-func (w *waiter) ended() error {
+// ended returns why w's wait has ended, or nil while it runs; with
+// ctxOnly, only ctx's end counts, not the time measured on the Limiter's
+// clock.
+func (w *waiter) ended(ctxOnly bool) error {
 	err := w.ctx.Err()
 	switch {
 	case err != nil && !errors.Is(err, context.DeadlineExceeded):
 		return waitErr(w.ctx) // cancelled or stopped
-	case err == nil && !(w.measured && w.l.tb.now()-w.start > int64(w.budget)):
+	case err == nil && (ctxOnly || !(w.measured && w.l.tb.now()-w.start > int64(w.budget))):
 		return nil
 	case err != nil || w.tb.ctxBound:
 		return fmt.Errorf("%w: %d permit(s) granted only after the context's deadline, given back (%w)", ErrTimeout, w.n, context.DeadlineExceeded)
@@ -578,22 +593,23 @@ func (l *Limiter) sleepReservation(ctx context.Context, key string, n int64, d D
 }
 
 // cancelReservation gives back an abandoned reservation d: exactly, by its
-// Cancel, when the bucket said how; else through the bucket's Refunder.
+// Cancel, when the bucket said how; else through the bucket's Refunder
+// (handBack: the caller waits for it at most the store timeout).
 func (l *Limiter) cancelReservation(ctx context.Context, key string, n int64, d Decision) {
-	// ctx may be done: give the reservation back on a short context of
-	// its own.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	var err error
-	switch {
-	case d.Cancel != nil:
-		err = d.Cancel(rctx)
-	case l.caps.refunder != nil:
-		err = l.caps.refunder.Refund(rctx, key, n)
+	if d.Cancel == nil && l.caps.refunder == nil {
+		return
 	}
-	if err != nil {
-		l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "n", n, "err", err)
-	}
+	l.handBack(ctx, func(rctx context.Context) {
+		var err error
+		if d.Cancel != nil {
+			err = d.Cancel(rctx)
+		} else {
+			err = l.caps.refunder.Refund(rctx, key, n)
+		}
+		if err != nil {
+			l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "n", n, "err", err)
+		}
+	})
 }
 
 // sleep waits d on the limiter's clock, or until ctx ends.

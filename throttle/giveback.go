@@ -1,0 +1,104 @@
+package throttle
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Giving permits back.
+//
+// A caller that leaves permits it was granted (a reservation beyond its
+// wait, a grant answered after its wait's end, a wait stopped while it
+// slept for its grant) gives them back to the bucket: one store call, on
+// a context of its own (the caller's may be done), giveBackTimeout long.
+// The caller waits for it at most the store timeout ([WithStoreTimeout]),
+// as for any call that must not keep it past its wait: a slow store then
+// costs it that much past its wait's end, not the give-back's whole
+// second. The call is never cut short nor made twice: what the caller no
+// longer waits for goes on in a goroutine of the Limiter, which Close
+// waits for. A give-back that answers in time (an in-memory bucket's,
+// always) is done before the caller returns, so that its permits are
+// there for the next caller (a reservation cancelled exactly can be so
+// only while nothing was booked after it).
+
+// giveBackTimeout bounds one give-back's store call.
+const giveBackTimeout = time.Second
+
+// maxGiveBacks bounds the give-backs going on in the background: with that
+// many, a caller waits for its own until it ends, as a store that slow
+// calls for (its callers do not pile up more calls on it).
+const maxGiveBacks = 64
+
+// giveBacks counts a Limiter's give-backs in the background.
+type giveBacks struct {
+	mu     sync.Mutex
+	idle   sync.Cond // on mu (New sets it), signalled when n drops to 0
+	n      int
+	closed bool
+}
+
+// start reserves room for one more, unless l is closed or the room is
+// taken.
+func (g *giveBacks) start() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed || g.n >= maxGiveBacks {
+		return false
+	}
+	g.n++
+	return true
+}
+
+// done ends one started with start.
+func (g *giveBacks) done() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n--; g.n == 0 {
+		g.idle.Broadcast()
+	}
+}
+
+// close stops new ones and waits for those under way.
+func (g *giveBacks) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+	for g.n > 0 {
+		g.idle.Wait()
+	}
+}
+
+// handBack runs give, a give-back for a caller under ctx, on a context
+// of its own with ctx's values, and waits for it at most the store timeout
+// (see above).
+func (l *Limiter) handBack(ctx context.Context, give func(context.Context)) {
+	run := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+		defer cancel()
+		give(rctx)
+	}
+	if !l.gives.start() {
+		run() // closed, or a store too slow for more: the caller waits
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer l.gives.done()
+		defer close(done)
+		run()
+	}()
+	select {
+	case <-done:
+		return
+	default:
+	}
+	// On the real clock, as the store call's own timeouts are: what
+	// bounds it is the time a real store takes.
+	t := time.NewTimer(l.storeBound())
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
