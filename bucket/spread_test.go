@@ -81,10 +81,13 @@ func latePeriod(t *testing.T, tb *TokenBucket, key string) []string {
 // TestTokenBucketLateTakeStartsItsPlacesAnew: a take that finds its
 // period behind the Limiter's pace (the period's 2nd token taken 6 s into
 // a period of 10 s, whose 2nd place was 950 ms in) lengthens the period
-// to end an interval after the moment that makes its place now, so the
-// period's remaining tokens have as much of the interval ahead of them as
-// in a fresh period. Takes at or ahead of the pace, and periods above a
-// minute (not spread), keep their end.
+// so that the period's remaining tokens have as much of the interval
+// ahead of them as in a fresh period: a take of several (a process's
+// coalesced crowd) to end an interval after the start that makes its
+// place now, a take of one to leave it late by the twentieth of the
+// interval that the places leave free at the period's end. Takes at or
+// ahead of the pace, and periods above a minute (not spread), keep their
+// end.
 func TestTokenBucketLateTakeStartsItsPlacesAnew(t *testing.T) {
 	rdb := redisenv.New(t).Client()
 	ctx := context.Background()
@@ -92,6 +95,7 @@ func TestTokenBucketLateTakeStartsItsPlacesAnew(t *testing.T) {
 	earlier, err := NewTokenBucket(rdb, "late", 10, interval)
 	require.NoError(t, err)
 	latePeriod(t, earlier, "a")
+	latePeriod(t, earlier, "crowd")
 	// A new fleet: an instance that knows nothing of the period.
 	tb, err := NewTokenBucket(rdb, "late", 10, interval)
 	require.NoError(t, err)
@@ -99,8 +103,8 @@ func TestTokenBucketLateTakeStartsItsPlacesAnew(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Granted)
 	require.Equal(t, int64(8), d.Remaining)
-	// The 2nd place, 950 ms after the period's new start, is now.
-	want := interval - 950*time.Millisecond
+	// The 2nd place, 950 ms after the period's new start, was 500 ms ago.
+	want := interval - 950*time.Millisecond - 500*time.Millisecond
 	require.LessOrEqual(t, d.Reset, want+time.Millisecond, "%+v", d)
 	require.GreaterOrEqual(t, d.Reset, want-100*time.Millisecond, "the period was not lengthened: %+v", d)
 	// The 3rd token right after: ahead of the new pace, the end stays.
@@ -108,6 +112,14 @@ func TestTokenBucketLateTakeStartsItsPlacesAnew(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d2.Granted)
 	require.LessOrEqual(t, d2.Reset, d.Reset, "a take ahead of the pace moved the end")
+
+	// A crowd's take of up to 5 puts the 2nd place at now.
+	u, err := tb.run(ctx, "crowd", -5)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), u.got)
+	want = interval - 950*time.Millisecond
+	require.LessOrEqual(t, u.granted.Reset, want+time.Millisecond, "%+v", u.granted)
+	require.GreaterOrEqual(t, u.granted.Reset, want-100*time.Millisecond, "the period was not lengthened: %+v", u.granted)
 
 	// A fresh period's crowd is ahead of the pace: no take moves its end.
 	var last time.Duration = interval
@@ -128,19 +140,40 @@ func TestTokenBucketLateTakeStartsItsPlacesAnew(t *testing.T) {
 	keys, err := daily.keys("")
 	require.NoError(t, err)
 	require.NoError(t, rdb.PExpire(ctx, keys[0], time.Hour).Err())
-	d, err = daily.Take(ctx, "", 1, throttle.Forever)
+	u, err = daily.run(ctx, "", -5)
+	require.NoError(t, err)
+	require.True(t, u.granted.Granted)
+	require.LessOrEqual(t, u.granted.Reset, time.Hour, "a daily period was lengthened")
+}
+
+// TestTokenBucketEvenPaceKeepsItsPeriod: callers paced evenly at the
+// limit's rate (an adaptive rate, one at a time) lag their places by up
+// to a twentieth of the interval at the period's end; their takes do not
+// lengthen the period, so it does not stop them at its end.
+func TestTokenBucketEvenPaceKeepsItsPeriod(t *testing.T) {
+	rdb := redisenv.New(t).Client()
+	ctx := context.Background()
+	tb, err := NewTokenBucket(rdb, "even", 10, 10*time.Second)
+	require.NoError(t, err)
+	d, err := tb.Take(ctx, "", 1, throttle.Forever)
 	require.NoError(t, err)
 	require.True(t, d.Granted)
-	require.LessOrEqual(t, d.Reset, time.Hour, "a daily period was lengthened")
+	keys, err := tb.keys("")
+	require.NoError(t, err)
+	// The 10th token, taken 9 s into the period (its place 8.55 s in).
+	require.NoError(t, rdb.Set(ctx, keys[0], 1, time.Second).Err())
+	d, err = tb.Take(ctx, "", 1, throttle.Forever)
+	require.NoError(t, err)
+	require.True(t, d.Granted)
+	require.LessOrEqual(t, d.Reset, time.Second, "an even pace lengthened the period: %+v", d)
 }
 
 // TestTokenBucketCrowdLateInAPeriodIsSpread: a new fleet whose crowd
 // comes 6 s into a period of 10 s that an earlier fleet started with one
 // grant (issue 35: a fleet starting on a used key) goes at the limit's
-// pace, as a crowd at a fresh period's start does: the first at once,
-// then one every 950 ms. Before, the crowd found its places passed and
-// took the period's 9 tokens at once, 4 s before the next period's
-// first grants.
+// pace, as a crowd at a fresh period's start does: one every 950 ms.
+// Before, the crowd found its places passed and took the period's 9
+// tokens at once, 4 s before the next period's first grants.
 func TestTokenBucketCrowdLateInAPeriodIsSpread(t *testing.T) {
 	rdb := redisenv.New(t).Client()
 	earlier, err := NewTokenBucket(rdb, "late-crowd", 10, 10*time.Second)
@@ -178,8 +211,12 @@ func TestTokenBucketCrowdLateInAPeriodIsSpread(t *testing.T) {
 		default:
 		}
 	}
+	// The first take, of one token, leaves the period late by a twentieth
+	// of the interval: its grant goes at once, the next one 450 ms on.
 	expect(1, 8)
-	for i := 7; i >= 0; i-- {
+	clock.Advance(450 * time.Millisecond)
+	expect(1, 7)
+	for i := 6; i >= 0; i-- {
 		clock.Advance(950 * time.Millisecond)
 		expect(1, i)
 	}

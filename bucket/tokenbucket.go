@@ -41,13 +41,18 @@ import (
 // trickle started (a fleet starting on a key an earlier fleet used within
 // the last interval) would find its places passed, take the period's
 // tokens at once and meet the next period's first grants in a provider's
-// sliding window. A grant whose place has passed therefore lengthens the
-// running period to end one interval after the start that makes its
-// place now, so the period's other tokens are spread as in a fresh
-// period and the next one starts an interval after that start (in the
-// same script, no extra round trip). Only periods of at most
-// throttle.MaxSpreadInterval (which a Limiter spreads) are lengthened;
-// a period never gets shorter, nor longer than one interval from now.
+// sliding window. A take of several tokens (a crowd's coalesced takes)
+// whose place has passed therefore lengthens the running period to end
+// one interval after the start that makes its place now, so the period's
+// other tokens are spread as in a fresh period and the next one starts
+// an interval after that start (in the same script, no extra round
+// trip). A take of one token does so only when it is later than the
+// twentieth of the interval the places leave free at the period's end,
+// and only to that lateness: callers paced evenly at the limit's rate are
+// that late by the period's end, and a period lengthened to their pace
+// would stop them at its end. Only periods of at most
+// throttle.MaxSpreadInterval (which a Limiter spreads) are lengthened; a
+// period never gets shorter, nor longer than one interval from now.
 //
 // Round trips per grant: at most 1, the refill included; concurrent takes
 // of one token for the same key in one process share one round trip

@@ -98,16 +98,19 @@
 -- tokens: the new fleet starts late in it) would find its places passed
 -- and take the period's tokens at once, and the next period's first
 -- grants would follow them within one period: up to twice the limit in a
--- provider's sliding window. So a grant of a running period that is
--- behind (its place before now) lengthens the period to end one period
--- after the start that puts that place at now: the period's remaining
--- tokens are then placed from now on as in a fresh period, and the next
--- period starts one period after that start. A period only ever grows,
--- and at most to a period from now; grants at or ahead of the pace (a
--- crowd since the period's start) change nothing. Each grant b then goes
--- no later than b/L of PACE after the period's final start, and the next
--- period's grants no earlier than theirs one period on: any span of one
--- period holds at most L of the spread grants.
+-- provider's sliding window. So a grant of a running period that is late
+-- (its place before now) lengthens the period to end one period after
+-- the start that puts that place at now: the period's remaining tokens
+-- are then placed from now on as in a fresh period, and the next period
+-- starts one period after that start. A take of one token may be late by
+-- up to the share of the period the places leave free at its end (1 -
+-- PACE: a twentieth) before it lengthens the period, and then only to
+-- that lateness: callers paced evenly at the limit's rate (an adaptive
+-- rate) are that late by the period's end, and a period lengthened to
+-- their pace would stop them for that long at its end. A take of several
+-- (a process's crowd, coalesced) puts its place at now. A period only
+-- ever grows, and at most to a period from now; grants at or ahead of
+-- the pace (a crowd since the period's start) change nothing.
 local HOLD = 60000
 local period = tonumber(ARGV[3])
 local aware = ARGV[4] == '1'
@@ -193,8 +196,11 @@ if take >= 1 and left >= take then
   local used = cap - left -- granted before in the period
   if pace > 0 and cap > 0 and used > 0 then
     -- A period behind its pace (see above): the end that puts this
-    -- grant's place at now.
+    -- grant's place at now (less the slack, for one token).
     local due = period - math.floor(used * period * pace / (cap * 10000))
+    if n == 1 then
+      due = due - math.floor(period * (10000 - pace) / 10000)
+    end
     if due > ttl then
       ttl = due
       redis.call('PEXPIRE', KEYS[1], ttl)
