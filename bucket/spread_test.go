@@ -84,10 +84,9 @@ func latePeriod(t *testing.T, tb *TokenBucket, key string) []string {
 // so that the period's remaining tokens have as much of the interval
 // ahead of them as in a fresh period: a take of several (a process's
 // coalesced crowd) to end an interval after the start that makes its
-// place now, a take of one to leave it late by the twentieth of the
-// interval that the places leave free at the period's end. Takes at or
-// ahead of the pace, and periods above a minute (not spread), keep their
-// end.
+// place now, a take of one to put its place counted over the whole
+// interval (not 95 % of it) at now. Takes at or ahead of the pace, and
+// periods above a minute (not spread), keep their end.
 func TestTokenBucketLateTakeStartsItsPlacesAnew(t *testing.T) {
 	rdb := redisenv.New(t).Client()
 	ctx := context.Background()
@@ -103,8 +102,9 @@ func TestTokenBucketLateTakeStartsItsPlacesAnew(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Granted)
 	require.Equal(t, int64(8), d.Remaining)
-	// The 2nd place, 950 ms after the period's new start, was 500 ms ago.
-	want := interval - 950*time.Millisecond - 500*time.Millisecond
+	// The 2nd place over the whole interval, 1 s after the period's new
+	// start, is now.
+	want := interval - time.Second
 	require.LessOrEqual(t, d.Reset, want+time.Millisecond, "%+v", d)
 	require.GreaterOrEqual(t, d.Reset, want-100*time.Millisecond, "the period was not lengthened: %+v", d)
 	// The 3rd token right after: ahead of the new pace, the end stays.
@@ -147,9 +147,9 @@ func TestTokenBucketLateTakeStartsItsPlacesAnew(t *testing.T) {
 }
 
 // TestTokenBucketEvenPaceKeepsItsPeriod: callers paced evenly at the
-// limit's rate (an adaptive rate, one at a time) lag their places by up
-// to a twentieth of the interval at the period's end; their takes do not
-// lengthen the period, so it does not stop them at its end.
+// limit's rate (an adaptive rate, one at a time) lag the Limiter's places
+// by up to a twentieth of the interval at the period's end; their takes
+// do not lengthen the period, so it does not stop them at its end.
 func TestTokenBucketEvenPaceKeepsItsPeriod(t *testing.T) {
 	rdb := redisenv.New(t).Client()
 	ctx := context.Background()
@@ -160,12 +160,14 @@ func TestTokenBucketEvenPaceKeepsItsPeriod(t *testing.T) {
 	require.True(t, d.Granted)
 	keys, err := tb.keys("")
 	require.NoError(t, err)
-	// The 10th token, taken 9 s into the period (its place 8.55 s in).
-	require.NoError(t, rdb.Set(ctx, keys[0], 1, time.Second).Err())
+	// The 10th token, taken 8.9 s into the period: the Limiter's place
+	// (8.55 s in) has passed, the place over the whole interval (9 s
+	// in) not.
+	require.NoError(t, rdb.Set(ctx, keys[0], 1, 1100*time.Millisecond).Err())
 	d, err = tb.Take(ctx, "", 1, throttle.Forever)
 	require.NoError(t, err)
 	require.True(t, d.Granted)
-	require.LessOrEqual(t, d.Reset, time.Second, "an even pace lengthened the period: %+v", d)
+	require.LessOrEqual(t, d.Reset, 1100*time.Millisecond, "an even pace lengthened the period: %+v", d)
 }
 
 // TestTokenBucketCrowdLateInAPeriodIsSpread: a new fleet whose crowd
@@ -211,10 +213,11 @@ func TestTokenBucketCrowdLateInAPeriodIsSpread(t *testing.T) {
 		default:
 		}
 	}
-	// The first take, of one token, leaves the period late by a twentieth
-	// of the interval: its grant goes at once, the next one 450 ms on.
+	// The first take, of one token, puts its place over the whole
+	// interval at now (the Limiter's, over 95 % of it, 50 ms ago): its
+	// grant goes at once, the next one 900 ms on.
 	expect(1, 8)
-	clock.Advance(450 * time.Millisecond)
+	clock.Advance(900 * time.Millisecond)
 	expect(1, 7)
 	for i := 6; i >= 0; i-- {
 		clock.Advance(950 * time.Millisecond)

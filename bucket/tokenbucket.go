@@ -46,11 +46,12 @@ import (
 // one interval after the start that makes its place now, so the period's
 // other tokens are spread as in a fresh period and the next one starts
 // an interval after that start (in the same script, no extra round
-// trip). A take of one token does so only when it is later than the
-// twentieth of the interval the places leave free at the period's end,
-// and only to that lateness: callers paced evenly at the limit's rate are
-// that late by the period's end, and a period lengthened to their pace
-// would stop them at its end. Only periods of at most
+// trip). A take of one token counts its place over the whole interval
+// instead (b/L of it, not of SpreadSpan): callers paced evenly at the
+// limit's rate, one at a time, are that late, and a period lengthened to
+// the Limiter's places would stop them at its end. A crowd whose takes
+// come one at a time then has at most a twentieth of the tokens granted
+// before it go at once. Only periods of at most
 // throttle.MaxSpreadInterval (which a Limiter spreads) are lengthened; a
 // period never gets shorter, nor longer than one interval from now.
 //

@@ -102,15 +102,18 @@
 -- (its place before now) lengthens the period to end one period after
 -- the start that puts that place at now: the period's remaining tokens
 -- are then placed from now on as in a fresh period, and the next period
--- starts one period after that start. A take of one token may be late by
--- up to the share of the period the places leave free at its end (1 -
--- PACE: a twentieth) before it lengthens the period, and then only to
--- that lateness: callers paced evenly at the limit's rate (an adaptive
--- rate) are that late by the period's end, and a period lengthened to
--- their pace would stop them for that long at its end. A take of several
--- (a process's crowd, coalesced) puts its place at now. A period only
--- ever grows, and at most to a period from now; grants at or ahead of
--- the pace (a crowd since the period's start) change nothing.
+-- starts one period after that start. A take of one token counts its
+-- place over the whole period instead (b/L of it), and lengthens the
+-- period only to put that place at now: callers paced evenly at the
+-- limit's rate (an adaptive rate), one at a time, are that late (up to
+-- the twentieth of the period PACE leaves free at its end), and a period
+-- lengthened to PACE would stop them for that long at its end; a crowd
+-- whose takes are single (one caller of a process at a time) then has
+-- at most a twentieth of the tokens granted before it (b/L less b/L of
+-- PACE) go at once. A take of several (a process's crowd, coalesced)
+-- puts its place at now. A period only ever grows, and at most to a
+-- period from now; grants at or ahead of the pace (a crowd since the
+-- period's start) change nothing.
 local HOLD = 60000
 local period = tonumber(ARGV[3])
 local aware = ARGV[4] == '1'
@@ -196,11 +199,10 @@ if take >= 1 and left >= take then
   local used = cap - left -- granted before in the period
   if pace > 0 and cap > 0 and used > 0 then
     -- A period behind its pace (see above): the end that puts this
-    -- grant's place at now (less the slack, for one token).
-    local due = period - math.floor(used * period * pace / (cap * 10000))
-    if n == 1 then
-      due = due - math.floor(period * (10000 - pace) / 10000)
-    end
+    -- grant's place at now (over the whole period, for one token).
+    local span = pace
+    if n == 1 then span = 10000 end
+    local due = period - math.floor(used * period * span / (cap * 10000))
     if due > ttl then
       ttl = due
       redis.call('PEXPIRE', KEYS[1], ttl)
