@@ -35,8 +35,11 @@ import (
 // passed) lengthens the period to end an interval after the start that
 // makes that place now, so the period's remaining grants are spread as in
 // a fresh period and the next period starts an interval after that
-// start. bucket.TokenBucket does (for intervals up to MaxSpreadInterval);
-// the aligned windows of bucket.FixedWindow and bucket.Counter cannot.
+// start. bucket.TokenBucket does, for intervals up to MaxSpreadInterval
+// (its doc says how a take of one token counts its place, so that
+// callers paced evenly at the limit's rate are never stopped at a
+// period's end); the aligned windows of bucket.FixedWindow and
+// bucket.Counter cannot.
 //
 // Only callers that can wait for any place are spread: a wait (maxWait,
 // or the context's deadline) of at least the interval, or two when the
