@@ -36,6 +36,25 @@ import (
 // period ends (Decision.Delay, from the key's PTTL), so a Limiter sleeps
 // instead of polling.
 //
+// A period behind its pace: a Limiter spreads a period's grants over it
+// (throttle.SpreadSpan), so a crowd coming late in a period that a
+// trickle started (a fleet starting on a key an earlier fleet used within
+// the last interval) would find its places passed, take the period's
+// tokens at once and meet the next period's first grants in a provider's
+// sliding window. A take of several tokens (a crowd's coalesced takes)
+// whose place has passed therefore lengthens the running period to end
+// one interval after the start that makes its place now, so the period's
+// other tokens are spread as in a fresh period and the next one starts
+// an interval after that start (in the same script, no extra round
+// trip). A take of one token counts its place over the whole interval
+// instead (b/L of it, not of SpreadSpan): callers paced evenly at the
+// limit's rate, one at a time, are that late, and a period lengthened to
+// the Limiter's places would stop them at its end. A crowd whose takes
+// come one at a time then has at most a twentieth of the tokens granted
+// before it go at once. Only periods of at most
+// throttle.MaxSpreadInterval (which a Limiter spreads) are lengthened; a
+// period never gets shorter, nor longer than one interval from now.
+//
 // Round trips per grant: at most 1, the refill included; concurrent takes
 // of one token for the same key in one process share one round trip
 // (coalesced, see the package doc), so under load it is well below 1.
@@ -253,7 +272,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error
 	}
 	// The end of the latest period this instance was told of (ARGV[5]).
 	known := b.ends.get(key)
-	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.periodMs, aware, known)
+	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.periodMs, aware, known, b.pace())
 	if now := time.Now().UnixNano(); err == nil && now-start > int64(slowReply) {
 		b.outage.failed(now) // answered, but late: a stall
 	}
@@ -283,6 +302,16 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64) (upTo, error
 	// Someone else holds the refill mutex.
 	d := b.retryLater()
 	return upTo{granted: d, rest: d}, nil
+}
+
+// pace is tb_take.lua's ARGV[6]: the span of a period a Limiter places
+// its grants over, in ten-thousandths of the period; 0 for periods a
+// Limiter does not spread.
+func (b *TokenBucket) pace() int64 {
+	if b.periodMs > throttle.MaxSpreadInterval.Milliseconds() {
+		return 0
+	}
+	return int64(throttle.SpreadSpan * 10000)
 }
 
 func (b *TokenBucket) retryLater() throttle.Decision {

@@ -17,18 +17,29 @@ import (
 //
 // So each grant of a period waits for its place in the period: the
 // permits granted before it in the period, over the limit, of 95 % of the
-// interval (spreadSpan), from the period's start. The Decision says all of that: the
-// period's limit, what is left of it after this grant (the coalesced takes
-// of package bucket each get their own count) and when it ends. A crowd's
-// grants (callers queued at the period's start, a backlog) then go at the
-// limit's even pace, and a sliding window of the interval holds at most
-// the limit of them (and what a millisecond holds at its edge:
-// minSpread). Grants taken sparsely are never held back: their places
-// have passed. That is also the limit of the method, which remembers
-// nothing but the bucket's count: a crowd that comes late in a period a
-// trickle started finds its places passed and goes at once, and the next
-// period's first grants can meet it in one window (fewer than without
-// spreading; twice the limit at worst).
+// interval (SpreadSpan), from the period's start. The Decision says all of
+// that: the period's limit, what is left of it after this grant (the
+// coalesced takes of package bucket each get their own count) and when it
+// ends. A crowd's grants (callers queued at the period's start, a
+// backlog) then go at the limit's even pace, and a sliding window of the
+// interval holds at most the limit of them (and what a millisecond holds
+// at its edge: minSpread). Grants taken sparsely are never held back:
+// their places have passed.
+//
+// The method remembers nothing but the bucket's count, so a crowd that
+// comes late in a period a trickle started (a fleet starting on a key an
+// earlier fleet used in the last interval: issue 35) finds its places
+// passed and would go at once, to meet the next period's first grants in
+// one window (up to twice the limit). A bucket that can move its period's
+// end prevents it at the source: a grant behind the pace (its place
+// passed) lengthens the period to end an interval after the start that
+// makes that place now, so the period's remaining grants are spread as in
+// a fresh period and the next period starts an interval after that
+// start. bucket.TokenBucket does, for intervals up to MaxSpreadInterval
+// (its doc says how a take of one token counts its place, so that
+// callers paced evenly at the limit's rate are never stopped at a
+// period's end); the aligned windows of bucket.FixedWindow and
+// bucket.Counter cannot.
 //
 // Only callers that can wait for any place are spread: a wait (maxWait,
 // or the context's deadline) of at least the interval, or two when the
@@ -38,7 +49,7 @@ import (
 // wait, a period's spread grants would meet the next period's burst in
 // one window. A spread caller whose place is beyond what is left of its
 // wait (the gate or the pace took the rest) goes at once too. Intervals
-// longer than maxSpreadInterval are not spread: a daily quota is not a
+// longer than MaxSpreadInterval are not spread: a daily quota is not a
 // pace. Permits from a lease or from the failure policy are not spread
 // either.
 //
@@ -49,16 +60,23 @@ import (
 // grant another instance of the fleet holds for a later place goes at
 // that place.
 
-// maxSpreadInterval is the longest interval whose periods are spread.
-const maxSpreadInterval = time.Minute
+// MaxSpreadInterval is the longest interval of a [Periodic] bucket whose
+// periods a Limiter spreads: a daily quota is not a pace.
+const MaxSpreadInterval = time.Minute
 
-// spreadSpan is the share of the period the places span: the last place
-// comes a twentieth of the interval (and one place) before the period's
-// end, so that a call delayed on its way (a loaded machine) still reaches
-// a provider counting periods of its own, or fixed windows, within the
-// period it was granted in. Any window of one interval still holds at
-// most the limit: periods start an interval apart.
-const spreadSpan = 0.95
+// SpreadSpan is the share of its interval over which a Limiter places a
+// [Periodic] bucket's grants: the grant with b permits granted before it
+// in a period of limit L waits until b/L·SpreadSpan·interval after the
+// period's start (the period's end, less the interval), for callers that
+// can wait that long. The last place comes a twentieth of the interval
+// (and one place) before the period's end, so that a call delayed on its
+// way (a loaded machine) still reaches a provider counting periods of its
+// own, or fixed windows, within the period it was granted in. Any window
+// of one interval still holds at most the limit: periods start an
+// interval apart. A bucket that lengthens a period whose grants fall
+// behind this pace (bucket.TokenBucket) uses it to keep its periods on
+// the Limiter's places.
+const SpreadSpan = 0.95
 
 // minSpread is the shortest wait for a place: a place nearer than that is
 // not waited for (a timer costs more than it spreads, and no provider's
@@ -91,7 +109,7 @@ func (l *Limiter) periodGap(d Decision) time.Duration {
 // spreads reports whether grants of l's bucket are spread over their
 // period.
 func (l *Limiter) spreads() bool {
-	return l.caps.periodic && l.leasing == nil && l.interval > 0 && time.Duration(l.interval) <= maxSpreadInterval
+	return l.caps.periodic && l.leasing == nil && l.interval > 0 && time.Duration(l.interval) <= MaxSpreadInterval
 }
 
 // spreadDelay is how long a grant d of n permits waits for its place in
@@ -111,7 +129,7 @@ func (l *Limiter) spreadDelay(n int64, d Decision, elapsed time.Duration) time.D
 	}
 	// The period started interval before it ends (a period lengthened by
 	// the bucket started earlier still: its places come a little late).
-	place := time.Duration(spreadSpan * float64(interval) * float64(min(before, d.Limit)) / float64(d.Limit))
+	place := time.Duration(SpreadSpan * float64(interval) * float64(min(before, d.Limit)) / float64(d.Limit))
 	if wait := min(d.Reset-interval+place, d.Reset) - elapsed; wait >= minSpread {
 		return wait
 	}

@@ -28,6 +28,10 @@
 --          instance was told of, in ms on this server's clock (an
 --          answer's now_ms + reset_ms); 0 or absent when none is known
 --          (see "Lost period" below)
+-- ARGV[6]  the pace a Limiter places the period's grants at: the share of
+--          the period its places span, in ten-thousandths
+--          (throttle.SpreadSpan); 0 or absent for no pace (see "A period
+--          behind its pace" below)
 --
 -- Returns {status, delay_ms, remaining, reset_ms, limit, taken, now_ms}:
 --   status 1: granted taken tokens; remaining = tokens left; reset_ms =
@@ -85,10 +89,36 @@
 -- most; no hold lasts longer than a lengthened period (ARGV[5] is
 -- clamped). The next refill starts on the old phase when a caller asks
 -- at the hold's end (callers refused by it are told that end).
+--
+-- A period behind its pace: a Limiter places the grant with b tokens
+-- granted before it in a period of limit L at b/L of PACE of the period
+-- from its start (its end less the period) and spreads a crowd's grants
+-- that way. A crowd that comes when the period's count is behind those
+-- places (an earlier fleet on the same key started it and used a few
+-- tokens: the new fleet starts late in it) would find its places passed
+-- and take the period's tokens at once, and the next period's first
+-- grants would follow them within one period: up to twice the limit in a
+-- provider's sliding window. So a grant of a running period that is late
+-- (its place before now) lengthens the period to end one period after
+-- the start that puts that place at now: the period's remaining tokens
+-- are then placed from now on as in a fresh period, and the next period
+-- starts one period after that start. A take of one token counts its
+-- place over the whole period instead (b/L of it), and lengthens the
+-- period only to put that place at now: callers paced evenly at the
+-- limit's rate (an adaptive rate), one at a time, are that late (up to
+-- the twentieth of the period PACE leaves free at its end), and a period
+-- lengthened to PACE would stop them for that long at its end; a crowd
+-- whose takes are single (one caller of a process at a time) then has
+-- at most a twentieth of the tokens granted before it (b/L less b/L of
+-- PACE) go at once. A take of several (a process's crowd, coalesced)
+-- puts its place at now. A period only ever grows, and at most to a
+-- period from now; grants at or ahead of the pace (a crowd since the
+-- period's start) change nothing.
 local HOLD = 60000
 local period = tonumber(ARGV[3])
 local aware = ARGV[4] == '1'
 local known = tonumber(ARGV[5] or '0') or 0
+local pace = tonumber(ARGV[6] or '0') or 0
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- No period runs further ahead than a lengthened one: an end beyond that
@@ -166,6 +196,19 @@ end
 local take = n
 if upTo and left < n then take = left end
 if take >= 1 and left >= take then
+  local used = cap - left -- granted before in the period
+  if pace > 0 and cap > 0 and used > 0 then
+    -- A period behind its pace (see above): the end that puts this
+    -- grant's place at now (over the whole period, for one token).
+    local span = pace
+    if n == 1 then span = 10000 end
+    local due = period - math.floor(used * period * span / (cap * 10000))
+    if due > ttl then
+      ttl = due
+      redis.call('PEXPIRE', KEYS[1], ttl)
+      redis.call('PEXPIRE', KEYS[4], ttl + HOLD)
+    end
+  end
   left = redis.call('DECRBY', KEYS[1], take)
   return {1, ttl, left, ttl, cap, take, now}
 end

@@ -37,7 +37,10 @@
 //
 // While it runs it prints one line per second; at the end, a summary of
 // records produced, handled, lost and handled twice, the provider's 429s,
-// and the most requests the provider saw in one window.
+// the most requests the provider saw in one window, and, by arrival, in
+// any span of one interval and in the first interval of the run (run it
+// twice on one -redis to see a fleet start on a key used within the last
+// interval: docs/buckets.md).
 package main
 
 import (
@@ -186,7 +189,12 @@ func (c config) order() (consumer.Ordering, error) {
 type summary struct {
 	Produced, Handled, Lost, Twice, Provider429 int64
 	MaxInWindow                                 int64
-	Elapsed                                     time.Duration
+	// MaxInAnyInterval is the most calls the provider accepted in any
+	// span of one interval, by arrival, whatever its policy; FirstInterval
+	// how many of them came in the interval from the first one (a fleet
+	// starting on a key used within the last interval: docs/buckets.md).
+	MaxInAnyInterval, FirstInterval int64
+	Elapsed                         time.Duration
 	// Steady is the calls the provider accepted in each full second of
 	// steady state (see steadySeconds); SteadyMin and SteadyMedian are
 	// their lowest and median share of the limit (1 = the limit).
@@ -458,6 +466,8 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	if prov != nil {
 		ps := prov.Stats()
 		s.Handled, s.Twice, s.Provider429, s.MaxInWindow = ps.Records, ps.Duplicates, ps.Rejected, ps.MaxInWindow
+		s.MaxInAnyInterval = ps.MaxInAnyInterval
+		s.FirstInterval = firstInterval(prov.Arrivals(), c.interval)
 		s.ProviderCalls = ps.Accepted + ps.Rejected
 		if arr := prov.Arrivals(); len(arr) > 1 {
 			s.AcceptedPerSecond = float64(len(arr)-1) / arr[len(arr)-1].Sub(arr[0]).Seconds()
@@ -483,6 +493,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	fmt.Fprintf(out, "\nproduced %d, handled %d, lost %d, handled twice %d, provider 429s %d\n", s.Produced, s.Handled, s.Lost, s.Twice, s.Provider429)
 	if prov != nil {
 		fmt.Fprintf(out, "most calls the provider saw in one %s: %d (limit %d per %v)\n", map[bool]string{true: "sliding window", false: "period"}[c.policy == "sliding"], s.MaxInWindow, c.limit, c.interval)
+		fmt.Fprintf(out, "most calls the provider saw in any span of %v, by arrival: %d; in the %v from the first call: %d\n", c.interval, s.MaxInAnyInterval, c.interval, s.FirstInterval)
 		share := 0.0
 		if accepted := s.ProviderCalls - s.Provider429; accepted > 0 {
 			share = 100 * float64(s.Provider429) / float64(accepted)
@@ -558,6 +569,16 @@ func steadySeconds(arrivals []time.Time, from time.Time) []int64 {
 		counts[int(a.Sub(first)/time.Second)]++
 	}
 	return counts[:last]
+}
+
+// firstInterval counts the arrivals within interval of the first one.
+func firstInterval(arrivals []time.Time, interval time.Duration) int64 {
+	if len(arrivals) == 0 {
+		return 0
+	}
+	end := arrivals[0].Add(interval)
+	i, _ := slices.BinarySearchFunc(arrivals, end, func(a, t time.Time) int { return a.Compare(t) })
+	return int64(i)
 }
 
 // shares returns the lowest and the median of counts as shares of

@@ -31,6 +31,9 @@ func TestPipelineLosesNothingAndStaysUnderTheLimit(t *testing.T) {
 	assert.Zero(t, s.Lost)
 	assert.Zero(t, s.Provider429)
 	assert.LessOrEqual(t, s.MaxInWindow, int64(80))
+	assert.Positive(t, s.FirstInterval)
+	assert.LessOrEqual(t, s.FirstInterval, s.MaxInAnyInterval)
+	assert.Contains(t, out.String(), "most calls the provider saw in any span of 200ms, by arrival")
 	assert.Contains(t, out.String(), "produced 400, handled 400, lost 0")
 	assert.Contains(t, out.String(), "steady state at the provider")
 	assert.Positive(t, s.PeakInFlight)
@@ -101,4 +104,18 @@ func TestCommandLine(t *testing.T) {
 		cli.Case{Name: "records not handled in time", Args: []string{"-records", "100000", "-timeout", "4s"}, Code: cli.ExitFailed, Stdout: "produced", Stderr: "records not handled yet"},
 	))
 	cli.Terminate(t, command, []string{"-records", "100000"}, "/100000 handled", "produced", cli.ExitFailed)
+}
+
+func TestFirstInterval(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	at := func(ms ...int) []time.Time {
+		var ts []time.Time
+		for _, m := range ms {
+			ts = append(ts, t0.Add(time.Duration(m)*time.Millisecond))
+		}
+		return ts
+	}
+	assert.Zero(t, firstInterval(nil, time.Second))
+	assert.Equal(t, int64(3), firstInterval(at(0, 10, 999, 1000, 1500), time.Second), "the span from the first call, its end excluded")
+	assert.Equal(t, int64(1), firstInterval(at(0, 1000), time.Second))
 }
