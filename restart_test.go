@@ -18,7 +18,7 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// TestFleetStartingOnAUsedKeyStaysUnderTheLimit (issue 35): two fleets,
+// TestFleetStartingOnAUsedKeyStaysUnderTheLimit: two fleets,
 // one after the other, on one token bucket key. The first trickles (two
 // calls) and stops; the second starts halfway through the period the
 // first began, with a crowd of callers. The provider counts arrivals: at

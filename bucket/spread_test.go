@@ -172,7 +172,7 @@ func TestTokenBucketEvenPaceKeepsItsPeriod(t *testing.T) {
 
 // TestTokenBucketCrowdLateInAPeriodIsSpread: a new fleet whose crowd
 // comes 6 s into a period of 10 s that an earlier fleet started with one
-// grant (issue 35: a fleet starting on a used key) goes at the limit's
+// grant (a fleet starting on a used key) goes at the limit's
 // pace, as a crowd at a fresh period's start does: one every 950 ms.
 // Before, the crowd found its places passed and took the period's 9
 // tokens at once, 4 s before the next period's first grants.

@@ -35,7 +35,7 @@ func (h *heldRead) SwapAdaptive(ctx context.Context, key string, old, next Adapt
 // TestReportIsNotUndoneByAnEarlierReadAnsweredLate: a background read of
 // a key's adaptive state taken in the store before a refusal's decrease
 // but answered after it must not replace the decrease in the Limiter's
-// view (issue 34: the view went back to "not adapting", fresh for an
+// view (the view went back to "not adapting", fresh for an
 // interval, so the refused instance stopped pacing). The store's clock
 // does not move between the two (a fake clock; the Redis TIME of one
 // microsecond), so only the versions tell them apart.

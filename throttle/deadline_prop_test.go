@@ -344,7 +344,7 @@ func (t deadlineTrial) run() (err error, took, end time.Duration, _ error) {
 	return err, took, end, nil
 }
 
-// TestAcquireNeverGrantsAfterItsDeadline (issue 33, point 1): with random
+// TestAcquireNeverGrantsAfterItsDeadline: with random
 // store latencies (the bucket's and the adaptive pace's), random maxWaits
 // and random wait stops, Acquire never returns nil after the end of its
 // wait (the earlier of maxWait, or the store timeout for a call that does

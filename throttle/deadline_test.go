@@ -37,7 +37,7 @@ func drive(clock *clockwork.FakeClock, done <-chan struct{}) {
 	}
 }
 
-// TestPacedSlotAfterTheDeadlineIsATimeout (issue 33, point 1): a store that
+// TestPacedSlotAfterTheDeadlineIsATimeout: a store that
 // answers the pace call in 30 ms with a slot 45 ms after it decided leaves
 // a caller with a 50 ms wait a slot that begins at 75 ms: Acquire returns
 // ErrTimeout by its 50 ms, not nil after its wait (it returned nil after

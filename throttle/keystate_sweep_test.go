@@ -32,7 +32,7 @@ func (f *failingLocal) Take(ctx context.Context, key string, n int64, w time.Dur
 func (f *failingLocal) Fallback() (int64, time.Duration, int64) { return f.loc.Fallback() }
 
 // TestTenantKeysUnusedSinceAnOutageAreForgottenWhileOnlyTheDefaultKeyIsUsed
-// (issue 33): 100 tenant keys granted locally during an outage hold their
+// 100 tenant keys granted locally during an outage hold their
 // local shares for a while; once those have run out and the keys have
 // been idle for their window, they are forgotten, though traffic goes to
 // key "" alone (whose state is the Limiter's own, outside the map). They

@@ -28,7 +28,7 @@ import (
 //
 // The method remembers nothing but the bucket's count, so a crowd that
 // comes late in a period a trickle started (a fleet starting on a key an
-// earlier fleet used in the last interval: issue 35) finds its places
+// earlier fleet used in the last interval) finds its places
 // passed and would go at once, to meet the next period's first grants in
 // one window (up to twice the limit). A bucket that can move its period's
 // end prevents it at the source: a grant behind the pace (its place
