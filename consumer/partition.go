@@ -540,12 +540,15 @@ func (p *partition) finishLocked(s *slot, ok bool) {
 
 // release marks a finished record done in the span, where only its
 // entry stays, and gives back its key, value and headers (the slot itself
-// is dropped by the caller); p.mu is held.
+// is dropped by the caller); p.mu is held. Behind an unfinished record
+// the watermark does not move, but the bytes held drop: fetching resumes
+// here too once the partition has drained.
 func (p *partition) release(s *slot) {
 	p.span.finish(s.seq)
 	p.bytes -= s.size + RecordOverhead - spanEntryBytes
 	s.size = 0
 	s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
+	p.resumeIfDrained()
 }
 
 // advance lets the next record of u (done with its record in work)
@@ -586,6 +589,12 @@ func (p *partition) advanceWatermark() {
 	p.mark.Offset, p.mark.LeaderEpoch = last.off, last.epoch
 	p.through = last.off + 1
 	p.dirty = true
+	p.resumeIfDrained()
+}
+
+// resumeIfDrained resumes the paused fetching of the partition once it
+// holds at most half its bounds; p.mu is held.
+func (p *partition) resumeIfDrained() {
 	if p.paused && !p.closed && p.drained() {
 		p.cl.ResumeFetchPartitions(p.tps())
 		p.paused = false
