@@ -83,3 +83,74 @@ func restartAfterStuck(t *testing.T, stuckAt int64) {
 		}
 	}
 }
+
+// A stuck record's next owner, stuck on it again, keeps the map for the
+// owner after it, though it marked nothing: its commit at the same offset
+// carries the map, and no commit after it (the one kgo makes on leaving
+// the group) writes that offset again without it. A handles every record
+// but the stuck one (offset 10) and stops; B restores the rest, stays
+// stuck on offset 10 and stops; C handles the stuck record alone.
+func TestOwnerStuckAgainPassesTheMapOn(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 60, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	h := stuckHandler(stuckAt, calls[:], &handled)
+	a, err := consumer.New(h, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck one", func() bool { return handled.Load() == n-1 })
+	require.NoError(t, ra.stop(t))
+
+	b, err := consumer.New(h, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	rb := start(t, b)
+	waitFor(t, 10*time.Second, "B restored every record past the stuck one", func() bool { return b.Stats().Restored == n-stuckAt-1 })
+	require.NoError(t, rb.stop(t))
+	require.EqualValues(t, n-1, handled.Load(), "B handled nothing again")
+
+	handleRest(t, kc, n, stuckAt, calls[:])
+}
+
+// stuckHandler counts in calls and handled the records it handles, and
+// is stuck on the record at stuckAt until its call is ended.
+func stuckHandler(stuckAt int64, calls []atomic.Int32, handled *atomic.Int64) consumer.Handler {
+	return func(ctx context.Context, rec *kgo.Record) error {
+		if rec.Offset == stuckAt {
+			<-ctx.Done() // until the stop gives up on it
+			return ctx.Err()
+		}
+		calls[rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}
+}
+
+// handleRest runs a last owner of the group until it has handled the
+// record at stuckAt and reached the end of the partition, and checks that
+// every record was handled once in all.
+func handleRest(t *testing.T, kc *kafkaenv.Cluster, n int, stuckAt int64, calls []atomic.Int32) {
+	t.Helper()
+	last := newHandled(1)
+	c, err := consumer.New(func(ctx context.Context, rec *kgo.Record) error {
+		calls[rec.Offset].Add(1)
+		last.add("last", rec)
+		return nil
+	}, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	rc := start(t, c)
+	last.waitFull(t, 10*time.Second)
+	waitFor(t, 10*time.Second, "the last owner at the end of the partition", func() bool {
+		s := c.Stats()
+		return s.Handled+s.Restored == int64(n)-stuckAt
+	})
+	require.NoError(t, rc.stop(t))
+	assert.Equal(t, []int64{int64(n)}, committed(t, kc, "g", "in", 1))
+	for o := range n {
+		if got := calls[o].Load(); got != 1 {
+			t.Errorf("record %d handled %d times in all, want once", o, got)
+		}
+	}
+}

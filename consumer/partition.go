@@ -82,11 +82,13 @@ type partition struct {
 	dirty bool
 	// first is the offset of the first record taken, marked the offset
 	// after the last record marked for commit: -1 before any (offset
-	// maps, offsetmap.go). final is the map of the partition as it
+	// maps, offsetmap.go); firstEpoch and markedEpoch are the leader
+	// epochs of those records. final is the map of the partition as it
 	// ended, hasFinal whether it has one.
-	first, marked int64
-	final         offsetMap
-	hasFinal      bool
+	first, marked           int64
+	firstEpoch, markedEpoch int32
+	final                   offsetMap
+	hasFinal                bool
 	// skip holds the ranges of offsets the last commit's map says were
 	// finished: their records are finished as they come, not handled.
 	// skipChecked (under c.mu) says the consumer's restored maps were
@@ -342,7 +344,7 @@ func (p *partition) push(recs []*kgo.Record) {
 	var skipped int64
 	for _, r := range recs {
 		if p.first < 0 {
-			p.first = r.Offset
+			p.first, p.firstEpoch = r.Offset, r.LeaderEpoch
 		}
 		if p.skip != nil && p.skipped(r.Offset) {
 			p.span.finish(p.span.push(r.Offset, r.LeaderEpoch))
@@ -616,7 +618,7 @@ func (p *partition) flushLocked() {
 	if p.dirty && !p.fenced {
 		p.cl.MarkCommitRecords(&p.mark)
 		p.dirty = false
-		p.marked = p.through
+		p.marked, p.markedEpoch = p.through, p.mark.LeaderEpoch
 	}
 }
 
