@@ -154,6 +154,19 @@ func (p *partition) mapLocked() (m offsetMap, ok bool) {
 		}
 		m.runs = append(m.runs, offRun{e.off, e.off})
 	}
+	// The ranges of the restored map not read yet: finished by an
+	// earlier owner all the same.
+	for _, r := range p.skip {
+		if r.last < p.next {
+			continue
+		}
+		r.first = max(r.first, p.next)
+		if n := len(m.runs); n > 0 && m.runs[n-1].last+1 >= r.first {
+			m.runs[n-1].last = max(m.runs[n-1].last, r.last)
+			continue
+		}
+		m.runs = append(m.runs, r)
+	}
 	return m, len(m.runs) > 0
 }
 

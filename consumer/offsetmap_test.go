@@ -154,3 +154,43 @@ func handleRest(t *testing.T, kc *kafkaenv.Cluster, n int, stuckAt int64, calls 
 		}
 	}
 }
+
+// An owner that stops before it has read every offset its restored map
+// covers passes the rest of that map on: the next owner does not handle
+// them again. A handles every record but the stuck one (offset 10) and
+// stops; B, stuck on the same record, reads a few records past it (its
+// queue bound of 8) and stops; C handles the stuck record alone.
+func TestOwnerStoppedBeforeReadingItsRestoredMapPassesTheRestOn(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 60, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	cl, err := kc.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range n { // one batch each: B's small fetches read a few at a time
+		require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{Topic: "in", Key: fmt.Append(nil, "k", i), Value: []byte("v")}).FirstErr())
+	}
+	cl.Close()
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	h := stuckHandler(stuckAt, calls[:], &handled)
+	a, err := consumer.New(h, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck one", func() bool { return handled.Load() == n-1 })
+	require.NoError(t, ra.stop(t))
+
+	b, err := consumer.New(h, nil, append(base(kc, "g", "in"), consumer.WithQueueSize(8), consumer.WithQueueBytes(1<<10))...)
+	require.NoError(t, err)
+	rb := start(t, b)
+	waitFor(t, 10*time.Second, "B paused behind the stuck record", func() bool {
+		s := b.Stats()
+		return len(s.Partitions) == 1 && s.Partitions[0].Paused && s.Restored > 0
+	})
+	require.NoError(t, rb.stop(t))
+	require.Less(t, b.Stats().Restored, int64(n-stuckAt-1), "B read only part of its map")
+	require.EqualValues(t, n-1, handled.Load(), "B handled nothing again")
+
+	handleRest(t, kc, n, stuckAt, calls[:])
+}

@@ -90,10 +90,13 @@ type partition struct {
 	final                   offsetMap
 	hasFinal                bool
 	// skip holds the ranges of offsets the last commit's map says were
-	// finished: their records are finished as they come, not handled.
+	// finished: their records are finished as they come, not handled;
+	// those not read yet (at or past next, the offset after the last
+	// record taken) go into this ownership's own map.
 	// skipChecked (under c.mu) says the consumer's restored maps were
 	// looked up for this ownership.
 	skip        []offRun
+	next        int64
 	skipChecked bool
 }
 
@@ -346,6 +349,7 @@ func (p *partition) push(recs []*kgo.Record) {
 		if p.first < 0 {
 			p.first, p.firstEpoch = r.Offset, r.LeaderEpoch
 		}
+		p.next = r.Offset + 1
 		if p.skip != nil && p.skipped(r.Offset) {
 			p.span.finish(p.span.push(r.Offset, r.LeaderEpoch))
 			p.bytes += spanEntryBytes
