@@ -194,3 +194,54 @@ func TestOwnerStoppedBeforeReadingItsRestoredMapPassesTheRestOn(t *testing.T) {
 
 	handleRest(t, kc, n, stuckAt, calls[:])
 }
+
+// A partition revoked while its record is stuck carries its map to its
+// new owner in the commit of the revocation: two partitions, one record
+// stuck in each at A; once B joins, the partition it takes over has
+// every record but the stuck one restored, and only the stuck one is
+// handled again.
+func TestRevokedPartitionCarriesItsMapToItsNewOwner(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 60, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 2))
+	produce(t, kc, "in", 2, n, func(p int32, i int) string { return fmt.Sprint("k", p, "-", i) })
+	var calls [2][n]atomic.Int32
+	var handledA atomic.Int64
+	a, err := consumer.New(func(ctx context.Context, rec *kgo.Record) error {
+		if rec.Offset == stuckAt {
+			<-ctx.Done() // until the stop gives up on it
+			return ctx.Err()
+		}
+		calls[rec.Partition][rec.Offset].Add(1)
+		handledA.Add(1)
+		return nil
+	}, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck ones", func() bool { return handledA.Load() == 2*(n-1) })
+
+	b, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		calls[rec.Partition][rec.Offset].Add(1)
+		return nil
+	}, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	rb := start(t, b)
+	waitFor(t, 15*time.Second, "B took a partition over and restored its map", func() bool {
+		s := b.Stats()
+		return s.Handled == 1 && s.Restored == n-stuckAt-1
+	})
+	require.NoError(t, rb.stop(t))
+	require.NoError(t, ra.stop(t))
+	moved := 0
+	for p := range 2 {
+		if calls[p][stuckAt].Load() == 1 {
+			moved++
+			for o := range n {
+				if got := calls[p][o].Load(); got != 1 {
+					t.Errorf("record %d@%d handled %d times in all, want once", p, o, got)
+				}
+			}
+		}
+	}
+	assert.Equal(t, 1, moved, "partitions B took over")
+}
