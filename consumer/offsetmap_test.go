@@ -245,3 +245,38 @@ func TestRevokedPartitionCarriesItsMapToItsNewOwner(t *testing.T) {
 	}
 	assert.Equal(t, 1, moved, "partitions B took over")
 }
+
+// A map is not applied when the fetch starts before its offset: a
+// kgo.AdjustFetchOffsetsFn that rewinds the partition reads its records
+// again on purpose, every one of them handled.
+func TestRewoundFetchIgnoresTheMap(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 60, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	a, err := consumer.New(stuckHandler(stuckAt, calls[:], &handled), nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck one", func() bool { return handled.Load() == n-1 })
+	require.NoError(t, ra.stop(t))
+
+	rewind := kgo.AdjustFetchOffsetsFn(func(_ context.Context, m map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+		for _, ps := range m {
+			for p := range ps {
+				ps[p] = kgo.NewOffset().At(0)
+			}
+		}
+		return m, nil
+	})
+	var again atomic.Int64
+	b, err := consumer.New(func(context.Context, *kgo.Record) error { again.Add(1); return nil }, nil,
+		kafka(kc, "g", "in", rewind), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(testLogger()))
+	require.NoError(t, err)
+	rb := start(t, b)
+	waitFor(t, 10*time.Second, "B handled the partition again", func() bool { return again.Load() == n })
+	require.NoError(t, rb.stop(t))
+	assert.Zero(t, b.Stats().Restored)
+	assert.Equal(t, []int64{n}, committed(t, kc, "g", "in", 1))
+}
