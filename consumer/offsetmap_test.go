@@ -3,12 +3,14 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -279,4 +281,53 @@ func TestRewoundFetchIgnoresTheMap(t *testing.T) {
 	require.NoError(t, rb.stop(t))
 	assert.Zero(t, b.Stats().Restored)
 	assert.Equal(t, []int64{n}, committed(t, kc, "g", "in", 1))
+}
+
+// A broker that refuses the offset map as too large (a lower
+// offset.metadata.max.bytes) gets the commit again without it: the
+// watermark is committed, and the records finished past it are handled
+// again by the next owner.
+func TestBrokerRefusingTheMapGetsTheCommitWithoutIt(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 30, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	var refused atomic.Int32
+	kc.Fake().ControlKey(int16(kmsg.OffsetCommit), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		kc.Fake().KeepControl()
+		req := kreq.(*kmsg.OffsetCommitRequest)
+		carries := false
+		for _, rt := range req.Topics {
+			for _, rp := range rt.Partitions {
+				carries = carries || rp.Metadata != nil && strings.HasPrefix(*rp.Metadata, "headway.om1:")
+			}
+		}
+		if !carries {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.OffsetMetadataTooLarge.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	a, err := consumer.New(stuckHandler(stuckAt, calls[:], &handled), nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck one", func() bool { return handled.Load() == n-1 })
+	require.NoError(t, ra.stop(t))
+	assert.NotZero(t, refused.Load(), "a commit with the map was refused")
+	assert.Equal(t, []int64{stuckAt}, committed(t, kc, "g", "in", 1), "the watermark committed without the map")
 }
