@@ -853,6 +853,21 @@ func TestLimiterFailures(t *testing.T) {
 		assert.Zero(t, s.Retried)
 		assert.Equal(t, []int64{5}, committed(t, kc, "cost", "in", 1))
 	})
+	t.Run("refused key without a dead-letter topic", func(t *testing.T) {
+		// No dead-letter topic: the refused record stops Run as a
+		// record whose attempts all failed does, never a silent drop.
+		fb := &flakyBucket{err: fmt.Errorf("test: key too long: %w", throttle.ErrInvalidKey)}
+		fb.failures.Store(1)
+		c, err := consumer.New(newHandled(5).handler("a"), throttle.New(fb), base(kc, "nodlt", "in")...)
+		require.NoError(t, err)
+		err = start(t, c).wait(t, 10*time.Second)
+		var herr *consumer.HandlerError
+		require.ErrorAs(t, err, &herr)
+		assert.ErrorIs(t, err, throttle.ErrInvalidKey)
+		assert.EqualValues(t, 0, herr.Offset)
+		assert.EqualValues(t, 1, c.Stats().Refused)
+		assert.Equal(t, []int64{-1}, committed(t, kc, "nodlt", "in", 1))
+	})
 	t.Run("timeout retry", func(t *testing.T) {
 		// One permit per 100 ms, 5 ms waits: most waits time out and
 		// are retried without using up the record's attempts.

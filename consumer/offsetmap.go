@@ -39,11 +39,13 @@ const maxOffsetMap = 4000
 type offRun struct{ first, last int64 }
 
 // offsetMap is the map of a partition that stopped: the offset the commit
-// carries (base) and the finished ranges past it.
+// carries (base), the leader epoch of the record at or before it (epoch)
+// and the finished ranges past it.
 type offsetMap struct {
-	tp   topicPartition
-	base int64
-	runs []offRun
+	tp    topicPartition
+	base  int64
+	epoch int32
+	runs  []offRun
 }
 
 // encodeOffsetMap writes base and as many runs as fit in maxOffsetMap
@@ -131,9 +133,9 @@ func (p *partition) mapLocked() (m offsetMap, ok bool) {
 	if p.first < 0 {
 		return offsetMap{}, false // took no record
 	}
-	m = offsetMap{tp: topicPartition{p.topic, p.id}, base: p.first}
+	m = offsetMap{tp: topicPartition{p.topic, p.id}, base: p.first, epoch: p.firstEpoch}
 	if p.marked >= 0 {
-		m.base = p.marked
+		m.base, m.epoch = p.marked, p.markedEpoch
 	}
 	if p.through > m.base {
 		// Finished and passed by the watermark, but not marked (the
@@ -151,6 +153,19 @@ func (p *partition) mapLocked() (m offsetMap, ok bool) {
 			continue
 		}
 		m.runs = append(m.runs, offRun{e.off, e.off})
+	}
+	// The ranges of the restored map not read yet: finished by an
+	// earlier owner all the same.
+	for _, r := range p.skip {
+		if r.last < p.next {
+			continue
+		}
+		r.first = max(r.first, p.next)
+		if n := len(m.runs); n > 0 && m.runs[n-1].last+1 >= r.first {
+			m.runs[n-1].last = max(m.runs[n-1].last, r.last)
+			continue
+		}
+		m.runs = append(m.runs, r)
 	}
 	return m, len(m.runs) > 0
 }
@@ -200,8 +215,18 @@ func withOffsetMaps(ctx context.Context, maps map[topicPartition]offsetMap) cont
 // partition of maps at its base: also those with nothing marked in this
 // session (a record stuck from the first on), which are still ours (they
 // are being revoked, or Run stops).
+//
+// Such a partition is committed with the leader epoch the client holds
+// for its committed offset when that is the base: the client then takes
+// the partition for committed, and no later commit of the client (the one
+// on leaving the group, an autocommit) writes the same offset again
+// without the map. Otherwise with the epoch of the record at the base.
 func commitWithMaps(ctx context.Context, cl *kgo.Client, maps map[topicPartition]offsetMap) error {
 	offsets := cl.MarkedOffsets()
+	var committed map[string]map[int32]kgo.EpochOffset
+	if len(maps) > 0 {
+		committed = cl.CommittedOffsets()
+	}
 	for tp, m := range maps {
 		if _, ok := offsets[tp.topic][tp.partition]; ok {
 			continue
@@ -212,7 +237,11 @@ func commitWithMaps(ctx context.Context, cl *kgo.Client, maps map[topicPartition
 		if offsets[tp.topic] == nil {
 			offsets[tp.topic] = make(map[int32]kgo.EpochOffset)
 		}
-		offsets[tp.topic][tp.partition] = kgo.EpochOffset{Epoch: -1, Offset: m.base}
+		at := kgo.EpochOffset{Epoch: m.epoch, Offset: m.base}
+		if eo, ok := committed[tp.topic][tp.partition]; ok && eo.Offset == m.base {
+			at = eo
+		}
+		offsets[tp.topic][tp.partition] = at
 	}
 	if len(offsets) == 0 {
 		return nil

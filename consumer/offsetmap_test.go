@@ -3,12 +3,14 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -82,4 +84,250 @@ func restartAfterStuck(t *testing.T, stuckAt int64) {
 			t.Errorf("record %d handled %d times in all, want once", o, got)
 		}
 	}
+}
+
+// A stuck record's next owner, stuck on it again, keeps the map for the
+// owner after it, though it marked nothing: its commit at the same offset
+// carries the map, and no commit after it (the one kgo makes on leaving
+// the group) writes that offset again without it. A handles every record
+// but the stuck one (offset 10) and stops; B restores the rest, stays
+// stuck on offset 10 and stops; C handles the stuck record alone.
+func TestOwnerStuckAgainPassesTheMapOn(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 60, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	h := stuckHandler(stuckAt, calls[:], &handled)
+	a, err := consumer.New(h, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck one", func() bool { return handled.Load() == n-1 })
+	require.NoError(t, ra.stop(t))
+
+	b, err := consumer.New(h, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	rb := start(t, b)
+	waitFor(t, 10*time.Second, "B restored every record past the stuck one", func() bool { return b.Stats().Restored == n-stuckAt-1 })
+	require.NoError(t, rb.stop(t))
+	require.EqualValues(t, n-1, handled.Load(), "B handled nothing again")
+
+	handleRest(t, kc, n, stuckAt, calls[:])
+}
+
+// stuckHandler counts in calls and handled the records it handles, and
+// is stuck on the record at stuckAt until its call is ended.
+func stuckHandler(stuckAt int64, calls []atomic.Int32, handled *atomic.Int64) consumer.Handler {
+	return func(ctx context.Context, rec *kgo.Record) error {
+		if rec.Offset == stuckAt {
+			<-ctx.Done() // until the stop gives up on it
+			return ctx.Err()
+		}
+		calls[rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}
+}
+
+// handleRest runs a last owner of the group until it has handled the
+// record at stuckAt and reached the end of the partition, and checks that
+// every record was handled once in all.
+func handleRest(t *testing.T, kc *kafkaenv.Cluster, n int, stuckAt int64, calls []atomic.Int32) {
+	t.Helper()
+	last := newHandled(1)
+	c, err := consumer.New(func(ctx context.Context, rec *kgo.Record) error {
+		calls[rec.Offset].Add(1)
+		last.add("last", rec)
+		return nil
+	}, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	rc := start(t, c)
+	last.waitFull(t, 10*time.Second)
+	waitFor(t, 10*time.Second, "the last owner at the end of the partition", func() bool {
+		s := c.Stats()
+		return s.Handled+s.Restored == int64(n)-stuckAt
+	})
+	require.NoError(t, rc.stop(t))
+	assert.Equal(t, []int64{int64(n)}, committed(t, kc, "g", "in", 1))
+	for o := range n {
+		if got := calls[o].Load(); got != 1 {
+			t.Errorf("record %d handled %d times in all, want once", o, got)
+		}
+	}
+}
+
+// An owner that stops before it has read every offset its restored map
+// covers passes the rest of that map on: the next owner does not handle
+// them again. A handles every record but the stuck one (offset 10) and
+// stops; B, stuck on the same record, reads a few records past it (its
+// queue bound of 8) and stops; C handles the stuck record alone.
+func TestOwnerStoppedBeforeReadingItsRestoredMapPassesTheRestOn(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 60, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	cl, err := kc.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range n { // one batch each: B's small fetches read a few at a time
+		require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{Topic: "in", Key: fmt.Append(nil, "k", i), Value: []byte("v")}).FirstErr())
+	}
+	cl.Close()
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	h := stuckHandler(stuckAt, calls[:], &handled)
+	a, err := consumer.New(h, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck one", func() bool { return handled.Load() == n-1 })
+	require.NoError(t, ra.stop(t))
+
+	b, err := consumer.New(h, nil, append(base(kc, "g", "in"), consumer.WithQueueSize(8), consumer.WithQueueBytes(1<<10))...)
+	require.NoError(t, err)
+	rb := start(t, b)
+	waitFor(t, 10*time.Second, "B paused behind the stuck record", func() bool {
+		s := b.Stats()
+		return len(s.Partitions) == 1 && s.Partitions[0].Paused && s.Restored > 0
+	})
+	require.NoError(t, rb.stop(t))
+	require.Less(t, b.Stats().Restored, int64(n-stuckAt-1), "B read only part of its map")
+	require.EqualValues(t, n-1, handled.Load(), "B handled nothing again")
+
+	handleRest(t, kc, n, stuckAt, calls[:])
+}
+
+// A partition revoked while its record is stuck carries its map to its
+// new owner in the commit of the revocation: two partitions, one record
+// stuck in each at A; once B joins, the partition it takes over has
+// every record but the stuck one restored, and only the stuck one is
+// handled again.
+func TestRevokedPartitionCarriesItsMapToItsNewOwner(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 60, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 2))
+	produce(t, kc, "in", 2, n, func(p int32, i int) string { return fmt.Sprint("k", p, "-", i) })
+	var calls [2][n]atomic.Int32
+	var handledA atomic.Int64
+	a, err := consumer.New(func(ctx context.Context, rec *kgo.Record) error {
+		if rec.Offset == stuckAt {
+			<-ctx.Done() // until the stop gives up on it
+			return ctx.Err()
+		}
+		calls[rec.Partition][rec.Offset].Add(1)
+		handledA.Add(1)
+		return nil
+	}, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck ones", func() bool { return handledA.Load() == 2*(n-1) })
+
+	b, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		calls[rec.Partition][rec.Offset].Add(1)
+		return nil
+	}, nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	rb := start(t, b)
+	waitFor(t, 15*time.Second, "B took a partition over and restored its map", func() bool {
+		s := b.Stats()
+		return s.Handled == 1 && s.Restored == n-stuckAt-1
+	})
+	require.NoError(t, rb.stop(t))
+	require.NoError(t, ra.stop(t))
+	moved := 0
+	for p := range 2 {
+		if calls[p][stuckAt].Load() == 1 {
+			moved++
+			for o := range n {
+				if got := calls[p][o].Load(); got != 1 {
+					t.Errorf("record %d@%d handled %d times in all, want once", p, o, got)
+				}
+			}
+		}
+	}
+	assert.Equal(t, 1, moved, "partitions B took over")
+}
+
+// A map is not applied when the fetch starts before its offset: a
+// kgo.AdjustFetchOffsetsFn that rewinds the partition reads its records
+// again on purpose, every one of them handled.
+func TestRewoundFetchIgnoresTheMap(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 60, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	a, err := consumer.New(stuckHandler(stuckAt, calls[:], &handled), nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck one", func() bool { return handled.Load() == n-1 })
+	require.NoError(t, ra.stop(t))
+
+	rewind := kgo.AdjustFetchOffsetsFn(func(_ context.Context, m map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+		for _, ps := range m {
+			for p := range ps {
+				ps[p] = kgo.NewOffset().At(0)
+			}
+		}
+		return m, nil
+	})
+	var again atomic.Int64
+	b, err := consumer.New(func(context.Context, *kgo.Record) error { again.Add(1); return nil }, nil,
+		kafka(kc, "g", "in", rewind), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(testLogger()))
+	require.NoError(t, err)
+	rb := start(t, b)
+	waitFor(t, 10*time.Second, "B handled the partition again", func() bool { return again.Load() == n })
+	require.NoError(t, rb.stop(t))
+	assert.Zero(t, b.Stats().Restored)
+	assert.Equal(t, []int64{n}, committed(t, kc, "g", "in", 1))
+}
+
+// A broker that refuses the offset map as too large (a lower
+// offset.metadata.max.bytes) gets the commit again without it: the
+// watermark is committed, and the records finished past it are handled
+// again by the next owner.
+func TestBrokerRefusingTheMapGetsTheCommitWithoutIt(t *testing.T) {
+	t.Parallel()
+	const n, stuckAt = 30, 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	var refused atomic.Int32
+	kc.Fake().ControlKey(int16(kmsg.OffsetCommit), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		kc.Fake().KeepControl()
+		req := kreq.(*kmsg.OffsetCommitRequest)
+		carries := false
+		for _, rt := range req.Topics {
+			for _, rp := range rt.Partitions {
+				carries = carries || rp.Metadata != nil && strings.HasPrefix(*rp.Metadata, "headway.om1:")
+			}
+		}
+		if !carries {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.OffsetMetadataTooLarge.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	a, err := consumer.New(stuckHandler(stuckAt, calls[:], &handled), nil, base(kc, "g", "in")...)
+	require.NoError(t, err)
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A handled every record but the stuck one", func() bool { return handled.Load() == n-1 })
+	require.NoError(t, ra.stop(t))
+	assert.NotZero(t, refused.Load(), "a commit with the map was refused")
+	assert.Equal(t, []int64{stuckAt}, committed(t, kc, "g", "in", 1), "the watermark committed without the map")
 }

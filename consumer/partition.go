@@ -82,16 +82,21 @@ type partition struct {
 	dirty bool
 	// first is the offset of the first record taken, marked the offset
 	// after the last record marked for commit: -1 before any (offset
-	// maps, offsetmap.go). final is the map of the partition as it
+	// maps, offsetmap.go); firstEpoch and markedEpoch are the leader
+	// epochs of those records. final is the map of the partition as it
 	// ended, hasFinal whether it has one.
-	first, marked int64
-	final         offsetMap
-	hasFinal      bool
+	first, marked           int64
+	firstEpoch, markedEpoch int32
+	final                   offsetMap
+	hasFinal                bool
 	// skip holds the ranges of offsets the last commit's map says were
-	// finished: their records are finished as they come, not handled.
+	// finished: their records are finished as they come, not handled;
+	// those not read yet (at or past next, the offset after the last
+	// record taken) go into this ownership's own map.
 	// skipChecked (under c.mu) says the consumer's restored maps were
 	// looked up for this ownership.
 	skip        []offRun
+	next        int64
 	skipChecked bool
 }
 
@@ -342,8 +347,9 @@ func (p *partition) push(recs []*kgo.Record) {
 	var skipped int64
 	for _, r := range recs {
 		if p.first < 0 {
-			p.first = r.Offset
+			p.first, p.firstEpoch = r.Offset, r.LeaderEpoch
 		}
+		p.next = r.Offset + 1
 		if p.skip != nil && p.skipped(r.Offset) {
 			p.span.finish(p.span.push(r.Offset, r.LeaderEpoch))
 			p.bytes += spanEntryBytes
@@ -540,12 +546,15 @@ func (p *partition) finishLocked(s *slot, ok bool) {
 
 // release marks a finished record done in the span, where only its
 // entry stays, and gives back its key, value and headers (the slot itself
-// is dropped by the caller); p.mu is held.
+// is dropped by the caller); p.mu is held. Behind an unfinished record
+// the watermark does not move, but the bytes held drop: fetching resumes
+// here too once the partition has drained.
 func (p *partition) release(s *slot) {
 	p.span.finish(s.seq)
 	p.bytes -= s.size + RecordOverhead - spanEntryBytes
 	s.size = 0
 	s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
+	p.resumeIfDrained()
 }
 
 // advance lets the next record of u (done with its record in work)
@@ -586,6 +595,12 @@ func (p *partition) advanceWatermark() {
 	p.mark.Offset, p.mark.LeaderEpoch = last.off, last.epoch
 	p.through = last.off + 1
 	p.dirty = true
+	p.resumeIfDrained()
+}
+
+// resumeIfDrained resumes the paused fetching of the partition once it
+// holds at most half its bounds; p.mu is held.
+func (p *partition) resumeIfDrained() {
 	if p.paused && !p.closed && p.drained() {
 		p.cl.ResumeFetchPartitions(p.tps())
 		p.paused = false
@@ -607,7 +622,7 @@ func (p *partition) flushLocked() {
 	if p.dirty && !p.fenced {
 		p.cl.MarkCommitRecords(&p.mark)
 		p.dirty = false
-		p.marked = p.through
+		p.marked, p.markedEpoch = p.through, p.mark.LeaderEpoch
 	}
 }
 

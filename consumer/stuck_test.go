@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -138,6 +139,75 @@ func TestStuckRecordPausesItsPartitionUntilThePoliciesEndIt(t *testing.T) {
 		}
 		if got := calls[o].Load(); got != want {
 			t.Errorf("record %d handled %d times, want %d", o, got, want)
+		}
+	}
+	assert.Equal(t, []int64{n}, committed(t, kc, "g", "in", 1))
+}
+
+// The byte bound counts a finished record behind a stuck one for its
+// offset only, so a partition paused at the byte bound resumes once the
+// records behind the stuck one are finished and it holds half its bytes
+// and records, though the stuck record is still in its handler. Records
+// of 4 KiB, a byte bound of 64 KiB: the first sixteen come in one batch
+// and fill the bound (each its own key); once fifteen of them are handled the partition
+// holds about 5 KiB and fetches the rest, all handled while record 0 is
+// stuck.
+func TestPartitionPausedAtTheByteBoundResumesOnceRecordsBehindTheStuckOneFinish(t *testing.T) {
+	t.Parallel()
+	const n, size, queueBytes = 100, 4 << 10, 64 << 10
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	cl, err := kc.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(50*time.Millisecond))
+	require.NoError(t, err)
+	value := make([]byte, size)
+	var recs []*kgo.Record
+	for i := range 16 {
+		recs = append(recs, &kgo.Record{Topic: "in", Key: fmt.Append(nil, i), Value: value})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, cl.ProduceSync(ctx, recs...).FirstErr())
+	for i := 16; i < n; i++ { // one batch each: fetches of a quarter of the bound
+		require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{Topic: "in", Key: fmt.Append(nil, i), Value: value}).FirstErr())
+	}
+	cl.Close()
+
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	release := make(chan struct{})
+	h := func(ctx context.Context, rec *kgo.Record) error {
+		if rec.Offset == 0 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		calls[rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}
+	c, err := consumer.New(h, nil,
+		kafka(kc, "g", "in", kgo.RebalanceTimeout(60*time.Second)),
+		consumer.WithHandlerTimeout(30*time.Second),
+		consumer.WithLogger(testLogger()),
+		consumer.WithQueueBytes(queueBytes))
+	require.NoError(t, err)
+	r := start(t, c)
+	var released sync.Once
+	t.Cleanup(func() { // before r.stop's
+		if t.Failed() {
+			t.Logf("stats: %+v", c.Stats())
+		}
+		released.Do(func() { close(release) })
+	})
+	waitFor(t, 10*time.Second, "every record but the stuck one handled while it is stuck", func() bool { return handled.Load() == n-1 })
+	assert.GreaterOrEqual(t, c.Stats().PeakBufferedBytes, int64(queueBytes), "the partition reached its byte bound")
+	released.Do(func() { close(release) })
+	waitFor(t, 10*time.Second, "every record handled", func() bool { return handled.Load() == n })
+	require.NoError(t, r.stop(t))
+	for o := range n {
+		if got := calls[o].Load(); got != 1 {
+			t.Errorf("record %d handled %d times, want once", o, got)
 		}
 	}
 	assert.Equal(t, []int64{n}, committed(t, kc, "g", "in", 1))
