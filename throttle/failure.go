@@ -75,7 +75,13 @@ const (
 	// through the BackendError, context.DeadlineExceeded).
 	FailClosed
 	// FailOpen grants every call while the store fails. Use it only where
-	// exceeding the provider's limit costs less than not calling it.
+	// exceeding the provider's limit costs less than not calling it. Its
+	// grant, as any other, comes within the caller's wait or not at all:
+	// a store call that hangs ends a room before the wait's end (see
+	// [WithStoreTimeout]) for FailOpen to grant in, and a caller that its
+	// process runs again only after its wait has ended (a scheduling stall
+	// longer than that room) gets an error matching [ErrTimeout], not a
+	// grant, and not the store's error.
 	FailOpen
 )
 
@@ -108,8 +114,10 @@ func WithFailurePolicy(p FailurePolicy) LimiterOption {
 // WithStoreTimeout bounds the bucket calls of Acquire with maxWait 0 (and
 // no earlier ctx deadline): Take gets a context that ends d after the call.
 // Other calls get the end of the caller's wait (maxWait or ctx's deadline,
-// the earlier) as the deadline of each bucket call, so a hung store never
-// keeps Acquire past it; [Forever] without a ctx deadline gets none, and
+// the earlier), less a room of a quarter of the wait left, at most 10 ms,
+// as the deadline of each bucket call, so a hung store never keeps Acquire
+// past it and the [FailurePolicy] decides within the wait; [Forever]
+// without a ctx deadline gets none, and
 // relies on the store client's own timeouts (go-redis: ReadTimeout, 3 s
 // by default). A bucket call cut by its deadline while the caller's
 // context is alive counts as a store failure and goes through the

@@ -2,6 +2,7 @@ package throttle_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -305,4 +306,60 @@ func TestUnknownFailurePolicyIsRefused(t *testing.T) {
 	err = lim.Acquire(context.Background(), 0)
 	require.ErrorIs(t, err, throttle.ErrInvalid)
 	assert.Contains(t, err.Error(), "WithFailurePolicy")
+}
+
+// hungThenLate is a store that hangs: each Take blocks until its context
+// ends and fails then. Its caller's process is then resumed late by late:
+// the fake clock, which measures the caller's wait, moves on by the
+// call's bound and then by late, as a scheduling stall would.
+type hungThenLate struct {
+	clock *clockwork.FakeClock
+	late  time.Duration
+}
+
+func (b *hungThenLate) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (throttle.Decision, error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: fmt.Errorf("test: the store call has no deadline")}
+	}
+	bound := time.Until(dl)
+	<-ctx.Done()
+	b.clock.Advance(bound + b.late)
+	return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: fmt.Errorf("test: no reply: %w", ctx.Err())}
+}
+
+// TestFailOpenDecidesWithinTheWaitWhenTheStoreHangs: a store call under
+// a waiting caller ends a room before the end of the wait (a quarter of
+// it, at most 10 ms), so that FailOpen's grant lands within the wait even
+// when the process runs the caller again a little late; a caller resumed
+// only after its wait's end gets ErrTimeout (no grant after the wait), and
+// never the store's error.
+func TestFailOpenDecidesWithinTheWaitWhenTheStoreHangs(t *testing.T) {
+	for _, tc := range []struct {
+		maxWait, late time.Duration
+		granted       bool
+	}{
+		{40 * time.Millisecond, 0, true},
+		{40 * time.Millisecond, 5 * time.Millisecond, true}, // within the room of 10 ms
+		{40 * time.Millisecond, 20 * time.Millisecond, false},
+		{20 * time.Millisecond, 2 * time.Millisecond, true}, // within the room of 5 ms
+		{20 * time.Millisecond, 10 * time.Millisecond, false},
+	} {
+		t.Run(fmt.Sprintf("maxWait=%v/late=%v", tc.maxWait, tc.late), func(t *testing.T) {
+			clock := clockwork.NewFakeClock()
+			b := &hungThenLate{clock: clock, late: tc.late}
+			// A store timeout of 20 ms: the first failure's call (5 ms
+			// or more) has a fair chance of it, and counts as the store's.
+			lim := throttle.New(b, throttle.WithClock(clock), throttle.WithFailurePolicy(throttle.FailOpen), throttle.WithStoreTimeout(20*time.Millisecond))
+			defer lim.Close()
+			err := lim.Acquire(context.Background(), tc.maxWait)
+			if tc.granted {
+				require.NoError(t, err, "FailOpen's grant came within the wait")
+				return
+			}
+			require.ErrorIs(t, err, throttle.ErrTimeout, "the caller was resumed after its wait's end")
+			var be *throttle.BackendError
+			assert.False(t, errors.As(err, &be), "FailOpen surfaces no store error: %v", err)
+		})
+	}
 }
