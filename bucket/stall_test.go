@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +18,15 @@ type stallMeter struct {
 	worst atomic.Int64 // nanoseconds
 	stop  chan struct{}
 	done  chan struct{}
+
+	mu sync.Mutex
+	// overdue is when the meter's goroutine was due to run and did not,
+	// for at least a tick: the process's stalls, not a timer's slack.
+	overdue []span
 }
+
+// span is a stretch of time, [from, to).
+type span struct{ from, to time.Time }
 
 // stallTick is the stall meter's sleep; what a sleep of it overruns by is
 // the process's scheduling delay at that moment.
@@ -38,8 +47,15 @@ func startStallMeter(t *testing.T) *stallMeter {
 			}
 			start := time.Now()
 			time.Sleep(stallTick) // measured, not waited on
-			if late := time.Since(start) - stallTick; late > time.Duration(m.worst.Load()) {
+			woke := time.Now()
+			late := woke.Sub(start) - stallTick
+			if late > time.Duration(m.worst.Load()) {
 				m.worst.Store(int64(late))
+			}
+			if late >= stallTick {
+				m.mu.Lock()
+				m.overdue = append(m.overdue, span{start.Add(stallTick), woke})
+				m.mu.Unlock()
 			}
 		}
 	}()
@@ -59,15 +75,49 @@ func (m *stallMeter) Stop() time.Duration {
 	return time.Duration(m.worst.Load())
 }
 
+// overdueDuring is how long, of the time from from to to, the meter's
+// goroutine was due to run and did not, for a tick or longer at a time:
+// the process's stalls then, as far as this goroutine saw them.
+func (m *stallMeter) overdueDuring(from, to time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var sum time.Duration
+	for _, o := range m.overdue {
+		if lo, hi := later(o.from, from), earlier(o.to, to); hi.After(lo) {
+			sum += hi.Sub(lo)
+		}
+	}
+	return sum
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // TestStallMeterSeesAStall: with one P held by a busy loop, the meter's
 // goroutine runs only when the scheduler preempts the loop (every ~10 ms),
 // and its 1 ms sleeps show that as lateness.
 func TestStallMeterSeesAStall(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	m := startStallMeter(t)
-	for start := time.Now(); time.Since(start) < 60*time.Millisecond; {
+	start := time.Now()
+	for time.Since(start) < 60*time.Millisecond {
 	}
+	end := time.Now()
 	if got := m.Stop(); got < 5*time.Millisecond {
 		t.Fatalf("stall meter saw %v of lateness while one busy loop held the only P for 60ms, want ≥ 5ms", got)
+	}
+	if got := m.overdueDuring(start, end); got < 5*time.Millisecond {
+		t.Fatalf("stall meter was overdue %v in total while one busy loop held the only P for 60ms, want ≥ 5ms", got)
 	}
 }
