@@ -203,7 +203,7 @@ func (s *Concurrency) keys(key string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []string{tag + ":slots", tag + ":slots-queue", tag + ":slots-waiting", tag + ":slots-seq"}, nil
+	return []string{tag + ":slots", tag + ":slots-queue", tag + ":slots-waiting", tag + ":slots-seq", tag + ":slots-gone"}, nil
 }
 
 func (s *Concurrency) args(extra ...any) []any {

@@ -22,6 +22,11 @@ local function done(r)
   publish()
   return r
 end
+if gone(me) then
+  -- a script of a Hold that gave up, landing after its leave: no caller
+  -- waits for it
+  return done({0, -1})
+end
 if redis.call('ZSCORE', KEYS[1], me) then
   return done({1, 0})
 end

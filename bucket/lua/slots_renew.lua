@@ -14,7 +14,9 @@
 -- its process was cut off) is put back: its call is still running, and
 -- the cap must count it. A waiter Redis no longer has joins the queue
 -- again, at its end. The instance never renews a member that has left
--- (released, or gave up), nor one whose Hold has not had its first reply.
+-- (released, or gave up), nor one whose Hold has not had its first reply;
+-- a renewal that reaches Redis after a member's release (it was on its
+-- way) skips the member, gone.
 -- The renewal also tidies and promotes, so the slot of a dead holder goes
 -- to the queue's head within one renewal period of its lease's end, even
 -- with no other activity.
@@ -22,7 +24,9 @@ tidy()
 local n = tonumber(ARGV[4])
 for i = 5, #ARGV do
   local m = ARGV[i]
-  if i < 5 + n or redis.call('ZSCORE', KEYS[1], m) then
+  if gone(m) then
+    -- released after this renewal was sent: nothing to renew
+  elseif i < 5 + n or redis.call('ZSCORE', KEYS[1], m) then
     redis.call('ZADD', KEYS[1], now + lease, m)
   elseif redis.call('ZSCORE', KEYS[2], m) then
     redis.call('ZADD', KEYS[3], now + lease, m)
