@@ -144,10 +144,11 @@ func TestBudgetSettleDownGivesBackInPeriod(t *testing.T) {
 	if !d.Granted || d.Remaining != 10 {
 		t.Fatalf("take after giving back 60 = %+v, want granted with 10 tokens left", d)
 	}
-	// A give-back never lifts a dimension above its limit.
+	// A give-back never returns more than its grant took (1 request, 50
+	// tokens): 9 requests and 60 tokens are left.
 	settle(t, d, throttle.Cost{"tokens": -1000, "requests": -1000})
-	if d := takeCost(t, b, "", throttle.Cost{"requests": 10, "tokens": 100}); !d.Granted || d.Remaining != 0 {
-		t.Fatalf("take of the whole limit after a large give-back = %+v, want granted with 0 left", d)
+	if d := takeCost(t, b, "", throttle.Cost{"requests": 9, "tokens": 60}); !d.Granted || d.Remaining != 0 {
+		t.Fatalf("take of what is left after a large give-back = %+v, want granted with 0 left", d)
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted {
 		t.Fatalf("a token beyond the limit was granted: %+v", d)
@@ -789,5 +790,30 @@ func TestBudgetKeepsALostPeriod(t *testing.T) {
 	d := takeCost(t, b, "", throttle.Cost{"tokens": 61})
 	if d.Granted || d.Delay < period || d.Delay > period+500*time.Millisecond {
 		t.Fatalf("61 tokens after a charge of 40 in a lost period = %+v, want refused until the refill after the next (it brings 60)", d)
+	}
+}
+
+// TestBudgetGrantGivesBackAtMostWhatItTook: a grant's Decision.Settle
+// gives back, over all its calls, at most what the grant took of each
+// dimension (plus what it was charged since): settled twice, or with a
+// give-back beyond its take, it does not hand its period tokens that
+// other grants took.
+func TestBudgetGrantGivesBackAtMostWhatItTook(t *testing.T) {
+	srv := redisenv.New(t)
+	b := newBudget(t, srv.Client(), "at-most", llmDims(10, 100, time.Minute))
+	a := takeCost(t, b, "", throttle.Cost{"tokens": 50})
+	other := takeCost(t, b, "", throttle.Cost{"tokens": 50})
+	settle(t, a, throttle.Cost{"tokens": -50})
+	settle(t, a, throttle.Cost{"tokens": -50}) // again: nothing more to give back
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 51}); d.Granted {
+		t.Fatalf("take of 51 after one grant of 50 gave back 50 (twice) = %+v, want refused", d)
+	}
+	settle(t, other, throttle.Cost{"tokens": 20})    // charged: it took 70
+	settle(t, other, throttle.Cost{"tokens": -1000}) // gives back its 70 only
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 100}); !d.Granted || d.Remaining != 0 {
+		t.Fatalf("take of the whole limit once both grants gave back all they took = %+v, want granted with 0 left", d)
+	}
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted {
+		t.Fatalf("a token beyond the limit was granted: %+v", d)
 	}
 }
