@@ -454,3 +454,52 @@ func TestConcurrencyRenewalLandingAfterTheReleaseDoesNotTakeTheSlotBack(t *testi
 	}
 	r()
 }
+
+// TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack: after
+// Redis restarts empty, an instance that holds slots of the cap sees at
+// its next Hold that Redis lost them, and the cap admits nobody new, of
+// any instance, until the live holders' renewals have had time to put
+// them back; then it serves its waiters again.
+func TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack(t *testing.T) {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "a restart")
+	const lease = 1500 * time.Millisecond // renewals every 500 ms: the test acts before
+	a := newSlots(t, srv.Client(), "restart-closed", 2, WithLease(lease))
+	b := newSlots(t, srv.Client(), "restart-closed", 2, WithLease(lease))
+	ctx := context.Background()
+	var rels []func()
+	for range 2 {
+		rel, err := a.Hold(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rels = append(rels, rel)
+	}
+	defer func() {
+		for _, rel := range rels {
+			rel()
+		}
+	}()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Concurrency{a, b} {
+		if rel, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+			if err == nil {
+				rel()
+			}
+			t.Fatalf("Hold(0) right after the restart, both slots held by live callers = %v, want ErrTimeout", err)
+		}
+	}
+	waitSlots(t, "live holders back after the restart", func() bool {
+		h, _ := count(t, srv.Client(), a, "")
+		return h == 2
+	})
+	rels[0]()
+	rels = rels[1:]
+	rel, err := b.Hold(ctx, "", 5*time.Second)
+	if err != nil {
+		t.Fatalf("Hold(5s) once a holder released after the restart = %v, want the slot", err)
+	}
+	rel()
+}

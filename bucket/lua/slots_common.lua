@@ -6,7 +6,8 @@
 -- KEYS[3]  waiters' leases: sorted set, member → end of its lease (ms)
 -- KEYS[4]  arrival counter (a string)
 -- KEYS[5]  members gone: sorted set, member → until when (ms) no script
---          may put it back (see slots_release.lua)
+--          may put it back (see slots_release.lua); and member '!frozen'
+--          → until when the cap admits nobody new (see freeze())
 -- ARGV[1]  capacity (integer ≥ 1)
 -- ARGV[2]  lease in milliseconds (integer ≥ 1)
 -- ARGV[3]  wake-up channel prefix; a member "<instance>:<n>" is woken on
@@ -50,9 +51,36 @@ local function gone(m)
   return redis.call('ZSCORE', KEYS[5], m) ~= false
 end
 
+-- freeze() closes the cap to newcomers when Redis has lost live members
+-- (restarted empty, a failover that lost writes, leases ended while their
+-- process was cut off): the holders it lost are still in their calls,
+-- and their renewals put them back, each within lease/3 of the loss plus
+-- its round trip (at most min(lease/3, 1 s)). Until then the free slots
+-- are not free: no Hold takes one, no waiter is promoted. frozen() tells
+-- until when (ms), or false.
+local function frozen()
+  local f = redis.call('ZSCORE', KEYS[5], '!frozen')
+  if f and tonumber(f) > now then
+    return tonumber(f)
+  end
+  return false
+end
+
+local function freeze()
+  local third = math.floor(lease / 3)
+  local till = now + third + math.min(third, 1000) + 1
+  local f = frozen()
+  if not f or f < till then
+    redis.call('ZADD', KEYS[5], till, '!frozen')
+  end
+end
+
 local woken = {} -- instance → its promoted members, space-separated
 
 local function promote()
+  if frozen() then
+    return
+  end
   local free = cap - redis.call('ZCARD', KEYS[1])
   while free > 0 do
     local head = redis.call('ZPOPMIN', KEYS[2])
