@@ -68,7 +68,10 @@ const maxDimensions = 16
 // refill lands inside the lost period, at the cost of at most one
 // period's grants once per loss and key; debts owed then are forgotten.
 // Each instance keeps, per key used in the last period, the end of each
-// dimension's latest period it was told of.
+// dimension's latest period it was told of. An instance that knew nothing
+// of the lost period (new, or idle in it) may refill inside it before one
+// that knew calls; that period then grants nothing more until its end,
+// so the second grants inside the lost period are only those made before.
 //
 // How: one script (one round trip) checks every dimension the cost names,
 // refills those whose period has ended, and takes from all of them or

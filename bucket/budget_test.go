@@ -709,8 +709,9 @@ func TestBudgetRestartedEmptyHoldsThePeriod(t *testing.T) {
 
 // TestBudgetKeepsALostPeriod: a call from an instance that was told of a
 // period still running on the server's clock, meeting a record without
-// it, holds the dimension at 0 until that end, for every instance; a
-// charge holds it too, as a debt. Without a loss (the record has the
+// it, holds the dimension at 0 until that end, for every instance (or,
+// when the record's period started inside the lost one, until the
+// record's end); a charge holds it too, as a debt. Without a loss (the record has the
 // period, or the end the call carries has passed: it was delayed on its
 // way) nothing is held. The instance's knowledge and the record are set
 // by hand, on the server's clock, so no case waits on it.
@@ -734,6 +735,9 @@ func TestBudgetKeepsALostPeriod(t *testing.T) {
 		{"the record within half a period of the known end", 400 * time.Millisecond, -90 * time.Millisecond, 0},
 		{"nothing known", 0, none, 0},
 		{"an end further ahead than any period", time.Hour, none, period},
+		// An instance that knew nothing refilled after the loss: its
+		// period started inside the lost one, and grants nothing more.
+		{"a period started inside the lost one", 600 * time.Millisecond, 900 * time.Millisecond, 900 * time.Millisecond},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
