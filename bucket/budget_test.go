@@ -821,3 +821,31 @@ func TestBudgetGrantGivesBackAtMostWhatItTook(t *testing.T) {
 		t.Fatalf("a token beyond the limit was granted: %+v", d)
 	}
 }
+
+// TestCostGrantRefusedSettleCanBeCorrected: a Settle the budget refuses
+// as bad input (a settle-up of more than ten limits: the wrong units)
+// charged nothing, and the grant can still be settled with the corrected
+// cost: its give-back counts.
+func TestCostGrantRefusedSettleCanBeCorrected(t *testing.T) {
+	srv := redisenv.New(t)
+	b := newBudget(t, srv.Client(), "corrected", llmDims(10, 100, time.Minute))
+	lim := throttle.New(b)
+	t.Cleanup(func() { lim.Close() })
+	ctx := context.Background()
+	g, err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1, "tokens": 100}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 40_000}); !errors.Is(err, throttle.ErrInvalid) {
+		t.Fatalf("Settle of 400 limits' tokens = %v, want ErrInvalid", err)
+	}
+	if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 40}); err != nil {
+		t.Fatalf("Settle with the corrected cost after a refused one = %v, want nil", err)
+	}
+	if _, err := lim.AcquireCost(ctx, throttle.Cost{"tokens": 60}, 0); err != nil {
+		t.Fatalf("AcquireCost of the 60 tokens given back = %v", err)
+	}
+	if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 0}); !errors.Is(err, throttle.ErrInvalid) {
+		t.Fatalf("a third Settle, after one that counted = %v, want ErrInvalid", err)
+	}
+}

@@ -106,7 +106,9 @@ func (g *CostGrant) Cost() Cost {
 // charges actual−estimated of each dimension actual names, at once and
 // without waiting (a dimension actual does not name is left as
 // estimated). Settle a grant once; a second Settle changes nothing and
-// returns an error matching [ErrInvalid].
+// returns an error matching [ErrInvalid]. A Settle refused as bad input
+// (an error matching [ErrInvalid]) changed nothing and does not count:
+// settle again with the corrected cost.
 //
 // A dimension the call used less of than estimated is given back to the
 // period the grant was taken from, while that period runs, so that an
@@ -151,7 +153,13 @@ func (g *CostGrant) Settle(ctx context.Context, actual Cost) error {
 	if g.policy {
 		return nil
 	}
-	return g.l.settleCost(ctx, g, actual)
+	err := g.l.settleCost(ctx, g, actual)
+	if errors.Is(err, ErrInvalid) {
+		// Refused before anything was sent (a settle-up of more than ten
+		// limits: the wrong units): the grant is still to settle.
+		g.settled.Store(false)
+	}
+	return err
 }
 
 // checkCost refuses a Cost with an empty name or a negative amount;
