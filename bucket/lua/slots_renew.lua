@@ -33,6 +33,10 @@ for i = 5, #ARGV do
   elseif i < 5 + n then
     lost = true
     redis.call('ZADD', KEYS[1], now + lease, m)
+    -- Redis may have it queued (re-queued by a renewal of its time as
+    -- a waiter): a holder waits no more, and is never promoted again
+    redis.call('ZREM', KEYS[2], m)
+    redis.call('ZREM', KEYS[3], m)
   elseif redis.call('ZSCORE', KEYS[2], m) then
     redis.call('ZADD', KEYS[3], now + lease, m)
   else
