@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -52,8 +53,11 @@ const maxDimensions = 16
 // again (an over-estimate does not idle the budget); once it has ended,
 // it only lessens the debt a later period inherited, so a call that
 // straddles a period's end never lets the next period grant twice its
-// Limit. A settle-up above ten times a dimension's Limit is refused as an
-// error in the caller's units (ErrInvalid), nothing charged.
+// Limit. Over all its calls, a grant's Settle gives back at most what the
+// grant took of a dimension plus what it was charged since (a second
+// Settle, or a give-back beyond the take, is cut to that). A settle-up
+// above ten times a dimension's Limit is refused as an error in the
+// caller's units (ErrInvalid), nothing charged.
 //
 // Faults: a Redis pause or failure refuses or grants by the Limiter's
 // failure policy (FailLocal refuses: several dimensions have no local
@@ -64,7 +68,10 @@ const maxDimensions = 16
 // refill lands inside the lost period, at the cost of at most one
 // period's grants once per loss and key; debts owed then are forgotten.
 // Each instance keeps, per key used in the last period, the end of each
-// dimension's latest period it was told of.
+// dimension's latest period it was told of. An instance that knew nothing
+// of the lost period (new, or idle in it) may refill inside it before one
+// that knew calls; that period then grants nothing more until its end,
+// so the second grants inside the lost period are only those made before.
 //
 // How: one script (one round trip) checks every dimension the cost names,
 // refills those whose period has ended, and takes from all of them or
@@ -308,10 +315,9 @@ func (b *Budget) TakeCost(ctx context.Context, key string, c throttle.Cost, _ ti
 			d.Limit = b.dims[b.takes].Limit
 		}
 		if d.Granted {
-			mark := r[6] // the grant's time on the server's clock: its periods
-			d.Settle = func(ctx context.Context, delta throttle.Cost) error {
-				return b.settle(ctx, key, mark, delta)
-			}
+			// mark: the grant's time on the server's clock, its periods.
+			g := &budgetGrant{b: b, key: key, mark: r[6], took: maps.Clone(c)}
+			d.Settle = g.settle
 		}
 		return d, nil
 	})
@@ -333,6 +339,52 @@ func (b *Budget) noteEnds(key string, ends []int64, now int64) {
 	if len(ends) == len(b.dims) && slices.Max(ends) > 0 {
 		b.ends.note(key, ends, now)
 	}
+}
+
+// budgetGrant is one grant of TakeCost, for its Decision.Settle: what it
+// took of each dimension, plus what settling charged since, less what it
+// gave back.
+type budgetGrant struct {
+	b    *Budget
+	key  string
+	mark int64
+	mu   sync.Mutex
+	took throttle.Cost
+}
+
+// settle is the grant's Decision.Settle. Over all its calls, a grant gives
+// back at most what it took of a dimension (plus what it was charged
+// since): a give-back beyond is cut to that, so a grant settled twice, or
+// with a give-back larger than its take, never hands its period what other
+// grants took. A give-back whose round trip failed counts as given (it may
+// have reached Redis); a charge counts once Redis confirmed it.
+func (g *budgetGrant) settle(ctx context.Context, delta throttle.Cost) error {
+	if _, _, err := g.b.amounts("delta", delta, false, 0, nil); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	cut := make(throttle.Cost, len(delta))
+	for name, v := range delta {
+		if v < 0 {
+			v = max(v, -g.took[name])
+			g.took[name] += v
+		}
+		if v != 0 {
+			cut[name] = v
+		}
+	}
+	g.mu.Unlock()
+	err := g.b.settle(ctx, g.key, g.mark, cut)
+	if err == nil {
+		g.mu.Lock()
+		for name, v := range cut {
+			if v > 0 {
+				g.took[name] += v
+			}
+		}
+		g.mu.Unlock()
+	}
+	return err
 }
 
 // settle changes key's dimensions by delta for a grant made at mark (ms

@@ -144,10 +144,11 @@ func TestBudgetSettleDownGivesBackInPeriod(t *testing.T) {
 	if !d.Granted || d.Remaining != 10 {
 		t.Fatalf("take after giving back 60 = %+v, want granted with 10 tokens left", d)
 	}
-	// A give-back never lifts a dimension above its limit.
+	// A give-back never returns more than its grant took (1 request, 50
+	// tokens): 9 requests and 60 tokens are left.
 	settle(t, d, throttle.Cost{"tokens": -1000, "requests": -1000})
-	if d := takeCost(t, b, "", throttle.Cost{"requests": 10, "tokens": 100}); !d.Granted || d.Remaining != 0 {
-		t.Fatalf("take of the whole limit after a large give-back = %+v, want granted with 0 left", d)
+	if d := takeCost(t, b, "", throttle.Cost{"requests": 9, "tokens": 60}); !d.Granted || d.Remaining != 0 {
+		t.Fatalf("take of what is left after a large give-back = %+v, want granted with 0 left", d)
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted {
 		t.Fatalf("a token beyond the limit was granted: %+v", d)
@@ -708,8 +709,9 @@ func TestBudgetRestartedEmptyHoldsThePeriod(t *testing.T) {
 
 // TestBudgetKeepsALostPeriod: a call from an instance that was told of a
 // period still running on the server's clock, meeting a record without
-// it, holds the dimension at 0 until that end, for every instance; a
-// charge holds it too, as a debt. Without a loss (the record has the
+// it, holds the dimension at 0 until that end, for every instance (or,
+// when the record's period started inside the lost one, until the
+// record's end); a charge holds it too, as a debt. Without a loss (the record has the
 // period, or the end the call carries has passed: it was delayed on its
 // way) nothing is held. The instance's knowledge and the record are set
 // by hand, on the server's clock, so no case waits on it.
@@ -733,6 +735,9 @@ func TestBudgetKeepsALostPeriod(t *testing.T) {
 		{"the record within half a period of the known end", 400 * time.Millisecond, -90 * time.Millisecond, 0},
 		{"nothing known", 0, none, 0},
 		{"an end further ahead than any period", time.Hour, none, period},
+		// An instance that knew nothing refilled after the loss: its
+		// period started inside the lost one, and grants nothing more.
+		{"a period started inside the lost one", 600 * time.Millisecond, 900 * time.Millisecond, 900 * time.Millisecond},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -789,5 +794,58 @@ func TestBudgetKeepsALostPeriod(t *testing.T) {
 	d := takeCost(t, b, "", throttle.Cost{"tokens": 61})
 	if d.Granted || d.Delay < period || d.Delay > period+500*time.Millisecond {
 		t.Fatalf("61 tokens after a charge of 40 in a lost period = %+v, want refused until the refill after the next (it brings 60)", d)
+	}
+}
+
+// TestBudgetGrantGivesBackAtMostWhatItTook: a grant's Decision.Settle
+// gives back, over all its calls, at most what the grant took of each
+// dimension (plus what it was charged since): settled twice, or with a
+// give-back beyond its take, it does not hand its period tokens that
+// other grants took.
+func TestBudgetGrantGivesBackAtMostWhatItTook(t *testing.T) {
+	srv := redisenv.New(t)
+	b := newBudget(t, srv.Client(), "at-most", llmDims(10, 100, time.Minute))
+	a := takeCost(t, b, "", throttle.Cost{"tokens": 50})
+	other := takeCost(t, b, "", throttle.Cost{"tokens": 50})
+	settle(t, a, throttle.Cost{"tokens": -50})
+	settle(t, a, throttle.Cost{"tokens": -50}) // again: nothing more to give back
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 51}); d.Granted {
+		t.Fatalf("take of 51 after one grant of 50 gave back 50 (twice) = %+v, want refused", d)
+	}
+	settle(t, other, throttle.Cost{"tokens": 20})    // charged: it took 70
+	settle(t, other, throttle.Cost{"tokens": -1000}) // gives back its 70 only
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 100}); !d.Granted || d.Remaining != 0 {
+		t.Fatalf("take of the whole limit once both grants gave back all they took = %+v, want granted with 0 left", d)
+	}
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted {
+		t.Fatalf("a token beyond the limit was granted: %+v", d)
+	}
+}
+
+// TestCostGrantRefusedSettleCanBeCorrected: a Settle the budget refuses
+// as bad input (a settle-up of more than ten limits: the wrong units)
+// charged nothing, and the grant can still be settled with the corrected
+// cost: its give-back counts.
+func TestCostGrantRefusedSettleCanBeCorrected(t *testing.T) {
+	srv := redisenv.New(t)
+	b := newBudget(t, srv.Client(), "corrected", llmDims(10, 100, time.Minute))
+	lim := throttle.New(b)
+	t.Cleanup(func() { lim.Close() })
+	ctx := context.Background()
+	g, err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1, "tokens": 100}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 40_000}); !errors.Is(err, throttle.ErrInvalid) {
+		t.Fatalf("Settle of 400 limits' tokens = %v, want ErrInvalid", err)
+	}
+	if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 40}); err != nil {
+		t.Fatalf("Settle with the corrected cost after a refused one = %v, want nil", err)
+	}
+	if _, err := lim.AcquireCost(ctx, throttle.Cost{"tokens": 60}, 0); err != nil {
+		t.Fatalf("AcquireCost of the 60 tokens given back = %v", err)
+	}
+	if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 0}); !errors.Is(err, throttle.ErrInvalid) {
+		t.Fatalf("a third Settle, after one that counted = %v, want ErrInvalid", err)
 	}
 }

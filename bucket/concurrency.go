@@ -106,9 +106,14 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // A holder whose process loses Redis for longer than a lease loses its
 // slot while its call may still run: the cap may then admit a call more
 // until its next renewal puts it back. After Redis loses the cap's keys
-// (restarted empty), up to capacity calls more may be admitted before
-// the live holders' renewals put them back (within lease/3); the cap then
-// admits nobody until the holders are fewer than capacity. Renewals are
+// (restarted empty, a failover that lost writes), the first script that
+// finds a live member missing (a renewal, or a Hold of an instance that
+// holds or waits for a slot of the key) closes the cap to newcomers for
+// lease/3 plus a renewal's round trip, the time the live holders'
+// renewals need to put them back; the cap then admits nobody until the
+// holders are fewer than capacity. Only Holds before that first script
+// (of instances with nothing held or waited for in the key) can be
+// admitted beyond capacity: up to capacity of them, within lease/3. Renewals are
 // one round trip per key held, 16 at a time, within lease/3: a process
 // holding slots of thousands of keys at once needs a longer lease.
 //
@@ -203,7 +208,7 @@ func (s *Concurrency) keys(key string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []string{tag + ":slots", tag + ":slots-queue", tag + ":slots-waiting", tag + ":slots-seq"}, nil
+	return []string{tag + ":slots", tag + ":slots-queue", tag + ":slots-waiting", tag + ":slots-seq", tag + ":slots-gone"}, nil
 }
 
 func (s *Concurrency) args(extra ...any) []any {
@@ -252,7 +257,7 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 		return nil, err
 	}
 	for {
-		r, err := s.run(trip, "hold", scriptSlotsHold, keys, id, mode)
+		r, err := s.run(trip, "hold", scriptSlotsHold, keys, id, mode, s.witness(keys[0], id))
 		if err == nil && (len(r) != 2 || !isInt(r[0]) || !isInt(r[1])) {
 			err = backend("hold", keys[0], fmt.Errorf("unexpected reply %v", r))
 		}
@@ -387,6 +392,28 @@ func (s *Concurrency) track(id string, m *slotMember) error {
 		go s.renew()
 	}
 	return nil
+}
+
+// witnessScan bounds the members witness looks at.
+const witnessScan = 64
+
+// witness returns another member of this instance in the cap of key (its
+// first Redis key) that Redis told it holds a slot or waits, "" if it
+// finds none among a few: a Hold's script learns from it whether Redis
+// lost the cap's members (see slots_hold.lua).
+func (s *Concurrency) witness(key, id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for mid, m := range s.members {
+		if mid != id && m.state != memberPending && m.keys[0] == key {
+			return mid
+		}
+		if n++; n == witnessScan {
+			break
+		}
+	}
+	return ""
 }
 
 func (s *Concurrency) untrack(id string) {

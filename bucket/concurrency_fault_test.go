@@ -381,3 +381,125 @@ func TestConcurrencyRoundTripEndsWithTheWait(t *testing.T) {
 		t.Fatalf("after the Hold: %d held, %d waiting; want 0, 0", h, w)
 	}
 }
+
+// lateHook delays the first renewal script sent once armed until the
+// test opens gate, then sends it whatever its context says: a command
+// already written to a slow network, from a client that does not honour
+// context deadlines (the default). landed is closed once Redis answered.
+type lateHook struct {
+	sha     string
+	armed   atomic.Bool
+	entered chan struct{}
+	gate    chan struct{}
+	landed  chan struct{}
+	err     error // the late command's, once landed
+}
+
+func (h *lateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) > 1 && args[1] == h.sha && h.armed.CompareAndSwap(true, false) {
+			close(h.entered)
+			<-h.gate
+			err := next(context.WithoutCancel(ctx), cmd)
+			h.err = err
+			close(h.landed)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *lateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestConcurrencyRenewalLandingAfterTheReleaseDoesNotTakeTheSlotBack: a
+// renewal that its one round trip's bound gave up on, but that reaches
+// Redis after the holder's release, does not put the released holder
+// back: the slot stays free for the next caller, not lost for a lease.
+func TestConcurrencyRenewalLandingAfterTheReleaseDoesNotTakeTheSlotBack(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	hook := &lateHook{sha: scriptSlotsRenew.Hash(), entered: make(chan struct{}), gate: make(chan struct{}), landed: make(chan struct{})}
+	rdb.AddHook(hook)
+	const lease = 300 * time.Millisecond
+	a := newSlots(t, rdb, "late-renewal", 1, WithLease(lease))
+	b := newSlots(t, srv.Client(), "late-renewal", 1, WithLease(lease))
+	ctx := context.Background()
+	if err := scriptSlotsRenew.Load(ctx, rdb).Err(); err != nil { // as after any earlier renewal
+		t.Fatal(err)
+	}
+	rel, err := a.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook.armed.Store(true)
+	<-hook.entered // a renewal is on its way, and stays there
+	rel()          // waits for the renewal's bound, then releases
+	if h, _ := count(t, srv.Client(), a, ""); h != 0 {
+		t.Fatalf("after the release: %d held, want 0", h)
+	}
+	close(hook.gate)
+	<-hook.landed
+	if hook.err != nil {
+		t.Fatalf("the late renewal: %v", hook.err)
+	}
+	if h, _ := count(t, srv.Client(), a, ""); h != 0 {
+		t.Fatalf("after the late renewal landed: %d held, want 0 (the released holder is back)", h)
+	}
+	r, err := b.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatalf("Hold(0) of another instance after the release and the late renewal = %v, want the free slot", err)
+	}
+	r()
+}
+
+// TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack: after
+// Redis restarts empty, an instance that holds slots of the cap sees at
+// its next Hold that Redis lost them, and the cap admits nobody new, of
+// any instance, until the live holders' renewals have had time to put
+// them back; then it serves its waiters again.
+func TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack(t *testing.T) {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "a restart")
+	const lease = 1500 * time.Millisecond // renewals every 500 ms: the test acts before
+	a := newSlots(t, srv.Client(), "restart-closed", 2, WithLease(lease))
+	b := newSlots(t, srv.Client(), "restart-closed", 2, WithLease(lease))
+	ctx := context.Background()
+	var rels []func()
+	for range 2 {
+		rel, err := a.Hold(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rels = append(rels, rel)
+	}
+	defer func() {
+		for _, rel := range rels {
+			rel()
+		}
+	}()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Concurrency{a, b} {
+		if rel, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+			if err == nil {
+				rel()
+			}
+			t.Fatalf("Hold(0) right after the restart, both slots held by live callers = %v, want ErrTimeout", err)
+		}
+	}
+	waitSlots(t, "live holders back after the restart", func() bool {
+		h, _ := count(t, srv.Client(), a, "")
+		return h == 2
+	})
+	rels[0]()
+	rels = rels[1:]
+	rel, err := b.Hold(ctx, "", 5*time.Second)
+	if err != nil {
+		t.Fatalf("Hold(5s) once a holder released after the restart = %v, want the slot", err)
+	}
+	rel()
+}

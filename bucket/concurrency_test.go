@@ -851,3 +851,40 @@ func holdAndReport(addr, url string, capacity int64, callers, rounds int) {
 		os.Exit(1)
 	}
 }
+
+// TestConcurrencyHolderPutBackLeavesTheQueue: a member that a renewal
+// puts back as a holder (its process learnt of its slot, then Redis lost
+// it and re-queued it) leaves the queue, so it is not promoted a second
+// time: the next free slot goes to the next waiter.
+func TestConcurrencyHolderPutBackLeavesTheQueue(t *testing.T) {
+	rdb := redisenv.New(t).Client()
+	s := newSlots(t, rdb, "put-back", 2)
+	keys, err := s.keys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	run := func(script *redis.Script, extra ...any) {
+		t.Helper()
+		if err := script.Run(ctx, rdb, keys, s.args(extra...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(scriptSlotsHold, "x:a", "wait", "")
+	run(scriptSlotsHold, "x:b", "wait", "")
+	run(scriptSlotsHold, "y:1", "wait", "") // queued: its wake-up will be lost
+	run(scriptSlotsHold, "z:1", "wait", "") // queued behind it
+	// A renewal of y's process, which holds y:1 after a wake-up from
+	// before a loss, while Redis has y:1 back in its queue.
+	run(scriptSlotsRenew, 1, "y:1")
+	if err := rdb.ZRem(ctx, keys[4], "!frozen").Err(); err != nil { // the loss's freeze is not this test's
+		t.Fatal(err)
+	}
+	run(scriptSlotsRelease, "x:a")
+	run(scriptSlotsRelease, "x:b")
+	if err := rdb.ZScore(ctx, keys[0], "z:1").Err(); err != nil {
+		q, _ := rdb.ZRange(ctx, keys[1], 0, -1).Result()
+		h, _ := rdb.ZRange(ctx, keys[0], 0, -1).Result()
+		t.Fatalf("a slot freed with z:1 next in line: z:1 does not hold it (%v); holders %v, queue %v", err, h, q)
+	}
+}

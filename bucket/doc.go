@@ -86,8 +86,8 @@
 // lives a minute past its period, for the phase after an outage), fw:<µs> and
 // fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog), gcra
 // and gcra:limit (GCRA), ctr and ctr:lock (Counter), budget (Budget: one
-// hash for every dimension), slots, slots-queue, slots-waiting and
-// slots-seq (Concurrency), and pause for every
+// hash for every dimension), slots, slots-queue, slots-waiting,
+// slots-seq and slots-gone (Concurrency), and pause for every
 // bucket; under the constructor's tag only, every bucket also writes live
 // (the sorted set of live instances, which expires two heartbeat windows
 // after the last take). The prefix is "headway" unless [WithPrefix] says

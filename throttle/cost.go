@@ -89,7 +89,7 @@ type CostGrant struct {
 	key     string
 	cost    Cost
 	settle  func(ctx context.Context, delta Cost) error // the bucket's Decision.Settle; nil: none
-	policy  bool                                        // granted by the failure policy (FailOpen): nothing was charged
+	policy  bool                                        // granted by the failure policy (or a plain bucket's held permits): nothing was charged
 	settled atomic.Bool
 }
 
@@ -97,7 +97,9 @@ type CostGrant struct {
 // charges actual−estimated of each dimension actual names, at once and
 // without waiting (a dimension actual does not name is left as
 // estimated). Settle a grant once; a second Settle changes nothing and
-// returns an error matching [ErrInvalid].
+// returns an error matching [ErrInvalid]. A Settle refused as bad input
+// (an error matching [ErrInvalid]) changed nothing and does not count:
+// settle again with the corrected cost.
 //
 // A dimension the call used less of than estimated is given back to the
 // period the grant was taken from, while that period runs, so that an
@@ -120,8 +122,11 @@ type CostGrant struct {
 // hold a debt, so a charge it cannot grant now returns an error matching
 // [ErrTimeout] and is not taken.
 //
-// A grant made by the failure policy (FailOpen while the store failed)
-// charged nothing: its Settle changes nothing and returns nil.
+// A grant made by the failure policy (FailOpen while the store failed,
+// or FailLocal's local share for a bucket of one dimension) charged the
+// bucket nothing: its Settle changes nothing and returns nil. So does
+// that of a bucket of one dimension served by permits the caller's
+// context holds ([ContextWithPermit]), charged by an earlier call.
 //
 // Settle waits for the store at most the store timeout
 // ([WithStoreTimeout]) or ctx's deadline, and returns the store's error
@@ -139,7 +144,13 @@ func (g *CostGrant) Settle(ctx context.Context, actual Cost) error {
 	if g.policy {
 		return nil
 	}
-	return g.l.settleCost(ctx, g, actual)
+	err := g.l.settleCost(ctx, g, actual)
+	if errors.Is(err, ErrInvalid) {
+		// Refused before anything was sent (a settle-up of more than ten
+		// limits: the wrong units): the grant is still to settle.
+		g.settled.Store(false)
+	}
+	return err
 }
 
 // checkCost refuses a Cost with an empty name or a negative amount;
@@ -208,7 +219,13 @@ func (l *Limiter) takeCost(ctx context.Context, g *CostGrant, maxWait time.Durat
 		if !one {
 			return Decision{}, invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "the bucket keeps one dimension (it is no throttle.CostBucket): name exactly one, or use a bucket of several dimensions such as bucket.NewBudget")
 		}
-		return Decision{}, l.acquire(ctx, key, n, maxWait)
+		// A grant of the failure policy, or of the caller's held
+		// permits (taken by an earlier call), took nothing from the
+		// bucket for this call: its Settle must give nothing back.
+		from := fromPolicy
+		err := l.acquireFrom(ctx, key, n, maxWait, &from)
+		g.policy = err == nil && from == fromPolicy
+		return Decision{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("throttle: acquire cost %v: %w", c, err)

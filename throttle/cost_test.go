@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,4 +113,46 @@ func TestCostString(t *testing.T) {
 	if got != "requests=1 tokens=800" {
 		t.Fatalf("String = %q", got)
 	}
+}
+
+// downRefunder is a bucket of one dimension whose store is down while
+// down is set; it counts the permits given back to it.
+type downRefunder struct {
+	down     atomic.Bool
+	refunded atomic.Int64
+}
+
+func (b *downRefunder) Take(context.Context, string, int64, time.Duration) (Decision, error) {
+	if b.down.Load() {
+		return Decision{}, &BackendError{Op: "take", Err: errors.New("store down")}
+	}
+	return Decision{Granted: true, Limit: 100, Remaining: 50}, nil
+}
+
+func (b *downRefunder) Refund(_ context.Context, _ string, n int64) error {
+	b.refunded.Add(n)
+	return nil
+}
+
+// TestPolicyGrantOfAPlainBucketGivesNothingBack: a cost that the failure
+// policy granted while a one-dimension bucket's store was down took
+// nothing from the bucket; its Settle, once the store is back, gives
+// nothing back to it (which would grant the permits twice), as a
+// Budget's policy grant does.
+func TestPolicyGrantOfAPlainBucketGivesNothingBack(t *testing.T) {
+	b := &downRefunder{}
+	lim := New(b, WithFailurePolicy(FailOpen))
+	t.Cleanup(func() { lim.Close() })
+	ctx := context.Background()
+	b.down.Store(true)
+	g, err := lim.AcquireCost(ctx, Cost{"requests": 5}, 0)
+	require.NoError(t, err, "FailOpen grants while the store is down")
+	b.down.Store(false)
+	require.NoError(t, g.Settle(ctx, Cost{"requests": 1}))
+	require.Zero(t, b.refunded.Load(), "permits given back for a grant that took none")
+	// A grant of the store gives back what it did not use.
+	g, err = lim.AcquireCost(ctx, Cost{"requests": 5}, 0)
+	require.NoError(t, err)
+	require.NoError(t, g.Settle(ctx, Cost{"requests": 1}))
+	require.EqualValues(t, 4, b.refunded.Load())
 }

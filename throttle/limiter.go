@@ -262,13 +262,21 @@ func (k Keyed) Key() string { return k.key }
 func (k Keyed) Limiter() *Limiter { return k.l }
 
 func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time.Duration) error {
+	return l.acquireFrom(ctx, key, n, maxWait, nil)
+}
+
+// acquireFrom is acquire; on a grant of the bucket's store or of the
+// key's lease it sets *from (if from is not nil) to that source, and
+// leaves it alone on a grant of the failure policy's or of the caller's
+// held permits.
+func (l *Limiter) acquireFrom(ctx context.Context, key string, n int64, maxWait time.Duration, from *source) error {
 	o := l.cfg.observer
 	if o == nil {
-		_, err := l.wait(ctx, key, n, maxWait)
+		_, err := l.wait(ctx, key, n, maxWait, from)
 		return err
 	}
 	start := l.tb.now()
-	held, err := l.wait(ctx, key, n, maxWait)
+	held, err := l.wait(ctx, key, n, maxWait, from)
 	if !held {
 		// A held permit was reported when it was granted: one permit,
 		// one report, however many calls it passes through.
@@ -302,8 +310,9 @@ func (l *Limiter) take(ctx context.Context, key string, n int64, maxWait time.Du
 //     (and given back if the caller leaves); a refusal slept out, then
 //     another round.
 //
-// held reports that the caller's held permits served the call.
-func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Duration) (held bool, err error) {
+// held reports that the caller's held permits served the call. from is
+// as for acquireFrom.
+func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Duration, from *source) (held bool, err error) {
 	if l.bad != nil {
 		return false, l.bad
 	}
@@ -324,12 +333,12 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, maxWait time.Du
 	if ctx.Err() != nil {
 		return false, waitErr(ctx) // stopped already
 	}
-	return false, l.waitForPermits(ctx, key, n, maxWait)
+	return false, l.waitForPermits(ctx, key, n, maxWait, from)
 }
 
 // waitForPermits is wait's work after the checks and the held permits:
-// rounds 2 to 5 above.
-func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWait time.Duration) error {
+// rounds 2 to 5 above. from is as for acquireFrom.
+func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWait time.Duration, from *source) error {
 	// One clock reading serves the key's state, the wait's start and the
 	// first round's pace: on some hosts a reading costs 100 ns.
 	var now int64
@@ -382,7 +391,7 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 		case err != nil:
 			return w.failed(err)
 		case d.Granted && d.Delay <= 0:
-			if err := w.keep(st, d, src, false); err != nil {
+			if err := w.keep(st, d, src, false, from); err != nil {
 				return err // answered after the wait's end
 			}
 			if spread && src == fromStore {
@@ -395,7 +404,7 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 					if err != nil {
 						return err
 					}
-					return w.keep(st, d, src, true)
+					return w.keep(st, d, src, true, from)
 				}
 			}
 			return nil
@@ -403,7 +412,7 @@ func (l *Limiter) waitForPermits(ctx context.Context, key string, n int64, maxWa
 			if err := l.sleepReservation(ctx, st.key, n, d, left, w.tb); err != nil {
 				return err
 			}
-			return w.keep(st, d, src, true)
+			return w.keep(st, d, src, true, from)
 		case delay > left:
 			return w.tb.err(delay)
 		case !shared:
@@ -467,10 +476,15 @@ func (l *Limiter) newWaiter(ctx context.Context, n int64, maxWait time.Duration,
 // store timeout): only its ctx is looked at. sleptOut reports that the
 // grant's time (a reservation's slot, a place in the period) was slept
 // out, and came within what was left of the wait when the answer came:
-// only ctx's end counts then, not a timer that woke the caller late.
-func (w *waiter) keep(st *keyState, d Decision, src source, sleptOut bool) error {
+// only ctx's end counts then, not a timer that woke the caller late. On a
+// grant kept, it sets *from (if from is not nil) to src unless the
+// failure policy granted.
+func (w *waiter) keep(st *keyState, d Decision, src source, sleptOut bool, from *source) error {
 	err := w.ended(sleptOut)
 	if err == nil {
+		if from != nil && src != fromPolicy {
+			*from = src
+		}
 		return nil
 	}
 	l := w.l

@@ -66,7 +66,12 @@
 -- before it, the dimension is held at 0 tokens until that end (clamped to
 -- one period from now): nothing more is granted in the lost period, and
 -- the next period starts on the old phase when a caller asks at its end.
--- A give-back of a grant made in the lost period still counts in it. What
+-- A record whose period ends after the known end but started before it
+-- began inside the lost period (a caller that knew nothing refilled after
+-- the loss): it grants nothing more until its end, so what it granted
+-- before a caller that knew came is the only second grant inside the lost
+-- period. A give-back of a grant made in the lost period still counts in
+-- it. What
 -- the lost period had granted and its debts are unknown: the cost is at
 -- most one period's grants, once per loss and key, and debts owed when
 -- the record was lost are forgotten.
@@ -141,8 +146,17 @@ end
 -- record has lost that period (see "Lost period").
 local changed = {}
 local function hold(i)
-  if known[i] > now + 1 and (not ends[i] or known[i] - ends[i] > periods[i] / 2) then
+  if known[i] <= now + 1 then
+    return
+  end
+  if not ends[i] or known[i] - ends[i] > periods[i] / 2 then
     toks[i], ends[i], owed[i] = 0, known[i], 0
+    changed[i] = true
+  elseif ends[i] > known[i] and ends[i] - periods[i] < known[i] and toks[i] > 0 then
+    -- The record's period started inside the lost one (a caller that
+    -- knew nothing of it refilled after the loss): two periods cannot
+    -- both run, so this one grants nothing more; it ends as recorded.
+    toks[i] = 0
     changed[i] = true
   end
 end

@@ -5,6 +5,9 @@
 -- KEYS[2]  queue: sorted set of waiters, member → arrival number
 -- KEYS[3]  waiters' leases: sorted set, member → end of its lease (ms)
 -- KEYS[4]  arrival counter (a string)
+-- KEYS[5]  members gone: sorted set, member → until when (ms) no script
+--          may put it back (see slots_release.lua); and member '!frozen'
+--          → until when the cap admits nobody new (see freeze())
 -- ARGV[1]  capacity (integer ≥ 1)
 -- ARGV[2]  lease in milliseconds (integer ≥ 1)
 -- ARGV[3]  wake-up channel prefix; a member "<instance>:<n>" is woken on
@@ -22,6 +25,11 @@
 -- no wake-ups, but the script's writes all happen, the keys keep their
 -- time to live and the script succeeds. Instances then learn of their
 -- promotions from their renewals (slots_renew.lua).
+--
+-- gone(m) tells that member m has left (released, or gave up): a renewal
+-- or a Hold's script of m that reaches Redis after the release (its
+-- client gave up on it, but it was on its way) must not put it back, or
+-- the slot would stay taken by nobody for a lease.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cap = tonumber(ARGV[1])
@@ -29,6 +37,7 @@ local lease = tonumber(ARGV[2])
 
 local function tidy()
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
   local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
   -- In chunks: unpack() takes at most 8000 values.
   for i = 1, #dead, 1000 do
@@ -38,9 +47,40 @@ local function tidy()
   end
 end
 
+local function gone(m)
+  return redis.call('ZSCORE', KEYS[5], m) ~= false
+end
+
+-- freeze() closes the cap to newcomers when Redis has lost live members
+-- (restarted empty, a failover that lost writes, leases ended while their
+-- process was cut off): the holders it lost are still in their calls,
+-- and their renewals put them back, each within lease/3 of the loss plus
+-- its round trip (at most min(lease/3, 1 s)). Until then the free slots
+-- are not free: no Hold takes one, no waiter is promoted. frozen() tells
+-- until when (ms), or false.
+local function frozen()
+  local f = redis.call('ZSCORE', KEYS[5], '!frozen')
+  if f and tonumber(f) > now then
+    return tonumber(f)
+  end
+  return false
+end
+
+local function freeze()
+  local third = math.floor(lease / 3)
+  local till = now + third + math.min(third, 1000) + 1
+  local f = frozen()
+  if not f or f < till then
+    redis.call('ZADD', KEYS[5], till, '!frozen')
+  end
+end
+
 local woken = {} -- instance → its promoted members, space-separated
 
 local function promote()
+  if frozen() then
+    return
+  end
   local free = cap - redis.call('ZCARD', KEYS[1])
   while free > 0 do
     local head = redis.call('ZPOPMIN', KEYS[2])
@@ -70,7 +110,7 @@ end
 -- time to live, so that an instance with a shorter lease (a rolling
 -- deploy) cannot make the keys vanish under the holders of a longer one.
 local function keep()
-  for i = 1, 4 do
+  for i = 1, 5 do
     if redis.call('PTTL', KEYS[i]) < 2 * lease then
       redis.call('PEXPIRE', KEYS[i], 2 * lease)
     end

@@ -4,30 +4,45 @@
 -- ARGV[4]  member asking: "<instance>:<n>", unique per Hold
 -- ARGV[5]  "try": take a slot only if one is free now and nobody waits;
 --          "wait": else join the queue (or stay in it)
+-- ARGV[6]  a witness: another member of the asking instance that Redis
+--          had told it holds a slot or waits, and that has not left ("":
+--          none). Redis has lost members if it has no record of it: the
+--          cap then admits nobody new until the renewals put them back
+--          (see freeze()).
 --
 -- Returns {1, 0} when the member holds a slot (its lease ends lease ms from
 -- now, or earlier if it was promoted from the queue), {0, -1} when "try"
 -- found none, {0, ms} when the member waits in the queue: ms is how long
--- until the earliest holder's lease ends, the latest time to look again if
--- no wake-up comes.
+-- until the earliest holder's lease ends (or the cap is no longer frozen),
+-- the latest time to look again if no wake-up comes.
 --
 -- Guarantee: at most ARGV[1] members hold a slot at once (counting only
 -- unexpired leases, on the server's clock); a member joins the queue behind
 -- every member already in it, and a free slot goes to the queue's head.
 local me = ARGV[4]
+local witness = ARGV[6] or ''
 tidy()
+if witness ~= '' and not gone(witness) and not redis.call('ZSCORE', KEYS[1], witness)
+    and not redis.call('ZSCORE', KEYS[2], witness) then
+  freeze()
+end
 promote()
 local function done(r)
   keep()
   publish()
   return r
 end
+if gone(me) then
+  -- a script of a Hold that gave up, landing after its leave: no caller
+  -- waits for it
+  return done({0, -1})
+end
 if redis.call('ZSCORE', KEYS[1], me) then
   return done({1, 0})
 end
 if not redis.call('ZSCORE', KEYS[2], me) then
   -- promote() left a slot free only if nobody waits.
-  if redis.call('ZCARD', KEYS[1]) < cap then
+  if not frozen() and redis.call('ZCARD', KEYS[1]) < cap then
     redis.call('ZADD', KEYS[1], now + lease, me)
     return done({1, 0})
   end
@@ -39,7 +54,10 @@ if not redis.call('ZSCORE', KEYS[2], me) then
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local wait = lease
-if #first == 2 then
+local f = frozen()
+if f then
+  wait = f - now + 1 -- nothing is handed out before
+elseif #first == 2 then
   wait = math.max(tonumber(first[2]) - now, 0) + 1
 end
 return done({0, wait})

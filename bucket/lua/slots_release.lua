@@ -5,8 +5,11 @@
 --
 -- Returns 1. Idempotent: a member that holds nothing and waits nowhere
 -- changes nothing. A waiter that gives up at the moment it was promoted
--- thus gives the slot straight back.
+-- thus gives the slot straight back. The member is marked gone for two
+-- leases (members are never reused): a renewal or a Hold of it still on
+-- its way changes nothing when it lands.
 local me = ARGV[4]
+redis.call('ZADD', KEYS[5], now + 2 * lease, me)
 redis.call('ZREM', KEYS[1], me)
 redis.call('ZREM', KEYS[2], me)
 redis.call('ZREM', KEYS[3], me)

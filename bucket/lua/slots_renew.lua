@@ -13,23 +13,41 @@
 -- restarted empty, a failover lost the write, or its lease ended while
 -- its process was cut off) is put back: its call is still running, and
 -- the cap must count it. A waiter Redis no longer has joins the queue
--- again, at its end. The instance never renews a member that has left
--- (released, or gave up), nor one whose Hold has not had its first reply.
+-- again, at its end. Either loss freezes the cap to newcomers until the
+-- other instances' renewals have put theirs back. The instance never
+-- renews a member that has left (released, or gave up), nor one whose
+-- Hold has not had its first reply; a renewal that reaches Redis after a
+-- member's release (it was on its way) skips the member, gone.
 -- The renewal also tidies and promotes, so the slot of a dead holder goes
 -- to the queue's head within one renewal period of its lease's end, even
 -- with no other activity.
 tidy()
 local n = tonumber(ARGV[4])
+local lost = false
 for i = 5, #ARGV do
   local m = ARGV[i]
-  if i < 5 + n or redis.call('ZSCORE', KEYS[1], m) then
+  if gone(m) then
+    -- released after this renewal was sent: nothing to renew
+  elseif redis.call('ZSCORE', KEYS[1], m) then
     redis.call('ZADD', KEYS[1], now + lease, m)
+  elseif i < 5 + n then
+    lost = true
+    redis.call('ZADD', KEYS[1], now + lease, m)
+    -- Redis may have it queued (re-queued by a renewal of its time as
+    -- a waiter): a holder waits no more, and is never promoted again
+    redis.call('ZREM', KEYS[2], m)
+    redis.call('ZREM', KEYS[3], m)
   elseif redis.call('ZSCORE', KEYS[2], m) then
     redis.call('ZADD', KEYS[3], now + lease, m)
   else
+    lost = true
     redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), m)
     redis.call('ZADD', KEYS[3], now + lease, m)
   end
+end
+if lost then
+  -- Redis lost members: the other instances' renewals are on their way
+  freeze()
 end
 promote()
 local holding = {}
