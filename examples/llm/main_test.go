@@ -22,7 +22,7 @@ func small() config {
 		rpm: 40, tpm: 2400, concurrency: 3,
 		window: time.Second, latency: 50 * time.Millisecond, lease: 300 * time.Millisecond,
 		minTokens: 20, maxTokens: 100, estimate: 100,
-		timeout: time.Minute, seed: 7,
+		timeout: time.Minute, seed: 7, provider: "continuous",
 	}
 }
 
@@ -46,10 +46,12 @@ func runSmall(t *testing.T, c config) summary {
 }
 
 // The fleet's cap keeps the provider's own: it never refuses a call for
-// concurrency; every record reaches it; it admits at most its limits in
-// any window (by arrival).
+// concurrency; every record reaches it; a provider counting a sliding
+// window admits at most its limits in any window (by arrival). The
+// handler is a plain client.Do: the Transport takes and settles the cost.
 func TestFleetKeepsTheProvidersLimits(t *testing.T) {
 	c := small()
+	c.provider = "sliding"
 	s := runSmall(t, c)
 	assert.Zero(t, s.lost, "records lost")
 	assert.Equal(t, c.records, s.handled)
@@ -57,6 +59,11 @@ func TestFleetKeepsTheProvidersLimits(t *testing.T) {
 	assert.LessOrEqual(t, s.stats.MaxInFlight, int(c.concurrency))
 	assert.LessOrEqual(t, s.stats.MaxTokensInWindow, c.tpm)
 	assert.NotEmpty(t, s.windows)
+	// Estimates taken whole allow tpm/estimate = 24 calls a window; the
+	// Transport settles each with its usage (60 tokens on average), and
+	// the requests limit (40) binds instead.
+	assert.Greater(t, s.stats.MaxRequestsInWindow, c.tpm/c.estimate*5/4, "the estimates were settled with the usage")
+	assert.Zero(t, s.stats.Cut, "no call was cut after its permit")
 }
 
 // An instance killed in the middle of its calls (its Redis connections
@@ -90,6 +97,7 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-estimate", "999999"},
 		{"-min-tokens", "10", "-max-tokens", "5"},
 		{"-kill-instance-at", "1s", "-instances", "1"},
+		{"-provider", "leaky"},
 	} {
 		var out, errs bytes.Buffer
 		assert.Equal(t, 1, command(context.Background(), args, &out, &errs), "%v", args)
