@@ -78,6 +78,7 @@ type config struct {
 	minTokens, maxTokens, estimate int64
 	target, redisAddr, provider    string
 	killAt, timeout                time.Duration
+	handlerTimeout, callTime       time.Duration
 	seed                           uint64
 }
 
@@ -101,6 +102,8 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.target, "target", "", "call this URL instead of the built-in provider (POST, OpenAI-style usage in the answer)")
 	fs.StringVar(&c.redisAddr, "redis", "", "Redis address (default: start redis-server on a free port, or an in-process stand-in)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up after this long")
+	fs.DurationVar(&c.handlerTimeout, "handler-timeout", 10*time.Second, "each handler call's deadline (consumer.WithHandlerTimeout)")
+	fs.DurationVar(&c.callTime, "call-time", time.Second, "room left for the call itself: a call waits for its slot and cost at most -handler-timeout less this (httpclient.WithMaxWait; 0: until the deadline)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the built-in provider's token costs")
 	fs.StringVar(&c.provider, "provider", "continuous", "how the built-in provider counts -rpm and -tpm: continuous (buckets refilled continuously, as Anthropic documents) or sliding (at most the limits in any span of one window)")
 	if err := fs.Parse(args); err != nil {
@@ -137,6 +140,8 @@ func (c config) check() error {
 		return errors.New("-kill-instance-at must not be negative")
 	case c.killAt > 0 && c.instances < 2:
 		return errors.New("-kill-instance-at needs at least 2 instances")
+	case c.handlerTimeout <= 0 || c.callTime < 0 || c.callTime >= c.handlerTimeout:
+		return errors.New("-handler-timeout must be positive, and -call-time at least 0 and less than it")
 	case c.provider != "continuous" && c.provider != "sliding":
 		return fmt.Errorf("-provider %q: must be continuous or sliding", c.provider)
 	}
@@ -252,6 +257,11 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		opts := []httpclient.Option{
 			httpclient.WithCost(func(*http.Request) (throttle.Cost, error) { return est, nil }, nil), // nil: tokens = prompt + completion
 			httpclient.WithConcurrency(slots),
+			// A slot and cost that come too late to leave room for the
+			// call are not taken: the call would be cut by the handler's
+			// deadline while the provider runs it on, charged, its slot
+			// given back early (see docs/limits.md).
+			httpclient.WithMaxWait(c.handlerTimeout - c.callTime),
 			httpclient.WithBase(&counted{base: base, inFlight: &inFlight[i], cut: &cut}),
 			httpclient.WithLogger(log),
 		}
@@ -276,6 +286,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		// cost and holds the slot (given to both, each call would be
 		// charged twice and hold two slots).
 		cons, err := consumer.New(h, nil,
+			consumer.WithHandlerTimeout(c.handlerTimeout),
 			consumer.WithKafka(
 				kgo.SeedBrokers(seeds...),
 				kgo.ConsumerGroup("headway-llm-demo"),

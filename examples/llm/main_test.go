@@ -23,6 +23,7 @@ func small() config {
 		window: time.Second, latency: 50 * time.Millisecond, lease: 300 * time.Millisecond,
 		minTokens: 20, maxTokens: 100, estimate: 100,
 		timeout: time.Minute, seed: 7, provider: "continuous",
+		handlerTimeout: 10 * time.Second, callTime: time.Second,
 	}
 }
 
@@ -98,6 +99,7 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-min-tokens", "10", "-max-tokens", "5"},
 		{"-kill-instance-at", "1s", "-instances", "1"},
 		{"-provider", "leaky"},
+		{"-call-time", "10s"},
 	} {
 		var out, errs bytes.Buffer
 		assert.Equal(t, 1, command(context.Background(), args, &out, &errs), "%v", args)

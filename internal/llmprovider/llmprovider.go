@@ -23,6 +23,7 @@ package llmprovider
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -282,6 +283,9 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
+	// The request arrives whole: read, the server then sees its caller
+	// go away (r.Context ends), as a provider's streaming answer would.
+	_, _ = io.Copy(io.Discard, r.Body)
 	d := p.arrive(r.Header.Get(RecordHeader))
 	p.headers(w.Header(), d)
 	if d.refusedBy != "" {
