@@ -18,6 +18,10 @@
 //     usage the answer reports when its body is closed (an estimate too
 //     high is given back to the running period, one too low is a debt the
 //     next periods pay); a refusal settled at once, its tokens given back;
+//   - httpclient.WithCallTime: no slot or cost is taken when less than
+//     -call-time is left before the handler's deadline (the consumer
+//     calls the handler again), and a call abandoned after its send keeps
+//     its slot that long, the provider still running it;
 //   - the answer's rate-limit headers and 429s reported to the fleet (a
 //     dimension with nothing left pauses it until the provider's reset).
 //
@@ -103,7 +107,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.redisAddr, "redis", "", "Redis address (default: start redis-server on a free port, or an in-process stand-in)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up after this long")
 	fs.DurationVar(&c.handlerTimeout, "handler-timeout", 10*time.Second, "each handler call's deadline (consumer.WithHandlerTimeout)")
-	fs.DurationVar(&c.callTime, "call-time", time.Second, "room left for the call itself: a call waits for its slot and cost at most -handler-timeout less this (httpclient.WithMaxWait; 0: until the deadline)")
+	fs.DurationVar(&c.callTime, "call-time", time.Second, "how long a call takes: a call waits for its slot and cost at most -handler-timeout less this, and one abandoned after its send keeps its slot this long (httpclient.WithCallTime; 0: neither)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the built-in provider's token costs")
 	fs.StringVar(&c.provider, "provider", "continuous", "how the built-in provider counts -rpm and -tpm: continuous (buckets refilled continuously, as Anthropic documents) or sliding (at most the limits in any span of one window)")
 	if err := fs.Parse(args); err != nil {
@@ -257,11 +261,11 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		opts := []httpclient.Option{
 			httpclient.WithCost(func(*http.Request) (throttle.Cost, error) { return est, nil }, nil), // nil: tokens = prompt + completion
 			httpclient.WithConcurrency(slots),
-			// A slot and cost that come too late to leave room for the
-			// call are not taken: the call would be cut by the handler's
-			// deadline while the provider runs it on, charged, its slot
-			// given back early (see docs/limits.md).
-			httpclient.WithMaxWait(c.handlerTimeout - c.callTime),
+			// A slot and cost that come too late to leave the call its
+			// time before the handler's deadline are not taken (the call
+			// would be cut while the provider runs it on), and a call
+			// abandoned after its send keeps its slot for that time.
+			httpclient.WithCallTime(c.callTime),
 			httpclient.WithBase(&counted{base: base, inFlight: &inFlight[i], cut: &cut}),
 			httpclient.WithLogger(log),
 		}
