@@ -67,6 +67,24 @@ func TestFleetKeepsTheProvidersLimits(t *testing.T) {
 	assert.Zero(t, s.stats.Cut, "no call was cut after its permit")
 }
 
+// A handler's deadline shorter than the wait for a slot does not cut
+// calls: the Transport takes no slot or cost once less than the call's
+// time is left (WithCallTime), and the consumer calls the handler again.
+// No call is ended at the client while the provider runs it on, and the
+// provider never meets more calls than the cap.
+func TestHandlerDeadlineCutsNoCall(t *testing.T) {
+	c := small()
+	c.handlerTimeout, c.callTime = 400*time.Millisecond, 150*time.Millisecond
+	c.rpm, c.tpm = 1000, 100_000 // the cap binds: the records queue for slots
+	s := runSmall(t, c)
+	assert.Zero(t, s.lost, "records lost")
+	assert.Positive(t, s.permitWaits, "handlers met their deadline waiting for a slot")
+	assert.Zero(t, s.cut, "calls the handler's deadline ended after their send")
+	assert.Zero(t, s.stats.Cut, "calls the provider ran for a caller gone")
+	assert.Zero(t, s.stats.RefusedConcurrency)
+	assert.LessOrEqual(t, s.stats.MaxInFlight, int(c.concurrency))
+}
+
 // An instance killed in the middle of its calls (its Redis connections
 // cut, so it releases nothing) loses no record, and its slots come back
 // to the others when their lease ends.
