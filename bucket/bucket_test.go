@@ -161,8 +161,11 @@ func TestTakeRefusesWithoutRoundTrip(t *testing.T) {
 		if _, err := b.Take(ctx, "", 0, 0); !errors.Is(err, throttle.ErrInvalid) {
 			t.Errorf("%s: Take(0) = %v, want ErrInvalid", name, err)
 		}
-		if _, err := b.Take(ctx, strings.Repeat("x", MaxKeyLen+1), 1, 0); !errors.Is(err, throttle.ErrInvalid) {
-			t.Errorf("%s: Take(long key) = %v, want ErrInvalid", name, err)
+		if _, err := b.Take(ctx, strings.Repeat("x", MaxKeyLen+1), 1, 0); !errors.Is(err, throttle.ErrInvalid) || !errors.Is(err, throttle.ErrInvalidKey) {
+			t.Errorf("%s: Take(long key) = %v, want ErrInvalid and ErrInvalidKey", name, err)
+		}
+		if _, err := b.Take(ctx, "", 0, 0); errors.Is(err, throttle.ErrInvalidKey) {
+			t.Errorf("%s: Take(0) = %v, matches ErrInvalidKey; the key is not at fault", name, err)
 		}
 	}
 	if n := hook.n.Load(); n != 0 {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/headway-go/headway/internal/errs"
@@ -32,25 +34,37 @@ const maxDimensions = 16
 // caller acquires an estimate, then settles the real cost once known:
 //
 //	lim := throttle.New(b)
-//	err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1, "tokens": est}, time.Minute)
+//	g, err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1, "tokens": est}, time.Minute)
 //	// ... the call ...
-//	err = lim.Settle(ctx, throttle.Cost{"tokens": est}, throttle.Cost{"tokens": used})
+//	err = g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": used})
 //
 // Each dimension is a token bucket of its own, as [TokenBucket]: at most
 // Limit per refill, refills at least Interval apart on the Redis server's
 // clock, a period starting at the first take after the last one ended.
 //
-// Guarantee, per dimension: in any period, what is granted, less what is
-// given back in that period, is at most Limit; over any k consecutive
-// periods, the real spending is at most k·Limit plus what Settle charged
+// Guarantee, per dimension: in any period, what is granted, less what
+// its own grants gave back, is at most Limit; over any k consecutive
+// periods, the real spending is at most k·Limit plus what settling charged
 // beyond the estimates in them, and such a charge (a debt) is paid by the
 // next refills, one Limit per period elapsed, before anything more is
-// granted. An over-estimate given back while its period runs can be
-// granted again in the same period, so it does not idle the budget. A
-// give-back lands in the period running when Settle runs: one for a call
-// granted in an earlier period adds to the running one (its tokens never
-// above Limit), so settle before a period ends where the provider counts
-// strictly (calls much shorter than the Interval do).
+// granted. A grant's give-back (its Decision.Settle) goes to the period
+// the grant was taken from: while that period runs it can be granted
+// again (an over-estimate does not idle the budget); once it has ended,
+// it only lessens the debt a later period inherited, so a call that
+// straddles a period's end never lets the next period grant twice its
+// Limit. A settle-up above ten times a dimension's Limit is refused as an
+// error in the caller's units (ErrInvalid), nothing charged.
+//
+// Faults: a Redis pause or failure refuses or grants by the Limiter's
+// failure policy (FailLocal refuses: several dimensions have no local
+// share); the periods on record are kept. A period the fleet was told of
+// but the server has no record of (Redis restarted empty, a failover to a
+// replica without the latest refill, keys deleted by hand) is held at 0
+// until its known end, and the next period starts on the old phase: no
+// refill lands inside the lost period, at the cost of at most one
+// period's grants once per loss and key; debts owed then are forgotten.
+// Each instance keeps, per key used in the last period, the end of each
+// dimension's latest period it was told of.
 //
 // How: one script (one round trip) checks every dimension the cost names,
 // refills those whose period has ended, and takes from all of them or
@@ -60,17 +74,68 @@ const maxDimensions = 16
 // debt).
 //
 // Take(n) charges n to the dimension named "requests" if there is one,
-// else to the first; Refund gives back to the same dimension. Budget
-// implements [throttle.Bucket], [throttle.CostBucket], [throttle.Refunder],
-// [throttle.Pauser] (a pause holds every dimension of the key),
-// [throttle.Fallbacker] (for Take's dimension) and [throttle.Checker]. It
-// is safe for concurrent use.
+// else to the first; Refund gives back to the same dimension (only
+// lessening an inherited debt: it does not know the grant's period).
+// Budget implements [throttle.Bucket], [throttle.CostBucket],
+// [throttle.Refunder], [throttle.Pauser] (a pause holds every dimension
+// of the key), [throttle.Fallbacker] (for Take's dimension) and
+// [throttle.Checker]. It is safe for concurrent use.
 type Budget struct {
 	common
 	dims  []Dimension
 	index map[string]int
 	takes int   // the dimension Take charges
-	args  []any // ARGV[3..] without the amounts: name, limit, ms per dimension
+	args  []any // name, limit, ms per dimension: the script's ARGV without amounts and ends
+	ends  budgetEnds
+}
+
+// budgetEnds remembers, per key, the end of the latest period of each
+// dimension this instance was told of, in ms on the clock of the Redis
+// server that told it, so that a call can tell budget.lua of a period the
+// server has lost (see "Lost period" there), as [TokenBucket] does. An
+// entry is useless once its ends have passed; entries are swept when the
+// map has doubled since the last sweep, so it holds about the keys used
+// in the last period.
+type budgetEnds struct {
+	mu    sync.Mutex
+	m     map[string][]int64 // key → end per dimension (0: none known)
+	swept int                // len(m) after the last sweep
+}
+
+// get returns key's known ends, nil when none is known.
+func (p *budgetEnds) get(key string) []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.m[key])
+}
+
+// note records the ends of key's periods an answer gave (0: none), now
+// being the server's clock of the same answer, for sweeping (ms).
+func (p *budgetEnds) note(key string, ends []int64, now int64) {
+	if len(ends) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = make(map[string][]int64)
+	}
+	e := p.m[key]
+	if len(e) != len(ends) {
+		e = make([]int64, len(ends))
+		p.m[key] = e
+	}
+	for i, v := range ends {
+		e[i] = max(e[i], v)
+	}
+	if len(p.m) >= 2*max(p.swept, 64) {
+		for k, e := range p.m {
+			if slices.Max(e) <= now {
+				delete(p.m, k)
+			}
+		}
+		p.swept = len(p.m)
+	}
 }
 
 // NewBudget returns a budget of the dimensions dims (at least one, at most
@@ -128,13 +193,16 @@ func (b *Budget) Take(ctx context.Context, key string, n int64, maxWait time.Dur
 	return b.TakeCost(ctx, key, throttle.Cost{b.dims[b.takes].Name: n}, maxWait)
 }
 
-// Refund implements [throttle.Refunder]: n of Take's dimension, given back
-// as [Budget.Settle] gives back.
+// Refund implements [throttle.Refunder]: n of Take's dimension, given
+// back. The period they were granted in is unknown, so they can only
+// lessen the debt the running period inherited: a permit taken in an
+// earlier period is never granted again in this one. To give back into
+// the grant's own period, use the grant's Decision.Settle.
 func (b *Budget) Refund(ctx context.Context, key string, n int64) error {
 	if n < 1 {
 		return nil
 	}
-	return b.Settle(ctx, key, throttle.Cost{b.dims[b.takes].Name: -n})
+	return b.settle(ctx, key, 0, throttle.Cost{b.dims[b.takes].Name: -n})
 }
 
 // maxSettleUp bounds one settle-up, in periods' limits of its dimension.
@@ -143,7 +211,7 @@ const maxSettleUp = 10
 // amounts checks c against the budget's dimensions and returns the
 // script's ARGV. take refuses negative amounts, amounts above a
 // dimension's limit and a cost of nothing.
-func (b *Budget) amounts(field string, c throttle.Cost, take bool) ([]any, bool, error) {
+func (b *Budget) amounts(field string, c throttle.Cost, take bool, mark int64, known []int64) ([]any, bool, error) {
 	amt := make([]int64, len(b.dims))
 	some := false
 	for name, v := range c {
@@ -154,10 +222,11 @@ func (b *Budget) amounts(field string, c throttle.Cost, take bool) ([]any, bool,
 		switch {
 		case take && v < 0:
 			return nil, false, errs.Invalid(b.name, fmt.Sprintf("%s[%q]", field, name), v, "must be at least 0")
+		case take && v > b.dims[i].Limit:
+			// However large: waiting cannot help.
+			return nil, false, fmt.Errorf("%s: %d of %q asked at once, at most %d can ever be granted: %w", b.name, v, name, b.dims[i].Limit, throttle.ErrExceedsLimit)
 		case v > maxRateLimit || v < -maxRateLimit:
 			return nil, false, errs.Invalid(b.name, fmt.Sprintf("%s[%q]", field, name), v, "must be at most 2^50 in size")
-		case take && v > b.dims[i].Limit:
-			return nil, false, fmt.Errorf("%s: %d of %q asked at once, at most %d can ever be granted: %w", b.name, v, name, b.dims[i].Limit, throttle.ErrExceedsLimit)
 		case !take && v > maxSettleUp*b.dims[i].Limit:
 			// A charge of many periods' limits is a caller's error (units,
 			// a garbled usage), and would lock the key for as long.
@@ -170,10 +239,14 @@ func (b *Budget) amounts(field string, c throttle.Cost, take bool) ([]any, bool,
 	if take {
 		mode = "take"
 	}
-	args := make([]any, 0, 2+4*len(b.dims))
-	args = append(args, mode, len(b.dims))
+	args := make([]any, 0, 3+5*len(b.dims))
+	args = append(args, mode, len(b.dims), mark)
 	for i := range b.dims {
-		args = append(args, b.args[3*i], b.args[3*i+1], b.args[3*i+2], amt[i])
+		var end int64
+		if i < len(known) {
+			end = known[i]
+		}
+		args = append(args, b.args[3*i], b.args[3*i+1], b.args[3*i+2], amt[i], end)
 	}
 	return args, some, nil
 }
@@ -203,9 +276,10 @@ func (b *Budget) keys(key string) ([]string, error) {
 // ignored. Refused, Decision.Delay is the time until every dimension has
 // enough (its refill, its debt paid) or the pause ends; Limit, Remaining
 // and Reset describe the dimension that binds (granted: the one with the
-// least left for its limit).
+// least left for its limit). A grant's Decision.Settle corrects it after
+// the call (see [Budget]).
 func (b *Budget) TakeCost(ctx context.Context, key string, c throttle.Cost, _ time.Duration) (throttle.Decision, error) {
-	args, some, err := b.amounts("cost", c, true)
+	args, some, err := b.amounts("cost", c, true, 0, nil)
 	if err != nil {
 		return throttle.Decision{}, err
 	}
@@ -216,6 +290,7 @@ func (b *Budget) TakeCost(ctx context.Context, key string, c throttle.Cost, _ ti
 	if err != nil {
 		return throttle.Decision{}, err
 	}
+	b.withKnown(args, key)
 	return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) {
 		r, err := b.eval(ctx, scriptBudget, keys, args...)
 		if err != nil {
@@ -224,6 +299,7 @@ func (b *Budget) TakeCost(ctx context.Context, key string, c throttle.Cost, _ ti
 		if len(r) < 7 {
 			return throttle.Decision{}, backend("take", keys[0], errors.New("unexpected reply from budget.lua"))
 		}
+		b.noteEnds(key, r[7:], r[6])
 		d := throttle.Decision{Granted: r[0] == 1, Remaining: r[2], Reset: ms(r[3]), Limit: r[4]}
 		if !d.Granted {
 			d.Delay = ms(r[1])
@@ -231,18 +307,44 @@ func (b *Budget) TakeCost(ctx context.Context, key string, c throttle.Cost, _ ti
 		if d.Limit == 0 { // paused
 			d.Limit = b.dims[b.takes].Limit
 		}
+		if d.Granted {
+			mark := r[6] // the grant's time on the server's clock: its periods
+			d.Settle = func(ctx context.Context, delta throttle.Cost) error {
+				return b.settle(ctx, key, mark, delta)
+			}
+		}
 		return d, nil
 	})
 }
 
-// Settle implements [throttle.CostBucket]: each dimension changes by its
-// amount in delta, in one round trip. A positive amount is charged at
-// once, even beyond what is left (a debt, paid by the next refills before
-// anything more is granted); a negative one is given back to the running
-// period, up to its limit, or, once that period has ended, only reduces a
-// debt. Amounts of 0 change nothing, and a delta of nothing sends nothing.
-func (b *Budget) Settle(ctx context.Context, key string, delta throttle.Cost) error {
-	args, some, err := b.amounts("delta", delta, false)
+// withKnown puts the period ends this instance knows for key into args
+// (the amounts' ARGV).
+func (b *Budget) withKnown(args []any, key string) {
+	for i, end := range b.ends.get(key) {
+		if i < len(b.dims) {
+			args[3+5*i+4] = end
+		}
+	}
+}
+
+// noteEnds records the period ends an answer gave for key (none from a
+// paused budget), now being the answer's server clock.
+func (b *Budget) noteEnds(key string, ends []int64, now int64) {
+	if len(ends) == len(b.dims) && slices.Max(ends) > 0 {
+		b.ends.note(key, ends, now)
+	}
+}
+
+// settle changes key's dimensions by delta for a grant made at mark (ms
+// on the server's clock; 0: unknown), in one round trip: a positive
+// amount is charged at once, even beyond what is left (a debt, paid by
+// the next refills before anything more is granted); a negative one is
+// given back to the grant's period while it runs, up to its limit, or,
+// once it has ended, only reduces a debt (see budget.lua). Amounts of 0
+// change nothing, and a delta of nothing sends nothing. A charge above
+// ten times a dimension's limit is refused (ErrInvalid), nothing charged.
+func (b *Budget) settle(ctx context.Context, key string, mark int64, delta throttle.Cost) error {
+	args, some, err := b.amounts("delta", delta, false, mark, nil)
 	if err != nil || !some {
 		return err
 	}
@@ -250,9 +352,14 @@ func (b *Budget) Settle(ctx context.Context, key string, delta throttle.Cost) er
 	if err != nil {
 		return err
 	}
+	b.withKnown(args, key)
 	_, err = bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) {
-		if _, err := b.eval(ctx, scriptBudget, keys, args...); err != nil {
+		r, err := b.eval(ctx, scriptBudget, keys, args...)
+		if err != nil {
 			return throttle.Decision{}, backend("settle", keys[0], err)
+		}
+		if len(r) >= 2 {
+			b.noteEnds(key, r[2:], r[1])
 		}
 		return throttle.Decision{}, nil
 	})

@@ -37,7 +37,8 @@ func ExampleNewBudget() {
 	call := func(estimate, used int64) {
 		est := throttle.Cost{"requests": 1, "tokens": estimate}
 		// Both dimensions must admit the estimate, or nothing is taken.
-		if err := lim.AcquireCost(ctx, est, 0); errors.Is(err, throttle.ErrTimeout) {
+		g, err := lim.AcquireCost(ctx, est, 0)
+		if errors.Is(err, throttle.ErrTimeout) {
 			fmt.Printf("estimated %d tokens: not before the next refill\n", estimate)
 			return
 		} else if err != nil {
@@ -45,7 +46,7 @@ func ExampleNewBudget() {
 			return
 		}
 		// ... call the provider; its answer says how many tokens it used ...
-		if err := lim.Settle(ctx, est, throttle.Cost{"requests": 1, "tokens": used}); err != nil {
+		if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": used}); err != nil {
 			fmt.Println(err)
 			return
 		}

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -39,9 +40,13 @@ func takeCost(t *testing.T, b *Budget, key string, c throttle.Cost) throttle.Dec
 	return d
 }
 
-func settle(t *testing.T, b *Budget, key string, c throttle.Cost) {
+// settle corrects the grant d by c.
+func settle(t *testing.T, d throttle.Decision, c throttle.Cost) {
 	t.Helper()
-	if err := b.Settle(context.Background(), key, c); err != nil {
+	if d.Settle == nil {
+		t.Fatalf("Settle(%v) of %+v: the decision has no Settle", c, d)
+	}
+	if err := d.Settle(context.Background(), c); err != nil {
 		t.Fatalf("Settle(%v) = %v", c, err)
 	}
 }
@@ -98,11 +103,11 @@ func TestBudgetAllOrNothing(t *testing.T) {
 func TestBudgetSettleUpDelaysNextGrant(t *testing.T) {
 	srv := redisenv.New(t)
 	b := newBudget(t, srv.Client(), "debt", llmDims(10, 100, time.Second))
-	takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
-	settle(t, b, "", throttle.Cost{"tokens": 150}) // used 250: 150 owed
+	d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
+	settle(t, d, throttle.Cost{"tokens": 150}) // used 250: 150 owed
 	// Tokens at -150: the refill at the period's end brings -50, the next
 	// one 50, so a grant of 1 comes one period after the period's end.
-	d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 1})
+	d = takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 1})
 	if d.Granted || d.Delay <= time.Second || d.Delay > 2*time.Second {
 		t.Fatalf("take after a debt of 150 = %+v, want refused for (1s, 2s]", d)
 	}
@@ -113,12 +118,11 @@ func TestBudgetSettleUpDelaysNextGrant(t *testing.T) {
 	calls := &budgetCalls{}
 	rdb.AddHook(calls)
 	b2 := newBudget(t, rdb, "debt-idle", llmDims(10, 100, 100*time.Millisecond))
-	takeCost(t, b2, "", throttle.Cost{"tokens": 100})
-	settle(t, b2, "", throttle.Cost{"tokens": 250})
+	settle(t, takeCost(t, b2, "", throttle.Cost{"tokens": 100}), throttle.Cost{"tokens": 250})
 	lim := throttle.New(b2)
 	t.Cleanup(func() { lim.Close() })
 	before := calls.n.Load()
-	if err := lim.AcquireCost(context.Background(), throttle.Cost{"tokens": 60}, 2*time.Second); err != nil {
+	if _, err := lim.AcquireCost(context.Background(), throttle.Cost{"tokens": 60}, 2*time.Second); err != nil {
 		t.Fatalf("AcquireCost after the debt's refills = %v", err)
 	}
 	if n := calls.n.Load() - before; n != 2 {
@@ -131,33 +135,42 @@ func TestBudgetSettleUpDelaysNextGrant(t *testing.T) {
 func TestBudgetSettleDownGivesBackInPeriod(t *testing.T) {
 	srv := redisenv.New(t)
 	b := newBudget(t, srv.Client(), "down", llmDims(10, 100, time.Minute))
-	takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
+	first := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
 	if d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 50}); d.Granted {
 		t.Fatalf("take with no tokens left = %+v", d)
 	}
-	settle(t, b, "", throttle.Cost{"tokens": -60}) // used 40 of 100
-	if d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 50}); !d.Granted || d.Remaining != 10 {
+	settle(t, first, throttle.Cost{"tokens": -60}) // used 40 of 100
+	d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 50})
+	if !d.Granted || d.Remaining != 10 {
 		t.Fatalf("take after giving back 60 = %+v, want granted with 10 tokens left", d)
 	}
 	// A give-back never lifts a dimension above its limit.
-	settle(t, b, "", throttle.Cost{"tokens": -1000, "requests": -1000})
+	settle(t, d, throttle.Cost{"tokens": -1000, "requests": -1000})
 	if d := takeCost(t, b, "", throttle.Cost{"requests": 10, "tokens": 100}); !d.Granted || d.Remaining != 0 {
 		t.Fatalf("take of the whole limit after a large give-back = %+v, want granted with 0 left", d)
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted {
 		t.Fatalf("a token beyond the limit was granted: %+v", d)
 	}
-	// The Limiter's Settle charges actual-estimated: here it gives back.
+	// The grant's Settle charges actual-estimated: here it gives back.
 	lim := throttle.New(b)
 	t.Cleanup(func() { lim.Close() })
 	ctx := context.Background()
-	if err := lim.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 30}, throttle.Cost{"requests": 1, "tokens": 5}); err != nil {
+	k := lim.Key("lim")
+	g, err := k.AcquireCost(ctx, throttle.Cost{"requests": 1, "tokens": 30}, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lim.AcquireCost(ctx, throttle.Cost{"tokens": 25}, 0); err != nil {
+	if _, err := k.AcquireCost(ctx, throttle.Cost{"tokens": 70}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.AcquireCost(ctx, throttle.Cost{"tokens": 25}, 0); err != nil {
 		t.Fatalf("AcquireCost of the 25 given back = %v", err)
 	}
-	if err := lim.AcquireCost(ctx, throttle.Cost{"tokens": 1}, 0); !errors.Is(err, throttle.ErrTimeout) {
+	if _, err := k.AcquireCost(ctx, throttle.Cost{"tokens": 1}, 0); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("AcquireCost beyond = %v, want ErrTimeout", err)
 	}
 }
@@ -193,7 +206,7 @@ func TestBudgetConcurrentTakersStayWithinLimits(t *testing.T) {
 				granted[0].Add(1)
 				granted[1].Add(est)
 				if back := rng.Int64N(est); back > 0 && rng.IntN(2) == 0 {
-					if err := b.Settle(context.Background(), "", throttle.Cost{"tokens": -back}); err != nil {
+					if err := d.Settle(context.Background(), throttle.Cost{"tokens": -back}); err != nil {
 						t.Error(err)
 						return
 					}
@@ -227,10 +240,11 @@ func TestBudgetClusterOneSlotPerKey(t *testing.T) {
 		if s0, s1 := rdb.ClusterKeySlot(ctx, keys[0]).Val(), rdb.ClusterKeySlot(ctx, keys[1]).Val(); s0 != s1 {
 			t.Errorf("key %q: state in slot %d, pause in slot %d", key, s0, s1)
 		}
-		if d := takeCost(t, b, key, throttle.Cost{"requests": 5, "tokens": 50}); !d.Granted {
-			t.Errorf("key %q: take = %+v", key, d)
+		d := takeCost(t, b, key, throttle.Cost{"requests": 5, "tokens": 50})
+		if !d.Granted {
+			t.Fatalf("key %q: take = %+v", key, d)
 		}
-		settle(t, b, key, throttle.Cost{"tokens": -10})
+		settle(t, d, throttle.Cost{"tokens": -10})
 		if d := takeCost(t, b, key, throttle.Cost{"requests": 1}); d.Granted {
 			t.Errorf("key %q: a 6th request was granted", key)
 		}
@@ -271,9 +285,9 @@ func TestBudgetRefusesBadInput(t *testing.T) {
 		{"zero cost", take(throttle.Cost{"tokens": 0}), "cost"},
 		{"negative amount", take(throttle.Cost{"tokens": -1, "requests": 1}), `cost["tokens"]`},
 		{"unknown dimension", take(throttle.Cost{"tokenz": 1}), `cost["tokenz"]`},
-		{"unknown in settle", b.Settle(ctx, "", throttle.Cost{"tokenz": 1}), `delta["tokenz"]`},
-		{"huge settle", b.Settle(ctx, "", throttle.Cost{"tokens": 1 << 51}), `delta["tokens"]`},
-		{"settle-up of more than ten periods' limits", b.Settle(ctx, "", throttle.Cost{"tokens": 501}), `delta["tokens"]`},
+		{"unknown in settle", b.settle(ctx, "", 1, throttle.Cost{"tokenz": 1}), `delta["tokenz"]`},
+		{"huge settle", b.settle(ctx, "", 1, throttle.Cost{"tokens": 1 << 51}), `delta["tokens"]`},
+		{"settle-up of more than ten periods' limits", b.settle(ctx, "", 1, throttle.Cost{"tokens": 501}), `delta["tokens"]`},
 		{"long key", func() error {
 			_, err := b.TakeCost(ctx, strings.Repeat("k", MaxKeyLen+1), throttle.Cost{"tokens": 1}, 0)
 			return err
@@ -293,7 +307,7 @@ func TestBudgetRefusesBadInput(t *testing.T) {
 	if err := take(throttle.Cost{"tokens": 51}); !errors.Is(err, throttle.ErrExceedsLimit) || !strings.Contains(err.Error(), `"tokens"`) {
 		t.Errorf("take above a limit = %v, want ErrExceedsLimit naming the dimension", err)
 	}
-	if err := b.Settle(ctx, "", throttle.Cost{"tokens": 0}); err != nil {
+	if err := b.settle(ctx, "", 1, throttle.Cost{"tokens": 0}); err != nil {
 		t.Errorf("Settle of nothing = %v", err)
 	}
 	if n := calls.n.Load(); n != 0 {
@@ -320,12 +334,13 @@ func TestBudgetAcquireCostSleepsWithoutPolling(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cost := throttle.Cost{"requests": 1, "tokens": 10}
-	if err := lim.AcquireCost(ctx, cost, 0); err != nil {
+	g, err := lim.AcquireCost(ctx, cost, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	// No deadline on this one: Forever waits on the Limiter's clock alone.
-	go func() { done <- lim.AcquireCost(context.Background(), cost, throttle.Forever) }()
+	go func() { _, err := lim.AcquireCost(context.Background(), cost, throttle.Forever); done <- err }()
 	if err := clock.BlockUntilContext(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +354,9 @@ func TestBudgetAcquireCostSleepsWithoutPolling(t *testing.T) {
 	}
 	// Give the request back, then let the Limiter's clock reach the end
 	// it was told: one more call, granted.
-	settle(t, b, "", throttle.Cost{"requests": -1, "tokens": -10})
+	if err := g.Settle(ctx, throttle.Cost{"requests": 0, "tokens": 0}); err != nil {
+		t.Fatal(err)
+	}
 	clock.Advance(time.Minute)
 	if err := <-done; err != nil {
 		t.Fatalf("AcquireCost after the wait = %v", err)
@@ -348,7 +365,7 @@ func TestBudgetAcquireCostSleepsWithoutPolling(t *testing.T) {
 		t.Fatalf("%d script calls in all, want 4 (take, refusal, settle, grant)", n)
 	}
 	// Beyond the wait: ErrTimeout at once, without sleeping.
-	if err := lim.AcquireCost(ctx, cost, time.Second); !errors.Is(err, throttle.ErrTimeout) {
+	if _, err := lim.AcquireCost(ctx, cost, time.Second); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("AcquireCost with a wait shorter than the refill = %v, want ErrTimeout", err)
 	}
 }
@@ -371,7 +388,7 @@ func TestBudgetPauseHoldsEveryDimension(t *testing.T) {
 	}
 	lim := throttle.New(b)
 	t.Cleanup(func() { lim.Close() })
-	if err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1}, 0); !errors.Is(err, throttle.ErrTimeout) {
+	if _, err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1}, 0); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("AcquireCost with no wait during a pause = %v, want ErrTimeout", err)
 	}
 }
@@ -389,7 +406,13 @@ func TestBudgetFailurePolicy(t *testing.T) {
 		says   string
 	}{{throttle.FailOpen, ""}, {throttle.FailClosed, "FailClosed"}, {throttle.FailLocal, "FailLocal"}} {
 		lim := throttle.New(b, throttle.WithFailurePolicy(tc.policy))
-		err := lim.AcquireCost(ctx, cost, time.Second)
+		g, err := lim.AcquireCost(ctx, cost, time.Second)
+		if err == nil {
+			// A FailOpen grant charged nothing: its Settle does nothing.
+			if serr := g.Settle(ctx, throttle.Cost{"tokens": 1}); serr != nil {
+				t.Errorf("%v: Settle of a grant of the failure policy = %v, want nil", tc.policy, serr)
+			}
+		}
 		lim.Close()
 		var be *throttle.BackendError
 		switch {
@@ -403,7 +426,7 @@ func TestBudgetFailurePolicy(t *testing.T) {
 	if _, err := b.TakeCost(ctx, "", cost, 0); !errors.As(err, &be) || be.Op != "take" || !strings.HasSuffix(be.Key, ":budget") {
 		t.Errorf("TakeCost with the store down = %v, want a *throttle.BackendError of op take on the budget's key", err)
 	}
-	if err := b.Settle(ctx, "", throttle.Cost{"tokens": 5}); !errors.As(err, &be) || be.Op != "settle" {
+	if err := b.settle(ctx, "", 1, throttle.Cost{"tokens": 5}); !errors.As(err, &be) || be.Op != "settle" {
 		t.Errorf("Settle with the store down = %v, want a *throttle.BackendError of op settle", err)
 	}
 }
@@ -417,13 +440,18 @@ func TestBudgetTakeChargesRequests(t *testing.T) {
 	if d, err := b.Take(ctx, "", 3, 0); err != nil || !d.Granted || d.Limit != 5 || d.Remaining != 2 {
 		t.Fatalf("Take(3) = %+v, %v; want 3 of the 5 requests", d, err)
 	}
+	// Refund does not know the grant's period: it only lessens an
+	// inherited debt (there is none), so the period still has 2.
 	if err := b.Refund(ctx, "", 1); err != nil {
 		t.Fatal(err)
 	}
 	lim := throttle.New(b)
 	t.Cleanup(func() { lim.Close() })
-	if err := lim.AcquireN(ctx, 3, 0); err != nil {
-		t.Fatalf("AcquireN(3) after a refund of 1 = %v", err)
+	if err := lim.AcquireN(ctx, 3, 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("AcquireN(3) after a refund of 1 = %v, want ErrTimeout: a refund of an unknown period adds nothing to this one", err)
+	}
+	if err := lim.AcquireN(ctx, 2, 0); err != nil {
+		t.Fatalf("AcquireN(2) = %v", err)
 	}
 	if err := lim.Acquire(ctx, 0); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("a 6th request = %v, want ErrTimeout", err)
@@ -446,27 +474,29 @@ func TestBudgetGiveBackAfterThePeriodOnlyPaysDebt(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
 	b := newBudget(t, srv.Client(), "late", []Dimension{{Name: "requests", Limit: 1, Interval: time.Second}, {Name: "tokens", Limit: 100, Interval: time.Second}})
-	takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
-	settle(t, b, "", throttle.Cost{"tokens": 50}) // 50 owed
+	first := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
+	settle(t, first, throttle.Cost{"tokens": 50}) // 50 owed
 	// Wait for the end of both periods (they began together): the next
 	// request comes then, and takes no token.
 	lim := throttle.New(b)
 	t.Cleanup(func() { lim.Close() })
-	if err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1}, 2*time.Second); err != nil {
+	if _, err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1}, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	settle(t, b, "", throttle.Cost{"tokens": -30}) // 20 owed
+	settle(t, first, throttle.Cost{"tokens": -30}) // 20 owed
 	// The refill brings 100 less the 20 owed.
-	if d := takeCost(t, b, "", throttle.Cost{"tokens": 80}); !d.Granted || d.Remaining != 0 {
+	d := takeCost(t, b, "", throttle.Cost{"tokens": 80})
+	if !d.Granted || d.Remaining != 0 {
 		t.Fatalf("take of 80 after the debt was reduced to 20 = %+v, want granted with 0 left", d)
 	}
-	// A give-back in the running period is capped at its limit.
-	settle(t, b, "", throttle.Cost{"tokens": -1000})
-	if d := takeCost(t, b, "", throttle.Cost{"tokens": 100}); !d.Granted || d.Remaining != 0 {
-		t.Fatalf("take of the whole limit = %+v, want granted with 0 left", d)
+	// A give-back in the running period is capped at its limit less the
+	// debt it inherited.
+	settle(t, d, throttle.Cost{"tokens": -1000})
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 80}); !d.Granted || d.Remaining != 0 {
+		t.Fatalf("take of the limit less the debt = %+v, want granted with 0 left", d)
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted {
-		t.Fatalf("a token beyond the limit was granted: %+v", d)
+		t.Fatalf("a token beyond the limit less the debt was granted: %+v", d)
 	}
 }
 
@@ -479,10 +509,11 @@ func TestSettleLeavesADimensionActualDoesNotName(t *testing.T) {
 	t.Cleanup(func() { lim.Close() })
 	ctx := context.Background()
 	est := throttle.Cost{"requests": 1, "tokens": 50}
-	if err := lim.AcquireCost(ctx, est, 0); err != nil {
+	g, err := lim.AcquireCost(ctx, est, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lim.Settle(ctx, est, throttle.Cost{"tokens": 40}); err != nil {
+	if err := g.Settle(ctx, throttle.Cost{"tokens": 40}); err != nil {
 		t.Fatal(err)
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 1}); d.Granted {
@@ -500,14 +531,14 @@ func TestBudgetAcquireCostEndsWhenItsWaitsAreStopped(t *testing.T) {
 	lim := throttle.New(b, throttle.WithClock(clock))
 	t.Cleanup(func() { lim.Close() })
 	cost := throttle.Cost{"requests": 1, "tokens": 10}
-	if err := lim.AcquireCost(context.Background(), cost, 0); err != nil {
+	if _, err := lim.AcquireCost(context.Background(), cost, 0); err != nil {
 		t.Fatal(err)
 	}
 	gone := errors.New("partition gone")
 	stop, end := context.WithCancelCause(context.Background())
 	ctx := throttle.ContextWithWaitStop(context.Background(), stop)
 	done := make(chan error, 1)
-	go func() { done <- lim.AcquireCost(ctx, cost, throttle.Forever) }()
+	go func() { _, err := lim.AcquireCost(ctx, cost, throttle.Forever); done <- err }()
 	bctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := clock.BlockUntilContext(bctx, 1); err != nil {
@@ -519,5 +550,244 @@ func TestBudgetAcquireCostEndsWhenItsWaitsAreStopped(t *testing.T) {
 	}
 	if err := ctx.Err(); err != nil {
 		t.Fatalf("the caller's context ended too: %v", err)
+	}
+}
+
+// TestPerCallKeyTooLongIsThatCallsError: a per-call key too long for the
+// store is that call's problem (throttle.ErrInvalidKey, still an
+// ErrInvalid), told apart from a bad configuration, which a key too long
+// given to the constructor is.
+func TestPerCallKeyTooLongIsThatCallsError(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	long := strings.Repeat("k", MaxKeyLen+1)
+	b := newBudget(t, srv.Client(), "longkey", llmDims(5, 50, time.Minute))
+	tb, err := NewTokenBucket(srv.Client(), "longkey", 5, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, lt := throttle.New(b), throttle.New(tb)
+	t.Cleanup(func() { lb.Close(); lt.Close() })
+	for name, err := range map[string]error{
+		"AcquireCost": func() error { _, err := lb.Key(long).AcquireCost(ctx, throttle.Cost{"tokens": 1}, 0); return err }(),
+		"Acquire":     lt.Key(long).Acquire(ctx, 0),
+		"Pause":       tb.Pause(ctx, long, time.Second),
+	} {
+		if !errors.Is(err, throttle.ErrInvalidKey) || !errors.Is(err, throttle.ErrInvalid) {
+			t.Errorf("%s with a key of %d bytes = %v, want an error matching throttle.ErrInvalidKey and throttle.ErrInvalid", name, len(long), err)
+		}
+	}
+	if _, err := NewBudget(srv.Client(), long, llmDims(5, 50, time.Minute)); !errors.Is(err, throttle.ErrInvalid) || errors.Is(err, throttle.ErrInvalidKey) {
+		t.Errorf("NewBudget with a key of %d bytes = %v, want a configuration error: ErrInvalid, not ErrInvalidKey", len(long), err)
+	}
+}
+
+// slowBudget delays the budget script's calls by delay, as a loaded
+// network would, Redis itself being fine.
+type slowBudget struct{ delay time.Duration }
+
+func (h *slowBudget) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowBudget) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 1 && strings.HasPrefix(strings.ToLower(cmd.Name()), "eval") {
+			t := time.NewTimer(h.delay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *slowBudget) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestAcquireCostNearItsDeadlineIsATimeout: a store call cut short by the
+// caller's own deadline, Redis healthy, is the wait running out
+// (ErrTimeout, and the context's DeadlineExceeded), under every failure
+// policy that refuses, not a store failure.
+func TestAcquireCostNearItsDeadlineIsATimeout(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(&slowBudget{delay: 200 * time.Millisecond})
+	b := newBudget(t, rdb, "deadline", llmDims(10, 100, time.Minute))
+	for _, policy := range []throttle.FailurePolicy{throttle.FailLocal, throttle.FailClosed} {
+		lim := throttle.New(b, throttle.WithFailurePolicy(policy))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		_, err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1, "tokens": 10}, time.Minute)
+		cancel()
+		lim.Close()
+		if !errors.Is(err, throttle.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%v: AcquireCost whose deadline ends during the store call = %v, want ErrTimeout matching context.DeadlineExceeded", policy, err)
+		}
+	}
+}
+
+// TestBudgetLateGiveBackStaysInItsPeriod: a call granted in one period
+// that settles down after the next began gives nothing to the next: its
+// unused estimate belonged to the period that ended. (It gave 100 tokens
+// back into the next period, which then granted 200 against 100.)
+func TestBudgetLateGiveBackStaysInItsPeriod(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b := newBudget(t, srv.Client(), "lategive", llmDims(10, 100, time.Second))
+	lim := throttle.New(b)
+	t.Cleanup(func() { lim.Close() })
+	est := throttle.Cost{"requests": 1, "tokens": 100}
+	g, err := lim.AcquireCost(ctx, est, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next period: a call waits for it, and is granted in it.
+	if _, err := lim.AcquireCost(ctx, throttle.Cost{"tokens": 1}, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	granted := int64(1)
+	take := func(n int64) {
+		if d := takeCost(t, b, "", throttle.Cost{"tokens": n}); d.Granted {
+			granted += n
+		}
+	}
+	take(99)
+	// The first call ends now, having used nothing.
+	if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 0}); err != nil {
+		t.Fatal(err)
+	}
+	take(50)
+	take(50)
+	if granted > 100 {
+		t.Fatalf("%d tokens granted in the second period, limit 100: the late give-back went to it", granted)
+	}
+}
+
+// TestBudgetRestartedEmptyHoldsThePeriod: after FLUSHALL (what a restart
+// without persistence leaves), the period the fleet was told of is held
+// at 0 until its end: no refill with no period on record grants a second
+// limit inside it. The next period starts where the lost one ended.
+func TestBudgetRestartedEmptyHoldsThePeriod(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const period = time.Second
+	b := newBudget(t, rdb, "flushed", llmDims(10, 100, period))
+	d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
+	end := time.Now().Add(d.Reset)
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d = takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
+	if d.Granted {
+		t.Fatalf("after the flush, a second limit of tokens was granted in the lost period: %+v", d)
+	}
+	if until := time.Until(end); d.Delay > until+5*time.Millisecond || d.Delay < until-250*time.Millisecond {
+		t.Fatalf("refused for %v, but the lost period ends in %v", d.Delay, until)
+	}
+	// Every instance, knowing nothing, finds the period held.
+	other := newBudget(t, rdb, "flushed", llmDims(10, 100, period))
+	if d := takeCost(t, other, "", throttle.Cost{"tokens": 1}); d.Granted {
+		t.Fatalf("another instance was granted in the held period: %+v", d)
+	}
+	time.Sleep(d.Delay) // the server's clock: the held period must end
+	var granted throttle.Decision
+	for range 50 { // a retry or two if the sleep ended an instant early
+		if granted = takeCost(t, b, "", throttle.Cost{"tokens": 100}); granted.Granted {
+			break
+		}
+		time.Sleep(granted.Delay)
+	}
+	if !granted.Granted {
+		t.Fatalf("after the lost period: %+v; want a fresh period", granted)
+	}
+	if got := time.Until(end.Add(period)) - granted.Reset; got < -50*time.Millisecond || got > 30*time.Millisecond {
+		t.Fatalf("the new period ends %v off the lost period's phase", got)
+	}
+}
+
+// TestBudgetKeepsALostPeriod: a call from an instance that was told of a
+// period still running on the server's clock, meeting a record without
+// it, holds the dimension at 0 until that end, for every instance; a
+// charge holds it too, as a debt. Without a loss (the record has the
+// period, or the end the call carries has passed: it was delayed on its
+// way) nothing is held. The instance's knowledge and the record are set
+// by hand, on the server's clock, so no case waits on it.
+func TestBudgetKeepsALostPeriod(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const period = time.Second
+	const none = time.Duration(-1 << 62)
+	cases := []struct {
+		name     string
+		known    time.Duration // the end the instance knows, from the server's now; 0: none
+		recorded time.Duration // the end on record, from now; none: no record
+		hold     time.Duration // 0: a usual refill
+	}{
+		{"restarted empty", 600 * time.Millisecond, none, 600 * time.Millisecond},
+		{"refill lost", 700 * time.Millisecond, -300 * time.Millisecond, 700 * time.Millisecond},
+		{"a call delayed past the end it knew", -20 * time.Millisecond, -20 * time.Millisecond, 0},
+		{"a call delayed past the end, restarted empty", -20 * time.Millisecond, none, 0},
+		{"the known end within the clock's rounding", time.Millisecond, none, 0},
+		{"the record within half a period of the known end", 400 * time.Millisecond, -90 * time.Millisecond, 0},
+		{"nothing known", 0, none, 0},
+		{"an end further ahead than any period", time.Hour, none, period},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBudget(t, rdb, fmt.Sprintf("lost-%d", i), llmDims(10, 100, period))
+			keys, err := b.keys("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			now, err := rdb.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := now.UnixMilli()
+			if tc.recorded != none {
+				end := at + tc.recorded.Milliseconds()
+				if err := rdb.HSet(ctx, keys[0], "t:requests", 3, "e:requests", end, "t:tokens", 30, "e:tokens", end).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.known != 0 {
+				end := at + tc.known.Milliseconds()
+				b.ends.note("", []int64{end, end}, at)
+			}
+			d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 20})
+			if tc.hold == 0 {
+				if !d.Granted || d.Remaining != 80 || d.Reset < period-50*time.Millisecond {
+					t.Fatalf("want a usual refill (granted, 80 tokens left, a whole period), got %+v", d)
+				}
+				return
+			}
+			// The server's clock moved on since it was read.
+			if d.Granted || d.Remaining != 0 || d.Delay > tc.hold+time.Millisecond || d.Delay < tc.hold-250*time.Millisecond {
+				t.Fatalf("want a refusal until the lost period's end (%v), got %+v", tc.hold, d)
+			}
+			// Every instance, knowing nothing, finds the period held.
+			other := newBudget(t, rdb, fmt.Sprintf("lost-%d", i), llmDims(10, 100, period))
+			if d := takeCost(t, other, "", throttle.Cost{"requests": 1}); d.Granted {
+				t.Fatalf("another instance: %+v; want a refusal", d)
+			}
+		})
+	}
+	// A charge (a late settle-up) meeting a lost period holds it, and
+	// its debt comes on top: paid by the next period's refill.
+	b := newBudget(t, rdb, "lost-charge", llmDims(10, 100, period))
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := now.UnixMilli()
+	b.ends.note("", []int64{at + 500, at + 500}, at)
+	if err := b.settle(ctx, "", at-100, throttle.Cost{"tokens": 40}); err != nil {
+		t.Fatal(err)
+	}
+	d := takeCost(t, b, "", throttle.Cost{"tokens": 61})
+	if d.Granted || d.Delay < period || d.Delay > period+500*time.Millisecond {
+		t.Fatalf("61 tokens after a charge of 40 in a lost period = %+v, want refused until the refill after the next (it brings 60)", d)
 	}
 }

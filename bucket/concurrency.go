@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,40 +74,57 @@ func WithLease(d time.Duration) ConcurrencyOption {
 //   - A holder's slot lasts from Hold until its release, renewed in the
 //     background every lease/3 ([WithLease]); a holder that stops renewing
 //     (its process died or lost Redis) loses its slot at most one lease
-//     after its last renewal, and the slot goes to the next waiter.
+//     after its last renewal, and the slot goes to the next waiter. A
+//     live holder that Redis lost (restarted empty, a failover that lost
+//     the write, a lease that ended while its process was cut off from
+//     Redis) is put back by its next renewal, and counts again.
 //   - Waiters are served in arrival order across the fleet: a freed slot
 //     is handed to the oldest waiter in the same script, and its process
-//     is woken by a Redis publish. Nobody polls: a waiter also looks again
-//     by itself only when the earliest lease ends, in case a wake-up was
-//     lost.
-//   - A caller that gives up (maxWait, its context) leaves the queue, and
-//     gives back a slot handed to it in the meantime.
+//     is woken by a Redis publish. Nobody polls: a waiter also learns of
+//     its slot from its process's next renewal (lease/3), in case a
+//     wake-up was lost, and looks again by itself when the earliest
+//     lease ends.
+//   - A caller that gives up (maxWait, its context, a wait stop) leaves
+//     the queue, and gives back a slot handed to it in the meantime.
 //
 // Each decision is one Lua script. Connections: one subscription
-// connection per Concurrency, opened at the first wait, plus the client's
-// pool for the scripts; a waiting caller holds no connection. Renewals run
-// while something is held or waited for; the subscription, once opened,
-// runs until [Concurrency.Close]: call Close when done with a
-// Concurrency. The wake-ups need pub/sub: a redis.Ring client (whose
-// shards share no pub/sub) and an ACL user without channel permissions
-// lose them, and waiters are then served only when the earliest lease
-// ends.
+// connection per Concurrency, opened in the background at the first wait,
+// plus the client's pool for the scripts; a waiting caller holds no
+// connection, and no Hold waits for the subscription. Renewals run while
+// something is held or waited for; the subscription, once opened, runs
+// until [Concurrency.Close]: call Close when done with a Concurrency.
+//
+// The wake-ups need pub/sub on channel "<prefix>:slots-wake:*" (see
+// docs/operations.md for the Redis user's rights). Without it (a Redis 7
+// ACL user without channel rights, the default for a new user; a
+// redis.Ring, whose shards share no pub/sub) the cap keeps its
+// guarantees, and a waiter learns of its slot at its process's next
+// renewal, within lease/3 of the release. [Concurrency.Check], and the
+// first wait, log a warning through [WithLogger]'s logger when the user
+// lacks the rights.
 //
 // A holder whose process loses Redis for longer than a lease loses its
-// slot while its call may still run: the cap then admits a call more until
-// that one ends. Renewals are one round trip per key held, 16 at a time,
-// within lease/3: a process holding slots of thousands of keys at once
-// needs a longer lease.
+// slot while its call may still run: the cap may then admit a call more
+// until its next renewal puts it back. After Redis loses the cap's keys
+// (restarted empty), up to capacity calls more may be admitted before
+// the live holders' renewals put them back (within lease/3); the cap then
+// admits nobody until the holders are fewer than capacity. Renewals are
+// one round trip per key held, 16 at a time, within lease/3: a process
+// holding slots of thousands of keys at once needs a longer lease.
 //
-// A release makes one round trip to Redis (at most a second); if it fails,
-// the slot comes back when its lease ends.
+// A release makes one round trip to Redis (at most a second, after a
+// renewal of that slot already on its way); if it fails, the slot comes
+// back when its lease ends.
 type Concurrency struct {
 	c        common
 	capacity int64
 	lease    time.Duration
 	inst     string // random; names this value's members and wake-up channel
 	chPrefix string // channel of instance i: chPrefix + i
+	channel  string // this instance's: chPrefix + inst
 	clock    clockwork.Clock
+	log      *slog.Logger
+	warned   sync.Once // the missing channel rights are logged once
 	seq      atomic.Uint64
 
 	mu       sync.Mutex
@@ -117,19 +135,35 @@ type Concurrency struct {
 	end      context.CancelFunc
 	wg       sync.WaitGroup
 	ps       *redis.PubSub // nil until the first wait
-	psReady  chan struct{} // closed when the subscription is confirmed
+	psReady  chan struct{} // closed when Redis confirms the subscription
 }
+
+// memberState is what this process knows of a member in Redis.
+type memberState int
+
+const (
+	memberPending memberState = iota // its first script has not answered: not renewed
+	memberWaiting                    // in the queue
+	memberHolding                    // holds a slot
+)
 
 // slotMember is one Hold's entry in Redis: a slot held or a place in the
 // queue.
 type slotMember struct {
 	keys []string
 	wake chan struct{} // receives when Redis hands it a slot
+	// Under Concurrency.mu.
+	state memberState
+	// renewals counts the renewal scripts on their way that name it; its
+	// release waits for them, so that no renewal puts back a slot already
+	// given back.
+	renewals sync.WaitGroup
 }
 
 // NewConcurrency returns a fleet-wide cap of capacity calls in flight per
-// key, shared through Redis under key. Options: [WithPrefix], [WithLease].
-// capacity must be between 1 and 2^50; key as for the other buckets.
+// key, shared through Redis under key. Options: [WithPrefix], [WithLease],
+// [WithLogger]. capacity must be between 1 and 2^50; key as for the other
+// buckets. It makes no round trip: [Concurrency.Check] does.
 func NewConcurrency(rdb redis.UniversalClient, key string, capacity int64, opts ...ConcurrencyOption) (*Concurrency, error) {
 	const name = "bucket: NewConcurrency"
 	c, err := newCommon(name, rdb, key, opts)
@@ -145,14 +179,18 @@ func NewConcurrency(rdb redis.UniversalClient, key string, capacity int64, opts 
 	c.name = "bucket: Concurrency"
 	var raw [8]byte
 	_, _ = rand.Read(raw[:])
+	inst := hex.EncodeToString(raw[:])
+	chPrefix := c.cfg.prefix + ":slots-wake:"
 	life, end := context.WithCancel(context.Background())
 	return &Concurrency{
 		c:        c,
 		capacity: capacity,
 		lease:    c.cfg.slotLease,
-		inst:     hex.EncodeToString(raw[:]),
-		chPrefix: c.cfg.prefix + ":slots-wake:",
+		inst:     inst,
+		chPrefix: chPrefix,
+		channel:  chPrefix + inst,
 		clock:    clockwork.NewRealClock(),
+		log:      c.cfg.logger,
 		members:  make(map[string]*slotMember),
 		life:     life,
 		end:      end,
@@ -172,8 +210,11 @@ func (s *Concurrency) args(extra ...any) []any {
 	return append([]any{s.capacity, s.lease.Milliseconds(), s.chPrefix}, extra...)
 }
 
-// Hold implements [throttle.Slots]. After [Concurrency.Close] it fails
-// with an error matching redis.ErrClosed.
+// Hold implements [throttle.Slots]. Its round trips are bounded by the
+// wait (maxWait, ctx, a wait stop) and by a second each. A per-call key
+// longer than [MaxKeyLen] fails with an error matching
+// [throttle.ErrInvalidKey] (and [throttle.ErrInvalid]). After
+// [Concurrency.Close] it fails with an error matching redis.ErrClosed.
 func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duration) (func(), error) {
 	if maxWait < 0 {
 		return nil, errs.Invalid("bucket: Concurrency.Hold", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
@@ -184,20 +225,26 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 	}
 	ctx, cancel := throttle.WaitContext(ctx) // a stop ends the wait too
 	defer cancel()
-	if err := ctx.Err(); err != nil {
-		return nil, waitErr(ctx)
+	if ctx.Err() != nil {
+		return nil, s.waitEnded(ctx, key)
 	}
 	start := s.clock.Now()
+	// trip bounds each round trip by the wait: ctx, and maxWait's end.
+	trip := ctx
 	var expired <-chan time.Time
 	if maxWait > 0 && maxWait != throttle.Forever {
 		t := s.clock.NewTimer(maxWait)
 		defer t.Stop()
 		expired = t.Chan()
+		var cancelTrip context.CancelFunc
+		trip, cancelTrip = context.WithTimeout(ctx, maxWait)
+		defer cancelTrip()
 	}
 	mode := "try"
+	var subscribed <-chan struct{}
 	if maxWait > 0 {
 		mode = "wait"
-		s.subscribe(ctx, maxWait)
+		subscribed = s.subscribe()
 	}
 	id := s.inst + ":" + strconv.FormatUint(s.seq.Add(1), 36)
 	m := &slotMember{keys: keys, wake: make(chan struct{}, 1)}
@@ -205,32 +252,46 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 		return nil, err
 	}
 	for {
-		r, err := s.run(ctx, "hold", scriptSlotsHold, keys, id, mode)
+		r, err := s.run(trip, "hold", scriptSlotsHold, keys, id, mode)
+		if err == nil && (len(r) != 2 || !isInt(r[0]) || !isInt(r[1])) {
+			err = backend("hold", keys[0], fmt.Errorf("unexpected reply %v", r))
+		}
 		if err != nil {
 			s.leave(id, m)
+			switch {
+			case ctx.Err() != nil:
+				return nil, s.waitEnded(ctx, key)
+			case trip.Err() != nil:
+				return nil, fmt.Errorf("%s: no slot of key %q within %v: %w (the store did not answer in time: %w)", s.c.name, key, maxWait, throttle.ErrTimeout, err)
+			}
 			return nil, err
 		}
-		if r[0] == 1 {
-			return s.releaser(id, m), nil
+		if r[0].(int64) == 1 {
+			return s.holds(id, m), nil
 		}
-		if r[1] < 0 {
+		wait := r[1].(int64)
+		if wait < 0 {
 			s.untrack(id)
 			return nil, fmt.Errorf("%s: no slot of key %q free: %w", s.c.name, key, throttle.ErrTimeout)
 		}
-		look := s.clock.NewTimer(ms(r[1]))
+		s.setState(m, memberWaiting)
+		look := s.clock.NewTimer(ms(wait))
 		select {
 		case <-m.wake:
 			look.Stop()
-			return s.releaser(id, m), nil
+			return s.holds(id, m), nil
 		case <-look.Chan():
+			continue
+		case <-subscribed:
+			// Wake-ups flow from now on; one published before may be
+			// lost: look again once.
+			subscribed = nil
+			look.Stop()
 			continue
 		case <-expired:
 			err = fmt.Errorf("%s: no slot of key %q within %v: %w", s.c.name, key, s.clock.Since(start), throttle.ErrTimeout)
 		case <-ctx.Done():
-			err = waitErr(ctx)
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = fmt.Errorf("%s: no slot of key %q before the context's deadline: %w: %w", s.c.name, key, throttle.ErrTimeout, err)
-			}
+			err = s.waitEnded(ctx, key)
 		case <-s.life.Done():
 			err = fmt.Errorf("%s: %w", s.c.name, redis.ErrClosed)
 		}
@@ -240,56 +301,74 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 	}
 }
 
-// waitErr is the error of a wait for a slot that ctx ended: its error,
-// and its cause when that says more (a stop's).
-func waitErr(ctx context.Context) error {
+func isInt(v any) bool {
+	_, ok := v.(int64)
+	return ok
+}
+
+// waitEnded is the error of a wait for a slot of key that ctx ended:
+// ctx's error, and its cause when that says more (a stop's); a wait that
+// ctx's deadline ended also matches [throttle.ErrTimeout].
+func (s *Concurrency) waitEnded(ctx context.Context, key string) error {
 	err := ctx.Err()
 	if cause := context.Cause(ctx); cause != nil && cause != err {
-		return fmt.Errorf("%w (%w)", err, cause)
+		err = fmt.Errorf("%w (%w)", err, cause)
 	}
-	return err
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: no slot of key %q before the context's deadline: %w: %w", s.c.name, key, throttle.ErrTimeout, err)
+	}
+	return fmt.Errorf("%s: waiting for a slot of key %q: %w", s.c.name, key, err)
 }
 
-// run runs one of the cap's scripts for member id, bounded by ctx and by
-// slotCallTimeout. The scripts are idempotent per member, so go-redis may
-// resend them.
-func (s *Concurrency) run(ctx context.Context, op string, script *redis.Script, keys []string, extra ...any) ([]int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, slotCallTimeout)
-	defer cancel()
-	var r []int64
-	_, err := bounded(ctx, &s.c, "", func(ctx context.Context) (throttle.Decision, error) {
-		v, err := script.Run(ctx, s.c.rdb, keys, s.args(extra...)...).Int64Slice()
-		if err != nil {
-			return throttle.Decision{}, backend(op, keys[0], err)
-		}
-		r = v
-		return throttle.Decision{}, nil
-	})
-	if err != nil {
-		var be *throttle.BackendError
-		if !errors.As(err, &be) {
-			err = backend(op, keys[0], err)
-		}
-		return nil, err
-	}
-	if op == "hold" && len(r) != 2 {
-		return nil, backend(op, keys[0], fmt.Errorf("unexpected reply %v", r))
-	}
-	return r, nil
-}
-
-// releaser returns the idempotent function that gives id's slot back.
-func (s *Concurrency) releaser(id string, m *slotMember) func() {
+// holds marks m as a holder and returns its release.
+func (s *Concurrency) holds(id string, m *slotMember) func() {
+	s.setState(m, memberHolding)
 	var once sync.Once
 	return func() { once.Do(func() { s.leave(id, m) }) }
 }
 
+// run runs one of the cap's scripts, bounded by ctx and by
+// slotCallTimeout. The scripts are idempotent per member, so go-redis may
+// resend them. Its error is a *throttle.BackendError labelled op.
+func (s *Concurrency) run(ctx context.Context, op string, script *redis.Script, keys []string, extra ...any) ([]any, error) {
+	var r []any
+	err := s.call(ctx, op, keys[0], func(ctx context.Context) error {
+		v, err := script.Run(ctx, s.c.rdb, keys, s.args(extra...)...).Slice()
+		r = v
+		return err
+	})
+	if err != nil {
+		return nil, err // r may still be written by a round trip left running
+	}
+	return r, nil
+}
+
+// call runs f, one round trip, bounded by ctx and slotCallTimeout even
+// when the client blocks (see bounded); its error is a
+// *throttle.BackendError labelled op.
+func (s *Concurrency) call(ctx context.Context, op, key string, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, slotCallTimeout)
+	defer cancel()
+	_, err := bounded(ctx, &s.c, "", func(ctx context.Context) (throttle.Decision, error) {
+		return throttle.Decision{}, f(ctx)
+	})
+	if err == nil {
+		return nil
+	}
+	if be := (*throttle.BackendError)(nil); errors.As(err, &be) {
+		err = be.Err // bounded's own, labelled for a take
+	}
+	return backend(op, key, err)
+}
+
 // leave stops renewing id and removes it from the cap, holder or waiter,
 // in one round trip that does not depend on the caller's context: a caller
-// that gave up must not leave a slot behind. If the round trip fails, the
-// lease ends it.
+// that gave up must not leave a slot behind. It waits for the renewals of
+// id already on their way, which would put its slot back. If the round
+// trip fails, the lease ends it.
 func (s *Concurrency) leave(id string, m *slotMember) {
 	s.untrack(id)
+	m.renewals.Wait()
 	_, _ = s.run(context.Background(), "release", scriptSlotsRelease, m.keys, id)
 }
 
@@ -316,13 +395,27 @@ func (s *Concurrency) untrack(id string) {
 	s.mu.Unlock()
 }
 
+func (s *Concurrency) setState(m *slotMember, st memberState) {
+	s.mu.Lock()
+	m.state = st
+	s.mu.Unlock()
+}
+
 // renewParallel bounds the renewal scripts of one Concurrency in flight at
 // once.
 const renewParallel = 16
 
+// renewBatch is one key's members to renew.
+type renewBatch struct {
+	keys             []string
+	holders, waiters []any
+	members          []*slotMember
+}
+
 // renew extends the leases of every member of this Concurrency every
-// lease/3, one script per key (renewParallel at a time), and returns when
-// none is left or at Close.
+// lease/3, one script per key (renewParallel at a time), wakes the
+// waiters that the renewal finds holding a slot, and returns when none is
+// left or at Close.
 func (s *Concurrency) renew() {
 	defer s.wg.Done()
 	tick := s.clock.NewTicker(s.lease / 3)
@@ -339,11 +432,23 @@ func (s *Concurrency) renew() {
 			s.mu.Unlock()
 			return
 		}
-		byKey := make(map[string][]any)
-		keysOf := make(map[string][]string)
+		byKey := make(map[string]*renewBatch)
 		for id, m := range s.members {
-			byKey[m.keys[0]] = append(byKey[m.keys[0]], id)
-			keysOf[m.keys[0]] = m.keys
+			if m.state == memberPending {
+				continue
+			}
+			b := byKey[m.keys[0]]
+			if b == nil {
+				b = &renewBatch{keys: m.keys}
+				byKey[m.keys[0]] = b
+			}
+			if m.state == memberHolding {
+				b.holders = append(b.holders, id)
+			} else {
+				b.waiters = append(b.waiters, id)
+			}
+			b.members = append(b.members, m)
+			m.renewals.Add(1)
 		}
 		s.mu.Unlock()
 		// Keys renewed side by side, a few at a time: in series, the
@@ -352,13 +457,26 @@ func (s *Concurrency) renew() {
 		ctx, cancel := context.WithTimeout(s.life, min(s.lease/3, slotCallTimeout))
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, renewParallel)
-		for k, ids := range byKey {
+		for _, b := range byKey {
 			sem <- struct{}{}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				_, _ = s.run(ctx, "renew", scriptSlotsRenew, keysOf[k], ids...)
+				args := append(append([]any{len(b.holders)}, b.holders...), b.waiters...)
+				r, err := s.run(ctx, "renew", scriptSlotsRenew, b.keys, args...)
+				for _, m := range b.members {
+					m.renewals.Done()
+				}
+				if err == nil {
+					ids := make([]string, 0, len(r))
+					for _, v := range r {
+						if id, ok := v.(string); ok {
+							ids = append(ids, id)
+						}
+					}
+					s.wake(ids)
+				}
 			}()
 		}
 		wg.Wait()
@@ -366,55 +484,60 @@ func (s *Concurrency) renew() {
 	}
 }
 
-// subscribe opens the wake-up subscription at the first wait and waits
-// (within ctx and maxWait, at most a second) until Redis confirms it, so that no
-// wake-up published after the caller joins the queue is missed.
-func (s *Concurrency) subscribe(ctx context.Context, maxWait time.Duration) {
+// subscribe starts the wake-up subscription if it has not started, and
+// returns a channel closed once Redis confirms it, or nil when it is
+// confirmed already, will never be (a redis.Ring), or the Concurrency is
+// closed. It does no I/O: the subscription is opened in the background.
+func (s *Concurrency) subscribe() <-chan struct{} {
+	if _, ring := s.c.rdb.(*redis.Ring); ring {
+		return nil // its shards share no pub/sub; renewals tell the waiters
+	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		s.mu.Unlock()
-		return
+		return nil
 	}
 	if s.ps == nil {
-		s.ps = s.c.rdb.Subscribe(context.Background(), s.chPrefix+s.inst)
+		s.ps = s.c.rdb.Subscribe(s.life) // no channel yet: no round trip
 		s.psReady = make(chan struct{})
 		s.wg.Add(1)
 		go s.listen(s.ps, s.psReady)
 	}
-	ready := s.psReady
-	s.mu.Unlock()
-	// Within the caller's wait: a subscription slow to confirm (or
-	// never, without channel permissions) costs a wake-up, not the wait.
-	t := s.clock.NewTimer(min(slotCallTimeout, maxWait))
-	defer t.Stop()
 	select {
-	case <-ready:
-	case <-ctx.Done():
-	case <-t.Chan():
+	case <-s.psReady:
+		return nil
+	default:
+		return s.psReady
 	}
 }
 
-// listen delivers wake-ups to the waiters they name until Close. A
-// message lost while the connection is down costs a waiter at most the
-// time until the earliest lease ends, when it looks again by itself.
+// listen subscribes to this instance's wake-up channel, outside every
+// lock (opening the connection may stall), and delivers wake-ups to the
+// waiters they name until Close. A message lost while the connection is
+// down costs a waiter at most the time until its process's next renewal.
 func (s *Concurrency) listen(ps *redis.PubSub, ready chan struct{}) {
 	defer s.wg.Done()
+	// An error here (a failed dial) needs nothing: go-redis keeps the
+	// channel, and the receive below reconnects and subscribes again.
+	_ = ps.Subscribe(s.life, s.channel)
 	confirmed := false
-	ctx := context.Background()
 	for {
-		msg, err := ps.ReceiveTimeout(ctx, s.lease)
+		msg, err := ps.ReceiveTimeout(s.life, s.lease)
 		if err != nil {
-			select {
-			case <-s.life.Done():
+			if s.life.Err() != nil || errors.Is(err, redis.ErrClosed) {
 				return
-			default:
 			}
-			if errors.Is(err, redis.ErrClosed) {
-				return
+			var rerr redis.Error
+			if errors.As(err, &rerr) {
+				// Redis refused the subscription (NOPERM: no rights on
+				// the channel). go-redis keeps the connection; there is
+				// nothing to receive but a reconnection's new attempt.
+				s.warnNoWakeups("subscribe", err)
+				continue
 			}
 			var ne interface{ Timeout() bool }
 			if errors.As(err, &ne) && ne.Timeout() {
-				_ = ps.Ping(ctx) // a dead connection fails here and reconnects at the next receive
+				_ = ps.Ping(s.life) // a dead connection fails here and reconnects at the next receive
 				continue
 			}
 			t := s.clock.NewTimer(50 * time.Millisecond) // Redis unreachable: try again shortly
@@ -433,16 +556,26 @@ func (s *Concurrency) listen(ps *redis.PubSub, ready chan struct{}) {
 				close(ready)
 			}
 		case *redis.Message:
-			s.wake(msg.Payload)
+			s.wake(strings.Fields(msg.Payload))
 		}
 	}
 }
 
-// wake signals the members named in payload (space-separated).
-func (s *Concurrency) wake(payload string) {
+// warnNoWakeups logs, once, that this Redis user may not op ("publish",
+// "subscribe") on the wake-up channel: not an error, the cap still holds.
+func (s *Concurrency) warnNoWakeups(op string, err error) {
+	s.warned.Do(func() {
+		s.log.Warn("bucket: Concurrency: this Redis user cannot "+op+" on channel "+s.channel+
+			": wake-ups fall back to renewals, a waiter learns of its slot within lease/3 of its release; grant the user the channel pattern "+s.chPrefix+"* (ACL SETUSER ... &"+s.chPrefix+"*) for prompt wake-ups",
+			"key", s.c.ks.root, "lease", s.lease, "err", err)
+	})
+}
+
+// wake signals the members named in ids that they hold a slot.
+func (s *Concurrency) wake(ids []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, id := range strings.Fields(payload) {
+	for _, id := range ids {
 		if m := s.members[id]; m != nil {
 			select {
 			case m.wake <- struct{}{}:
@@ -450,6 +583,26 @@ func (s *Concurrency) wake(payload string) {
 			}
 		}
 	}
+}
+
+// Check implements [throttle.Checker] with one round trip: an empty
+// wake-up published on this instance's own channel. It returns a
+// [*throttle.BackendError] when Redis does not answer (by ctx's
+// deadline, at most a second), and nil when it does, even when the
+// Redis user may not publish on the channel: the cap still holds, its
+// waiters learn of their slots from renewals; Check then logs, once, a
+// warning that says what the user lacks. Call it at start (a readiness
+// probe) to hear of it before the first wait.
+func (s *Concurrency) Check(ctx context.Context) error {
+	err := s.call(ctx, "check", s.channel, func(ctx context.Context) error {
+		return s.c.rdb.Publish(ctx, s.channel, "").Err()
+	})
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		s.warnNoWakeups("publish", err)
+		return nil
+	}
+	return err
 }
 
 // Close stops the background work: renewals and wake-ups. Callers still
@@ -475,4 +628,7 @@ func (s *Concurrency) Close() error {
 	return err
 }
 
-var _ throttle.Slots = (*Concurrency)(nil)
+var (
+	_ throttle.Slots   = (*Concurrency)(nil)
+	_ throttle.Checker = (*Concurrency)(nil)
+)

@@ -80,8 +80,29 @@ func TestConcurrencyRefusesBadArguments(t *testing.T) {
 	if _, err := s.Hold(ctx, "", -time.Second); !errors.Is(err, throttle.ErrInvalid) || !strings.Contains(err.Error(), "maxWait") {
 		t.Errorf("Hold(maxWait -1s) = %v, want ErrInvalid naming maxWait", err)
 	}
-	if _, err := s.Hold(ctx, strings.Repeat("x", MaxKeyLen+1), 0); !errors.Is(err, throttle.ErrInvalid) {
-		t.Errorf("Hold(too long a key) = %v, want ErrInvalid", err)
+	if _, err := s.Hold(ctx, strings.Repeat("x", MaxKeyLen+1), 0); !errors.Is(err, throttle.ErrInvalid) || !errors.Is(err, throttle.ErrInvalidKey) {
+		t.Errorf("Hold(too long a key) = %v, want ErrInvalid and ErrInvalidKey", err)
+	}
+}
+
+// TestConcurrencyTooLongAKeyIsTheCallsProblem: a per-call key longer than
+// MaxKeyLen fails that Hold with an error matching throttle.ErrInvalidKey
+// (and ErrInvalid), which a consumer tells apart from a configuration
+// mistake; the constructor's own key is a configuration mistake.
+func TestConcurrencyTooLongAKeyIsTheCallsProblem(t *testing.T) {
+	rdb := redisenv.New(t).Client()
+	s := newSlots(t, rdb, "long", 1)
+	_, err := s.Hold(context.Background(), strings.Repeat("k", MaxKeyLen+1), 0)
+	if !errors.Is(err, throttle.ErrInvalidKey) || !errors.Is(err, throttle.ErrInvalid) {
+		t.Fatalf("Hold(key of %d bytes) = %v; want ErrInvalidKey and ErrInvalid", MaxKeyLen+1, err)
+	}
+	rel, err := s.Hold(context.Background(), strings.Repeat("k", MaxKeyLen), 0)
+	if err != nil {
+		t.Fatalf("Hold(key of MaxKeyLen bytes) = %v", err)
+	}
+	rel()
+	if _, err := NewConcurrency(rdb, strings.Repeat("k", MaxKeyLen+1), 1); errors.Is(err, throttle.ErrInvalidKey) || !errors.Is(err, throttle.ErrInvalid) {
+		t.Fatalf("NewConcurrency(key of %d bytes) = %v; want ErrInvalid only (configuration)", MaxKeyLen+1, err)
 	}
 }
 
@@ -133,19 +154,40 @@ func waitSlots(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// capEnv is where the cap's guarantee checks run: a client per instance
+// (as another process would have), a client that reads the cap's keys,
+// the options of every Concurrency, and how many holds each worker of
+// checkNeverMoreThanCapacity makes.
+type capEnv struct {
+	client func() redis.UniversalClient
+	admin  redis.UniversalClient
+	opts   []ConcurrencyOption
+	rounds int
+}
+
+// defaultCapEnv: a server of the test's own, its default user.
+func defaultCapEnv(t *testing.T) capEnv {
+	srv := redisenv.New(t)
+	return capEnv{client: func() redis.UniversalClient { return srv.Client() }, admin: srv.Client(), rounds: 15}
+}
+
 // TestConcurrencyNeverMoreThanCapacityAcrossClients: several processes'
 // worth of Concurrency values, each with its own Redis client, never have
 // more than capacity callers inside the held section, counted by the test
 // itself; and nothing is held once all have released.
 func TestConcurrencyNeverMoreThanCapacityAcrossClients(t *testing.T) {
-	srv := redisenv.New(t)
-	const capacity, instances, workers, rounds = 3, 4, 3, 15
+	checkNeverMoreThanCapacity(t, defaultCapEnv(t))
+}
+
+func checkNeverMoreThanCapacity(t *testing.T, env capEnv) {
+	const capacity, instances, workers = 3, 4, 3
+	rounds := env.rounds
 	var inside, most, calls atomic.Int64
 	var wg sync.WaitGroup
 	var first *Concurrency
 	for i := range instances {
-		rdb := srv.Client() // a client of its own, as another process would have
-		s := newSlots(t, rdb, "api", capacity)
+		rdb := env.client() // a client of its own, as another process would have
+		s := newSlots(t, rdb, "api", capacity, env.opts...)
 		if i == 0 {
 			first = s
 		}
@@ -177,21 +219,25 @@ func TestConcurrencyNeverMoreThanCapacityAcrossClients(t *testing.T) {
 	if m := most.Load(); m > capacity || m < 1 {
 		t.Fatalf("most in flight = %d, want 1..%d", m, capacity)
 	}
-	if c := calls.Load(); c != instances*workers*rounds {
+	if c := calls.Load(); c != int64(instances*workers*rounds) {
 		t.Fatalf("calls = %d, want %d", c, instances*workers*rounds)
 	}
-	if h, w := count(t, srv.Client(), first, ""); h != 0 || w != 0 {
+	if h, w := count(t, env.admin, first, ""); h != 0 || w != 0 {
 		t.Fatalf("after all released: %d held, %d waiting; want 0, 0", h, w)
 	}
 }
 
 // TestConcurrencyServesWaitersInArrivalOrderAcrossClients: waiters of
 // different clients get the slot in the order they joined the queue, and
-// each is woken through Redis: with the default 10 s lease, a missed
-// wake-up would exceed the test's 5 s bound.
+// they are woken through Redis: with the default 10 s lease, five
+// waiters told only by their renewals (every 3.3 s) would exceed the
+// test's 5 s bound.
 func TestConcurrencyServesWaitersInArrivalOrderAcrossClients(t *testing.T) {
-	srv := redisenv.New(t)
-	holder := newSlots(t, srv.Client(), "fifo", 1)
+	checkArrivalOrder(t, defaultCapEnv(t))
+}
+
+func checkArrivalOrder(t *testing.T, env capEnv) {
+	holder := newSlots(t, env.client(), "fifo", 1, env.opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	release, err := holder.Hold(ctx, "", 0)
@@ -202,7 +248,7 @@ func TestConcurrencyServesWaitersInArrivalOrderAcrossClients(t *testing.T) {
 	order := make(chan int, waiters)
 	var wg sync.WaitGroup
 	for i := range waiters {
-		s := newSlots(t, srv.Client(), "fifo", 1)
+		s := newSlots(t, env.client(), "fifo", 1, env.opts...)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -214,7 +260,7 @@ func TestConcurrencyServesWaitersInArrivalOrderAcrossClients(t *testing.T) {
 			order <- i
 			rel()
 		}()
-		waitSlots(t, "waiter queued", func() bool { _, w := count(t, srv.Client(), holder, ""); return w == int64(i+1) })
+		waitSlots(t, "waiter queued", func() bool { _, w := count(t, env.admin, holder, ""); return w == int64(i+1) })
 	}
 	release()
 	wg.Wait()
@@ -236,9 +282,12 @@ func TestConcurrencyServesWaitersInArrivalOrderAcrossClients(t *testing.T) {
 // Redis) loses its slot within the lease, and the slot goes to a waiter
 // of another client; while it renewed, it kept the slot past the lease.
 func TestConcurrencyDeadHolderFreesItsSlotWithinTheLease(t *testing.T) {
-	srv := redisenv.New(t)
+	checkDeadHolder(t, defaultCapEnv(t))
+}
+
+func checkDeadHolder(t *testing.T, env capEnv) {
 	const lease = 300 * time.Millisecond
-	deadClient := srv.Client()
+	deadClient := env.client()
 	dead, err := NewConcurrency(deadClient, "die", 1, WithLease(lease))
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +297,7 @@ func TestConcurrencyDeadHolderFreesItsSlotWithinTheLease(t *testing.T) {
 	if _, err := dead.Hold(ctx, "", 0); err != nil { // never released
 		t.Fatal(err)
 	}
-	live := newSlots(t, srv.Client(), "die", 1, WithLease(lease))
+	live := newSlots(t, env.client(), "die", 1, WithLease(lease))
 	// While the holder lives, its renewals keep the slot past its lease.
 	time.Sleep(2 * lease) // the time passing is what is tested
 	if _, err := live.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
@@ -278,26 +327,29 @@ func TestConcurrencyDeadHolderFreesItsSlotWithinTheLease(t *testing.T) {
 // handed to it for longer than its lease: the live waiter behind it gets
 // the slot within a lease of the release.
 func TestConcurrencyDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
-	srv := redisenv.New(t)
+	checkDeadWaiter(t, defaultCapEnv(t))
+}
+
+func checkDeadWaiter(t *testing.T, env capEnv) {
 	const lease = 300 * time.Millisecond
-	holder := newSlots(t, srv.Client(), "queue", 1, WithLease(lease))
+	holder := newSlots(t, env.client(), "queue", 1, WithLease(lease))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	release, err := holder.Hold(ctx, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadClient := srv.Client()
+	deadClient := env.client()
 	dead := newSlots(t, deadClient, "queue", 1, WithLease(lease))
 	deadDone := make(chan error, 1)
 	go func() {
 		_, err := dead.Hold(ctx, "", throttle.Forever)
 		deadDone <- err
 	}()
-	waitSlots(t, "dead waiter queued", func() bool { _, w := count(t, srv.Client(), holder, ""); return w == 1 })
+	waitSlots(t, "dead waiter queued", func() bool { _, w := count(t, env.admin, holder, ""); return w == 1 })
 	_ = deadClient.Close()
 
-	live := newSlots(t, srv.Client(), "queue", 1, WithLease(lease))
+	live := newSlots(t, env.client(), "queue", 1, WithLease(lease))
 	got := make(chan error, 1)
 	go func() {
 		rel, err := live.Hold(ctx, "", throttle.Forever)
@@ -324,10 +376,13 @@ func TestConcurrencyDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 // TestConcurrencyGivingUpLeavesTheQueue: a caller that times out or is
 // cancelled leaves the queue and holds nothing after.
 func TestConcurrencyGivingUpLeavesTheQueue(t *testing.T) {
-	srv := redisenv.New(t)
-	rdb := srv.Client()
-	s := newSlots(t, rdb, "quit", 1)
-	other := newSlots(t, srv.Client(), "quit", 1)
+	checkGivingUp(t, defaultCapEnv(t))
+}
+
+func checkGivingUp(t *testing.T, env capEnv) {
+	rdb := env.admin
+	s := newSlots(t, env.client(), "quit", 1, env.opts...)
+	other := newSlots(t, env.client(), "quit", 1, env.opts...)
 	ctx := context.Background()
 	release, err := s.Hold(ctx, "", 0)
 	if err != nil {

@@ -89,8 +89,15 @@ func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest
 	})
 	ti.Limit, ti.Interval, ti.Guarantee, ti.Also = 10, ms100, buckettest.AlignedWindow, also(buckettest.AlignedWindow)
 
+	// A Budget through its plain Bucket face: Take and Refund charge its
+	// "requests"; the tokens are a second dimension no Take names.
+	bud := spec(func(rdb redis.UniversalClient, key string) (throttle.Bucket, error) {
+		return NewBudget(rdb, key, []Dimension{{Name: "requests", Limit: 10, Interval: ms200}, {Name: "tokens", Limit: 1000, Interval: ms200}})
+	})
+	bud.Limit, bud.Interval, bud.Guarantee, bud.CostDimension = 10, ms200, buckettest.PerPeriod, "requests"
+
 	return map[string]buckettest.Spec{
-		"TokenBucket": tb, "FixedWindow": fw, "Counter": ctr, "SlidingLog": sl, "GCRA": gcra, "GCRA burst above limit": gcraBurst, "Tiers": ti,
+		"Budget": bud, "TokenBucket": tb, "FixedWindow": fw, "Counter": ctr, "SlidingLog": sl, "GCRA": gcra, "GCRA burst above limit": gcraBurst, "Tiers": ti,
 	}
 }
 
@@ -132,11 +139,14 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// TestConformanceCluster runs the conformance suite on a TokenBucket over
-// a three-master Redis Cluster: every key of a budget in one slot, tenants
-// spread over the masters, tricky keys routed by their own hash tag.
+// TestConformanceCluster runs the conformance suite on a TokenBucket and
+// a Budget over a three-master Redis Cluster: every key of a budget in
+// one slot, tenants spread over the masters, tricky keys routed by their
+// own hash tag.
 func TestConformanceCluster(t *testing.T) {
 	cl := redisenv.NewCluster(t)
-	spec := conformanceSpecs(func() redis.UniversalClient { return cl.Client() })["TokenBucket"]
-	buckettest.Run(t, spec)
+	specs := conformanceSpecs(func() redis.UniversalClient { return cl.Client() })
+	for _, name := range []string{"TokenBucket", "Budget"} {
+		t.Run(name, func(t *testing.T) { buckettest.Run(t, specs[name]) })
+	}
 }

@@ -14,6 +14,9 @@ import (
 
 // MaxKeyLen is the longest key, in bytes before escaping, that a bucket
 // accepts: the constructor's key and every key passed to Take or Pause.
+// A call with a longer key fails with an error matching both
+// [throttle.ErrInvalid] and [throttle.ErrInvalidKey]: the key is at
+// fault, not the bucket's configuration.
 const MaxKeyLen = 512
 
 // maxPrefixLen bounds WithPrefix.
@@ -45,13 +48,17 @@ func newKeyspace(prefix, base string) keyspace {
 	return keyspace{prefix: p, root: p + "}"}
 }
 
-// tag returns the "<prefix>:{...}" part of every key of key's budget.
+// tag returns the "<prefix>:{...}" part of every key of key's budget. A
+// key longer than MaxKeyLen fails with an error matching
+// throttle.ErrInvalidKey and throttle.ErrInvalid.
 func (k keyspace) tag(pkg, key string) (string, error) {
 	if key == "" {
 		return k.root, nil
 	}
 	if len(key) > MaxKeyLen {
-		return "", errs.Invalid(pkg, "key", fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+		// A per-call key (a tenant's): that call's problem, not the
+		// configuration's.
+		return "", errs.InvalidKey(pkg, fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
 	}
 	return k.prefix + "/" + escKey.Replace(key) + "}", nil
 }

@@ -47,7 +47,7 @@ type SlidingLogOption interface {
 }
 
 // ConcurrencyOption configures [NewConcurrency]: [WithPrefix],
-// [WithLease].
+// [WithLease], [WithLogger].
 type ConcurrencyOption interface {
 	apply(*config)
 	concurrencyOption()
@@ -75,6 +75,13 @@ type CommonOption interface {
 type LeaderOption interface {
 	CounterOption
 	ResetterOption
+}
+
+// LoggerOption is [WithLogger]'s type: it configures a Counter's
+// resetters and a Concurrency.
+type LoggerOption interface {
+	LeaderOption
+	ConcurrencyOption
 }
 
 // RetryOption configures the buckets that may ask a caller to retry
@@ -111,6 +118,13 @@ type leaderOption func(*config)
 func (f leaderOption) apply(c *config) { f(c) }
 func (leaderOption) counterOption()    {}
 func (leaderOption) resetterOption()   {}
+
+type loggerOption func(*config)
+
+func (f loggerOption) apply(c *config)  { f(c) }
+func (loggerOption) counterOption()     {}
+func (loggerOption) resetterOption()    {}
+func (loggerOption) concurrencyOption() {}
 
 type retryOption func(*config)
 
@@ -172,12 +186,13 @@ func WithPrefix(p string) PrefixOption {
 	return prefixOption(func(c *config) { c.prefix = p })
 }
 
-// WithLogger sets a Resetter's logger for rare events: winning or losing
-// its leadership, a Redis error in its loop. Default:
-// slog.Default(). Nothing is logged per permit. A nil logger keeps the
-// default.
-func WithLogger(l *slog.Logger) LeaderOption {
-	return leaderOption(func(c *config) {
+// WithLogger sets the logger for rare events: a Resetter's winning or
+// losing its leadership and a Redis error in its loop; a [Concurrency]'s
+// missing wake-ups (a Redis user without the channel's rights).
+// Default: slog.Default(). Nothing is logged per permit or per slot. A
+// nil logger keeps the default.
+func WithLogger(l *slog.Logger) LoggerOption {
+	return loggerOption(func(c *config) {
 		if l != nil {
 			c.logger = l
 		}

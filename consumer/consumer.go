@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
@@ -81,12 +82,19 @@ type Consumer struct {
 	stopping map[topicPartition][]*partition
 	closing  bool           // Run is shutting down: assign nothing more
 	wg       sync.WaitGroup // partition goroutines
+	// restored holds the offset maps read with the committed offsets, per
+	// partition, until its first records come (offsetmap.go).
+	restored map[topicPartition]offsetMap
+	// userOnFetched is WithKafka's kgo.OnOffsetsFetched, if any: the
+	// consumer's own callback calls it.
+	userOnFetched func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error
 
 	failure atomic.Pointer[error] // first error that stops the consumer
 
 	handled, retried, deadLettered atomic.Int64
 	parked                         atomic.Int64
 	permitTimeouts, limiterErrors  atomic.Int64
+	refused, restoredSkips         atomic.Int64
 	waitingRecords, inFlight       atomic.Int64
 	active                         atomic.Int64
 	permitWait                     atomic.Int64 // ns
@@ -135,13 +143,29 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 		log:      cfg.logger,
 		parts:    make(map[topicPartition]*partition),
 		stopping: make(map[topicPartition][]*partition),
+		restored: make(map[topicPartition]offsetMap),
 	}
 	c.sched.init(c)
 	c.commitTimeout.Store(int64(max(cfg.handlerTimeout, defaultCommitTimeout))) // check caps it
 	if err := c.checkKafka(); err != nil {
 		return nil, err
 	}
+	if err := c.readUserCallbacks(); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// readUserCallbacks keeps the callbacks of WithKafka that the consumer
+// replaces with its own, which call them.
+func (c *Consumer) readUserCallbacks() error {
+	cl, err := inertClient(append([]kgo.Opt{kgo.SeedBrokers(noSeeds)}, c.cfg.kafka...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	c.userOnFetched, _ = cl.OptValue(kgo.OnOffsetsFetched).(func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error)
+	return nil
 }
 
 // clientOpts returns the options of the Kafka client Run builds: the
@@ -162,6 +186,7 @@ func (c *Consumer) clientOpts() []kgo.Opt {
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
+		kgo.OnOffsetsFetched(c.onOffsetsFetched),
 	)
 }
 
@@ -243,9 +268,15 @@ func inertClient(opts []kgo.Opt) (*kgo.Client, error) {
 // Run returns nil after a shutdown caused by ctx; a [*HandlerError] when a
 // record failed every attempt and no dead-letter topic is set; an error
 // when the Kafka client cannot be built, the dead-letter topic cannot be
-// written, the limiter is misconfigured, or the final commit fails (then
-// the records handled since the last commit will be handled again). Run may
-// be called only once.
+// written, the limiter is misconfigured (an error matching
+// [throttle.ErrInvalid] that is no refusal of the record's own key), or
+// the final commit fails (then the records handled since the last commit
+// will be handled again). A record the limiter or the concurrency cap
+// refuses for its own key or cost (an error matching
+// [throttle.ErrInvalidKey] or [throttle.ErrExceedsLimit]) fails alone,
+// at once and without retries, like a record whose attempts all failed:
+// it goes to the dead-letter topic, and Run goes on. Run may be called
+// only once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run called twice; build a new Consumer")
@@ -309,8 +340,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	c.closing = true
 	c.mu.Unlock()
-	c.stopAll(cl)
-	commitErr := c.commit(context.Background(), cl, "shutdown")
+	stopped := c.stopAll(cl)
+	commitErr := c.commit(context.Background(), cl, "shutdown", mapsOf(stopped))
 	cl.CloseAllowingRebalance() // leaves the group
 	c.prod.close()              // fails the writes of abandoned records
 	c.wg.Wait()
@@ -403,14 +434,30 @@ func (c *Consumer) dispatch(cl *kgo.Client, fetches kgo.Fetches) {
 		if len(fp.Records) == 0 {
 			return
 		}
+		tp := topicPartition{fp.Topic, fp.Partition}
+		var skip []offRun
 		c.mu.Lock()
-		p := c.parts[topicPartition{fp.Topic, fp.Partition}]
+		p := c.parts[tp]
+		if p != nil && !p.skipChecked {
+			// The first records of this ownership: after the committed
+			// offsets were read (kgo fetches only then). A fetch that
+			// starts before the map's offset (kgo.AdjustFetchOffsetsFn
+			// rewound it) reads records again on purpose.
+			p.skipChecked = true
+			if m, ok := c.restored[tp]; ok && fp.Records[0].Offset >= m.base {
+				skip = m.runs
+			}
+			delete(c.restored, tp)
+		}
 		c.mu.Unlock()
 		if p == nil {
 			// Not ours (any more): nothing was marked for these
 			// records, so whoever owns the partition reads them.
 			c.log.Debug("consumer: records for a partition without a worker", "topic", fp.Topic, "partition", fp.Partition, "records", len(fp.Records))
 			return
+		}
+		if skip != nil {
+			p.restore(skip)
 		}
 		p.push(fp.Records)
 	})
@@ -485,12 +532,15 @@ func (c *Consumer) startScan(cl *kgo.Client, ps []*partition) {
 // kgo also calls it, with nothing revoked, at the end of every session, and
 // with everything when leaving the group.
 func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	var maps map[topicPartition]offsetMap
 	if len(revoked) > 0 {
 		c.log.Info("consumer: partitions revoked", "partitions", revoked)
-		c.stopPartitions(c.take(revoked))
+		ps := c.take(revoked)
+		c.stopPartitions(ps)
+		maps = mapsOf(ps)
 		cl.ResumeFetchPartitions(revoked)
 	}
-	_ = c.commit(ctx, cl, "revoke")
+	_ = c.commit(ctx, cl, "revoke", maps)
 }
 
 // lost is the OnPartitionsLost callback: like revoked, but without a
@@ -547,8 +597,8 @@ func (c *Consumer) exited(p *partition) {
 	}
 }
 
-// stopAll stops every partition, for shutdown.
-func (c *Consumer) stopAll(cl *kgo.Client) {
+// stopAll stops every partition, for shutdown, and returns them.
+func (c *Consumer) stopAll(cl *kgo.Client) []*partition {
 	c.mu.Lock()
 	ps := make([]*partition, 0, len(c.parts))
 	tps := make(map[string][]int32)
@@ -563,6 +613,7 @@ func (c *Consumer) stopAll(cl *kgo.Client) {
 	if len(tps) > 0 {
 		cl.ResumeFetchPartitions(tps)
 	}
+	return ps
 }
 
 // stopPartitions cancels the partitions' waits and waits for their
@@ -598,11 +649,18 @@ func (c *Consumer) stopPartitions(ps []*partition) {
 	}
 }
 
-// commit commits the marked offsets synchronously, within commitTimeout.
-func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string) error {
+// commit commits the marked offsets synchronously, within commitTimeout,
+// with the offset maps of the partitions just stopped; again without
+// them if a broker refuses one as too large.
+func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string, maps map[topicPartition]offsetMap) error {
 	cctx, cancel := context.WithTimeout(ctx, time.Duration(c.commitTimeout.Load()))
 	defer cancel()
-	if err := cl.CommitMarkedOffsets(cctx); err != nil {
+	err := commitWithMaps(cctx, cl, maps)
+	if mapTooLarge(err) {
+		c.log.Warn("consumer: the broker refused the offset maps; committing without them (records finished past the watermark will be handled again)", "on", why, "err", err)
+		err = cl.CommitMarkedOffsets(cctx)
+	}
+	if err != nil {
 		c.log.Warn("consumer: commit failed; records handled since the last commit will be handled again", "on", why, "err", err)
 		return fmt.Errorf("consumer: committing handled offsets on %s: %w", why, err)
 	}

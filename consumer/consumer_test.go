@@ -804,9 +804,10 @@ func (b *flakyBucket) Take(context.Context, string, int64, time.Duration) (throt
 
 // A limiter whose store fails costs the record no attempt: the partition
 // backs off and asks again. A misconfigured limiter stops the consumer.
+// A record whose cost the budget can never grant fails alone.
 func TestLimiterFailures(t *testing.T) {
 	t.Parallel()
-	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("dlt", 1))
 	produce(t, kc, "in", 1, 5, nil)
 
 	t.Run("store failure", func(t *testing.T) {
@@ -834,6 +835,23 @@ func TestLimiterFailures(t *testing.T) {
 		err = r.wait(t, 10*time.Second)
 		require.ErrorIs(t, err, throttle.ErrInvalid)
 		assert.Equal(t, []int64{-1}, committed(t, kc, "bad", "in", 1))
+	})
+	t.Run("cost over the limit", func(t *testing.T) {
+		fb := &flakyBucket{err: fmt.Errorf("test: 1 permit asked, at most 0 for this key: %w", throttle.ErrExceedsLimit)}
+		fb.failures.Store(1)
+		h := newHandled(4)
+		c, err := consumer.New(h.handler("a"), throttle.New(fb), append(base(kc, "cost", "in"),
+			consumer.WithDeadLetter("dlt"))...)
+		require.NoError(t, err)
+		r := start(t, c)
+		h.waitFull(t, 10*time.Second)
+		waitFor(t, 10*time.Second, "the record dead-lettered", func() bool { return c.Stats().DeadLettered == 1 })
+		require.NoError(t, r.stop(t))
+		s := c.Stats()
+		assert.EqualValues(t, 4, s.Handled)
+		assert.EqualValues(t, 1, s.Refused)
+		assert.Zero(t, s.Retried)
+		assert.Equal(t, []int64{5}, committed(t, kc, "cost", "in", 1))
 	})
 	t.Run("timeout retry", func(t *testing.T) {
 		// One permit per 100 ms, 5 ms waits: most waits time out and

@@ -52,14 +52,18 @@
 //     a panic) goes to the dead-letter topic ([WithDeadLetter]), without
 //     its value if that cannot go, or stops the consumer, and then Run
 //     returns a [*HandlerError] and nothing from that record on is
-//     committed.
+//     committed. A record whose own key or cost the limiter or the
+//     concurrency cap refuses fails so at once (see [Consumer.Run]): one
+//     odd record never stops the consumer when a dead-letter topic is
+//     set.
 //
 // # Bounds
 //
 // Held per partition: at most [WithQueueSize] records (4096) and
-// [WithQueueBytes] bytes (1 MiB; each record counts its key, value and
-// headers while unfinished, and [RecordOverhead]), then fetching pauses
-// until it holds half of both; plus what one poll brings: by default what
+// [WithQueueBytes] bytes (1 MiB; an unfinished record counts its key,
+// value and headers and [RecordOverhead], a finished one behind it 16
+// bytes: the consumer keeps its offset, not the record), then fetching
+// pauses until it holds half of both; plus what one poll brings: by default what
 // the client fetched for the partition, at most kgo.FetchMaxPartitionBytes
 // of records (lowered to a quarter of the queue bytes) or one record batch
 // if larger; with [WithPollSize], at most that many records. The consumer
@@ -87,7 +91,10 @@
 // held (the bound above) and those that passed the watermark since its
 // last commit (marked every 50 ms, committed every kgo.AutoCommitInterval,
 // 5 s by default); records it had parked but not committed are parked
-// again. A revocation or shutdown commits the watermark first.
+// again. A revocation or shutdown commits the watermark first, with the
+// offsets finished past it in the commit's metadata (at most 4,000 bytes
+// of ranges; what does not fit is handled again): the next owner does not
+// handle those again.
 //
 // # Revocation and shutdown
 //

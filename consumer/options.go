@@ -159,7 +159,8 @@ func (c *config) invalid(field string, value any, want string) {
 // at the oldest record and a lost offset rewinds rather than skips. After
 // them, and not to be overridden: kgo.AutoCommitMarks,
 // kgo.BlockRebalanceOnPoll and the OnPartitionsAssigned, Revoked and Lost
-// callbacks. New refuses options that conflict with these
+// callbacks; and kgo.OnOffsetsFetched, which reads the offset maps (see
+// [WithQueueSize]) and then calls the one given here, if any. New refuses options that conflict with these
 // (kgo.DisableAutoCommit, kgo.GreedyAutoCommit), a transactional ID, and
 // a nil kgo.Opt; it checks the options by building a client that never
 // connects. kgo's autocommit interval
@@ -341,10 +342,16 @@ func WithHandlerTimeout(d time.Duration) Option {
 
 // WithQueueSize sets how many records a partition may hold before its
 // fetching is paused: records queued, in work, and finished but not yet
-// committable (behind an unfinished one). Fetching resumes when the
-// partition holds half as many (and half its bytes, [WithQueueBytes]).
-// Default: 4096. n must be at least 1. See the package documentation for
-// the bounds this gives.
+// committable (behind an unfinished one), which is the span of offsets a
+// restart would read again. Fetching resumes when the partition holds
+// half as many (and half its bytes, [WithQueueBytes]). A record stuck in
+// its handler or its permit wait thus stops its partition at this bound,
+// until the handler timeout, retries, the dead-letter topic or
+// [WithShaping] deal with it. When the partition stops here (revocation,
+// shutdown), the commit carries the offsets finished past the watermark
+// (a bounded offset map), and the next owner does not handle them again
+// ([Stats] Restored). Default: 4096. n must be at least 1. See the
+// package documentation for the bounds this gives.
 func WithQueueSize(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {
@@ -357,8 +364,9 @@ func WithQueueSize(n int) Option {
 
 // WithQueueBytes sets how many bytes a partition may hold before its
 // fetching is paused, as for [WithQueueSize]: the key, value and headers
-// of each unfinished record, plus [RecordOverhead] for every record held.
-// Default: 1 MiB. n must be at least 1 KiB.
+// of each unfinished record plus [RecordOverhead], and 16 bytes for each
+// finished record behind an unfinished one (the consumer keeps its offset
+// only). Default: 1 MiB. n must be at least 1 KiB.
 //
 // The consumer copies each record it takes from the Kafka client, so what
 // it holds does not keep the client's fetched batches alive. It also

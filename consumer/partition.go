@@ -12,14 +12,13 @@ import (
 )
 
 // partition is one assigned partition. The poll loop copies its records
-// into slots, appends them to pending (offset order) and, by the ordering,
-// either to ready or to the queue of their unit (key or partition) when
-// the unit already has a record ready or in work. One goroutine (run)
-// takes ready records, each with a slot of the consumer's in-flight
-// bound, and starts workers; a worker takes permits, calls the handler,
-// retries, and finishes the record. Finished records at the front of
-// pending are the watermark: the offset after the last of them is marked
-// for commit (by flush).
+// into slots, appends their offsets to span (offset order) and, by the
+// ordering, puts them either in ready or in the queue of their unit (key
+// or partition) when the unit already has a record ready or in work.
+// Workers (sched) take ready records, take permits, call the handler,
+// retry, and finish the record: its slot is dropped, and only its entry in
+// span is kept. Finished records at the front of span are the watermark:
+// the offset after the last of them is marked for commit (by flush).
 type partition struct {
 	c     *Consumer
 	cl    *kgo.Client // the consumer's client
@@ -45,24 +44,29 @@ type partition struct {
 	queued  atomic.Bool  // in the scheduler's queue
 
 	mu sync.Mutex
-	// pending holds every record taken from Kafka and not yet behind the
-	// watermark, in offset order: queued, in work, or finished after an
-	// unfinished one.
-	pending fifo
+	// span holds the offset of every record taken from Kafka and not yet
+	// behind the watermark, in offset order: queued, in work, or finished
+	// after an unfinished one. A finished record is only its entry here.
+	span span
 	// ready holds records whose turn has come, oldest first.
 	ready fifo
 	// units holds, under ByKey, each key with a record ready or in work;
 	// whole is the partition's one unit under ByPartition.
 	units map[string]*unit
 	whole unit
+	// unitsPeak is the most units held since units was last built: a map
+	// keeps the room of its peak, so it is built anew once it holds far
+	// fewer (forget).
+	unitsPeak int
 	// parks: records of this partition may be parked (shaping is on and
 	// this is not the shaping topic). shaped: this is the shaping topic.
 	parks, shaped bool
 	// through is the offset after the last record behind the watermark,
 	// -1 before any.
 	through int64
-	// bytes is what pending counts for: RecordOverhead per record, and
-	// the key, value and headers of the unfinished ones.
+	// bytes is what the records of span count for: the key, value and
+	// headers of the unfinished ones plus RecordOverhead each, and
+	// spanEntryBytes for each finished one.
 	bytes  int64
 	paused bool // this partition's fetches are paused
 	closed bool // no more records are queued, no more pause or resume
@@ -76,13 +80,31 @@ type partition struct {
 	// marked for commit yet.
 	mark  kgo.Record
 	dirty bool
+	// first is the offset of the first record taken, marked the offset
+	// after the last record marked for commit: -1 before any (offset
+	// maps, offsetmap.go). final is the map of the partition as it
+	// ended, hasFinal whether it has one.
+	first, marked int64
+	final         offsetMap
+	hasFinal      bool
+	// skip holds the ranges of offsets the last commit's map says were
+	// finished: their records are finished as they come, not handled.
+	// skipChecked (under c.mu) says the consumer's restored maps were
+	// looked up for this ownership.
+	skip        []offRun
+	skipChecked bool
 }
 
-// RecordOverhead is what each record the consumer holds counts for in
-// the byte bound of a partition ([WithQueueBytes]), besides its key,
-// value and headers: the consumer's own bookkeeping. A finished record
-// waiting behind an unfinished one counts for RecordOverhead alone.
+// RecordOverhead is what each unfinished record the consumer holds counts
+// for in the byte bound of a partition ([WithQueueBytes]), besides its
+// key, value and headers: the consumer's own bookkeeping. A finished
+// record waiting behind an unfinished one keeps only its offset, and
+// counts for 16 bytes.
 const RecordOverhead = 320
+
+// spanEntryBytes is what a finished record behind an unfinished one
+// costs: the size of its entry in the partition's span.
+const spanEntryBytes = 16
 
 // slot is one record the consumer holds: a copy of the fetched record,
 // so that holding it does not hold the fetched batch it came from.
@@ -92,15 +114,12 @@ type slot struct {
 	rec  kgo.Record
 	unit *unit // nil under Unordered
 	next *slot // the unit's next queued record
-	// off and epoch are the record's own offset and leader epoch in this
-	// partition, for the watermark.
-	off   int64
-	epoch int32
+	// seq is the record's place in its partition's span.
+	seq int64
 	// attempts were made before the record was parked.
 	attempts int
 	began    time.Time // when a worker took it
 	size     int64     // key, value and headers; 0 once finished
-	done     bool      // handled, dead-lettered or parked
 }
 
 // unit is an ordering unit: a key under ByKey, the partition under
@@ -161,8 +180,6 @@ func (q *fifo) len() int { return len(q.buf) - q.head }
 
 func (q *fifo) push(s *slot) { q.buf = append(q.buf, s) }
 
-func (q *fifo) front() *slot { return q.buf[q.head] }
-
 func (q *fifo) pop() *slot {
 	s := q.buf[q.head]
 	q.buf[q.head] = nil
@@ -170,6 +187,9 @@ func (q *fifo) pop() *slot {
 	switch {
 	case q.head == len(q.buf):
 		q.buf, q.head = q.buf[:0], 0
+		if cap(q.buf) >= minShrink {
+			q.buf = nil // a burst does not hold its room
+		}
 	case q.head >= 1024 && q.head*2 >= len(q.buf):
 		n := copy(q.buf, q.buf[q.head:])
 		clear(q.buf[n:])
@@ -179,6 +199,70 @@ func (q *fifo) pop() *slot {
 }
 
 func (q *fifo) reset() { *q = fifo{} }
+
+// span is the uncommitted span of a partition: an entry per record taken
+// from Kafka and not yet behind the watermark, in offset order, addressed
+// by the record's sequence number (its place among every record the
+// partition took).
+type span struct {
+	buf  []spanEntry
+	head int
+	base int64 // sequence number of buf[head]
+}
+
+// spanEntry is a record of the span: its own offset and leader epoch in
+// the partition (for the watermark), and whether it is finished.
+type spanEntry struct {
+	off   int64
+	epoch int32
+	done  bool
+}
+
+func (q *span) len() int { return len(q.buf) - q.head }
+
+// push appends a record and returns its sequence number.
+func (q *span) push(off int64, epoch int32) int64 {
+	q.buf = append(q.buf, spanEntry{off: off, epoch: epoch})
+	return q.base + int64(len(q.buf)-q.head-1)
+}
+
+// finish marks the record of sequence number seq, still in the span,
+// finished.
+func (q *span) finish(seq int64) { q.buf[q.head+int(seq-q.base)].done = true }
+
+// popDone removes the finished records at the front and returns the last
+// of them; ok is false if the front record is not finished.
+func (q *span) popDone() (last spanEntry, ok bool) {
+	i := q.head
+	for i < len(q.buf) && q.buf[i].done {
+		i++
+	}
+	if i == q.head {
+		return spanEntry{}, false
+	}
+	last = q.buf[i-1]
+	q.base += int64(i - q.head)
+	q.head = i
+	switch {
+	case q.head == len(q.buf):
+		q.buf, q.head = q.buf[:0], 0
+		if cap(q.buf) >= minShrink {
+			q.buf = nil // a long span does not hold its room
+		}
+	case q.head >= 1024 && q.head*2 >= len(q.buf):
+		n := len(q.buf) - q.head
+		if cap(q.buf) >= minShrink && n*4 <= cap(q.buf) {
+			q.buf = append([]spanEntry(nil), q.buf[q.head:]...)
+		} else {
+			copy(q.buf, q.buf[q.head:])
+			q.buf = q.buf[:n]
+		}
+		q.head = 0
+	}
+	return last, true
+}
+
+func (q *span) reset() { *q = span{base: q.base} }
 
 func newPartition(c *Consumer, cl *kgo.Client, topic string, id int32) *partition {
 	p := &partition{
@@ -190,6 +274,8 @@ func newPartition(c *Consumer, cl *kgo.Client, topic string, id int32) *partitio
 		units:   make(map[string]*unit),
 		mark:    kgo.Record{Topic: topic, Partition: id},
 		through: -1,
+		first:   -1,
+		marked:  -1,
 	}
 	if sh := c.cfg.shaping; sh != "" {
 		p.shaped = topic == sh
@@ -244,7 +330,8 @@ func copyRecord(s *slot, r *kgo.Record, topic string) int64 {
 // push queues records from the poll loop. It never blocks: once the
 // partition holds its queue size in records or in bytes, its fetches are
 // paused, so that no more of its records are polled until it holds half
-// as many of both.
+// as many of both. Records in the ranges of skip (restore) are finished
+// at once.
 func (p *partition) push(recs []*kgo.Record) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -252,14 +339,23 @@ func (p *partition) push(recs []*kgo.Record) {
 		return
 	}
 	c := p.c
+	var skipped int64
 	for _, r := range recs {
-		s := &slot{off: r.Offset, epoch: r.LeaderEpoch}
+		if p.first < 0 {
+			p.first = r.Offset
+		}
+		if p.skip != nil && p.skipped(r.Offset) {
+			p.span.finish(p.span.push(r.Offset, r.LeaderEpoch))
+			p.bytes += spanEntryBytes
+			skipped++
+			continue
+		}
+		s := &slot{seq: p.span.push(r.Offset, r.LeaderEpoch)}
 		s.size = copyRecord(s, r, p.topic)
 		if p.shaped {
 			s.attempts = unpark(&s.rec)
 		}
 		p.bytes += s.size + RecordOverhead
-		p.pending.push(s)
 		u := p.unitOf(&s.rec)
 		s.unit = u
 		switch {
@@ -272,12 +368,37 @@ func (p *partition) push(recs []*kgo.Record) {
 			p.ready.push(s)
 		}
 	}
-	c.notePeak(int64(p.pending.len()), p.bytes)
+	if skipped > 0 {
+		c.restoredSkips.Add(skipped)
+		p.advanceWatermark()
+	}
+	c.notePeak(int64(p.span.len()), p.bytes)
 	if !p.paused && p.full() {
 		p.cl.PauseFetchPartitions(p.tps())
 		p.paused = true
 	}
 	p.schedule()
+}
+
+// restore sets the ranges of offsets that the last commit's map says
+// were finished (offsetmap.go), before the first records are pushed.
+func (p *partition) restore(skip []offRun) {
+	p.mu.Lock()
+	p.skip = skip
+	p.mu.Unlock()
+}
+
+// skipped reports whether the record at off is in the ranges of skip,
+// and drops the ranges behind it; p.mu is held.
+func (p *partition) skipped(off int64) bool {
+	for len(p.skip) > 0 && p.skip[0].last < off {
+		p.skip = p.skip[1:]
+	}
+	if len(p.skip) == 0 {
+		p.skip = nil
+		return false
+	}
+	return p.skip[0].first <= off
 }
 
 // unitOf returns rec's ordering unit, nil under Unordered; p.mu is held.
@@ -307,20 +428,41 @@ func (p *partition) unitOf(rec *kgo.Record) *unit {
 	if u == nil {
 		u = &unit{key: key}
 		p.units[key] = u
+		p.unitsPeak = max(p.unitsPeak, len(p.units))
 	}
 	return u
+}
+
+// minShrink is the least room (units, slots, span entries) a partition
+// frees by building a map or buffer anew: below it, the room is kept for
+// reuse.
+const minShrink = 4096
+
+// forget deletes idle unit u; once the map holds an eighth of its peak, it
+// is built anew, so that a burst of keys does not hold its room; p.mu is
+// held.
+func (p *partition) forget(u *unit) {
+	delete(p.units, u.key)
+	if p.unitsPeak >= minShrink && len(p.units)*8 <= p.unitsPeak {
+		m := make(map[string]*unit, len(p.units)) // maps.Clone would keep the room
+		for k, v := range p.units {
+			m[k] = v
+		}
+		p.units = m
+		p.unitsPeak = len(p.units)
+	}
 }
 
 // full reports whether the partition holds its queue size in records or
 // bytes; p.mu is held.
 func (p *partition) full() bool {
-	return p.pending.len() >= p.c.cfg.queueSize || p.bytes >= p.c.cfg.queueBytes
+	return p.span.len() >= p.c.cfg.queueSize || p.bytes >= p.c.cfg.queueBytes
 }
 
 // drained reports whether the partition holds at most half its queue
 // size in records and bytes; p.mu is held.
 func (p *partition) drained() bool {
-	return p.pending.len() <= p.c.cfg.queueSize/2 && p.bytes <= p.c.cfg.queueBytes/2
+	return p.span.len() <= p.c.cfg.queueSize/2 && p.bytes <= p.c.cfg.queueBytes/2
 }
 
 // schedule queues the partition for the workers if it has ready
@@ -396,11 +538,12 @@ func (p *partition) finishLocked(s *slot, ok bool) {
 	p.advance(s.unit)
 }
 
-// release gives back a finished record's key, value and headers; p.mu
-// is held.
+// release marks a finished record done in the span, where only its
+// entry stays, and gives back its key, value and headers (the slot itself
+// is dropped by the caller); p.mu is held.
 func (p *partition) release(s *slot) {
-	s.done = true
-	p.bytes -= s.size
+	p.span.finish(s.seq)
+	p.bytes -= s.size + RecordOverhead - spanEntryBytes
 	s.size = 0
 	s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
 }
@@ -424,24 +567,22 @@ func (p *partition) advanceUnit(u *unit) {
 			u.busy = false
 			u.holdSince = time.Time{}
 			if u != &p.whole && !u.parked {
-				delete(p.units, u.key)
+				p.forget(u)
 			}
 		}
 	}
 }
 
 // advanceWatermark moves the watermark past the finished records at the
-// front of pending, and resumes fetching once the partition has drained;
+// front of the span, and resumes fetching once the partition has drained;
 // p.mu is held.
 func (p *partition) advanceWatermark() {
-	var last *slot
-	for p.pending.len() > 0 && p.pending.front().done {
-		last = p.pending.pop()
-		p.bytes -= RecordOverhead
-	}
-	if last == nil {
+	before := p.span.len()
+	last, ok := p.span.popDone()
+	if !ok {
 		return
 	}
+	p.bytes -= int64(before-p.span.len()) * spanEntryBytes
 	p.mark.Offset, p.mark.LeaderEpoch = last.off, last.epoch
 	p.through = last.off + 1
 	p.dirty = true
@@ -466,6 +607,7 @@ func (p *partition) flushLocked() {
 	if p.dirty && !p.fenced {
 		p.cl.MarkCommitRecords(&p.mark)
 		p.dirty = false
+		p.marked = p.through
 	}
 }
 
@@ -487,7 +629,7 @@ func (p *partition) close() {
 
 // dropQueued gives back the key, value and headers of the records no
 // worker has taken, which a closed partition will never handle: they stay
-// in pending, unfinished, so that the watermark stays behind them; p.mu
+// in the span, unfinished, so that the watermark stays behind them; p.mu
 // is held.
 func (p *partition) dropQueued() {
 	drop := func(s *slot) {
@@ -571,7 +713,8 @@ func (p *partition) finalize() {
 	}
 	p.ended = true
 	p.flushLocked()
-	p.pending.reset()
+	p.final, p.hasFinal = p.mapLocked()
+	p.span.reset()
 	p.ready.reset()
 	p.units, p.whole = nil, unit{}
 	p.bytes = 0
@@ -608,5 +751,5 @@ func (p *partition) isFenced() bool {
 func (p *partition) held() (int, int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.pending.len(), p.bytes
+	return p.span.len(), p.bytes
 }

@@ -50,7 +50,7 @@ func bare(t *testing.T, kc *kafkaenv.Cluster, h Handler, opts ...Option) (*Consu
 		c.mu.Lock()
 		c.closing = true
 		c.mu.Unlock()
-		c.stopAll(cl)
+		_ = c.stopAll(cl)
 		cl.Close()
 		c.prod.close()
 		c.wg.Wait()
@@ -142,7 +142,7 @@ func TestRegressionRevokeDuringShutdownWaitsForHandlers(t *testing.T) {
 	c.closing = true
 	c.mu.Unlock()
 	stopped := make(chan struct{})
-	go func() { defer close(stopped); c.stopAll(cl) }()
+	go func() { defer close(stopped); _ = c.stopAll(cl) }()
 
 	// A rebalance revokes the partition meanwhile.
 	handedOn := make(chan bool, 1) // safe to hand on when revoked returned

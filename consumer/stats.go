@@ -26,6 +26,16 @@ type Stats struct {
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.
 	LimiterErrors int64
+	// Refused counts records the limiter or the concurrency cap refused
+	// for their own key or cost (errors matching throttle.ErrInvalidKey
+	// or throttle.ErrExceedsLimit): each failed at once, without retries,
+	// and went to the dead-letter topic. A count that grows with every
+	// record says the budgets WithLimiterFor chooses are wrong.
+	Refused int64
+	// Restored counts records finished as they came, not handled,
+	// because the last commit's offset map said an earlier owner had
+	// finished them (see WithQueueSize).
+	Restored int64
 	// PermitWait is the total time partitions have spent waiting for
 	// permits.
 	PermitWait time.Duration
@@ -50,7 +60,8 @@ type Stats struct {
 	// not counted.
 	Buffered int
 	// BufferedBytes is what the records the consumer holds count for (see
-	// WithQueueBytes).
+	// WithQueueBytes): a finished record behind an unfinished one, 16
+	// bytes.
 	BufferedBytes int64
 	// PeakBuffered is the most records one partition has held at once
 	// since Run started, and PeakBufferedBytes the most bytes (see the
@@ -89,6 +100,8 @@ func (c *Consumer) Stats() Stats {
 		Parked:            c.parked.Load(),
 		PermitTimeouts:    c.permitTimeouts.Load(),
 		LimiterErrors:     c.limiterErrors.Load(),
+		Refused:           c.refused.Load(),
+		Restored:          c.restoredSkips.Load(),
 		PermitWait:        time.Duration(c.permitWait.Load()),
 		WaitingRecords:    int(c.waitingRecords.Load()),
 		InFlight:          int(c.inFlight.Load()),
@@ -104,7 +117,7 @@ func (c *Consumer) Stats() Stats {
 		ps := PartitionStats{
 			Topic:         p.topic,
 			Partition:     p.id,
-			Buffered:      p.pending.len(),
+			Buffered:      p.span.len(),
 			BufferedBytes: p.bytes,
 			Waiting:       p.waiting.Load() > 0,
 			Paused:        p.paused,

@@ -141,8 +141,20 @@ func (p *partition) process(w *worker, s *slot) outcome {
 			// WithLimiterFor panicked on this record: a failed attempt.
 			attempts++
 			lastErr = err
-		case errors.Is(err, throttle.ErrInvalid), errors.Is(err, throttle.ErrExceedsLimit):
-			// Waiting cannot help: the limiter is misconfigured.
+		case refusedRecord(err):
+			// The record's own key or cost is refused: no wait or
+			// retry can help, and no other record is at fault. It
+			// fails for good, with the refusal as its cause.
+			c.refused.Add(1)
+			attempts++
+			lastErr = fmt.Errorf("consumer: permit for record %s[%d]@%d refused: %w", rec.Topic, rec.Partition, rec.Offset, err)
+			if p.exhausted(rec, attempts, lastErr) {
+				return finished
+			}
+			return stopped
+		case errors.Is(err, throttle.ErrInvalid):
+			// Waiting cannot help, and every record would meet it:
+			// the limiter is misconfigured (throttle.New's mistakes).
 			c.fail(fmt.Errorf("consumer: permit for record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
 			return stopped
 		default:
@@ -309,6 +321,14 @@ func (c *Consumer) limiterOf(rec *kgo.Record) (k throttle.Keyed, err error) {
 		}
 	}()
 	return c.cfg.limiterFor(rec), nil
+}
+
+// refusedRecord reports whether err, from the limiter or the
+// concurrency cap, refuses the record itself: its key (too long for the
+// bucket) or its cost (more than the budget can ever grant). Other
+// records go on.
+func refusedRecord(err error) bool {
+	return errors.Is(err, throttle.ErrInvalidKey) || errors.Is(err, throttle.ErrExceedsLimit)
 }
 
 func isPanic(err error) bool {

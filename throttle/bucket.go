@@ -78,6 +78,16 @@ type Decision struct {
 	// caller gives up the wait. A bucket that cannot cancel exactly leaves
 	// it nil, and the Limiter hands the permits back through [Refunder].
 	Cancel func(ctx context.Context) error
+
+	// Settle, set on a grant of a [CostBucket] (TakeCost), corrects the
+	// grant once the call's real cost is known: delta holds, per
+	// dimension, the real cost less what was taken. A positive amount is
+	// charged at once, even beyond what is left (a debt the next refills
+	// pay first); a negative one is given back only to the period the
+	// grant was taken from, while it runs (once it has ended, it can only
+	// lessen a debt): never to a later period, which would grant it a
+	// second time. [CostGrant.Settle] calls it at most once.
+	Settle func(ctx context.Context, delta Cost) error
 }
 
 // Refunder is implemented by buckets that can take back permits a caller

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,21 +30,15 @@ func (c Cost) String() string {
 
 // CostBucket is implemented by buckets that keep several dimensions per
 // key (requests and tokens per minute, say) and take them together, such
-// as package bucket's Budget. [Limiter.AcquireCost] and [Limiter.Settle]
-// use it.
+// as package bucket's Budget. [Limiter.AcquireCost] uses it.
 type CostBucket interface {
 	// TakeCost takes c from key's dimensions, all or nothing; like
 	// [Bucket.Take], it never sleeps and names in Decision.Delay when
-	// asking again can succeed. It returns an error wrapping [ErrInvalid]
-	// for a dimension it does not keep or a negative amount, and one
-	// wrapping [ErrExceedsLimit] for an amount it can never grant at once.
+	// asking again can succeed. A grant's Decision.Settle corrects it
+	// after the call. It returns an error wrapping [ErrInvalid] for a
+	// dimension it does not keep or a negative amount, and one wrapping
+	// [ErrExceedsLimit] for an amount it can never grant at once.
 	TakeCost(ctx context.Context, key string, c Cost, maxWait time.Duration) (Decision, error)
-	// Settle changes key's dimensions by delta after a call: a negative
-	// amount gives back what was not used (best effort, as
-	// [Refunder.Refund]), a positive amount charges at once, without
-	// waiting and even beyond what is left: a debt that the next refills
-	// pay first.
-	Settle(ctx context.Context, key string, delta Cost) error
 }
 
 // AcquireCost takes the cost c from the Limiter's budget, all dimensions
@@ -52,7 +47,7 @@ type CostBucket interface {
 // bucket names (a refill, the end of a debt or of a pause), never polling,
 // and returns an error matching [ErrTimeout] at once when that time is
 // beyond the wait. Give an estimate when the real cost is known only after
-// the call, and correct it with [Limiter.Settle].
+// the call, and correct it with the grant's [CostGrant.Settle].
 //
 // The bucket should be a [CostBucket] (package bucket's Budget), found as
 // the Limiter finds the other optional interfaces (along Unwrap: a wrapper
@@ -66,22 +61,58 @@ type CostBucket interface {
 // degraded decisions. When the
 // store fails, FailOpen grants and FailClosed refuses; FailLocal refuses
 // too (a budget of several dimensions has no local share), with an error
-// that says so. Each call asks the store itself.
+// that says so. Each call asks the store itself. A store call that the
+// caller's wait cuts short is the wait running out ([ErrTimeout]), not a
+// store failure.
 //
 // Bad input (an empty Cost, a negative amount, a name the bucket does not
-// keep) returns an error matching [ErrInvalid] that names it.
-func (l *Limiter) AcquireCost(ctx context.Context, c Cost, maxWait time.Duration) error {
+// keep) returns an error matching [ErrInvalid] that names it; a per-call
+// key the bucket cannot store, one matching [ErrInvalidKey].
+func (l *Limiter) AcquireCost(ctx context.Context, c Cost, maxWait time.Duration) (*CostGrant, error) {
 	return l.acquireCost(ctx, "", c, maxWait)
 }
 
-// Settle corrects a cost acquired with [Limiter.AcquireCost] once the
-// call's real cost is known: it charges actual−estimated of each
-// dimension actual names, at once and without waiting (a dimension actual
-// does not name is left as estimated). A dimension the call used less
-// of than estimated is given back (best effort: a bucket may keep what
-// belongs to a period that has ended), so that an over-estimate does not
-// idle the budget; one it used more of is charged even beyond what is
-// left, a debt that delays the next grants until the refills have paid it.
+// AcquireCost is [Limiter.AcquireCost] for k's key.
+func (k Keyed) AcquireCost(ctx context.Context, c Cost, maxWait time.Duration) (*CostGrant, error) {
+	if k.l == nil {
+		return nil, fmt.Errorf("throttle: zero Keyed: %w: build it with Limiter.Key", ErrInvalid)
+	}
+	return k.l.acquireCost(ctx, k.key, c, maxWait)
+}
+
+// CostGrant is a cost [Limiter.AcquireCost] granted: settle it with
+// [CostGrant.Settle] once the call's real cost is known. It remembers the
+// key, the cost taken and, for a [CostBucket], the period it was taken
+// from. It is safe for concurrent use.
+type CostGrant struct {
+	l       *Limiter
+	key     string
+	cost    Cost
+	settle  func(ctx context.Context, delta Cost) error // the bucket's Decision.Settle; nil: none
+	policy  bool                                        // granted by the failure policy (FailOpen): nothing was charged
+	settled atomic.Bool
+}
+
+// Settle corrects the grant once the call's real cost is known: it
+// charges actual−estimated of each dimension actual names, at once and
+// without waiting (a dimension actual does not name is left as
+// estimated). Settle a grant once; a second Settle changes nothing and
+// returns an error matching [ErrInvalid].
+//
+// A dimension the call used less of than estimated is given back to the
+// period the grant was taken from, while that period runs, so that an
+// over-estimate does not idle the budget. Once that period has ended the
+// unused part can no longer be granted in it, and it is never given to a
+// later period (which would then grant it twice: a call of seconds
+// against a one-minute period straddles the period's end often); it only
+// lessens a debt that the later period inherited. A dimension the call
+// used more of is charged even beyond what is left, a debt that delays
+// the next grants until the refills have paid it. A charge of more than
+// ten times a dimension's limit is refused by bucket.Budget, with an
+// error matching [ErrInvalid], and nothing is charged: a real call can
+// cost more than one period's limit (the provider counts it, and so must
+// the budget), but ten periods' worth is a caller's mistake (the wrong
+// units), and charging it would lock the key for as long.
 //
 // With a bucket that is not a [CostBucket] (one dimension), a give-back
 // goes through the bucket's [Refunder] (nothing happens without one), and
@@ -90,30 +121,25 @@ func (l *Limiter) AcquireCost(ctx context.Context, c Cost, maxWait time.Duration
 // [ErrTimeout] and is not taken.
 //
 // A grant made by the failure policy (FailOpen while the store failed)
-// charged nothing: do not give it back. A charge above a dimension's
-// limit is refused by bucket.Budget as an error in the caller's units.
+// charged nothing: its Settle changes nothing and returns nil.
 //
 // Settle waits for the store at most the store timeout
 // ([WithStoreTimeout]) or ctx's deadline, and returns the store's error
 // (a [*BackendError]); it applies no failure policy and does not retry.
-func (l *Limiter) Settle(ctx context.Context, estimated, actual Cost) error {
-	return l.settleCost(ctx, "", estimated, actual)
-}
-
-// AcquireCost is [Limiter.AcquireCost] for k's key.
-func (k Keyed) AcquireCost(ctx context.Context, c Cost, maxWait time.Duration) error {
-	if k.l == nil {
-		return fmt.Errorf("throttle: zero Keyed: %w: build it with Limiter.Key", ErrInvalid)
+func (g *CostGrant) Settle(ctx context.Context, actual Cost) error {
+	if g == nil || g.l == nil {
+		return fmt.Errorf("throttle: nil CostGrant: %w: settle the grant AcquireCost returned", ErrInvalid)
 	}
-	return k.l.acquireCost(ctx, k.key, c, maxWait)
-}
-
-// Settle is [Limiter.Settle] for k's key.
-func (k Keyed) Settle(ctx context.Context, estimated, actual Cost) error {
-	if k.l == nil {
-		return fmt.Errorf("throttle: zero Keyed: %w: build it with Limiter.Key", ErrInvalid)
+	if err := checkCost("actual", actual); err != nil {
+		return err
 	}
-	return k.l.settleCost(ctx, k.key, estimated, actual)
+	if !g.settled.CompareAndSwap(false, true) {
+		return fmt.Errorf("throttle: CostGrant of %v settled twice: %w: settle a grant once", g.cost, ErrInvalid)
+	}
+	if g.policy {
+		return nil
+	}
+	return g.l.settleCost(ctx, g, actual)
 }
 
 // checkCost refuses a Cost with an empty name or a negative amount;
@@ -145,54 +171,79 @@ func single(c Cost) (string, int64, bool) {
 	return name, n, count == 1
 }
 
-func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait time.Duration) error {
+func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait time.Duration) (*CostGrant, error) {
 	if l.bad != nil {
-		return l.bad
+		return nil, l.bad
 	}
 	if err := checkCost("cost", c); err != nil {
-		return err
+		return nil, err
 	}
+	g := &CostGrant{l: l, key: key, cost: maps.Clone(c)}
+	d, err := l.takeCost(ctx, g, maxWait)
+	if err != nil {
+		return nil, err
+	}
+	g.settle = d.Settle
+	return g, nil
+}
+
+// takeCost is AcquireCost's work for g's cost: the grant's Decision (its
+// Settle), or why there is none. It marks g when the failure policy
+// granted it.
+func (l *Limiter) takeCost(ctx context.Context, g *CostGrant, maxWait time.Duration) (Decision, error) {
+	key, c := g.key, g.cost
 	var total int64
 	for _, v := range c {
 		total += v
 	}
 	if total == 0 {
-		return invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "must ask for at least 1 of some dimension")
+		return Decision{}, invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "must ask for at least 1 of some dimension")
 	}
 	if maxWait < 0 {
-		return invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
+		return Decision{}, invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
 	}
 	cb, ok := capability[CostBucket](l.bucket)
 	if !ok {
 		_, n, one := single(c)
 		if !one {
-			return invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "the bucket keeps one dimension (it is no throttle.CostBucket): name exactly one, or use a bucket of several dimensions such as bucket.NewBudget")
+			return Decision{}, invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "the bucket keeps one dimension (it is no throttle.CostBucket): name exactly one, or use a bucket of several dimensions such as bucket.NewBudget")
 		}
-		return l.acquire(ctx, key, n, maxWait)
+		return Decision{}, l.acquire(ctx, key, n, maxWait)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("throttle: acquire cost %v: %w", c, err)
+		return Decision{}, fmt.Errorf("throttle: acquire cost %v: %w", c, err)
 	}
 	ctx, cancel := WaitContext(ctx)
 	defer cancel()
 	if ctx.Err() != nil {
-		return waitErr(ctx) // stopped already
+		return Decision{}, waitErr(ctx) // stopped already
 	}
 	w := l.newWaiter(ctx, total, maxWait, 0)
 	for {
 		left := w.left()
-		tctx, cancel, d0, _ := boundStoreCall(ctx, left, w.noWait(), l.cfg.storeTimeout)
+		tctx, cancel, d0, budgetBound := boundStoreCall(ctx, left, w.noWait(), l.cfg.storeTimeout)
 		d, err := cb.TakeCost(tctx, key, c, left)
+		// expired: the call's own deadline, set before the caller's,
+		// passed (the caller did not cancel).
 		expired := d0 > 0 && !errors.Is(ctx.Err(), context.Canceled) && deadlinePassed(tctx)
 		cancel()
 		if err != nil {
 			if storeFailure(ctx, expired, err) {
-				return l.degradeCost(key, c, err)
+				if expired && budgetBound && d0 < l.cfg.storeTimeout/4 {
+					// The caller's wait cut the call short of a fair
+					// chance (a quarter of the store timeout), as in
+					// Acquire: no evidence that the store is down. The
+					// wait ran out.
+					return Decision{}, w.tb.costExpired(c, d0, err)
+				}
+				err = l.degradeCost(key, c, err, budgetBound && expired, w.tb)
+				g.policy = err == nil
+				return Decision{}, err
 			}
 			if errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) {
-				return err
+				return Decision{}, err
 			}
-			return w.failed(err)
+			return Decision{}, w.failed(err)
 		}
 		left = w.left()
 		switch {
@@ -200,52 +251,57 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 		case d.Granted:
 			// A reservation: sleep it out, or give it back.
 			if d.Delay > left {
-				l.giveBackCost(ctx, cb, key, c)
-				return costTimeout(c, maxWait, d.Delay, w.tb.ctxBound)
+				l.giveBackCost(ctx, d, key, c)
+				return Decision{}, costTimeout(c, maxWait, d.Delay, w.tb.ctxBound)
 			}
 			if err := l.sleep(ctx, d.Delay); err != nil {
-				l.giveBackCost(ctx, cb, key, c)
-				return err
+				l.giveBackCost(ctx, d, key, c)
+				return Decision{}, err
 			}
 		}
 		if d.Granted {
 			// Never granted after the wait's end (see waiter.keep).
 			if err := w.ended(); err != nil {
-				l.giveBackCost(ctx, cb, key, c)
-				return err
+				l.giveBackCost(ctx, d, key, c)
+				return Decision{}, err
 			}
-			return nil
+			return d, nil
 		}
 		delay := d.Delay
 		if delay <= 0 {
 			delay = retryFloor
 		}
 		if delay > left {
-			return costTimeout(c, maxWait, delay, w.tb.ctxBound)
+			return Decision{}, costTimeout(c, maxWait, delay, w.tb.ctxBound)
 		}
 		if err := l.sleep(ctx, delay); err != nil {
-			return err
+			return Decision{}, err
 		}
 	}
 }
 
-// giveBackCost gives back an abandoned reservation of c, on a short
-// context of its own (ctx may be done).
-func (l *Limiter) giveBackCost(ctx context.Context, cb CostBucket, key string, c Cost) {
+// giveBackCost gives back an abandoned reservation d of c, through its
+// Settle, on a short context of its own (ctx may be done).
+func (l *Limiter) giveBackCost(ctx context.Context, d Decision, key string, c Cost) {
+	if d.Settle == nil {
+		return
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	back := make(Cost, len(c))
 	for name, v := range c {
 		back[name] = -v
 	}
-	if err := cb.Settle(rctx, key, back); err != nil {
+	if err := d.Settle(rctx, back); err != nil {
 		l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "cost", c.String(), "err", err)
 	}
 }
 
 // degradeCost is AcquireCost's failure policy when the store failed with
-// err: FailOpen grants; FailClosed and FailLocal refuse.
-func (l *Limiter) degradeCost(key string, c Cost, err error) error {
+// err: FailOpen grants; FailClosed and FailLocal refuse. outOfTime: the
+// store call took all the wait left, so a refusal is also the wait
+// running out (ErrTimeout).
+func (l *Limiter) degradeCost(key string, c Cost, err error, outOfTime bool, tb timeoutBound) error {
 	policy := l.cfg.policy
 	var derr error
 	switch policy {
@@ -255,6 +311,9 @@ func (l *Limiter) degradeCost(key string, c Cost, err error) error {
 	default:
 		derr = fmt.Errorf("throttle: acquire cost %v: bucket store failed, and FailLocal refuses costs as FailClosed does (a budget of several dimensions has no local share): %w", c, err)
 	}
+	if outOfTime && derr != nil {
+		derr = tb.costExpired(c, 0, derr)
+	}
 	if o := l.cfg.observer; o != nil {
 		name := policy.String()
 		if derr != nil {
@@ -263,6 +322,19 @@ func (l *Limiter) degradeCost(key string, c Cost, err error) error {
 		o.Degraded(key, name, derr == nil, err)
 	}
 	return derr
+}
+
+// costExpired is the ErrTimeout of an AcquireCost whose wait ran out
+// while the store was asked for c (in the d0 it had, when known).
+func (tb timeoutBound) costExpired(c Cost, d0 time.Duration, err error) error {
+	within := "within the wait"
+	if d0 > 0 {
+		within = fmt.Sprintf("in the %v left of the wait", d0)
+	}
+	if tb.ctxBound {
+		return fmt.Errorf("%w: cost %v: the bucket store did not answer %s, which ends at the context's deadline (%w): %w", ErrTimeout, c, within, context.DeadlineExceeded, err)
+	}
+	return fmt.Errorf("%w: cost %v: the bucket store did not answer %s: %w", ErrTimeout, c, within, err)
 }
 
 // costTimeout is the ErrTimeout of an AcquireCost whose cost comes only
@@ -277,19 +349,13 @@ func costTimeout(c Cost, maxWait, next time.Duration, ctxBound bool) error {
 	return fmt.Errorf("%w: cost %v not free for %v, beyond maxWait %v", ErrTimeout, c, next, maxWait)
 }
 
-func (l *Limiter) settleCost(ctx context.Context, key string, estimated, actual Cost) error {
+func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) error {
 	if l.bad != nil {
 		return l.bad
 	}
-	if err := checkCost("estimated", estimated); err != nil {
-		return err
-	}
-	if err := checkCost("actual", actual); err != nil {
-		return err
-	}
 	delta := make(Cost, len(actual))
 	for name, v := range actual {
-		if d := v - estimated[name]; d != 0 {
+		if d := v - g.cost[name]; d != 0 {
 			delta[name] = d
 		}
 	}
@@ -298,8 +364,11 @@ func (l *Limiter) settleCost(ctx context.Context, key string, estimated, actual 
 	}
 	tctx, cancel, _, _ := boundStoreCall(ctx, 0, true, l.cfg.storeTimeout)
 	defer cancel()
-	if cb, ok := capability[CostBucket](l.bucket); ok {
-		return cb.Settle(tctx, key, delta)
+	if _, ok := capability[CostBucket](l.bucket); ok {
+		if g.settle == nil {
+			return fmt.Errorf("throttle: settle cost %v: the bucket's grant has no Decision.Settle: %w", delta, ErrInvalid)
+		}
+		return g.settle(tctx, delta)
 	}
 	name, n, one := single(delta)
 	if !one {
@@ -307,13 +376,13 @@ func (l *Limiter) settleCost(ctx context.Context, key string, estimated, actual 
 	}
 	if n < 0 {
 		if r := l.caps.refunder; r != nil {
-			return r.Refund(tctx, key, -n)
+			return r.Refund(tctx, g.key, -n)
 		}
 		return nil
 	}
 	// maxWait 0: a bucket that can reserve does not, so the charge is
 	// taken now or not at all.
-	d, err := l.take(tctx, key, n, 0)
+	d, err := l.take(tctx, g.key, n, 0)
 	switch {
 	case err != nil:
 		return err

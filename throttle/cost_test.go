@@ -22,25 +22,33 @@ func TestAcquireCostWithPlainBucket(t *testing.T) {
 	t.Cleanup(func() { lim.Close() })
 	ctx := context.Background()
 
-	require.NoError(t, lim.AcquireCost(ctx, Cost{"requests": 3}, 0))
+	acquire := func(k Keyed, c Cost) *CostGrant {
+		t.Helper()
+		g, err := k.AcquireCost(ctx, c, 0)
+		require.NoError(t, err)
+		return g
+	}
+	g := acquire(lim.Key(""), Cost{"requests": 3})
 	// One more request than estimated: charged now (4 of 5 used).
-	require.NoError(t, lim.Settle(ctx, Cost{"requests": 3}, Cost{"requests": 4}))
-	require.NoError(t, lim.AcquireCost(ctx, Cost{"requests": 1, "tokens": 0}, 0), "the fifth permit")
-	require.ErrorIs(t, lim.AcquireCost(ctx, Cost{"requests": 1}, 0), ErrTimeout, "a sixth permit in the second")
+	require.NoError(t, g.Settle(ctx, Cost{"requests": 4}))
+	acquire(lim.Key(""), Cost{"requests": 1, "tokens": 0}) // the fifth permit
+	_, err = lim.AcquireCost(ctx, Cost{"requests": 1}, 0)
+	require.ErrorIs(t, err, ErrTimeout, "a sixth permit in the second")
 	// A charge the bucket cannot grant now is not taken, and says why.
 	k := lim.Key("k")
-	require.NoError(t, k.AcquireCost(ctx, Cost{"requests": 4}, 0))
-	err = k.Settle(ctx, Cost{"requests": 4}, Cost{"requests": 6})
+	g = acquire(k, Cost{"requests": 4})
+	err = g.Settle(ctx, Cost{"requests": 6})
 	require.ErrorIs(t, err, ErrTimeout)
 	require.ErrorContains(t, err, "debt")
-	require.NoError(t, k.AcquireCost(ctx, Cost{"requests": 1}, 0), "the charge refused took nothing")
+	acquire(k, Cost{"requests": 1}) // the charge refused took nothing
 	// Giving back goes through the Refunder (a Local keeps them): no error.
-	require.NoError(t, lim.Settle(ctx, Cost{"requests": 2}, Cost{"requests": 1}))
+	clock.Advance(time.Second)
+	require.NoError(t, acquire(lim.Key(""), Cost{"requests": 2}).Settle(ctx, Cost{"requests": 1}))
 
-	err = lim.AcquireCost(ctx, Cost{"requests": 1, "tokens": 10}, 0)
+	_, err = lim.AcquireCost(ctx, Cost{"requests": 1, "tokens": 10}, 0)
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "bucket.NewBudget")
-	err = lim.Settle(ctx, Cost{"requests": 1, "tokens": 10}, Cost{"requests": 2, "tokens": 20})
+	err = acquire(lim.Key(""), Cost{"requests": 1}).Settle(ctx, Cost{"requests": 2, "tokens": 20})
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "actual = ")
 }
@@ -55,22 +63,31 @@ func TestAcquireCostRefusesBadInput(t *testing.T) {
 	ctx := context.Background()
 	noBucket := New(nil)
 	t.Cleanup(func() { noBucket.Close() })
+	acquireErr := func(k Keyed, c Cost, maxWait time.Duration) error {
+		g, err := k.AcquireCost(ctx, c, maxWait)
+		if (g == nil) == (err == nil) {
+			t.Errorf("AcquireCost(%v) = %v, %v: want a grant or an error", c, g, err)
+		}
+		return err
+	}
+	l := lim.Key("")
+	granted, err := lim.AcquireCost(ctx, Cost{"a": 1}, 0)
+	require.NoError(t, err)
 	tests := []struct {
 		name  string
 		err   error
 		field string
 	}{
-		{"empty", lim.AcquireCost(ctx, Cost{}, 0), "cost"},
-		{"nil", lim.AcquireCost(ctx, nil, 0), "cost"},
-		{"all zero", lim.AcquireCost(ctx, Cost{"a": 0, "b": 0}, 0), "cost"},
-		{"negative", lim.AcquireCost(ctx, Cost{"a": -1, "b": 2}, 0), `cost["a"]`},
-		{"empty name", lim.AcquireCost(ctx, Cost{"": 1}, 0), "cost"},
-		{"negative wait", lim.AcquireCost(ctx, Cost{"a": 1}, -time.Second), "maxWait"},
-		{"negative estimate", lim.Settle(ctx, Cost{"a": -1}, Cost{"a": 1}), `estimated["a"]`},
-		{"negative actual", lim.Settle(ctx, Cost{"a": 1}, Cost{"a": -1}), `actual["a"]`},
-		{"zero Keyed", Keyed{}.AcquireCost(ctx, Cost{"a": 1}, 0), "Keyed"},
-		{"zero Keyed settle", Keyed{}.Settle(ctx, Cost{"a": 1}, Cost{"a": 2}), "Keyed"},
-		{"no bucket", noBucket.AcquireCost(ctx, Cost{"a": 1}, 0), "Bucket"},
+		{"empty", acquireErr(l, Cost{}, 0), "cost"},
+		{"nil", acquireErr(l, nil, 0), "cost"},
+		{"all zero", acquireErr(l, Cost{"a": 0, "b": 0}, 0), "cost"},
+		{"negative", acquireErr(l, Cost{"a": -1, "b": 2}, 0), `cost["a"]`},
+		{"empty name", acquireErr(l, Cost{"": 1}, 0), "cost"},
+		{"negative wait", acquireErr(l, Cost{"a": 1}, -time.Second), "maxWait"},
+		{"negative actual", granted.Settle(ctx, Cost{"a": -1}), `actual["a"]`},
+		{"zero Keyed", acquireErr(Keyed{}, Cost{"a": 1}, 0), "Keyed"},
+		{"nil grant", (*CostGrant)(nil).Settle(ctx, Cost{"a": 2}), "CostGrant"},
+		{"no bucket", acquireErr(noBucket.Key(""), Cost{"a": 1}, 0), "Bucket"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -78,12 +95,15 @@ func TestAcquireCostRefusesBadInput(t *testing.T) {
 			require.Contains(t, tt.err.Error(), tt.field)
 		})
 	}
-	// Nothing to settle: no call, no error.
-	require.NoError(t, lim.Settle(ctx, Cost{"a": 3}, Cost{"a": 3}))
+	// Nothing to settle: no call, no error; a grant settles once.
+	require.NoError(t, granted.Settle(ctx, Cost{"a": 1}))
+	err = granted.Settle(ctx, Cost{"a": 1})
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorContains(t, err, "settled twice")
 	// A cancelled context ends AcquireCost with its error.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	err = lim.AcquireCost(cctx, Cost{"a": 1}, time.Second)
+	_, err = lim.AcquireCost(cctx, Cost{"a": 1}, time.Second)
 	require.True(t, errors.Is(err, context.Canceled), "err = %v", err)
 }
 

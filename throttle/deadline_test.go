@@ -81,14 +81,12 @@ type lateCost struct {
 
 func (b *lateCost) TakeCost(_ context.Context, _ string, _ Cost, _ time.Duration) (Decision, error) {
 	b.fake.Advance(b.latency)
-	return Decision{Granted: true}, nil
-}
-
-func (b *lateCost) Settle(_ context.Context, _ string, delta Cost) error {
-	for k, v := range delta {
-		b.returned[k] += v
-	}
-	return nil
+	return Decision{Granted: true, Settle: func(_ context.Context, delta Cost) error {
+		for k, v := range delta {
+			b.returned[k] += v
+		}
+		return nil
+	}}, nil
 }
 
 // TestCostGrantedAfterTheDeadlineIsGivenBack: a cost whose grant comes
@@ -102,8 +100,9 @@ func TestCostGrantedAfterTheDeadlineIsGivenBack(t *testing.T) {
 	b := &lateCost{Local: loc, fake: clock, latency: 30 * time.Millisecond, returned: Cost{}}
 	lim := New(b, WithClock(clock))
 	defer lim.Close()
-	err = lim.AcquireCost(context.Background(), Cost{"tokens": 5}, 20*time.Millisecond)
+	g, err := lim.AcquireCost(context.Background(), Cost{"tokens": 5}, 20*time.Millisecond)
 	assert.ErrorIs(t, err, ErrTimeout)
+	assert.Nil(t, g)
 	assert.Equal(t, Cost{"tokens": -5}, b.returned, "the late grant given back")
 }
 

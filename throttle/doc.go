@@ -32,9 +32,10 @@
 //
 // Costs: a call that spends several things at once (one request and 800
 // tokens of an LLM API), known only after it, takes an estimated [Cost]
-// with [Limiter.AcquireCost] and corrects it with [Limiter.Settle], from
-// a [CostBucket] (package bucket's Budget) that takes every dimension or
-// none.
+// with [Limiter.AcquireCost] and corrects it with the grant's
+// [CostGrant.Settle] (a give-back only to the period it was taken from),
+// from a [CostBucket] (package bucket's Budget) that takes every
+// dimension or none.
 //
 // Around the core, in packages of their own: throttle/httpclient has an
 // http.RoundTripper that takes a permit before each outbound request and

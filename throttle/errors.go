@@ -22,6 +22,13 @@ var (
 	// ErrInvalid is wrapped by every error about a bad argument or a bad
 	// configuration. The message names the field and the value.
 	ErrInvalid = errors.New("invalid argument")
+
+	// ErrInvalidKey is wrapped by the error of a call whose per-call key
+	// (a tenant's, given to [Limiter.Key]) the bucket cannot store: too
+	// long, say. It is that call's problem, not the configuration's:
+	// other keys work. It also matches [ErrInvalid]; test for it first to
+	// tell the two apart.
+	ErrInvalidKey = fmt.Errorf("invalid key: %w", ErrInvalid)
 )
 
 // BackendError reports that a bucket's store (Redis) failed. It wraps the

@@ -23,9 +23,11 @@ type Slots interface {
 	// bound) for one slot of key ("" is the cap's own key), callers served
 	// in arrival order, and returns the function that gives the slot back
 	// (idempotent, safe from any goroutine). Errors: [ErrTimeout]
-	// (wrapped) when no slot comes within maxWait, the context's error, a
+	// (wrapped) when no slot comes within maxWait, the context's error
+	// (naming a wait stop's cause, see [ContextWithWaitStop]), a
 	// *[BackendError] when the store fails, [ErrInvalid] for bad
-	// arguments.
+	// arguments, and also [ErrInvalidKey] for a key the store cannot
+	// use.
 	Hold(ctx context.Context, key string, maxWait time.Duration) (release func(), err error)
 }
 

@@ -4,19 +4,29 @@
 --
 -- KEYS[1]  the budget's state: a hash with, per dimension name, the
 --          fields 't:<name>' (tokens left in its running period; negative:
---          a debt) and 'e:<name>' (its period's end, ms on this server's
---          clock). It expires once every period has ended and every debt
---          would have been paid, when a fresh hash means the same.
+--          a debt), 'e:<name>' (its period's end, ms on this server's
+--          clock) and 'c:<name>' (the debt the period inherited from the
+--          ones before at its refill and still owes: limit less the
+--          tokens it was refilled to; absent: 0). It expires once every
+--          period has ended and every debt would have been paid, when a
+--          fresh hash means the same.
 -- KEYS[2]  pause key of the same budget (see pause.lua)
 -- ARGV[1]  'take' or 'settle'
 -- ARGV[2]  D, the number of dimensions (integer ≥ 1)
--- ARGV[3+4(i-1)..6+4(i-1)], for dimension i: its name, its limit per
---          period (integer ≥ 1), its period in ms (integer ≥ 1), and the
---          amount: for 'take', what the call asks (≥ 0; 0 leaves the
---          dimension unchecked and untouched); for 'settle', the change
---          (> 0 charges, < 0 gives back, 0 leaves it alone).
+-- ARGV[3]  for 'settle': when the grant it corrects was made, ms on this
+--          server's clock (a take's now_ms); 0 when unknown. Unused by
+--          'take'.
+-- ARGV[4+5(i-1)..8+5(i-1)], for dimension i: its name, its limit per
+--          period (integer ≥ 1), its period in ms (integer ≥ 1), the
+--          amount, and the end of its latest period the caller's instance
+--          was told of (ms on this server's clock; 0 when none is known;
+--          see "Lost period"). The amount: for 'take', what the call asks
+--          (≥ 0; 0 leaves the dimension unchecked and untouched); for
+--          'settle', the change (> 0 charges, < 0 gives back, 0 leaves it
+--          alone).
 --
--- Take returns {status, delay_ms, remaining, reset_ms, limit, dim, now_ms}:
+-- Take returns {status, delay_ms, remaining, reset_ms, limit, dim, now_ms,
+-- end_1, ..., end_D}:
 --   status 1: granted; remaining, reset_ms and limit describe the
 --             dimension dim (1-based) with the least left, relative to
 --             its limit, after the take.
@@ -24,7 +34,9 @@
 --             asked has enough (its refills, its debt paid) or the pause
 --             ends; the others describe the dimension dim that binds
 --             longest (remaining never below 0; -1 for a pause).
--- Settle returns {1, now_ms}.
+--   end_i is dimension i's period end on record (0: none). A paused
+--   budget answers without them.
+-- Settle returns {1, now_ms, end_1, ..., end_D}.
 --
 -- Refill: a dimension's period starts at the first take after the last
 -- one ended (not before), and the take that starts it refills it: to its
@@ -35,35 +47,70 @@
 --
 -- Settle: a charge subtracts from the tokens at once, even below 0 (a
 -- debt). A charge for a budget with no period on record starts the debt
--- as if a period had just ended. A give-back adds to the tokens of the
--- running period, up to its limit; after the period's end it only reduces
--- a debt.
+-- as if a period had just ended. A give-back belongs to the period its
+-- grant was made in (ARGV[3]): while that period runs, it adds to its
+-- tokens, up to its limit less the debt it inherited; once it has ended
+-- (not yet refilled) it only reduces its debt. A give-back from an earlier
+-- period, or of a grant whose time is unknown, only reduces the debt the
+-- running period inherited (its grants were too few by as much): never a
+-- token beyond that, so it is never granted a second time. A give-back
+-- for a budget with no period on record does nothing.
+--
+-- Lost period: Redis restarted empty (or a promoted replica that had not
+-- received the latest refill, or keys deleted by hand) has no record of a
+-- period the fleet was told of and whose grants reached the provider. A
+-- refill now would grant a second limit inside it. When the caller knows
+-- an end of a dimension later than 1 ms from now on this server's clock
+-- (a call delayed on its way here carries an end that has passed, which
+-- holds nothing) and the record has none, or one more than half a period
+-- before it, the dimension is held at 0 tokens until that end (clamped to
+-- one period from now): nothing more is granted in the lost period, and
+-- the next period starts on the old phase when a caller asks at its end.
+-- A give-back of a grant made in the lost period still counts in it. What
+-- the lost period had granted and its debts are unknown: the cost is at
+-- most one period's grants, once per loss and key, and debts owed when
+-- the record was lost are forgotten.
 --
 -- Guarantee: per dimension, refills at least one period apart on this
 -- server's clock, each to at most the limit; a take is granted only when
 -- every dimension asked has enough, so in any period a dimension grants,
--- net of what was given back in it, at most its limit; what Settle
+-- net of what its own grants gave back, at most its limit; what Settle
 -- charges beyond the estimates comes on top, and is paid by the next
 -- refills before anything more is granted. A refused take changes no
--- tokens (it may start a period of a dimension that had ended).
+-- tokens (it may start a period of a dimension that had ended, or hold a
+-- lost one).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mode = ARGV[1]
 local D = tonumber(ARGV[2])
-local names, limits, periods, amounts, toks, ends = {}, {}, {}, {}, {}, {}
+local mark = tonumber(ARGV[3]) or 0
+local names, limits, periods, amounts, known = {}, {}, {}, {}, {}
+local toks, ends, owed = {}, {}, {}
 for i = 1, D do
-  local b = 3 + 4 * (i - 1)
+  local b = 4 + 5 * (i - 1)
   names[i] = ARGV[b]
   limits[i] = tonumber(ARGV[b + 1])
   periods[i] = tonumber(ARGV[b + 2])
   amounts[i] = tonumber(ARGV[b + 3])
-  local h = redis.call('HMGET', KEYS[1], 't:' .. names[i], 'e:' .. names[i])
+  -- No period runs further ahead than one from now: an end beyond that
+  -- (another server's clock, ahead of this one) holds at most that long.
+  known[i] = math.min(tonumber(ARGV[b + 4]) or 0, now + periods[i])
+  local h = redis.call('HMGET', KEYS[1], 't:' .. names[i], 'e:' .. names[i], 'c:' .. names[i])
   toks[i] = tonumber(h[1])
   ends[i] = tonumber(h[2])
+  owed[i] = tonumber(h[3]) or 0
 end
 
--- store writes dimension i and keeps the hash until every period has
--- ended and every debt would have been paid.
+-- ends_reply lists the dimensions' ends on record, 0 for none.
+local function ends_reply(r)
+  for i = 1, D do
+    table.insert(r, ends[i] or 0)
+  end
+  return r
+end
+
+-- store writes the changed dimensions and keeps the hash until every
+-- period has ended and every debt would have been paid.
 local function store(changed)
   local args = {}
   for i = 1, D do
@@ -72,6 +119,8 @@ local function store(changed)
       table.insert(args, string.format('%.0f', toks[i]))
       table.insert(args, 'e:' .. names[i])
       table.insert(args, string.format('%.0f', ends[i]))
+      table.insert(args, 'c:' .. names[i])
+      table.insert(args, string.format('%.0f', owed[i]))
     end
   end
   if #args == 0 then return end
@@ -79,37 +128,54 @@ local function store(changed)
   local keep = 1
   for i = 1, D do
     if ends[i] then
-      local owed = 0
-      if toks[i] < 0 then owed = math.ceil(-toks[i] / limits[i]) end
-      local h = ends[i] - now + owed * periods[i]
+      local n = 0
+      if toks[i] < 0 then n = math.ceil(-toks[i] / limits[i]) end
+      local h = ends[i] - now + n * periods[i]
       if h > keep then keep = h end
     end
   end
   redis.call('PEXPIRE', KEYS[1], keep)
 end
 
+-- hold holds dimension i at 0 until the end the caller knows, when the
+-- record has lost that period (see "Lost period").
+local changed = {}
+local function hold(i)
+  if known[i] > now + 1 and (not ends[i] or known[i] - ends[i] > periods[i] / 2) then
+    toks[i], ends[i], owed[i] = 0, known[i], 0
+    changed[i] = true
+  end
+end
+
 if mode == 'settle' then
-  local changed = {}
   for i = 1, D do
     local a = amounts[i]
+    if a ~= 0 then hold(i) end
     if a > 0 then
       if not ends[i] then
-        toks[i], ends[i] = 0, now
+        toks[i], ends[i], owed[i] = 0, now, 0
       end
       toks[i] = toks[i] - a
       changed[i] = true
     elseif a < 0 and ends[i] then
-      if ends[i] > now then
-        toks[i] = math.min(toks[i] - a, limits[i])
-        changed[i] = true
-      elseif toks[i] < 0 then
-        toks[i] = math.min(toks[i] - a, 0)
-        changed[i] = true
+      local g = -a
+      if mark > 0 and mark >= ends[i] - periods[i] and mark < ends[i] then
+        -- the grant's own period
+        if ends[i] > now then
+          toks[i] = math.max(toks[i], math.min(toks[i] + g, limits[i] - owed[i]))
+        elseif toks[i] < 0 then
+          toks[i] = math.min(toks[i] + g, 0)
+        end
+      elseif mark < ends[i] - periods[i] then
+        -- an earlier period (or unknown): only the inherited debt
+        g = math.min(g, owed[i])
+        toks[i], owed[i] = toks[i] + g, owed[i] - g
       end
+      changed[i] = true
     end
   end
   store(changed)
-  return {1, now}
+  return ends_reply({1, now})
 end
 
 local pause = redis.call('PTTL', KEYS[2])
@@ -117,12 +183,12 @@ if pause > 0 then
   return {0, pause, -1, pause, 0, 0, now}
 end
 
-local changed = {}
 local ok = true
 local delay, worst, best, bestRatio = 0, 0, 0, nil
 for i = 1, D do
   local a = amounts[i]
   if a > 0 then
+    hold(i)
     if not ends[i] or ends[i] <= now then
       -- the refill that starts a period
       local k = 1
@@ -132,6 +198,7 @@ for i = 1, D do
         carried = math.min(toks[i], 0)
       end
       toks[i] = math.min(limits[i], carried + k * limits[i])
+      owed[i] = limits[i] - toks[i]
       ends[i] = now + periods[i]
       changed[i] = true
     end
@@ -148,7 +215,7 @@ for i = 1, D do
 end
 if not ok then
   store(changed)
-  return {0, delay, math.max(toks[worst], 0), ends[worst] - now, limits[worst], worst, now}
+  return ends_reply({0, delay, math.max(toks[worst], 0), ends[worst] - now, limits[worst], worst, now})
 end
 for i = 1, D do
   if amounts[i] > 0 then
@@ -159,4 +226,4 @@ for i = 1, D do
   end
 end
 store(changed)
-return {1, 0, toks[best], ends[best] - now, limits[best], best, now}
+return ends_reply({1, 0, toks[best], ends[best] - now, limits[best], best, now})

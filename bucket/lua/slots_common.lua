@@ -12,10 +12,16 @@
 --
 -- tidy() drops holders and waiters whose lease has ended (their process
 -- stopped renewing: it died or lost Redis). promote() hands free slots to
--- the oldest waiters, in arrival order, and publishes each promoted member
--- on its instance's channel. A promoted waiter keeps its waiter's lease
--- end, so a waiter that died in the queue holds its slot no longer than
--- its lease.
+-- the oldest waiters, in arrival order; publish() then tells each promoted
+-- member's instance, on its channel. A promoted waiter keeps its waiter's
+-- lease end, so a waiter that died in the queue holds its slot no longer
+-- than its lease.
+--
+-- Every script ends with keep() then publish(), after its last write: a
+-- user without the channel's rights (Redis 7 gives new users none) gets
+-- no wake-ups, but the script's writes all happen, the keys keep their
+-- time to live and the script succeeds. Instances then learn of their
+-- promotions from their renewals (slots_renew.lua).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cap = tonumber(ARGV[1])
@@ -32,9 +38,10 @@ local function tidy()
   end
 end
 
+local woken = {} -- instance → its promoted members, space-separated
+
 local function promote()
   local free = cap - redis.call('ZCARD', KEYS[1])
-  local woken = {}
   while free > 0 do
     local head = redis.call('ZPOPMIN', KEYS[2])
     if #head == 0 then
@@ -48,8 +55,13 @@ local function promote()
     local inst = string.match(m, '^[^:]+')
     woken[inst] = (woken[inst] and (woken[inst] .. ' ') or '') .. m
   end
+end
+
+-- publish() sends the wake-ups of promote(). pcall: a refused PUBLISH
+-- (NOPERM: no rights on the channel) costs the wake-up, not the script.
+local function publish()
   for inst, members in pairs(woken) do
-    redis.call('PUBLISH', ARGV[3] .. inst, members)
+    redis.pcall('PUBLISH', ARGV[3] .. inst, members)
   end
 end
 

@@ -17,27 +17,29 @@
 local me = ARGV[4]
 tidy()
 promote()
-if redis.call('ZSCORE', KEYS[1], me) then
+local function done(r)
   keep()
-  return {1, 0}
+  publish()
+  return r
+end
+if redis.call('ZSCORE', KEYS[1], me) then
+  return done({1, 0})
 end
 if not redis.call('ZSCORE', KEYS[2], me) then
   -- promote() left a slot free only if nobody waits.
   if redis.call('ZCARD', KEYS[1]) < cap then
     redis.call('ZADD', KEYS[1], now + lease, me)
-    keep()
-    return {1, 0}
+    return done({1, 0})
   end
   if ARGV[5] == 'try' then
-    return {0, -1}
+    return done({0, -1})
   end
   redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), me)
   redis.call('ZADD', KEYS[3], now + lease, me)
 end
-keep()
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local wait = lease
 if #first == 2 then
   wait = math.max(tonumber(first[2]) - now, 0) + 1
 end
-return {0, wait}
+return done({0, wait})

@@ -13,4 +13,5 @@ redis.call('ZREM', KEYS[3], me)
 tidy()
 promote()
 keep()
+publish()
 return 1

@@ -16,8 +16,9 @@
 //     -estimate tokens, taken from a budget of two dimensions
 //     (bucket.NewBudget), both or none, before the send; settled with the
 //     usage the answer reports when its body is closed (an estimate too
-//     high is given back to the running period, one too low is a debt the
-//     next periods pay); a refusal settled at once, its tokens given back;
+//     high is given back to the grant's period, if it still runs; one too
+//     low is a debt the next periods pay); a refusal settled at once, its
+//     tokens given back;
 //   - httpclient.WithCallTime: no slot or cost is taken when less than
 //     -call-time is left before the handler's deadline (the consumer
 //     calls the handler again), and a call abandoned after its send keeps

@@ -16,3 +16,12 @@ import (
 func Invalid(pkg, field string, value any, want string) error {
 	return fmt.Errorf("%s: %s = %v: %w: %s", pkg, field, value, throttle.ErrInvalid, want)
 }
+
+// InvalidKey returns an error that wraps [throttle.ErrInvalidKey] (and so
+// [throttle.ErrInvalid]) for a per-call key the store cannot hold, for
+// example:
+//
+//	bucket: TokenBucket: key = "aaaa"… (513 bytes): invalid key: invalid argument: must be at most 512 bytes
+func InvalidKey(pkg string, value any, want string) error {
+	return fmt.Errorf("%s: key = %v: %w: %s", pkg, value, throttle.ErrInvalidKey, want)
+}

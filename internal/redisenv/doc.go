@@ -19,6 +19,10 @@
 // [NewCluster], which skip on the stand-in saying what to install, and fail
 // under HEADWAY_REQUIRE_REDIS=1.
 //
+// [Server.AddUser] and [NewUser] make a Redis ACL user as a managed
+// service gives one (only the listed commands and keys, no channel
+// rights), for tests of what headway needs of Redis.
+//
 // [New] and [NewCluster] are the forms tests use: they take a [testing.TB],
 // register Close with t.Cleanup and fail (or, for a cluster without a binary,
 // skip) the test when the server cannot start. They also sample go-redis's

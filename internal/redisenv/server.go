@@ -188,7 +188,11 @@ func (s *Server) ClientOptions() *redis.Options {
 // Client returns a new go-redis client for the server with default options.
 // The caller may close it; [Server.Close] closes it in any case.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(s.ClientOptions())
+	return s.track(redis.NewClient(s.ClientOptions()))
+}
+
+// track registers c to be closed by Close, or closes it if s is closed.
+func (s *Server) track(c *redis.Client) *redis.Client {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

@@ -304,3 +304,49 @@ func TestStartTimeoutValidated(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestUserHasOnlyItsCommandsAndNoChannels: a user made with NewUser may
+// run the commands it lists on the keys it lists, is refused every other
+// command and key, and may neither publish nor subscribe.
+func TestUserHasOnlyItsCommandsAndNoChannels(t *testing.T) {
+	s := New(t)
+	u := User{Name: "svc", Password: "pw", Commands: []string{"get", "set", "publish", "subscribe"}, Keys: []string{"app:*"}}
+	c := NewUser(t, s, u)
+	ctx := ctxT(t)
+	if err := c.Set(ctx, "app:k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET on an allowed key: %v", err)
+	}
+	if got, err := c.Get(ctx, "app:k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET on an allowed key = %q, %v", got, err)
+	}
+	for what, err := range map[string]error{
+		"SET on another key":     c.Set(ctx, "other", "v", 0).Err(),
+		"a command not listed":   c.Incr(ctx, "app:n").Err(),
+		"PUBLISH on a channel":   c.Publish(ctx, "app:ch", "x").Err(),
+		"ACL WHOAMI, not listed": c.Do(ctx, "acl", "whoami").Err(),
+	} {
+		if err == nil || !strings.HasPrefix(err.Error(), "NOPERM") {
+			t.Errorf("%s: err = %v, want NOPERM", what, err)
+		}
+	}
+	ps := c.Subscribe(ctx, "app:ch")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err == nil || !strings.HasPrefix(err.Error(), "NOPERM") {
+		t.Errorf("SUBSCRIBE: err = %v, want NOPERM", err)
+	}
+	// Channels, when listed, are allowed.
+	u.Channels = []string{"app:*"}
+	c = NewUser(t, s, u)
+	if err := c.Publish(ctx, "app:ch", "x").Err(); err != nil {
+		t.Errorf("PUBLISH on a listed channel: %v", err)
+	}
+	// The stand-in has no users.
+	mini, err := StartStandIn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mini.Close()
+	if err := mini.AddUser(u); !errors.Is(err, ErrNoACL) {
+		t.Errorf("AddUser on the stand-in = %v, want ErrNoACL", err)
+	}
+}

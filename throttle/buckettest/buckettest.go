@@ -43,7 +43,9 @@ type Spec struct {
 	// time (a store's clock).
 	Clock *clockwork.FakeClock
 	// MaxKeyLen is the longest key, in bytes, the bucket accepts; a longer
-	// one must be refused with an error wrapping throttle.ErrInvalid. 0: no
+	// one must be refused with an error wrapping throttle.ErrInvalidKey
+	// and throttle.ErrInvalid (the call's problem, not the
+	// configuration's). 0: no
 	// maximum (the suite tries keys of 4 KiB and 64 KiB).
 	MaxKeyLen int
 	// Remote reports that the bucket reaches its budget over a network (a
@@ -57,6 +59,14 @@ type Spec struct {
 	// suite then checks that a pause through one holds the other, and
 	// that goroutines spread over both get no more than the limit.
 	NewPair func(t *testing.T) (throttle.Bucket, throttle.Bucket)
+	// CostDimension, for a [throttle.CostBucket], names the dimension Take
+	// charges (Limit per Interval, Burst at most in one take). When set,
+	// the suite also takes costs of it: every grant must carry
+	// Decision.Settle, and a give-back settled after its grant's period
+	// has ended must never let a later period exceed the guarantee. ""
+	// (the default): no cost checks.
+	CostDimension string
+
 	// PrepareKey, if set, is called before the suite first uses a key of
 	// a budget from New or NewPair (with the first value), for buckets
 	// whose keys need something running, such as the Resetter of a
@@ -166,7 +176,11 @@ type check struct {
 	run     func(t *testing.T, s *suite)
 }
 
-func isPauser(_ *suite, b throttle.Bucket) bool   { _, ok := b.(throttle.Pauser); return ok }
+func isPauser(_ *suite, b throttle.Bucket) bool { _, ok := b.(throttle.Pauser); return ok }
+func isCostBucket(s *suite, b throttle.Bucket) bool {
+	_, ok := b.(throttle.CostBucket)
+	return ok && s.CostDimension != ""
+}
 func isRefunder(_ *suite, b throttle.Bucket) bool { _, ok := b.(throttle.Refunder); return ok }
 func hasMaxKey(s *suite, _ throttle.Bucket) bool  { return s.MaxKeyLen > 0 }
 func noMaxKey(s *suite, _ throttle.Bucket) bool   { return s.MaxKeyLen == 0 }
@@ -186,6 +200,7 @@ var checks = []check{
 	{name: "pause above MaxPause is clamped", applies: isPauser, run: checkPauseClamped},
 	{name: "pause of zero or less does nothing", applies: isPauser, run: checkPauseZero},
 	{name: "refunds never exceed the guarantee", applies: isRefunder, run: checkRefunds},
+	{name: "late give-backs of costs never exceed the guarantee", applies: isCostBucket, run: checkCostGiveBacks},
 	{name: "concurrent takes stay within the guarantee", run: checkConcurrent},
 	{name: "guarantee holds over several intervals", run: checkGuarantee},
 	{name: "ended context fails the take", run: checkContext},

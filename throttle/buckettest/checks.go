@@ -169,8 +169,8 @@ func checkKeysIndependent(t *testing.T, s *suite) {
 }
 
 // checkLongKey: a key longer than MaxKeyLen is refused with an error
-// wrapping throttle.ErrInvalid that names the key, by Take and Pause,
-// never cut short or sent on to the store.
+// wrapping throttle.ErrInvalidKey and throttle.ErrInvalid that names the
+// key, by Take and Pause, never cut short or sent on to the store.
 func checkLongKey(t *testing.T, s *suite) {
 	if s.MaxKeyLen == 0 {
 		b := s.fresh(t)
@@ -183,12 +183,12 @@ func checkLongKey(t *testing.T, s *suite) {
 	base := strings.Repeat("k", s.MaxKeyLen)
 	for _, k := range []string{base + "x", base + "y", base + base} {
 		d, err := b.takeReturns(context.Background(), 0, k, 1, 0)
-		if !isInvalid(err) || !strings.Contains(err.Error(), "key") {
-			t.Errorf("Take(key of %d bytes, MaxKeyLen %d) = %+v, %v; want an error wrapping throttle.ErrInvalid that names the key", len(k), s.MaxKeyLen, d, err)
+		if !isInvalid(err) || !errors.Is(err, throttle.ErrInvalidKey) || !strings.Contains(err.Error(), "key") {
+			t.Errorf("Take(key of %d bytes, MaxKeyLen %d) = %+v, %v; want an error wrapping throttle.ErrInvalidKey and throttle.ErrInvalid that names the key", len(k), s.MaxKeyLen, d, err)
 		}
 		if _, ok := b.value(0).(throttle.Pauser); ok {
-			if err := b.pause(0, k, time.Second); !isInvalid(err) {
-				t.Errorf("Pause(key of %d bytes, MaxKeyLen %d) = %v; want an error wrapping throttle.ErrInvalid", len(k), s.MaxKeyLen, err)
+			if err := b.pause(0, k, time.Second); !isInvalid(err) || !errors.Is(err, throttle.ErrInvalidKey) {
+				t.Errorf("Pause(key of %d bytes, MaxKeyLen %d) = %v; want an error wrapping throttle.ErrInvalidKey and throttle.ErrInvalid", len(k), s.MaxKeyLen, err)
 			}
 		}
 	}
@@ -485,6 +485,67 @@ func checkRefunds(t *testing.T, s *suite) {
 		t.Fatalf("no permit kept: the workload was granted nothing")
 	}
 	s.judgeRun(t, "permits kept while others were refunded", ps, !l.weighted)
+}
+
+// checkCostGiveBacks: a cost bucket's grant of a whole period's burst,
+// settled down to nothing only after the next period has been spent (a
+// call that straddled the period's end), gives the next period nothing:
+// the permits granted, the late grant's counted as used, stay within the
+// guarantee.
+func checkCostGiveBacks(t *testing.T, s *suite) {
+	b := s.fresh(t)
+	cb := b.value(0).(throttle.CostBucket)
+	const key = "late-cost"
+	b.prepare(key)
+	ctx := context.Background()
+	r := &recorder{}
+	take := func(n int64) throttle.Decision {
+		t.Helper()
+		lo := s.now()
+		d, err := cb.TakeCost(ctx, key, throttle.Cost{s.CostDimension: n}, 0)
+		hi := s.now()
+		if err != nil {
+			t.Fatalf("TakeCost(%q, %s=%d) = %v", key, s.CostDimension, n, err)
+		}
+		b.checkDecision(key, n, 0, d)
+		if d.Granted {
+			r.add(lo, hi, n)
+		}
+		return d
+	}
+	// grantAfter follows refusals of n (each Delay waited out) to a grant.
+	grantAfter := func(n int64, d throttle.Decision) throttle.Decision {
+		t.Helper()
+		for hops := 0; !d.Granted && hops < 3; hops++ {
+			s.wait(d.Delay)
+			d = take(n)
+		}
+		if !d.Granted {
+			t.Fatalf("TakeCost(%q, %s=%d) refused after its Delays: %+v", key, s.CostDimension, n, d)
+		}
+		return d
+	}
+	first := grantAfter(s.Burst, take(s.Burst))
+	if first.Settle == nil {
+		t.Fatalf("TakeCost(%q, %s=%d) granted with no Decision.Settle: a CostBucket's grant must say how to settle it", key, s.CostDimension, s.Burst)
+	}
+	// The next period: spent by others while the first call runs on.
+	grantAfter(1, take(1))
+	for range s.Burst + 2 {
+		if !take(1).Granted {
+			break
+		}
+	}
+	// The first call ends now: it used nothing.
+	if err := first.Settle(ctx, throttle.Cost{s.CostDimension: -s.Burst}); err != nil {
+		t.Fatalf("Settle of the first grant = %v", err)
+	}
+	for range s.Burst + 2 {
+		if !take(1).Granted {
+			break
+		}
+	}
+	s.judgeRun(t, "permits kept while a grant of an ended period was settled down", r.permits, false)
 }
 
 // checkConcurrent: many goroutines, spread over both values of NewPair,

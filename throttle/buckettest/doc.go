@@ -23,6 +23,9 @@
 //   - a [throttle.Pauser] holds every value sharing the budget, is never
 //     shortened, and clamps a pause above [throttle.MaxPause];
 //   - a [throttle.Refunder]'s refunds never let grants exceed the guarantee;
+//   - a [throttle.CostBucket]'s grants carry Decision.Settle, and a cost
+//     given back after its period has ended never lets a later period
+//     exceed the guarantee ([Spec].CostDimension);
 //   - many goroutines taking at once get no more than the guarantee allows;
 //   - the bucket's guarantee holds over several intervals (with weighted
 //     takes, reservations, idle spells and a pause), judged by an

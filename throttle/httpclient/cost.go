@@ -47,7 +47,7 @@ type Usage struct {
 //
 // Before each send, the Transport takes estimate's cost, all dimensions
 // together or none, within the request's wait ([throttle.Keyed.AcquireCost],
-// instead of a permit); then it settles it ([throttle.Keyed.Settle]) with
+// instead of a permit); then it settles it ([throttle.CostGrant.Settle]) with
 // actual's cost of what the provider's answer reports:
 //
 //   - A 2xx answer is settled when its body is closed, from the `usage`
@@ -122,27 +122,27 @@ func totalTokens(u Usage) throttle.Cost {
 	return throttle.Cost{"tokens": total}
 }
 
-// settle settles est with actual on a context that outlives the
+// settle settles g with actual on a context that outlives the
 // request's, and logs a failure.
-func (t *Transport) settle(ctx context.Context, k throttle.Keyed, est, actual throttle.Cost) {
-	if err := k.Settle(context.WithoutCancel(ctx), est, actual); err != nil {
-		t.log.Warn("httpclient: settling a call's cost failed", "key", k.Key(), "estimated", est.String(), "actual", actual.String(), "err", err)
+func (t *Transport) settle(ctx context.Context, k throttle.Keyed, g *throttle.CostGrant, actual throttle.Cost) {
+	if err := g.Settle(context.WithoutCancel(ctx), actual); err != nil {
+		t.log.Warn("httpclient: settling a call's cost failed", "key", k.Key(), "actual", actual.String(), "err", err)
 	}
 }
 
 // settleOnClose makes resp's body settle est with the usage it reports
 // when it is closed (see WithCost), for a 2xx answer; any other answer is
 // settled now, as a call that generated nothing.
-func (t *Transport) settleOnClose(ctx context.Context, k throttle.Keyed, resp *http.Response, est throttle.Cost) *http.Response {
+func (t *Transport) settleOnClose(ctx context.Context, k throttle.Keyed, resp *http.Response, g *throttle.CostGrant) *http.Response {
 	if resp.StatusCode/100 != 2 {
-		t.settle(ctx, k, est, t.cost.actual(Usage{}))
+		t.settle(ctx, k, g, t.cost.actual(Usage{}))
 		return resp
 	}
 	if resp.Body == nil || resp.Body == http.NoBody {
 		return resp // no usage: the estimate stays
 	}
 	b := &costBody{body: resp.Body, usage: newUsageReader(resp.Header.Get("Content-Type"))}
-	b.settle = func(u Usage) { t.settle(ctx, k, est, t.cost.actual(u)) }
+	b.settle = func(u Usage) { t.settle(ctx, k, g, t.cost.actual(u)) }
 	if rw, ok := resp.Body.(io.ReadWriteCloser); ok {
 		resp.Body = &costBodyRW{costBody: b, w: rw}
 	} else {

@@ -45,10 +45,11 @@ func (l *ledger) TakeCost(_ context.Context, _ string, c throttle.Cost, _ time.D
 	for name, v := range c {
 		l.charged[name] += v
 	}
-	return throttle.Decision{Granted: true}, nil
+	return throttle.Decision{Granted: true, Settle: l.settle}, nil
 }
 
-func (l *ledger) Settle(_ context.Context, _ string, delta throttle.Cost) error {
+// settle is every grant's Decision.Settle.
+func (l *ledger) settle(_ context.Context, delta throttle.Cost) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.settles++

@@ -420,11 +420,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// handed to the response's body.
 		h := &heldSlot{release: release}
 		defer h.free()
+		var grant *throttle.CostGrant // WithCost: this attempt's
 		if err == nil {
 			if left != throttle.Forever {
 				left = max(left-clock.Since(start), 0)
 			}
-			if err = t.acquire(ctx, k, left, est); err != nil {
+			if grant, err = t.acquire(ctx, k, left, est); err != nil {
 				h.free()
 			}
 		}
@@ -446,8 +447,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		pause, hinted := t.react(ctx, k, resp, clock.Now())
 		answer := func() (*http.Response, error) {
 			resp = releaseOnClose(resp, t.abandoned(ctx, clock, sent, h.hand()))
-			if est != nil {
-				resp = t.settleOnClose(ctx, k, resp, est)
+			if grant != nil {
+				resp = t.settleOnClose(ctx, k, resp, grant)
 			}
 			return resp, nil
 		}
@@ -462,8 +463,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return answer() // the body cannot be had again: give the answer
 		}
 		discard(resp)
-		if est != nil {
-			t.settle(ctx, k, est, t.cost.actual(Usage{})) // a refusal generated nothing
+		if grant != nil {
+			t.settle(ctx, k, grant, t.cost.actual(Usage{})) // a refusal generated nothing
 		}
 		h.free()
 		r = next
@@ -639,8 +640,8 @@ func (b *releasingRW) Close() error {
 }
 
 // acquire waits out any local pause of k, then takes a permit within left,
-// or the cost est when it is not nil (WithCost).
-func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration, est throttle.Cost) error {
+// or the cost est when it is not nil (WithCost), whose grant it returns.
+func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration, est throttle.Cost) (*throttle.CostGrant, error) {
 	clock := k.Limiter().Clock()
 	start := clock.Now()
 	for {
@@ -659,31 +660,34 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 				ctxBound = true
 			}
 			if ctxBound || wait > remaining {
-				return pausedErr(left, wait, ctxBound)
+				return nil, pausedErr(left, wait, ctxBound)
 			}
 			if err := sleep(ctx, clock, wait); err != nil {
-				return err
+				return nil, err
 			}
 			continue
 		}
+		var grant *throttle.CostGrant
 		if est != nil {
-			if err := k.AcquireCost(ctx, est, remaining); err != nil {
-				return err
+			g, err := k.AcquireCost(ctx, est, remaining)
+			if err != nil {
+				return nil, err
 			}
+			grant = g
 		} else if err := k.Acquire(ctx, remaining); err != nil {
-			return err
+			return nil, err
 		}
 		// A pause that began while we waited for a reserved permit holds
 		// too: give the permit back if we can, and wait again.
 		if t.pauseLeft(k) > 0 {
-			if est != nil {
-				_ = k.Settle(context.WithoutCancel(ctx), est, zeroOf(est)) // best effort
+			if grant != nil {
+				_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est)) // best effort
 			} else if r, ok := k.Limiter().Bucket().(throttle.Refunder); ok {
 				_ = r.Refund(ctx, k.Key(), 1) // best effort
 			}
 			continue
 		}
-		return nil
+		return grant, nil
 	}
 }
 

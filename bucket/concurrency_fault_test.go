@@ -1,0 +1,383 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+)
+
+// Faults of the fleet-wide cap: a Redis user without channel rights,
+// new connections that stall, Redis restarted empty, a stop during a
+// round trip.
+
+// recordLog is a slog handler that keeps the messages of the records it
+// is given, with their attributes, one string each.
+type recordLog struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *recordLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *recordLog) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Level.String() + " " + r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		b.WriteString(" " + a.String())
+		return true
+	})
+	l.mu.Lock()
+	l.msgs = append(l.msgs, b.String())
+	l.mu.Unlock()
+	return nil
+}
+func (l *recordLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *recordLog) WithGroup(string) slog.Handler      { return l }
+
+func (l *recordLog) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msgs...)
+}
+
+// noChannelUser is a Redis user with every command headway needs and no
+// pub/sub channel: what a managed service gives by default (Redis 7's
+// acl-pubsub-default is resetchannels).
+func noChannelUser(t *testing.T, srv *redisenv.Server) func() redis.UniversalClient {
+	t.Helper()
+	u := redisenv.User{Name: "svc-" + strconv.FormatInt(time.Now().UnixNano(), 36), Password: "pw", Commands: redisCommands}
+	redisenv.NewUser(t, srv, u)
+	return func() redis.UniversalClient { return srv.UserClient(u) }
+}
+
+// TestConcurrencyWithoutChannelRightsKeepsItsGuarantee: under a Redis
+// user that may neither publish nor subscribe, the cap still works: a
+// Hold that may wait takes a free slot without waiting for a
+// subscription that never comes, a waiter gets the slot a release hands
+// it (told by its renewals), a try that promotes a waiter says there is
+// no slot rather than failing, every key keeps its time to live, and
+// Check logs what is missing without failing.
+func TestConcurrencyWithoutChannelRightsKeepsItsGuarantee(t *testing.T) {
+	srv := redisenv.New(t)
+	client := noChannelUser(t, srv)
+	const lease = 300 * time.Millisecond
+	log := &recordLog{}
+	a := newSlots(t, client(), "nochan", 1, WithLease(lease), WithLogger(slog.New(log)))
+	b := newSlots(t, client(), "nochan", 1, WithLease(lease))
+	ctx := context.Background()
+
+	if err := a.Check(ctx); err != nil {
+		t.Fatalf("Check without channel rights = %v, want nil (a warning, not an error)", err)
+	}
+	var warned bool
+	for _, l := range log.lines() {
+		warned = warned || strings.HasPrefix(l, "WARN") && strings.Contains(l, "slots-wake") && strings.Contains(l, "wake-ups fall back")
+	}
+	if !warned {
+		t.Errorf("Check logged %q; want a warning naming the wake-up channel and the fallback", log.lines())
+	}
+
+	// Every slot free: a Hold that may wait takes one at once, not
+	// after waiting for a subscription confirmation (which never comes).
+	dctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
+	asked := time.Now()
+	rel, err := a.Hold(dctx, "", throttle.Forever)
+	cancel()
+	if err != nil {
+		t.Fatalf("Hold with every slot free (context of 800ms) = %v", err)
+	}
+	t.Logf("Hold(Forever) with every slot free took %v", time.Since(asked))
+
+	// A waiter of another client gets the slot the release hands it.
+	got := make(chan error, 1)
+	go func() {
+		r, err := b.Hold(ctx, "", 5*time.Second)
+		if err == nil {
+			r()
+		}
+		got <- err
+	}()
+	waitSlots(t, "waiter queued", func() bool { _, w := count(t, srv.Client(), a, ""); return w == 1 })
+	released := time.Now()
+	rel()
+	if err := <-got; err != nil {
+		t.Fatalf("waiter after a release, without wake-ups = %v", err)
+	}
+	t.Logf("waiter served %v after the release, without wake-ups (lease %v)", time.Since(released), lease)
+
+	// A holder whose lease has ended and a waiter (of a process that
+	// is not there to renew it): a try promotes the waiter and finds no
+	// slot; it must not fail at the wake-up's PUBLISH, and every key
+	// keeps a time to live.
+	admin := srv.Client()
+	keys, err := a.keys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := admin.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin.ZAdd(ctx, keys[0], redis.Z{Score: float64(now.UnixMilli() - 1), Member: "deadbeef:1"})
+	admin.ZAdd(ctx, keys[1], redis.Z{Score: 1, Member: "deadbeef:2"})
+	admin.ZAdd(ctx, keys[2], redis.Z{Score: float64(now.UnixMilli() + 60_000), Member: "deadbeef:2"})
+	if _, err := a.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Errorf("Hold(0) after a holder's lease ended, a waiter queued = %v, want ErrTimeout", err)
+	}
+	if h, _ := count(t, admin, a, ""); h != 1 {
+		t.Errorf("%d holders after the promotion, want 1 (the waiter)", h)
+	}
+	for _, k := range keys {
+		if ttl, err := admin.PTTL(ctx, k).Result(); err != nil || ttl == -1 {
+			t.Errorf("key %s: PTTL = %v, %v; want a time to live", k, ttl, err)
+		}
+	}
+}
+
+// TestConcurrencyTryThatPromotesAWaiterKeepsTheTTL: a try (maxWait 0)
+// that hands a freed slot to a waiter, and then finds none for itself,
+// leaves every key of the cap with a time to live.
+func TestConcurrencyTryThatPromotesAWaiterKeepsTheTTL(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	s := newSlots(t, rdb, "ttl", 1)
+	keys, err := s.keys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A holder whose lease has ended, and a waiter whose has not.
+	rdb.ZAdd(ctx, keys[0], redis.Z{Score: float64(now.UnixMilli() - 1), Member: "deadbeef:1"})
+	rdb.ZAdd(ctx, keys[1], redis.Z{Score: 1, Member: "deadbeef:2"})
+	rdb.ZAdd(ctx, keys[2], redis.Z{Score: float64(now.UnixMilli() + 60_000), Member: "deadbeef:2"})
+	if _, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(0) with a waiter to promote = %v, want ErrTimeout", err)
+	}
+	if h, _ := count(t, rdb, s, ""); h != 1 {
+		t.Fatalf("%d holders after the promotion, want 1 (the waiter)", h)
+	}
+	for _, k := range keys[:3] {
+		if ttl, err := rdb.PTTL(ctx, k).Result(); err != nil || ttl < 0 && ttl != -2 {
+			t.Errorf("key %s: PTTL = %v, %v; want a time to live", k, ttl, err)
+		}
+	}
+}
+
+// TestConcurrencyRestartedEmptyPutsLiveHoldersBack: after Redis restarts
+// empty, the renewals of live holders put them back, so the cap counts
+// them again and admits nobody beyond its capacity.
+func TestConcurrencyRestartedEmptyPutsLiveHoldersBack(t *testing.T) {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "a restart")
+	const lease = 300 * time.Millisecond
+	a := newSlots(t, srv.Client(), "restart", 2, WithLease(lease))
+	b := newSlots(t, srv.Client(), "restart", 2, WithLease(lease))
+	ctx := context.Background()
+	for range 2 {
+		rel, err := a.Hold(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rel()
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitSlots(t, "live holders back after the restart", func() bool {
+		h, _ := count(t, srv.Client(), a, "")
+		return h == 2
+	})
+	if rel, err := b.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		if err == nil {
+			rel()
+		}
+		t.Fatalf("Hold(0) of another instance with both slots held = %v, want ErrTimeout", err)
+	}
+}
+
+// stallDialer is a client's dialer whose new connections stall for a
+// while once armed (a TCP handshake lost, a proxy that accepts slowly):
+// pooled connections still work. The test closes done at its end.
+type stallDialer struct {
+	addr  string
+	stall atomic.Int64  // ns; 0: dial at once
+	done  chan struct{} // closed at the test's end: stalls end
+}
+
+func (d *stallDialer) dial(ctx context.Context, network, _ string) (net.Conn, error) {
+	if s := time.Duration(d.stall.Load()); s > 0 {
+		t := time.NewTimer(s)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-d.done:
+			t.Stop()
+			return nil, errors.New("test over")
+		}
+	}
+	var nd net.Dialer
+	return nd.DialContext(ctx, network, d.addr)
+}
+
+// TestConcurrencyStalledSubscriptionBlocksNothingElse: while the first
+// waiter's subscription connection stalls (new connections take 3 s,
+// pooled ones are fine), renewals and releases go on: a live holder
+// keeps the only slot, and the waiter's Hold returns within its wait.
+func TestConcurrencyStalledSubscriptionBlocksNothingElse(t *testing.T) {
+	srv := redisenv.New(t)
+	const lease = 600 * time.Millisecond // four leases fit in the stall
+	d := &stallDialer{addr: srv.Addr(), done: make(chan struct{})}
+	defer close(d.done)
+	opt := srv.ClientOptions()
+	opt.Dialer = d.dial
+	stalling := redis.NewClient(opt)
+	defer stalling.Close()
+	// A few connections in the pool, which stay usable.
+	var warm sync.WaitGroup
+	for range 4 {
+		warm.Go(func() {
+			if err := stalling.Ping(context.Background()).Err(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	warm.Wait()
+	a := newSlots(t, stalling, "stall", 1, WithLease(lease))
+	b := newSlots(t, srv.Client(), "stall", 1, WithLease(lease))
+	ctx := context.Background()
+	rel, err := a.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.stall.Store(int64(3 * time.Second))
+	waited := make(chan error, 1)
+	go func() {
+		asked := time.Now()
+		_, err := a.Hold(ctx, "", 200*time.Millisecond) // opens the subscription
+		t.Logf("Hold(200ms) returned after %v: %v", time.Since(asked), err)
+		waited <- err
+	}()
+	// Over four leases, the other instance never gets the held slot.
+	end := time.Now().Add(4 * lease)
+	for time.Now().Before(end) {
+		if r, err := b.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+			if err == nil {
+				r()
+			}
+			t.Fatalf("Hold(0) of another instance while the only slot is held = %v, want ErrTimeout", err)
+		}
+		time.Sleep(20 * time.Millisecond) // paces the probes; not a synchronisation
+	}
+	select {
+	case err := <-waited:
+		if !errors.Is(err, throttle.ErrTimeout) {
+			t.Fatalf("Hold(200ms) while the slot is held = %v, want ErrTimeout", err)
+		}
+	default:
+		t.Fatal("Hold(200ms) still waiting four leases on")
+	}
+	released := make(chan struct{})
+	go func() {
+		start := time.Now()
+		rel()
+		t.Logf("release took %v", time.Since(start))
+		close(released)
+	}()
+	select {
+	case <-released:
+	case <-time.After(2 * time.Second):
+		t.Fatal("release still running 2s on, while only new connections stall")
+	}
+}
+
+// TestConcurrencyStopDuringTheRoundTripNamesItsCause: a Hold whose wait
+// is stopped (throttle.ContextWithWaitStop) while its script is on its way
+// returns the stop's error, naming its cause, not a store error.
+func TestConcurrencyStopDuringTheRoundTripNamesItsCause(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	hook := &holdHook{entered: make(chan struct{})}
+	rdb.AddHook(hook)
+	s := newSlots(t, rdb, "stopped", 1)
+	stop, cancelStop := context.WithCancelCause(context.Background())
+	ctx := throttle.ContextWithWaitStop(context.Background(), stop)
+	done := make(chan error, 1)
+	hook.armed.Store(true)
+	go func() {
+		_, err := s.Hold(ctx, "", 0)
+		done <- err
+	}()
+	<-hook.entered
+	cause := errors.New("partition 3 revoked")
+	cancelStop(cause)
+	err := <-done
+	var be *throttle.BackendError
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, cause) || errors.As(err, &be) {
+		t.Fatalf("Hold stopped during its round trip = %v; want context.Canceled naming the stop's cause, not a store error", err)
+	}
+	if h, w := count(t, srv.Client(), s, ""); h != 0 || w != 0 {
+		t.Fatalf("after the stopped Hold: %d held, %d waiting; want 0, 0", h, w)
+	}
+}
+
+// holdHook holds the first script sent once armed until its context
+// ends, as a server that does not answer.
+type holdHook struct {
+	armed   atomic.Bool
+	entered chan struct{}
+}
+
+func (h *holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.HasPrefix(cmd.Name(), "eval") && h.armed.CompareAndSwap(true, false) {
+			close(h.entered)
+			<-ctx.Done()
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestConcurrencyRoundTripEndsWithTheWait: a Hold whose script gets no
+// answer returns when its maxWait runs out, with ErrTimeout, not at the
+// round trip's own one-second bound with a store error; and leaves
+// nothing behind.
+func TestConcurrencyRoundTripEndsWithTheWait(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	hook := &holdHook{entered: make(chan struct{})}
+	rdb.AddHook(hook)
+	s := newSlots(t, rdb, "bounded", 1)
+	hook.armed.Store(true)
+	asked := time.Now()
+	_, err := s.Hold(context.Background(), "", 200*time.Millisecond)
+	t.Logf("Hold(200ms) with no answer returned after %v: %v", time.Since(asked), err)
+	if !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(200ms) whose script gets no answer = %v, want ErrTimeout", err)
+	}
+	if h, w := count(t, srv.Client(), s, ""); h != 0 || w != 0 {
+		t.Fatalf("after the Hold: %d held, %d waiting; want 0, 0", h, w)
+	}
+}

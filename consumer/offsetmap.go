@@ -1,0 +1,265 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Offset maps. The committed offset of a partition is its watermark: the
+// records finished behind an unfinished one are not committed, and the
+// next owner would handle them again. A commit made when a partition stops
+// here (revocation, shutdown) therefore carries, in the metadata of the
+// partition's offset, the ranges of offsets past it that were finished
+// already; the next owner, reading the committed offsets, finishes those
+// records at once instead of handling them again.
+//
+// The map is bounded (maxOffsetMap bytes): ranges that do not fit are left
+// out, from the last, and their records are handled again, as without a
+// map. A broker that refuses the metadata as too large gets the commit
+// again without maps. Commits of the running consumer (kgo's autocommit)
+// carry no map: after a crash, the records past the watermark are handled
+// again.
+
+// offsetMapPrefix starts the metadata of a commit that carries a map.
+const offsetMapPrefix = "headway.om1:"
+
+// maxOffsetMap is the most bytes of metadata a map takes: below the
+// brokers' default offset.metadata.max.bytes (4096).
+const maxOffsetMap = 4000
+
+// offRun is a range of finished offsets, first to last inclusive: records
+// consecutive in the partition (offsets the log does not hold, compacted
+// or control records, may lie inside it).
+type offRun struct{ first, last int64 }
+
+// offsetMap is the map of a partition that stopped: the offset the commit
+// carries (base) and the finished ranges past it.
+type offsetMap struct {
+	tp   topicPartition
+	base int64
+	runs []offRun
+}
+
+// encodeOffsetMap writes base and as many runs as fit in maxOffsetMap
+// bytes, in order: base36 numbers, "base:gap.len,gap.len,...", each gap
+// counted from the end of the run before (from base for the first).
+func encodeOffsetMap(base int64, runs []offRun) string {
+	var b strings.Builder
+	b.WriteString(offsetMapPrefix)
+	b.WriteString(strconv.FormatInt(base, 36))
+	b.WriteByte(':')
+	next := base
+	var item []byte
+	for i, r := range runs {
+		if r.first < next || r.last < r.first {
+			break // not in order: keep what is sure
+		}
+		item = item[:0]
+		if i > 0 {
+			item = append(item, ',')
+		}
+		item = strconv.AppendInt(item, r.first-next, 36)
+		item = append(item, '.')
+		item = strconv.AppendInt(item, r.last-r.first+1, 36)
+		if b.Len()+len(item) > maxOffsetMap {
+			break
+		}
+		b.Write(item)
+		next = r.last + 1
+	}
+	return b.String()
+}
+
+// decodeOffsetMap reads what encodeOffsetMap wrote; ok is false for any
+// other metadata (kgo's member ID, another program's), which then
+// restores nothing.
+func decodeOffsetMap(s string) (base int64, runs []offRun, ok bool) {
+	rest, found := strings.CutPrefix(s, offsetMapPrefix)
+	if !found {
+		return 0, nil, false
+	}
+	head, list, found := strings.Cut(rest, ":")
+	if !found {
+		return 0, nil, false
+	}
+	base, err := strconv.ParseInt(head, 36, 64)
+	if err != nil || base < 0 {
+		return 0, nil, false
+	}
+	if list == "" {
+		return base, nil, true
+	}
+	next := base
+	for item := range strings.SplitSeq(list, ",") {
+		g, n, found := strings.Cut(item, ".")
+		if !found {
+			return 0, nil, false
+		}
+		gap, err1 := strconv.ParseInt(g, 36, 64)
+		length, err2 := strconv.ParseInt(n, 36, 64)
+		if err1 != nil || err2 != nil || gap < 0 || length < 1 || gap > 1<<62-next || length > 1<<62-next-gap {
+			return 0, nil, false
+		}
+		r := offRun{first: next + gap, last: next + gap + length - 1}
+		runs = append(runs, r)
+		next = r.last + 1
+	}
+	return base, runs, true
+}
+
+// offsetMap returns the map of p, stopped, for the commit that follows
+// its stop: the offset that commit carries for p (the last one marked,
+// or the first record taken when none was) and the ranges finished past
+// it. ok is false when p has nothing to add.
+func (p *partition) offsetMap() (m offsetMap, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return p.final, p.hasFinal
+	}
+	return p.mapLocked()
+}
+
+// mapLocked is offsetMap; p.mu is held.
+func (p *partition) mapLocked() (m offsetMap, ok bool) {
+	if p.first < 0 {
+		return offsetMap{}, false // took no record
+	}
+	m = offsetMap{tp: topicPartition{p.topic, p.id}, base: p.first}
+	if p.marked >= 0 {
+		m.base = p.marked
+	}
+	if p.through > m.base {
+		// Finished and passed by the watermark, but not marked (the
+		// partition was fenced): finished all the same.
+		m.runs = append(m.runs, offRun{m.base, p.through - 1})
+	}
+	q := &p.span
+	for i := q.head; i < len(q.buf); i++ {
+		e := q.buf[i]
+		if !e.done || e.off < m.base {
+			continue
+		}
+		if n := len(m.runs); n > 0 && i > q.head && q.buf[i-1].done && m.runs[n-1].last < e.off {
+			m.runs[n-1].last = e.off
+			continue
+		}
+		m.runs = append(m.runs, offRun{e.off, e.off})
+	}
+	return m, len(m.runs) > 0
+}
+
+// mapsOf returns the maps of stopped partitions, one per partition: none
+// for a partition stopped twice at once (an earlier ownership still
+// stopping), whose commit it could not tell apart.
+func mapsOf(ps []*partition) map[topicPartition]offsetMap {
+	count := make(map[topicPartition]int, len(ps))
+	for _, p := range ps {
+		count[topicPartition{p.topic, p.id}]++
+	}
+	maps := make(map[topicPartition]offsetMap)
+	for _, p := range ps {
+		if count[topicPartition{p.topic, p.id}] > 1 {
+			continue
+		}
+		if m, ok := p.offsetMap(); ok {
+			maps[m.tp] = m
+		}
+	}
+	return maps
+}
+
+// withOffsetMaps returns ctx with a function that writes maps into the
+// commit kgo is about to send: the metadata of each partition the commit
+// carries at the map's base.
+func withOffsetMaps(ctx context.Context, maps map[topicPartition]offsetMap) context.Context {
+	if len(maps) == 0 {
+		return ctx
+	}
+	return kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+		for i := range req.Topics {
+			t := &req.Topics[i]
+			for j := range t.Partitions {
+				pp := &t.Partitions[j]
+				if m, ok := maps[topicPartition{t.Topic, pp.Partition}]; ok && pp.Offset == m.base {
+					pp.Metadata = kmsg.StringPtr(encodeOffsetMap(m.base, m.runs))
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// commitWithMaps commits the marked offsets and, with its map, each
+// partition of maps at its base: also those with nothing marked in this
+// session (a record stuck from the first on), which are still ours (they
+// are being revoked, or Run stops).
+func commitWithMaps(ctx context.Context, cl *kgo.Client, maps map[topicPartition]offsetMap) error {
+	offsets := cl.MarkedOffsets()
+	for tp, m := range maps {
+		if _, ok := offsets[tp.topic][tp.partition]; ok {
+			continue
+		}
+		if offsets == nil {
+			offsets = make(map[string]map[int32]kgo.EpochOffset)
+		}
+		if offsets[tp.topic] == nil {
+			offsets[tp.topic] = make(map[int32]kgo.EpochOffset)
+		}
+		offsets[tp.topic][tp.partition] = kgo.EpochOffset{Epoch: -1, Offset: m.base}
+	}
+	if len(offsets) == 0 {
+		return nil
+	}
+	var rerr error
+	cl.CommitOffsetsSync(withOffsetMaps(ctx, maps), offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			rerr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, pr := range t.Partitions {
+				if err := kerr.ErrorForCode(pr.ErrorCode); err != nil {
+					rerr = err
+					return
+				}
+			}
+		}
+	})
+	return rerr
+}
+
+// mapTooLarge reports whether a commit failed because a broker refused
+// an offset's metadata as too large.
+func mapTooLarge(err error) bool { return errors.Is(err, kerr.OffsetMetadataTooLarge) }
+
+// onOffsetsFetched is the kgo.OnOffsetsFetched callback: it keeps the
+// maps of the committed offsets just read, for the partitions' first
+// records, then calls the user's callback, if any.
+func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
+	c.mu.Lock()
+	for _, t := range resp.Topics {
+		for _, pr := range t.Partitions {
+			tp := topicPartition{t.Topic, pr.Partition}
+			delete(c.restored, tp)
+			if pr.ErrorCode != 0 || pr.Metadata == nil {
+				continue
+			}
+			base, runs, ok := decodeOffsetMap(*pr.Metadata)
+			if ok && base == pr.Offset && len(runs) > 0 {
+				c.restored[tp] = offsetMap{tp: tp, base: base, runs: runs}
+			}
+		}
+	}
+	c.mu.Unlock()
+	if c.userOnFetched != nil {
+		return c.userOnFetched(ctx, cl, resp)
+	}
+	return nil
+}
