@@ -311,6 +311,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	}
 
 	var s summary
+	var runErr error // the run ended before every record was handled
 	returned := 0 // consumers whose Run returned
 	start := time.Now()
 	var killTime time.Time
@@ -320,7 +321,9 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
-			return s, fmt.Errorf("%d of %d records handled when the run ended: %w", nHandled.Load(), c.records, ctx.Err())
+			// Print what was counted all the same.
+			runErr = fmt.Errorf("%d of %d records handled when the run ended: %w", nHandled.Load(), c.records, ctx.Err())
+			done = true
 		case err := <-produced:
 			if err != nil {
 				return s, fmt.Errorf("producing: %w", err)
@@ -389,7 +392,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	fmt.Fprintf(out, "  cut after their permit     %d calls (sent, then ended by the handler's deadline or the instance's stop)\n", s.cut)
 	fmt.Fprintf(out, "  no slot or cost in time    %d handler calls (called again, no attempt used)\n", s.permitWaits)
 	if prov == nil {
-		return s, nil
+		return s, runErr
 	}
 	s.stats = prov.Stats()
 	s.windows = prov.Tallies()
@@ -414,7 +417,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		fmt.Fprintf(out, "  per window from the first call: %s\n", strings.Join(parts, ", "))
 		fmt.Fprintf(out, "  (the last window is partial; the binding dimension's share of its limit in parentheses)\n")
 	}
-	return s, nil
+	return s, runErr
 }
 
 // percent is 100·n/of, 0 when of is 0.
