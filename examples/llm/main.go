@@ -312,7 +312,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 
 	var s summary
 	var runErr error // the run ended before every record was handled
-	returned := 0 // consumers whose Run returned
+	returned := 0    // consumers whose Run returned
 	start := time.Now()
 	var killTime time.Time
 	tick := time.NewTicker(20 * time.Millisecond)
