@@ -6,26 +6,38 @@
 //	go run ./examples/llm
 //
 // Each call's token cost is known only after the call (the provider's
-// answer carries it in usage.total_tokens). Each handler call:
+// answer carries it in its usage). The handler is a plain client.Do: the
+// client's Transport (httpclient.NewTransport) does the accounting, with
 //
-//  1. holds a slot of a fleet-wide concurrency cap (bucket.NewConcurrency,
-//     given to the consumer with consumer.WithConcurrency);
-//  2. takes an estimate of its cost, one request and -estimate tokens,
-//     from a budget of two dimensions (bucket.NewBudget), both or none, in
-//     one round trip (throttle.Limiter.AcquireCost);
-//  3. calls the provider, reports its answer (a 429, or a dimension with
-//     nothing left, pauses the fleet until the provider's reset), and
-//     settles the estimate with the real usage (throttle.CostGrant.Settle):
-//     an estimate too high is given back to the grant's period (if it
-//     still runs), one too low is charged as a debt the next periods pay.
+//   - httpclient.WithConcurrency: a slot of a fleet-wide cap
+//     (bucket.NewConcurrency), held from before the call's cost until its
+//     answer's body is closed;
+//   - httpclient.WithCost: an estimate of the call's cost, one request and
+//     -estimate tokens, taken from a budget of two dimensions
+//     (bucket.NewBudget), both or none, before the send; settled with the
+//     usage the answer reports when its body is closed (an estimate too
+//     high is given back to the grant's period, if it still runs; one too
+//     low is a debt the next periods pay); a refusal settled at once, its
+//     tokens given back;
+//   - httpclient.WithCallTime: no slot or cost is taken when less than
+//     -call-time is left before the handler's deadline (the consumer
+//     calls the handler again), and a call abandoned after its send keeps
+//     its slot that long, the provider still running it;
+//   - the answer's rate-limit headers and 429s reported to the fleet (a
+//     dimension with nothing left pauses it until the provider's reset).
+//
+// A non-2xx answer is an error of the handler: the consumer calls it
+// again after a back-off, and that call takes a new estimate.
 //
 // By default everything runs in the process: an embedded Kafka (kfake), a
 // redis-server on a free port (or an in-process stand-in, saying so), and a
-// built-in provider that enforces the three limits, counting by arrival.
-// -target sends the calls to another provider instead (OpenAI-style
-// headers and usage expected). -kill-instance-at kills one instance in the
-// middle of its calls (its Redis connections cut first, so it releases
-// nothing): its slots come back when their lease ends.
+// built-in provider that enforces the three limits, counting by arrival
+// (-provider: buckets refilled continuously, or a sliding window), and
+// runs a call its caller abandoned to its end. -target sends the calls to
+// another provider instead (OpenAI-style headers and usage expected).
+// -kill-instance-at kills one instance in the middle of its calls (its
+// Redis connections cut first, so it releases nothing): its slots come
+// back when their lease ends.
 package main
 
 import (
@@ -69,8 +81,9 @@ type config struct {
 	concurrency                    int64
 	window, latency, lease         time.Duration
 	minTokens, maxTokens, estimate int64
-	target, redisAddr              string
+	target, redisAddr, provider    string
 	killAt, timeout                time.Duration
+	handlerTimeout, callTime       time.Duration
 	seed                           uint64
 }
 
@@ -94,7 +107,10 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.target, "target", "", "call this URL instead of the built-in provider (POST, OpenAI-style usage in the answer)")
 	fs.StringVar(&c.redisAddr, "redis", "", "Redis address (default: start redis-server on a free port, or an in-process stand-in)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up after this long")
+	fs.DurationVar(&c.handlerTimeout, "handler-timeout", 10*time.Second, "each handler call's deadline (consumer.WithHandlerTimeout)")
+	fs.DurationVar(&c.callTime, "call-time", time.Second, "how long a call takes: a call waits for its slot and cost at most -handler-timeout less this, and one abandoned after its send keeps its slot this long (httpclient.WithCallTime; 0: neither)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the built-in provider's token costs")
+	fs.StringVar(&c.provider, "provider", "continuous", "how the built-in provider counts -rpm and -tpm: continuous (buckets refilled continuously, as Anthropic documents) or sliding (at most the limits in any span of one window)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -129,6 +145,10 @@ func (c config) check() error {
 		return errors.New("-kill-instance-at must not be negative")
 	case c.killAt > 0 && c.instances < 2:
 		return errors.New("-kill-instance-at needs at least 2 instances")
+	case c.handlerTimeout <= 0 || c.callTime < 0 || c.callTime >= c.handlerTimeout:
+		return errors.New("-handler-timeout must be positive, and -call-time at least 0 and less than it")
+	case c.provider != "continuous" && c.provider != "sliding":
+		return fmt.Errorf("-provider %q: must be continuous or sliding", c.provider)
 	}
 	return nil
 }
@@ -136,8 +156,12 @@ func (c config) check() error {
 // summary is what a run counted.
 type summary struct {
 	handled, lost int
+	twice         int64 // records whose handler returned nil more than once
+	cut           int64 // calls sent whose caller's context ended before the answer was read (the fleet's count)
+	permitWaits   int64 // handler calls with no slot or cost in time (consumer.Stats.PermitTimeouts)
 	stats         llmprovider.Stats
 	windows       []llmprovider.Tally
+	full          []float64 // the binding dimension's share of its limit in each full window, in %
 	killedHeld    int64
 	slotsBack     time.Duration // after the kill, once seen (back)
 	back          bool
@@ -172,8 +196,12 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	var prov *llmprovider.Provider
 	target := c.target
 	if target == "" {
+		counting := llmprovider.Continuous
+		if c.provider == "sliding" {
+			counting = llmprovider.Sliding
+		}
 		prov, err = llmprovider.Start(llmprovider.Config{
-			RPM: c.rpm, TPM: c.tpm, Concurrency: int(c.concurrency), Window: c.window,
+			RPM: c.rpm, TPM: c.tpm, Concurrency: int(c.concurrency), Window: c.window, Counting: counting,
 			MinTokens: c.minTokens, MaxTokens: c.maxTokens, Seed: c.seed, Latency: c.latency,
 		})
 		if err != nil {
@@ -181,8 +209,8 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		}
 		defer prov.Close()
 		target = prov.URL() + "/v1/chat/completions"
-		fmt.Fprintf(out, "provider: %s: %d requests and %d tokens per %v, %d in flight; each call %v, %d–%d tokens, known after it\n",
-			target, c.rpm, c.tpm, c.window, c.concurrency, c.latency, c.minTokens, c.maxTokens)
+		fmt.Fprintf(out, "provider: %s: %d requests and %d tokens per %v (%s), %d in flight; each call %v, %d–%d tokens, known after it\n",
+			target, c.rpm, c.tpm, c.window, counting, c.concurrency, c.latency, c.minTokens, c.maxTokens)
 	} else {
 		fmt.Fprintf(out, "provider: %s\n", target)
 	}
@@ -195,15 +223,17 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	var (
 		handled   sync.Map // record id → struct{}
 		nHandled  atomic.Int64
-		inFlight  = make([]atomic.Int64, c.instances)
-		killed    atomic.Int32 // 1 + the instance killed; 0: none
-		hc        = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+		nTwice    atomic.Int64
+		cut       atomic.Int64
+		inFlight  = make([]atomic.Int64, c.instances) // calls sent, answer not yet closed
+		killed    atomic.Int32                        // 1 + the instance killed; 0: none
+		base      = &http.Transport{MaxIdleConnsPerHost: 256}
 		runErrs   = make(chan error, c.instances)
 		stops     = make([]context.CancelFunc, c.instances)
 		clients   = make([][]*redis.Client, c.instances)
 		consumers = make([]*consumer.Consumer, c.instances)
 	)
-	defer hc.CloseIdleConnections()
+	defer base.CloseIdleConnections()
 	fleetCtx, stopFleet := context.WithCancel(ctx)
 	defer stopFleet()
 	for i := range c.instances {
@@ -228,13 +258,40 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		defer slots.Close()
 		lim := throttle.New(budget, throttle.WithFailurePolicy(throttle.FailClosed), throttle.WithLogger(log))
 		defer lim.Close()
-		h := handler(lim, hc, target, c.estimate, &inFlight[i], func(id string) {
-			if _, dup := handled.LoadOrStore(id, struct{}{}); !dup {
+		est := throttle.Cost{"requests": 1, "tokens": c.estimate}
+		opts := []httpclient.Option{
+			httpclient.WithCost(func(*http.Request) (throttle.Cost, error) { return est, nil }, nil), // nil: tokens = prompt + completion
+			httpclient.WithConcurrency(slots),
+			// A slot and cost that come too late to leave the call its
+			// time before the handler's deadline are not taken (the call
+			// would be cut while the provider runs it on), and a call
+			// abandoned after its send keeps its slot for that time.
+			httpclient.WithCallTime(c.callTime),
+			httpclient.WithBase(&counted{base: base, inFlight: &inFlight[i], cut: &cut}),
+			httpclient.WithLogger(log),
+		}
+		if prov != nil {
+			// The built-in provider's window is -window, not the minute
+			// OpenAI's limit headers mean: take its pauses, not its
+			// limits.
+			opts = append(opts, httpclient.WithAnswer(func(_ *http.Response, a *throttle.Answer) { a.Limit, a.Window = 0, 0 }))
+		}
+		tr, err := httpclient.NewTransport(lim, opts...)
+		if err != nil {
+			return summary{}, err
+		}
+		h := handler(&http.Client{Transport: tr}, target, c.estimate, func(id string) {
+			if _, dup := handled.LoadOrStore(id, struct{}{}); dup {
+				nTwice.Add(1)
+			} else {
 				nHandled.Add(1)
 			}
 		})
+		// No Limiter and no cap for the consumer: the Transport takes the
+		// cost and holds the slot (given to both, each call would be
+		// charged twice and hold two slots).
 		cons, err := consumer.New(h, nil,
-			consumer.WithConcurrency(slots),
+			consumer.WithHandlerTimeout(c.handlerTimeout),
 			consumer.WithKafka(
 				kgo.SeedBrokers(seeds...),
 				kgo.ConsumerGroup("headway-llm-demo"),
@@ -254,7 +311,8 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	}
 
 	var s summary
-	returned := 0 // consumers whose Run returned
+	var runErr error // the run ended before every record was handled
+	returned := 0    // consumers whose Run returned
 	start := time.Now()
 	var killTime time.Time
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -263,7 +321,9 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
-			return s, fmt.Errorf("%d of %d records handled when the run ended: %w", nHandled.Load(), c.records, ctx.Err())
+			// Print what was counted all the same.
+			runErr = fmt.Errorf("%d of %d records handled when the run ended: %w", nHandled.Load(), c.records, ctx.Err())
+			done = true
 		case err := <-produced:
 			if err != nil {
 				return s, fmt.Errorf("producing: %w", err)
@@ -318,93 +378,143 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		<-runErrs
 	}
 	s.handled = int(nHandled.Load())
+	s.twice, s.cut = nTwice.Load(), cut.Load()
+	for _, cons := range consumers {
+		s.permitWaits += cons.Stats().PermitTimeouts
+	}
 	if prov != nil {
 		s.handled = int(prov.Stats().Records) // counted where the calls land
 	}
 	s.lost = c.records - s.handled
 	fmt.Fprintf(out, "\nhandled %d of %d records, lost %d, in %.1fs\n", s.handled, c.records, s.lost, elapsed.Seconds())
+	fmt.Fprintf(out, "the fleet counted:\n")
+	fmt.Fprintf(out, "  handled twice              %d records (the handler returned nil again)\n", s.twice)
+	fmt.Fprintf(out, "  cut after their permit     %d calls (sent, then ended by the handler's deadline or the instance's stop)\n", s.cut)
+	fmt.Fprintf(out, "  no slot or cost in time    %d handler calls (called again, no attempt used)\n", s.permitWaits)
 	if prov == nil {
-		return s, nil
+		return s, runErr
 	}
 	s.stats = prov.Stats()
 	s.windows = prov.Tallies()
 	st := s.stats
-	fmt.Fprintf(out, "provider counted, by arrival:\n")
-	fmt.Fprintf(out, "  most calls in flight       %d (limit %d)\n", st.MaxInFlight, c.concurrency)
-	fmt.Fprintf(out, "  most requests in a window  %d (limit %d per %v)\n", st.MaxRequestsInWindow, c.rpm, c.window)
-	fmt.Fprintf(out, "  most tokens in a window    %d (limit %d per %v)\n", st.MaxTokensInWindow, c.tpm, c.window)
-	fmt.Fprintf(out, "  refused                    %d (requests %d, tokens %d, concurrency %d) of %d calls\n",
-		st.Refused, st.RefusedRequests, st.RefusedTokens, st.RefusedConcurrency, st.Accepted+st.Refused)
-	fmt.Fprintf(out, "  handled twice              %d\n", st.Duplicates)
+	fmt.Fprintf(out, "the provider counted, by arrival:\n")
+	fmt.Fprintf(out, "  most calls in flight       %d (limit %d; abandoned calls count until they end)\n", st.MaxInFlight, c.concurrency)
+	fmt.Fprintf(out, "  most requests in a window  %d (limit %d per %v, %s)\n", st.MaxRequestsInWindow, c.rpm, c.window, c.provider)
+	fmt.Fprintf(out, "  most tokens in a window    %d (limit %d per %v, %s)\n", st.MaxTokensInWindow, c.tpm, c.window, c.provider)
+	fmt.Fprintf(out, "  refused                    %d (requests %d, tokens %d, concurrency %d): %.1f%% of %d calls accepted\n",
+		st.Refused, st.RefusedRequests, st.RefusedTokens, st.RefusedConcurrency, percent(st.Refused, st.Accepted), st.Accepted)
+	fmt.Fprintf(out, "  cut after their permit     %d calls (accepted, their caller gone before the answer)\n", st.Cut)
+	fmt.Fprintf(out, "  handled twice              %d calls for a record already accepted\n", st.Duplicates)
 	if len(s.windows) > 0 {
 		var parts []string
-		for _, w := range s.windows {
-			parts = append(parts, fmt.Sprintf("%d req / %d tok (%.0f%%)", w.Requests, w.Tokens, 100*max(float64(w.Requests)/float64(c.rpm), float64(w.Tokens)/float64(c.tpm))))
+		for i, w := range s.windows {
+			share := 100 * max(float64(w.Requests)/float64(c.rpm), float64(w.Tokens)/float64(c.tpm))
+			if i < len(s.windows)-1 {
+				s.full = append(s.full, share)
+			}
+			parts = append(parts, fmt.Sprintf("%d req / %d tok (%.0f%%)", w.Requests, w.Tokens, share))
 		}
 		fmt.Fprintf(out, "  per window from the first call: %s\n", strings.Join(parts, ", "))
-		fmt.Fprintf(out, "  (the last window is partial; the binding dimension's share in parentheses)\n")
+		fmt.Fprintf(out, "  (the last window is partial; the binding dimension's share of its limit in parentheses)\n")
 	}
-	return s, nil
+	return s, runErr
 }
 
-// usage is the part of the provider's answer the fleet reads.
-type usage struct {
-	Usage struct {
-		TotalTokens int64 `json:"total_tokens"`
-	} `json:"usage"`
+// percent is 100·n/of, 0 when of is 0.
+func percent(n, of int64) float64 {
+	if of == 0 {
+		return 0
+	}
+	return 100 * float64(n) / float64(of)
 }
 
-// handler is one instance's record handler (see the package doc).
-func handler(lim *throttle.Limiter, hc *http.Client, target string, estimate int64, inFlight *atomic.Int64, done func(id string)) consumer.Handler {
-	est := throttle.Cost{"requests": 1, "tokens": estimate}
+// handler is one instance's record handler: a plain client.Do, the
+// client's Transport doing the accounting (see the package doc).
+func handler(client *http.Client, target string, maxTokens int64, done func(id string)) consumer.Handler {
 	return func(ctx context.Context, rec *kgo.Record) error {
-		inFlight.Add(1) // the consumer holds this call's slot
-		defer inFlight.Add(-1)
-		g, err := lim.AcquireCost(ctx, est, throttle.Forever)
+		id := strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10)
+		body, err := json.Marshal(map[string]any{"model": "demo", "max_tokens": maxTokens, "messages": []map[string]string{{"role": "user", "content": string(rec.Value)}}})
 		if err != nil {
 			return err
 		}
-		id := strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10)
-		body, _ := json.Marshal(map[string]any{"model": "demo", "max_tokens": estimate, "messages": []map[string]string{{"role": "user", "content": string(rec.Value)}}})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 		if err != nil {
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(llmprovider.RecordHeader, id)
-		resp, err := hc.Do(req)
+		resp, err := client.Do(req) // ErrTimeout: no slot or cost in time, nothing sent
 		if err != nil {
-			return err // the call may have reached the provider: the estimate stays charged
+			return err
 		}
-		defer resp.Body.Close()
-		ans := httpclient.ReadAnswer(resp, time.Now())
-		// The built-in provider's window is -window, not the minute
-		// OpenAI's limit headers mean: take its pauses, not its limits.
-		ans.Limit, ans.Window = 0, 0
-		_ = lim.Report(ctx, ans) // best effort: a pause until the provider's reset
-		if resp.StatusCode == http.StatusTooManyRequests {
-			// Refused: the provider counted nothing; give it all back (the
-			// answer's retry time, reported above, holds the fleet).
-			_ = g.Settle(ctx, throttle.Cost{"requests": 0, "tokens": 0})
-			return fmt.Errorf("the provider refused the call (%s)", resp.Header.Get(llmprovider.RefusedHeader))
+		defer resp.Body.Close() // settles the cost, gives the slot back
+		answer, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return fmt.Errorf("reading the provider's answer: %w", err)
 		}
 		if resp.StatusCode/100 != 2 {
-			return fmt.Errorf("the provider answered %s", resp.Status)
-		}
-		var u usage
-		if err := json.NewDecoder(resp.Body).Decode(&u); err != nil {
-			return fmt.Errorf("reading the provider's usage: %w", err)
-		}
-		if u.Usage.TotalTokens <= 0 {
-			done(id) // no usage reported: the estimate stays charged
-			return nil
-		}
-		if err := g.Settle(ctx, throttle.Cost{"tokens": u.Usage.TotalTokens}); err != nil {
-			slog.Warn("llm: settling a call's cost failed", "err", err)
+			// The consumer calls the handler again after a back-off.
+			return fmt.Errorf("the provider answered %s: %.200s", resp.Status, answer)
 		}
 		done(id)
 		return nil
 	}
+}
+
+// counted is an instance's base RoundTripper: it counts the calls sent
+// and not yet answered (their body not closed), and the calls sent that
+// their context ended before the answer was read.
+type counted struct {
+	base     http.RoundTripper
+	inFlight *atomic.Int64
+	cut      *atomic.Int64
+}
+
+func (c *counted) RoundTrip(req *http.Request) (*http.Response, error) {
+	c.inFlight.Add(1)
+	resp, err := c.base.RoundTrip(req)
+	if err != nil {
+		c.inFlight.Add(-1)
+		if req.Context().Err() != nil {
+			c.cut.Add(1)
+		}
+		return nil, err
+	}
+	resp.Body = &countedBody{ReadCloser: resp.Body, ctx: req.Context(), c: c}
+	return resp, nil
+}
+
+// countedBody ends its call's count in flight when closed.
+type countedBody struct {
+	io.ReadCloser
+	ctx       context.Context
+	c         *counted
+	cut, shut bool
+	mu        sync.Mutex
+}
+
+func (b *countedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) && b.ctx.Err() != nil {
+		b.mu.Lock()
+		if !b.cut {
+			b.cut = true
+			b.c.cut.Add(1)
+		}
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+func (b *countedBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.mu.Lock()
+	if !b.shut {
+		b.shut = true
+		b.c.inFlight.Add(-1)
+	}
+	b.mu.Unlock()
+	return err
 }
 
 func produce(ctx context.Context, seeds []string, records, partitions int) error {

@@ -22,7 +22,8 @@ func small() config {
 		rpm: 40, tpm: 2400, concurrency: 3,
 		window: time.Second, latency: 50 * time.Millisecond, lease: 300 * time.Millisecond,
 		minTokens: 20, maxTokens: 100, estimate: 100,
-		timeout: time.Minute, seed: 7,
+		timeout: time.Minute, seed: 7, provider: "continuous",
+		handlerTimeout: 10 * time.Second, callTime: time.Second,
 	}
 }
 
@@ -46,10 +47,12 @@ func runSmall(t *testing.T, c config) summary {
 }
 
 // The fleet's cap keeps the provider's own: it never refuses a call for
-// concurrency; every record reaches it; it admits at most its limits in
-// any window (by arrival).
+// concurrency; every record reaches it; a provider counting a sliding
+// window admits at most its limits in any window (by arrival). The
+// handler is a plain client.Do: the Transport takes and settles the cost.
 func TestFleetKeepsTheProvidersLimits(t *testing.T) {
 	c := small()
+	c.provider = "sliding"
 	s := runSmall(t, c)
 	assert.Zero(t, s.lost, "records lost")
 	assert.Equal(t, c.records, s.handled)
@@ -57,6 +60,29 @@ func TestFleetKeepsTheProvidersLimits(t *testing.T) {
 	assert.LessOrEqual(t, s.stats.MaxInFlight, int(c.concurrency))
 	assert.LessOrEqual(t, s.stats.MaxTokensInWindow, c.tpm)
 	assert.NotEmpty(t, s.windows)
+	// Estimates taken whole allow tpm/estimate = 24 calls a window; the
+	// Transport settles each with its usage (60 tokens on average), and
+	// the requests limit (40) binds instead.
+	assert.Greater(t, s.stats.MaxRequestsInWindow, c.tpm/c.estimate*5/4, "the estimates were settled with the usage")
+	assert.Zero(t, s.stats.Cut, "no call was cut after its permit")
+}
+
+// A handler's deadline shorter than the wait for a slot does not cut
+// calls: the Transport takes no slot or cost once less than the call's
+// time is left (WithCallTime), and the consumer calls the handler again.
+// No call is ended at the client while the provider runs it on, and the
+// provider never meets more calls than the cap.
+func TestHandlerDeadlineCutsNoCall(t *testing.T) {
+	c := small()
+	c.handlerTimeout, c.callTime = 400*time.Millisecond, 150*time.Millisecond
+	c.rpm, c.tpm = 1000, 100_000 // the cap binds: the records queue for slots
+	s := runSmall(t, c)
+	assert.Zero(t, s.lost, "records lost")
+	assert.Positive(t, s.permitWaits, "handlers met their deadline waiting for a slot")
+	assert.Zero(t, s.cut, "calls the handler's deadline ended after their send")
+	assert.Zero(t, s.stats.Cut, "calls the provider ran for a caller gone")
+	assert.Zero(t, s.stats.RefusedConcurrency)
+	assert.LessOrEqual(t, s.stats.MaxInFlight, int(c.concurrency))
 }
 
 // An instance killed in the middle of its calls (its Redis connections
@@ -90,6 +116,8 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-estimate", "999999"},
 		{"-min-tokens", "10", "-max-tokens", "5"},
 		{"-kill-instance-at", "1s", "-instances", "1"},
+		{"-provider", "leaky"},
+		{"-call-time", "10s"},
 	} {
 		var out, errs bytes.Buffer
 		assert.Equal(t, 1, command(context.Background(), args, &out, &errs), "%v", args)

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,20 +17,26 @@ import (
 	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/consumer"
 	"github.com/headway-go/headway/internal/kafkaenv"
+	"github.com/headway-go/headway/internal/llmprovider"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/httpclient"
 )
 
-// The recipe of docs/limits.md, scaled down: a consumer whose handler
-// waits for its cost with AcquireCost. Records beyond a period's budget
-// wait for the next period, which comes after the handler's deadline: the
-// handler's ErrTimeout is a permit timeout, retried without using up the
-// record's attempts, and the consumer keeps running until every record
-// is handled.
+// The recipe of docs/limits.md, scaled down: a consumer whose handler is
+// a plain client.Do, the Transport taking each call's cost (WithCost) and
+// slot (WithConcurrency). Records beyond a period's budget wait for the
+// next period, which comes after the handler's deadline: the Transport's
+// ErrTimeout is a permit timeout, retried without using up the record's
+// attempts, and the consumer keeps running until every record is
+// handled, each with one call.
 func TestRecipeConsumerWaitsForTheNextPeriodInsteadOfStopping(t *testing.T) {
 	const requests, records = 5, 8
 	srv := redisenv.New(t)
 	kc := kafkaenv.New(t, kafkaenv.Topic("recipe", 1))
+	prov, err := llmprovider.Start(llmprovider.Config{MinTokens: 10, MaxTokens: 40, Seed: 1})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, prov.Close()) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := range records {
@@ -46,18 +54,35 @@ func TestRecipeConsumerWaitsForTheNextPeriodInsteadOfStopping(t *testing.T) {
 	defer slots.Close()
 	lim := throttle.New(budget)
 	defer lim.Close()
+	tr, err := httpclient.NewTransport(lim,
+		httpclient.WithCost(func(*http.Request) (throttle.Cost, error) {
+			return throttle.Cost{"requests": 1, "tokens": 100}, nil
+		}, nil),
+		httpclient.WithConcurrency(slots))
+	require.NoError(t, err)
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
 
-	var granted atomic.Int64
 	handler := func(ctx context.Context, rec *kgo.Record) error {
-		est := throttle.Cost{"requests": 1, "tokens": 100}
-		g, err := lim.AcquireCost(ctx, est, time.Minute)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, prov.URL(), bytes.NewReader(rec.Value))
 		if err != nil {
 			return err
 		}
-		granted.Add(1)
-		return g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 40})
+		req.Header.Set(llmprovider.RecordHeader, strconv.FormatInt(rec.Offset, 10))
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return err
+		}
+		if resp.StatusCode/100 != 2 {
+			return errors.New(resp.Status)
+		}
+		return nil
 	}
-	c, err := consumer.New(handler, nil, consumer.WithConcurrency(slots),
+	c, err := consumer.New(handler, nil,
 		consumer.WithHandlerTimeout(time.Second), // shorter than the period, as a minute's budget is than the default 10 s
 		consumer.WithKafka(append(kafkaenv.FastClientOpts(),
 			kgo.SeedBrokers(kc.Addrs()...), kgo.ConsumerGroup("recipe"), kgo.ConsumeTopics("recipe"),
@@ -83,7 +108,9 @@ func TestRecipeConsumerWaitsForTheNextPeriodInsteadOfStopping(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	assert.EqualValues(t, records, granted.Load(), "one cost per record")
+	s := prov.Stats()
+	assert.EqualValues(t, records, s.Accepted, "one call per record")
+	assert.EqualValues(t, records, s.Records)
 	assert.NotZero(t, c.Stats().PermitTimeouts, "records beyond the first period met the handler's deadline")
 	stop()
 	require.NoError(t, <-ran)

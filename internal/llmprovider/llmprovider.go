@@ -5,20 +5,26 @@
 //
 // A Provider listens on a loopback port. On each request's arrival it
 // draws the call's token cost at random (seedable) between two bounds, and
-// admits the call only if, counting it, no limit is exceeded: at most RPM
-// calls and TPM tokens in any span of one Window (a sliding window, by
-// arrival), at most Concurrency calls in flight. An admitted call is
-// answered 200 after Latency with `{"usage":{"total_tokens":N}}`, so the
-// caller learns its cost only after the call; a refused one 429 at once,
-// with Retry-After when a window must move. Both carry OpenAI's
-// x-ratelimit-* headers. The provider keeps its own record: most calls in
-// flight at once, most calls and tokens in any window, refusals per
-// limit, and records seen more than once (by the [RecordHeader]).
+// admits the call only if, counting it, no limit is exceeded: RPM calls
+// and TPM tokens per Window, counted as [Config.Counting] says (a sliding
+// window, by arrival, or buckets refilled continuously), and at most
+// Concurrency calls in flight. An admitted call is answered 200 after
+// Latency with OpenAI's usage (`{"usage":{"prompt_tokens":P,
+// "completion_tokens":C,"total_tokens":N}}`), so the caller learns its
+// cost only after the call; a refused one 429 at once, with Retry-After
+// when a window must move. Both carry OpenAI's x-ratelimit-* headers. A
+// call whose caller goes away before its answer still runs, and counts
+// in flight, until its Latency is over, as at a real provider. The
+// provider keeps its own record: most calls in flight at once, most calls
+// and tokens in any window, refusals per limit, calls cut by their
+// caller, and records seen more than once (by the [RecordHeader]).
 package llmprovider
 
 import (
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -43,16 +49,46 @@ const RefusedHeader = "X-Refused-By"
 // connections before a measured run.
 const HealthPath = "/healthz"
 
+// Counting says how a Provider counts RPM and TPM.
+type Counting int
+
+const (
+	// Sliding admits at most RPM calls and TPM tokens in any span of one
+	// Window, by arrival: a call's share comes back one Window after it
+	// arrived.
+	Sliding Counting = iota
+	// Continuous keeps a bucket per limit, of RPM calls and TPM tokens,
+	// full at the start and refilled continuously at RPM (TPM) per Window,
+	// as Anthropic documents its limits: a call passes when the bucket
+	// holds its share. Any span of one Window admits at most twice the
+	// limit (a full bucket, then a Window's refill).
+	Continuous
+)
+
+// String names the counting, as examples/llm's -provider flag does.
+func (c Counting) String() string {
+	switch c {
+	case Sliding:
+		return "sliding"
+	case Continuous:
+		return "continuous"
+	}
+	return fmt.Sprintf("Counting(%d)", int(c))
+}
+
 // Config sets a Provider's limits. A limit of 0 is no limit.
 type Config struct {
-	// RPM is the most calls admitted in any span of one Window.
+	// RPM is the most calls admitted per Window, counted as Counting says.
 	RPM int64
-	// TPM is the most tokens admitted in any span of one Window, each
-	// call counted at its arrival with its drawn cost.
+	// TPM is the most tokens admitted per Window, each call counted at
+	// its arrival with its drawn cost.
 	TPM int64
+	// Counting says how RPM and TPM are counted. Default: Sliding.
+	Counting Counting
 	// Concurrency is the most calls in flight at once, from arrival until
 	// the answer is written (a caller holding the answer never finds its
-	// call still counted).
+	// call still counted), or, for a call its caller abandoned, until its
+	// Latency is over.
 	Concurrency int
 	// Window is the span RPM and TPM count over. Default: one minute
 	// (tests use a second).
@@ -82,9 +118,13 @@ type Provider struct {
 	window   []arrival // admitted calls within the last Window, oldest first
 	inWindow int64     // tokens of window
 	inFlight int
+	running  []time.Time // when the abandoned calls still counted in flight end
 	seen     map[string]int
-	stats    Stats
-	all      []arrival // every admitted call, for Tallies
+	// Continuous counting: what the buckets hold, as of filled.
+	reqLevel, tokLevel float64
+	filled             time.Time
+	stats              Stats
+	all                []arrival // every admitted call, for Tallies
 }
 
 // arrival is an admitted call: when it arrived and what it cost.
@@ -125,6 +165,9 @@ type Stats struct {
 	// MaxRequestsInWindow and MaxTokensInWindow are the most calls and
 	// tokens admitted in any span of one Window.
 	MaxRequestsInWindow, MaxTokensInWindow int64
+	// Cut is how many admitted calls their caller abandoned before the
+	// answer (its deadline, say): the provider ran them all the same.
+	Cut int64
 	// Records is how many distinct records (RecordHeader) were admitted;
 	// Duplicates how many admitted calls named a record already seen.
 	Records, Duplicates int64
@@ -132,8 +175,8 @@ type Stats struct {
 
 // String is a one-line summary.
 func (s Stats) String() string {
-	return fmt.Sprintf("%d calls accepted (%d tokens), %d refused (requests %d, tokens %d, concurrency %d); at most %d in flight, %d calls and %d tokens in one window; %d records, %d duplicates",
-		s.Accepted, s.Tokens, s.Refused, s.RefusedRequests, s.RefusedTokens, s.RefusedConcurrency,
+	return fmt.Sprintf("%d calls accepted (%d tokens), %d refused (requests %d, tokens %d, concurrency %d), %d cut by their caller; at most %d in flight, %d calls and %d tokens in one window; %d records, %d duplicates",
+		s.Accepted, s.Tokens, s.Refused, s.RefusedRequests, s.RefusedTokens, s.RefusedConcurrency, s.Cut,
 		s.MaxInFlight, s.MaxRequestsInWindow, s.MaxTokensInWindow, s.Records, s.Duplicates)
 }
 
@@ -167,6 +210,8 @@ func Start(cfg Config) (*Provider, error) {
 		return nil, errs.Invalid(pkg, "MaxTokens", cfg.MaxTokens, "must be at most TPM, or some calls could never pass")
 	case cfg.Latency < 0:
 		return nil, errs.Invalid(pkg, "Latency", cfg.Latency, "must not be negative")
+	case cfg.Counting != Sliding && cfg.Counting != Continuous:
+		return nil, errs.Invalid(pkg, "Counting", int(cfg.Counting), "must be Sliding or Continuous")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -179,6 +224,7 @@ func Start(cfg Config) (*Provider, error) {
 		rng:   rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		seen:  make(map[string]int),
 	}
+	p.reqLevel, p.tokLevel, p.filled = float64(cfg.RPM), float64(cfg.TPM), cfg.Clock.Now()
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 5 * time.Second}
 	p.done.Add(1)
 	go func() {
@@ -223,6 +269,7 @@ type decision struct {
 	refusedBy  string        // "" when admitted
 	retry      time.Duration // on a refusal by a window: until the call would pass
 	tokens     int64         // the call's cost
+	end        time.Time     // when an admitted call's latency is over
 	remReq     int64
 	remTok     int64
 	resetReq   time.Duration
@@ -236,6 +283,9 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
+	// The request arrives whole: read, the server then sees its caller
+	// go away (r.Context ends), as a provider's streaming answer would.
+	_, _ = io.Copy(io.Discard, r.Body)
 	d := p.arrive(r.Header.Get(RecordHeader))
 	p.headers(w.Header(), d)
 	if d.refusedBy != "" {
@@ -253,8 +303,10 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-t.Chan():
 		case <-r.Context().Done():
+			// The caller went away; the call runs on, in flight, until
+			// its latency is over (counted out at a later arrival).
 			t.Stop()
-			p.leave()
+			p.abandon(d.end)
 			return
 		}
 	}
@@ -263,7 +315,17 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	// counted.
 	p.leave()
 	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"usage":{"total_tokens":%d}}`, d.tokens)
+	prompt := d.tokens / 2
+	fmt.Fprintf(w, `{"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`, prompt, d.tokens-prompt, d.tokens)
+}
+
+// abandon counts an admitted call whose caller went away: cut, and in
+// flight until end.
+func (p *Provider) abandon(end time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stats.Cut++
+	p.running = append(p.running, end)
 }
 
 // arrive decides a call arriving now, counts it, and returns the decision.
@@ -280,7 +342,50 @@ func (p *Provider) arrive(record string) decision {
 		drop++
 	}
 	p.window = p.window[drop:]
-	d := decision{tokens: c.MinTokens + p.rng.Int64N(c.MaxTokens-c.MinTokens+1)}
+	// Abandoned calls whose latency is over leave.
+	kept := p.running[:0]
+	for _, end := range p.running {
+		if end.After(now) {
+			kept = append(kept, end)
+		} else {
+			p.inFlight--
+		}
+	}
+	p.running = kept
+	d := decision{tokens: c.MinTokens + p.rng.Int64N(c.MaxTokens-c.MinTokens+1), end: now.Add(c.Latency)}
+	if c.Counting == Continuous {
+		p.continuous(now, &d)
+	} else {
+		p.sliding(now, &d)
+	}
+	if d.refusedBy != "" {
+		p.stats.Refused++
+		return d
+	}
+	p.window = append(p.window, arrival{at: now, tokens: d.tokens})
+	p.all = append(p.all, arrival{at: now, tokens: d.tokens})
+	p.inWindow += d.tokens
+	p.inFlight++
+	s := &p.stats
+	s.Accepted++
+	s.Tokens += d.tokens
+	s.MaxInFlight = max(s.MaxInFlight, p.inFlight)
+	s.MaxRequestsInWindow = max(s.MaxRequestsInWindow, int64(len(p.window)))
+	s.MaxTokensInWindow = max(s.MaxTokensInWindow, p.inWindow)
+	if record != "" {
+		if p.seen[record] > 0 {
+			s.Duplicates++
+		}
+		p.seen[record]++
+	}
+	return d
+}
+
+// sliding decides d by the calls and tokens of the last Window, and sets
+// the headers' state: what remains after the call, and when the oldest
+// counted call leaves the window.
+func (p *Provider) sliding(now time.Time, d *decision) {
+	c := p.cfg
 	switch {
 	case c.Concurrency > 0 && p.inFlight >= c.Concurrency:
 		d.refusedBy = "concurrency"
@@ -302,35 +407,62 @@ func (p *Provider) arrive(record string) decision {
 		}
 		p.stats.RefusedTokens++
 	}
-	if d.refusedBy != "" {
-		p.stats.Refused++
-	} else {
-		p.window = append(p.window, arrival{at: now, tokens: d.tokens})
-		p.all = append(p.all, arrival{at: now, tokens: d.tokens})
-		p.inWindow += d.tokens
-		p.inFlight++
-		s := &p.stats
-		s.Accepted++
-		s.Tokens += d.tokens
-		s.MaxInFlight = max(s.MaxInFlight, p.inFlight)
-		s.MaxRequestsInWindow = max(s.MaxRequestsInWindow, int64(len(p.window)))
-		s.MaxTokensInWindow = max(s.MaxTokensInWindow, p.inWindow)
-		if record != "" {
-			if p.seen[record] > 0 {
-				s.Duplicates++
-			}
-			p.seen[record]++
-		}
-	}
-	// What remains, and when the oldest counted call leaves the window.
+	// What remains, counting this call if admitted, and when the oldest
+	// counted call leaves the window (this one, if the window is empty).
+	n, tok := int64(len(p.window)), p.inWindow
 	var reset time.Duration
-	if len(p.window) > 0 {
+	switch {
+	case len(p.window) > 0:
 		reset = p.window[0].at.Add(c.Window).Sub(now)
+	case d.refusedBy == "":
+		reset = c.Window
+	}
+	if d.refusedBy == "" {
+		n, tok = n+1, tok+d.tokens
 	}
 	d.reqLimited, d.tokLimited = c.RPM > 0, c.TPM > 0
-	d.remReq, d.remTok = c.RPM-int64(len(p.window)), c.TPM-p.inWindow
+	d.remReq, d.remTok = c.RPM-n, c.TPM-tok
 	d.resetReq, d.resetTok = reset, reset
-	return d
+}
+
+// continuous decides d by the buckets refilled continuously, takes the
+// call's share when admitted, and sets the headers' state: what the
+// buckets hold after the call, and when they are full again.
+func (p *Provider) continuous(now time.Time, d *decision) {
+	c := p.cfg
+	if el := now.Sub(p.filled); el > 0 {
+		frac := float64(el) / float64(c.Window)
+		p.reqLevel = min(float64(c.RPM), p.reqLevel+frac*float64(c.RPM))
+		p.tokLevel = min(float64(c.TPM), p.tokLevel+frac*float64(c.TPM))
+		p.filled = now
+	}
+	// until is how long a bucket of limit takes to hold need from level.
+	until := func(level, need float64, limit int64) time.Duration {
+		if level >= need {
+			return 0
+		}
+		return time.Duration(math.Ceil((need - level) / float64(limit) * float64(c.Window)))
+	}
+	switch {
+	case c.Concurrency > 0 && p.inFlight >= c.Concurrency:
+		d.refusedBy = "concurrency"
+		p.stats.RefusedConcurrency++
+	case c.RPM > 0 && p.reqLevel < 1:
+		d.refusedBy = "requests"
+		d.retry = until(p.reqLevel, 1, c.RPM)
+		p.stats.RefusedRequests++
+	case c.TPM > 0 && p.tokLevel < float64(d.tokens):
+		d.refusedBy = "tokens"
+		d.retry = until(p.tokLevel, float64(d.tokens), c.TPM)
+		p.stats.RefusedTokens++
+	default:
+		p.reqLevel--
+		p.tokLevel -= float64(d.tokens)
+	}
+	d.reqLimited, d.tokLimited = c.RPM > 0, c.TPM > 0
+	d.remReq, d.remTok = int64(math.Floor(p.reqLevel)), int64(math.Floor(p.tokLevel))
+	d.resetReq = until(p.reqLevel, float64(c.RPM), c.RPM)
+	d.resetTok = until(p.tokLevel, float64(c.TPM), c.TPM)
 }
 
 // leave ends an admitted call.

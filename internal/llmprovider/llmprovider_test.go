@@ -313,11 +313,127 @@ func TestStartRefusesBadConfig(t *testing.T) {
 		{"MaxTokens", llmprovider.Config{MinTokens: 5, MaxTokens: 4}},
 		{"MaxTokens", llmprovider.Config{TPM: 10, MinTokens: 5, MaxTokens: 11}},
 		{"Latency", llmprovider.Config{Latency: -time.Second}},
+		{"Counting", llmprovider.Config{Counting: 7}},
 	} {
 		_, err := llmprovider.Start(tt.cfg)
 		if assert.Error(t, err, tt.field) {
 			assert.True(t, errors.Is(err, throttle.ErrInvalid), "%v", err)
 			assert.Contains(t, err.Error(), tt.field)
 		}
+	}
+}
+
+// TestContinuousCountingRefillsAsTimePasses: a Continuous provider starts
+// full, and gives back a limit's share as time passes, not a window after
+// each call.
+func TestContinuousCountingRefillsAsTimePasses(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	p := start(t, llmprovider.Config{RPM: 4, TPM: 100, Window: time.Second, MinTokens: 10, MaxTokens: 10,
+		Counting: llmprovider.Continuous, Clock: clk})
+	for i := range 4 {
+		r := call(t, p, "")
+		require.Equal(t, http.StatusOK, r.status, "call %d", i)
+		assert.Equal(t, fmt.Sprint(3-i), r.header.Get("X-Ratelimit-Remaining-Requests"))
+	}
+	r := call(t, p, "")
+	require.Equal(t, http.StatusTooManyRequests, r.status)
+	assert.Equal(t, "requests", r.header.Get(llmprovider.RefusedHeader))
+	assert.Equal(t, "1", r.header.Get("Retry-After"), "a call's share comes back in 250 ms, rounded up")
+	assert.Equal(t, "1s", r.header.Get("X-Ratelimit-Reset-Requests"), "full again in one window")
+
+	clk.Advance(249 * time.Millisecond)
+	require.Equal(t, http.StatusTooManyRequests, call(t, p, "").status, "not a whole call refilled yet")
+	clk.Advance(time.Millisecond)
+	r = call(t, p, "")
+	require.Equal(t, http.StatusOK, r.status, "a quarter window refills one call")
+	assert.Equal(t, "0", r.header.Get("X-Ratelimit-Remaining-Requests"))
+	clk.Advance(10 * time.Second)
+	r = call(t, p, "")
+	require.Equal(t, http.StatusOK, r.status)
+	assert.Equal(t, "3", r.header.Get("X-Ratelimit-Remaining-Requests"), "refilled up to the limit, no more")
+	assert.Equal(t, "90", r.header.Get("X-Ratelimit-Remaining-Tokens"))
+
+	s := p.Stats()
+	assert.Equal(t, int64(6), s.Accepted)
+	assert.Equal(t, int64(2), s.RefusedRequests)
+	assert.Equal(t, int64(5), s.MaxRequestsInWindow, "four at once, and a fifth within the second")
+}
+
+// TestContinuousTokensWaitForTheirShare: a call whose tokens the bucket
+// does not hold is refused until enough has refilled.
+func TestContinuousTokensWaitForTheirShare(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	p := start(t, llmprovider.Config{TPM: 100, Window: 10 * time.Second, MinTokens: 40, MaxTokens: 40,
+		Counting: llmprovider.Continuous, Clock: clk})
+	require.Equal(t, http.StatusOK, call(t, p, "").status)
+	require.Equal(t, http.StatusOK, call(t, p, "").status)
+	r := call(t, p, "") // 20 left, 40 needed: 2 s of refill
+	require.Equal(t, http.StatusTooManyRequests, r.status)
+	assert.Equal(t, "tokens", r.header.Get(llmprovider.RefusedHeader))
+	assert.Equal(t, "2", r.header.Get("Retry-After"))
+	assert.Equal(t, "20", r.header.Get("X-Ratelimit-Remaining-Tokens"))
+	clk.Advance(2 * time.Second)
+	require.Equal(t, http.StatusOK, call(t, p, "").status)
+}
+
+// TestAbandonedCallStaysInFlightUntilItsLatencyEnds: a caller that gives
+// up on a call does not end it at the provider: the call counts as cut,
+// and in flight, until its latency is over.
+func TestAbandonedCallStaysInFlightUntilItsLatencyEnds(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	p := start(t, llmprovider.Config{Concurrency: 1, Latency: time.Second, Clock: clk})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL(), nil)
+	require.NoError(t, err)
+	failed := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		failed <- err
+	}()
+	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer wcancel()
+	require.NoError(t, clk.BlockUntilContext(wctx, 1)) // admitted, running
+	cancel()
+	require.Error(t, <-failed)
+	require.Eventually(t, func() bool { return p.Stats().Cut == 1 }, 5*time.Second, time.Millisecond)
+
+	r := call(t, p, "")
+	assert.Equal(t, http.StatusTooManyRequests, r.status, "the abandoned call still runs")
+	assert.Equal(t, "concurrency", r.header.Get(llmprovider.RefusedHeader))
+	clk.Advance(time.Second)
+	done := make(chan reply, 1)
+	go func() { done <- call(t, p, "") }()
+	require.NoError(t, clk.BlockUntilContext(wctx, 1)) // admitted: the abandoned call left
+	clk.Advance(time.Second)
+	assert.Equal(t, http.StatusOK, (<-done).status)
+	s := p.Stats()
+	assert.Equal(t, int64(2), s.Accepted)
+	assert.Equal(t, int64(1), s.Cut)
+	assert.Equal(t, 1, s.MaxInFlight)
+}
+
+// TestUsageIsOpenAIs: the answer's usage is what httpclient.WithCost reads
+// (prompt and completion tokens), adding up to total_tokens.
+func TestUsageIsOpenAIs(t *testing.T) {
+	p := start(t, llmprovider.Config{MinTokens: 5, MaxTokens: 50, Seed: 3})
+	for range 10 {
+		resp, err := http.Post(p.URL(), "application/json", nil)
+		require.NoError(t, err)
+		var u struct {
+			Usage struct {
+				PromptTokens     int64 `json:"prompt_tokens"`
+				CompletionTokens int64 `json:"completion_tokens"`
+				TotalTokens      int64 `json:"total_tokens"`
+			} `json:"usage"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&u)
+		resp.Body.Close()
+		require.NoError(t, err)
+		assert.Positive(t, u.Usage.PromptTokens)
+		assert.Positive(t, u.Usage.CompletionTokens)
+		assert.Equal(t, u.Usage.TotalTokens, u.Usage.PromptTokens+u.Usage.CompletionTokens)
 	}
 }

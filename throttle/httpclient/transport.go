@@ -84,6 +84,7 @@ type Transport struct {
 	slots   throttle.Slots                         // WithConcurrency; nil: no cap
 	answer  func(*http.Response, *throttle.Answer) // WithAnswer; nil: none
 	cost    *costModel                             // WithCost; nil: a permit per request
+	call    time.Duration                          // WithCallTime; 0: none
 
 	mu     sync.Mutex
 	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
@@ -110,6 +111,7 @@ type transportConfig struct {
 	slots   throttle.Slots                         // WithConcurrency; default nil
 	answer  func(*http.Response, *throttle.Answer) // WithAnswer; default nil
 	cost    *costModel                             // WithCost; default nil
+	call    time.Duration                          // WithCallTime; default 0
 }
 
 type transportOption func(*transportConfig)
@@ -239,6 +241,30 @@ func WithConcurrency(s throttle.Slots) Option {
 	return transportOption(func(c *transportConfig) { c.slots = s })
 }
 
+// WithCallTime tells a [Transport] how long a call takes at the provider
+// (the most that matters: its p90, say), so that a permit leaves room for
+// the call:
+//
+//   - A request whose context has a deadline waits for its slot
+//     ([WithConcurrency]) and its permit (or cost, [WithCost]) at most
+//     until d before that deadline: when less than d is left, it takes
+//     neither and fails at once, nothing sent, with an error matching
+//     [throttle.ErrTimeout] and context.DeadlineExceeded. A handler of
+//     package consumer then gets a permit timeout, and is called again,
+//     instead of sending a call its deadline would cut while the provider
+//     runs it on.
+//   - A call abandoned after it was sent (its context ended before the
+//     send returned, or before its body was closed) keeps its slot until
+//     d after it was sent, when the provider can be assumed done with it,
+//     so that the next call does not meet a provider still busy with it.
+//     Its permit or cost stays charged, as for any call that may have
+//     reached the provider.
+//
+// Default: 0, neither. Negative values are refused by NewTransport.
+func WithCallTime(d time.Duration) Option {
+	return transportOption(func(c *transportConfig) { c.call = d })
+}
+
 // ContextWithMaxWait returns a copy of ctx that makes a [Transport] wait
 // at most d for a permit for requests made with it, instead of the
 // client's maxWait ([WithMaxWait]). 0 takes only a permit free now;
@@ -256,7 +282,7 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // the limiter [WithRequestKey] chooses per request. Options:
 // [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
 // [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency],
-// [WithAnswer], [WithCost], [WithLogger]. The Transport sleeps on the
+// [WithAnswer], [WithCost], [WithCallTime], [WithLogger]. The Transport sleeps on the
 // clock of the request's Limiter ([throttle.Limiter.Clock]).
 //
 // Build one Transport and share it: without [WithBase], each has a pool
@@ -265,7 +291,7 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 //
 // It refuses, with an error matching [throttle.ErrInvalid]: a nil lim
 // without WithRequestKey, a negative maxWait, a negative number of
-// retries, a nil estimate for WithCost.
+// retries, a nil estimate for WithCost, a negative call time.
 func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 	c := transportConfig{maxWait: throttle.Forever, retries: 2, log: slog.Default(),
 		limit: []int{http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden}}
@@ -290,6 +316,9 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		}
 		limit[code] = true
 	}
+	if c.call < 0 {
+		return nil, errs.Invalid("httpclient: NewTransport", "WithCallTime", c.call, "must be 0 or positive")
+	}
 	if c.cost != nil && c.cost.estimate == nil {
 		return nil, errs.Invalid("httpclient: NewTransport", "WithCost estimate", nil, "must be a function")
 	}
@@ -308,6 +337,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		slots:   c.slots,
 		answer:  c.answer,
 		cost:    c.cost,
+		call:    c.call,
 		paused:  make(map[pauseKey]time.Time),
 	}, nil
 }
@@ -352,6 +382,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if maxWait < 0 {
 		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
 	}
+	if t.call > 0 {
+		// Leave the call its room before the deadline (WithCallTime).
+		if dl, ok := ctx.Deadline(); ok {
+			room := time.Until(dl) - t.call
+			if room <= 0 {
+				return fail(fmt.Errorf("%w: %v left before the context's deadline, less than the call's time %v (%w)",
+					throttle.ErrTimeout, max(time.Until(dl), 0).Round(time.Millisecond), t.call, context.DeadlineExceeded))
+			}
+			if maxWait == throttle.Forever || room < maxWait {
+				maxWait = room
+			}
+		}
+	}
 	clock := k.Limiter().Clock()
 	var est throttle.Cost // WithCost: taken before each send, instead of a permit
 	if t.cost != nil {
@@ -390,17 +433,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return fail(err)
 		}
+		sent := clock.Now()
 		resp, err := t.base.RoundTrip(r)
 		if err == nil && resp == nil { // a broken base: nothing to read
 			err = fmt.Errorf("httpclient: the base RoundTripper (%T) returned no response and no error", t.base)
 		}
 		if err != nil {
-			h.free()
+			if release := t.abandoned(ctx, clock, sent, h.hand()); release != nil {
+				release()
+			}
 			return resp, err // a cost taken stays: the request may have reached the provider
 		}
 		pause, hinted := t.react(ctx, k, resp, clock.Now())
 		answer := func() (*http.Response, error) {
-			resp = releaseOnClose(resp, h.hand())
+			resp = releaseOnClose(resp, t.abandoned(ctx, clock, sent, h.hand()))
 			if grant != nil {
 				resp = t.settleOnClose(ctx, k, resp, grant)
 			}
@@ -510,6 +556,27 @@ func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Durati
 		return nil, fmt.Errorf("concurrency slot: %w", err)
 	}
 	return release, nil
+}
+
+// abandoned returns release made to keep the slot, when ctx has ended by
+// the time it is called, until the call's time (WithCallTime) after sent:
+// the provider may still run a call its caller abandoned. Without a call
+// time, or a slot (nil), it returns release as it is.
+func (t *Transport) abandoned(ctx context.Context, clock clockwork.Clock, sent time.Time, release func()) func() {
+	if t.call <= 0 || release == nil {
+		return release
+	}
+	return func() {
+		if ctx.Err() == nil {
+			release()
+			return
+		}
+		if wait := sent.Add(t.call).Sub(clock.Now()); wait > 0 {
+			clock.AfterFunc(wait, release)
+			return
+		}
+		release()
+	}
 }
 
 // heldSlot is a request's slot until it is freed or handed on.

@@ -1,0 +1,159 @@
+package httpclient_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/throttle/httpclient"
+)
+
+// callBase is a base RoundTripper that counts its sends and answers
+// "ok", or, with block, waits for the request's context to end.
+type callBase struct {
+	sent  atomic.Int64
+	block bool
+}
+
+func (b *callBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	b.sent.Add(1)
+	if b.block {
+		<-req.Context().Done()
+		return nil, req.Context().Err()
+	}
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+}
+
+// slotFree reports whether slots has a slot of the unkeyed budget free
+// now, giving it back at once.
+func slotFree(slots throttle.Slots) bool {
+	release, err := slots.Hold(context.Background(), "", 0)
+	if err != nil {
+		return false
+	}
+	release()
+	return true
+}
+
+// TestCallTimeTakesNothingWithoutRoomForTheCall: with less than the
+// call's time left before the deadline, the request takes no slot and no
+// permit, sends nothing, and fails with ErrTimeout at once.
+func TestCallTimeTakesNothingWithoutRoomForTheCall(t *testing.T) {
+	b, err := throttle.NewLocal(1, time.Hour)
+	require.NoError(t, err)
+	lim := throttle.New(b)
+	slots, err := throttle.NewLocalSlots(1)
+	require.NoError(t, err)
+	base := &callBase{}
+	tr := mustTransport(t, lim, httpclient.WithBase(base), httpclient.WithConcurrency(slots), httpclient.WithCallTime(time.Minute))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://provider.test/", nil)
+	require.NoError(t, err)
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, throttle.ErrTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Zero(t, base.sent.Load(), "nothing sent")
+	assert.True(t, slotFree(slots), "no slot held")
+	assert.NoError(t, lim.Acquire(context.Background(), 0), "the one permit was not taken")
+}
+
+// TestCallTimeShortensTheWait: a permit that would come before the
+// deadline, but too late to leave the call its time, is not waited for.
+func TestCallTimeShortensTheWait(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	b, err := throttle.NewLocal(1, 2*time.Second, throttle.WithClock(clk))
+	require.NoError(t, err)
+	lim := throttle.New(b, throttle.WithClock(clk))
+	require.NoError(t, lim.Acquire(context.Background(), 0)) // the next permit comes in 2 s
+	base := &callBase{}
+	tr := mustTransport(t, lim, httpclient.WithBase(base), httpclient.WithCallTime(29*time.Second))
+
+	// 30 s left: without the call's time, the Transport would wait the
+	// 2 s (on the fake clock, never advanced: until the deadline).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://provider.test/", nil)
+	require.NoError(t, err)
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, throttle.ErrTimeout)
+	assert.NoError(t, ctx.Err(), "it did not wait for the deadline")
+	assert.Zero(t, base.sent.Load())
+}
+
+// TestCallTimeAbandonedCallKeepsItsSlot: a call whose context ends after
+// it was sent keeps its slot until the call's time after the send, when
+// the provider is done with it; a call closed while its context lives
+// gives it back at once.
+func TestCallTimeAbandonedCallKeepsItsSlot(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		atSend bool // the context ends during the send, not before Close
+	}{{"during the send", true}, {"before the body is closed", false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := clockwork.NewFakeClock()
+			b, err := throttle.NewLocal(1000, time.Second, throttle.WithClock(clk))
+			require.NoError(t, err)
+			lim := throttle.New(b, throttle.WithClock(clk))
+			slots, err := throttle.NewLocalSlots(1)
+			require.NoError(t, err)
+			base := &callBase{block: tt.atSend}
+			tr := mustTransport(t, lim, httpclient.WithBase(base), httpclient.WithConcurrency(slots), httpclient.WithCallTime(5*time.Second))
+
+			ctx, cancel := context.WithCancel(context.Background())
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://provider.test/", nil)
+			require.NoError(t, err)
+			if tt.atSend {
+				go func() {
+					for base.sent.Load() == 0 {
+						time.Sleep(time.Millisecond)
+					}
+					cancel()
+				}()
+				_, err = tr.RoundTrip(req)
+				require.ErrorIs(t, err, context.Canceled)
+			} else {
+				resp, err := tr.RoundTrip(req)
+				require.NoError(t, err)
+				cancel()
+				require.NoError(t, resp.Body.Close())
+			}
+			assert.False(t, slotFree(slots), "the provider may still run the call")
+			clk.Advance(5*time.Second - time.Millisecond)
+			assert.False(t, slotFree(slots))
+			clk.Advance(time.Millisecond)
+			require.Eventually(t, func() bool { return slotFree(slots) }, 5*time.Second, time.Millisecond, "given back the call's time after the send")
+
+			// A call read and closed while its context lives gives its
+			// slot back at once.
+			req, err = http.NewRequestWithContext(context.Background(), http.MethodGet, "http://provider.test/", nil)
+			require.NoError(t, err)
+			base.block = false
+			resp, err := tr.RoundTrip(req)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+			assert.True(t, slotFree(slots))
+		})
+	}
+}
+
+// A negative call time is refused, naming the option.
+func TestNewTransportRefusesANegativeCallTime(t *testing.T) {
+	_, err := httpclient.NewTransport(fastLimiter(t), httpclient.WithCallTime(-time.Second))
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, throttle.ErrInvalid))
+	assert.Contains(t, err.Error(), "WithCallTime")
+}
