@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
@@ -87,7 +86,7 @@ type Consumer struct {
 	restored map[topicPartition]offsetMap
 	// userOnFetched is WithKafka's kgo.OnOffsetsFetched, if any: the
 	// consumer's own callback calls it.
-	userOnFetched func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error
+	userOnFetched onFetchedFn
 
 	failure atomic.Pointer[error] // first error that stops the consumer
 
@@ -164,7 +163,14 @@ func (c *Consumer) readUserCallbacks() error {
 		return err
 	}
 	defer cl.Close()
-	c.userOnFetched, _ = cl.OptValue(kgo.OnOffsetsFetched).(func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error)
+	v := cl.OptValue(kgo.OnOffsetsFetched)
+	fn, ok := asFunc[onFetchedFn](v)
+	if !ok {
+		// Not refused (the consumer works without it), but not silent:
+		// the user's callback will not be called.
+		c.log.Warn("consumer: cannot read kgo.OnOffsetsFetched back from this franz-go release; the callback given in WithKafka will not be called (please report it)", "form", fmt.Sprintf("%T", v))
+	}
+	c.userOnFetched = fn
 	return nil
 }
 

@@ -1,8 +1,12 @@
 package consumer
 
 import (
+	"context"
 	"reflect"
 	"slices"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // The consumer reads back a few of the user's Kafka options through
@@ -79,4 +83,25 @@ func asInt(opt any) (n int64, ok bool) {
 		}
 	}
 	return 0, false
+}
+
+// onFetchedFn is the signature of kgo.OnOffsetsFetched's callback.
+type onFetchedFn = func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error
+
+// asFunc reads a callback option (kgo.OnOffsetsFetched) as F: the function
+// as given, or one of another func type with F's signature. An option not
+// set (nil, or a nil function) is a nil F with ok true; ok is false for
+// any other form, which a caller must not take for "no callback".
+func asFunc[F any](opt any) (f F, ok bool) {
+	if opt == nil {
+		return f, true
+	}
+	if f, ok := opt.(F); ok {
+		return f, true
+	}
+	v, t := reflect.ValueOf(opt), reflect.TypeFor[F]()
+	if t.Kind() != reflect.Func || v.Kind() != reflect.Func || !v.Type().ConvertibleTo(t) {
+		return f, false
+	}
+	return v.Convert(t).Interface().(F), true
 }

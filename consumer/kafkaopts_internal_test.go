@@ -1,11 +1,15 @@
 package consumer
 
 import (
+	"context"
+	"errors"
 	"regexp"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // The forms franz-go has returned from OptValue for the options the
@@ -55,4 +59,30 @@ func TestOptionReadersAcceptEveryFormFranzGoReturned(t *testing.T) {
 	}
 	_, ok = asBool("true")
 	assert.False(t, ok)
+}
+
+// A callback option is read back as the function the user gave, also when
+// franz-go returns it under a type of its own with the same signature;
+// a value of another form is reported, not taken for "no callback".
+func TestOptionReadersReadACallbackInAnyFuncTypeOfItsSignature(t *testing.T) {
+	t.Parallel()
+	type fetchedFn func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error
+	errMine := errors.New("mine")
+	mine := func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error { return errMine }
+
+	for _, in := range []any{mine, fetchedFn(mine)} {
+		fn, ok := asFunc[onFetchedFn](in)
+		if assert.True(t, ok, "%T", in) && assert.NotNil(t, fn, "%T", in) {
+			assert.ErrorIs(t, fn(context.Background(), nil, nil), errMine)
+		}
+	}
+	for _, in := range []any{nil, onFetchedFn(nil)} {
+		fn, ok := asFunc[onFetchedFn](in)
+		assert.True(t, ok, "%T", in)
+		assert.Nil(t, fn, "%T", in)
+	}
+	for _, in := range []any{"f", func() {}, struct{ f onFetchedFn }{mine}} {
+		_, ok := asFunc[onFetchedFn](in)
+		assert.False(t, ok, "%T", in)
+	}
 }
