@@ -108,3 +108,20 @@ func TestNewAcceptsTheFirstConfigurationAUserWrites(t *testing.T) {
 		assert.NotNil(t, c)
 	}
 }
+
+// A dead-letter topic the consumer consumes itself would take every dead
+// letter back to the handler, and a record that always fails would go
+// round for ever: New refuses it, as it refuses such a shaping topic. A
+// pattern (kgo.ConsumeRegex) is not matched against it.
+func TestNewRefusesADeadLetterTopicItConsumes(t *testing.T) {
+	t.Parallel()
+	h := func(context.Context, *kgo.Record) error { return nil }
+	seeds, group := kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("g")
+	_, err := consumer.New(h, nil, consumer.WithKafka(seeds, group, kgo.ConsumeTopics("in", "in-dlq")), consumer.WithDeadLetter("in-dlq"))
+	require.ErrorIs(t, err, throttle.ErrInvalid)
+	assert.Contains(t, err.Error(), "WithDeadLetter")
+
+	c, err := consumer.New(h, nil, consumer.WithKafka(seeds, group, kgo.ConsumeTopics("in-dlq"), kgo.ConsumeRegex()), consumer.WithDeadLetter("in-dlq"))
+	require.NoError(t, err)
+	assert.NotNil(t, c)
+}

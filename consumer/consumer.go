@@ -219,6 +219,16 @@ func (c *Consumer) checkKafka() error {
 		return err
 	}
 	c.group, _ = asString(cl.OptValue(kgo.ConsumerGroup))
+	// Dead letters consumed again would go round for ever. Patterns are
+	// not matched (kgo.ConsumeExcludeTopics may leave the topic out); a
+	// setting that cannot be read is not checked.
+	if dl := c.cfg.deadLetter; dl != "" {
+		topics, ok := asStrings(cl.OptValue(kgo.ConsumeTopics))
+		regex, okRegex := asBool(cl.OptValue(kgo.ConsumeRegex))
+		if ok && okRegex && !regex && slices.Contains(topics, dl) {
+			return errs.Invalid("consumer", "WithDeadLetter topic", dl, "must not be a topic WithKafka consumes: dead letters would come back to the handler")
+		}
+	}
 	if sh := c.cfg.shaping; sh != "" {
 		topics, ok := asStrings(cl.OptValue(kgo.ConsumeTopics))
 		regex, okRegex := asBool(cl.OptValue(kgo.ConsumeRegex))

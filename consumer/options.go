@@ -256,7 +256,9 @@ func WithRetry(attempts int, base, max time.Duration) Option {
 // its key, with [HeaderDropped] saying so. The original offset is marked
 // for commit only once the broker has acknowledged the dead-letter record;
 // if writing fails otherwise, the consumer stops with that error. The
-// topic must exist (or the cluster must create topics on use).
+// topic must exist (or the cluster must create topics on use), and must
+// not be one the consumer consumes: New refuses a topic that WithKafka's
+// kgo.ConsumeTopics names (patterns are not matched against it).
 //
 // Dead letters (and parked records, [WithShaping]) are written by a
 // producer built from the options of [WithKafka] without the consumer and
