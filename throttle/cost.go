@@ -190,118 +190,64 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 		return nil, err
 	}
 	g := &CostGrant{l: l, key: key, cost: maps.Clone(c)}
-	d, err := l.takeCost(ctx, g, maxWait)
-	if err != nil {
-		return nil, err
-	}
-	g.settle = d.Settle
-	return g, nil
-}
-
-// takeCost is AcquireCost's work for g's cost: the grant's Decision (its
-// Settle), or why there is none. It marks g when the failure policy
-// granted it.
-func (l *Limiter) takeCost(ctx context.Context, g *CostGrant, maxWait time.Duration) (Decision, error) {
-	key, c := g.key, g.cost
 	var total int64
 	for _, v := range c {
 		total += v
 	}
 	if total == 0 {
-		return Decision{}, invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "must ask for at least 1 of some dimension")
+		return nil, invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "must ask for at least 1 of some dimension")
 	}
 	if maxWait < 0 {
-		return Decision{}, invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
+		return nil, invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
 	}
 	cb, ok := capability[CostBucket](l.bucket)
 	if !ok {
 		_, n, one := single(c)
 		if !one {
-			return Decision{}, invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "the bucket keeps one dimension (it is no throttle.CostBucket): name exactly one, or use a bucket of several dimensions such as bucket.NewBudget")
+			return nil, invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "the bucket keeps one dimension (it is no throttle.CostBucket): name exactly one, or use a bucket of several dimensions such as bucket.NewBudget")
 		}
 		// A grant of the failure policy, or of the caller's held
 		// permits (taken by an earlier call), took nothing from the
 		// bucket for this call: its Settle must give nothing back.
 		from := fromPolicy
-		err := l.acquireFrom(ctx, key, n, maxWait, &from)
-		g.policy = err == nil && from == fromPolicy
-		return Decision{}, err
+		if err := l.acquireFrom(ctx, key, n, maxWait, &from); err != nil {
+			return nil, err
+		}
+		g.policy = from == fromPolicy
+		return g, nil
 	}
-	if err := ctx.Err(); err != nil {
-		return Decision{}, fmt.Errorf("throttle: acquire cost %v: %w", c, err)
+	d, src, err := l.wait(ctx, demand{key: key, cost: g.cost, cb: cb}, maxWait)
+	if err != nil {
+		return nil, err
 	}
-	ctx, cancel := WaitContext(ctx)
-	defer cancel()
-	if ctx.Err() != nil {
-		return Decision{}, waitErr(ctx) // stopped already
+	g.settle, g.policy = d.Settle, src == fromPolicy
+	return g, nil
+}
+
+// decideCost is the decision stage of w's wait for a cost: its
+// CostBucket's, or, when the store fails, the failure policy's.
+func (l *Limiter) decideCost(w *waiter) (Decision, source, error) {
+	left := w.left()
+	tctx, cancel, d0, budgetBound := boundStoreCall(w.ctx, left, w.noWait(), l.cfg.storeTimeout)
+	d, err := w.cb.TakeCost(tctx, w.key, w.cost, left)
+	// expired: the call's own deadline, set before the caller's, passed
+	// (the caller did not cancel).
+	expired := d0 > 0 && !errors.Is(w.ctx.Err(), context.Canceled) && deadlinePassed(tctx)
+	cancel()
+	if err == nil || !storeFailure(w.ctx, expired, err) {
+		return d, fromStore, err
 	}
-	w := l.newWaiter(ctx, total, maxWait, 0)
-	for {
-		left := w.left()
-		tctx, cancel, d0, budgetBound := boundStoreCall(ctx, left, w.noWait(), l.cfg.storeTimeout)
-		d, err := cb.TakeCost(tctx, key, c, left)
-		// expired: the call's own deadline, set before the caller's,
-		// passed (the caller did not cancel).
-		expired := d0 > 0 && !errors.Is(ctx.Err(), context.Canceled) && deadlinePassed(tctx)
-		cancel()
-		if err != nil {
-			if storeFailure(ctx, expired, err) {
-				if expired && budgetBound && d0 < l.cfg.storeTimeout/4 {
-					// The caller's wait cut the call short of a fair
-					// chance (a quarter of the store timeout), as in
-					// Acquire: no evidence that the store is down. The
-					// wait ran out.
-					return Decision{}, w.tb.costExpired(c, d0, err)
-				}
-				if err := l.degradeCost(key, c, err, budgetBound && expired, w.tb); err != nil {
-					return Decision{}, err
-				}
-				// FailOpen's grant, never after the wait's end either
-				// (the failure may come back after it).
-				if err := w.ended(false); err != nil {
-					return Decision{}, err
-				}
-				g.policy = true
-				return Decision{}, nil
-			}
-			if errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) {
-				return Decision{}, err
-			}
-			return Decision{}, w.failed(err)
-		}
-		left = w.left()
-		if d.Granted {
-			if d.Delay > left {
-				// A reservation beyond the wait left (none is left when
-				// the answer came after the wait's end): give it back.
-				l.giveBackCost(ctx, d, key, c)
-				return Decision{}, costTimeout(c, maxWait, d.Delay, w.tb.ctxBound)
-			}
-			if d.Delay > 0 {
-				if err := l.sleep(ctx, d.Delay); err != nil {
-					l.giveBackCost(ctx, d, key, c)
-					return Decision{}, err
-				}
-			}
-			// Never granted after the wait's end (see waiter.keep): a
-			// grant answered after it, or a wait ended as its slot came.
-			if err := w.ended(d.Delay > 0); err != nil {
-				l.giveBackCost(ctx, d, key, c)
-				return Decision{}, err
-			}
-			return d, nil
-		}
-		delay := d.Delay
-		if delay <= 0 {
-			delay = retryFloor
-		}
-		if delay > left {
-			return Decision{}, costTimeout(c, maxWait, delay, w.tb.ctxBound)
-		}
-		if err := l.sleep(ctx, delay); err != nil {
-			return Decision{}, err
-		}
+	if expired && budgetBound && d0 < l.cfg.storeTimeout/4 {
+		// The caller's wait cut the call short of a fair chance (a
+		// quarter of the store timeout), as in Acquire: no evidence that
+		// the store is down. The wait ran out.
+		return Decision{}, fromStore, w.tb.costExpired(w.cost, d0, err)
 	}
+	if err := l.degradeCost(w.key, w.cost, err, budgetBound && expired, w.tb); err != nil {
+		return Decision{}, fromPolicy, err
+	}
+	// FailOpen's grant, never after the wait's end either (waiter.keep).
+	return Decision{Granted: true, Remaining: -1}, fromPolicy, nil
 }
 
 // giveBackCost gives back an abandoned reservation d of c through its
@@ -359,18 +305,6 @@ func (tb timeoutBound) costExpired(c Cost, d0 time.Duration, err error) error {
 		return fmt.Errorf("%w: cost %v: the bucket store did not answer %s, which ends at the context's deadline (%w): %w", ErrTimeout, c, within, context.DeadlineExceeded, err)
 	}
 	return fmt.Errorf("%w: cost %v: the bucket store did not answer %s: %w", ErrTimeout, c, within, err)
-}
-
-// costTimeout is the ErrTimeout of an AcquireCost whose cost comes only
-// after next.
-func costTimeout(c Cost, maxWait, next time.Duration, ctxBound bool) error {
-	switch {
-	case ctxBound:
-		return fmt.Errorf("%w: cost %v not free for %v, beyond the context's deadline (%w)", ErrTimeout, c, next, context.DeadlineExceeded)
-	case maxWait == 0:
-		return fmt.Errorf("%w: cost %v not free now (next in %v) and maxWait is 0", ErrTimeout, c, next)
-	}
-	return fmt.Errorf("%w: cost %v not free for %v, beyond maxWait %v", ErrTimeout, c, next, maxWait)
 }
 
 func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) error {

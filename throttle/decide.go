@@ -14,6 +14,7 @@ const (
 	fromStore  source = iota // the bucket decided (or the key's first-back cap)
 	fromLease                // the key's lease, in memory
 	fromPolicy               // the failure policy: the store failed
+	fromHeld                 // the caller's held permits (ContextWithPermit)
 )
 
 // decide makes the decision for n permits of st's key: from its lease
@@ -228,4 +229,16 @@ func (l *Limiter) afterShared(ctx context.Context, st *keyState, d Decision, too
 	if still > 0 {
 		l.settle(ctx, st.key, still, left, noWait, time.Duration(now-sent))
 	}
+}
+
+// take asks the bucket once, reporting the call to the observer.
+func (l *Limiter) take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
+	o := l.cfg.observer
+	if o == nil {
+		return l.bucket.Take(ctx, key, n, maxWait)
+	}
+	start := l.tb.now()
+	d, err := l.bucket.Take(ctx, key, n, maxWait)
+	o.BucketCall(key, d, time.Duration(l.tb.now()-start), err)
+	return d, err
 }

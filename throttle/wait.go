@@ -1,0 +1,457 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The wait.
+//
+// Acquire, AcquireN and AcquireCost wait in one loop (waitLoop), under one
+// deadline fixed when the wait starts (newWaiter: the earlier of maxWait
+// and ctx's deadline; a wait stop ends ctx). Each round reads in order,
+// one file per stage:
+//
+//  1. held permits (permit.go): the caller's own, once, before the loop;
+//  2. the gate (gate.go): after a refusal, callers of the key queue until
+//     the time the bucket named, and are let in a few at a time;
+//  3. the pace (adapt.go): while the key adapts, an evenly spaced slot;
+//  4. the decision (decide.go): from the key's lease (lease.go), the
+//     bucket, or the failure policy (failure.go, degraded.go); for a Cost,
+//     the CostBucket or the failure policy (cost.go);
+//  5. the grant's place in its period (spread.go), for a periodic bucket;
+//  6. the outcome (here): granted now; a reservation slept out (and given
+//     back if the caller leaves, giveback.go); a refusal slept out, then
+//     another round.
+//
+// A cost passes by the gate, the pace, the lease and the spread: those
+// count permits of one dimension.
+
+// demand is what one wait asks for: n permits of key, or a Cost of a
+// CostBucket.
+type demand struct {
+	key  string
+	n    int64      // permits; 0 for a cost
+	cost Cost       // nil: n permits
+	cb   CostBucket // takes cost
+}
+
+func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time.Duration) error {
+	return l.acquireFrom(ctx, key, n, maxWait, nil)
+}
+
+// acquireFrom is acquire; on a grant of the bucket's store or of the
+// key's lease it sets *from (if from is not nil) to that source, and
+// leaves it alone on a grant of the failure policy's or of the caller's
+// held permits.
+func (l *Limiter) acquireFrom(ctx context.Context, key string, n int64, maxWait time.Duration, from *source) error {
+	dm := demand{key: key, n: n}
+	o := l.cfg.observer
+	var start int64
+	if o != nil {
+		start = l.tb.now()
+	}
+	_, src, err := l.wait(ctx, dm, maxWait)
+	if err == nil && from != nil && (src == fromStore || src == fromLease) {
+		*from = src
+	}
+	if o != nil && src != fromHeld {
+		// A held permit was reported when it was granted: one permit,
+		// one report, however many calls it passes through.
+		o.Acquired(key, n, time.Duration(l.tb.now()-start), err)
+	}
+	return err
+}
+
+// wait is the work of Acquire, AcquireN and AcquireCost: the checks, the
+// held permits, then the loop. It returns the grant's decision and where
+// it came from.
+func (l *Limiter) wait(ctx context.Context, dm demand, maxWait time.Duration) (Decision, source, error) {
+	if l.bad != nil {
+		return Decision{}, fromStore, l.bad
+	}
+	if dm.n < 1 && dm.cost == nil {
+		return Decision{}, fromStore, invalid("throttle", "n", dm.n, "must be at least 1")
+	}
+	if maxWait < 0 {
+		return Decision{}, fromStore, invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fromStore, fmt.Errorf("throttle: acquire %s: %w", dm.what(), err)
+	}
+	if dm.cost == nil && l.useHeld(ctx, dm.key, dm.n) {
+		return Decision{Granted: true}, fromHeld, nil // the caller holds them already (ContextWithPermit)
+	}
+	ctx, cancel := WaitContext(ctx)
+	defer cancel()
+	if ctx.Err() != nil {
+		return Decision{}, fromStore, waitErr(ctx) // stopped already
+	}
+	// One clock reading serves the key's state, the wait's start and the
+	// first round's pace: on some hosts a reading costs 100 ns.
+	var now int64
+	permits := dm.cost == nil
+	if permits && (dm.key != "" || l.adapt.ok) || maxWait > 0 && maxWait != Forever {
+		now = l.tb.now()
+	}
+	var st *keyState
+	if permits {
+		st = l.stateAt(dm.key, now)
+		defer l.release(st)
+	}
+	w := l.newWaiter(ctx, dm, maxWait, now)
+	return l.waitLoop(&w, st)
+}
+
+// waitLoop is the wait's rounds (stages 2 to 6 above) for w, of st's key
+// (nil for a cost).
+func (l *Limiter) waitLoop(w *waiter, st *keyState) (Decision, source, error) {
+	permits := w.cost == nil
+	for retry := false; ; retry = true {
+		var gated bool
+		if permits {
+			var err error
+			if gated, err = w.queue(st, retry); err != nil {
+				return Decision{}, fromStore, err
+			}
+			if err := w.pace(st); err != nil {
+				if gated {
+					st.gate.leave(false, 0, 0)
+				}
+				return Decision{}, fromStore, err
+			}
+		}
+		var asked int64 // when the bucket was asked, for a grant's place
+		spread := permits && l.spreads() && w.canSpread(time.Duration(l.interval))
+		if spread {
+			asked = l.tb.now()
+		}
+		d, src, err := w.decide(st)
+		left := w.left()
+		refused := err == nil && !d.Granted
+		delay := d.Delay
+		if refused && delay <= 0 {
+			delay = retryFloor
+		}
+		// After the period's end, a gap for the callers that can wait
+		// for it (spread.go).
+		var gap time.Duration
+		if permits && refused && src == fromStore && l.spreads() {
+			gap = l.periodGap(d)
+		}
+		// A refusal closes the key's gate for everyone only when it says
+		// something about one permit from the shared bucket: not one of
+		// the failure policy (the bucket may answer at the next call),
+		// nor one for n > 1 (a single permit may come sooner).
+		shared := permits && src != fromPolicy && w.n == 1
+		if gated {
+			st.gate.leave(refused && shared, delay, gap)
+		} else if refused && shared {
+			st.gate.closeFor(delay, gap)
+		}
+		switch {
+		case err != nil:
+			return Decision{}, src, w.failed(err)
+		case d.Granted && d.Delay <= 0:
+			if err := w.keep(d, src, false); err != nil {
+				return Decision{}, src, err // answered after the wait's end
+			}
+			if spread && src == fromStore {
+				// A place beyond the wait left: the caller goes at once.
+				if s := l.spreadDelay(w.n, d, time.Duration(l.tb.now()-asked)); s > 0 && s < left {
+					again, err := l.spreadOut(w.ctx, st, w.n, s)
+					if again {
+						continue // a pause came first: ask anew
+					}
+					if err != nil {
+						return Decision{}, src, err
+					}
+					return d, src, w.keep(d, src, true)
+				}
+			}
+			return d, src, nil
+		case d.Granted:
+			if err := w.sleepReservation(d, src, left); err != nil {
+				return Decision{}, src, err
+			}
+			return d, src, w.keep(d, src, true)
+		case delay > left:
+			return Decision{}, src, w.tb.err(delay)
+		case !shared:
+			// No herd to protect the store from here: sleep out the
+			// delay privately (and the gap, if the wait allows), then
+			// ask (or probe) again.
+			if gap <= left-delay { // delay <= left here; delay+gap may overflow
+				delay += gap
+			}
+			if err := l.sleep(w.ctx, delay); err != nil {
+				return Decision{}, src, err
+			}
+		}
+	}
+}
+
+// waiter is one wait: what it asks for, its deadline, and how much of it
+// is left.
+type waiter struct {
+	l   *Limiter
+	ctx context.Context
+	demand
+	// budget is the whole wait allowed; measured is false for a wait that
+	// cannot run out (none, or Forever), which reads no clock. deadline
+	// is the wait's end on the limiter's time base, when measured.
+	budget   time.Duration
+	deadline int64
+	measured bool
+	tb       timeoutBound
+	// first is the clock reading of the wait's start, for its first
+	// round's pace (0 when none was read); later rounds read the clock.
+	first int64
+}
+
+// newWaiter starts a wait for dm at now (0: not read yet): its deadline
+// is fixed here, once.
+func (l *Limiter) newWaiter(ctx context.Context, dm demand, maxWait time.Duration, now int64) waiter {
+	// ctxBound records that ctx's deadline, not maxWait, set the budget.
+	budget, ctxBound := maxWait, false
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < budget {
+			budget, ctxBound = max(left, 0), true
+		}
+	}
+	w := waiter{l: l, ctx: ctx, demand: dm, budget: budget, tb: timeoutBound{n: dm.n, cost: dm.cost, maxWait: maxWait, ctxBound: ctxBound}, first: now}
+	if w.measured = budget > 0 && budget != Forever; w.measured {
+		if now == 0 {
+			now = l.tb.now()
+		}
+		w.deadline = addSat(now, budget)
+	}
+	return w
+}
+
+// decide is the decision stage: a cost's from its bucket (cost.go),
+// permits' from the key's lease, the bucket or the failure policy
+// (decide.go).
+func (w *waiter) decide(st *keyState) (Decision, source, error) {
+	if w.cost != nil {
+		return w.l.decideCost(w)
+	}
+	return w.l.decide(w.ctx, st, w.n, w.left(), w.noWait())
+}
+
+// keep returns nil when the caller may keep the grant d (from src): its
+// wait has not ended (its deadline passed, ctx ended or its wait stopped)
+// while the bucket was asked. Else it gives the grant back and returns
+// why the wait ended: a grant's answer may come after the wait's end (a
+// store call is bounded a little past it, minStoreCall, and a store may
+// answer late), and a caller must never be granted after it. A caller
+// that allowed no wait (maxWait 0) has no deadline here (its store call
+// is bounded by the store timeout): only its ctx is looked at. sleptOut
+// reports that the grant's time (a reservation's slot, a place in the
+// period) was slept out, and came within what was left of the wait when
+// the answer came: only ctx's end counts then, not a timer that woke the
+// caller late.
+func (w *waiter) keep(d Decision, src source, sleptOut bool) error {
+	err := w.ended(sleptOut)
+	if err != nil {
+		w.giveBack(d, src)
+	}
+	return err
+}
+
+// giveBack gives back the grant d (from src) that the caller leaves:
+// a cost through its Settle, a reservation by its Cancel or the bucket's
+// Refunder, a lease's permits to the bucket. (A grant of the failure
+// policy was made in this process alone: it stays counted in the local
+// share, which only slows this process.)
+func (w *waiter) giveBack(d Decision, src source) {
+	l := w.l
+	switch {
+	case src != fromStore && src != fromLease:
+	case w.cost != nil:
+		l.giveBackCost(w.ctx, d, w.key, w.cost)
+	case src == fromStore:
+		l.cancelReservation(w.ctx, w.key, w.n, d)
+	default:
+		l.giveBack(w.ctx, w.key, w.n)
+	}
+}
+
+// ended returns why w's wait has ended, or nil while it runs; with
+// ctxOnly, only ctx's end counts, not the time measured on the Limiter's
+// clock.
+func (w *waiter) ended(ctxOnly bool) error {
+	err := w.ctx.Err()
+	switch {
+	case err != nil && !errors.Is(err, context.DeadlineExceeded):
+		return waitErr(w.ctx) // cancelled or stopped
+	case err == nil && (ctxOnly || !(w.measured && w.l.tb.now() > w.deadline)):
+		return nil
+	case err != nil || w.tb.ctxBound:
+		return fmt.Errorf("%w: %s granted only after the context's deadline, given back (%w)", ErrTimeout, w.what(), context.DeadlineExceeded)
+	}
+	return fmt.Errorf("%w: %s granted only after maxWait %v ran out, given back", ErrTimeout, w.what(), w.tb.maxWait)
+}
+
+// left is what is left of the wait now.
+func (w *waiter) left() time.Duration {
+	if !w.measured {
+		return w.budget
+	}
+	return time.Duration(max(w.deadline-w.l.tb.now(), 0))
+}
+
+// ranOut is the ErrTimeout of a wait that ran out before what (a stage of
+// it) could be asked.
+func (w *waiter) ranOut(what string) error {
+	if w.tb.ctxBound {
+		return fmt.Errorf("%w: the context's deadline came before %s was asked for %s (%w)", ErrTimeout, what, w.what(), context.DeadlineExceeded)
+	}
+	return fmt.Errorf("%w: maxWait %v ran out before %s was asked for %s", ErrTimeout, w.tb.maxWait, what, w.what())
+}
+
+// noWait reports that the caller allowed no wait at all (maxWait 0).
+func (w *waiter) noWait() bool { return w.budget == 0 }
+
+// canSpread reports whether the caller's wait is long enough to wait for
+// its place in a period of interval (spread.go): a whole interval, or two
+// when its context's deadline bounds it, so that the call made with that
+// context still has time. A caller with a shorter wait is not spread: had
+// it to go at once whenever its place lay beyond its wait, a period's
+// spread grants would meet the next period's burst.
+func (w *waiter) canSpread(interval time.Duration) bool {
+	if w.tb.ctxBound {
+		return w.budget >= 2*interval
+	}
+	return w.budget >= interval
+}
+
+// queue is the gate's stage: it returns at once while the key's gate is
+// open; after a refusal, it queues the caller (first in line on a retry)
+// until the gate lets it in. gated reports that the caller holds an
+// admission, to end with gate.leave.
+func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
+	if st.gate.open() {
+		return false, nil
+	}
+	if err := st.gate.enter(w.ctx, retry, w.left(), w.tb); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// pace is the adaptive rate's stage: while the key adapts, the caller
+// waits for an evenly spaced slot (adapt.go); free otherwise.
+func (w *waiter) pace(st *keyState) error {
+	now := w.first
+	w.first = 0
+	return w.l.pace(w.ctx, st, w, now)
+}
+
+// failed maps a decision's error to Acquire's: a deadline that passed
+// while the bucket was asked is a wait that ran out (ErrTimeout).
+func (w *waiter) failed(err error) error {
+	ctxErr := w.ctx.Err()
+	if ctxErr == nil || errors.Is(err, ErrTimeout) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) {
+		return err
+	}
+	if errors.Is(ctxErr, context.DeadlineExceeded) {
+		// The deadline ran out while the bucket was asked (its error may
+		// wrap the deadline or not): a wait that ran out, as the doc
+		// says, ErrTimeout.
+		return fmt.Errorf("%w: the context's deadline passed while the bucket was asked for %s (%w; the bucket: %v)", ErrTimeout, w.what(), context.DeadlineExceeded, err)
+	}
+	if cause := context.Cause(w.ctx); cause != ctxErr || !errors.Is(err, ctxErr) {
+		// Name what ended the wait (a stop's cause, say), not only the
+		// bucket's view of it.
+		return fmt.Errorf("%w (bucket: %v)", waitErr(w.ctx), err)
+	}
+	return err
+}
+
+// sleepReservation sleeps until a reservation's grant d (from src) is the
+// caller's, giving it back if it comes too late (the bucket call itself
+// ate into the wait: left is what it left) or the caller leaves first.
+func (w *waiter) sleepReservation(d Decision, src source, left time.Duration) error {
+	if d.Delay > left {
+		w.giveBack(d, src)
+		return w.tb.err(d.Delay)
+	}
+	if err := w.l.sleep(w.ctx, d.Delay); err != nil {
+		w.giveBack(d, src)
+		return err
+	}
+	return nil
+}
+
+// cancelReservation gives back an abandoned reservation d: exactly, by its
+// Cancel, when the bucket said how; else through the bucket's Refunder
+// (handBack: the caller waits for it at most the store timeout).
+func (l *Limiter) cancelReservation(ctx context.Context, key string, n int64, d Decision) {
+	if d.Cancel == nil && l.caps.refunder == nil {
+		return
+	}
+	l.handBack(ctx, func(rctx context.Context) {
+		var err error
+		if d.Cancel != nil {
+			err = d.Cancel(rctx)
+		} else {
+			err = l.caps.refunder.Refund(rctx, key, n)
+		}
+		if err != nil {
+			l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "n", n, "err", err)
+		}
+	})
+}
+
+// sleep waits d on the limiter's clock, or until ctx ends.
+func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
+	t := l.cfg.clock.NewTimer(d)
+	select {
+	case <-t.Chan():
+		return nil
+	case <-ctx.Done():
+		t.Stop()
+		return waitErr(ctx)
+	}
+}
+
+// what names the demand in errors: "3 permit(s)", "cost tokens=800".
+func (dm demand) what() string { return whatOf(dm.n, dm.cost) }
+
+func whatOf(n int64, cost Cost) string {
+	if cost != nil {
+		return "cost " + cost.String()
+	}
+	return fmt.Sprintf("%d permit(s)", n)
+}
+
+// timeoutBound is what an ErrTimeout of one wait says: what it asked for,
+// the maxWait, and whether ctx's deadline was the bound.
+type timeoutBound struct {
+	n        int64
+	cost     Cost // nil: n permits
+	maxWait  time.Duration
+	ctxBound bool
+}
+
+// err is the ErrTimeout for a grant that comes only after next.
+func (b timeoutBound) err(next time.Duration) error {
+	what := whatOf(b.n, b.cost)
+	switch {
+	case b.ctxBound:
+		return fmt.Errorf("%w: %s not free for %v, beyond the context's deadline (%w)", ErrTimeout, what, next, context.DeadlineExceeded)
+	case b.maxWait == 0:
+		return fmt.Errorf("%w: %s not free now (next in %v) and maxWait is 0", ErrTimeout, what, next)
+	}
+	return fmt.Errorf("%w: %s not free for %v, beyond maxWait %v", ErrTimeout, what, next, b.maxWait)
+}
+
+// expiredWhileAsking is the ErrTimeout of a call whose context's deadline
+// passed while what (the bucket, the adaptive pace) was being asked; err
+// is what that call returned.
+func expiredWhileAsking(n int64, what string, err error) error {
+	return fmt.Errorf("%w: the context's deadline passed while %s was asked for %d permit(s) (%w; %s: %v)", ErrTimeout, what, n, context.DeadlineExceeded, what, err)
+}
