@@ -219,6 +219,14 @@ func (l *Limiter) AdaptiveState(ctx context.Context, key string) (AdaptiveState,
 // a change of rate reaches the queue within a quarter interval.
 const paceHorizon = 4
 
+// pace is the adaptive rate's stage: while the key adapts, the caller
+// waits for an evenly spaced slot (adapt.go); free otherwise.
+func (w *waiter) pace(st *keyState) error {
+	now := w.first
+	w.first = 0
+	return w.l.pace(w.ctx, st, w, now)
+}
+
 // pace waits for an evenly spaced slot at st's adaptive rate, within w's
 // wait, before a caller asks the bucket. It returns at once, with no store
 // call, while the key is known not to be adapting. A store failure skips

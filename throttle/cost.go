@@ -226,7 +226,8 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 
 // decideCost is the decision stage of w's wait for a cost: its
 // CostBucket's, or, when the store fails, the failure policy's.
-func (l *Limiter) decideCost(w *waiter) (Decision, source, error) {
+func (l *Limiter) decideCost(w *waiter) decision {
+	c := decision{w: w}
 	left := w.left()
 	tctx, cancel, d0, budgetBound := boundStoreCall(w.ctx, left, w.noWait(), l.cfg.storeTimeout)
 	d, err := w.cb.TakeCost(tctx, w.key, w.cost, left)
@@ -235,19 +236,22 @@ func (l *Limiter) decideCost(w *waiter) (Decision, source, error) {
 	expired := d0 > 0 && !errors.Is(w.ctx.Err(), context.Canceled) && deadlinePassed(tctx)
 	cancel()
 	if err == nil || !storeFailure(w.ctx, expired, err) {
-		return d, fromStore, err
+		c.Decision, c.err = d, err
+		return c
 	}
 	if expired && budgetBound && d0 < l.cfg.storeTimeout/4 {
 		// The caller's wait cut the call short of a fair chance (a
 		// quarter of the store timeout), as in Acquire: no evidence that
 		// the store is down. The wait ran out.
-		return Decision{}, fromStore, w.tb.costExpired(w.cost, d0, err)
+		c.err = w.tb.costExpired(w.cost, d0, err)
+		return c
 	}
-	if err := l.degradeCost(w.key, w.cost, err, budgetBound && expired, w.tb); err != nil {
-		return Decision{}, fromPolicy, err
+	c.src = fromPolicy
+	if c.err = l.degradeCost(w.key, w.cost, err, budgetBound && expired, w.tb); c.err == nil {
+		// FailOpen's grant, never after the wait's end either (waiter.keep).
+		c.Decision = Decision{Granted: true, Remaining: -1}
 	}
-	// FailOpen's grant, never after the wait's end either (waiter.keep).
-	return Decision{Granted: true, Remaining: -1}, fromPolicy, nil
+	return c
 }
 
 // giveBackCost gives back an abandoned reservation d of c through its

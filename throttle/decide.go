@@ -7,6 +7,14 @@ import (
 	"time"
 )
 
+// The decision stage: one round's decision for the caller's permits, from
+// the key's lease (lease.go), the bucket, or, while the bucket's store
+// fails, the failure policy (failure.go, degraded.go); for a Cost, from its
+// CostBucket (cost.go). The decision is one value (decision) that the
+// bucket call's answer becomes and that the stages after it read and
+// refine in order: the lease's refill, FailLocal's accounting
+// (afterShared), the gate, the spread, the outcome (wait.go).
+
 // source says where a decision came from.
 type source uint8
 
@@ -17,123 +25,171 @@ const (
 	fromHeld                 // the caller's held permits (ContextWithPermit)
 )
 
-// decide makes the decision for n permits of st's key: from its lease
-// (with leasing), from the bucket, or, while the bucket's store fails, by
-// the failure policy. left is the caller's wait left, noWait that it
-// allowed none at all (maxWait 0).
-func (l *Limiter) decide(ctx context.Context, st *keyState, n int64, left time.Duration, noWait bool) (Decision, source, error) {
-	if l.leasing != nil {
-		return l.leased(ctx, st, n, left, noWait)
+// decision is one round's decision in the making.
+type decision struct {
+	Decision        // the answer, as the stages refined it
+	src      source // where it came from
+	err      error  // why there is none
+
+	w  *waiter
+	st *keyState // the key's state; nil for a cost
+	// n permits were asked for the caller and want more for the key's
+	// lease, all or nothing; got is how many of want were granted (want
+	// may be cut to the first-back cap's room).
+	n, want, got int64
+	// FailLocal's accounting of the store call: when it was sent, the
+	// debt it carried, and the end of the first-back cap's period it
+	// reserved n+want in (0: none).
+	sent, debt, reserved int64
+	// The gate's reading of a refusal (waiter.leaveGate): ask again in
+	// retryIn, after gap; shared: the refusal holds for every caller of
+	// the key.
+	retryIn, gap time.Duration
+	shared       bool
+}
+
+// decide is the decision stage of w's round for st's key.
+func (w *waiter) decide(st *keyState) decision {
+	l := w.l
+	switch {
+	case w.cost != nil:
+		return l.decideCost(w)
+	case l.leasing != nil:
+		return l.leased(w, st)
 	}
-	d, _, src, err := l.ask(ctx, st, n, 0, left, noWait)
-	return d, src, err
+	return l.ask(w, st, w.n, 0)
 }
 
 // ask asks the bucket for n permits of st's key, and up to want more for
-// the key's lease, all or nothing; got is how many of want it granted
-// (want may be cut to the first-back cap's room). While the store fails,
+// the key's lease, all or nothing, within w's wait. While the store fails,
 // the failure policy decides for the n permits instead (fromPolicy).
-func (l *Limiter) ask(ctx context.Context, st *keyState, n, want int64, left time.Duration, noWait bool) (d Decision, got int64, src source, err error) {
-	// A bucket that can reserve may book up to left ahead; a lease's
-	// refill takes only permits free now.
-	reserve := left
-	if l.leasing != nil {
-		reserve = 0
-	}
+func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
+	c := decision{w: w, st: st, n: n, want: want}
 	if l.caps.immediate {
-		d, err = l.take(ctx, st.key, n+want, reserve)
-		if err == nil {
-			st.noteLimit(d)
-			if d.Granted {
-				got = want
+		c.Decision, c.err = l.take(w.ctx, st.key, n+want, l.bookAhead(w.left()))
+		if c.err == nil {
+			st.noteLimit(c.Decision)
+			if c.Granted {
+				c.got = want
 			}
 		}
-		return d, got, fromStore, err
+		return c
 	}
 	o := &l.outage
 	probe := false
 	if o.since.Load() != 0 {
 		if !o.probing.CompareAndSwap(false, true) {
 			// Someone is asking the store: decide without it.
-			d, err = l.degrade(st, n, o.err(), false)
-			return d, 0, fromPolicy, err
+			c.src = fromPolicy
+			c.Decision, c.err = l.degrade(st, n, o.err(), false)
+			return c
 		}
 		probe = true
 		defer o.probing.Store(false)
 	}
-	local := l.cfg.policy == FailLocal
-	var reserved int64
-	if local && st.faulted.Load() {
+	if l.cfg.policy == FailLocal && st.faulted.Load() {
 		// (A probe is never capped: it must find out whether the store
 		// answers again. Its lease's batch is, as a cap would be.)
-		refusal, refused, until, w := st.reserveRecovery(n, want, l.tb.now(), probe)
+		refusal, refused, until, fit := st.reserveRecovery(n, want, l.tb.now(), probe)
 		if refused {
-			return refusal, 0, fromStore, nil
+			c.Decision = refusal
+			return c
 		}
-		reserved, want = until, w
+		c.reserved, c.want = until, fit
 	}
-	sent := l.tb.now()
-	var debt int64
-	if local && st.faulted.Load() {
+	c.sent = l.tb.now()
+	if l.cfg.policy == FailLocal && st.faulted.Load() {
 		// The call carries what this instance granted locally for the key
 		// (the probe, or the key's first call after it): the first thing
 		// the store does for the key when it answers again is to account
 		// for those permits, before any shared grant of the key here.
 		st.mu.Lock()
-		debt = st.claimDebt(sent)
+		c.debt = st.claimDebt(c.sent)
 		st.mu.Unlock()
 	}
-	tctx, cancel, d0, budgetBound := boundStoreCall(ctx, left, noWait, l.cfg.storeTimeout)
-	d, err = l.take(tctx, st.key, n+want+debt, reserve)
-	if debt > 0 && errors.Is(err, ErrExceedsLimit) {
-		st.mu.Lock()
-		st.releaseDebt()
-		st.mu.Unlock()
-		debt = 0 // more than the bucket grants at once: settle it apart
-		d, err = l.take(tctx, st.key, n+want, reserve)
-	}
-	// expired: the call's own deadline, set before the caller's, passed
-	// (the caller did not cancel).
-	expired := d0 > 0 && !errors.Is(ctx.Err(), context.Canceled) && deadlinePassed(tctx)
-	cancel()
+	err, expired, budgetBound, d0 := c.call()
 	if err == nil {
 		if o.end() {
 			l.cfg.logger.Info("throttle: bucket store answers again; shared limit resumed", "policy", l.cfg.policy.String())
 		}
-		if d.Granted {
-			got = want
+		if c.Granted {
+			c.got = c.want
 		}
-		st.noteLimit(d)
-		if local && (st.faulted.Load() || d.Reset > 0 && l.caps.fallbacker != nil) {
-			l.afterShared(ctx, st, d, n+got, debt, reserved, n+want, left, noWait, sent)
+		st.noteLimit(c.Decision)
+		if l.cfg.policy == FailLocal && (st.faulted.Load() || c.Reset > 0 && l.caps.fallbacker != nil) {
+			l.afterShared(&c)
 		}
-		return d, got, fromStore, nil
+		return c
 	}
-	if debt > 0 || reserved != 0 {
-		st.mu.Lock()
-		if debt > 0 {
-			st.releaseDebt()
-		}
-		if reserved != 0 && st.recovery != nil {
-			st.recovery.unreserve(n+want, reserved)
-		}
-		st.mu.Unlock()
-	}
-	if !storeFailure(ctx, expired, err) {
-		return d, 0, fromStore, err
+	c.unreserve()
+	if !storeFailure(w.ctx, expired, err) {
+		c.err = err
+		return c
 	}
 	if expired && budgetBound && d0 < l.cfg.storeTimeout/4 && !probe {
 		// The caller's wait cut the call short of a fair chance (a
 		// quarter of the store timeout): no evidence that the store is
 		// down, so no degraded decision either. The wait ran out. (A
 		// probe has the evidence already: the store was down before.)
-		return Decision{}, 0, fromStore, fmt.Errorf("%w: the bucket store did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)
+		c.Decision, c.err = Decision{}, fmt.Errorf("%w: the bucket store did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)
+		return c
 	}
-	if o.begin(sent, err) {
+	if o.begin(c.sent, err) {
 		l.cfg.logger.Warn("throttle: bucket store failed; deciding by the failure policy until it answers", "policy", l.cfg.policy.String(), "what", l.policyNote(), "err", err)
 	}
-	d, err = l.degrade(st, n, err, budgetBound && expired)
-	return d, 0, fromPolicy, err
+	c.src = fromPolicy
+	c.Decision, c.err = l.degrade(st, n, err, budgetBound && expired)
+	return c
+}
+
+// call is c's store call, bounded by the wait's deadline: Take of n+want
+// and the debt c carries (apart, if the bucket never grants that much at
+// once). It sets c's Decision and returns the store's error; expired
+// reports that the call's own deadline (d0 long, set before the caller's:
+// budgetBound) passed while the caller did not cancel.
+func (c *decision) call() (err error, expired, budgetBound bool, d0 time.Duration) {
+	w, st, l := c.w, c.st, c.w.l
+	left := w.left()
+	tctx, cancel, d0, budgetBound := boundStoreCall(w.ctx, left, w.noWait(), l.cfg.storeTimeout)
+	defer cancel()
+	reserve := l.bookAhead(left)
+	c.Decision, err = l.take(tctx, st.key, c.n+c.want+c.debt, reserve)
+	if c.debt > 0 && errors.Is(err, ErrExceedsLimit) {
+		st.mu.Lock()
+		st.releaseDebt()
+		st.mu.Unlock()
+		c.debt = 0 // more than the bucket grants at once: settle it apart
+		c.Decision, err = l.take(tctx, st.key, c.n+c.want, reserve)
+	}
+	expired = d0 > 0 && !errors.Is(w.ctx.Err(), context.Canceled) && deadlinePassed(tctx)
+	return err, expired, budgetBound, d0
+}
+
+// bookAhead is how far ahead a bucket that can reserve may book, with
+// left of the wait: all of it; a lease's refill takes only permits free
+// now.
+func (l *Limiter) bookAhead(left time.Duration) time.Duration {
+	if l.leasing != nil {
+		return 0
+	}
+	return left
+}
+
+// unreserve gives back, after a failed store call, the debt c carried and
+// the first-back cap's room it reserved.
+func (c *decision) unreserve() {
+	st := c.st
+	if c.debt == 0 && c.reserved == 0 {
+		return
+	}
+	st.mu.Lock()
+	if c.debt > 0 {
+		st.releaseDebt()
+	}
+	if c.reserved != 0 && st.recovery != nil {
+		st.recovery.unreserve(c.n+c.want, c.reserved)
+	}
+	st.mu.Unlock()
 }
 
 // noteLimit records the key's limit a shared decision reported.
@@ -176,21 +232,20 @@ func (st *keyState) reserveRecovery(n, want, now int64, probe bool) (refusal Dec
 	return Decision{}, false, until, fit
 }
 
-// afterShared does FailLocal's accounting after a shared decision d of st's
-// key, sent at sent, that took took permits from the store (n and a lease's
-// batch) and carried debt: the ledger notes the period, a carried debt is
-// settled, what is still owed is taken from the store, and a key that
-// granted locally in the outage is capped for its first shared period.
-// reserved and asked are what reserveRecovery reserved, to give back when
-// d granted nothing.
-func (l *Limiter) afterShared(ctx context.Context, st *keyState, d Decision, took, debt, reserved, asked int64, left time.Duration, noWait bool, sent int64) {
+// afterShared does FailLocal's accounting after a shared decision c:
+// the ledger notes the period, a carried debt is settled, what is still
+// owed is taken from the store, and a key that granted locally in the
+// outage is capped for its first shared period. What c reserved of the
+// cap is given back when it granted nothing.
+func (l *Limiter) afterShared(c *decision) {
+	st, d := c.st, c.Decision
 	now := l.tb.now()
 	if d.Reset > 0 {
 		// The period ends Reset after the store decided, which was after
 		// the call was sent: counted from then, as a lease's batch is,
 		// the ledger's end is never later than the store's, however long
 		// the answer took to come back.
-		end, tol := addSat(sent, d.Reset), l.interval/2
+		end, tol := addSat(c.sent, d.Reset), l.interval/2
 		if !st.ledger.note(end, d.Remaining, tol) {
 			st.mu.Lock()
 			st.ledger.start(end, d.Remaining, tol)
@@ -201,8 +256,8 @@ func (l *Limiter) afterShared(ctx context.Context, st *keyState, d Decision, too
 		return
 	}
 	st.mu.Lock()
-	if reserved != 0 && !d.Granted && st.recovery != nil {
-		st.recovery.unreserve(asked, reserved)
+	if c.reserved != 0 && !d.Granted && st.recovery != nil {
+		st.recovery.unreserve(c.n+c.want, c.reserved)
 	}
 	k := st.local
 	var owed, share, interval int64
@@ -210,15 +265,16 @@ func (l *Limiter) afterShared(ctx context.Context, st *keyState, d Decision, too
 		owed, share, interval = k.owed(now), k.share, k.interval
 	}
 	switch {
-	case debt > 0 && d.Granted:
+	case c.debt > 0 && d.Granted:
 		st.settled() // the debt came with the call's permits
-	case debt > 0:
+	case c.debt > 0:
 		st.releaseDebt()
 	}
 	still := st.takeOwed(now) // all of it, or what was granted locally after the claim
 	if k != nil && (st.recovery == nil || !st.recovery.holds(now)) {
-		if !d.Granted {
-			took = 0
+		took := int64(0) // from the store: n and a lease's batch
+		if d.Granted {
+			took = c.n + c.got
 		}
 		st.recovery = newRecoveryCap(d, now, share, owed, took, interval)
 	}
@@ -227,7 +283,7 @@ func (l *Limiter) afterShared(ctx context.Context, st *keyState, d Decision, too
 	}
 	st.mu.Unlock()
 	if still > 0 {
-		l.settle(ctx, st.key, still, left, noWait, time.Duration(now-sent))
+		l.settle(c.w, st.key, still, time.Duration(now-c.sent))
 	}
 }
 

@@ -1,7 +1,6 @@
 package throttle
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -312,22 +311,19 @@ func (st *keyState) takeOwed(now int64) int64 {
 	return k.owed(now)
 }
 
-// settle accounts, after an outage, for owed permits st's key granted
+// settle accounts, after an outage, for owed permits key granted
 // locally: they are taken from the shared bucket (as many as it has left)
 // before the key's shared grants resume. It is called on a shared
-// decision's path and is bounded by what is left of the caller's wait
-// (left, noWait, of which the caller's own store call took elapsed) as
-// that call is: what it cannot settle in time stays unaccounted for
-// (logged).
-func (l *Limiter) settle(ctx context.Context, key string, owed int64, left time.Duration, noWait bool, elapsed time.Duration) {
+// decision's path and is bounded by the end of w's wait as that call is
+// (a wait of none by what the store timeout left it, of which the
+// caller's own store call took elapsed): what it cannot settle in time
+// stays unaccounted for (logged).
+func (l *Limiter) settle(w *waiter, key string, owed int64, elapsed time.Duration) {
 	timeout := l.cfg.storeTimeout
-	switch {
-	case noWait && timeout > 0:
+	if w.noWait() && timeout > 0 {
 		timeout = max(timeout-elapsed, minStoreCall)
-	case !noWait && left != Forever:
-		left = max(left-elapsed, 0)
 	}
-	tctx, cancel, _, _ := boundStoreCall(ctx, left, noWait, timeout)
+	tctx, cancel, _, _ := boundStoreCall(w.ctx, w.left(), w.noWait(), timeout)
 	defer cancel()
 	for try := 0; owed > 0 && try < 8; try++ {
 		d, err := l.bucket.Take(tctx, key, owed, 0)

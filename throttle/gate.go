@@ -29,6 +29,48 @@ func addSat(t int64, d time.Duration) int64 {
 	return t + int64(d)
 }
 
+// queue is the gate's stage: it returns at once while the key's gate is
+// open; after a refusal, it queues the caller (first in line on a retry)
+// until the gate lets it in. gated reports that the caller holds an
+// admission, to end with gate.leave.
+func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
+	if st.gate.open() {
+		return false, nil
+	}
+	if err := st.gate.enter(w.ctx, retry, w.left(), w.tb); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// leaveGate is the gate's reading of a round's decision c (of permits of
+// st's key): when to ask again after a refusal (c.retryIn), after which
+// gap (c.gap: after the period's end, for the callers that can wait for
+// it, spread.go), and whether the refusal holds for every caller of the
+// key (c.shared): only one that says something about one permit from the
+// shared bucket, not one of the failure policy (the bucket may answer at
+// the next call), nor one for n > 1 (a single permit may come sooner).
+// A shared refusal closes the key's gate; an admission (gated) ends. A
+// cost (st nil) has no gate: its refusals are its caller's alone.
+func (w *waiter) leaveGate(st *keyState, c *decision, gated bool) {
+	refused := c.err == nil && !c.Granted
+	if refused {
+		c.retryIn = c.Delay
+		if c.retryIn <= 0 {
+			c.retryIn = retryFloor
+		}
+		if st != nil && c.src == fromStore && w.l.spreads() {
+			c.gap = w.l.periodGap(c.Decision)
+		}
+	}
+	c.shared = st != nil && c.src != fromPolicy && w.n == 1
+	if gated {
+		st.gate.leave(refused && c.shared, c.retryIn, c.gap)
+	} else if refused && c.shared {
+		st.gate.closeFor(c.retryIn, c.gap)
+	}
+}
+
 // gate coordinates a Limiter's callers of one key once the bucket has
 // refused: instead of every caller sleeping until the time the bucket
 // named and then asking all at once (a herd of round trips that mostly

@@ -241,40 +241,38 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 	return max(min(int64(w), capN), 0)
 }
 
-// leased is decide with leasing: n permits from st's lease, or a refill
-// that fetches them with the next batch. One caller per key refills; the
-// others wait for it (within their wait), then try the new lease.
-func (l *Limiter) leased(ctx context.Context, st *keyState, n int64, left time.Duration, noWait bool) (Decision, source, error) {
-	ls := &st.lease
-	start := l.tb.now()
-	if d, ok := ls.serve(n, start); ok {
-		return d, fromLease, nil
+// leased is the decision stage with leasing: w's permits from st's lease,
+// or a refill that fetches them with the next batch. One caller per key
+// refills; the others wait for it (within their wait), then try the new
+// lease.
+func (l *Limiter) leased(w *waiter, st *keyState) decision {
+	ls, n := &st.lease, w.n
+	if d, ok := ls.serve(n, l.tb.now()); ok {
+		return decision{Decision: d, src: fromLease, w: w, st: st, n: n}
 	}
 	for pass := 0; ; pass++ {
-		wait := left
-		if pass > 0 && !noWait && left != Forever {
+		if pass > 0 && w.measured && w.left() <= 0 {
 			// Each pass bounds its store call, or its wait on another
 			// caller's refill, by what is left of the wait.
-			if wait = left - time.Duration(l.tb.now()-start); wait <= 0 {
-				return Decision{}, fromStore, fmt.Errorf("%w: the wait ran out while the lease of key %q was being refilled", ErrTimeout, st.key)
-			}
+			return decision{w: w, st: st, n: n, err: w.refillRanOut()}
 		}
 		st.mu.Lock()
 		now := l.tb.now()
 		if d, ok := ls.serve(n, now); ok {
 			st.mu.Unlock()
-			return d, fromLease, nil
+			return decision{Decision: d, src: fromLease, w: w, st: st, n: n}
 		}
 		if f := ls.fill; f != nil {
 			st.mu.Unlock()
 			if !l.caps.immediate && l.outage.since.Load() != 0 {
 				// The store fails, and this refill is probing it: decide
 				// by the failure policy rather than wait for the probe.
-				d, err := l.degrade(st, n, l.outage.err(), false)
-				return d, fromPolicy, err
+				c := decision{src: fromPolicy, w: w, st: st, n: n}
+				c.Decision, c.err = l.degrade(st, n, l.outage.err(), false)
+				return c
 			}
-			if err := l.waitFill(ctx, st.key, f, wait, noWait); err != nil {
-				return Decision{}, fromStore, err
+			if err := w.waitFill(f); err != nil {
+				return decision{w: w, st: st, n: n, err: err}
 			}
 			continue // granted, refused or failed: try the lease (or the store) again
 		}
@@ -284,8 +282,7 @@ func (l *Limiter) leased(ctx context.Context, st *keyState, n int64, left time.D
 			// alone, as without leasing, and says if it can never grant
 			// them.
 			st.mu.Unlock()
-			d, _, src, err := l.ask(ctx, st, n, 0, wait, noWait)
-			return d, src, err
+			return l.ask(w, st, n, 0)
 		}
 		// This caller refills: it uses what the lease still holds and
 		// fetches the rest.
@@ -300,38 +297,45 @@ func (l *Limiter) leased(ctx context.Context, st *keyState, n int64, left time.D
 		want := ls.want(l.leasing, prev, n-held, now)
 		st.mu.Unlock()
 
-		d, again, src, err := l.refill(ctx, st, prev, held, n-held, want, wait, noWait)
+		c, again := l.refill(w, st, prev, held, want)
 
 		st.mu.Lock()
 		ls.fill = nil
 		close(f.done)
 		st.mu.Unlock()
 		if !again {
-			return d, src, err
+			return c
 		}
 	}
 }
 
-// waitFill waits for another caller's refill f, at most wait.
-func (l *Limiter) waitFill(ctx context.Context, key string, f *leaseFill, wait time.Duration, noWait bool) error {
+// refillRanOut is the ErrTimeout of a wait that ran out while its key's
+// lease was being refilled.
+func (w *waiter) refillRanOut() error {
+	return fmt.Errorf("%w: the wait ran out while the lease of key %q was being refilled", ErrTimeout, w.key)
+}
+
+// waitFill waits for another caller's refill f, at most until the end of
+// w's wait.
+func (w *waiter) waitFill(f *leaseFill) error {
 	// The refiller's own store call may be bounded later, or not at all
 	// (a Forever caller).
-	wctx, cancel, _, _ := boundStoreCall(ctx, wait, noWait, l.cfg.storeTimeout)
+	wctx, cancel, _, _ := boundStoreCall(w.ctx, w.left(), w.noWait(), w.l.cfg.storeTimeout)
 	defer cancel()
 	select {
 	case <-f.done:
 		return nil
 	case <-wctx.Done():
 	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("throttle: waiting for the lease of key %q to be refilled: %w", key, ctx.Err())
+	if err := w.ctx.Err(); err != nil {
+		return fmt.Errorf("throttle: waiting for the lease of key %q to be refilled: %w", w.key, err)
 	}
-	return fmt.Errorf("%w: the lease of key %q was still being refilled when the wait ran out", ErrTimeout, key)
+	return fmt.Errorf("%w: the lease of key %q was still being refilled when the wait ran out", ErrTimeout, w.key)
 }
 
-// refill takes need+want permits from the bucket and publishes the new
-// batch. held permits of prev are the caller's too; they go back into prev
-// if the bucket refuses.
+// refill takes w's permits but the held ones, and want more, from the
+// bucket and publishes the new batch. held permits of prev are the
+// caller's too; they go back into prev if the bucket refuses.
 //
 // Held permits belong to prev's period and may be handed out only before
 // prev expires. When the fetch returns after that (the bucket may have
@@ -340,81 +344,80 @@ func (l *Limiter) waitFill(ctx context.Context, key string, f *leaseFill, wait t
 // anew, all from the new period. Otherwise a weighted take across a
 // period's end would hand out old permits in a period that also grants its
 // full limit.
-func (l *Limiter) refill(ctx context.Context, st *keyState, prev *leaseBatch, held, need, want int64, wait time.Duration, noWait bool) (d Decision, again bool, src source, err error) {
-	ls := &st.lease
+func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want int64) (c decision, again bool) {
+	ls, need := &st.lease, w.n-held
 	restore := func() {
 		if held > 0 {
 			prev.left.Add(held)
 		}
 	}
 	t0 := l.tb.now()
-	d, got, src, err := l.ask(ctx, st, need, want, wait, noWait)
-	if want > 0 && src == fromStore {
+	c = l.ask(w, st, need, want)
+	if want > 0 && c.src == fromStore {
 		// A batch too big for what is left (or for the bucket) must not
 		// cost the caller its own permits: ask again for what can be had.
 		retry := int64(0)
 		switch {
-		case errors.Is(err, ErrExceedsLimit):
+		case errors.Is(c.err, ErrExceedsLimit):
 			retry = need
 			st.mu.Lock()
 			if ls.tooBig == 0 || need+want < ls.tooBig {
 				ls.tooBig = need + want // the bucket's burst is below its Limit
 			}
 			st.mu.Unlock()
-		case err == nil && !d.Granted && d.Remaining >= need && d.Remaining < need+want:
-			retry = d.Remaining
-		case err == nil && !d.Granted && d.Remaining < 0:
+		case c.err == nil && !c.Granted && c.Remaining >= need && c.Remaining < need+want:
+			retry = c.Remaining
+		case c.err == nil && !c.Granted && c.Remaining < 0:
 			retry = need
 		}
 		if retry > 0 {
-			if !noWait && wait != Forever {
-				if wait -= time.Duration(l.tb.now() - t0); wait <= 0 {
-					restore()
-					return Decision{}, false, fromStore, fmt.Errorf("%w: the wait ran out while the lease of key %q was being refilled", ErrTimeout, st.key)
-				}
+			if w.measured && w.left() <= 0 {
+				restore()
+				return decision{w: w, st: st, n: need, err: w.refillRanOut()}, false
 			}
 			t0 = l.tb.now()
-			d, got, src, err = l.ask(ctx, st, need, retry-need, wait, noWait)
+			c = l.ask(w, st, need, retry-need)
 		}
 	}
 	t1 := l.tb.now()
 	expired := held > 0 && t1 >= prev.expires
 	switch {
-	case err != nil:
+	case c.err != nil:
 		restore()
-		return d, false, src, err
-	case src == fromPolicy:
+		return c, false
+	case c.src == fromPolicy:
 		// The store failed: the failure policy decided for need permits;
 		// with the held ones (the store's already), the caller has n.
-		if !d.Granted || expired {
+		if !c.Granted || expired {
 			restore()
-			return d, expired && d.Granted, src, nil
+			return c, expired && c.Granted
 		}
-		return d, false, src, nil
-	case d.Granted && d.Delay > 0:
+		return c, false
+	case c.Granted && c.Delay > 0:
 		// A reservation, though none was asked for: treat it as "not yet".
-		l.cancelReservation(ctx, st.key, need+got, d)
-		d.Granted = false
+		l.cancelReservation(w.ctx, st.key, need+c.got, c.Decision)
+		c.Granted = false
 	}
-	if !d.Granted {
+	if !c.Granted {
 		restore()
-		if d.Delay > 0 {
-			ls.dry(addSat(t1, d.Delay))
+		if c.Delay > 0 {
+			ls.dry(addSat(t1, c.Delay))
 		}
-		return Decision{Delay: d.Delay, Limit: d.Limit, Remaining: max(d.Remaining, 0), Reset: d.Reset}, false, src, nil
+		c.Decision = Decision{Delay: c.Delay, Limit: c.Limit, Remaining: max(c.Remaining, 0), Reset: c.Reset}
+		return c, false
 	}
 	life, periodic := l.leasing.ttl, false
-	if r := int64(d.Reset); r > 0 && (life == 0 || r < life) {
+	if r := int64(c.Reset); r > 0 && (life == 0 || r < life) {
 		life, periodic = r, true
 	}
-	b := &leaseBatch{size: need + got, start: t0, expires: addSat(t0, time.Duration(life)), limit: d.Limit, periodic: periodic}
+	b := &leaseBatch{size: need + c.got, start: t0, expires: addSat(t0, time.Duration(life)), limit: c.Limit, periodic: periodic}
 	if expired {
-		b.left.Store(need + got) // the held permits expired: the caller's come from here
+		b.left.Store(need + c.got) // the held permits expired: the caller's come from here
 	} else {
-		b.left.Store(got)
+		b.left.Store(c.got)
 	}
 	st.mu.Lock()
-	ls.limit = d.Limit
+	ls.limit = c.Limit
 	ls.noLease = life == 0
 	extra := int64(0)
 	if life == 0 || ls.dryUntil.Load() > t1 {
@@ -430,12 +433,13 @@ func (l *Limiter) refill(ctx context.Context, st *keyState, prev *leaseBatch, he
 	ls.cur.Store(b)
 	st.mu.Unlock()
 	if extra > 0 {
-		l.giveBack(ctx, st.key, extra)
+		l.giveBack(w.ctx, st.key, extra)
 	}
 	if expired {
-		return Decision{}, true, src, nil
+		return decision{w: w, st: st}, true
 	}
-	return b.granted(b.left.Load(), t1), false, src, nil
+	c.Decision = b.granted(b.left.Load(), t1)
+	return c, false
 }
 
 // giveBack hands n permits of key back to the bucket, if it takes them

@@ -647,10 +647,18 @@ func TestLeasingSpentWaitGetsTheShortLastCall(t *testing.T) {
 			inner := &deadlineOf{}
 			lim := leasedLimiter(t, inner, clock, Leasing{})
 			before := time.Now()
-			d, _, err := lim.decide(context.Background(), lim.root, 1, 0, tc.noWait)
+			maxWait := time.Duration(0)
+			if !tc.noWait {
+				maxWait = time.Second
+			}
+			w := lim.newWaiter(context.Background(), demand{n: 1}, maxWait, 0)
+			if !tc.noWait {
+				w.deadline = lim.tb.now() // run out
+			}
+			c := w.decide(lim.root)
 			after := time.Now()
-			require.NoError(t, err)
-			require.True(t, d.Granted)
+			require.NoError(t, c.err)
+			require.True(t, c.Granted)
 			require.Equal(t, int64(1), inner.calls.Load())
 			dl := time.Unix(0, inner.deadline.Load())
 			require.False(t, dl.Before(before), "the store call has a deadline")

@@ -102,25 +102,26 @@ func (l *Limiter) wait(ctx context.Context, dm demand, maxWait time.Duration) (D
 		defer l.release(st)
 	}
 	w := l.newWaiter(ctx, dm, maxWait, now)
-	return l.waitLoop(&w, st)
+	c, err := l.waitLoop(&w, st)
+	return c.Decision, c.src, err
 }
 
 // waitLoop is the wait's rounds (stages 2 to 6 above) for w, of st's key
-// (nil for a cost).
-func (l *Limiter) waitLoop(w *waiter, st *keyState) (Decision, source, error) {
+// (nil for a cost). It returns the decision that granted.
+func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 	permits := w.cost == nil
 	for retry := false; ; retry = true {
 		var gated bool
 		if permits {
 			var err error
 			if gated, err = w.queue(st, retry); err != nil {
-				return Decision{}, fromStore, err
+				return decision{}, err
 			}
 			if err := w.pace(st); err != nil {
 				if gated {
 					st.gate.leave(false, 0, 0)
 				}
-				return Decision{}, fromStore, err
+				return decision{}, err
 			}
 		}
 		var asked int64 // when the bucket was asked, for a grant's place
@@ -128,69 +129,60 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (Decision, source, error) {
 		if spread {
 			asked = l.tb.now()
 		}
-		d, src, err := w.decide(st)
+		c := w.decide(st)
 		left := w.left()
-		refused := err == nil && !d.Granted
-		delay := d.Delay
-		if refused && delay <= 0 {
-			delay = retryFloor
-		}
-		// After the period's end, a gap for the callers that can wait
-		// for it (spread.go).
-		var gap time.Duration
-		if permits && refused && src == fromStore && l.spreads() {
-			gap = l.periodGap(d)
-		}
-		// A refusal closes the key's gate for everyone only when it says
-		// something about one permit from the shared bucket: not one of
-		// the failure policy (the bucket may answer at the next call),
-		// nor one for n > 1 (a single permit may come sooner).
-		shared := permits && src != fromPolicy && w.n == 1
-		if gated {
-			st.gate.leave(refused && shared, delay, gap)
-		} else if refused && shared {
-			st.gate.closeFor(delay, gap)
-		}
+		w.leaveGate(st, &c, gated)
 		switch {
-		case err != nil:
-			return Decision{}, src, w.failed(err)
-		case d.Granted && d.Delay <= 0:
-			if err := w.keep(d, src, false); err != nil {
-				return Decision{}, src, err // answered after the wait's end
+		case c.err != nil:
+			return c, w.failed(c.err)
+		case c.Granted && c.Delay <= 0:
+			if err := w.keep(&c, false); err != nil {
+				return c, err // answered after the wait's end
 			}
-			if spread && src == fromStore {
-				// A place beyond the wait left: the caller goes at once.
-				if s := l.spreadDelay(w.n, d, time.Duration(l.tb.now()-asked)); s > 0 && s < left {
-					again, err := l.spreadOut(w.ctx, st, w.n, s)
-					if again {
-						continue // a pause came first: ask anew
-					}
-					if err != nil {
-						return Decision{}, src, err
-					}
-					return d, src, w.keep(d, src, true)
-				}
+			if !spread || c.src != fromStore {
+				return c, nil
 			}
-			return d, src, nil
-		case d.Granted:
-			if err := w.sleepReservation(d, src, left); err != nil {
-				return Decision{}, src, err
+			again, err := w.placeInPeriod(st, &c, asked, left)
+			if !again {
+				return c, err
 			}
-			return d, src, w.keep(d, src, true)
-		case delay > left:
-			return Decision{}, src, w.tb.err(delay)
-		case !shared:
+		case c.Granted:
+			if err := w.sleepReservation(&c, left); err != nil {
+				return c, err
+			}
+			return c, w.keep(&c, true)
+		case c.retryIn > left:
+			return c, w.tb.err(c.retryIn)
+		case !c.shared:
 			// No herd to protect the store from here: sleep out the
 			// delay privately (and the gap, if the wait allows), then
 			// ask (or probe) again.
-			if gap <= left-delay { // delay <= left here; delay+gap may overflow
-				delay += gap
+			delay := c.retryIn
+			if c.gap <= left-delay { // delay <= left here; delay+gap may overflow
+				delay += c.gap
 			}
 			if err := l.sleep(w.ctx, delay); err != nil {
-				return Decision{}, src, err
+				return c, err
 			}
 		}
 	}
+}
+
+// placeInPeriod is the spread's stage (spread.go) for a grant c of st's
+// key, asked for at asked, with left of the wait when it came: it waits
+// for the grant's place in its period, unless that place lies beyond
+// left (the caller goes at once). again reports that a pause came first:
+// the grant was given back, and the caller asks anew.
+func (w *waiter) placeInPeriod(st *keyState, c *decision, asked int64, left time.Duration) (again bool, err error) {
+	l := w.l
+	s := l.spreadDelay(w.n, c.Decision, time.Duration(l.tb.now()-asked))
+	if s <= 0 || s >= left {
+		return false, nil
+	}
+	if again, err := l.spreadOut(w.ctx, st, w.n, s); again || err != nil {
+		return again, err
+	}
+	return false, w.keep(c, true)
 }
 
 // waiter is one wait: what it asks for, its deadline, and how much of it
@@ -231,17 +223,7 @@ func (l *Limiter) newWaiter(ctx context.Context, dm demand, maxWait time.Duratio
 	return w
 }
 
-// decide is the decision stage: a cost's from its bucket (cost.go),
-// permits' from the key's lease, the bucket or the failure policy
-// (decide.go).
-func (w *waiter) decide(st *keyState) (Decision, source, error) {
-	if w.cost != nil {
-		return w.l.decideCost(w)
-	}
-	return w.l.decide(w.ctx, st, w.n, w.left(), w.noWait())
-}
-
-// keep returns nil when the caller may keep the grant d (from src): its
+// keep returns nil when the caller may keep the grant c: its
 // wait has not ended (its deadline passed, ctx ended or its wait stopped)
 // while the bucket was asked. Else it gives the grant back and returns
 // why the wait ended: a grant's answer may come after the wait's end (a
@@ -253,27 +235,27 @@ func (w *waiter) decide(st *keyState) (Decision, source, error) {
 // period) was slept out, and came within what was left of the wait when
 // the answer came: only ctx's end counts then, not a timer that woke the
 // caller late.
-func (w *waiter) keep(d Decision, src source, sleptOut bool) error {
+func (w *waiter) keep(c *decision, sleptOut bool) error {
 	err := w.ended(sleptOut)
 	if err != nil {
-		w.giveBack(d, src)
+		w.giveBack(c)
 	}
 	return err
 }
 
-// giveBack gives back the grant d (from src) that the caller leaves:
+// giveBack gives back the grant c that the caller leaves:
 // a cost through its Settle, a reservation by its Cancel or the bucket's
 // Refunder, a lease's permits to the bucket. (A grant of the failure
 // policy was made in this process alone: it stays counted in the local
 // share, which only slows this process.)
-func (w *waiter) giveBack(d Decision, src source) {
+func (w *waiter) giveBack(c *decision) {
 	l := w.l
 	switch {
-	case src != fromStore && src != fromLease:
+	case c.src != fromStore && c.src != fromLease:
 	case w.cost != nil:
-		l.giveBackCost(w.ctx, d, w.key, w.cost)
-	case src == fromStore:
-		l.cancelReservation(w.ctx, w.key, w.n, d)
+		l.giveBackCost(w.ctx, c.Decision, w.key, w.cost)
+	case c.src == fromStore:
+		l.cancelReservation(w.ctx, w.key, w.n, c.Decision)
 	default:
 		l.giveBack(w.ctx, w.key, w.n)
 	}
@@ -328,28 +310,6 @@ func (w *waiter) canSpread(interval time.Duration) bool {
 	return w.budget >= interval
 }
 
-// queue is the gate's stage: it returns at once while the key's gate is
-// open; after a refusal, it queues the caller (first in line on a retry)
-// until the gate lets it in. gated reports that the caller holds an
-// admission, to end with gate.leave.
-func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
-	if st.gate.open() {
-		return false, nil
-	}
-	if err := st.gate.enter(w.ctx, retry, w.left(), w.tb); err != nil {
-		return false, err
-	}
-	return true, nil
-}
-
-// pace is the adaptive rate's stage: while the key adapts, the caller
-// waits for an evenly spaced slot (adapt.go); free otherwise.
-func (w *waiter) pace(st *keyState) error {
-	now := w.first
-	w.first = 0
-	return w.l.pace(w.ctx, st, w, now)
-}
-
 // failed maps a decision's error to Acquire's: a deadline that passed
 // while the bucket was asked is a wait that ran out (ErrTimeout).
 func (w *waiter) failed(err error) error {
@@ -371,16 +331,16 @@ func (w *waiter) failed(err error) error {
 	return err
 }
 
-// sleepReservation sleeps until a reservation's grant d (from src) is the
-// caller's, giving it back if it comes too late (the bucket call itself
-// ate into the wait: left is what it left) or the caller leaves first.
-func (w *waiter) sleepReservation(d Decision, src source, left time.Duration) error {
-	if d.Delay > left {
-		w.giveBack(d, src)
-		return w.tb.err(d.Delay)
+// sleepReservation sleeps until a reservation's grant c is the caller's,
+// giving it back if it comes too late (the bucket call itself ate into
+// the wait: left is what it left) or the caller leaves first.
+func (w *waiter) sleepReservation(c *decision, left time.Duration) error {
+	if c.Delay > left {
+		w.giveBack(c)
+		return w.tb.err(c.Delay)
 	}
-	if err := w.l.sleep(w.ctx, d.Delay); err != nil {
-		w.giveBack(d, src)
+	if err := w.l.sleep(w.ctx, c.Delay); err != nil {
+		w.giveBack(c)
 		return err
 	}
 	return nil
