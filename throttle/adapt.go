@@ -259,27 +259,25 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, w *waiter, now int64) 
 			return w.ranOut("the adaptive pace")
 		}
 		horizon := min(l.adapt.interval/paceHorizon, remaining)
-		// Bounded like a bucket call, and within the caller's wait.
-		bound := l.storeBound()
-		if !w.noWait() {
-			bound = min(bound, remaining)
-		}
-		sctx, cancel := context.WithTimeout(ctx, bound)
+		sctx, cancel, _, budgetBound := w.storeCall() // as a bucket call
 		sent := l.tb.now()
 		p, err := l.paceStore(sctx, st, n, horizon)
-		// A call bounded by what is left of a wait that ctx's deadline
-		// bounds ends a hair before that deadline: the wait ran out.
-		expired := tb.ctxBound && bound == remaining && errors.Is(sctx.Err(), context.DeadlineExceeded)
+		// cut: the call ran into the bound the wait's end set it, a
+		// margin before that end: the wait ran out.
+		cut := budgetBound && errors.Is(sctx.Err(), context.DeadlineExceeded)
 		cancel()
 		remaining = w.left() // the reply took some of it
 		if err != nil {
-			if expired || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			if cut && tb.ctxBound || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				// The caller's wait ran out while the store was asked:
 				// ErrTimeout, as from a bucket call (see wait).
 				return expiredWhileAsking(n, "the adaptive pace", err)
 			}
 			if ctx.Err() != nil {
 				return waitErr(ctx)
+			}
+			if cut {
+				return fmt.Errorf("%w: maxWait %v ran out while the adaptive pace was asked for %d permit(s) (the adaptive pace: %v)", ErrTimeout, tb.maxWait, n, err)
 			}
 			if remaining <= 0 && !w.noWait() {
 				return w.ranOut("the adaptive pace")
@@ -424,8 +422,8 @@ func (b *background) run(l *Limiter, st *keyState, f func(context.Context)) {
 // Close stops l's background work (reads and updates of the adaptive rate
 // in the bucket's store, each at most the store timeout long) and waits
 // for it to end, and for the give-backs of permits that callers left and
-// did not wait for (a store slower than the store timeout; each at most a
-// second long). It is optional: that work ends on its own within a
+// did not wait for (a store slower than what was left of their wait; each
+// at most a second long). It is optional: that work ends on its own within a
 // second, so a Limiter dropped without Close leaks nothing for long; call
 // Close where a test or a shutdown must know that nothing of l runs any
 // more. After Close, l keeps granting; its adaptive view is then

@@ -229,7 +229,7 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 func (l *Limiter) decideCost(w *waiter) decision {
 	c := decision{w: w}
 	left := w.left()
-	tctx, cancel, d0, budgetBound := boundStoreCall(w.ctx, left, w.noWait(), l.cfg.storeTimeout)
+	tctx, cancel, d0, budgetBound := w.storeCall()
 	d, err := w.cb.TakeCost(tctx, w.key, w.cost, left)
 	// expired: the call's own deadline, set before the caller's, passed
 	// (the caller did not cancel).
@@ -255,8 +255,8 @@ func (l *Limiter) decideCost(w *waiter) decision {
 }
 
 // giveBackCost gives back an abandoned reservation d of c through its
-// Settle (handBack: the caller waits for it at most the store timeout).
-func (l *Limiter) giveBackCost(ctx context.Context, d Decision, key string, c Cost) {
+// Settle, waiting for it at most bound (handBack).
+func (l *Limiter) giveBackCost(ctx context.Context, bound time.Duration, d Decision, key string, c Cost) {
 	if d.Settle == nil {
 		return
 	}
@@ -264,7 +264,7 @@ func (l *Limiter) giveBackCost(ctx context.Context, d Decision, key string, c Co
 	for name, v := range c {
 		back[name] = -v
 	}
-	l.handBack(ctx, func(rctx context.Context) {
+	l.handBack(ctx, bound, func(rctx context.Context) {
 		if err := d.Settle(rctx, back); err != nil {
 			l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "cost", c.String(), "err", err)
 		}
@@ -324,7 +324,9 @@ func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) err
 	if len(delta) == 0 {
 		return nil
 	}
-	tctx, cancel, _, _ := boundStoreCall(ctx, 0, true, l.cfg.storeTimeout)
+	// Bounded as the store calls of a wait of none are.
+	w := l.newWaiter(ctx, demand{key: g.key}, 0, 0)
+	tctx, cancel, _, _ := w.storeCall()
 	defer cancel()
 	if _, ok := capability[CostBucket](l.bucket); ok {
 		if g.settle == nil {

@@ -150,7 +150,7 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 func (c *decision) call() (err error, expired, budgetBound bool, d0 time.Duration) {
 	w, st, l := c.w, c.st, c.w.l
 	left := w.left()
-	tctx, cancel, d0, budgetBound := boundStoreCall(w.ctx, left, w.noWait(), l.cfg.storeTimeout)
+	tctx, cancel, d0, budgetBound := w.storeCall()
 	defer cancel()
 	reserve := l.bookAhead(left)
 	c.Decision, err = l.take(tctx, st.key, c.n+c.want+c.debt, reserve)
@@ -283,7 +283,7 @@ func (l *Limiter) afterShared(c *decision) {
 	}
 	st.mu.Unlock()
 	if still > 0 {
-		l.settle(c.w, st.key, still, time.Duration(now-c.sent))
+		l.settle(c.w, st.key, still)
 	}
 }
 

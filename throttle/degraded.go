@@ -314,16 +314,11 @@ func (st *keyState) takeOwed(now int64) int64 {
 // settle accounts, after an outage, for owed permits key granted
 // locally: they are taken from the shared bucket (as many as it has left)
 // before the key's shared grants resume. It is called on a shared
-// decision's path and is bounded by the end of w's wait as that call is
-// (a wait of none by what the store timeout left it, of which the
-// caller's own store call took elapsed): what it cannot settle in time
-// stays unaccounted for (logged).
-func (l *Limiter) settle(w *waiter, key string, owed int64, elapsed time.Duration) {
-	timeout := l.cfg.storeTimeout
-	if w.noWait() && timeout > 0 {
-		timeout = max(timeout-elapsed, minStoreCall)
-	}
-	tctx, cancel, _, _ := boundStoreCall(w.ctx, w.left(), w.noWait(), timeout)
+// decision's path and is bounded by w's wait as that call is
+// (waiter.storeCall): what it cannot settle in time stays unaccounted for
+// (logged).
+func (l *Limiter) settle(w *waiter, key string, owed int64) {
+	tctx, cancel, _, _ := w.storeCall()
 	defer cancel()
 	for try := 0; owed > 0 && try < 8; try++ {
 		d, err := l.bucket.Take(tctx, key, owed, 0)

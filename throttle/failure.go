@@ -111,8 +111,9 @@ func WithFailurePolicy(p FailurePolicy) LimiterOption {
 	return limiterOnly(func(c *config) { c.policy = p })
 }
 
-// WithStoreTimeout bounds the bucket calls of Acquire with maxWait 0 (and
-// no earlier ctx deadline): Take gets a context that ends d after the call.
+// WithStoreTimeout bounds the store calls of Acquire with maxWait 0 (and
+// no earlier ctx deadline): together, they get d from the first (the
+// adaptive pace's, or Take's).
 // Other calls get the end of the caller's wait (maxWait or ctx's deadline,
 // the earlier), less a room of a quarter of the wait left, at most 10 ms,
 // as the deadline of each bucket call, so a hung store never keeps Acquire
@@ -204,38 +205,6 @@ func storeFailure(ctx context.Context, expired bool, err error) bool {
 	return expired && errors.Is(err, context.DeadlineExceeded)
 }
 
-// boundStoreCall bounds one call to a bucket's store. A call that waits
-// gets the end of its wait (left, or ctx's deadline), less a margin of a
-// quarter, at most storeMargin, so that the failure policy can still decide
-// before the caller's ctx ends; at least minStoreCall. A call that does not
-// wait (maxWait 0) gets timeout. [Forever] without a ctx deadline gets
-// none. It returns the context, its cancel, its timeout d (0: none of its
-// own) and whether the caller's wait set it.
-func boundStoreCall(ctx context.Context, left time.Duration, noWait bool, timeout time.Duration) (context.Context, context.CancelFunc, time.Duration, bool) {
-	var d time.Duration
-	budgetBound := false
-	switch {
-	case left == Forever:
-	case noWait:
-		d = timeout
-	default:
-		d, budgetBound = left, true
-	}
-	if dl, ok := ctx.Deadline(); ok {
-		if until := time.Until(dl); d <= 0 || until <= d {
-			d, budgetBound = until, true
-		}
-	}
-	if budgetBound {
-		d = max(d-min(d/4, storeMargin), minStoreCall)
-	}
-	if d <= 0 {
-		return ctx, func() {}, 0, false
-	}
-	tctx, cancel := context.WithTimeout(ctx, d)
-	return tctx, cancel, d, budgetBound
-}
-
 // deadlinePassed reports whether ctx's deadline has come: its Err says so,
 // or the clock does (a client that sets its socket deadlines from ctx, such
 // as go-redis with ContextTimeoutEnabled, can fail at the deadline an
@@ -247,17 +216,6 @@ func deadlinePassed(ctx context.Context) bool {
 	dl, ok := ctx.Deadline()
 	return ok && !time.Now().Before(dl)
 }
-
-const (
-	// minStoreCall is the least time a Limiter gives a bucket call of a
-	// caller whose wait has (all but) run out.
-	minStoreCall = time.Millisecond
-	// storeMargin is the most a Limiter keeps back from the end of a
-	// caller's wait (at most a quarter of it), to decide by the failure
-	// policy if the store has not answered by then: enough for a busy
-	// machine to schedule the caller again before its own deadline.
-	storeMargin = 10 * time.Millisecond
-)
 
 // degrade makes the decision of the failure policy for st's key when the
 // store failed with err. outOfTime reports that the caller's wait ran out

@@ -12,15 +12,15 @@ import (
 // wait, a grant answered after its wait's end, a wait stopped while it
 // slept for its grant) gives them back to the bucket: one store call, on
 // a context of its own (the caller's may be done), giveBackTimeout long.
-// The caller waits for it at most the store timeout ([WithStoreTimeout]),
-// as for any call that must not keep it past its wait: a slow store then
-// costs it that much past its wait's end, not the give-back's whole
-// second. The call is never cut short nor made twice: what the caller no
-// longer waits for goes on in a goroutine of the Limiter, which Close
-// waits for. A give-back that answers in time (an in-memory bucket's,
-// always) is done before the caller returns, so that its permits are
-// there for the next caller (a reservation cancelled exactly can be so
-// only while nothing was booked after it).
+// The caller waits for it at most until the end of its wait
+// (waiter.handBack), as for any call that must not keep it past its wait;
+// a caller without one (maxWait 0, Forever, or outside a wait) at most the
+// store timeout ([WithStoreTimeout]). The call is never cut short nor made
+// twice: what the caller no longer waits for goes on in a goroutine of the
+// Limiter, which Close waits for. A give-back to an [Immediate] bucket
+// (in memory: it cannot hang) is done before the caller returns, so that
+// its permits are there for the next caller (a reservation cancelled
+// exactly can be so only while nothing was booked after it).
 
 // giveBackTimeout bounds one give-back's store call.
 const giveBackTimeout = time.Second
@@ -70,16 +70,16 @@ func (g *giveBacks) close() {
 }
 
 // handBack runs give, a give-back for a caller under ctx, on a context
-// of its own with ctx's values, and waits for it at most the store timeout
-// (see above).
-func (l *Limiter) handBack(ctx context.Context, give func(context.Context)) {
+// of its own with ctx's values, and waits for it at most bound (see
+// above).
+func (l *Limiter) handBack(ctx context.Context, bound time.Duration, give func(context.Context)) {
 	run := func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 		defer cancel()
 		give(rctx)
 	}
-	if !l.gives.start() {
-		run() // closed, or a store too slow for more: the caller waits
+	if l.caps.immediate || !l.gives.start() {
+		run() // in memory; or closed, or a store too slow for more: the caller waits
 		return
 	}
 	done := make(chan struct{})
@@ -93,9 +93,12 @@ func (l *Limiter) handBack(ctx context.Context, give func(context.Context)) {
 		return
 	default:
 	}
+	if bound <= 0 {
+		return
+	}
 	// On the real clock, as the store call's own timeouts are: what
 	// bounds it is the time a real store takes.
-	t := time.NewTimer(l.storeBound())
+	t := time.NewTimer(bound)
 	defer t.Stop()
 	select {
 	case <-done:

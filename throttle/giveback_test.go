@@ -56,3 +56,27 @@ func TestGiveBackDoesNotKeepTheCallerPastTheStoreTimeout(t *testing.T) {
 	require.NoError(t, lim.Close())
 	assert.Equal(t, int64(1), b.refunded.Load(), "the late grant given back")
 }
+
+// TestGiveBackDoesNotKeepTheCallerPastItsWait: a grant answered after the
+// caller's wait is given back without keeping the caller any longer, even
+// with a long store timeout: its give-back's bound is its wait's end, not
+// the store timeout. The give-back goes on, and Close waits for it.
+func TestGiveBackDoesNotKeepTheCallerPastItsWait(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &slowRefund{fake: clock, latency: 30 * time.Millisecond, release: make(chan struct{})}
+	lim := New(b, WithClock(clock), WithStoreTimeout(time.Hour))
+	defer lim.Close()
+	done := make(chan error, 1)
+	go func() { done <- lim.Acquire(context.Background(), 20*time.Millisecond) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrTimeout)
+	case <-time.After(time.Minute):
+		close(b.release)
+		t.Fatal("Acquire waited for its give-back past the end of its wait")
+	}
+	assert.Zero(t, b.ended.Load(), "Acquire returned only once the give-back had ended")
+	close(b.release)
+	require.NoError(t, lim.Close())
+	assert.Equal(t, int64(1), b.refunded.Load(), "the late grant given back")
+}

@@ -320,7 +320,7 @@ func (w *waiter) refillRanOut() error {
 func (w *waiter) waitFill(f *leaseFill) error {
 	// The refiller's own store call may be bounded later, or not at all
 	// (a Forever caller).
-	wctx, cancel, _, _ := boundStoreCall(w.ctx, w.left(), w.noWait(), w.l.cfg.storeTimeout)
+	wctx, cancel, _, _ := w.storeCall()
 	defer cancel()
 	select {
 	case <-f.done:
@@ -395,7 +395,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		return c, false
 	case c.Granted && c.Delay > 0:
 		// A reservation, though none was asked for: treat it as "not yet".
-		l.cancelReservation(w.ctx, st.key, need+c.got, c.Decision)
+		l.cancelWithin(w.ctx, w.giveBackBound(), st.key, need+c.got, c.Decision)
 		c.Granted = false
 	}
 	if !c.Granted {
@@ -433,7 +433,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	ls.cur.Store(b)
 	st.mu.Unlock()
 	if extra > 0 {
-		l.giveBack(w.ctx, st.key, extra)
+		l.giveBack(w.ctx, w.giveBackBound(), st.key, extra)
 	}
 	if expired {
 		return decision{w: w, st: st}, true
@@ -444,13 +444,13 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 
 // giveBack hands n permits of key back to the bucket, if it takes them
 // (a [Refunder]); they only cost throughput otherwise. The caller waits
-// for it at most the store timeout (handBack).
-func (l *Limiter) giveBack(ctx context.Context, key string, n int64) {
+// for it at most bound (handBack).
+func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, key string, n int64) {
 	r := l.caps.refunder
 	if r == nil || n < 1 {
 		return
 	}
-	l.handBack(ctx, func(rctx context.Context) {
+	l.handBack(ctx, bound, func(rctx context.Context) {
 		if err := r.Refund(rctx, key, n); err != nil {
 			l.cfg.logger.Warn("throttle: handing back leased permits failed", "key", key, "n", n, "err", err)
 		}

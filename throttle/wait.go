@@ -249,16 +249,76 @@ func (w *waiter) keep(c *decision, sleptOut bool) error {
 // policy was made in this process alone: it stays counted in the local
 // share, which only slows this process.)
 func (w *waiter) giveBack(c *decision) {
-	l := w.l
+	l, bound := w.l, w.giveBackBound()
 	switch {
 	case c.src != fromStore && c.src != fromLease:
 	case w.cost != nil:
-		l.giveBackCost(w.ctx, c.Decision, w.key, w.cost)
+		l.giveBackCost(w.ctx, bound, c.Decision, w.key, w.cost)
 	case c.src == fromStore:
-		l.cancelReservation(w.ctx, w.key, w.n, c.Decision)
+		l.cancelWithin(w.ctx, bound, w.key, w.n, c.Decision)
 	default:
-		l.giveBack(w.ctx, w.key, w.n)
+		l.giveBack(w.ctx, bound, w.key, w.n)
 	}
+}
+
+// giveBackBound is how long the caller waits for a give-back of its wait
+// (handBack): until the wait's end, however near (never past it); a wait
+// of none until the end of its store timeout; a wait that cannot run out
+// the store timeout.
+func (w *waiter) giveBackBound() time.Duration {
+	if w.measured || w.noWait() && w.deadline != 0 {
+		return time.Duration(max(w.deadline-w.l.tb.now(), 0))
+	}
+	return w.l.storeBound()
+}
+
+const (
+	// minStoreCall is the least time a Limiter gives a bucket call of a
+	// caller whose wait has (all but) run out.
+	minStoreCall = time.Millisecond
+	// storeMargin is the most a Limiter keeps back from the end of a
+	// caller's wait (at most a quarter of it), to decide by the failure
+	// policy if the store has not answered by then: enough for a busy
+	// machine to schedule the caller again before its own deadline.
+	storeMargin = 10 * time.Millisecond
+)
+
+// storeCall returns the context of one store call of w's wait, bounded
+// by the wait's deadline, and the bound: d (0: none of its own) and
+// whether the wait's end set it (budgetBound: the caller's maxWait or
+// ctx's deadline, rather than the store timeout).
+//
+// A wait that can run out gives each call what is left of it, less a
+// margin of a quarter, at most storeMargin, so that the failure policy can
+// still decide before the wait ends; at least minStoreCall. A wait of none
+// (maxWait 0) gives its store calls together the store timeout, counted
+// from the first ([WithStoreTimeout]; none if it is not positive). A wait
+// of Forever gives none. ctx's deadline bounds every call too: it is on
+// the real clock, the wait's deadline on the Limiter's.
+func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d time.Duration, budgetBound bool) {
+	switch {
+	case w.measured:
+		d, budgetBound = w.left(), true
+	case w.noWait() && w.l.cfg.storeTimeout > 0:
+		now := w.l.tb.now()
+		if w.deadline == 0 {
+			w.deadline = addSat(now, w.l.cfg.storeTimeout)
+		}
+		d = max(time.Duration(w.deadline-now), minStoreCall)
+	}
+	if dl, ok := w.ctx.Deadline(); ok {
+		if until := time.Until(dl); !budgetBound && d <= 0 || until <= d {
+			d, budgetBound = until, true
+		}
+	}
+	if budgetBound {
+		d = max(d-min(d/4, storeMargin), minStoreCall)
+	}
+	if d <= 0 {
+		return w.ctx, func() {}, 0, false
+	}
+	ctx, cancel = context.WithTimeout(w.ctx, d)
+	return ctx, cancel, d, budgetBound
 }
 
 // ended returns why w's wait has ended, or nil while it runs; with
@@ -347,13 +407,19 @@ func (w *waiter) sleepReservation(c *decision, left time.Duration) error {
 }
 
 // cancelReservation gives back an abandoned reservation d: exactly, by its
-// Cancel, when the bucket said how; else through the bucket's Refunder
-// (handBack: the caller waits for it at most the store timeout).
+// Cancel, when the bucket said how; else through the bucket's Refunder.
+// The caller waits for it at most the store timeout (handBack); a waiter
+// gives back within its wait instead (waiter.giveBack).
 func (l *Limiter) cancelReservation(ctx context.Context, key string, n int64, d Decision) {
+	l.cancelWithin(ctx, l.storeBound(), key, n, d)
+}
+
+// cancelWithin is cancelReservation, waiting for it at most bound.
+func (l *Limiter) cancelWithin(ctx context.Context, bound time.Duration, key string, n int64, d Decision) {
 	if d.Cancel == nil && l.caps.refunder == nil {
 		return
 	}
-	l.handBack(ctx, func(rctx context.Context) {
+	l.handBack(ctx, bound, func(rctx context.Context) {
 		var err error
 		if d.Cancel != nil {
 			err = d.Cancel(rctx)
