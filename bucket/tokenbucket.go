@@ -146,9 +146,12 @@ func (o *outageClock) recent(now, within int64) bool {
 }
 
 // slowReply is a round trip long enough to count as a stall of the store
-// (a paused Redis answers late rather than not at all): the default store
-// timeout of a Limiter, whatever the Limiter's own (WithStoreTimeout).
-const slowReply = throttle.DefaultStoreTimeout
+// (a paused Redis answers late rather than not at all): ten times
+// fairChance, a hundred times a slow round trip on loopback, which no
+// healthy Redis takes. It is the bucket's own measure of its store, not a
+// guess of the caller's timeout: a call the caller's deadline cuts off
+// counts as a failure by storeFailed, whatever that deadline.
+const slowReply = 10 * fairChance
 
 // outageWindow is how long after its last store failure an instance asks
 // for the old phase: one interval and a second.
