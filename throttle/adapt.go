@@ -47,7 +47,7 @@ func (l *Limiter) view(st *keyState) (adaptView, bool) { return l.viewAt(st, 0) 
 
 // viewAt is view at now on the time base (0: read the clock).
 func (l *Limiter) viewAt(st *keyState, now int64) (adaptView, bool) {
-	v := st.view.Load()
+	v := st.adapt.view.Load()
 	if v == nil {
 		return adaptView{}, false
 	}
@@ -77,11 +77,11 @@ func (l *Limiter) note(st *keyState, s AdaptiveState, sent int64) {
 	now := l.tb.now()
 	nv := &adaptView{st: s, seen: now}
 	for {
-		cur := st.view.Load()
+		cur := st.adapt.view.Load()
 		if cur != nil && now-cur.seen < int64(l.adapt.interval) && older(s, sent, cur) {
 			return
 		}
-		if st.view.CompareAndSwap(cur, nv) {
+		if st.adapt.view.CompareAndSwap(cur, nv) {
 			return
 		}
 	}
@@ -101,13 +101,36 @@ func older(s AdaptiveState, sent int64, cur *adaptView) bool {
 	return false
 }
 
-// memory returns st's in-memory adaptive state, creating it; the caller
-// holds st.mu.
-func (st *keyState) memory() *memAdaptive {
-	if st.mem == nil {
-		st.mem = &memAdaptive{}
+// adaptKey is what a Limiter keeps of one key's adaptive rate. Lock
+// rule: view and busy are atomics, read and written without a lock; mem
+// and paceMem are under mu, which guards nothing else.
+type adaptKey struct {
+	// view is the adaptive state as this process last saw it; busy is set
+	// while a background read or update of it runs.
+	view atomic.Pointer[adaptView]
+	busy atomic.Bool
+
+	mu  sync.Mutex
+	mem *memAdaptive // the adaptive state, when the bucket keeps none
+	// paceMem paces this process alone when the store does not answer a
+	// paced take in time (paceLocal).
+	paceMem *memAdaptive
+}
+
+// memory returns the key's in-memory adaptive state, creating it; the
+// caller holds a.mu.
+func (a *adaptKey) memory() *memAdaptive {
+	if a.mem == nil {
+		a.mem = &memAdaptive{}
 	}
-	return st.mem
+	return a.mem
+}
+
+// holds reports whether the in-memory states still matter at now.
+func (a *adaptKey) holds(now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.mem != nil && a.mem.holds(now) || a.paceMem != nil && a.paceMem.holds(now)
 }
 
 // paceStore is one PaceAdaptive of st's key, in the store or in memory.
@@ -115,9 +138,9 @@ func (l *Limiter) paceStore(ctx context.Context, st *keyState, n int64, horizon 
 	if s := l.adapt.store; s != nil {
 		return s.PaceAdaptive(ctx, st.key, n, l.adapt.interval, horizon)
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.memory().pace(l.tb.wall(l.tb.now()), n, l.adapt.interval, horizon, 0), nil
+	st.adapt.mu.Lock()
+	defer st.adapt.mu.Unlock()
+	return st.adapt.memory().pace(l.tb.wall(l.tb.now()), n, l.adapt.interval, horizon, 0), nil
 }
 
 // swapStore is one SwapAdaptive of st's key, in the store or in memory.
@@ -125,9 +148,9 @@ func (l *Limiter) swapStore(ctx context.Context, st *keyState, old, next Adaptiv
 	if s := l.adapt.store; s != nil {
 		return s.SwapAdaptive(ctx, st.key, old, next, ttl)
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	s, ok := st.memory().swap(l.tb.wall(l.tb.now()), old, next, ttl)
+	st.adapt.mu.Lock()
+	defer st.adapt.mu.Unlock()
+	s, ok := st.adapt.memory().swap(l.tb.wall(l.tb.now()), old, next, ttl)
 	return s, ok, nil
 }
 
@@ -351,12 +374,12 @@ func (l *Limiter) paceLocal(ctx context.Context, st *keyState, n int64, left tim
 			share /= float64(inst)
 		}
 	}
-	st.mu.Lock()
-	if st.paceMem == nil {
-		st.paceMem = &memAdaptive{}
+	st.adapt.mu.Lock()
+	if st.adapt.paceMem == nil {
+		st.adapt.paceMem = &memAdaptive{}
 	}
-	p := st.paceMem.pace(l.tb.wall(l.tb.now()), n, l.adapt.interval, left, max(share, 1e-3))
-	st.mu.Unlock()
+	p := st.adapt.paceMem.pace(l.tb.wall(l.tb.now()), n, l.adapt.interval, left, max(share, 1e-3))
+	st.adapt.mu.Unlock()
 	if !p.Granted {
 		return tb.err(p.Delay)
 	}
@@ -388,19 +411,19 @@ const maxBackground = 8
 // run runs f for st in a goroutine of its own, unless one runs for st or
 // the Limiter is closed. The caller holds a reference to st.
 func (b *background) run(l *Limiter, st *keyState, f func(context.Context)) {
-	if !st.busy.CompareAndSwap(false, true) {
+	if !st.adapt.busy.CompareAndSwap(false, true) {
 		return
 	}
 	if b.inflight.Add(1) > maxBackground {
 		b.inflight.Add(-1)
-		st.busy.Store(false)
+		st.adapt.busy.Store(false)
 		return
 	}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		b.inflight.Add(-1)
-		st.busy.Store(false)
+		st.adapt.busy.Store(false)
 		return
 	}
 	b.wg.Add(1)
@@ -412,7 +435,7 @@ func (b *background) run(l *Limiter, st *keyState, f func(context.Context)) {
 		defer b.wg.Done()
 		defer b.inflight.Add(-1)
 		defer l.release(st)
-		defer st.busy.Store(false)
+		defer st.adapt.busy.Store(false)
 		ctx, cancel := context.WithTimeout(b.ctx, l.storeBound())
 		defer cancel()
 		f(ctx)
@@ -445,7 +468,7 @@ func (l *Limiter) Close() error {
 // memAdaptive keeps one key's adaptive state in memory, for a bucket that
 // is not an AdaptiveStore: the adaptation is then this process's alone.
 // Its times are the Limiter's (timeBase.wall), monotonic. The caller holds
-// the key state's mu.
+// the key's adaptKey.mu.
 type memAdaptive struct {
 	st      AdaptiveState
 	tat     time.Time // next free slot

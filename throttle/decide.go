@@ -87,10 +87,10 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 		probe = true
 		defer o.probing.Store(false)
 	}
-	if l.cfg.policy == FailLocal && st.faulted.Load() {
+	if l.cfg.policy == FailLocal && st.out.faulted.Load() {
 		// (A probe is never capped: it must find out whether the store
 		// answers again. Its lease's batch is, as a cap would be.)
-		refusal, refused, until, fit := st.reserveRecovery(n, want, l.tb.now(), probe)
+		refusal, refused, until, fit := st.out.reserveRecovery(n, want, l.tb.now(), probe)
 		if refused {
 			c.Decision = refusal
 			return c
@@ -98,14 +98,14 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 		c.reserved, c.want = until, fit
 	}
 	c.sent = l.tb.now()
-	if l.cfg.policy == FailLocal && st.faulted.Load() {
+	if l.cfg.policy == FailLocal && st.out.faulted.Load() {
 		// The call carries what this instance granted locally for the key
 		// (the probe, or the key's first call after it): the first thing
 		// the store does for the key when it answers again is to account
 		// for those permits, before any shared grant of the key here.
-		st.mu.Lock()
-		c.debt = st.claimDebt(c.sent)
-		st.mu.Unlock()
+		st.out.mu.Lock()
+		c.debt = st.out.claimDebt(c.sent)
+		st.out.mu.Unlock()
 	}
 	err, expired, budgetBound, d0 := c.call()
 	if err == nil {
@@ -116,7 +116,7 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 			c.got = c.want
 		}
 		st.noteLimit(c.Decision)
-		if l.cfg.policy == FailLocal && (st.faulted.Load() || c.Reset > 0 && l.caps.fallbacker != nil) {
+		if l.cfg.policy == FailLocal && (st.out.faulted.Load() || c.Reset > 0 && l.caps.fallbacker != nil) {
 			l.afterShared(&c)
 		}
 		return c
@@ -155,9 +155,9 @@ func (c *decision) call() (err error, expired, budgetBound bool, d0 time.Duratio
 	reserve := l.bookAhead(left)
 	c.Decision, err = l.take(tctx, st.key, c.n+c.want+c.debt, reserve)
 	if c.debt > 0 && errors.Is(err, ErrExceedsLimit) {
-		st.mu.Lock()
-		st.releaseDebt()
-		st.mu.Unlock()
+		st.out.mu.Lock()
+		st.out.releaseDebt()
+		st.out.mu.Unlock()
 		c.debt = 0 // more than the bucket grants at once: settle it apart
 		c.Decision, err = l.take(tctx, st.key, c.n+c.want, reserve)
 	}
@@ -182,14 +182,14 @@ func (c *decision) unreserve() {
 	if c.debt == 0 && c.reserved == 0 {
 		return
 	}
-	st.mu.Lock()
+	st.out.mu.Lock()
 	if c.debt > 0 {
-		st.releaseDebt()
+		st.out.releaseDebt()
 	}
-	if c.reserved != 0 && st.recovery != nil {
-		st.recovery.unreserve(c.n+c.want, c.reserved)
+	if c.reserved != 0 && st.out.recovery != nil {
+		st.out.recovery.unreserve(c.n+c.want, c.reserved)
 	}
-	st.mu.Unlock()
+	st.out.mu.Unlock()
 }
 
 // noteLimit records the key's limit a shared decision reported.
@@ -206,12 +206,12 @@ func (st *keyState) noteLimit(d Decision) {
 // end when the room is spent. A probe reserves nothing; the key's first
 // call back (no cap yet, a local share owing) gets a want that fits the
 // cap it will start: the share less what the key owes and n.
-func (st *keyState) reserveRecovery(n, want, now int64, probe bool) (refusal Decision, refused bool, until, fit int64) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	rc := st.recovery
+func (o *outageKey) reserveRecovery(n, want, now int64, probe bool) (refusal Decision, refused bool, until, fit int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	rc := o.recovery
 	if rc == nil || probe {
-		if k := st.local; k != nil && want > 0 {
+		if k := o.local; k != nil && want > 0 {
 			want = min(want, max(k.share-k.owed(now)-n, 0))
 		}
 		return Decision{}, false, 0, want
@@ -221,9 +221,9 @@ func (st *keyState) reserveRecovery(n, want, now int64, probe bool) (refusal Dec
 	case refused:
 		return refusal, true, 0, 0
 	case until == 0: // the cap has ended
-		st.recovery = nil
-		if st.local == nil {
-			st.faulted.Store(false)
+		o.recovery = nil
+		if o.local == nil {
+			o.faulted.Store(false)
 		}
 		return Decision{}, false, 0, want
 	}
@@ -246,42 +246,42 @@ func (l *Limiter) afterShared(c *decision) {
 		// the ledger's end is never later than the store's, however long
 		// the answer took to come back.
 		end, tol := addSat(c.sent, d.Reset), l.interval/2
-		if !st.ledger.note(end, d.Remaining, tol) {
-			st.mu.Lock()
-			st.ledger.start(end, d.Remaining, tol)
-			st.mu.Unlock()
+		if !st.out.ledger.note(end, d.Remaining, tol) {
+			st.out.mu.Lock()
+			st.out.ledger.start(end, d.Remaining, tol)
+			st.out.mu.Unlock()
 		}
 	}
-	if !st.faulted.Load() {
+	if !st.out.faulted.Load() {
 		return
 	}
-	st.mu.Lock()
-	if c.reserved != 0 && !d.Granted && st.recovery != nil {
-		st.recovery.unreserve(c.n+c.want, c.reserved)
+	st.out.mu.Lock()
+	if c.reserved != 0 && !d.Granted && st.out.recovery != nil {
+		st.out.recovery.unreserve(c.n+c.want, c.reserved)
 	}
-	k := st.local
+	k := st.out.local
 	var owed, share, interval int64
 	if k != nil {
 		owed, share, interval = k.owed(now), k.share, k.interval
 	}
 	switch {
 	case c.debt > 0 && d.Granted:
-		st.settled() // the debt came with the call's permits
+		st.out.settled() // the debt came with the call's permits
 	case c.debt > 0:
-		st.releaseDebt()
+		st.out.releaseDebt()
 	}
-	still := st.takeOwed(now) // all of it, or what was granted locally after the claim
-	if k != nil && (st.recovery == nil || !st.recovery.holds(now)) {
+	still := st.out.takeOwed(now) // all of it, or what was granted locally after the claim
+	if k != nil && (st.out.recovery == nil || !st.out.recovery.holds(now)) {
 		took := int64(0) // from the store: n and a lease's batch
 		if d.Granted {
 			took = c.n + c.got
 		}
-		st.recovery = newRecoveryCap(d, now, share, owed, took, interval)
+		st.out.recovery = newRecoveryCap(d, now, share, owed, took, interval)
 	}
-	if st.local == nil && st.recovery == nil {
-		st.faulted.Store(false)
+	if st.out.local == nil && st.out.recovery == nil {
+		st.out.faulted.Store(false)
 	}
-	st.mu.Unlock()
+	st.out.mu.Unlock()
 	if still > 0 {
 		l.settle(c.w, st.key, still)
 	}

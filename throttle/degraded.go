@@ -3,6 +3,7 @@ package throttle
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -92,7 +93,7 @@ func (p *periodBound) note(end, remaining, tol int64) bool {
 }
 
 // start begins the later period a decision noted (see note). The caller
-// holds the key's lock.
+// holds the key's outageKey.mu.
 func (p *periodBound) start(end, remaining, tol int64) {
 	if cur := p.end.Load(); cur != 0 && end <= cur+tol {
 		p.note(end, remaining, tol) // begun meanwhile
@@ -100,6 +101,29 @@ func (p *periodBound) start(end, remaining, tol int64) {
 	}
 	p.remaining.Store(max(remaining, 0))
 	p.end.Store(end)
+}
+
+// outageKey is what the failure policy keeps of one key. Lock rule: the
+// ledger's running period and faulted are atomics, read without a lock
+// (see periodBound); the ledger's start of a later period, local and
+// recovery are under mu, which guards nothing else. faulted is set while
+// mu guards something of an outage (a local share or a first-back cap):
+// a shared decision of a key without it takes mu only to start its
+// ledger's next period.
+type outageKey struct {
+	faulted  atomic.Bool
+	ledger   periodBound
+	mu       sync.Mutex
+	local    *localShare  // FailLocal's pace and debt during and after an outage
+	recovery *recoveryCap // the first shared period after an outage
+}
+
+// holds reports whether o keeps something at now: permits granted locally
+// that the store has not been charged for, or a first-back cap.
+func (o *outageKey) holds(now int64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.local != nil && o.local.holds(now) || o.recovery != nil && o.recovery.holds(now)
 }
 
 // localShare is one key's pace while the store is down, and what it
@@ -220,18 +244,18 @@ func (l *Limiter) localTake(st *keyState, n int64) (d Decision, why string, err 
 	}
 	now := l.tb.now()
 	down := l.outage.since.Load()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	k := st.local
+	st.out.mu.Lock()
+	defer st.out.mu.Unlock()
+	k := st.out.local
 	if k == nil || k.share != share || k.interval != iv || k.outage != down {
 		nk := &localShare{emission: ceilDiv(iv, share), share: share, interval: iv, tat: max(addSat(down, interval), now), winStart: now, outage: down}
-		if end := st.ledger.end.Load(); end > down {
+		if end := st.out.ledger.end.Load(); end > down {
 			// The period of the ledger was still running when the store
 			// failed: this instance's share of the fewest permits it was
 			// reported to have left, before its end. (Otherwise that
 			// period's grants are unknown: nothing until any period
 			// begun before the failure has ended.)
-			nk.tat, nk.until, nk.budget = now, end, st.ledger.remaining.Load()/inst
+			nk.tat, nk.until, nk.budget = now, end, st.out.ledger.remaining.Load()/inst
 		}
 		if k != nil {
 			if k.outage == down { // the share changed during the outage: keep the pace
@@ -247,8 +271,8 @@ func (l *Limiter) localTake(st *keyState, n int64) (d Decision, why string, err 
 				nk.winStart, nk.granted, nk.prev, nk.capped = now, k.owed(now), 0, false
 			}
 		}
-		st.local = nk
-		st.faulted.Store(true)
+		st.out.local = nk
+		st.out.faulted.Store(true)
 		k = nk
 	}
 	if n > k.share {
@@ -262,9 +286,9 @@ func (l *Limiter) localTake(st *keyState, n int64) (d Decision, why string, err 
 // own permits, so that the debt is charged before the call's grant. It
 // returns 0 when there is none, or when another call carries it already
 // (the debt is charged once). A claim ends with settled (charged) or
-// releaseDebt. The caller holds st.mu.
-func (st *keyState) claimDebt(now int64) int64 {
-	k := st.local
+// releaseDebt. The caller holds st.out.mu.
+func (o *outageKey) claimDebt(now int64) int64 {
+	k := o.local
 	if k == nil || k.carried {
 		return 0
 	}
@@ -274,10 +298,10 @@ func (st *keyState) claimDebt(now int64) int64 {
 }
 
 // releaseDebt ends a claim whose call did not charge the debt. The caller
-// holds st.mu.
-func (st *keyState) releaseDebt() {
-	if st.local != nil {
-		st.local.carried = false
+// holds st.out.mu.
+func (o *outageKey) releaseDebt() {
+	if o.local != nil {
+		o.local.carried = false
 	}
 }
 
@@ -285,9 +309,9 @@ func (st *keyState) releaseDebt() {
 // accounted for them. Grants made locally after the claim (while the call
 // that carried it waited for the store) stay owed, as far as they fall in
 // the last two intervals (owed), for settle to take. The caller holds
-// st.mu.
-func (st *keyState) settled() {
-	k := st.local
+// st.out.mu.
+func (o *outageKey) settled() {
+	k := o.local
 	if k == nil {
 		return
 	}
@@ -296,18 +320,18 @@ func (st *keyState) settled() {
 		k.capped, k.after = true, after
 		return
 	}
-	st.local = nil
+	o.local = nil
 }
 
 // takeOwed removes the key's local share and returns what it still owes,
 // for settle; 0 when a call carries the debt (it is left in place). The
-// caller holds st.mu.
-func (st *keyState) takeOwed(now int64) int64 {
-	k := st.local
+// caller holds st.out.mu.
+func (o *outageKey) takeOwed(now int64) int64 {
+	k := o.local
 	if k == nil || k.carried {
 		return 0
 	}
-	st.local = nil
+	o.local = nil
 	return k.owed(now)
 }
 

@@ -31,13 +31,15 @@ func (t *timeBase) now() int64 { return int64(t.clock.Since(t.epoch)) }
 // time.Time (the in-memory adaptive state): monotonic like the base.
 func (t *timeBase) wall(now int64) time.Time { return t.epoch.Add(time.Duration(now)) }
 
-// keyState is everything a Limiter keeps for one key: the gate where its
-// callers queue after a refusal, what it last saw of the key's adaptive
-// rate (and, for a bucket that keeps none, the rate itself), the key's
-// limit as its last shared decision reported it, the failure policy's
-// ledger of the shared period and its local share during an outage, the
-// first-back cap after one, and the lease. One map holds them, with one
-// rule for forgetting them (keyStates).
+// keyState is everything a Limiter keeps for one key, one small struct
+// per mechanism, each in its file with its lock rule: the gate where its
+// callers queue after a refusal (gate, gate.go), what it last saw of the
+// key's adaptive rate (adapt, adapt.go), the failure policy's ledger of the
+// shared period, its local share during an outage and the first-back cap
+// after one (out, degraded.go), and the lease (lease, lease.go). No lock
+// guards two of them: a mechanism's lock is never held while another's is
+// taken. One map holds the states, with one rule for forgetting them
+// (keyStates).
 type keyState struct {
 	key string
 	// refs counts the callers and background tasks using the state; used
@@ -45,38 +47,19 @@ type keyState struct {
 	refs atomic.Int32
 	used atomic.Int64
 
-	gate gate
+	gate  gate
+	adapt adaptKey
+	out   outageKey
+	lease lease
 
 	// limit is the key's limit as its last shared Decision reported it
 	// (a limit changed live included); 0 when none was reported.
 	limit atomic.Int64
-	// view is the adaptive state as this process last saw it; busy is set
-	// while a background read or update of it runs.
-	view atomic.Pointer[adaptView]
-	busy atomic.Bool
-	// faulted is set while mu guards something of an outage: a local
-	// share or a first-back cap. A shared decision of a key without it
-	// takes mu only to note its ledger.
-	faulted atomic.Bool
-
-	lease lease
-
 	// pausedUntil is the end of the latest pause reported for the key
 	// through this Limiter (Report with a retry time), on the Limiter's
 	// time base; 0 none. Callers waiting for their place in the period
 	// read it when their place comes (spread.go).
 	pausedUntil atomic.Int64
-
-	// ledger is noted without mu for the period running (see
-	// periodBound); what follows is under mu.
-	ledger   periodBound
-	mu       sync.Mutex
-	local    *localShare  // FailLocal's pace and debt during and after an outage
-	recovery *recoveryCap // the first shared period after an outage
-	mem      *memAdaptive // the adaptive state, when the bucket keeps none
-	// paceMem paces this process alone when the store does not answer a
-	// paced take in time (paceLocal).
-	paceMem *memAdaptive
 }
 
 // holds reports whether st keeps something that must outlive an idle
@@ -89,25 +72,19 @@ type keyState struct {
 // the key (forgotten, it would fall back to base). A limit raised above
 // base is forgotten: base is the stricter.
 func (st *keyState) holds(now, base int64, wall time.Time) bool {
-	if st.busy.Load() || !st.gate.idle(now) || st.lease.holds(now) {
+	if st.adapt.busy.Load() || !st.gate.idle(now) || st.lease.holds(now) {
 		return true
 	}
 	if l := st.limit.Load(); l > 0 && l < base {
 		return true
 	}
-	if v := st.view.Load(); v != nil && v.st.Active() && now-v.seen < int64(adaptMemory) {
+	if v := st.adapt.view.Load(); v != nil && v.st.Active() && now-v.seen < int64(adaptMemory) {
 		// A rate the bucket's store keeps (and this instance paces by)
 		// may still be in force: a key back from an idle spell must not
 		// burst past it while its view is read again.
 		return true
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.local != nil && st.local.holds(now) ||
-		st.recovery != nil && st.recovery.holds(now) ||
-		st.mem != nil && st.mem.holds(wall) ||
-		st.paceMem != nil && st.paceMem.holds(wall) ||
-		st.lease.fill != nil
+	return st.out.holds(now) || st.adapt.holds(wall) || st.lease.filling()
 }
 
 const stateShards = 64

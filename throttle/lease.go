@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -109,7 +110,9 @@ func newLeaseConfig(c Leasing) *leaseConfig {
 	return lc
 }
 
-// lease is a key's lease and its demand.
+// lease is a key's lease and its demand. Lock rule: cur's batch is
+// taken from with atomics and dryUntil is an atomic, both without a lock;
+// the refill and the demand are under mu.
 type lease struct {
 	// cur is the current batch; nil before the first refill.
 	cur atomic.Pointer[leaseBatch]
@@ -119,7 +122,8 @@ type lease struct {
 	// it again.
 	dryUntil atomic.Int64
 
-	// Under the key state's mu:
+	// Under mu, which guards nothing else:
+	mu       sync.Mutex
 	fill     *leaseFill  // the refill in progress, if any
 	rate     float64     // measured demand, permits per ns
 	measured *leaseBatch // the batch rate was measured on
@@ -183,6 +187,13 @@ func (ls *lease) holds(now int64) bool {
 	return b != nil && now < b.expires && b.left.Load() > 0
 }
 
+// filling reports whether a refill of the lease is in progress.
+func (ls *lease) filling() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.fill != nil
+}
+
 // dry refuses the key from memory until until.
 func (ls *lease) dry(until int64) {
 	for {
@@ -203,7 +214,7 @@ func (ls *lease) pause(until int64) {
 
 // measure records the key's demand on the batch prev, once per batch: the
 // permits used from it over the time since it was taken. The caller holds
-// the key state's mu.
+// ls.mu.
 func (ls *lease) measure(prev *leaseBatch, now int64) {
 	if prev == nil || ls.measured == prev {
 		return
@@ -214,7 +225,7 @@ func (ls *lease) measure(prev *leaseBatch, now int64) {
 }
 
 // want is the size of the next batch beyond the caller's own need permits.
-// The caller holds the key state's mu.
+// The caller holds ls.mu.
 func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 	if prev == nil || ls.noLease {
 		return 0 // start small: the first refill fetches only its own
@@ -256,14 +267,14 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 			// caller's refill, by what is left of the wait.
 			return decision{w: w, st: st, n: n, err: w.refillRanOut()}
 		}
-		st.mu.Lock()
+		st.lease.mu.Lock()
 		now := l.tb.now()
 		if d, ok := ls.serve(n, now); ok {
-			st.mu.Unlock()
+			st.lease.mu.Unlock()
 			return decision{Decision: d, src: fromLease, w: w, st: st, n: n}
 		}
 		if f := ls.fill; f != nil {
-			st.mu.Unlock()
+			st.lease.mu.Unlock()
 			if !l.caps.immediate && l.outage.since.Load() != 0 {
 				// The store fails, and this refill is probing it: decide
 				// by the failure policy rather than wait for the probe.
@@ -281,7 +292,7 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 			// its limit per interval): the bucket decides for the n
 			// alone, as without leasing, and says if it can never grant
 			// them.
-			st.mu.Unlock()
+			st.lease.mu.Unlock()
 			return l.ask(w, st, n, 0)
 		}
 		// This caller refills: it uses what the lease still holds and
@@ -295,14 +306,14 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 			held = prev.left.Swap(0) // < n, or serve would have succeeded
 		}
 		want := ls.want(l.leasing, prev, n-held, now)
-		st.mu.Unlock()
+		st.lease.mu.Unlock()
 
 		c, again := l.refill(w, st, prev, held, want)
 
-		st.mu.Lock()
+		st.lease.mu.Lock()
 		ls.fill = nil
 		close(f.done)
-		st.mu.Unlock()
+		st.lease.mu.Unlock()
 		if !again {
 			return c
 		}
@@ -360,11 +371,11 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		switch {
 		case errors.Is(c.err, ErrExceedsLimit):
 			retry = need
-			st.mu.Lock()
+			st.lease.mu.Lock()
 			if ls.tooBig == 0 || need+want < ls.tooBig {
 				ls.tooBig = need + want // the bucket's burst is below its Limit
 			}
-			st.mu.Unlock()
+			st.lease.mu.Unlock()
 		case c.err == nil && !c.Granted && c.Remaining >= need && c.Remaining < need+want:
 			retry = c.Remaining
 		case c.err == nil && !c.Granted && c.Remaining < 0:
@@ -416,7 +427,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	} else {
 		b.left.Store(c.got)
 	}
-	st.mu.Lock()
+	st.lease.mu.Lock()
 	ls.limit = c.Limit
 	ls.noLease = life == 0
 	extra := int64(0)
@@ -431,7 +442,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		}
 	}
 	ls.cur.Store(b)
-	st.mu.Unlock()
+	st.lease.mu.Unlock()
 	if extra > 0 {
 		l.giveBack(w.ctx, w.giveBackBound(), st.key, extra)
 	}
