@@ -156,3 +156,47 @@ func TestPolicyGrantOfAPlainBucketGivesNothingBack(t *testing.T) {
 	require.NoError(t, g.Settle(ctx, Cost{"requests": 1}))
 	require.EqualValues(t, 4, b.refunded.Load())
 }
+
+// refusingCost is a CostBucket that refuses its first cost for delay,
+// then grants every cost.
+type refusingCost struct {
+	*Local
+	delay time.Duration
+	calls atomic.Int64
+}
+
+func (b *refusingCost) TakeCost(context.Context, string, Cost, time.Duration) (Decision, error) {
+	if b.calls.Add(1) == 1 {
+		return Decision{Delay: b.delay}, nil
+	}
+	return Decision{Granted: true}, nil
+}
+
+// TestAcquireCostSleepsOutARefusalBeforeAskingAgain: a cost refused for a
+// delay is asked for again only once the delay has passed on the
+// Limiter's clock, not at once.
+func TestAcquireCostSleepsOutARefusalBeforeAskingAgain(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	local, err := NewLocal(5, time.Second, WithClock(clock))
+	require.NoError(t, err)
+	b := &refusingCost{Local: local, delay: 40 * time.Millisecond}
+	lim := New(b, WithClock(clock))
+	defer lim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := lim.AcquireCost(ctx, Cost{"tokens": 3}, time.Second)
+		done <- err
+	}()
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // sleeping out the refusal
+	select {
+	case err := <-done:
+		t.Fatalf("AcquireCost returned %v before the refusal's delay had passed", err)
+	default:
+	}
+	require.Equal(t, int64(1), b.calls.Load(), "asked again before the delay had passed")
+	clock.Advance(40 * time.Millisecond)
+	require.NoError(t, <-done)
+	require.Equal(t, int64(2), b.calls.Load())
+}
