@@ -282,16 +282,16 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, w *waiter, now int64) 
 			return w.ranOut("the adaptive pace")
 		}
 		horizon := min(l.adapt.interval/paceHorizon, remaining)
-		sctx, cancel, _, budgetBound := w.storeCall() // as a bucket call
 		sent := l.tb.now()
-		p, err := l.paceStore(sctx, st, n, horizon)
-		// cut: the call ran into the bound the wait's end set it, a
-		// margin before that end: the wait ran out.
-		cut := budgetBound && errors.Is(sctx.Err(), context.DeadlineExceeded)
-		cancel()
+		var p AdaptivePace
+		cut, err := w.callStore(func(ctx context.Context) error { // as a bucket call
+			var err error
+			p, err = l.paceStore(ctx, st, n, horizon)
+			return err
+		})
 		remaining = w.left() // the reply took some of it
 		if err != nil {
-			if cut && tb.ctxBound || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			if cut.outOfTime() && tb.ctxBound || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				// The caller's wait ran out while the store was asked:
 				// ErrTimeout, as from a bucket call (see wait).
 				return expiredWhileAsking(n, "the adaptive pace", err)
@@ -299,7 +299,7 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, w *waiter, now int64) 
 			if ctx.Err() != nil {
 				return waitErr(ctx)
 			}
-			if cut {
+			if cut.outOfTime() {
 				return fmt.Errorf("%w: maxWait %v ran out while the adaptive pace was asked for %d permit(s) (the adaptive pace: %v)", ErrTimeout, tb.maxWait, n, err)
 			}
 			if remaining <= 0 && !w.noWait() {

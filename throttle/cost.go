@@ -227,27 +227,26 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 // decideCost is the decision stage of w's wait for a cost: its
 // CostBucket's, or, when the store fails, the failure policy's.
 func (l *Limiter) decideCost(w *waiter) decision {
-	c := decision{w: w}
+	var c decision
 	left := w.left()
-	tctx, cancel, d0, budgetBound := w.storeCall()
-	d, err := w.cb.TakeCost(tctx, w.key, w.cost, left)
-	// expired: the call's own deadline, set before the caller's, passed
-	// (the caller did not cancel).
-	expired := d0 > 0 && !errors.Is(w.ctx.Err(), context.Canceled) && deadlinePassed(tctx)
-	cancel()
-	if err == nil || !storeFailure(w.ctx, expired, err) {
-		c.Decision, c.err = d, err
+	cut, err := w.callStore(func(ctx context.Context) error {
+		var err error
+		c.Decision, err = w.cb.TakeCost(ctx, w.key, w.cost, left)
+		return err
+	})
+	if err == nil || !storeFailure(w.ctx, cut.expired, err) {
+		c.err = err
 		return c
 	}
-	if expired && budgetBound && d0 < l.cfg.storeTimeout/4 {
-		// The caller's wait cut the call short of a fair chance (a
-		// quarter of the store timeout), as in Acquire: no evidence that
-		// the store is down. The wait ran out.
-		c.err = w.tb.costExpired(w.cost, d0, err)
+	c.Decision = Decision{}
+	if cut.unfair(l.cfg.storeTimeout) {
+		// The caller's wait cut the call short of a fair chance, as in
+		// Acquire: no evidence that the store is down. The wait ran out.
+		c.err = w.tb.costExpired(w.cost, cut.had, err)
 		return c
 	}
 	c.src = fromPolicy
-	if c.err = l.degradeCost(w.key, w.cost, err, budgetBound && expired, w.tb); c.err == nil {
+	if c.err = l.degradeCost(w.key, w.cost, err, cut.outOfTime(), w.tb); c.err == nil {
 		// FailOpen's grant, never after the wait's end either (waiter.keep).
 		c.Decision = Decision{Granted: true, Remaining: -1}
 	}

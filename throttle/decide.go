@@ -31,8 +31,6 @@ type decision struct {
 	src      source // where it came from
 	err      error  // why there is none
 
-	w  *waiter
-	st *keyState // the key's state; nil for a cost
 	// n permits were asked for the caller and want more for the key's
 	// lease, all or nothing; got is how many of want were granted (want
 	// may be cut to the first-back cap's room).
@@ -64,7 +62,7 @@ func (w *waiter) decide(st *keyState) decision {
 // the key's lease, all or nothing, within w's wait. While the store fails,
 // the failure policy decides for the n permits instead (fromPolicy).
 func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
-	c := decision{w: w, st: st, n: n, want: want}
+	c := decision{n: n, want: want}
 	if l.caps.immediate {
 		c.Decision, c.err = l.take(w.ctx, st.key, n+want, l.bookAhead(w.left()))
 		if c.err == nil {
@@ -107,7 +105,7 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 		c.debt = st.out.claimDebt(c.sent)
 		st.out.mu.Unlock()
 	}
-	err, expired, budgetBound, d0 := c.call()
+	cut, err := c.call(w, st)
 	if err == nil {
 		if o.end() {
 			l.cfg.logger.Info("throttle: bucket store answers again; shared limit resumed", "policy", l.cfg.policy.String())
@@ -117,52 +115,49 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 		}
 		st.noteLimit(c.Decision)
 		if l.cfg.policy == FailLocal && (st.out.faulted.Load() || c.Reset > 0 && l.caps.fallbacker != nil) {
-			l.afterShared(&c)
+			l.afterShared(w, st, &c)
 		}
 		return c
 	}
-	c.unreserve()
-	if !storeFailure(w.ctx, expired, err) {
+	c.unreserve(st)
+	if !storeFailure(w.ctx, cut.expired, err) {
 		c.err = err
 		return c
 	}
-	if expired && budgetBound && d0 < l.cfg.storeTimeout/4 && !probe {
+	if cut.unfair(l.cfg.storeTimeout) && !probe {
 		// The caller's wait cut the call short of a fair chance (a
 		// quarter of the store timeout): no evidence that the store is
 		// down, so no degraded decision either. The wait ran out. (A
 		// probe has the evidence already: the store was down before.)
-		c.Decision, c.err = Decision{}, fmt.Errorf("%w: the bucket store did not answer in the %v left of the wait: %w", ErrTimeout, d0, err)
+		c.Decision, c.err = Decision{}, fmt.Errorf("%w: the bucket store did not answer in the %v left of the wait: %w", ErrTimeout, cut.had, err)
 		return c
 	}
 	if o.begin(c.sent, err) {
 		l.cfg.logger.Warn("throttle: bucket store failed; deciding by the failure policy until it answers", "policy", l.cfg.policy.String(), "what", l.policyNote(), "err", err)
 	}
 	c.src = fromPolicy
-	c.Decision, c.err = l.degrade(st, n, err, budgetBound && expired)
+	c.Decision, c.err = l.degrade(st, n, err, cut.outOfTime())
 	return c
 }
 
-// call is c's store call, bounded by the wait's deadline: Take of n+want
+// call is c's store call for st's key, bounded by the deadline of w: Take of n+want
 // and the debt c carries (apart, if the bucket never grants that much at
-// once). It sets c's Decision and returns the store's error; expired
-// reports that the call's own deadline (d0 long, set before the caller's:
-// budgetBound) passed while the caller did not cancel.
-func (c *decision) call() (err error, expired, budgetBound bool, d0 time.Duration) {
-	w, st, l := c.w, c.st, c.w.l
-	left := w.left()
-	tctx, cancel, d0, budgetBound := w.storeCall()
-	defer cancel()
-	reserve := l.bookAhead(left)
-	c.Decision, err = l.take(tctx, st.key, c.n+c.want+c.debt, reserve)
-	if c.debt > 0 && errors.Is(err, ErrExceedsLimit) {
-		st.out.mu.Lock()
-		st.out.releaseDebt()
-		st.out.mu.Unlock()
-		c.debt = 0 // more than the bucket grants at once: settle it apart
-		c.Decision, err = l.take(tctx, st.key, c.n+c.want, reserve)
-	}
-	expired = d0 > 0 && !errors.Is(w.ctx.Err(), context.Canceled) && deadlinePassed(tctx)
-	return err, expired, budgetBound, d0
+// once). It sets c's Decision and returns the store's error.
+func (c *decision) call(w *waiter, st *keyState) (storeCut, error) {
+	l := w.l
+	reserve := l.bookAhead(w.left())
+	return w.callStore(func(ctx context.Context) error {
+		var err error
+		c.Decision, err = l.take(ctx, st.key, c.n+c.want+c.debt, reserve)
+		if c.debt > 0 && errors.Is(err, ErrExceedsLimit) {
+			st.out.mu.Lock()
+			st.out.releaseDebt()
+			st.out.mu.Unlock()
+			c.debt = 0 // more than the bucket grants at once: settle it apart
+			c.Decision, err = l.take(ctx, st.key, c.n+c.want, reserve)
+		}
+		return err
+	})
 }
 
 // bookAhead is how far ahead a bucket that can reserve may book, with
@@ -176,9 +171,8 @@ func (l *Limiter) bookAhead(left time.Duration) time.Duration {
 }
 
 // unreserve gives back, after a failed store call, the debt c carried and
-// the first-back cap's room it reserved.
-func (c *decision) unreserve() {
-	st := c.st
+// the first-back cap's room it reserved, to st's key.
+func (c *decision) unreserve(st *keyState) {
 	if c.debt == 0 && c.reserved == 0 {
 		return
 	}
@@ -232,13 +226,14 @@ func (o *outageKey) reserveRecovery(n, want, now int64, probe bool) (refusal Dec
 	return Decision{}, false, until, fit
 }
 
-// afterShared does FailLocal's accounting after a shared decision c:
+// afterShared does FailLocal's accounting after a shared decision c of
+// st's key, in w's wait:
 // the ledger notes the period, a carried debt is settled, what is still
 // owed is taken from the store, and a key that granted locally in the
 // outage is capped for its first shared period. What c reserved of the
 // cap is given back when it granted nothing.
-func (l *Limiter) afterShared(c *decision) {
-	st, d := c.st, c.Decision
+func (l *Limiter) afterShared(w *waiter, st *keyState, c *decision) {
+	d := c.Decision
 	now := l.tb.now()
 	if d.Reset > 0 {
 		// The period ends Reset after the store decided, which was after
@@ -283,7 +278,7 @@ func (l *Limiter) afterShared(c *decision) {
 	}
 	st.out.mu.Unlock()
 	if still > 0 {
-		l.settle(c.w, st.key, still)
+		l.settle(w, st.key, still)
 	}
 }
 

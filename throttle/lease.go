@@ -259,31 +259,31 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 func (l *Limiter) leased(w *waiter, st *keyState) decision {
 	ls, n := &st.lease, w.n
 	if d, ok := ls.serve(n, l.tb.now()); ok {
-		return decision{Decision: d, src: fromLease, w: w, st: st, n: n}
+		return decision{Decision: d, src: fromLease, n: n}
 	}
 	for pass := 0; ; pass++ {
 		if pass > 0 && w.measured && w.left() <= 0 {
 			// Each pass bounds its store call, or its wait on another
 			// caller's refill, by what is left of the wait.
-			return decision{w: w, st: st, n: n, err: w.refillRanOut()}
+			return decision{n: n, err: w.refillRanOut()}
 		}
 		st.lease.mu.Lock()
 		now := l.tb.now()
 		if d, ok := ls.serve(n, now); ok {
 			st.lease.mu.Unlock()
-			return decision{Decision: d, src: fromLease, w: w, st: st, n: n}
+			return decision{Decision: d, src: fromLease, n: n}
 		}
 		if f := ls.fill; f != nil {
 			st.lease.mu.Unlock()
 			if !l.caps.immediate && l.outage.since.Load() != 0 {
 				// The store fails, and this refill is probing it: decide
 				// by the failure policy rather than wait for the probe.
-				c := decision{src: fromPolicy, w: w, st: st, n: n}
+				c := decision{src: fromPolicy, n: n}
 				c.Decision, c.err = l.degrade(st, n, l.outage.err(), false)
 				return c
 			}
 			if err := w.waitFill(f); err != nil {
-				return decision{w: w, st: st, n: n, err: err}
+				return decision{n: n, err: err}
 			}
 			continue // granted, refused or failed: try the lease (or the store) again
 		}
@@ -384,7 +384,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		if retry > 0 {
 			if w.measured && w.left() <= 0 {
 				restore()
-				return decision{w: w, st: st, n: need, err: w.refillRanOut()}, false
+				return decision{n: need, err: w.refillRanOut()}, false
 			}
 			t0 = l.tb.now()
 			c = l.ask(w, st, need, retry-need)
@@ -447,7 +447,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		l.giveBack(w.ctx, w.giveBackBound(), st.key, extra)
 	}
 	if expired {
-		return decision{w: w, st: st}, true
+		return decision{}, true
 	}
 	c.Decision = b.granted(b.left.Load(), t1)
 	return c, false

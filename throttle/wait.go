@@ -321,6 +321,35 @@ func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d 
 	return ctx, cancel, d, budgetBound
 }
 
+// storeCut says how a store call of a wait ended: whether its own
+// deadline passed while the caller did not cancel (expired), whether the
+// wait's end set that deadline (waitEnd, rather than the store timeout),
+// and how long the call had.
+type storeCut struct {
+	expired, waitEnd bool
+	had              time.Duration
+}
+
+// outOfTime reports that the wait's end cut the call off.
+func (s storeCut) outOfTime() bool { return s.expired && s.waitEnd }
+
+// unfair reports that the wait's end cut the call off before the store
+// had a fair chance to answer (a quarter of the store timeout): no
+// evidence that the store is down.
+func (s storeCut) unfair(timeout time.Duration) bool {
+	return s.outOfTime() && s.had < timeout/4
+}
+
+// callStore runs f, one store call of w's wait, under storeCall's bound.
+func (w *waiter) callStore(f func(ctx context.Context) error) (storeCut, error) {
+	ctx, cancel, d, waitEnd := w.storeCall()
+	defer cancel()
+	err := f(ctx)
+	cut := storeCut{waitEnd: waitEnd, had: d}
+	cut.expired = d > 0 && !errors.Is(w.ctx.Err(), context.Canceled) && deadlinePassed(ctx)
+	return cut, err
+}
+
 // ended returns why w's wait has ended, or nil while it runs; with
 // ctxOnly, only ctx's end counts, not the time measured on the Limiter's
 // clock.
