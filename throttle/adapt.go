@@ -247,7 +247,7 @@ const paceHorizon = 4
 func (w *waiter) pace(st *keyState) error {
 	now := w.first
 	w.first = 0
-	return w.l.pace(w.ctx, st, w, now)
+	return w.l.pace(w, st, now)
 }
 
 // pace waits for an evenly spaced slot at st's adaptive rate, within w's
@@ -265,7 +265,8 @@ func (w *waiter) pace(st *keyState) error {
 // of the wait is measured again once the reply is in. A slot granted
 // beyond it is spent (a store cannot take a slot back), and the caller
 // gets ErrTimeout by its deadline.
-func (l *Limiter) pace(ctx context.Context, st *keyState, w *waiter, now int64) error {
+func (l *Limiter) pace(w *waiter, st *keyState, now int64) error {
+	ctx := w.ctx
 	if !l.adapt.ok {
 		return nil
 	}
@@ -307,7 +308,7 @@ func (l *Limiter) pace(ctx context.Context, st *keyState, w *waiter, now int64) 
 			}
 			// A slow or failed store must not let a burst through:
 			// pace this process at its share of the last rate seen.
-			return l.paceLocal(ctx, st, n, remaining, tb)
+			return l.paceLocal(w, st, remaining)
 		}
 		l.note(st, p.State, sent)
 		if !p.State.Active() {
@@ -363,7 +364,8 @@ func (l *Limiter) refresh(st *keyState) {
 // paceLocal paces st's key in this process alone, at its share (the rate
 // over the live instances the bucket counted) of the last rate seen,
 // reserving a slot within left.
-func (l *Limiter) paceLocal(ctx context.Context, st *keyState, n int64, left time.Duration, tb timeoutBound) error {
+func (l *Limiter) paceLocal(w *waiter, st *keyState, left time.Duration) error {
+	n := w.n
 	v, _ := l.view(st)
 	if !v.st.Active() {
 		return nil
@@ -381,12 +383,12 @@ func (l *Limiter) paceLocal(ctx context.Context, st *keyState, n int64, left tim
 	p := st.adapt.paceMem.pace(l.tb.wall(l.tb.now()), n, l.adapt.interval, left, max(share, 1e-3))
 	st.adapt.mu.Unlock()
 	if !p.Granted {
-		return tb.err(p.Delay)
+		return w.tb.err(p.Delay)
 	}
 	if p.Delay <= 0 {
 		return nil
 	}
-	return l.sleep(ctx, p.Delay)
+	return l.sleep(w.ctx, p.Delay)
 }
 
 // background is a Limiter's work off the callers' path: reads and updates
