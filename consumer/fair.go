@@ -1,0 +1,793 @@
+package consumer
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// FairOption configures [WithFairness]: [Weights], [Urgent].
+type FairOption interface {
+	applyFair(*fairConfig)
+}
+
+type fairOptionFunc func(*fairConfig)
+
+func (f fairOptionFunc) applyFair(c *fairConfig) { f(c) }
+
+// fairConfig is WithFairness's settings.
+type fairConfig struct {
+	tenant func(*kgo.Record) string
+	// weights: a tenant not named weighs 1.
+	weights map[string]int
+	// urgent: nil, no record is urgent; share: the most of the permits
+	// urgent records take while normal records wait too.
+	urgent func(*kgo.Record) bool
+	share  float64
+	err    error
+}
+
+// maxWeight is the largest weight [Weights] accepts.
+const maxWeight = 1000
+
+// fairSeekers is how many permit requests an instance keeps outstanding
+// at once under WithFairness (fewer when fewer records wait): enough to
+// keep a limit's pace (each request waits for its place in the period,
+// or one round trip to the store when behind it), few enough that what
+// they reserve stays small: the record that gets a permit is chosen when
+// the permit comes, not when it was asked for.
+const fairSeekers = 8
+
+// WithFairness shares the limiter's permits among tenants: tenant names
+// the tenant of each record, and when records of several tenants wait,
+// each permit goes to the tenant whose turn it is (start-time fair
+// queuing: the tenants with records waiting take turns, in proportion to
+// their [Weights]), whatever the backlog of the others. A tenant with one
+// record waiting gets one of the next permits, however many records
+// another tenant has queued. Default: off, and records take permits in
+// the order workers reach them.
+//
+// How: an instance keeps a few permit requests outstanding (8 at most,
+// fewer when fewer records wait) instead of one per record in work, and
+// chooses the record a permit goes to when the permit comes: the next
+// record of the tenant whose turn it is. The records the instance holds
+// (up to [WithQueueSize] and [WithQueueBytes] per partition: the
+// read-ahead) wait in its queue, not in the limiter, and a record is
+// taken by a worker ([WithMaxInFlight]) only with its permit. The
+// scheduler is work conserving: a tenant alone gets every permit.
+//
+// What holds: the order per key ([WithOrdering]; a record is a candidate
+// only once the records of its key before it are finished), at least
+// once and the watermark, the memory bounds, [WithShaping] (a record's
+// hold of its partition counts from when it is taken) and revocation
+// (a record's wait ends with its partition). Fairness holds among the
+// records one instance holds: each instance schedules its own
+// partitions' records, so across a group a tenant gets its share of each
+// instance that holds its records. A tenant whose records are all on one
+// instance's partitions gets its turns there only; a partition paused at
+// its queue bound shows no more of its records until it has drained to
+// half. Retries take their turn like first attempts. A permit whose
+// record went away meanwhile (its partition revoked) is not used.
+//
+// tenant is called once per record, when the record's turn in its key
+// comes, from the goroutine that made it ready, and must be fast and
+// safe for concurrent use; a panic in it counts the record as tenant
+// "". With [WithLimiterFor], fairness holds among the records of each
+// budget: a permit of one budget goes to a record of that budget. A nil
+// tenant is refused.
+func WithFairness(tenant func(*kgo.Record) string, opts ...FairOption) Option {
+	return optionFunc(func(c *config) {
+		if tenant == nil {
+			c.invalid("WithFairness", nil, "must name each record's tenant")
+			return
+		}
+		fc := &fairConfig{tenant: tenant}
+		for _, o := range opts {
+			if o != nil {
+				o.applyFair(fc)
+			}
+		}
+		if fc.err != nil {
+			if c.err == nil {
+				c.err = fc.err
+			}
+			return
+		}
+		c.fair = fc
+	})
+}
+
+// Weights gives tenants of [WithFairness] weights: a tenant of weight 2
+// gets twice the permits of a tenant of weight 1 while both have records
+// waiting. A tenant not named weighs 1. Each weight must be between 1 and
+// 1000. The map is copied.
+func Weights(w map[string]int) FairOption {
+	return fairOptionFunc(func(c *fairConfig) {
+		m := make(map[string]int, len(w))
+		for t, n := range w {
+			if n < 1 || n > maxWeight {
+				if c.err == nil {
+					c.err = fmt.Errorf("consumer: WithFairness Weights: tenant %q weighs %d: must be between 1 and %d: %w", t, n, maxWeight, throttle.ErrInvalid)
+				}
+				return
+			}
+			m[t] = n
+		}
+		c.weights = m
+	})
+}
+
+// Urgent marks records of [WithFairness] urgent: an urgent record gets
+// the next permit, ahead of the normal records of every tenant, as long
+// as urgent records have taken at most share of the permits (the first
+// goes at once; then one per 1/share permits while normal records wait
+// too; all of them when none do), so that normal work always keeps at
+// least 1 − share of the limit. Urgent records take permits in the
+// order they became ready, whatever their tenant, outside the tenants'
+// turns. urgent is called once per record, like WithFairness's tenant;
+// a panic in it counts the record as normal. share must be above 0 and
+// below 1; a nil urgent is refused.
+func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
+	return fairOptionFunc(func(c *fairConfig) {
+		switch {
+		case urgent == nil:
+			if c.err == nil {
+				c.err = fmt.Errorf("consumer: WithFairness Urgent: nil function: %w", throttle.ErrInvalid)
+			}
+		case !(share > 0 && share < 1):
+			if c.err == nil {
+				c.err = fmt.Errorf("consumer: WithFairness Urgent share %v: must be above 0 and below 1, so that normal records keep a share: %w", share, throttle.ErrInvalid)
+			}
+		default:
+			c.urgent, c.share = urgent, share
+		}
+	})
+}
+
+// fair schedules the permits of one instance among tenants (WithFairness).
+//
+// Candidates are records ready to take a permit: fresh ones (ready in
+// their partition, not taken by a worker yet) and waiters (taken, asking
+// for the permit of a later attempt). Seekers (at most fairSeekers
+// goroutines) ask the limiter for permits while candidates need more
+// than those already asked for; when a permit comes, pick chooses its
+// record: an urgent one within the urgent share, else the next record of
+// the tenant with the earliest start tag. A fresh record is handed to a
+// worker with its permit; a waiter gets the permit through its channel.
+//
+// Lock order: partition.mu, then fair.mu; nothing is locked under
+// fair.mu.
+type fair struct {
+	c   *Consumer
+	cfg *fairConfig
+
+	mu   sync.Mutex
+	cond sync.Cond // seekers wait for demand, or for a worker to free
+	// tenants holds every tenant with candidates, and idle ones whose
+	// finish tag is ahead of vtime (swept).
+	tenants map[string]*tenant
+	swept   int
+	active  tenantHeap // tenants with normal candidates
+	urgent  candQueue  // urgent candidates, in the order they came
+	direct  candQueue  // fresh records that need no permit
+	vtime   int64      // start tag of the last tenant served
+	seq     uint64
+	credit  float64 // urgent permits allowed now (at most 1)
+	// needs counts the queued candidates that need a permit, per budget;
+	// fresh and waiting in all; seekingFor the outstanding requests per
+	// budget, seeking in all.
+	needs, seekingFor map[throttle.Keyed]int
+	fresh, waiting    int
+	seeking, seekers  int
+	// taken counts fresh records handed to workers and not yet ended:
+	// the in-flight bound.
+	taken int
+	quit  bool
+	ctx   context.Context
+	stopC context.CancelFunc
+	wg    sync.WaitGroup
+}
+
+// tenant is one tenant's queues and tags.
+type tenant struct {
+	name string
+	step int64 // the virtual time one permit costs: fairScale/weight
+	// start is the tag of the tenant's next permit while it is active;
+	// finish the tag after its last one.
+	start, finish int64
+	seq           uint64 // when it became active: breaks ties
+	idx           int    // in the active heap, -1 when not in it
+	waiters       candQueue
+	fresh         candQueue
+}
+
+const fairScale = 1 << 24
+
+// cand is a record waiting for a permit.
+type cand struct {
+	p *partition
+	s *slot
+	k throttle.Keyed // the budget its permit comes from
+	w *waiter        // nil for a fresh record
+}
+
+// waiter is a record in work waiting for its permit.
+type waiter struct {
+	ch     chan grant
+	queued bool // still in a queue (under fair.mu)
+}
+
+// grant is a permit (or the error asking for it met) for a record.
+type grant struct {
+	k       throttle.Keyed
+	release func() // gives back the concurrency slot, if any
+	err     error
+}
+
+func newFair(c *Consumer, cfg *fairConfig) *fair {
+	f := &fair{
+		c:          c,
+		cfg:        cfg,
+		tenants:    make(map[string]*tenant),
+		needs:      make(map[throttle.Keyed]int),
+		seekingFor: make(map[throttle.Keyed]int),
+		credit:     1,
+	}
+	f.cond.L = &f.mu
+	return f
+}
+
+// start sets the context the seekers' permit requests are made under.
+func (f *fair) start(base context.Context) {
+	f.mu.Lock()
+	f.ctx, f.stopC = context.WithCancel(base)
+	f.mu.Unlock()
+}
+
+// stop ends the seekers and waits for them.
+func (f *fair) stop() {
+	f.mu.Lock()
+	f.quit = true
+	if f.stopC != nil {
+		f.stopC()
+	}
+	f.cond.Broadcast()
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+// classify sets s's tenant and urgency once, and returns its candidate
+// for a first attempt; direct reports that it needs no permit (no
+// budget, a function that panicked, a parked unit). p.mu is held.
+func (f *fair) classify(p *partition, s *slot) (cd *cand, direct bool) {
+	if !s.classified {
+		s.classified = true
+		s.tenant = f.tenantOf(&s.rec)
+		if f.cfg.urgent != nil {
+			s.urgent = f.urgentOf(&s.rec)
+		}
+	}
+	cd = &cand{p: p, s: s}
+	k, err := f.c.limiterOf(&s.rec)
+	if err != nil || k.Limiter() == nil && f.c.cfg.slots == nil || p.parks && s.unit != nil && s.unit.parked {
+		return cd, true // its worker meets what it meets without a permit
+	}
+	cd.k = k
+	return cd, false
+}
+
+func (f *fair) tenantOf(rec *kgo.Record) (t string) {
+	defer func() {
+		if v := recover(); v != nil {
+			f.c.log.Error("consumer: WithFairness tenant function panicked; the record counts as tenant \"\"", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			t = ""
+		}
+	}()
+	return f.cfg.tenant(rec)
+}
+
+func (f *fair) urgentOf(rec *kgo.Record) (u bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			f.c.log.Error("consumer: WithFairness Urgent function panicked; the record counts as normal", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			u = false
+		}
+	}()
+	return f.cfg.urgent(rec)
+}
+
+// offer moves p's ready records into the scheduler; p.mu is held.
+func (f *fair) offer(p *partition) {
+	var cands, directs []*cand
+	for p.ready.len() > 0 {
+		cd, direct := f.classify(p, p.ready.pop())
+		if direct {
+			directs = append(directs, cd)
+		} else {
+			cands = append(cands, cd)
+		}
+	}
+	p.ready.reset()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, cd := range directs {
+		f.direct.push(cd)
+	}
+	for _, cd := range cands {
+		f.add(cd)
+	}
+	f.handDirect()
+	f.kick()
+}
+
+// add queues cd; f.mu is held.
+func (f *fair) add(cd *cand) {
+	f.needs[cd.k]++
+	if cd.w != nil {
+		f.waiting++
+		cd.w.queued = true
+	} else {
+		f.fresh++
+	}
+	if cd.s.urgent {
+		f.urgent.push(cd)
+		return
+	}
+	t := f.tenants[cd.s.tenant]
+	if t == nil {
+		w := 1
+		if n, ok := f.cfg.weights[cd.s.tenant]; ok {
+			w = n
+		}
+		t = &tenant{name: cd.s.tenant, step: fairScale / int64(w), finish: math.MinInt64, idx: -1}
+		f.tenants[t.name] = t
+	}
+	if cd.w != nil {
+		t.waiters.push(cd)
+	} else {
+		t.fresh.push(cd)
+	}
+	if t.idx < 0 {
+		t.start = max(f.vtime, t.finish)
+		f.seq++
+		t.seq = f.seq
+		heap.Push(&f.active, t)
+	}
+}
+
+// unqueued forgets cd's counts, once it left its queue; f.mu is held.
+func (f *fair) unqueued(cd *cand) {
+	if n := f.needs[cd.k] - 1; n > 0 {
+		f.needs[cd.k] = n
+	} else {
+		delete(f.needs, cd.k)
+	}
+	if cd.w != nil {
+		f.waiting--
+		cd.w.queued = false
+	} else {
+		f.fresh--
+	}
+}
+
+// demand is how many more permits the queued candidates can use now: the
+// waiters, and fresh records for which a worker is free; f.mu is held.
+func (f *fair) demand() int {
+	return f.waiting + min(f.fresh, max(f.c.cfg.maxInFlight-f.taken, 0))
+}
+
+// kick wakes or starts a seeker when demand exceeds the requests
+// outstanding; f.mu is held.
+func (f *fair) kick() {
+	if f.quit || f.ctx == nil || f.demand() <= f.seeking {
+		return
+	}
+	f.cond.Broadcast()
+	if f.seekers < fairSeekers && f.seekers < f.demand() {
+		f.seekers++
+		f.wg.Add(1)
+		go f.seek()
+	}
+}
+
+// handDirect hands fresh records that need no permit to workers while
+// one is free; f.mu is held.
+func (f *fair) handDirect() {
+	for f.direct.len() > 0 && f.taken < f.c.cfg.maxInFlight && !f.quit {
+		cd := f.direct.pop()
+		f.taken++
+		f.hand(cd, nil)
+	}
+}
+
+// hand gives a fresh record to a worker, with its grant (nil: none);
+// f.mu is held (the sched's lock is taken under it).
+func (f *fair) hand(cd *cand, g *grant) {
+	if !f.c.sched.enqueueJob(job{p: cd.p, s: cd.s, g: g}) {
+		f.taken--
+		if g != nil {
+			g.release()
+		}
+	}
+}
+
+// untake is called by a worker done with a fresh record it was handed.
+func (f *fair) untake() {
+	f.mu.Lock()
+	f.taken--
+	f.handDirect()
+	f.cond.Broadcast() // a seeker may hold a permit for want of a worker
+	f.kick()
+	f.mu.Unlock()
+}
+
+// budget returns the budget the next permit request is for: the one of
+// the record that would be chosen now, unless its budget's candidates
+// are covered by the requests outstanding; f.mu is held.
+func (f *fair) budget() throttle.Keyed {
+	var k throttle.Keyed
+	switch {
+	case f.urgent.len() > 0:
+		k = f.urgent.at(0).k
+	case f.active.Len() > 0:
+		t := f.active[0]
+		if t.waiters.len() > 0 {
+			k = t.waiters.at(0).k
+		} else {
+			k = t.fresh.at(0).k
+		}
+	}
+	if f.needs[k] > f.seekingFor[k] {
+		return k
+	}
+	for b, n := range f.needs {
+		if n > f.seekingFor[b] {
+			return b
+		}
+	}
+	return k
+}
+
+// seek is a seeker: it asks for a permit while candidates need one, and
+// gives each permit to the record pick chooses when it comes.
+func (f *fair) seek() {
+	defer f.wg.Done()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for {
+		for !f.quit && f.demand() <= f.seeking {
+			f.cond.Wait()
+		}
+		if f.quit {
+			return
+		}
+		k := f.budget()
+		f.seeking++
+		f.seekingFor[k]++
+		ctx := f.ctx
+		f.mu.Unlock()
+		g := f.acquire(ctx, k)
+		f.mu.Lock()
+		f.seeking--
+		if n := f.seekingFor[k] - 1; n > 0 {
+			f.seekingFor[k] = n
+		} else {
+			delete(f.seekingFor, k)
+		}
+		f.give(g)
+	}
+}
+
+// give hands g to the record pick chooses; f.mu is held. With no worker
+// free for the fresh record chosen, it waits for one; with no record of
+// g's budget left, the permit is not used.
+func (f *fair) give(g grant) {
+	for {
+		if f.quit {
+			g.release()
+			return
+		}
+		cd, needWorker := f.pick(g.k, f.taken < f.c.cfg.maxInFlight)
+		switch {
+		case cd == nil && needWorker:
+			f.cond.Wait() // a fresh record waits for a worker
+			continue
+		case cd == nil:
+			g.release() // its record went away: the permit is not used
+			return
+		case cd.w != nil:
+			cd.w.ch <- g // buffered, one grant per waiter
+		default:
+			f.taken++
+			f.hand(cd, &g)
+		}
+		f.kick()
+		return
+	}
+}
+
+// acquire takes a slot of the concurrency cap, if any, and a permit of k;
+// an error is the record's to handle (grant.err).
+func (f *fair) acquire(ctx context.Context, k throttle.Keyed) grant {
+	g := grant{k: k, release: noRelease}
+	if s := f.c.cfg.slots; s != nil {
+		r, err := s.Hold(ctx, k.Key(), throttle.Forever)
+		if err != nil {
+			g.err = fmt.Errorf("concurrency slot: %w", err)
+			return g
+		}
+		g.release = r
+	}
+	if k.Limiter() != nil {
+		if err := k.Acquire(ctx, throttle.Forever); err != nil {
+			g.release()
+			g.release, g.err = noRelease, err
+		}
+	}
+	return g
+}
+
+// pick removes and returns the candidate the next permit of budget k goes
+// to: an urgent one within the urgent share, else the next of the tenant
+// whose turn it is. Fresh records count only when worker (a worker is
+// free). needWorker reports that none was chosen for want of a worker.
+// f.mu is held.
+func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
+	ok := func(c *cand) bool { return c.k == k && (c.w != nil || worker) }
+	blocked := func(c *cand) bool { return c.k == k && c.w == nil && !worker }
+	f.credit = min(f.credit+f.cfg.share, 1)
+	// Urgent first, within the share; beyond it only when no normal
+	// record can take the permit.
+	ui := f.urgent.find(ok)
+	t := f.next(ok)
+	if ui >= 0 && (f.credit >= 1 || t == nil) {
+		f.credit = max(f.credit-1, 0)
+		cd = f.urgent.remove(ui)
+		f.unqueued(cd)
+		return cd, false
+	}
+	if t == nil {
+		return nil, f.urgent.find(blocked) >= 0 || f.next(blocked) != nil
+	}
+	if i := t.waiters.find(ok); i >= 0 {
+		cd = t.waiters.remove(i)
+	} else {
+		cd = t.fresh.remove(t.fresh.find(ok))
+	}
+	f.unqueued(cd)
+	f.vtime = t.start
+	t.finish = t.start + t.step
+	if t.waiters.len()+t.fresh.len() > 0 {
+		t.start = t.finish
+		heap.Fix(&f.active, t.idx)
+	} else {
+		heap.Remove(&f.active, t.idx)
+		f.sweep()
+	}
+	return cd, false
+}
+
+// next returns the active tenant with the earliest start tag that has a
+// candidate ok accepts; f.mu is held.
+func (f *fair) next(ok func(*cand) bool) *tenant {
+	has := func(t *tenant) bool { return t.waiters.find(ok) >= 0 || t.fresh.find(ok) >= 0 }
+	if f.active.Len() == 0 {
+		return nil
+	}
+	if t := f.active[0]; has(t) {
+		return t
+	}
+	var best *tenant
+	for _, t := range f.active {
+		if (best == nil || t.before(best)) && has(t) {
+			best = t
+		}
+	}
+	return best
+}
+
+// sweep forgets idle tenants whose finish tag vtime has reached (they
+// would start at vtime anyway), once the map has doubled since the last
+// sweep; f.mu is held.
+func (f *fair) sweep() {
+	if len(f.tenants) < 2*f.swept+64 {
+		return
+	}
+	for name, t := range f.tenants {
+		if t.idx < 0 && t.finish <= f.vtime {
+			delete(f.tenants, name)
+		}
+	}
+	f.swept = len(f.tenants)
+}
+
+// wait queues the record in work s for a permit of k and waits for it,
+// at most wait (not throttle.Forever), or until p stops.
+func (f *fair) wait(p *partition, s *slot, k throttle.Keyed, wait time.Duration) grant {
+	w := &waiter{ch: make(chan grant, 1)}
+	f.mu.Lock()
+	f.add(&cand{p: p, s: s, k: k, w: w})
+	f.kick()
+	f.mu.Unlock()
+	var timeout <-chan time.Time
+	if wait != throttle.Forever {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var err error
+	select {
+	case g := <-w.ch:
+		return g
+	case <-timeout:
+		err = fmt.Errorf("consumer: no permit within %v (the wait includes the record's turn among tenants): %w", wait, throttle.ErrTimeout)
+	case <-p.soft.Done():
+		err = p.soft.Err()
+	}
+	f.mu.Lock()
+	if w.queued {
+		f.remove(s, w)
+		f.mu.Unlock()
+		return grant{k: k, release: noRelease, err: err}
+	}
+	f.mu.Unlock()
+	g := <-w.ch // given meanwhile
+	if p.soft.Err() != nil {
+		g.release() // the permit is not used
+		return grant{k: k, release: noRelease, err: err}
+	}
+	return g
+}
+
+// remove takes waiter w of s out of its queue; f.mu is held.
+func (f *fair) remove(s *slot, w *waiter) {
+	is := func(c *cand) bool { return c.w == w }
+	if s.urgent {
+		cd := f.urgent.remove(f.urgent.find(is))
+		f.unqueued(cd)
+		return
+	}
+	t := f.tenants[s.tenant]
+	cd := t.waiters.remove(t.waiters.find(is))
+	f.unqueued(cd)
+	if t.waiters.len()+t.fresh.len() == 0 {
+		heap.Remove(&f.active, t.idx)
+	}
+}
+
+// drop takes p's fresh records out of the scheduler (p stopped) and
+// returns them; p.mu is held.
+func (f *fair) drop(p *partition) []*slot {
+	var out []*slot
+	of := func(c *cand) bool {
+		if c.p == p && c.w == nil {
+			out = append(out, c.s)
+			return true
+		}
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, cd := range f.urgent.filter(of) {
+		f.unqueued(cd)
+	}
+	f.direct.filter(of)
+	for _, t := range f.tenants {
+		if t.idx < 0 {
+			continue
+		}
+		for _, cd := range t.fresh.filter(of) {
+			f.unqueued(cd)
+		}
+	}
+	for i := 0; i < f.active.Len(); {
+		if t := f.active[i]; t.waiters.len()+t.fresh.len() == 0 {
+			heap.Remove(&f.active, i)
+			continue
+		}
+		i++
+	}
+	return out
+}
+
+// before orders tenants by start tag, then by when they became active.
+func (t *tenant) before(u *tenant) bool {
+	if t.start != u.start {
+		return t.start < u.start
+	}
+	return t.seq < u.seq
+}
+
+// tenantHeap is a min-heap of active tenants by start tag.
+type tenantHeap []*tenant
+
+func (h tenantHeap) Len() int           { return len(h) }
+func (h tenantHeap) Less(i, j int) bool { return h[i].before(h[j]) }
+func (h tenantHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx, h[j].idx = i, j
+}
+func (h *tenantHeap) Push(x any) {
+	t := x.(*tenant)
+	t.idx = len(*h)
+	*h = append(*h, t)
+}
+func (h *tenantHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	t.idx = -1
+	return t
+}
+
+// candQueue is a FIFO of candidates that also removes from its middle
+// (a waiter that gave up, a record of another budget).
+type candQueue struct {
+	buf  []*cand
+	head int
+}
+
+func (q *candQueue) len() int        { return len(q.buf) - q.head }
+func (q *candQueue) at(i int) *cand  { return q.buf[q.head+i] }
+func (q *candQueue) push(c *cand)    { q.buf = append(q.buf, c) }
+func (q *candQueue) pop() *cand      { return q.remove(0) }
+func (q *candQueue) find(ok func(*cand) bool) int {
+	for i := q.head; i < len(q.buf); i++ {
+		if ok(q.buf[i]) {
+			return i - q.head
+		}
+	}
+	return -1
+}
+
+// remove removes and returns the i-th candidate.
+func (q *candQueue) remove(i int) *cand {
+	c := q.buf[q.head+i]
+	if i == 0 {
+		q.buf[q.head] = nil
+		q.head++
+	} else {
+		copy(q.buf[q.head+i:], q.buf[q.head+i+1:])
+		q.buf[len(q.buf)-1] = nil
+		q.buf = q.buf[:len(q.buf)-1]
+	}
+	if q.head == len(q.buf) {
+		q.buf, q.head = q.buf[:0], 0
+		if cap(q.buf) >= minShrink {
+			q.buf = nil
+		}
+	} else if q.head >= 1024 && q.head*2 >= len(q.buf) {
+		n := copy(q.buf, q.buf[q.head:])
+		clear(q.buf[n:])
+		q.buf, q.head = q.buf[:n], 0
+	}
+	return c
+}
+
+// filter removes and returns the candidates of, keeping the others'
+// order.
+func (q *candQueue) filter(of func(*cand) bool) []*cand {
+	var out []*cand
+	kept := q.buf[:0]
+	for _, c := range q.buf[q.head:] {
+		if of(c) {
+			out = append(out, c)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	clear(q.buf[len(kept):])
+	q.buf, q.head = kept, 0
+	return out
+}
