@@ -738,10 +738,10 @@ type candQueue struct {
 	head int
 }
 
-func (q *candQueue) len() int        { return len(q.buf) - q.head }
-func (q *candQueue) at(i int) *cand  { return q.buf[q.head+i] }
-func (q *candQueue) push(c *cand)    { q.buf = append(q.buf, c) }
-func (q *candQueue) pop() *cand      { return q.remove(0) }
+func (q *candQueue) len() int       { return len(q.buf) - q.head }
+func (q *candQueue) at(i int) *cand { return q.buf[q.head+i] }
+func (q *candQueue) push(c *cand)   { q.buf = append(q.buf, c) }
+func (q *candQueue) pop() *cand     { return q.remove(0) }
 func (q *candQueue) find(ok func(*cand) bool) int {
 	for i := q.head; i < len(q.buf); i++ {
 		if ok(q.buf[i]) {
