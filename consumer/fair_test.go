@@ -1,0 +1,170 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/kafkaenv"
+)
+
+// tenantOfKey is the tenant of a record keyed "<tenant>-<entity>".
+func tenantOfKey(r *kgo.Record) string {
+	t, _, _ := strings.Cut(string(r.Key), "-")
+	return t
+}
+
+// grantLog records the order in which records reach the handler, and
+// checks the order per key as orderLog does.
+type grantLog struct {
+	*orderLog
+	mu    sync.Mutex
+	order []string // key of each call, in call order
+}
+
+func newGrantLog() *grantLog {
+	return &grantLog{orderLog: newOrderLog(func(r *kgo.Record) string { return string(r.Key) })}
+}
+
+func (g *grantLog) handler(h *handled) consumer.Handler {
+	inner := g.orderLog.handler(time.Millisecond)
+	return func(ctx context.Context, rec *kgo.Record) error {
+		g.mu.Lock()
+		g.order = append(g.order, string(rec.Key))
+		g.mu.Unlock()
+		h.add("c", rec)
+		return inner(ctx, rec)
+	}
+}
+
+// positions returns where the calls of records whose key has prefix
+// were, in call order.
+func (g *grantLog) positions(prefix string) []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []int
+	for i, k := range g.order {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// fairBacklog produces, on each of parts partitions, perPart records of
+// tenant A (50 keys per partition), then late records of tenant B (one
+// key each), so that B's records are behind A's whole backlog in every
+// partition.
+func fairBacklog(t *testing.T, kc *kafkaenv.Cluster, topic string, parts int32, perPart, late int) {
+	produce(t, kc, topic, parts, perPart, func(p int32, i int) string { return fmt.Sprintf("A-%d.%d", p, i%50) })
+	produce(t, kc, topic, parts, late, func(p int32, i int) string { return fmt.Sprintf("B-%d.%d", p, i) })
+}
+
+// A tenant whose few records sit behind another tenant's backlog in every
+// partition gets permits in turn with it, not after it: each of B's
+// records is among the first calls, while A's records keep their order
+// per key and every record is handled and committed once. Without
+// WithFairness, B's records come last (the control).
+func TestFairnessServesALateTenantAheadOfABacklog(t *testing.T) {
+	t.Parallel()
+	const parts, perPart, late = 3, 100, 2
+	for _, fairness := range []bool{true, false} {
+		t.Run(fmt.Sprint("fairness=", fairness), func(t *testing.T) {
+			t.Parallel()
+			kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+			fairBacklog(t, kc, "in", parts, perPart, late)
+			total := parts * (perPart + late)
+			h := newHandled(total)
+			g := newGrantLog()
+			opts := append(base(kc, "g", "in"), consumer.WithMaxInFlight(64))
+			if fairness {
+				opts = append(opts, consumer.WithFairness(tenantOfKey))
+			}
+			c, err := consumer.New(g.handler(h), limiter(t, 10, 50*time.Millisecond), opts...)
+			require.NoError(t, err)
+			r := start(t, c)
+			h.waitFull(t, 30*time.Second)
+			require.NoError(t, r.stop(t))
+
+			bs := g.positions("B-")
+			require.Len(t, bs, parts*late)
+			if fairness {
+				// B is active from its records' arrival: every other
+				// permit is B's until its 6 records are done.
+				assert.Less(t, bs[len(bs)-1], 40, "B's calls at %v of %d", bs, total)
+			} else {
+				assert.Greater(t, bs[0], 100, "control: without fairness B's calls come after A's backlog, at %v", bs)
+			}
+			assert.Empty(t, g.overlaps, "calls of one key overlapped")
+			assert.Empty(t, g.reorders, "calls of one key out of order")
+			for k, n := range h.seen {
+				assert.Equal(t, 1, n, "record %v handled %d times", k, n)
+			}
+			assert.Equal(t, []int64{perPart + late, perPart + late, perPart + late}, committed(t, kc, "g", "in", parts))
+		})
+	}
+}
+
+// An urgent record behind every tenant's backlog is among the next calls.
+func TestFairnessServesUrgentRecordsFirst(t *testing.T) {
+	t.Parallel()
+	const parts, perPart = 2, 100
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("%c-%d.%d", 'A'+i%3, p, i%7) })
+	produce(t, kc, "in", parts, 1, func(p int32, i int) string { return fmt.Sprintf("U-%d", p) })
+	total := parts * (perPart + 1)
+	h := newHandled(total)
+	g := newGrantLog()
+	isUrgent := func(r *kgo.Record) bool { return tenantOfKey(r) == "U" }
+	c, err := consumer.New(g.handler(h), limiter(t, 10, 50*time.Millisecond),
+		append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 30*time.Second)
+	require.NoError(t, r.stop(t))
+	us := g.positions("U-")
+	require.Len(t, us, parts)
+	assert.Less(t, us[len(us)-1], 20, "urgent calls at %v of %d", us, total)
+	assert.Empty(t, g.reorders)
+}
+
+// Records waiting for their turn belong to their partition: when a second
+// member joins and takes partitions over, the records the first held go
+// to the new owner, and every record is handled, in order per key,
+// nothing lost.
+func TestFairnessHandsWaitingRecordsOverOnRebalance(t *testing.T) {
+	t.Parallel()
+	const parts, perPart, late = 4, 60, 2
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	fairBacklog(t, kc, "in", parts, perPart, late)
+	total := parts * (perPart + late)
+	h := newHandled(total)
+	g := newGrantLog()
+	lim := limiter(t, 10, 50*time.Millisecond)
+	newMember := func() *consumer.Consumer {
+		c, err := consumer.New(g.handler(h), lim, append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey))...)
+		require.NoError(t, err)
+		return c
+	}
+	r1 := start(t, newMember())
+	require.Eventually(t, func() bool { return g.count() >= 20 }, 20*time.Second, 5*time.Millisecond)
+	r2 := start(t, newMember())
+	h.waitFull(t, 60*time.Second)
+	require.NoError(t, r1.stop(t))
+	require.NoError(t, r2.stop(t))
+	assert.Empty(t, g.overlaps)
+	assert.Empty(t, g.reorders)
+	want := make([]int64, parts)
+	for i := range want {
+		want[i] = perPart + late
+	}
+	assert.Equal(t, want, committed(t, kc, "g", "in", parts))
+}
