@@ -38,13 +38,21 @@ type fairConfig struct {
 // maxWeight is the largest weight [Weights] accepts.
 const maxWeight = 1000
 
-// fairSeekers is how many permit requests an instance keeps outstanding
-// at once under WithFairness (fewer when fewer records wait): enough to
-// keep a limit's pace (each request waits for its place in the period,
-// or one round trip to the store when behind it), few enough that what
-// they reserve stays small: the record that gets a permit is chosen when
-// the permit comes, not when it was asked for.
+// fairSeekers is the most permit requests an instance keeps outstanding
+// at once under WithFairness (fewer when fewer records wait). How many it
+// keeps adapts (fair.adapt): one while the limiter paces the requests
+// (each waits for its place in the period), one more after each grant
+// that came as fast as the store answers (the limiter does not pace
+// them: more requests make more permits). Few requests keep what they
+// reserve small and spread: the record that gets a permit is chosen when
+// the permit comes, but the instance's next permit is the earliest place
+// its requests hold, and many requests of one instance take places in a
+// row, leaving the instance without a grant while the others' pass.
 const fairSeekers = 8
+
+// fastGrantSlack is how much longer than the quickest recent grant a
+// grant may take and still count as not paced by the limiter.
+const fastGrantSlack = 200 * time.Microsecond
 
 // WithFairness shares the limiter's permits among tenants: tenant names
 // the tenant of each record, and when records of several tenants wait,
@@ -187,6 +195,12 @@ type fair struct {
 	needs, seekingFor map[throttle.Keyed]int
 	fresh, waiting    int
 	seeking, seekers  int
+	// depth is how many requests to keep outstanding now (adapt); floor
+	// the quickest grant of the last window, floorWin of this one, grants
+	// the grants counted in it.
+	depth           int
+	floor, floorWin time.Duration
+	grants          int
 	// taken counts fresh records handed to workers and not yet ended:
 	// the in-flight bound.
 	taken int
@@ -240,6 +254,7 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 		needs:      make(map[throttle.Keyed]int),
 		seekingFor: make(map[throttle.Keyed]int),
 		credit:     1,
+		depth:      1,
 	}
 	f.cond.L = &f.mu
 	return f
@@ -389,11 +404,11 @@ func (f *fair) demand() int {
 // kick wakes or starts a seeker when demand exceeds the requests
 // outstanding; f.mu is held.
 func (f *fair) kick() {
-	if f.quit || f.ctx == nil || f.demand() <= f.seeking {
+	if f.quit || f.ctx == nil || f.demand() <= f.seeking || f.seeking >= f.depth {
 		return
 	}
 	f.cond.Broadcast()
-	if f.seekers < fairSeekers && f.seekers < f.demand() {
+	if f.seekers < f.depth && f.seekers < f.demand() {
 		f.seekers++
 		f.wg.Add(1)
 		go f.seek()
@@ -465,7 +480,7 @@ func (f *fair) seek() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for {
-		for !f.quit && f.demand() <= f.seeking {
+		for !f.quit && (f.demand() <= f.seeking || f.seeking >= f.depth) {
 			f.cond.Wait()
 		}
 		if f.quit {
@@ -476,8 +491,13 @@ func (f *fair) seek() {
 		f.seekingFor[k]++
 		ctx := f.ctx
 		f.mu.Unlock()
+		began := time.Now()
 		g := f.acquire(ctx, k)
+		took := time.Since(began)
 		f.mu.Lock()
+		if g.err == nil {
+			f.adapt(took)
+		}
 		f.seeking--
 		if n := f.seekingFor[k] - 1; n > 0 {
 			f.seekingFor[k] = n
@@ -485,6 +505,31 @@ func (f *fair) seek() {
 			delete(f.seekingFor, k)
 		}
 		f.give(g)
+	}
+}
+
+// adapt sets how many requests to keep outstanding from how long a grant
+// took: one more (at most fairSeekers) when it took about as long as the
+// quickest recent grant (the store's answer: the limiter did not pace
+// it), one fewer (at least one) when it waited for its place; f.mu is
+// held.
+func (f *fair) adapt(took time.Duration) {
+	if f.grants == 0 || took < f.floorWin {
+		f.floorWin = took
+	}
+	f.grants++
+	floor := f.floorWin
+	if f.floor > 0 {
+		floor = min(floor, f.floor)
+	}
+	if f.grants == 64 { // a new window: the store's speed may change
+		f.floor, f.grants = f.floorWin, 0
+	}
+	switch {
+	case took <= 2*floor+fastGrantSlack:
+		f.depth = min(f.depth+1, fairSeekers)
+	case f.depth > 1:
+		f.depth--
 	}
 }
 
@@ -543,13 +588,11 @@ func (f *fair) acquire(ctx context.Context, k throttle.Keyed) grant {
 // free). needWorker reports that none was chosen for want of a worker.
 // f.mu is held.
 func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
-	ok := func(c *cand) bool { return c.k == k && (c.w != nil || worker) }
-	blocked := func(c *cand) bool { return c.k == k && c.w == nil && !worker }
 	f.credit = min(f.credit+f.cfg.share, 1)
 	// Urgent first, within the share; beyond it only when no normal
 	// record can take the permit.
-	ui := f.urgent.find(ok)
-	t := f.next(ok)
+	ui := f.urgent.find(k, worker)
+	t, ti, fromWaiters := f.next(k, worker)
 	if ui >= 0 && (f.credit >= 1 || t == nil) {
 		f.credit = max(f.credit-1, 0)
 		cd = f.urgent.remove(ui)
@@ -557,12 +600,12 @@ func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
 		return cd, false
 	}
 	if t == nil {
-		return nil, f.urgent.find(blocked) >= 0 || f.next(blocked) != nil
+		return nil, !worker && f.fresh > 0
 	}
-	if i := t.waiters.find(ok); i >= 0 {
-		cd = t.waiters.remove(i)
+	if fromWaiters {
+		cd = t.waiters.remove(ti)
 	} else {
-		cd = t.fresh.remove(t.fresh.find(ok))
+		cd = t.fresh.remove(ti)
 	}
 	f.unqueued(cd)
 	f.vtime = t.start
@@ -578,22 +621,33 @@ func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
 }
 
 // next returns the active tenant with the earliest start tag that has a
-// candidate ok accepts; f.mu is held.
-func (f *fair) next(ok func(*cand) bool) *tenant {
-	has := func(t *tenant) bool { return t.waiters.find(ok) >= 0 || t.fresh.find(ok) >= 0 }
+// candidate for a permit of k (a fresh one only when worker), and where
+// that candidate is; f.mu is held.
+func (f *fair) next(k throttle.Keyed, worker bool) (best *tenant, i int, fromWaiters bool) {
+	has := func(t *tenant) (int, bool) {
+		if i := t.waiters.find(k, true); i >= 0 {
+			return i, true
+		}
+		if worker {
+			return t.fresh.find(k, true), false
+		}
+		return -1, false
+	}
 	if f.active.Len() == 0 {
-		return nil
+		return nil, -1, false
 	}
-	if t := f.active[0]; has(t) {
-		return t
+	if i, w := has(f.active[0]); i >= 0 {
+		return f.active[0], i, w
 	}
-	var best *tenant
 	for _, t := range f.active {
-		if (best == nil || t.before(best)) && has(t) {
-			best = t
+		if best != nil && !t.before(best) {
+			continue
+		}
+		if j, w := has(t); j >= 0 {
+			best, i, fromWaiters = t, j, w
 		}
 	}
-	return best
+	return best, i, fromWaiters
 }
 
 // sweep forgets idle tenants whose finish tag vtime has reached (they
@@ -651,14 +705,13 @@ func (f *fair) wait(p *partition, s *slot, k throttle.Keyed, wait time.Duration)
 
 // remove takes waiter w of s out of its queue; f.mu is held.
 func (f *fair) remove(s *slot, w *waiter) {
-	is := func(c *cand) bool { return c.w == w }
 	if s.urgent {
-		cd := f.urgent.remove(f.urgent.find(is))
+		cd := f.urgent.remove(f.urgent.index(w))
 		f.unqueued(cd)
 		return
 	}
 	t := f.tenants[s.tenant]
-	cd := t.waiters.remove(t.waiters.find(is))
+	cd := t.waiters.remove(t.waiters.index(w))
 	f.unqueued(cd)
 	if t.waiters.len()+t.fresh.len() == 0 {
 		heap.Remove(&f.active, t.idx)
@@ -742,9 +795,21 @@ func (q *candQueue) len() int       { return len(q.buf) - q.head }
 func (q *candQueue) at(i int) *cand { return q.buf[q.head+i] }
 func (q *candQueue) push(c *cand)   { q.buf = append(q.buf, c) }
 func (q *candQueue) pop() *cand     { return q.remove(0) }
-func (q *candQueue) find(ok func(*cand) bool) int {
+// find returns the place of the first candidate for a permit of k (a
+// fresh one only when fresh), -1 if none.
+func (q *candQueue) find(k throttle.Keyed, fresh bool) int {
 	for i := q.head; i < len(q.buf); i++ {
-		if ok(q.buf[i]) {
+		if c := q.buf[i]; c.k == k && (fresh || c.w != nil) {
+			return i - q.head
+		}
+	}
+	return -1
+}
+
+// index returns the place of the candidate of waiter w.
+func (q *candQueue) index(w *waiter) int {
+	for i := q.head; i < len(q.buf); i++ {
+		if q.buf[i].w == w {
 			return i - q.head
 		}
 	}

@@ -204,6 +204,11 @@ func (s *sched) endCalls(p *partition) {
 func (s *sched) stop() {
 	s.mu.Lock()
 	s.quit = true
+	for _, j := range s.jobs {
+		if j.g != nil {
+			j.g.release() // never taken: its concurrency slot goes back
+		}
+	}
 	s.jobs = nil
 	s.cond.Broadcast()
 	s.mu.Unlock()

@@ -257,6 +257,12 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	tlog := newTenantLog()
 	goTimed := make(chan struct{}) // the timed tenants start producing
 	timedStarted := false
+	var atOnce int64 // records of the tenants produced at once
+	for _, t := range tenants {
+		if t.rate == 0 {
+			atOnce += int64(t.count)
+		}
+	}
 
 	// Redis.
 	redisAddr := c.redisAddr
@@ -470,7 +476,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 			if o := owners(consumers); o != lastOwners {
 				lastOwners, settled = o, now
 			}
-			if !timedStarted && h > 0 && !strings.Contains(","+lastOwners, ",0,") && now.Sub(settled) >= time.Second {
+			if !timedStarted && (h > 0 || atOnce == 0) && !strings.Contains(","+lastOwners, ",0,") && now.Sub(settled) >= time.Second {
 				// Every instance owns partitions and handles records:
 				// the timed tenants start.
 				timedStarted = true
