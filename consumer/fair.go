@@ -795,6 +795,7 @@ func (q *candQueue) len() int       { return len(q.buf) - q.head }
 func (q *candQueue) at(i int) *cand { return q.buf[q.head+i] }
 func (q *candQueue) push(c *cand)   { q.buf = append(q.buf, c) }
 func (q *candQueue) pop() *cand     { return q.remove(0) }
+
 // find returns the place of the first candidate for a permit of k (a
 // fresh one only when fresh), -1 if none.
 func (q *candQueue) find(k throttle.Keyed, fresh bool) int {
