@@ -63,10 +63,11 @@ const fastGrantSlack = 200 * time.Microsecond
 // another tenant has queued. Default: off, and records take permits in
 // the order workers reach them.
 //
-// How: an instance keeps a few permit requests outstanding (8 at most,
-// fewer when fewer records wait) instead of one per record in work, and
-// chooses the record a permit goes to when the permit comes: the next
-// record of the tenant whose turn it is. The records the instance holds
+// How: an instance keeps a few permit requests outstanding (one while
+// the limiter paces them, up to 8 while grants come as fast as the store
+// answers; never more than records wait) instead of one per record in
+// work, and chooses the record a permit goes to when the permit comes:
+// the next record of the tenant whose turn it is. The records the instance holds
 // (up to [WithQueueSize] and [WithQueueBytes] per partition: the
 // read-ahead) wait in its queue, not in the limiter, and a record is
 // taken by a worker ([WithMaxInFlight]) only with its permit. The
@@ -195,6 +196,7 @@ type fair struct {
 	needs, seekingFor map[throttle.Keyed]int
 	fresh, waiting    int
 	seeking, seekers  int
+	idle              int // seekers waiting for demand
 	// depth is how many requests to keep outstanding now (adapt); floor
 	// the quickest grant of the last window, floorWin of this one, grants
 	// the grants counted in it.
@@ -401,14 +403,20 @@ func (f *fair) demand() int {
 	return f.waiting + min(f.fresh, max(f.c.cfg.maxInFlight-f.taken, 0))
 }
 
-// kick wakes or starts a seeker when demand exceeds the requests
-// outstanding; f.mu is held.
+// kick wakes or starts a seeker when a budget's candidates need more
+// requests than are outstanding for it; f.mu is held.
 func (f *fair) kick() {
-	if f.quit || f.ctx == nil || f.demand() <= f.seeking || f.seeking >= f.depth {
+	if f.quit || f.ctx == nil {
 		return
 	}
-	f.cond.Broadcast()
-	if f.seekers < f.depth && f.seekers < f.demand() {
+	if _, ok := f.budget(); !ok {
+		return
+	}
+	if f.idle > 0 {
+		f.cond.Broadcast()
+		return
+	}
+	if f.seekers < f.c.cfg.maxInFlight {
 		f.seekers++
 		f.wg.Add(1)
 		go f.seek()
@@ -447,9 +455,17 @@ func (f *fair) untake() {
 }
 
 // budget returns the budget the next permit request is for: the one of
-// the record that would be chosen now, unless its budget's candidates
-// are covered by the requests outstanding; f.mu is held.
-func (f *fair) budget() throttle.Keyed {
+// the record that would be chosen now, unless the requests outstanding
+// for it cover its candidates or reach the depth; then any budget whose
+// candidates need more. False when none does, or the candidates that can
+// use a permit now are covered. Each budget has its own requests, so a
+// budget that grants nothing (a tenant's own budget, spent) holds up no
+// other; all of them are at most WithMaxInFlight. f.mu is held.
+func (f *fair) budget() (throttle.Keyed, bool) {
+	if f.demand() <= f.seeking || f.seeking >= f.c.cfg.maxInFlight {
+		return throttle.Keyed{}, false
+	}
+	wants := func(k throttle.Keyed) bool { return f.needs[k] > f.seekingFor[k] && f.seekingFor[k] < f.depth }
 	var k throttle.Keyed
 	switch {
 	case f.urgent.len() > 0:
@@ -462,15 +478,15 @@ func (f *fair) budget() throttle.Keyed {
 			k = t.fresh.at(0).k
 		}
 	}
-	if f.needs[k] > f.seekingFor[k] {
-		return k
+	if wants(k) {
+		return k, true
 	}
-	for b, n := range f.needs {
-		if n > f.seekingFor[b] {
-			return b
+	for b := range f.needs {
+		if wants(b) {
+			return b, true
 		}
 	}
-	return k
+	return throttle.Keyed{}, false
 }
 
 // seek is a seeker: it asks for a permit while candidates need one, and
@@ -480,15 +496,22 @@ func (f *fair) seek() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for {
-		for !f.quit && (f.demand() <= f.seeking || f.seeking >= f.depth) {
+		var k throttle.Keyed
+		for !f.quit {
+			var ok bool
+			if k, ok = f.budget(); ok {
+				break
+			}
+			f.idle++
 			f.cond.Wait()
+			f.idle--
 		}
 		if f.quit {
 			return
 		}
-		k := f.budget()
 		f.seeking++
 		f.seekingFor[k]++
+		f.kick() // another budget, or this one's depth, may want a request too
 		ctx := f.ctx
 		f.mu.Unlock()
 		began := time.Now()
@@ -561,20 +584,30 @@ func (f *fair) give(g grant) {
 	}
 }
 
-// acquire takes a slot of the concurrency cap, if any, and a permit of k;
-// an error is the record's to handle (grant.err).
+// acquire takes a slot of the concurrency cap, if any, and a permit of k,
+// waiting at most WithPermitWait's wait, or the shaping bound with
+// WithShaping; an error (a timeout included) is the record's the permit
+// would have gone to, to handle as its policies say (grant.err).
 func (f *fair) acquire(ctx context.Context, k throttle.Keyed) grant {
 	g := grant{k: k, release: noRelease}
+	wait := f.c.cfg.maxWait
+	if f.c.cfg.shaping != "" {
+		wait = min(wait, f.c.cfg.shapingBound)
+	}
 	if s := f.c.cfg.slots; s != nil {
-		r, err := s.Hold(ctx, k.Key(), throttle.Forever)
+		began := time.Now()
+		r, err := s.Hold(ctx, k.Key(), wait)
 		if err != nil {
 			g.err = fmt.Errorf("concurrency slot: %w", err)
 			return g
 		}
 		g.release = r
+		if wait != throttle.Forever {
+			wait = max(wait-time.Since(began), 0)
+		}
 	}
 	if k.Limiter() != nil {
-		if err := k.Acquire(ctx, throttle.Forever); err != nil {
+		if err := k.Acquire(ctx, wait); err != nil {
 			g.release()
 			g.release, g.err = noRelease, err
 		}

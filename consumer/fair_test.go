@@ -168,3 +168,39 @@ func TestFairnessHandsWaitingRecordsOverOnRebalance(t *testing.T) {
 	}
 	assert.Equal(t, want, committed(t, kc, "g", "in", parts))
 }
+
+// A tenant whose own budget is spent (WithLimiterFor) holds up no other
+// under WithFairness: the permit requests for its budget wait alone, the
+// other tenants' budgets get requests of their own, and with WithShaping
+// its record is parked at the bound as without fairness.
+func TestFairnessWithASpentBudgetHoldsUpNoOtherTenant(t *testing.T) {
+	t.Parallel()
+	for _, shaping := range []bool{false, true} {
+		t.Run(fmt.Sprint("shaping=", shaping), func(t *testing.T) {
+			t.Parallel()
+			const cold = 500
+			kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 2))
+			produceTenants(t, kc, "in", cold) // hot's record first, then cold's (keyOrder counts one partition)
+			o := newKeyOrder()
+			opts := append(base(kc, "g", "in"), tenants(t), consumer.WithFairness(tenant))
+			if shaping {
+				opts = append(opts, consumer.WithShaping("in.shaping", 500*time.Millisecond))
+			}
+			c, err := consumer.New(o.handle, nil, opts...)
+			require.NoError(t, err)
+			r := start(t, c)
+			waitFor(t, 20*time.Second, "every cold record handled", func() bool { return o.count("cold") == cold })
+			if shaping {
+				waitFor(t, 10*time.Second, "the hot record parked", func() bool { return c.Stats().Parked == 1 })
+			}
+			require.NoError(t, r.stop(t))
+			assert.Zero(t, o.count("hot"), "the hot record waits for its tenant's permit")
+			assert.Empty(t, o.reorders)
+			if shaping {
+				assert.Equal(t, []int64{cold + 1}, committed(t, kc, "g", "in", 1), "the commit passed the parked record")
+			} else {
+				assert.Equal(t, []int64{0}, committed(t, kc, "g", "in", 1), "the hot record keeps the watermark")
+			}
+		})
+	}
+}
