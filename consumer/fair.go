@@ -75,9 +75,15 @@ const fastGrantSlack = 200 * time.Microsecond
 //
 // What holds: the order per key ([WithOrdering]; a record is a candidate
 // only once the records of its key before it are finished), at least
-// once and the watermark, the memory bounds, [WithShaping] (a record's
-// hold of its partition counts from when it is taken) and revocation
-// (a record's wait ends with its partition). Fairness holds among the
+// once and the watermark, the memory bounds, and revocation (a record's
+// wait ends with its partition). The permit requests wait at most
+// [WithPermitWait]'s wait, and with [WithShaping] at most its bound: a
+// request that times out goes, as the record's permit timeout, to the
+// record whose turn it was, which is then taken and handled by its
+// policy (with WithShaping, parked: its key's hold of its partition
+// counts from when it is taken). Each budget ([WithLimiterFor]) has its
+// own requests, so one that grants nothing (a tenant's own budget,
+// spent) holds up no other. Fairness holds among the
 // records one instance holds: each instance schedules its own
 // partitions' records, so across a group a tenant gets its share of each
 // instance that holds its records. A tenant whose records are all on one

@@ -1,8 +1,10 @@
 package consumer_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/headway-go/headway/consumer"
 	"github.com/headway-go/headway/internal/kafkaenv"
+	"github.com/headway-go/headway/throttle"
 )
 
 // tenantOfKey is the tenant of a record keyed "<tenant>-<entity>".
@@ -200,6 +203,79 @@ func TestFairnessWithASpentBudgetHoldsUpNoOtherTenant(t *testing.T) {
 				assert.Equal(t, []int64{cold + 1}, committed(t, kc, "g", "in", 1), "the commit passed the parked record")
 			} else {
 				assert.Equal(t, []int64{0}, committed(t, kc, "g", "in", 1), "the hot record keeps the watermark")
+			}
+		})
+	}
+}
+
+// overlap is a throttle.Observer that keeps when each Acquire began and
+// ended, to tell how many were outstanding at once.
+type overlap struct {
+	mu    sync.Mutex
+	spans [][2]time.Time
+}
+
+func (o *overlap) Acquired(_ string, _ int64, waited time.Duration, _ error) {
+	end := time.Now()
+	o.mu.Lock()
+	o.spans = append(o.spans, [2]time.Time{end.Add(-waited), end})
+	o.mu.Unlock()
+}
+func (o *overlap) BucketCall(string, throttle.Decision, time.Duration, error) {}
+func (o *overlap) Degraded(string, string, bool, error)                      {}
+
+// most returns the most Acquire calls outstanding at once.
+func (o *overlap) most() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	type ev struct {
+		at time.Time
+		d  int
+	}
+	var evs []ev
+	for _, s := range o.spans {
+		evs = append(evs, ev{s[0], 1}, ev{s[1], -1})
+	}
+	slices.SortFunc(evs, func(a, b ev) int { return cmp.Or(a.at.Compare(b.at), a.d-b.d) })
+	n, top := 0, 0
+	for _, e := range evs {
+		n += e.d
+		top = max(top, n)
+	}
+	return top
+}
+
+// The point of WithFairness: a backlog does not queue inside the limiter.
+// Without it, every worker waits in Acquire (the control: far more than
+// 8 at once); with it, an instance keeps at most 8 requests outstanding,
+// and the records wait in the scheduler, where each permit's record is
+// chosen when it comes.
+func TestFairnessKeepsFewPermitRequestsOutstanding(t *testing.T) {
+	t.Parallel()
+	for _, fairness := range []bool{true, false} {
+		t.Run(fmt.Sprint("fairness=", fairness), func(t *testing.T) {
+			t.Parallel()
+			const parts, perPart = 2, 150
+			kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+			produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("A-%d.%d", p, i) })
+			h := newHandled(parts * perPart)
+			obs := &overlap{}
+			b, err := throttle.NewLocal(20, 100*time.Millisecond)
+			require.NoError(t, err)
+			lim := throttle.New(b, throttle.WithObserver(obs), throttle.WithLogger(testLogger()))
+			opts := append(base(kc, "g", "in"), consumer.WithMaxInFlight(64))
+			if fairness {
+				opts = append(opts, consumer.WithFairness(tenantOfKey))
+			}
+			c, err := consumer.New(h.handler("c"), lim, opts...)
+			require.NoError(t, err)
+			r := start(t, c)
+			h.waitFull(t, 30*time.Second)
+			require.NoError(t, r.stop(t))
+			if fairness {
+				assert.LessOrEqual(t, obs.most(), 8)
+			} else {
+				assert.Greater(t, obs.most(), 32, "control: the workers wait in Acquire")
 			}
 		})
 	}
