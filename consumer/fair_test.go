@@ -222,7 +222,7 @@ func (o *overlap) Acquired(_ string, _ int64, waited time.Duration, _ error) {
 	o.mu.Unlock()
 }
 func (o *overlap) BucketCall(string, throttle.Decision, time.Duration, error) {}
-func (o *overlap) Degraded(string, string, bool, error)                      {}
+func (o *overlap) Degraded(string, string, bool, error)                       {}
 
 // most returns the most Acquire calls outstanding at once.
 func (o *overlap) most() int {
