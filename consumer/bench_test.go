@@ -138,6 +138,9 @@ func consumeRaw(b *testing.B, kc *kafkaenv.Cluster, group string) time.Duration 
 	return time.Since(began)
 }
 
+// benchGroups numbers the groups of BenchmarkConsumeFairness.
+var benchGroups atomic.Int64
+
 // One tenant under WithFairness against the same consumer without it, in
 // one run, on the topic of BenchmarkConsume: "always" with a limiter that
 // always grants and a no-op handler (the scheduler's own cost), "paced"
@@ -160,7 +163,8 @@ func BenchmarkConsumeFairness(b *testing.B) {
 	} {
 		b.Run(tt.name, func(b *testing.B) {
 			var plain, fair time.Duration
-			for i := 0; b.Loop(); i++ {
+			for b.Loop() {
+				i := benchGroups.Add(1) // a new group each time, whatever runs the function again
 				d, _ := consumeCall(b, kc, tt.lim(), fmt.Sprint(tt.name, "-plain-", i), tt.call)
 				plain += d
 				d, _ = consumeCall(b, kc, tt.lim(), fmt.Sprint(tt.name, "-fair-", i), tt.call, one)

@@ -171,21 +171,26 @@ func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 //
 // Candidates are records ready to take a permit: fresh ones (ready in
 // their partition, not taken by a worker yet) and waiters (taken, asking
-// for the permit of a later attempt). Seekers (at most fairSeekers
-// goroutines) ask the limiter for permits while candidates need more
-// than those already asked for; when a permit comes, pick chooses its
+// for the permit of a later attempt). Seekers (goroutines, at most
+// WithMaxInFlight) ask the limiter for permits while a budget's
+// candidates need more than those already asked for it, up to depth per
+// budget (adapt); when a permit comes, pick chooses its
 // record: an urgent one within the urgent share, else the next record of
 // the tenant with the earliest start tag. A fresh record is handed to a
 // worker with its permit; a waiter gets the permit through its channel.
 //
-// Lock order: partition.mu, then fair.mu; nothing is locked under
-// fair.mu.
+// Lock order: partition.mu, then fair.mu, then sched.mu (hand); a
+// seeker holds none while it asks the limiter.
 type fair struct {
 	c   *Consumer
 	cfg *fairConfig
 
-	mu   sync.Mutex
-	cond sync.Cond // seekers wait for demand, or for a worker to free
+	mu sync.Mutex
+	// wanted wakes a seeker waiting for candidates (idle of them);
+	// freed wakes the seekers that hold a permit for want of a worker
+	// (holding of them).
+	wanted, freed sync.Cond
+	holding       int
 	// tenants holds every tenant with candidates, and idle ones whose
 	// finish tag is ahead of vtime (swept).
 	tenants map[string]*tenant
@@ -264,7 +269,7 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 		credit:     1,
 		depth:      1,
 	}
-	f.cond.L = &f.mu
+	f.wanted.L, f.freed.L = &f.mu, &f.mu
 	return f
 }
 
@@ -282,7 +287,8 @@ func (f *fair) stop() {
 	if f.stopC != nil {
 		f.stopC()
 	}
-	f.cond.Broadcast()
+	f.wanted.Broadcast()
+	f.freed.Broadcast()
 	f.mu.Unlock()
 	f.wg.Wait()
 }
@@ -419,7 +425,7 @@ func (f *fair) kick() {
 		return
 	}
 	if f.idle > 0 {
-		f.cond.Broadcast()
+		f.wanted.Signal()
 		return
 	}
 	if f.seekers < f.c.cfg.maxInFlight {
@@ -455,7 +461,9 @@ func (f *fair) untake() {
 	f.mu.Lock()
 	f.taken--
 	f.handDirect()
-	f.cond.Broadcast() // a seeker may hold a permit for want of a worker
+	if f.holding > 0 {
+		f.freed.Broadcast() // a seeker holds a permit for want of a worker
+	}
 	f.kick()
 	f.mu.Unlock()
 }
@@ -509,7 +517,7 @@ func (f *fair) seek() {
 				break
 			}
 			f.idle++
-			f.cond.Wait()
+			f.wanted.Wait()
 			f.idle--
 		}
 		if f.quit {
@@ -574,7 +582,9 @@ func (f *fair) give(g grant) {
 		cd, needWorker := f.pick(g.k, f.taken < f.c.cfg.maxInFlight)
 		switch {
 		case cd == nil && needWorker:
-			f.cond.Wait() // a fresh record waits for a worker
+			f.holding++
+			f.freed.Wait() // a fresh record waits for a worker
+			f.holding--
 			continue
 		case cd == nil:
 			g.release() // its record went away: the permit is not used
