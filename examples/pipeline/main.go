@@ -25,6 +25,19 @@
 // (at most the limit in any span of one interval, and 429 with
 // Retry-After above it) instead of the token bucket's own guarantee.
 //
+// -tenants replaces -records with the records of several tenants, keyed
+// <tenant>-<entity> (partitioned by key), and gives the consumers
+// consumer.WithFairness: name:count produces count records at once,
+// name:count@R/s one every 1/R s once the group has settled, *W weighs
+// the tenant W, a trailing ! marks its records urgent. The summary then
+// prints each tenant's wait from produce to handler (p50, p90, max), its
+// calls per second while every tenant had records, and the calls of a
+// key that came behind one of its offsets handled already (the order per
+// key). -fair=false shows the same without fairness.
+//
+//	go run ./examples/pipeline -tenants A:2000,B:20@2/s -keys 300 -limit 100 -interval 1s -instances 2 -partitions 6 -latency 10ms
+//	go run ./examples/pipeline -tenants 'A:400*1,B:800*2,C:1600*4' -limit 100 -interval 1s -instances 2 -partitions 6 -latency 10ms
+//
 // With no flags it needs nothing but Go: Kafka is embedded (kfake), Redis is
 // a real redis-server on a free port if one is on PATH (otherwise an
 // in-process stand-in, and it says so), and the provider is built in.
