@@ -157,7 +157,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func (c config) check() error {
 	switch {
-	case c.records < 1:
+	case c.records < 1 && c.tenants == "":
 		return fmt.Errorf("-records %d: must be at least 1", c.records)
 	case c.limit < 1:
 		return fmt.Errorf("-limit %d: must be at least 1", c.limit)
