@@ -280,3 +280,29 @@ func TestFairnessKeepsFewPermitRequestsOutstanding(t *testing.T) {
 		})
 	}
 }
+
+// WithConcurrency under WithFairness: the permit requests take the slot
+// first, and the record the permit goes to holds it through its call, so
+// calls never exceed the cap, and every record is handled; at shutdown
+// the slots all come back.
+func TestFairnessKeepsTheConcurrencyCap(t *testing.T) {
+	t.Parallel()
+	const parts, perPart, capacity = 3, 40, 2
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("%c-%d.%d", 'A'+i%3, p, i%5) })
+	slots, err := throttle.NewLocalSlots(capacity)
+	require.NoError(t, err)
+	h := newHandled(parts * perPart)
+	var f inFlight
+	c, err := consumer.New(f.handler(2*time.Millisecond, h, "a"), limiter(t, 100000, time.Second),
+		append(base(kc, "g", "in"), consumer.WithConcurrency(slots), consumer.WithFairness(tenantOfKey))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 15*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.LessOrEqual(t, f.most.Load(), int64(capacity), "most handler calls at once")
+	for range capacity {
+		_, err := slots.Hold(context.Background(), "", 0)
+		require.NoError(t, err, "every slot came back")
+	}
+}
