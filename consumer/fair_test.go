@@ -306,3 +306,26 @@ func TestFairnessKeepsTheConcurrencyCap(t *testing.T) {
 		require.NoError(t, err, "every slot came back")
 	}
 }
+
+// WithPermitWait holds under WithFairness: the permit request waits at
+// most the wait, and its timeout is the permit timeout of the record
+// whose turn it was, handled by the policy (TimeoutFail: a failed
+// attempt, and without retries or a dead-letter topic, Run stops).
+func TestFairnessPermitTimeoutGoesToTheRecordWhoseTurnItWas(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, 3, func(_ int32, i int) string { return fmt.Sprint("A-", i) })
+	lim := limiter(t, 1, time.Hour)
+	require.NoError(t, lim.Acquire(context.Background(), 0)) // spent: none for an hour
+	h := newHandled(1)
+	c, err := consumer.New(h.handler("a"), lim, append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey),
+		consumer.WithPermitWait(100*time.Millisecond, consumer.TimeoutFail), consumer.WithRetry(1, time.Millisecond, time.Millisecond))...)
+	require.NoError(t, err)
+	err = start(t, c).wait(t, 10*time.Second)
+	var herr *consumer.HandlerError
+	require.ErrorAs(t, err, &herr)
+	assert.ErrorIs(t, herr, throttle.ErrTimeout)
+	assert.EqualValues(t, 0, herr.Offset, "the first record's turn")
+	assert.Empty(t, h.snapshot())
+	assert.Positive(t, c.Stats().PermitTimeouts)
+}
