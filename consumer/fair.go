@@ -428,7 +428,7 @@ func (f *fair) kick() {
 		f.wanted.Signal()
 		return
 	}
-	if f.seekers < f.c.cfg.maxInFlight {
+	if f.seekers-f.holding < f.c.cfg.maxInFlight { // a seeker that holds a permit asks for none
 		f.seekers++
 		f.wg.Add(1)
 		go f.seek()
@@ -571,7 +571,9 @@ func (f *fair) adapt(took time.Duration) {
 }
 
 // give hands g to the record pick chooses; f.mu is held. With no worker
-// free for the fresh record chosen, it waits for one; with no record of
+// free for the fresh record chosen, it waits for one (at most fairSeekers
+// seekers do; the others' permits are not used, so that the seekers that
+// ask for the records in work are never all waiting); with no record of
 // g's budget left, the permit is not used.
 func (f *fair) give(g grant) {
 	for {
@@ -581,7 +583,7 @@ func (f *fair) give(g grant) {
 		}
 		cd, needWorker := f.pick(g.k, f.taken < f.c.cfg.maxInFlight)
 		switch {
-		case cd == nil && needWorker:
+		case cd == nil && needWorker && f.holding < fairSeekers:
 			f.holding++
 			f.freed.Wait() // a fresh record waits for a worker
 			f.holding--
