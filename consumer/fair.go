@@ -337,7 +337,8 @@ func (f *fair) urgentOf(rec *kgo.Record) (u bool) {
 
 // offer moves p's ready records into the scheduler; p.mu is held.
 func (f *fair) offer(p *partition) {
-	var cands, directs []*cand
+	var cb, db [4]*cand // most offers are one record's
+	cands, directs := cb[:0], db[:0]
 	for p.ready.len() > 0 {
 		cd, direct := f.classify(p, p.ready.pop())
 		if direct {
@@ -494,6 +495,9 @@ func (f *fair) budget() (throttle.Keyed, bool) {
 	}
 	if wants(k) {
 		return k, true
+	}
+	if len(f.needs) <= 1 { // k's alone
+		return throttle.Keyed{}, false
 	}
 	for b := range f.needs {
 		if wants(b) {
