@@ -329,3 +329,40 @@ func TestFairnessPermitTimeoutGoesToTheRecordWhoseTurnItWas(t *testing.T) {
 	assert.Empty(t, h.snapshot())
 	assert.Positive(t, c.Stats().PermitTimeouts)
 }
+
+// Every ordering keeps its promise under WithFairness: calls of one unit
+// (key, partition) never overlap and come in offset order, and every
+// record is handled and committed once.
+func TestFairnessKeepsEveryOrdering(t *testing.T) {
+	t.Parallel()
+	const parts, perPart = 2, 90
+	for _, tt := range []struct {
+		ordering consumer.Ordering
+		unit     func(*kgo.Record) string
+	}{
+		{consumer.ByKey, func(r *kgo.Record) string { return string(r.Key) }},
+		{consumer.ByPartition, func(*kgo.Record) string { return "" }},
+		{consumer.Unordered, func(r *kgo.Record) string { return fmt.Sprint(r.Offset) }},
+	} {
+		t.Run(tt.ordering.String(), func(t *testing.T) {
+			t.Parallel()
+			kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+			produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("%c-%d", 'A'+i%3, i%4) })
+			o := newOrderLog(tt.unit)
+			h := newHandled(parts * perPart)
+			handler := o.handler(time.Millisecond)
+			c, err := consumer.New(func(ctx context.Context, rec *kgo.Record) error {
+				err := handler(ctx, rec)
+				h.add("c", rec)
+				return err
+			}, limiter(t, 20, 10*time.Millisecond), append(base(kc, "g", "in"), consumer.WithOrdering(tt.ordering), consumer.WithFairness(tenantOfKey))...)
+			require.NoError(t, err)
+			r := start(t, c)
+			h.waitFull(t, 20*time.Second)
+			require.NoError(t, r.stop(t))
+			assert.Empty(t, o.overlaps)
+			assert.Empty(t, o.reorders)
+			assert.Equal(t, []int64{perPart, perPart}, committed(t, kc, "g", "in", parts))
+		})
+	}
+}
