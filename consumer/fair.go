@@ -96,8 +96,10 @@ const fastGrantSlack = 200 * time.Microsecond
 // comes, from the goroutine that made it ready, and must be fast and
 // safe for concurrent use; a panic in it counts the record as tenant
 // "". With [WithLimiterFor], fairness holds among the records of each
-// budget: a permit of one budget goes to a record of that budget. A nil
-// tenant is refused.
+// budget: a permit of one budget goes to a record of that budget; its
+// function is called for a record's first attempt when the record
+// becomes a candidate, from that same goroutine (for later attempts, from
+// the record's worker). A nil tenant is refused.
 func WithFairness(tenant func(*kgo.Record) string, opts ...FairOption) Option {
 	return optionFunc(func(c *config) {
 		if tenant == nil {
