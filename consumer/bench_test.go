@@ -75,18 +75,27 @@ func BenchmarkConsume(b *testing.B) {
 
 // consumeWith reads the topic with a consumer and returns the time taken
 // and the records its client decoded.
-func consumeWith(b *testing.B, kc *kafkaenv.Cluster, lim *throttle.Limiter, group string) (time.Duration, int64) {
+func consumeWith(b *testing.B, kc *kafkaenv.Cluster, lim *throttle.Limiter, group string, more ...consumer.Option) (time.Duration, int64) {
+	return consumeCall(b, kc, lim, group, nil, more...)
+}
+
+// consumeCall is consumeWith with a handler that runs call (nil: none)
+// for each record.
+func consumeCall(b *testing.B, kc *kafkaenv.Cluster, lim *throttle.Limiter, group string, call func(), more ...consumer.Option) (time.Duration, int64) {
 	var n atomic.Int64
 	done := make(chan struct{})
 	h := func(context.Context, *kgo.Record) error {
+		if call != nil {
+			call()
+		}
 		if n.Add(1) == benchTotal {
 			close(done)
 		}
 		return nil
 	}
 	dec := &decodes{}
-	c, err := consumer.New(h, lim, kafka(kc, group, "bench", kgo.WithHooks(dec)),
-		consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(testLogger()))
+	c, err := consumer.New(h, lim, append([]consumer.Option{kafka(kc, group, "bench", kgo.WithHooks(dec)),
+		consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(testLogger())}, more...)...)
 	require.NoError(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
@@ -127,4 +136,45 @@ func consumeRaw(b *testing.B, kc *kafkaenv.Cluster, group string) time.Duration 
 		n += len(recs)
 	}
 	return time.Since(began)
+}
+
+// benchGroups numbers the groups of BenchmarkConsumeFairness.
+var benchGroups atomic.Int64
+
+// One tenant under WithFairness against the same consumer without it, in
+// one run, on the topic of BenchmarkConsume: "always" with a limiter that
+// always grants and a no-op handler (the scheduler's own cost), "paced"
+// with a limit of 20,000 per second (Local, 2,000 per 100 ms) and a
+// handler of 1 ms (whether the few permit requests kept outstanding keep
+// the limit's pace). x-plain is the rate with fairness over the rate
+// without.
+//
+//	go test -run '^$' -bench 'ConsumeFairness' -benchtime 3x ./consumer/
+func BenchmarkConsumeFairness(b *testing.B) {
+	kc := benchCluster(b)
+	one := consumer.WithFairness(func(*kgo.Record) string { return "tenant" })
+	for _, tt := range []struct {
+		name string
+		lim  func() *throttle.Limiter
+		call func()
+	}{
+		{"always", func() *throttle.Limiter { return throttle.New(always{}) }, nil},
+		{"paced", func() *throttle.Limiter { return limiter(b, 2000, 100*time.Millisecond) }, func() { time.Sleep(time.Millisecond) }},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			var plain, fair time.Duration
+			for b.Loop() {
+				i := benchGroups.Add(1) // a new group each time, whatever runs the function again
+				d, _ := consumeCall(b, kc, tt.lim(), fmt.Sprint(tt.name, "-plain-", i), tt.call)
+				plain += d
+				d, _ = consumeCall(b, kc, tt.lim(), fmt.Sprint(tt.name, "-fair-", i), tt.call, one)
+				fair += d
+			}
+			plainRate := float64(benchTotal) * float64(b.N) / plain.Seconds()
+			fairRate := float64(benchTotal) * float64(b.N) / fair.Seconds()
+			b.ReportMetric(plainRate, "plain-records/s")
+			b.ReportMetric(fairRate, "fair-records/s")
+			b.ReportMetric(fairRate/plainRate, "x-plain")
+		})
+	}
 }

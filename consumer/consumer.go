@@ -59,6 +59,9 @@ type Consumer struct {
 
 	// sched hands ready records to at most WithMaxInFlight workers.
 	sched sched
+	// fair chooses the record each permit goes to (WithFairness); nil
+	// without it.
+	fair *fair
 	// prod writes dead letters and parked records; nil without them.
 	prod *producer
 	// group is the consumer group; topics what the client consumes: the
@@ -145,6 +148,9 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 		restored: make(map[topicPartition]offsetMap),
 	}
 	c.sched.init(c)
+	if cfg.fair != nil {
+		c.fair = newFair(c, cfg.fair)
+	}
 	c.commitTimeout.Store(int64(max(cfg.handlerTimeout, defaultCommitTimeout))) // check caps it
 	if err := c.checkKafka(); err != nil {
 		return nil, err
@@ -299,6 +305,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	runCtx, stop := c.prepare(ctx)
 	defer stop(nil)
+	if c.fair != nil {
+		c.fair.start(c.base)
+	}
 
 	if c.cfg.deadLetter != "" || c.cfg.shaping != "" {
 		prod, err := c.newProducer()
@@ -361,6 +370,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cl.CloseAllowingRebalance() // leaves the group
 	c.prod.close()              // fails the writes of abandoned records
 	c.wg.Wait()
+	if c.fair != nil {
+		c.fair.stop()
+	}
 	c.sched.stop()
 	c.log.Info("consumer: stopped", "handled", c.handled.Load(), "dead_lettered", c.deadLettered.Load())
 

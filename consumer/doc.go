@@ -57,6 +57,15 @@
 //     odd record never stops the consumer when a dead-letter topic is
 //     set.
 //
+// # Fair share among tenants
+//
+// By default, records take the limiter's permits in the order workers
+// reach them, so one tenant's backlog is every other tenant's wait.
+// [WithFairness] makes an instance hand each permit, when it comes, to
+// the next record of the tenant whose turn it is (weighted, with urgent
+// records first within a share of the limit); see it for what holds
+// within an instance and across a group.
+//
 // # Bounds
 //
 // Held per partition: at most [WithQueueSize] records (4096) and

@@ -76,6 +76,9 @@ type config struct {
 	maxInFlight int
 	// slots: nil, meaning no cap on handler calls in flight per key.
 	slots throttle.Slots
+	// fair: nil, meaning records take permits in the order workers reach
+	// them (WithFairness).
+	fair *fairConfig
 	// queueSize: 4096 records per partition; queueBytes: 1 MiB per
 	// partition. pollSize: 0, meaning every record the client has
 	// fetched.

@@ -125,6 +125,9 @@ type slot struct {
 	attempts int
 	began    time.Time // when a worker took it
 	size     int64     // key, value and headers; 0 once finished
+	// tenant and urgent are the record's (WithFairness), once classified.
+	tenant             string
+	urgent, classified bool
 }
 
 // unit is an ordering unit: a key under ByKey, the partition under
@@ -475,6 +478,10 @@ func (p *partition) drained() bool {
 // records; p.mu is held.
 func (p *partition) schedule() {
 	if p.started && !p.closed && p.ready.len() > 0 {
+		if f := p.c.fair; f != nil {
+			f.offer(p)
+			return
+		}
 		p.c.sched.enqueue(p)
 	}
 }
@@ -497,6 +504,29 @@ func (p *partition) begin() *slot {
 	}
 	p.schedule()
 	return s
+}
+
+// take takes s, which WithFairness chose, for a worker; false if the
+// partition is stopping (s is then dropped, as dropQueued would have).
+func (p *partition) take(s *slot) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.started || p.closed {
+		if !p.ended {
+			p.bytes -= s.size
+		}
+		s.size = 0
+		s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
+		return false
+	}
+	p.inWork++
+	if p.parks { // the shaping bound counts from here
+		s.began = time.Now()
+		if u := s.unit; u != nil && u.holdSince.IsZero() {
+			u.holdSince = s.began
+		}
+	}
+	return true
 }
 
 // outcome is how a worker is done with a record.
@@ -656,6 +686,11 @@ func (p *partition) dropQueued() {
 		drop(p.ready.pop())
 	}
 	p.ready.reset()
+	if f := p.c.fair; f != nil {
+		for _, s := range f.drop(p) {
+			drop(s)
+		}
+	}
 	for _, u := range p.units {
 		for s := u.head; s != nil; s = s.next {
 			drop(s)

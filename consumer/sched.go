@@ -17,9 +17,11 @@ type sched struct {
 	c    *Consumer
 	mu   sync.Mutex
 	cond sync.Cond
-	// queue holds the partitions with ready records, in turn.
+	// queue holds the partitions with ready records, in turn; jobs the
+	// records WithFairness hands to workers, each with its permit.
 	queue []*partition
 	head  int
+	jobs  []job
 	// workers counts the workers started; idle those waiting for a
 	// partition, and woken those of them signalled and not yet awake.
 	workers, idle, woken int
@@ -34,6 +36,17 @@ type worker struct {
 	s *sched
 	// call is the context of the handler call running, if any.
 	call atomic.Pointer[callCtx]
+	// pre is the permit its record was handed with (WithFairness), for
+	// the record's first attempt.
+	pre *grant
+}
+
+// job is work for a worker: a partition to take a ready record from, or
+// (WithFairness) record s of p, with the permit g (nil: it needs none).
+type job struct {
+	p *partition
+	s *slot
+	g *grant
 }
 
 func (s *sched) init(c *Consumer) {
@@ -57,6 +70,24 @@ func (s *sched) enqueue(p *partition) {
 		return
 	}
 	s.queue = append(s.queue, p)
+	s.wake()
+}
+
+// enqueueJob queues j for a worker, and wakes or starts one; false once
+// stop was called.
+func (s *sched) enqueueJob(j job) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.quit {
+		return false
+	}
+	s.jobs = append(s.jobs, j)
+	s.wake()
+	return true
+}
+
+// wake wakes or starts a worker; s.mu is held.
+func (s *sched) wake() {
 	switch {
 	case s.idle > s.woken:
 		s.woken++
@@ -70,12 +101,12 @@ func (s *sched) enqueue(p *partition) {
 	}
 }
 
-// next returns the next queued partition, waiting for one; nil once stop
-// was called.
-func (s *sched) next() *partition {
+// next returns the next job (a record handed with its permit, or a
+// queued partition), waiting for one; a zero job once stop was called.
+func (s *sched) next() job {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.head == len(s.queue) && !s.quit {
+	for s.head == len(s.queue) && len(s.jobs) == 0 && !s.quit {
 		s.idle++
 		s.cond.Wait()
 		s.idle--
@@ -84,7 +115,16 @@ func (s *sched) next() *partition {
 		}
 	}
 	if s.quit {
-		return nil
+		return job{}
+	}
+	if len(s.jobs) > 0 {
+		j := s.jobs[0]
+		s.jobs[0] = job{}
+		s.jobs = s.jobs[1:]
+		if len(s.jobs) == 0 {
+			s.jobs = nil
+		}
+		return j
 	}
 	p := s.queue[s.head]
 	s.queue[s.head] = nil
@@ -93,7 +133,7 @@ func (s *sched) next() *partition {
 		s.queue, s.head = s.queue[:0], 0
 	}
 	p.queued.Store(false)
-	return p
+	return job{p: p}
 }
 
 // work is a worker: it takes a ready record of the next queued partition
@@ -103,9 +143,14 @@ func (w *worker) work() {
 	defer s.wg.Done()
 	c := s.c
 	for {
-		p := s.next()
+		j := s.next()
+		p := j.p
 		if p == nil {
 			return
+		}
+		if j.s != nil {
+			w.runHanded(j)
+			continue
 		}
 		sl := p.begin()
 		if sl == nil {
@@ -116,6 +161,28 @@ func (w *worker) work() {
 		c.active.Add(-1)
 		p.end(sl, out)
 	}
+}
+
+// runHanded processes a record WithFairness handed to the worker, with
+// its permit.
+func (w *worker) runHanded(j job) {
+	c, p := w.s.c, j.p
+	defer c.fair.untake()
+	if !p.take(j.s) {
+		if j.g != nil {
+			j.g.release() // its partition stopped: the permit is not used
+		}
+		return
+	}
+	w.pre = j.g
+	c.active.Add(1)
+	out := p.process(w, j.s)
+	c.active.Add(-1)
+	if w.pre != nil {
+		w.pre.release() // not used (the record was parked)
+		w.pre = nil
+	}
+	p.end(j.s, out)
 }
 
 // endCalls cancels the running handler calls of p. p.callsEnded is set
@@ -137,6 +204,12 @@ func (s *sched) endCalls(p *partition) {
 func (s *sched) stop() {
 	s.mu.Lock()
 	s.quit = true
+	for _, j := range s.jobs {
+		if j.g != nil {
+			j.g.release() // never taken: its concurrency slot goes back
+		}
+	}
+	s.jobs = nil
 	s.cond.Broadcast()
 	s.mu.Unlock()
 	s.wg.Wait()

@@ -43,7 +43,8 @@ type Stats struct {
 	// Waiting is how many partitions have a record waiting for a permit
 	// now.
 	Waiting int
-	// WaitingRecords is how many records wait for a permit now.
+	// WaitingRecords is how many records wait for a permit now; with
+	// WithFairness, the records queued for their tenant's turn too.
 	WaitingRecords int
 	// InFlight is how many handler calls are running now.
 	InFlight int
@@ -109,6 +110,11 @@ func (c *Consumer) Stats() Stats {
 		PeakInFlight:      int(c.peakInFlight.Load()),
 		PeakBuffered:      int(c.peakBuffered.Load()),
 		PeakBufferedBytes: c.peakBufferedBytes.Load(),
+	}
+	if f := c.fair; f != nil {
+		f.mu.Lock()
+		s.WaitingRecords += f.fresh
+		f.mu.Unlock()
 	}
 	c.mu.Lock()
 	s.Partitions = make([]PartitionStats, 0, len(c.parts))

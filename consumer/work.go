@@ -95,7 +95,7 @@ func (p *partition) process(w *worker, s *slot) outcome {
 			}
 		}
 		first = false
-		k, release, now, err := p.acquire(rec, wait)
+		k, release, now, err := p.acquire(w, s, wait)
 		switch {
 		case err == nil:
 			delays = 0
@@ -210,16 +210,40 @@ func (p *partition) waitUnparked(s *slot) bool {
 	return true
 }
 
-// acquire waits up to wait for rec's concurrency slot (WithConcurrency),
-// then for its permit, and returns the budget it came from, the function
-// that gives the slot back (to call when the handler returns; a no-op
-// without a cap), and the time it returned. A zero Keyed (no limiter for
-// rec) takes no permit. On an error nothing is held.
-func (p *partition) acquire(rec *kgo.Record, wait time.Duration) (throttle.Keyed, func(), time.Time, error) {
+// acquire waits up to wait for the concurrency slot (WithConcurrency) of
+// s's record, then for its permit, and returns the budget it came from,
+// the function that gives the slot back (to call when the handler
+// returns; a no-op without a cap), and the time it returned. A zero
+// Keyed (no limiter for the record) takes no permit. On an error nothing
+// is held. With WithFairness, the permit w was handed with serves the
+// record's first attempt, and the record waits for the others in the
+// scheduler's queue, with the other tenants' records.
+func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (throttle.Keyed, func(), time.Time, error) {
 	c := p.c
+	if g := w.pre; g != nil {
+		w.pre = nil
+		return g.k, g.release, time.Now(), g.err
+	}
+	rec := &s.rec
 	k, err := c.limiterOf(rec)
 	if err != nil || k.Limiter() == nil && c.cfg.slots == nil {
 		return k, noRelease, time.Now(), err
+	}
+	if f := c.fair; f != nil && wait > 0 {
+		p.waiting.Add(1)
+		c.waitingRecords.Add(1)
+		start := time.Now()
+		if !s.classified { // a record handed without a permit
+			p.mu.Lock()
+			f.classify(p, s)
+			p.mu.Unlock()
+		}
+		g := f.wait(p, s, k, wait)
+		now := time.Now()
+		c.permitWait.Add(int64(now.Sub(start)))
+		c.waitingRecords.Add(-1)
+		p.waiting.Add(-1)
+		return g.k, g.release, now, g.err
 	}
 	p.waiting.Add(1)
 	c.waitingRecords.Add(1)

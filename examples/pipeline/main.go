@@ -25,6 +25,19 @@
 // (at most the limit in any span of one interval, and 429 with
 // Retry-After above it) instead of the token bucket's own guarantee.
 //
+// -tenants replaces -records with the records of several tenants, keyed
+// <tenant>-<entity> (partitioned by key), and gives the consumers
+// consumer.WithFairness: name:count produces count records at once,
+// name:count@R/s one every 1/R s once the group has settled, *W weighs
+// the tenant W, a trailing ! marks its records urgent. The summary then
+// prints each tenant's wait from produce to handler (p50, p90, max), its
+// calls per second while every tenant had records, and the calls of a
+// key that came behind one of its offsets handled already (the order per
+// key). -fair=false shows the same without fairness.
+//
+//	go run ./examples/pipeline -tenants A:2000,B:20@2/s -keys 300 -limit 100 -interval 1s -instances 2 -partitions 6 -latency 10ms
+//	go run ./examples/pipeline -tenants 'A:400*1,B:800*2,C:1600*4' -limit 100 -interval 1s -instances 2 -partitions 6 -latency 10ms
+//
 // With no flags it needs nothing but Go: Kafka is embedded (kfake), Redis is
 // a real redis-server on a free port if one is on PATH (otherwise an
 // in-process stand-in, and it says so), and the provider is built in.
@@ -91,6 +104,9 @@ type config struct {
 	keys       int           // distinct record keys
 	policy     string        // the built-in provider's: periods or sliding
 	permits    string        // who takes permits: both or transport
+	tenants    string        // -tenants: records of several tenants instead of -records
+	fair       bool          // with -tenants: WithFairness
+	share      float64       // with -tenants: the urgent records' share
 }
 
 func main() {
@@ -118,6 +134,9 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.inFlight, "inflight", 0, "records each instance works on at once (0: the consumer's default, 128)")
 	fs.IntVar(&c.keys, "keys", 1000, "distinct record keys (record i has key entity-<i mod keys>)")
 	fs.StringVar(&c.policy, "provider", "periods", "how the built-in provider counts its limit: periods (the token bucket's own guarantee) or sliding (at most the limit in any span of one interval, 429 with Retry-After above it)")
+	fs.StringVar(&c.tenants, "tenants", "", "records of several tenants instead of -records: name:count[@rate/s][*weight][!] separated by commas, e.g. A:2000,B:20@2/s (A's 2,000 at once, then B's 20 at 2 a second once the group has settled; '*2' weighs 2, '!' marks urgent); prints each tenant's wait from produce to handler")
+	fs.BoolVar(&c.fair, "fair", true, "with -tenants: share the permits among tenants (consumer.WithFairness); false shows the wait without it")
+	fs.Float64Var(&c.share, "urgent-share", 0.2, "with -tenants: the most of the permits urgent records take while others wait (consumer.Urgent)")
 	fs.StringVar(&c.permits, "permits", "both", "who takes permits: both (one Limiter given to the consumer and the Transport: one permit per call, the consumer's) or transport (the consumer gets no Limiter)")
 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -138,7 +157,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func (c config) check() error {
 	switch {
-	case c.records < 1:
+	case c.records < 1 && c.tenants == "":
 		return fmt.Errorf("-records %d: must be at least 1", c.records)
 	case c.limit < 1:
 		return fmt.Errorf("-limit %d: must be at least 1", c.limit)
@@ -163,6 +182,14 @@ func (c config) check() error {
 	}
 	if _, err := c.order(); err != nil {
 		return err
+	}
+	if c.tenants != "" {
+		if _, err := parseTenants(c.tenants); err != nil {
+			return err
+		}
+		if !(c.share > 0 && c.share < 1) {
+			return fmt.Errorf("-urgent-share %v: must be above 0 and below 1", c.share)
+		}
 	}
 	if c.target != "" {
 		if u, err := url.Parse(c.target); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
@@ -218,6 +245,12 @@ type summary struct {
 	// AcceptedPerSecond is the calls the provider accepted per second,
 	// from the first accepted call to the last.
 	AcceptedPerSecond float64
+	// Tenants (with -tenants) is each tenant's waits and calls per second
+	// over TenantSpan, while every tenant had records; BehindInKey counts
+	// calls of a key for an offset before one handled already.
+	Tenants     []tenantReport
+	TenantSpan  time.Duration
+	BehindInKey int
 }
 
 func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summary, error) {
@@ -226,6 +259,23 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	var tenants []tenantSpec
+	if c.tenants != "" {
+		tenants, _ = parseTenants(c.tenants)
+		c.records = 0
+		for _, t := range tenants {
+			c.records += t.count
+		}
+	}
+	tlog := newTenantLog()
+	goTimed := make(chan struct{}) // the timed tenants start producing
+	timedStarted := false
+	var atOnce int64 // records of the tenants produced at once
+	for _, t := range tenants {
+		if t.rate == 0 {
+			atOnce += int64(t.count)
+		}
+	}
 
 	// Redis.
 	redisAddr := c.redisAddr
@@ -304,7 +354,13 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	// The producer fills the topic while the consumers run.
 	var produced atomic.Int64
 	prodErr := make(chan error, 1)
-	go func() { prodErr <- produce(ctx, seeds, c, &produced) }()
+	prodCtx, stopProducing := context.WithCancel(ctx)
+	defer stopProducing()
+	if tenants != nil {
+		go func() { prodErr <- produceTenants(prodCtx, seeds, c, tenants, goTimed, &produced) }()
+	} else {
+		go func() { prodErr <- produce(ctx, seeds, c, &produced) }()
+	}
 
 	// The fleet. Each instance's handler calls the provider through an
 	// httpclient.Transport on the instance's Limiter, with the handler's
@@ -315,6 +371,9 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	var grants grantCount
 	handlerFor := func(hc *http.Client) consumer.Handler {
 		return func(ctx context.Context, rec *kgo.Record) error {
+			if tenants != nil {
+				tlog.called(rec, time.Now())
+			}
 			attempts.Add(1)
 			q := url.Values{"topic": {rec.Topic}, "partition": {strconv.Itoa(int(rec.Partition))}, "offset": {strconv.FormatInt(rec.Offset, 10)}}
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, target+"?"+q.Encode(), nil)
@@ -364,7 +423,11 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		if c.permits == "transport" {
 			consLim = nil
 		}
-		cons, err := consumer.New(handlerFor(hc), consLim, append(inFlight,
+		opts := inFlight
+		if tenants != nil && c.fair {
+			opts = append(slices.Clip(opts), fairOptions(tenants, c.share))
+		}
+		cons, err := consumer.New(handlerFor(hc), consLim, append(slices.Clip(opts),
 			consumer.WithKafka(
 				kgo.SeedBrokers(seeds...),
 				kgo.ConsumerGroup("headway-pipeline-demo"),
@@ -426,6 +489,12 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 			if o := owners(consumers); o != lastOwners {
 				lastOwners, settled = o, now
 			}
+			if !timedStarted && (h > 0 || atOnce == 0) && !strings.Contains(","+lastOwners, ",0,") && now.Sub(settled) >= time.Second {
+				// Every instance owns partitions and handles records:
+				// the timed tenants start.
+				timedStarted = true
+				close(goTimed)
+			}
 			if now.Before(nextLine) || done {
 				continue
 			}
@@ -446,6 +515,9 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		}
 	}
 	elapsed := time.Since(start)
+	if tenants != nil && prodErr != nil {
+		stopProducing() // the timed tenants may still wait for their start
+	}
 	if prodErr != nil {
 		<-prodErr // stopped early: the producer ends with ctx; leave nothing running
 	}
@@ -516,6 +588,10 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		lo, hi := slices.Min(rates[1:]), slices.Max(rates[1:])
 		fmt.Fprintf(out, "paced rate while records waited: %.0f to %.0f per second (%.0f%% to %.0f%% of the limit)\n",
 			lo, hi, 100*lo/perSecond, 100*hi/perSecond)
+	}
+	if tenants != nil {
+		s.Tenants, s.TenantSpan = tlog.report(out, tenants, perSecond)
+		s.BehindInKey = tlog.behind
 	}
 	fmt.Fprintf(out, "%d records in %v\n", s.Handled, elapsed.Round(time.Millisecond))
 	if ctx.Err() != nil && s.Lost > 0 {

@@ -119,3 +119,41 @@ func TestFirstInterval(t *testing.T) {
 	assert.Equal(t, int64(3), firstInterval(at(0, 10, 999, 1000, 1500), time.Second), "the span from the first call, its end excluded")
 	assert.Equal(t, int64(1), firstInterval(at(0, 1000), time.Second))
 }
+
+func TestParseTenants(t *testing.T) {
+	ts, err := parseTenants("A:2000,B:20@2/s,C:5*4,U:3@0.5/s!")
+	require.NoError(t, err)
+	assert.Equal(t, []tenantSpec{
+		{name: "A", count: 2000, weight: 1},
+		{name: "B", count: 20, rate: 2, weight: 1},
+		{name: "C", count: 5, weight: 4},
+		{name: "U", count: 3, rate: 0.5, weight: 1, urgent: true},
+	}, ts)
+	for _, bad := range []string{"", "A", "A:", "A:0", "A-B:3", "A:3,A:4", "A:3@0/s", "A:3*0", "A:3*x", ":3"} {
+		_, err := parseTenants(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+// -tenants with WithFairness: a tenant that produces after another's
+// backlog is handled while the backlog lasts, not after it, every record
+// is handled once, and each tenant's waits are printed.
+func TestPipelineTenantsShareTheLimit(t *testing.T) {
+	var out, logs bytes.Buffer
+	c := config{limit: 50, interval: 250 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-tenants",
+		latency: 5 * time.Millisecond, keys: 50, tenants: "A:600,B:5@10/s", fair: true, share: 0.2}
+	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
+		}
+	})
+	require.NoError(t, err, out.String())
+	assert.Equal(t, int64(605), s.Handled)
+	assert.Zero(t, s.Lost)
+	assert.Zero(t, s.BehindInKey)
+	require.Len(t, s.Tenants, 2)
+	assert.Equal(t, 5, s.Tenants[1].Calls)
+	assert.Positive(t, s.TenantSpan, "B's records were handled while A's lasted")
+	assert.Contains(t, out.String(), "per tenant, from produce to the handler call")
+}

@@ -1,0 +1,201 @@
+package consumer
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// fairFixture is a scheduler without Kafka or seekers: records are added
+// as fresh candidates and permits are given by calling pick, so the
+// order of grants is exact.
+type fairFixture struct {
+	f *fair
+	p *partition
+	k throttle.Keyed
+	n int64
+}
+
+func newFairFixture(t *testing.T, opts ...FairOption) *fairFixture {
+	t.Helper()
+	cfg := newConfig([]Option{WithFairness(func(r *kgo.Record) string { return string(r.Key) }, opts...)})
+	require.NoError(t, cfg.err)
+	c := &Consumer{cfg: cfg, log: cfg.logger}
+	b, err := throttle.NewLocal(1, time.Second)
+	require.NoError(t, err)
+	return &fairFixture{f: newFair(c, cfg.fair), p: &partition{c: c}, k: throttle.New(b).Key("")}
+}
+
+// add queues n records of tenant, urgent or not.
+func (x *fairFixture) add(tenant string, n int, urgent bool) {
+	x.f.mu.Lock()
+	defer x.f.mu.Unlock()
+	for range n {
+		s := &slot{rec: kgo.Record{Key: []byte(tenant), Offset: x.n}, tenant: tenant, urgent: urgent, classified: true}
+		x.n++
+		x.f.add(&cand{p: x.p, s: s, k: x.k})
+	}
+}
+
+// grant gives one permit and returns the tenant it went to ("" if none),
+// with a "!" when the record was urgent.
+func (x *fairFixture) grant() string {
+	x.f.mu.Lock()
+	defer x.f.mu.Unlock()
+	cd, _ := x.f.pick(x.k, true)
+	if cd == nil {
+		return ""
+	}
+	if cd.s.urgent {
+		return cd.s.tenant + "!"
+	}
+	return cd.s.tenant
+}
+
+func (x *fairFixture) grants(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = x.grant()
+	}
+	return out
+}
+
+func TestFairTenantWithOneRecordGetsTheNextPermitBehindABacklog(t *testing.T) {
+	x := newFairFixture(t)
+	x.add("A", 2000, false)
+	assert.Equal(t, []string{"A", "A", "A"}, x.grants(3), "a tenant alone takes every permit")
+	x.add("B", 1, false)
+	assert.Equal(t, "B", x.grant(), "B's one record is the next permit's, whatever A's backlog")
+	assert.Equal(t, []string{"A", "A"}, x.grants(2))
+
+	// Several records of B arriving one at a time each get the next permit.
+	for range 5 {
+		x.add("B", 1, false)
+		assert.Equal(t, "B", x.grant())
+		assert.Equal(t, "A", x.grant())
+	}
+}
+
+func TestFairBacklogsShareByWeight(t *testing.T) {
+	x := newFairFixture(t, Weights(map[string]int{"one": 1, "two": 2, "four": 4}))
+	x.add("one", 10000, false)
+	x.add("two", 10000, false)
+	x.add("four", 10000, false)
+	got := map[string]int{}
+	for _, g := range x.grants(7000) {
+		got[g]++
+	}
+	for tenant, want := range map[string]int{"one": 1000, "two": 2000, "four": 4000} {
+		assert.InDelta(t, want, got[tenant], 1, "tenant %s", tenant)
+	}
+	// Within every window of 7 grants, each gets its weight, give or take one.
+	seq := x.grants(700)
+	for i := 0; i+7 <= len(seq); i += 7 {
+		w := map[string]int{}
+		for _, g := range seq[i : i+7] {
+			w[g]++
+		}
+		assert.InDelta(t, 4, w["four"], 1, "window %d: %v", i, seq[i:i+7])
+		assert.InDelta(t, 2, w["two"], 1, "window %d: %v", i, seq[i:i+7])
+	}
+}
+
+func TestFairIdleTenantDoesNotSaveUpPermits(t *testing.T) {
+	x := newFairFixture(t)
+	x.add("B", 1, false)
+	assert.Equal(t, "B", x.grant())
+	x.add("A", 100, false)
+	x.grants(50) // B idle meanwhile
+	x.add("B", 100, false)
+	seq := x.grants(20)
+	b := 0
+	for _, g := range seq {
+		if g == "B" {
+			b++
+		}
+	}
+	assert.InDelta(t, 10, b, 1, "B, back after being idle, alternates with A instead of catching up: %v", seq)
+}
+
+func TestFairUrgentGoesFirstWithinItsShare(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(r *kgo.Record) bool { return false }, 0.25))
+	x.add("A", 1000, false)
+	x.add("B", 1000, false)
+	x.grants(10)
+	x.add("C", 1, true)
+	assert.Equal(t, "C!", x.grant(), "an urgent record goes ahead of every tenant's backlog")
+
+	// A burst of urgent records takes at most a quarter of the permits
+	// while normal records wait.
+	x.add("C", 100, true)
+	seq := x.grants(400)
+	urgent := 0
+	for _, g := range seq {
+		if g == "C!" {
+			urgent++
+		}
+	}
+	assert.InDelta(t, 100, urgent, 2, "urgent share of 400 permits")
+	for i := 0; i+8 <= 400; i += 8 {
+		n := 0
+		for _, g := range seq[i : i+8] {
+			if g != "C!" {
+				n++
+			}
+		}
+		assert.GreaterOrEqual(t, n, 6, "normal records keep 3/4 of every 8 permits: %v", seq[i:i+8])
+	}
+
+	// Alone, urgent records take every permit (work conserving).
+	y := newFairFixture(t, Urgent(func(r *kgo.Record) bool { return false }, 0.25))
+	y.add("C", 10, true)
+	assert.Equal(t, []string{"C!", "C!", "C!", "C!", "C!"}, y.grants(5))
+}
+
+func TestFairDropForgetsAStoppedPartitionsRecords(t *testing.T) {
+	x := newFairFixture(t)
+	x.add("A", 3, false)
+	other := &partition{c: x.p.c}
+	x.f.mu.Lock()
+	x.f.add(&cand{p: other, s: &slot{tenant: "B", classified: true}, k: x.k})
+	x.f.mu.Unlock()
+	x.f.mu.Lock()
+	require.Equal(t, 4, x.f.demand())
+	x.f.mu.Unlock()
+	x.p.mu.Lock()
+	dropped := x.f.drop(x.p)
+	x.p.mu.Unlock()
+	assert.Len(t, dropped, 3)
+	assert.Equal(t, []string{"B", ""}, x.grants(2), "only the other partition's record is left")
+	x.f.mu.Lock()
+	assert.Equal(t, 0, x.f.demand())
+	assert.Zero(t, x.f.active.Len())
+	x.f.mu.Unlock()
+}
+
+func TestWithFairnessRefusesBadSettings(t *testing.T) {
+	tenant := func(r *kgo.Record) string { return "" }
+	for name, opt := range map[string]Option{
+		"nil tenant":       WithFairness(nil),
+		"weight 0":         WithFairness(tenant, Weights(map[string]int{"a": 0})),
+		"weight too large": WithFairness(tenant, Weights(map[string]int{"a": maxWeight + 1})),
+		"nil urgent":       WithFairness(tenant, Urgent(nil, 0.5)),
+		"share 0":          WithFairness(tenant, Urgent(func(*kgo.Record) bool { return true }, 0)),
+		"share 1":          WithFairness(tenant, Urgent(func(*kgo.Record) bool { return true }, 1)),
+		"share NaN":        WithFairness(tenant, Urgent(func(*kgo.Record) bool { return true }, math.NaN())),
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := newConfig([]Option{opt})
+			require.Error(t, cfg.err)
+			assert.ErrorIs(t, cfg.err, throttle.ErrInvalid)
+			assert.Contains(t, cfg.err.Error(), "WithFairness", fmt.Sprint(cfg.err))
+		})
+	}
+}

@@ -1,0 +1,368 @@
+package consumer_test
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/kafkaenv"
+	"github.com/headway-go/headway/throttle"
+)
+
+// tenantOfKey is the tenant of a record keyed "<tenant>-<entity>".
+func tenantOfKey(r *kgo.Record) string {
+	t, _, _ := strings.Cut(string(r.Key), "-")
+	return t
+}
+
+// grantLog records the order in which records reach the handler, and
+// checks the order per key as orderLog does.
+type grantLog struct {
+	*orderLog
+	mu    sync.Mutex
+	order []string // key of each call, in call order
+}
+
+func newGrantLog() *grantLog {
+	return &grantLog{orderLog: newOrderLog(func(r *kgo.Record) string { return string(r.Key) })}
+}
+
+func (g *grantLog) handler(h *handled) consumer.Handler {
+	inner := g.orderLog.handler(time.Millisecond)
+	return func(ctx context.Context, rec *kgo.Record) error {
+		g.mu.Lock()
+		g.order = append(g.order, string(rec.Key))
+		g.mu.Unlock()
+		h.add("c", rec)
+		return inner(ctx, rec)
+	}
+}
+
+// positions returns where the calls of records whose key has prefix
+// were, in call order.
+func (g *grantLog) positions(prefix string) []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []int
+	for i, k := range g.order {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// fairBacklog produces, on each of parts partitions, perPart records of
+// tenant A (50 keys per partition), then late records of tenant B (one
+// key each), so that B's records are behind A's whole backlog in every
+// partition.
+func fairBacklog(t *testing.T, kc *kafkaenv.Cluster, topic string, parts int32, perPart, late int) {
+	produce(t, kc, topic, parts, perPart, func(p int32, i int) string { return fmt.Sprintf("A-%d.%d", p, i%50) })
+	produce(t, kc, topic, parts, late, func(p int32, i int) string { return fmt.Sprintf("B-%d.%d", p, i) })
+}
+
+// A tenant whose few records sit behind another tenant's backlog in every
+// partition gets permits in turn with it, not after it: each of B's
+// records is among the first calls, while A's records keep their order
+// per key and every record is handled and committed once. Without
+// WithFairness, B's records come last (the control).
+func TestFairnessServesALateTenantAheadOfABacklog(t *testing.T) {
+	t.Parallel()
+	const parts, perPart, late = 3, 100, 2
+	for _, fairness := range []bool{true, false} {
+		t.Run(fmt.Sprint("fairness=", fairness), func(t *testing.T) {
+			t.Parallel()
+			kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+			fairBacklog(t, kc, "in", parts, perPart, late)
+			total := parts * (perPart + late)
+			h := newHandled(total)
+			g := newGrantLog()
+			opts := append(base(kc, "g", "in"), consumer.WithMaxInFlight(64))
+			if fairness {
+				opts = append(opts, consumer.WithFairness(tenantOfKey))
+			}
+			c, err := consumer.New(g.handler(h), limiter(t, 10, 50*time.Millisecond), opts...)
+			require.NoError(t, err)
+			r := start(t, c)
+			h.waitFull(t, 30*time.Second)
+			require.NoError(t, r.stop(t))
+
+			bs := g.positions("B-")
+			require.Len(t, bs, parts*late)
+			if fairness {
+				// B is active from its records' arrival: every other
+				// permit is B's until its 6 records are done.
+				assert.Less(t, bs[len(bs)-1], 40, "B's calls at %v of %d", bs, total)
+			} else {
+				assert.Greater(t, bs[len(bs)-1], 100, "control: without fairness B's calls come behind A's backlog, at %v", bs)
+			}
+			assert.Empty(t, g.overlaps, "calls of one key overlapped")
+			assert.Empty(t, g.reorders, "calls of one key out of order")
+			for k, n := range h.seen {
+				assert.Equal(t, 1, n, "record %v handled %d times", k, n)
+			}
+			assert.Equal(t, []int64{perPart + late, perPart + late, perPart + late}, committed(t, kc, "g", "in", parts))
+		})
+	}
+}
+
+// An urgent record behind every tenant's backlog is among the next calls.
+func TestFairnessServesUrgentRecordsFirst(t *testing.T) {
+	t.Parallel()
+	const parts, perPart = 2, 100
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("%c-%d.%d", 'A'+i%3, p, i%7) })
+	produce(t, kc, "in", parts, 1, func(p int32, i int) string { return fmt.Sprintf("U-%d", p) })
+	total := parts * (perPart + 1)
+	h := newHandled(total)
+	g := newGrantLog()
+	isUrgent := func(r *kgo.Record) bool { return tenantOfKey(r) == "U" }
+	c, err := consumer.New(g.handler(h), limiter(t, 10, 50*time.Millisecond),
+		append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 30*time.Second)
+	require.NoError(t, r.stop(t))
+	us := g.positions("U-")
+	require.Len(t, us, parts)
+	assert.Less(t, us[len(us)-1], 20, "urgent calls at %v of %d", us, total)
+	assert.Empty(t, g.reorders)
+}
+
+// Records waiting for their turn belong to their partition: when a second
+// member joins and takes partitions over, the records the first held go
+// to the new owner, and every record is handled, in order per key,
+// nothing lost.
+func TestFairnessHandsWaitingRecordsOverOnRebalance(t *testing.T) {
+	t.Parallel()
+	const parts, perPart, late = 4, 60, 2
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	fairBacklog(t, kc, "in", parts, perPart, late)
+	total := parts * (perPart + late)
+	h := newHandled(total)
+	g := newGrantLog()
+	lim := limiter(t, 10, 50*time.Millisecond)
+	newMember := func() *consumer.Consumer {
+		c, err := consumer.New(g.handler(h), lim, append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey))...)
+		require.NoError(t, err)
+		return c
+	}
+	r1 := start(t, newMember())
+	require.Eventually(t, func() bool { return g.count() >= 20 }, 20*time.Second, 5*time.Millisecond)
+	r2 := start(t, newMember())
+	h.waitFull(t, 60*time.Second)
+	require.NoError(t, r1.stop(t))
+	require.NoError(t, r2.stop(t))
+	assert.Empty(t, g.overlaps)
+	assert.Empty(t, g.reorders)
+	want := make([]int64, parts)
+	for i := range want {
+		want[i] = perPart + late
+	}
+	assert.Equal(t, want, committed(t, kc, "g", "in", parts))
+}
+
+// A tenant whose own budget is spent (WithLimiterFor) holds up no other
+// under WithFairness: the permit requests for its budget wait alone, the
+// other tenants' budgets get requests of their own, and with WithShaping
+// its record is parked at the bound as without fairness.
+func TestFairnessWithASpentBudgetHoldsUpNoOtherTenant(t *testing.T) {
+	t.Parallel()
+	for _, shaping := range []bool{false, true} {
+		t.Run(fmt.Sprint("shaping=", shaping), func(t *testing.T) {
+			t.Parallel()
+			const cold = 500
+			kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 2))
+			produceTenants(t, kc, "in", cold) // hot's record first, then cold's (keyOrder counts one partition)
+			o := newKeyOrder()
+			opts := append(base(kc, "g", "in"), tenants(t), consumer.WithFairness(tenant))
+			if shaping {
+				opts = append(opts, consumer.WithShaping("in.shaping", 500*time.Millisecond))
+			}
+			c, err := consumer.New(o.handle, nil, opts...)
+			require.NoError(t, err)
+			r := start(t, c)
+			waitFor(t, 20*time.Second, "every cold record handled", func() bool { return o.count("cold") == cold })
+			if shaping {
+				waitFor(t, 10*time.Second, "the hot record parked", func() bool { return c.Stats().Parked == 1 })
+			}
+			require.NoError(t, r.stop(t))
+			assert.Zero(t, o.count("hot"), "the hot record waits for its tenant's permit")
+			assert.Empty(t, o.reorders)
+			if shaping {
+				assert.Equal(t, []int64{cold + 1}, committed(t, kc, "g", "in", 1), "the commit passed the parked record")
+			} else {
+				assert.Equal(t, []int64{0}, committed(t, kc, "g", "in", 1), "the hot record keeps the watermark")
+			}
+		})
+	}
+}
+
+// overlap is a throttle.Observer that keeps when each Acquire began and
+// ended, to tell how many were outstanding at once.
+type overlap struct {
+	mu    sync.Mutex
+	spans [][2]time.Time
+}
+
+func (o *overlap) Acquired(_ string, _ int64, waited time.Duration, _ error) {
+	end := time.Now()
+	o.mu.Lock()
+	o.spans = append(o.spans, [2]time.Time{end.Add(-waited), end})
+	o.mu.Unlock()
+}
+func (o *overlap) BucketCall(string, throttle.Decision, time.Duration, error) {}
+func (o *overlap) Degraded(string, string, bool, error)                       {}
+
+// most returns the most Acquire calls outstanding at once.
+func (o *overlap) most() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	type ev struct {
+		at time.Time
+		d  int
+	}
+	var evs []ev
+	for _, s := range o.spans {
+		evs = append(evs, ev{s[0], 1}, ev{s[1], -1})
+	}
+	slices.SortFunc(evs, func(a, b ev) int { return cmp.Or(a.at.Compare(b.at), a.d-b.d) })
+	n, top := 0, 0
+	for _, e := range evs {
+		n += e.d
+		top = max(top, n)
+	}
+	return top
+}
+
+// The point of WithFairness: a backlog does not queue inside the limiter.
+// Without it, every worker waits in Acquire (the control: far more than
+// 8 at once); with it, an instance keeps at most 8 requests outstanding,
+// and the records wait in the scheduler, where each permit's record is
+// chosen when it comes.
+func TestFairnessKeepsFewPermitRequestsOutstanding(t *testing.T) {
+	t.Parallel()
+	for _, fairness := range []bool{true, false} {
+		t.Run(fmt.Sprint("fairness=", fairness), func(t *testing.T) {
+			t.Parallel()
+			const parts, perPart = 2, 150
+			kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+			produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("A-%d.%d", p, i) })
+			h := newHandled(parts * perPart)
+			obs := &overlap{}
+			b, err := throttle.NewLocal(20, 100*time.Millisecond)
+			require.NoError(t, err)
+			lim := throttle.New(b, throttle.WithObserver(obs), throttle.WithLogger(testLogger()))
+			opts := append(base(kc, "g", "in"), consumer.WithMaxInFlight(64))
+			if fairness {
+				opts = append(opts, consumer.WithFairness(tenantOfKey))
+			}
+			c, err := consumer.New(h.handler("c"), lim, opts...)
+			require.NoError(t, err)
+			r := start(t, c)
+			h.waitFull(t, 30*time.Second)
+			require.NoError(t, r.stop(t))
+			if fairness {
+				assert.LessOrEqual(t, obs.most(), 8)
+			} else {
+				assert.Greater(t, obs.most(), 32, "control: the workers wait in Acquire")
+			}
+		})
+	}
+}
+
+// WithConcurrency under WithFairness: the permit requests take the slot
+// first, and the record the permit goes to holds it through its call, so
+// calls never exceed the cap, and every record is handled; at shutdown
+// the slots all come back.
+func TestFairnessKeepsTheConcurrencyCap(t *testing.T) {
+	t.Parallel()
+	const parts, perPart, capacity = 3, 40, 2
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("%c-%d.%d", 'A'+i%3, p, i%5) })
+	slots, err := throttle.NewLocalSlots(capacity)
+	require.NoError(t, err)
+	h := newHandled(parts * perPart)
+	var f inFlight
+	c, err := consumer.New(f.handler(2*time.Millisecond, h, "a"), limiter(t, 100000, time.Second),
+		append(base(kc, "g", "in"), consumer.WithConcurrency(slots), consumer.WithFairness(tenantOfKey))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 15*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.LessOrEqual(t, f.most.Load(), int64(capacity), "most handler calls at once")
+	for range capacity {
+		_, err := slots.Hold(context.Background(), "", 0)
+		require.NoError(t, err, "every slot came back")
+	}
+}
+
+// WithPermitWait holds under WithFairness: the permit request waits at
+// most the wait, and its timeout is the permit timeout of the record
+// whose turn it was, handled by the policy (TimeoutFail: a failed
+// attempt, and without retries or a dead-letter topic, Run stops).
+func TestFairnessPermitTimeoutGoesToTheRecordWhoseTurnItWas(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, 3, func(_ int32, i int) string { return fmt.Sprint("A-", i) })
+	lim := limiter(t, 1, time.Hour)
+	require.NoError(t, lim.Acquire(context.Background(), 0)) // spent: none for an hour
+	h := newHandled(1)
+	c, err := consumer.New(h.handler("a"), lim, append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey),
+		consumer.WithPermitWait(100*time.Millisecond, consumer.TimeoutFail), consumer.WithRetry(1, time.Millisecond, time.Millisecond))...)
+	require.NoError(t, err)
+	err = start(t, c).wait(t, 10*time.Second)
+	var herr *consumer.HandlerError
+	require.ErrorAs(t, err, &herr)
+	assert.ErrorIs(t, herr, throttle.ErrTimeout)
+	assert.EqualValues(t, 0, herr.Offset, "the first record's turn")
+	assert.Empty(t, h.snapshot())
+	assert.Positive(t, c.Stats().PermitTimeouts)
+}
+
+// Every ordering keeps its promise under WithFairness: calls of one unit
+// (key, partition) never overlap and come in offset order, and every
+// record is handled and committed once.
+func TestFairnessKeepsEveryOrdering(t *testing.T) {
+	t.Parallel()
+	const parts, perPart = 2, 90
+	for _, tt := range []struct {
+		ordering consumer.Ordering
+		unit     func(*kgo.Record) string
+	}{
+		{consumer.ByKey, func(r *kgo.Record) string { return string(r.Key) }},
+		{consumer.ByPartition, func(*kgo.Record) string { return "" }},
+		{consumer.Unordered, func(r *kgo.Record) string { return fmt.Sprint(r.Offset) }},
+	} {
+		t.Run(tt.ordering.String(), func(t *testing.T) {
+			t.Parallel()
+			kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+			produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("%c-%d", 'A'+i%3, i%4) })
+			o := newOrderLog(tt.unit)
+			h := newHandled(parts * perPart)
+			handler := o.handler(time.Millisecond)
+			c, err := consumer.New(func(ctx context.Context, rec *kgo.Record) error {
+				err := handler(ctx, rec)
+				h.add("c", rec)
+				return err
+			}, limiter(t, 20, 10*time.Millisecond), append(base(kc, "g", "in"), consumer.WithOrdering(tt.ordering), consumer.WithFairness(tenantOfKey))...)
+			require.NoError(t, err)
+			r := start(t, c)
+			h.waitFull(t, 20*time.Second)
+			require.NoError(t, r.stop(t))
+			assert.Empty(t, o.overlaps)
+			assert.Empty(t, o.reorders)
+			assert.Equal(t, []int64{perPart, perPart}, committed(t, kc, "g", "in", parts))
+		})
+	}
+}
