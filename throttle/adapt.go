@@ -286,6 +286,13 @@ func (l *Limiter) pace(w *waiter, st *keyState, now int64) error {
 		sent := l.tb.now()
 		var p AdaptivePace
 		cut, err := w.callStore(func(ctx context.Context) error { // as a bucket call
+			// And within the store timeout, whatever the wait: a pace
+			// the store does not answer in it is given up for this
+			// process's share (paceLocal), and the bucket call that
+			// follows still has the wait's time, to meet the failure
+			// policy if the store is down.
+			ctx, cancel := context.WithTimeout(ctx, l.storeBound())
+			defer cancel()
 			var err error
 			p, err = l.paceStore(ctx, st, n, horizon)
 			return err
