@@ -292,10 +292,14 @@ const (
 // margin of a quarter, at most storeMargin, so that the failure policy can
 // still decide before the wait ends; at least minStoreCall. A wait of none
 // (maxWait 0) gives its store calls together the store timeout, counted
-// from the first ([WithStoreTimeout]; none if it is not positive). A wait
-// of Forever gives none. ctx's deadline bounds every call too: it is on
+// from the first ([WithStoreTimeout]; none if it is not positive): a call
+// that the earlier ones left less than the whole of it is bounded by the
+// wait's end (budgetBound), so that one cut before the store had a fair
+// chance is a wait that ran out, not a store failure. A wait of Forever
+// gives none. ctx's deadline bounds every call too: it is on
 // the real clock, the wait's deadline on the Limiter's.
 func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d time.Duration, budgetBound bool) {
+	var shared bool // a call of a wait of none that earlier calls left less than the store timeout
 	switch {
 	case w.measured:
 		d, budgetBound = w.left(), true
@@ -305,6 +309,7 @@ func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d 
 			w.deadline = addSat(now, w.l.cfg.storeTimeout)
 		}
 		d = max(time.Duration(w.deadline-now), minStoreCall)
+		shared = d < w.l.cfg.storeTimeout
 	}
 	if dl, ok := w.ctx.Deadline(); ok {
 		if until := time.Until(dl); !budgetBound && d <= 0 || until <= d {
@@ -318,7 +323,7 @@ func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d 
 		return w.ctx, func() {}, 0, false
 	}
 	ctx, cancel = context.WithTimeout(w.ctx, d)
-	return ctx, cancel, d, budgetBound
+	return ctx, cancel, d, budgetBound || shared
 }
 
 // storeCut says how a store call of a wait ended: whether its own

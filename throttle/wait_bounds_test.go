@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -28,4 +29,51 @@ func TestHungAdaptivePaceFallsBackWithinTheStoreTimeout(t *testing.T) {
 		assert.NoError(t, err, "maxWait %v", maxWait)
 		require.NoError(t, lim.Close())
 	}
+}
+
+// needsTime is a bucket over a Local whose store needs a few
+// milliseconds to answer: a Take whose context ends sooner than that
+// fails when it ends, as a real store's would. Its adaptive pace never
+// answers. It is no Immediate bucket.
+type needsTime struct {
+	loc  *Local
+	need time.Duration
+}
+
+func (b *needsTime) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < b.need {
+		<-ctx.Done()
+		return Decision{}, &BackendError{Op: "take", Err: ctx.Err()}
+	}
+	return b.loc.Take(ctx, key, n, maxWait)
+}
+
+func (b *needsTime) Fallback() (int64, time.Duration, int64) { return 10, time.Second, 1 }
+
+func (b *needsTime) PaceAdaptive(ctx context.Context, _ string, _ int64, _, _ time.Duration) (AdaptivePace, error) {
+	<-ctx.Done()
+	return AdaptivePace{}, &BackendError{Op: "pace", Err: ctx.Err()}
+}
+
+func (b *needsTime) SwapAdaptive(context.Context, string, AdaptiveState, AdaptiveState, time.Duration) (AdaptiveState, bool, error) {
+	return AdaptiveState{}, false, errors.New("READONLY")
+}
+
+// TestNoWaitBucketCallCutByItsPaceIsNoOutage: with maxWait 0, a slow
+// adaptive pace may leave the bucket call that follows too little of the
+// store timeout to answer in; a bucket call so cut is no evidence that
+// the store is down: the Limiter starts no outage (which would put every
+// caller of every key under the failure policy).
+func TestNoWaitBucketCallCutByItsPaceIsNoOutage(t *testing.T) {
+	loc, err := NewLocal(10, time.Second)
+	require.NoError(t, err)
+	const timeout = 40 * time.Millisecond
+	lim := New(&needsTime{loc: loc, need: timeout / 4}, WithStoreTimeout(timeout), WithFailurePolicy(FailOpen))
+	defer func() { require.NoError(t, lim.Close()) }()
+	lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting
+	err = lim.Acquire(context.Background(), 0)
+	if err != nil {
+		assert.ErrorIs(t, err, ErrTimeout)
+	}
+	assert.Zero(t, lim.outage.since.Load(), "an outage began: the bucket call had only what the pace left of the %v store timeout", timeout)
 }
