@@ -264,12 +264,15 @@ func (w *waiter) giveBack(c *decision) {
 // giveBackBound is how long the caller waits for a give-back of its wait
 // (handBack): until the wait's end, however near (never past it); a wait
 // of none until the end of its store timeout; a wait that cannot run out
-// the store timeout.
+// the store timeout. Never more than the store timeout: a caller that
+// leaves long before its wait's end (cancelled, or its wait stopped) is
+// not kept for a store that does not answer.
 func (w *waiter) giveBackBound() time.Duration {
+	bound := w.l.storeBound()
 	if w.measured || w.noWait() && w.deadline != 0 {
-		return time.Duration(max(w.deadline-w.l.tb.now(), 0))
+		bound = min(bound, time.Duration(max(w.deadline-w.l.tb.now(), 0)))
 	}
-	return w.l.storeBound()
+	return bound
 }
 
 const (

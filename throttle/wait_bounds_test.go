@@ -77,3 +77,53 @@ func TestNoWaitBucketCallCutByItsPaceIsNoOutage(t *testing.T) {
 	}
 	assert.Zero(t, lim.outage.since.Load(), "an outage began: the bucket call had only what the pace left of the %v store timeout", timeout)
 }
+
+// slowCancel is a bucket that reserves every Take delay ahead, and whose
+// reservations take their whole give-back time to be cancelled (a store
+// that does not answer).
+type slowCancel struct {
+	delay     time.Duration
+	taken     chan struct{} // closed at the Take
+	cancelled chan struct{} // closed when a Cancel returns
+}
+
+func (b *slowCancel) Take(context.Context, string, int64, time.Duration) (Decision, error) {
+	close(b.taken)
+	return Decision{Granted: true, Delay: b.delay, Cancel: func(ctx context.Context) error {
+		defer close(b.cancelled)
+		<-ctx.Done()
+		return ctx.Err()
+	}}, nil
+}
+
+// TestLeavingCallerIsNotKeptForItsGiveBack: a caller that leaves while
+// it sleeps for its reservation (cancelled, or its wait stopped) is not
+// kept for the give-back of the reservation beyond the store timeout: a
+// store that does not answer it costs the caller no more than the store
+// timeout, however much of its maxWait was left; the give-back goes on in
+// the background, and Close waits for it.
+func TestLeavingCallerIsNotKeptForItsGiveBack(t *testing.T) {
+	for _, how := range []string{"cancel", "stop"} {
+		t.Run(how, func(t *testing.T) {
+			b := &slowCancel{delay: time.Minute, taken: make(chan struct{}), cancelled: make(chan struct{})}
+			lim := New(b, WithStoreTimeout(20*time.Millisecond))
+			ctx, leave := context.WithCancel(context.Background())
+			if how == "stop" {
+				ctx = ContextWithWaitStop(context.Background(), ctx)
+			}
+			done := make(chan error, 1)
+			go func() { done <- lim.Acquire(ctx, time.Hour) }()
+			<-b.taken
+			leave()
+			err := <-done
+			assert.ErrorIs(t, err, context.Canceled)
+			select {
+			case <-b.cancelled:
+				t.Error("the caller was kept until the give-back ended (its whole second)")
+			default:
+			}
+			require.NoError(t, lim.Close())
+			<-b.cancelled // Close waited for it
+		})
+	}
+}
