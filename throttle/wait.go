@@ -179,7 +179,7 @@ func (w *waiter) placeInPeriod(st *keyState, c *decision, asked int64, left time
 	if s <= 0 || s >= left {
 		return false, nil
 	}
-	if again, err := l.spreadOut(w.ctx, st, w.n, s); again || err != nil {
+	if again, err := l.spreadOut(w.ctx, st, w.n, s, w.giveBackBound); again || err != nil {
 		return again, err
 	}
 	return false, w.keep(c, true)
@@ -443,15 +443,10 @@ func (w *waiter) sleepReservation(c *decision, left time.Duration) error {
 	return nil
 }
 
-// cancelReservation gives back an abandoned reservation d: exactly, by its
+// cancelWithin gives back an abandoned reservation d: exactly, by its
 // Cancel, when the bucket said how; else through the bucket's Refunder.
-// The caller waits for it at most the store timeout (handBack); a waiter
-// gives back within its wait instead (waiter.giveBack).
-func (l *Limiter) cancelReservation(ctx context.Context, key string, n int64, d Decision) {
-	l.cancelWithin(ctx, l.storeBound(), key, n, d)
-}
-
-// cancelWithin is cancelReservation, waiting for it at most bound.
+// The caller waits for it at most bound (handBack; a wait's give-backs
+// are bounded by waiter.giveBackBound).
 func (l *Limiter) cancelWithin(ctx context.Context, bound time.Duration, key string, n int64, d Decision) {
 	if d.Cancel == nil && l.caps.refunder == nil {
 		return
