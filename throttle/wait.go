@@ -201,6 +201,10 @@ type waiter struct {
 	// first is the clock reading of the wait's start, for its first
 	// round's pace (0 when none was read); later rounds read the clock.
 	first int64
+	// failedFairly records that a store call of the wait (the adaptive
+	// pace's) failed after a fair chance: evidence that the store is
+	// down, for a later call that the wait's end cuts short of one.
+	failedFairly bool
 }
 
 // newWaiter starts a wait for dm at now (0: not read yet): its deadline

@@ -35,11 +35,14 @@ func TestHungAdaptivePaceFallsBackWithinTheStoreTimeout(t *testing.T) {
 
 // needsTime is a bucket over a Local whose store needs a few
 // milliseconds to answer: a Take whose context ends sooner than that
-// fails when it ends, as a real store's would. Its adaptive pace never
-// answers. It is no Immediate bucket.
+// fails when it ends, as a real store's would. Its adaptive pace grants a
+// slot at once, answering paceSlack before its context's deadline (a
+// slow store); with paceSlack 0 it never answers. It is no Immediate
+// bucket.
 type needsTime struct {
-	loc  *Local
-	need time.Duration
+	loc       *Local
+	need      time.Duration
+	paceSlack time.Duration
 }
 
 func (b *needsTime) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (Decision, error) {
@@ -53,6 +56,15 @@ func (b *needsTime) Take(ctx context.Context, key string, n int64, maxWait time.
 func (b *needsTime) Fallback() (int64, time.Duration, int64) { return 10, time.Second, 1 }
 
 func (b *needsTime) PaceAdaptive(ctx context.Context, _ string, _ int64, _, _ time.Duration) (AdaptivePace, error) {
+	if dl, ok := ctx.Deadline(); ok && b.paceSlack > 0 {
+		t := time.NewTimer(time.Until(dl) - b.paceSlack) // the store's latency
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return AdaptivePace{Granted: true, State: AdaptiveState{Rate: 5, At: time.Now()}}, nil
+		case <-ctx.Done():
+		}
+	}
 	<-ctx.Done()
 	return AdaptivePace{}, &BackendError{Op: "pace", Err: ctx.Err()}
 }
@@ -62,15 +74,16 @@ func (b *needsTime) SwapAdaptive(context.Context, string, AdaptiveState, Adaptiv
 }
 
 // TestNoWaitBucketCallCutByItsPaceIsNoOutage: with maxWait 0, a slow
-// adaptive pace may leave the bucket call that follows too little of the
-// store timeout to answer in; a bucket call so cut is no evidence that
-// the store is down: the Limiter starts no outage (which would put every
-// caller of every key under the failure policy).
+// adaptive pace (it answers 2 ms before the store timeout) may leave the
+// bucket call that follows too little of the store timeout to answer in;
+// a bucket call so cut is no evidence that the store is down: the Limiter
+// starts no outage (which would put every caller of every key under the
+// failure policy).
 func TestNoWaitBucketCallCutByItsPaceIsNoOutage(t *testing.T) {
 	loc, err := NewLocal(10, time.Second)
 	require.NoError(t, err)
 	const timeout = 40 * time.Millisecond
-	lim := New(&needsTime{loc: loc, need: timeout / 4}, WithStoreTimeout(timeout), WithFailurePolicy(FailOpen))
+	lim := New(&needsTime{loc: loc, need: timeout / 4, paceSlack: 2 * time.Millisecond}, WithStoreTimeout(timeout), WithFailurePolicy(FailOpen))
 	defer func() { require.NoError(t, lim.Close()) }()
 	lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting
 	err = lim.Acquire(context.Background(), 0)
@@ -184,4 +197,20 @@ func TestSpreadGiveBackOnAPauseEndsByTheWaitsEnd(t *testing.T) {
 	}
 	require.NoError(t, lim.Close())
 	<-b.refunded
+}
+
+// TestNoWaitCallersMeetThePolicyWhenTheStoreHangs: with maxWait 0, an
+// adaptive pace that the store does not answer in the whole store timeout
+// is evidence that the store is down: the bucket call that follows, left
+// none of the timeout, goes to the failure policy (FailOpen grants, an
+// outage begins) rather than time out, or callers that never wait would
+// never meet the failure policy while the store hangs.
+func TestNoWaitCallersMeetThePolicyWhenTheStoreHangs(t *testing.T) {
+	loc, err := NewLocal(10, time.Second)
+	require.NoError(t, err)
+	lim := New(&needsTime{loc: loc, need: time.Hour}, WithStoreTimeout(20*time.Millisecond), WithFailurePolicy(FailOpen))
+	defer func() { require.NoError(t, lim.Close()) }()
+	lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting
+	assert.NoError(t, lim.Acquire(context.Background(), 0), "FailOpen grants")
+	assert.NotZero(t, lim.outage.since.Load(), "the outage began")
 }
