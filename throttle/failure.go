@@ -115,7 +115,8 @@ func WithFailurePolicy(p FailurePolicy) LimiterOption {
 // no earlier ctx deadline): together, they get d from the first (the
 // adaptive pace's, or Take's); a call the earlier ones left less than a
 // quarter of d, cut by it, is a wait that ran out ([ErrTimeout]), not a
-// store failure. The adaptive pace's call gets at most d whatever the
+// store failure, unless the store failed an earlier one (the pace's) in
+// time. The adaptive pace's call gets at most d whatever the
 // wait: a pace the store does not answer in time is given up for this
 // process's share of the rate, and the bucket call still gets its bound.
 // Other calls get the end of the caller's wait (maxWait or ctx's deadline,
