@@ -285,9 +285,18 @@ func (l *Limiter) pace(w *waiter, st *keyState, now int64) error {
 		horizon := min(l.adapt.interval/paceHorizon, remaining)
 		sent := l.tb.now()
 		var p AdaptivePace
+		var timedOut bool
 		cut, err := w.callStore(func(ctx context.Context) error { // as a bucket call
+			// And within the store timeout, whatever the wait: a pace
+			// the store does not answer in it is given up for this
+			// process's share (paceLocal), and the bucket call that
+			// follows still has the wait's time, to meet the failure
+			// policy if the store is down.
+			ctx, cancel := context.WithTimeout(ctx, l.storeBound())
+			defer cancel()
 			var err error
 			p, err = l.paceStore(ctx, st, n, horizon)
+			timedOut = err != nil && deadlinePassed(ctx)
 			return err
 		})
 		remaining = w.left() // the reply took some of it
@@ -305,6 +314,12 @@ func (l *Limiter) pace(w *waiter, st *keyState, now int64) error {
 			}
 			if remaining <= 0 && !w.noWait() {
 				return w.ranOut("the adaptive pace")
+			}
+			if storeFailure(ctx, cut.expired || timedOut, err) && !cut.unfair(l.cfg.storeTimeout) {
+				// The bucket call that follows may have little of a wait
+				// of none left (its calls share one store timeout): cut,
+				// it is the store's failure all the same.
+				w.failedFairly = true
 			}
 			// A slow or failed store must not let a burst through:
 			// pace this process at its share of the last rate seen.

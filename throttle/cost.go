@@ -239,7 +239,7 @@ func (l *Limiter) decideCost(w *waiter) decision {
 		return c
 	}
 	c.Decision = Decision{}
-	if cut.unfair(l.cfg.storeTimeout) {
+	if cut.unfair(l.cfg.storeTimeout) && !w.failedFairly {
 		// The caller's wait cut the call short of a fair chance, as in
 		// Acquire: no evidence that the store is down. The wait ran out.
 		c.err = w.tb.costExpired(w.cost, cut.had, err)

@@ -129,17 +129,21 @@ func (c *eventClock) advanceTo(at time.Time) {
 }
 
 // drive runs one call on c until it returns: while the call is blocked on
-// a timer, it moves the clock to the next event, a timer's end or the
+// a timer (or, gated says, queued at a gate that an AfterFunc reopens),
+// it moves the clock to the next event, a timer's end or the
 // stop at stopAt (zero: none), which it fires by calling stop. After the
 // stop, time stands still: the call must return without it. It returns
 // when the call's done is closed, or fails the trial if that takes 10 s.
-func (c *eventClock) drive(done <-chan struct{}, stopAt time.Time, stop func()) error {
-	quiet := time.NewTimer(time.Hour)
-	defer quiet.Stop()
+func (c *eventClock) drive(done <-chan struct{}, stopAt time.Time, stop func(), gated func() bool) error {
 	stopped := false
 	giveUp := time.After(10 * time.Second)
 	for {
 		at, blocked := c.next()
+		if !blocked && !at.IsZero() && gated() {
+			c.mu.Lock()
+			blocked = c.running == 0
+			c.mu.Unlock()
+		}
 		if !stopped && blocked {
 			if !stopAt.IsZero() && !stopAt.After(at) {
 				c.advanceTo(stopAt)
@@ -159,17 +163,20 @@ func (c *eventClock) drive(done <-chan struct{}, stopAt time.Time, stop func()) 
 	}
 }
 
-// latencyStore is a bucket over a Local, and an adaptive store, whose
-// Take and PaceAdaptive take their latency on an eventClock: half before
-// the store decides, half after; a call whose context ends (its deadline,
-// read as a duration at the call's start, or a stop) ends then, with or
-// without a decision made in the store. It is no Immediate: the failure
-// policy decides when a call is cut.
+// latencyStore is a bucket over a Local, a CostBucket of one dimension
+// ("tokens") over the same Local, and an adaptive store, whose Take,
+// TakeCost and PaceAdaptive take their latency on an eventClock: half
+// before the store decides, half after; a call whose context ends (its
+// deadline, read as a duration at the call's start, or a stop) ends then,
+// with or without a decision made in the store. With down set, Take and
+// TakeCost fail (a store error) once their first half has passed. It is
+// no Immediate: the failure policy decides when a call is cut or fails.
 type latencyStore struct {
 	shared   *sharedAdaptive
 	clock    *eventClock
 	takeLat  time.Duration
 	paceLat  time.Duration
+	down     atomic.Bool
 	granted  atomic.Int64
 	returned atomic.Int64
 }
@@ -214,12 +221,33 @@ func (s *latencyStore) Take(ctx context.Context, key string, n int64, maxWait ti
 	if err := s.sleep(ctx, s.takeLat/2, end); err != nil {
 		return Decision{}, &BackendError{Op: "take", Err: err}
 	}
+	if s.down.Load() {
+		return Decision{}, &BackendError{Op: "take", Err: errors.New("connection refused")}
+	}
 	d, err := s.shared.Local.Take(context.Background(), key, n, maxWait)
 	if err != nil {
 		return d, err
 	}
 	if err := s.sleep(ctx, s.takeLat-s.takeLat/2, end); err != nil {
 		return Decision{}, &BackendError{Op: "take", Err: err}
+	}
+	return d, nil
+}
+
+func (s *latencyStore) TakeCost(ctx context.Context, key string, c Cost, maxWait time.Duration) (Decision, error) {
+	if len(c) != 1 || c["tokens"] < 1 {
+		return Decision{}, invalid("latencyStore", "cost", c.String(), "must be tokens only")
+	}
+	d, err := s.Take(ctx, key, c["tokens"], maxWait)
+	if err != nil || !d.Granted {
+		return d, err
+	}
+	d.Cancel = nil
+	d.Settle = func(ctx context.Context, delta Cost) error {
+		if back := -delta["tokens"]; back > 0 {
+			return s.shared.Refund(ctx, key, back)
+		}
+		return nil
 	}
 	return d, nil
 }
@@ -257,6 +285,9 @@ type deadlineTrial struct {
 	takeLat       time.Duration // the store's latencies
 	paceLat       time.Duration
 	maxWait, stop time.Duration // stop: when the wait stop comes; 0: none
+	call          string        // "acquire", "cost" (AcquireCost), "lease" (Acquire, leasing)
+	policy        FailurePolicy
+	down          bool // the store fails every Take
 }
 
 func drawTrial(r *rand.Rand) deadlineTrial {
@@ -286,6 +317,14 @@ func drawTrial(r *rand.Rand) deadlineTrial {
 	if t.maxWait == Forever || r.IntN(2) == 0 {
 		t.stop = ms(0, 70)
 	}
+	t.call = []string{"acquire", "cost", "lease"}[r.IntN(3)]
+	t.policy = []FailurePolicy{FailLocal, FailOpen, FailClosed}[r.IntN(3)]
+	switch r.IntN(8) {
+	case 0:
+		t.down = true
+	case 1:
+		t.takeLat = ms(90, 150) // around the store timeout
+	}
 	return t
 }
 
@@ -310,13 +349,18 @@ func (t deadlineTrial) run() (err error, took, end time.Duration, _ error) {
 			_, _ = s.shared.PaceAdaptive(ctx, "k", 1, trialInterval, trialInterval)
 		}
 	}
-	lim := New(s, WithClock(clock), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	opts := []LimiterOption{WithClock(clock), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithFailurePolicy(t.policy)}
+	if t.call == "lease" {
+		opts = append(opts, WithLeasing(Leasing{}))
+	}
+	lim := New(s, opts...)
 	defer lim.Close()
 	k := lim.Key("k")
 	if _, err := lim.AdaptiveState(ctx, "k"); err != nil { // the view, fresh
 		return nil, 0, 0, err
 	}
 	s.takeLat, s.paceLat = t.takeLat, t.paceLat
+	s.down.Store(t.down)
 
 	stopCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -332,25 +376,37 @@ func (t deadlineTrial) run() (err error, took, end time.Duration, _ error) {
 		stopAt = start.Add(t.stop)
 		end = min(end, t.stop)
 	}
+	// A caller queued at the key's gate waits for the gate's AfterFunc:
+	// it is blocked on the clock too.
+	st := lim.stateAt("k", 0)
+	defer lim.release(st)
+	gated := func() bool { return st.gate.queued.Load() > 0 }
 	done := make(chan struct{})
+	var aerr error
+	var atook time.Duration
 	go func() {
 		defer close(done)
-		err = k.Acquire(actx, t.maxWait)
-		took = clock.Since(start)
+		if t.call == "cost" {
+			_, aerr = k.AcquireCost(actx, Cost{"tokens": 1}, t.maxWait)
+		} else {
+			aerr = k.Acquire(actx, t.maxWait)
+		}
+		atook = clock.Since(start)
 	}()
-	if derr := clock.drive(done, stopAt, stop); derr != nil {
+	if derr := clock.drive(done, stopAt, stop, gated); derr != nil {
 		return nil, 0, 0, derr
 	}
-	return err, took, end, nil
+	return aerr, atook, end, nil
 }
 
 // TestAcquireNeverGrantsAfterItsDeadline: with random
-// store latencies (the bucket's and the adaptive pace's), random maxWaits
-// and random wait stops, Acquire never returns nil after the end of its
-// wait (the earlier of maxWait, or the store timeout for a call that does
-// not wait, and the stop) and never returns more than 2 ms after it. Time
-// is a fake clock moved from event to event, so the scheduler's delay is
-// none.
+// store latencies (the bucket's and the adaptive pace's, some around the
+// store timeout), a store that fails, random maxWaits, random wait stops,
+// each failure policy, and Acquire, AcquireCost or Acquire with leasing,
+// the call never returns a grant after the end of its wait (the earlier
+// of maxWait, or the store timeout for a call that does not wait, and the
+// stop) and never returns more than 2 ms after it. Time is a fake clock
+// moved from event to event, so the scheduler's delay is none.
 func TestAcquireNeverGrantsAfterItsDeadline(t *testing.T) {
 	const trials = 10000
 	seed := uint64(time.Now().UnixNano())

@@ -124,11 +124,12 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 		c.err = err
 		return c
 	}
-	if cut.unfair(l.cfg.storeTimeout) && !probe {
+	if cut.unfair(l.cfg.storeTimeout) && !probe && !w.failedFairly {
 		// The caller's wait cut the call short of a fair chance (a
 		// quarter of the store timeout): no evidence that the store is
 		// down, so no degraded decision either. The wait ran out. (A
-		// probe has the evidence already: the store was down before.)
+		// probe has the evidence already: the store was down before;
+		// so has a wait whose adaptive pace the store failed.)
 		c.Decision, c.err = Decision{}, fmt.Errorf("%w: the bucket store did not answer in the %v left of the wait: %w", ErrTimeout, cut.had, err)
 		return c
 	}

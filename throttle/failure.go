@@ -113,7 +113,12 @@ func WithFailurePolicy(p FailurePolicy) LimiterOption {
 
 // WithStoreTimeout bounds the store calls of Acquire with maxWait 0 (and
 // no earlier ctx deadline): together, they get d from the first (the
-// adaptive pace's, or Take's).
+// adaptive pace's, or Take's); a call the earlier ones left less than a
+// quarter of d, cut by it, is a wait that ran out ([ErrTimeout]), not a
+// store failure, unless the store failed an earlier one (the pace's) in
+// time. The adaptive pace's call gets at most d whatever the
+// wait: a pace the store does not answer in time is given up for this
+// process's share of the rate, and the bucket call still gets its bound.
 // Other calls get the end of the caller's wait (maxWait or ctx's deadline,
 // the earlier), less a room of a quarter of the wait left, at most 10 ms,
 // as the deadline of each bucket call, so a hung store never keeps Acquire

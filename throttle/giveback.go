@@ -13,9 +13,9 @@ import (
 // slept for its grant) gives them back to the bucket: one store call, on
 // a context of its own (the caller's may be done), giveBackTimeout long.
 // The caller waits for it at most until the end of its wait
-// (waiter.handBack), as for any call that must not keep it past its wait;
-// a caller without one (maxWait 0, Forever, or outside a wait) at most the
-// store timeout ([WithStoreTimeout]). The call is never cut short nor made
+// (waiter.giveBackBound), as for any call that must not keep it past its
+// wait, and at most the store timeout ([WithStoreTimeout]) in any case (a
+// caller without a wait's end, or one that leaves long before it). The call is never cut short nor made
 // twice: what the caller no longer waits for goes on in a goroutine of the
 // Limiter, which Close waits for. A give-back to an [Immediate] bucket
 // (in memory: it cannot hang) is done before the caller returns, so that

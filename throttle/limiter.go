@@ -193,11 +193,11 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // a paced slot or a reservation that begins after it is ErrTimeout at
 // once, and a grant whose answer comes after it (a slow store) is given
 // back and returns ErrTimeout, or the stop's error. Giving permits back
-// keeps a caller no later than the end of its wait (a caller with maxWait
-// 0, or Forever, at most the store timeout): a give-back the store has
-// not answered by then goes on in the background ([Limiter.Close] waits
-// for it), unless 64 already do (a store that slow keeps each caller for
-// its give-back, up to a second).
+// keeps a caller no later than the end of its wait, and at most the store
+// timeout (a caller with maxWait 0, or Forever, or one that leaves
+// early): a give-back the store has not answered by then goes on in the
+// background ([Limiter.Close] waits for it), unless 64 already do (a
+// store that slow keeps each caller for its give-back, up to a second).
 //
 // Over a [Periodic] bucket (the token bucket, fixed window and counter of
 // package bucket), a crowd does not take a period all at its start: each

@@ -142,14 +142,15 @@ func (l *Limiter) spreadDelay(n int64, d Decision, elapsed time.Duration) time.D
 // reports that a pause of the key reported meanwhile (Report with a retry
 // time) still holds when the place comes: the permits are given back the
 // same way, and the caller must ask anew, as a caller arriving now would,
-// rather than call the provider during the pause it asked for.
-func (l *Limiter) spreadOut(ctx context.Context, st *keyState, n int64, delay time.Duration) (again bool, err error) {
+// rather than call the provider during the pause it asked for. The
+// caller waits for a give-back at most giveBack (waiter.giveBackBound).
+func (l *Limiter) spreadOut(ctx context.Context, st *keyState, n int64, delay time.Duration, giveBack func() time.Duration) (again bool, err error) {
 	if err := l.sleep(ctx, delay); err != nil {
-		l.cancelReservation(ctx, st.key, n, Decision{})
+		l.cancelWithin(ctx, giveBack(), st.key, n, Decision{})
 		return false, err
 	}
 	if st.pausedUntil.Load() > l.tb.now() {
-		l.cancelReservation(ctx, st.key, n, Decision{})
+		l.cancelWithin(ctx, giveBack(), st.key, n, Decision{})
 		return true, nil
 	}
 	return false, nil

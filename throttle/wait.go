@@ -179,7 +179,7 @@ func (w *waiter) placeInPeriod(st *keyState, c *decision, asked int64, left time
 	if s <= 0 || s >= left {
 		return false, nil
 	}
-	if again, err := l.spreadOut(w.ctx, st, w.n, s); again || err != nil {
+	if again, err := l.spreadOut(w.ctx, st, w.n, s, w.giveBackBound); again || err != nil {
 		return again, err
 	}
 	return false, w.keep(c, true)
@@ -201,6 +201,10 @@ type waiter struct {
 	// first is the clock reading of the wait's start, for its first
 	// round's pace (0 when none was read); later rounds read the clock.
 	first int64
+	// failedFairly records that a store call of the wait (the adaptive
+	// pace's) failed after a fair chance: evidence that the store is
+	// down, for a later call that the wait's end cuts short of one.
+	failedFairly bool
 }
 
 // newWaiter starts a wait for dm at now (0: not read yet): its deadline
@@ -264,12 +268,15 @@ func (w *waiter) giveBack(c *decision) {
 // giveBackBound is how long the caller waits for a give-back of its wait
 // (handBack): until the wait's end, however near (never past it); a wait
 // of none until the end of its store timeout; a wait that cannot run out
-// the store timeout.
+// the store timeout. Never more than the store timeout: a caller that
+// leaves long before its wait's end (cancelled, or its wait stopped) is
+// not kept for a store that does not answer.
 func (w *waiter) giveBackBound() time.Duration {
+	bound := w.l.storeBound()
 	if w.measured || w.noWait() && w.deadline != 0 {
-		return time.Duration(max(w.deadline-w.l.tb.now(), 0))
+		bound = min(bound, time.Duration(max(w.deadline-w.l.tb.now(), 0)))
 	}
-	return w.l.storeBound()
+	return bound
 }
 
 const (
@@ -292,10 +299,14 @@ const (
 // margin of a quarter, at most storeMargin, so that the failure policy can
 // still decide before the wait ends; at least minStoreCall. A wait of none
 // (maxWait 0) gives its store calls together the store timeout, counted
-// from the first ([WithStoreTimeout]; none if it is not positive). A wait
-// of Forever gives none. ctx's deadline bounds every call too: it is on
+// from the first ([WithStoreTimeout]; none if it is not positive): a call
+// that the earlier ones left less than the whole of it is bounded by the
+// wait's end (budgetBound), so that one cut before the store had a fair
+// chance is a wait that ran out, not a store failure. A wait of Forever
+// gives none. ctx's deadline bounds every call too: it is on
 // the real clock, the wait's deadline on the Limiter's.
 func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d time.Duration, budgetBound bool) {
+	var shared bool // a call of a wait of none that earlier calls left less than the store timeout
 	switch {
 	case w.measured:
 		d, budgetBound = w.left(), true
@@ -305,6 +316,7 @@ func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d 
 			w.deadline = addSat(now, w.l.cfg.storeTimeout)
 		}
 		d = max(time.Duration(w.deadline-now), minStoreCall)
+		shared = d < w.l.cfg.storeTimeout
 	}
 	if dl, ok := w.ctx.Deadline(); ok {
 		if until := time.Until(dl); !budgetBound && d <= 0 || until <= d {
@@ -318,7 +330,7 @@ func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d 
 		return w.ctx, func() {}, 0, false
 	}
 	ctx, cancel = context.WithTimeout(w.ctx, d)
-	return ctx, cancel, d, budgetBound
+	return ctx, cancel, d, budgetBound || shared
 }
 
 // storeCut says how a store call of a wait ended: whether its own
@@ -435,15 +447,10 @@ func (w *waiter) sleepReservation(c *decision, left time.Duration) error {
 	return nil
 }
 
-// cancelReservation gives back an abandoned reservation d: exactly, by its
+// cancelWithin gives back an abandoned reservation d: exactly, by its
 // Cancel, when the bucket said how; else through the bucket's Refunder.
-// The caller waits for it at most the store timeout (handBack); a waiter
-// gives back within its wait instead (waiter.giveBack).
-func (l *Limiter) cancelReservation(ctx context.Context, key string, n int64, d Decision) {
-	l.cancelWithin(ctx, l.storeBound(), key, n, d)
-}
-
-// cancelWithin is cancelReservation, waiting for it at most bound.
+// The caller waits for it at most bound (handBack; a wait's give-backs
+// are bounded by waiter.giveBackBound).
 func (l *Limiter) cancelWithin(ctx context.Context, bound time.Duration, key string, n int64, d Decision) {
 	if d.Cancel == nil && l.caps.refunder == nil {
 		return
