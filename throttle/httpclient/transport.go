@@ -498,8 +498,14 @@ func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Resp
 		pause, hinted = RetryAfter(resp, now)
 		pause = min(pause, maxPause)
 		// First, so that the fleet stops at once; the adaptive rate's
-		// store calls come after.
-		t.pause(ctx, k, pause)
+		// store calls come after. A retry time from the accounting
+		// headers alone holds back only the dimensions they name, each
+		// until its own reset, when the bucket can (a Budget).
+		if ex := exhaustedOnly(resp, now); len(ex) > 0 && t.pauseDimensions(ctx, k, ex) {
+			// paused per dimension
+		} else {
+			t.pause(ctx, k, pause)
+		}
 	}
 	t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
 	done = true
@@ -757,6 +763,34 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 			t.log.Warn("httpclient: pausing the bucket failed; paused this Transport only", "key", k.Key(), "pause", d, "err", err)
 		}
 	}
+}
+
+// exhaustedOnly is the dimensions resp's accounting headers name as
+// exhausted, when no other header names a retry time (nil otherwise).
+func exhaustedOnly(resp *http.Response, now time.Time) []throttle.Exhausted {
+	pnow := providerNow(resp.Header, now)
+	if _, other := retryHeaders(resp, pnow); other {
+		return nil
+	}
+	return accountingExhausted(resp.Header, pnow)
+}
+
+// pauseDimensions pauses the dimensions ex of k's bucket, for the whole
+// fleet, when the bucket is a throttle.DimensionPauser and k's Limiter
+// does not lease; it reports whether it did (a failed pause is logged:
+// the Transport's own pause would be of every dimension).
+func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []throttle.Exhausted) bool {
+	dp, ok := k.Limiter().Bucket().(throttle.DimensionPauser)
+	if !ok {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := dp.PauseDimensions(pctx, k.Key(), ex); err != nil {
+		t.log.Warn("httpclient: pausing the budget's exhausted dimensions failed; paused this Transport only", "key", k.Key(), "err", err)
+		return false
+	}
+	return true
 }
 
 // fits reports whether a retry after pause stays within the request's wait:
