@@ -39,7 +39,12 @@ type Dimension struct {
 	// steadily uses about 20/21 of Limit. A give-back goes to its
 	// grant's slot while that slot counts (it frees room at once), and
 	// does nothing after; a charge counts in its grant's slot too, or in
-	// the running one once that has left. Default: false, periods.
+	// the running one once that has left. [Budget.Refund], which does
+	// not know the grant's slot, gives nothing back to it. After Redis
+	// lost the window (restarted empty, keys deleted), an instance that
+	// was told when it empties holds the dimension full until then, for
+	// every instance; one that knew nothing and asks first is granted,
+	// as for periods. Default: false, periods.
 	Sliding bool
 }
 
@@ -62,7 +67,10 @@ const maxDimensions = 16
 //
 // Each dimension is a token bucket of its own, as [TokenBucket]: at most
 // Limit per refill, refills at least Interval apart on the Redis server's
-// clock, a period starting at the first take after the last one ended.
+// clock, a period starting at the first take after the last one ended;
+// or, with [Dimension].Sliding, a sliding window: at most Limit in any
+// span of Interval (see there). The guarantees below are those of
+// periods; a sliding dimension's are in its field's doc.
 //
 // Guarantee, per dimension: in any period, what is granted, less what
 // its own grants gave back, is at most Limit; over any k consecutive
@@ -106,7 +114,8 @@ const maxDimensions = 16
 // lessening an inherited debt: it does not know the grant's period).
 // Budget implements [throttle.Bucket], [throttle.CostBucket],
 // [throttle.Refunder], [throttle.Pauser] (a pause holds every dimension
-// of the key), [throttle.Fallbacker] (for Take's dimension) and
+// of the key), [throttle.DimensionPauser] (a pause of some dimensions:
+// [Budget.PauseDimensions]), [throttle.Fallbacker] (for Take's dimension) and
 // [throttle.Checker]. It is safe for concurrent use.
 type Budget struct {
 	common
