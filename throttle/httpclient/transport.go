@@ -70,7 +70,12 @@ const maxPause = time.Hour
 // again), an advertised limit below the configured one lowers its
 // ceiling, and a success with nothing remaining (in any dimension an LLM
 // provider reports: requests or tokens) pauses the bucket until the
-// reset.
+// reset. When only the accounting headers name the time (OpenAI's
+// x-ratelimit-remaining-tokens: 0 with its reset; a 429 without
+// Retry-After too) and the bucket is a [throttle.DimensionPauser]
+// (bucket.Budget), each exhausted dimension is held back until its own
+// reset instead, for the fleet, and a cost needing none of it goes on;
+// the Transport pauses nothing of its own then.
 //
 // Errors. RoundTrip's errors do not repeat the request's method and URL:
 // http.Client wraps them in a *url.Error that names both.
