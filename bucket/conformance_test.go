@@ -96,8 +96,14 @@ func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest
 	})
 	bud.Limit, bud.Interval, bud.Guarantee, bud.CostDimension = 10, ms200, buckettest.PerPeriod, "requests"
 
+	// The same with its dimensions counted over a sliding window.
+	budSliding := spec(func(rdb redis.UniversalClient, key string) (throttle.Bucket, error) {
+		return NewBudget(rdb, key, []Dimension{{Name: "requests", Limit: 10, Interval: ms200, Sliding: true}, {Name: "tokens", Limit: 1000, Interval: ms200, Sliding: true}})
+	})
+	budSliding.Limit, budSliding.Interval, budSliding.Guarantee, budSliding.CostDimension = 10, ms200, buckettest.SlidingWindow, "requests"
+
 	return map[string]buckettest.Spec{
-		"Budget": bud, "TokenBucket": tb, "FixedWindow": fw, "Counter": ctr, "SlidingLog": sl, "GCRA": gcra, "GCRA burst above limit": gcraBurst, "Tiers": ti,
+		"Budget": bud, "Budget sliding": budSliding, "TokenBucket": tb, "FixedWindow": fw, "Counter": ctr, "SlidingLog": sl, "GCRA": gcra, "GCRA burst above limit": gcraBurst, "Tiers": ti,
 	}
 }
 
