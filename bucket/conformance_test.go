@@ -146,13 +146,13 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformanceCluster runs the conformance suite on a TokenBucket and
-// a Budget over a three-master Redis Cluster: every key of a budget in
+// a Budget (in periods, and sliding) over a three-master Redis Cluster: every key of a budget in
 // one slot, tenants spread over the masters, tricky keys routed by their
 // own hash tag.
 func TestConformanceCluster(t *testing.T) {
 	cl := redisenv.NewCluster(t)
 	specs := conformanceSpecs(func() redis.UniversalClient { return cl.Client() })
-	for _, name := range []string{"TokenBucket", "Budget"} {
+	for _, name := range []string{"TokenBucket", "Budget", "Budget sliding"} {
 		t.Run(name, func(t *testing.T) { buckettest.Run(t, specs[name]) })
 	}
 }
