@@ -24,7 +24,33 @@ type Dimension struct {
 	Limit int64
 	// Interval is the period of its refills; 1 ms to [MaxInterval].
 	Interval time.Duration
+	// Sliding counts the dimension over a sliding window instead of
+	// periods: a take is granted only when what was granted in the last
+	// Interval, net of what those grants gave back or were charged since,
+	// leaves room for it. At most Limit is granted in any span of one
+	// Interval, however the grants fall, so the fleet stays within a
+	// provider that counts a sliding window, fixed windows, or buckets
+	// refilled continuously alike (periods grant up to twice the limit
+	// in a span that straddles a period's end: a sliding window
+	// refuses the excess). The window is kept in 20 slots of
+	// Interval/20 (at least 1 ms); the slot a grant falls in counts
+	// whole until it has left the window, so a grant waits up to one
+	// slot longer than an exact count would, and a fleet that grants
+	// steadily uses about 20/21 of Limit. A give-back goes to its
+	// grant's slot while that slot counts (it frees room at once), and
+	// does nothing after; a charge counts in its grant's slot too, or in
+	// the running one once that has left. [Budget.Refund], which does
+	// not know the grant's slot, gives nothing back to it. After Redis
+	// lost the window (restarted empty, keys deleted), an instance that
+	// was told when it empties holds the dimension full until then, for
+	// every instance; one that knew nothing and asks first is granted,
+	// as for periods. Default: false, periods.
+	Sliding bool
 }
+
+// slidingSlots is how many slots a sliding dimension keeps per Interval
+// (budget.lua's SLOTS).
+const slidingSlots = 20
 
 // maxDimensions bounds the dimensions of one Budget.
 const maxDimensions = 16
@@ -41,7 +67,10 @@ const maxDimensions = 16
 //
 // Each dimension is a token bucket of its own, as [TokenBucket]: at most
 // Limit per refill, refills at least Interval apart on the Redis server's
-// clock, a period starting at the first take after the last one ended.
+// clock, a period starting at the first take after the last one ended;
+// or, with [Dimension].Sliding, a sliding window: at most Limit in any
+// span of Interval (see there). The guarantees below are those of
+// periods; a sliding dimension's are in its field's doc.
 //
 // Guarantee, per dimension: in any period, what is granted, less what
 // its own grants gave back, is at most Limit; over any k consecutive
@@ -85,7 +114,8 @@ const maxDimensions = 16
 // lessening an inherited debt: it does not know the grant's period).
 // Budget implements [throttle.Bucket], [throttle.CostBucket],
 // [throttle.Refunder], [throttle.Pauser] (a pause holds every dimension
-// of the key), [throttle.Fallbacker] (for Take's dimension) and
+// of the key), [throttle.DimensionPauser] (a pause of some dimensions:
+// [Budget.PauseDimensions]), [throttle.Fallbacker] (for Take's dimension) and
 // [throttle.Checker]. It is safe for concurrent use.
 type Budget struct {
 	common
@@ -179,7 +209,11 @@ func NewBudget(rdb redis.UniversalClient, key string, dims []Dimension, opts ...
 			return nil, err
 		}
 		b.index[d.Name] = i
-		b.args = append(b.args, d.Name, d.Limit, ceilMs(d.Interval))
+		sliding := 0
+		if d.Sliding {
+			sliding = 1
+		}
+		b.args = append(b.args, d.Name, d.Limit, ceilMs(d.Interval), sliding)
 	}
 	if i, ok := b.index["requests"]; ok {
 		b.takes = i
@@ -211,6 +245,9 @@ func (b *Budget) Refund(ctx context.Context, key string, n int64) error {
 	}
 	return b.settle(ctx, key, 0, throttle.Cost{b.dims[b.takes].Name: -n})
 }
+
+// budgetArgs is how many of budget.lua's ARGV each dimension has.
+const budgetArgs = 6
 
 // maxSettleUp bounds one settle-up, in periods' limits of its dimension.
 const maxSettleUp = 10
@@ -246,16 +283,22 @@ func (b *Budget) amounts(field string, c throttle.Cost, take bool, mark int64, k
 	if take {
 		mode = "take"
 	}
-	args := make([]any, 0, 3+5*len(b.dims))
+	return b.argv(mode, mark, amt, known), some, nil
+}
+
+// argv is the script's ARGV: mode, mark, and per dimension its name,
+// limit, period, amount, known end and whether it slides.
+func (b *Budget) argv(mode string, mark int64, amt, known []int64) []any {
+	args := make([]any, 0, 3+budgetArgs*len(b.dims))
 	args = append(args, mode, len(b.dims), mark)
 	for i := range b.dims {
 		var end int64
 		if i < len(known) {
 			end = known[i]
 		}
-		args = append(args, b.args[3*i], b.args[3*i+1], b.args[3*i+2], amt[i], end)
+		args = append(args, b.args[4*i], b.args[4*i+1], b.args[4*i+2], amt[i], end, b.args[4*i+3])
 	}
-	return args, some, nil
+	return args
 }
 
 func (b *Budget) names() string {
@@ -328,7 +371,7 @@ func (b *Budget) TakeCost(ctx context.Context, key string, c throttle.Cost, _ ti
 func (b *Budget) withKnown(args []any, key string) {
 	for i, end := range b.ends.get(key) {
 		if i < len(b.dims) {
-			args[3+5*i+4] = end
+			args[3+budgetArgs*i+4] = end
 		}
 	}
 }
@@ -418,6 +461,52 @@ func (b *Budget) settle(ctx context.Context, key string, mark int64, delta throt
 	return err
 }
 
+// PauseDimensions implements [throttle.DimensionPauser]: until each
+// named dimension's RetryAfter has passed, no cost of key that needs some
+// of it is granted to anyone sharing the budget; costs that need none of
+// it are not held. A shorter pause never shortens a longer one. A name
+// that is none of the budget's dimensions pauses the whole key for that
+// long ([Budget.Pause]): the provider counts something the budget does
+// not, so nothing is known to pass. Times of 0 or less do nothing; times
+// are rounded up to the millisecond and clamped to [throttle.MaxPause].
+func (b *Budget) PauseDimensions(ctx context.Context, key string, dims []throttle.Exhausted) error {
+	amt := make([]int64, len(b.dims))
+	var whole time.Duration
+	some := false
+	for _, e := range dims {
+		d := min(e.RetryAfter, throttle.MaxPause)
+		if d <= 0 {
+			continue
+		}
+		i, ok := b.index[e.Dimension]
+		if !ok {
+			whole = max(whole, d)
+			continue
+		}
+		amt[i] = max(amt[i], ceilMs(d))
+		some = true
+	}
+	keys, err := b.keys(key)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if whole > 0 {
+		errs = append(errs, b.Pause(ctx, key, whole))
+	}
+	if some {
+		args := b.argv("pause", 0, amt, nil)
+		_, err := bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) {
+			if _, err := b.eval(ctx, scriptBudget, keys, args...); err != nil {
+				return throttle.Decision{}, backend("pause", keys[0], err)
+			}
+			return throttle.Decision{}, nil
+		})
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
 // Fallback implements [throttle.Fallbacker] for Take's dimension: its
 // limit per interval, and the live instances last counted.
 func (b *Budget) Fallback() (int64, time.Duration, int64) {
@@ -426,10 +515,11 @@ func (b *Budget) Fallback() (int64, time.Duration, int64) {
 }
 
 var (
-	_ throttle.Bucket     = (*Budget)(nil)
-	_ throttle.CostBucket = (*Budget)(nil)
-	_ throttle.Refunder   = (*Budget)(nil)
-	_ throttle.Pauser     = (*Budget)(nil)
-	_ throttle.Fallbacker = (*Budget)(nil)
-	_ throttle.Checker    = (*Budget)(nil)
+	_ throttle.Bucket          = (*Budget)(nil)
+	_ throttle.CostBucket      = (*Budget)(nil)
+	_ throttle.Refunder        = (*Budget)(nil)
+	_ throttle.Pauser          = (*Budget)(nil)
+	_ throttle.DimensionPauser = (*Budget)(nil)
+	_ throttle.Fallbacker      = (*Budget)(nil)
+	_ throttle.Checker         = (*Budget)(nil)
 )

@@ -107,6 +107,24 @@ func (c *costCount) check(t *testing.T, what, key string, from, to time.Time) {
 	}
 }
 
+// checkSliding judges key's calls in [from, to) against both dimensions'
+// limits in any span of one interval.
+func (c *costCount) checkSliding(t *testing.T, what, key string, from, to time.Time) {
+	t.Helper()
+	reqs, toks := c.between(key, from, to)
+	if len(reqs) == 0 {
+		t.Errorf("%s, key %q: no call was granted: the check proves nothing", what, key)
+		return
+	}
+	r := guarantee.Sliding(reqs, costReqs, costInterval, costTol)
+	k := guarantee.Sliding(toks, costTokens, costInterval, costTol)
+	t.Logf("%s, key %q: requests %v", what, key, r)
+	t.Logf("%s, key %q: tokens %v", what, key, k)
+	if r.Violations > 0 || k.Violations > 0 {
+		t.Errorf("%s, key %q: requests: %s; tokens: %s", what, key, r.Detail, k.Detail)
+	}
+}
+
 // costFleet runs workers goroutines per Limiter over keys until stop:
 // each acquires an estimate of 1 request and 5–25 tokens and "calls"
 // (the requests bind: every period's grants are its limit, so a period
@@ -177,10 +195,17 @@ func costFleet(lims []*throttle.Limiter, keys []string, workers int, stop <-chan
 // costLimiters builds n instances of one Budget, each on its own client.
 func costLimiters(t *testing.T, name string, n int, client func() redis.UniversalClient) ([]*throttle.Limiter, []*common) {
 	t.Helper()
+	return costLimitersOf(t, name, n, costDims(), client)
+}
+
+// costLimitersOf builds n instances of one Budget of dims, each on its
+// own client.
+func costLimitersOf(t *testing.T, name string, n int, dims []Dimension, client func() redis.UniversalClient) ([]*throttle.Limiter, []*common) {
+	t.Helper()
 	var lims []*throttle.Limiter
 	var cs []*common
 	for range n {
-		b, err := NewBudget(client(), name, costDims(), WithHeartbeat(time.Second))
+		b, err := NewBudget(client(), name, dims, WithHeartbeat(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -347,4 +372,52 @@ func TestBudgetSentinelFailover(t *testing.T) {
 		t.Errorf("across the failover, tokens beyond one lost period: %s", k.Detail)
 	}
 	count.logErrors(t)
+}
+
+// TestBudgetSlidingFaults: the fleet of TestBudgetFaults on a Budget whose
+// dimensions count a sliding window keeps both limits in any span of one
+// interval, by the provider's count, through the same faults.
+func TestBudgetSlidingFaults(t *testing.T) {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "pausing and restarting")
+	dims := costDims()
+	for i := range dims {
+		dims[i].Sliding = true
+	}
+	faults := []struct {
+		name  string
+		fault func() error
+	}{
+		{"none", nil},
+		{"pause", func() error {
+			if err := srv.Pause(); err != nil {
+				return err
+			}
+			time.Sleep(3 * costInterval / 2) // the pause
+			return srv.Resume()
+		}},
+		{"restarted empty", srv.Restart},
+		{"emptied", func() error { return srv.Client().FlushAll(context.Background()).Err() }},
+	}
+	for _, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
+			lims, cs := costLimitersOf(t, "sliding-faults-"+f.name, 2, dims, func() redis.UniversalClient { return shortClient(t, srv.Addr()) })
+			count := newCostCount()
+			stop := make(chan struct{})
+			start := time.Now()
+			wg := costFleet(lims, []string{""}, 4, stop, count)
+			time.Sleep(3*costInterval + costInterval/4)
+			if f.fault != nil {
+				if err := f.fault(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(3 * costInterval)
+			close(stop)
+			wg.Wait()
+			waitInflight(t, cs...)
+			count.checkSliding(t, f.name, "", start, time.Now())
+			count.logErrors(t)
+		})
+	}
 }

@@ -96,8 +96,14 @@ func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest
 	})
 	bud.Limit, bud.Interval, bud.Guarantee, bud.CostDimension = 10, ms200, buckettest.PerPeriod, "requests"
 
+	// The same with its dimensions counted over a sliding window.
+	budSliding := spec(func(rdb redis.UniversalClient, key string) (throttle.Bucket, error) {
+		return NewBudget(rdb, key, []Dimension{{Name: "requests", Limit: 10, Interval: ms200, Sliding: true}, {Name: "tokens", Limit: 1000, Interval: ms200, Sliding: true}})
+	})
+	budSliding.Limit, budSliding.Interval, budSliding.Guarantee, budSliding.CostDimension = 10, ms200, buckettest.SlidingWindow, "requests"
+
 	return map[string]buckettest.Spec{
-		"Budget": bud, "TokenBucket": tb, "FixedWindow": fw, "Counter": ctr, "SlidingLog": sl, "GCRA": gcra, "GCRA burst above limit": gcraBurst, "Tiers": ti,
+		"Budget": bud, "Budget sliding": budSliding, "TokenBucket": tb, "FixedWindow": fw, "Counter": ctr, "SlidingLog": sl, "GCRA": gcra, "GCRA burst above limit": gcraBurst, "Tiers": ti,
 	}
 }
 
@@ -140,13 +146,13 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformanceCluster runs the conformance suite on a TokenBucket and
-// a Budget over a three-master Redis Cluster: every key of a budget in
+// a Budget (in periods, and sliding) over a three-master Redis Cluster: every key of a budget in
 // one slot, tenants spread over the masters, tricky keys routed by their
 // own hash tag.
 func TestConformanceCluster(t *testing.T) {
 	cl := redisenv.NewCluster(t)
 	specs := conformanceSpecs(func() redis.UniversalClient { return cl.Client() })
-	for _, name := range []string{"TokenBucket", "Budget"} {
+	for _, name := range []string{"TokenBucket", "Budget", "Budget sliding"} {
 		t.Run(name, func(t *testing.T) { buckettest.Run(t, specs[name]) })
 	}
 }

@@ -114,6 +114,32 @@ type Pauser interface {
 	Pause(ctx context.Context, key string, d time.Duration) error
 }
 
+// DimensionPauser is implemented by a [CostBucket] that can stop granting
+// some of a key's dimensions for a while, for every instance that shares
+// it: until each named dimension's RetryAfter has passed, a cost that
+// needs some of that dimension is refused, with Delay set to the pause
+// left; a cost that needs none of it is not held. A shorter pause never
+// shortens a longer one. The Transport of package throttle/httpclient
+// calls it when a provider's accounting headers (OpenAI's
+// x-ratelimit-remaining-tokens: 0, say) alone name a retry time, so that
+// "no tokens left for 6 s" holds back the tokens for 6 s, and a
+// dimension that comes back sooner only until then. A dimension the
+// bucket does not keep pauses the whole key for that long, as [Pauser]
+// would.
+type DimensionPauser interface {
+	PauseDimensions(ctx context.Context, key string, dims []Exhausted) error
+}
+
+// Exhausted is one dimension of a provider's limit (requests, tokens,
+// input-tokens, ...) with nothing left, and the time until it has some
+// again, for [DimensionPauser]. Dimension is named as the provider names
+// it (OpenAI's and Anthropic's headers: "requests", "tokens",
+// "input-tokens", "output-tokens"): name a budget's dimensions the same.
+type Exhausted struct {
+	Dimension  string
+	RetryAfter time.Duration
+}
+
 // Immediate is implemented by buckets whose Take decides at once, with no
 // store that could fail or hang ([Local]). A Limiter calls such a bucket
 // without a deadline of its own and never applies its [FailurePolicy] to

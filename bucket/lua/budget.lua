@@ -11,19 +11,21 @@
 --          period has ended and every debt would have been paid, when a
 --          fresh hash means the same.
 -- KEYS[2]  pause key of the same budget (see pause.lua)
--- ARGV[1]  'take' or 'settle'
+-- ARGV[1]  'take', 'settle' or 'pause'
 -- ARGV[2]  D, the number of dimensions (integer ≥ 1)
 -- ARGV[3]  for 'settle': when the grant it corrects was made, ms on this
 --          server's clock (a take's now_ms); 0 when unknown. Unused by
 --          'take'.
--- ARGV[4+5(i-1)..8+5(i-1)], for dimension i: its name, its limit per
+-- ARGV[4+6(i-1)..9+6(i-1)], for dimension i: its name, its limit per
 --          period (integer ≥ 1), its period in ms (integer ≥ 1), the
---          amount, and the end of its latest period the caller's instance
+--          amount, the end of its latest period the caller's instance
 --          was told of (ms on this server's clock; 0 when none is known;
---          see "Lost period"). The amount: for 'take', what the call asks
+--          see "Lost period"), and 1 when it counts a sliding window (see
+--          "Sliding"), else 0. The amount: for 'take', what the call asks
 --          (≥ 0; 0 leaves the dimension unchecked and untouched); for
 --          'settle', the change (> 0 charges, < 0 gives back, 0 leaves it
---          alone).
+--          alone); for 'pause', how long to hold the dimension, in ms (0:
+--          not at all).
 --
 -- Take returns {status, delay_ms, remaining, reset_ms, limit, dim, now_ms,
 -- end_1, ..., end_D}:
@@ -36,7 +38,28 @@
 --             longest (remaining never below 0; -1 for a pause).
 --   end_i is dimension i's period end on record (0: none). A paused
 --   budget answers without them.
--- Settle returns {1, now_ms, end_1, ..., end_D}.
+-- Settle and pause return {1, now_ms, end_1, ..., end_D}.
+--
+-- Sliding: a dimension counted over a sliding window keeps what its
+-- grants took in slots of 1/20 of its period (the slot being
+-- floor(now_ms / width)), in a ring of 21: fields 'w:<name>:<k>' (what
+-- the slot took) and 's:<name>:<k>' (its slot number; a ring field of an
+-- older slot counts nothing), k = slot mod 21; 'l:<name>' is 1 once a
+-- slot was written (a record exists). A take is granted when the slots that overlap the
+-- last period (21 of them: the running one and the 20 before) hold, with
+-- it, at most the limit: at most the limit in any span of one period,
+-- counted conservatively by up to one slot. A settle changes the slot of
+-- its grant (ARGV[3]) while that slot still counts, never below 0; once
+-- it has left the window, or for a grant whose time is unknown, a
+-- give-back does nothing and a charge goes to the running slot. Its
+-- end_i is when the window is empty (0: it is). Lost record: a caller
+-- that knows an end later than now while no slot of the dimension is on
+-- record puts its limit in the slot that leaves the window at that end:
+-- nothing more is granted until then.
+--
+-- Pause of a dimension ('pause', field 'p:<name>': until when, ms): a take
+-- that asks some of it is refused until then, with delay_ms the pause
+-- left. A shorter pause never shortens a longer one.
 --
 -- Refill: a dimension's period starts at the first take after the last
 -- one ended (not before), and the take that starts it refills it: to its
@@ -90,9 +113,22 @@ local mode = ARGV[1]
 local D = tonumber(ARGV[2])
 local mark = tonumber(ARGV[3]) or 0
 local names, limits, periods, amounts, known = {}, {}, {}, {}, {}
-local toks, ends, owed = {}, {}, {}
+local toks, ends, owed, paused = {}, {}, {}, {}
+-- sliding dimensions: slot width, slots counted less one, running slot,
+-- the counted slots' values (index 0 the oldest), their sum, the oldest
+-- slot that may be stored
+local sliding, width, nslots, cur, vals, sums, low = {}, {}, {}, {}, {}, {}, {}
+local SLOTS = 20
+local keep_min = 1 -- ms the hash must live at least (sliding slots, pauses)
+-- a slot's fields: its count and its number, in a ring of nslots+1
+local function slotfield(i, s)
+  return 'w:' .. names[i] .. ':' .. string.format('%.0f', s % (nslots[i] + 1))
+end
+local function slotnum(i, s)
+  return 's:' .. names[i] .. ':' .. string.format('%.0f', s % (nslots[i] + 1))
+end
 for i = 1, D do
-  local b = 4 + 5 * (i - 1)
+  local b = 4 + 6 * (i - 1)
   names[i] = ARGV[b]
   limits[i] = tonumber(ARGV[b + 1])
   periods[i] = tonumber(ARGV[b + 2])
@@ -100,10 +136,70 @@ for i = 1, D do
   -- No period runs further ahead than one from now: an end beyond that
   -- (another server's clock, ahead of this one) holds at most that long.
   known[i] = math.min(tonumber(ARGV[b + 4]) or 0, now + periods[i])
-  local h = redis.call('HMGET', KEYS[1], 't:' .. names[i], 'e:' .. names[i], 'c:' .. names[i])
+  sliding[i] = ARGV[b + 5] == '1'
+  local h = redis.call('HMGET', KEYS[1], 't:' .. names[i], 'e:' .. names[i], 'c:' .. names[i], 'p:' .. names[i], 'l:' .. names[i])
   toks[i] = tonumber(h[1])
   ends[i] = tonumber(h[2])
   owed[i] = tonumber(h[3]) or 0
+  paused[i] = tonumber(h[4]) or 0
+  if paused[i] > now then keep_min = math.max(keep_min, paused[i] - now) end
+  if sliding[i] then
+    width[i] = math.max(1, math.floor(periods[i] / SLOTS))
+    nslots[i] = math.ceil(periods[i] / width[i])
+    cur[i] = math.floor(now / width[i])
+    low[i] = tonumber(h[5])
+    local f = {}
+    for j = 0, nslots[i] do
+      table.insert(f, slotfield(i, cur[i] - nslots[i] + j))
+      table.insert(f, slotnum(i, cur[i] - nslots[i] + j))
+    end
+    local v = redis.call('HMGET', KEYS[1], unpack(f))
+    vals[i], sums[i] = {}, 0
+    for j = 0, nslots[i] do
+      -- a ring field of an older slot counts nothing
+      if tonumber(v[2 * j + 2]) == cur[i] - nslots[i] + j then
+        vals[i][j] = tonumber(v[2 * j + 1]) or 0
+      else
+        vals[i][j] = 0
+      end
+      sums[i] = sums[i] + vals[i][j]
+    end
+    -- when the window is empty: the newest slot holding something leaves
+    ends[i] = nil
+    for j = nslots[i], 0, -1 do
+      if vals[i][j] > 0 then
+        ends[i] = (cur[i] - nslots[i] + j + nslots[i] + 1) * width[i]
+        break
+      end
+    end
+  end
+end
+
+-- slot_add adds a to slot s (a counted one) of sliding dimension i,
+-- never below 0, and writes it.
+local sliding_changed = false
+local function slot_add(i, s, a)
+  local j = s - (cur[i] - nslots[i])
+  local v = math.max(vals[i][j] + a, 0)
+  sums[i] = sums[i] - vals[i][j] + v
+  vals[i][j] = v
+  redis.call('HSET', KEYS[1], slotfield(i, s), string.format('%.0f', v), slotnum(i, s), string.format('%.0f', s), 'l:' .. names[i], '1')
+  if v > 0 then
+    ends[i] = math.max(ends[i] or 0, (s + nslots[i] + 1) * width[i])
+  end
+  low[i] = 1
+  sliding_changed = true
+end
+
+-- slide_hold holds sliding dimension i until the end the caller knows,
+-- when no slot of it is on record (see "Sliding").
+local function slide_hold(i)
+  if known[i] <= now + 1 or low[i] then
+    return
+  end
+  local s = math.ceil(known[i] / width[i]) - nslots[i] - 1
+  s = math.min(math.max(s, cur[i] - nslots[i]), cur[i])
+  slot_add(i, s, limits[i] - sums[i])
 end
 
 -- ends_reply lists the dimensions' ends on record, 0 for none.
@@ -128,11 +224,13 @@ local function store(changed)
       table.insert(args, string.format('%.0f', owed[i]))
     end
   end
-  if #args == 0 then return end
-  redis.call('HSET', KEYS[1], unpack(args))
-  local keep = 1
+  if #args == 0 and not sliding_changed then return end
+  if #args > 0 then redis.call('HSET', KEYS[1], unpack(args)) end
+  local keep = keep_min
   for i = 1, D do
-    if ends[i] then
+    if sliding[i] then
+      if ends[i] and ends[i] - now > keep then keep = ends[i] - now end
+    elseif ends[i] then
       local n = 0
       if toks[i] < 0 then n = math.ceil(-toks[i] / limits[i]) end
       local h = ends[i] - now + n * periods[i]
@@ -161,11 +259,35 @@ local function hold(i)
   end
 end
 
+if mode == 'pause' then
+  for i = 1, D do
+    if amounts[i] > 0 and now + amounts[i] > paused[i] then
+      paused[i] = now + amounts[i]
+      redis.call('HSET', KEYS[1], 'p:' .. names[i], string.format('%.0f', paused[i]))
+      keep_min = math.max(keep_min, amounts[i])
+      sliding_changed = true
+    end
+  end
+  store({})
+  return ends_reply({1, now})
+end
+
 if mode == 'settle' then
   for i = 1, D do
     local a = amounts[i]
-    if a ~= 0 then hold(i) end
-    if a > 0 then
+    if sliding[i] then
+      if a ~= 0 then slide_hold(i) end
+      local m = nil
+      if mark > 0 then m = math.floor(mark / width[i]) end
+      if a ~= 0 and m and m >= cur[i] - nslots[i] and m <= cur[i] then
+        slot_add(i, m, a) -- the grant's slot, still counted
+      elseif a > 0 then
+        slot_add(i, cur[i], a)
+      end
+    elseif a ~= 0 then hold(i) end
+    if sliding[i] then
+      -- done above
+    elseif a > 0 then
       if not ends[i] then
         toks[i], ends[i], owed[i] = 0, now, 0
       end
@@ -199,9 +321,41 @@ end
 
 local ok = true
 local delay, worst, best, bestRatio = 0, 0, 0, nil
+-- rem and reset describe dimension i for the reply
+local function rem(i)
+  if sliding[i] then return limits[i] - sums[i] end
+  return toks[i]
+end
+local function reset(i)
+  if not sliding[i] then return ends[i] - now end
+  for j = 0, nslots[i] do
+    if vals[i][j] > 0 then return (cur[i] - nslots[i] + j + nslots[i] + 1) * width[i] - now end
+  end
+  return 0
+end
 for i = 1, D do
   local a = amounts[i]
-  if a > 0 then
+  if a > 0 and paused[i] > now then
+    ok = false
+    if paused[i] - now > delay or worst == 0 then delay, worst = paused[i] - now, i end
+  end
+  if a > 0 and sliding[i] then
+    slide_hold(i)
+    if sums[i] + a > limits[i] then
+      ok = false
+      -- when enough of the oldest slots have left the window
+      local left = sums[i]
+      local d = periods[i]
+      for j = 0, nslots[i] do
+        left = left - vals[i][j]
+        if left + a <= limits[i] then
+          d = (cur[i] - nslots[i] + j + nslots[i] + 1) * width[i] - now
+          break
+        end
+      end
+      if d > delay or worst == 0 then delay, worst = d, i end
+    end
+  elseif a > 0 then
     hold(i)
     if not ends[i] or ends[i] <= now then
       -- the refill that starts a period
@@ -229,15 +383,19 @@ for i = 1, D do
 end
 if not ok then
   store(changed)
-  return ends_reply({0, delay, math.max(toks[worst], 0), ends[worst] - now, limits[worst], worst, now})
+  return ends_reply({0, delay, math.max(rem(worst), 0), reset(worst), limits[worst], worst, now})
 end
 for i = 1, D do
   if amounts[i] > 0 then
-    toks[i] = toks[i] - amounts[i]
-    changed[i] = true
-    local r = toks[i] / limits[i]
+    if sliding[i] then
+      slot_add(i, cur[i], amounts[i])
+    else
+      toks[i] = toks[i] - amounts[i]
+      changed[i] = true
+    end
+    local r = rem(i) / limits[i]
     if bestRatio == nil or r < bestRatio then best, bestRatio = i, r end
   end
 end
 store(changed)
-return ends_reply({1, 0, toks[best], ends[best] - now, limits[best], best, now})
+return ends_reply({1, 0, rem(best), reset(best), limits[best], best, now})

@@ -14,7 +14,9 @@
 //     answer's body is closed;
 //   - httpclient.WithCost: an estimate of the call's cost, one request and
 //     -estimate tokens, taken from a budget of two dimensions
-//     (bucket.NewBudget), both or none, before the send; settled with the
+//     (bucket.NewBudget), both or none, before the send, each counted
+//     over a sliding window (bucket.Dimension.Sliding; -budget periods
+//     for refills once a window instead); settled with the
 //     usage the answer reports when its body is closed (an estimate too
 //     high is given back to the grant's period, if it still runs; one too
 //     low is a debt the next periods pay); a refusal settled at once, its
@@ -24,7 +26,8 @@
 //     calls the handler again), and a call abandoned after its send keeps
 //     its slot that long, the provider still running it;
 //   - the answer's rate-limit headers and 429s reported to the fleet (a
-//     dimension with nothing left pauses it until the provider's reset).
+//     dimension with nothing left is held back until its own reset, the
+//     others not).
 //
 // A non-2xx answer is an error of the handler: the consumer calls it
 // again after a back-off, and that call takes a new estimate.
@@ -32,8 +35,12 @@
 // By default everything runs in the process: an embedded Kafka (kfake), a
 // redis-server on a free port (or an in-process stand-in, saying so), and a
 // built-in provider that enforces the three limits, counting by arrival
-// (-provider: buckets refilled continuously, or a sliding window), and
-// runs a call its caller abandoned to its end. -target sends the calls to
+// (-provider: buckets refilled continuously, a sliding window, or fixed
+// windows), takes
+// -latency ± -jitter per call, and runs a call its caller abandoned to
+// its end. The last line sums the run up: calls accepted and refused,
+// most in flight, the binding limit's share used in each full window
+// after the first, calls cut after their permit, made twice, lost. -target sends the calls to
 // another provider instead (OpenAI-style headers and usage expected).
 // -kill-instance-at kills one instance in the middle of its calls (its
 // Redis connections cut first, so it releases nothing): its slots come
@@ -52,6 +59,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,8 +88,10 @@ type config struct {
 	rpm, tpm                       int64
 	concurrency                    int64
 	window, latency, lease         time.Duration
+	jitter                         time.Duration
 	minTokens, maxTokens, estimate int64
 	target, redisAddr, provider    string
+	budget                         string
 	killAt, timeout                time.Duration
 	handlerTimeout, callTime       time.Duration
 	seed                           uint64
@@ -98,7 +108,8 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&c.tpm, "tpm", 40_000, "the provider's tokens per window, and the fleet's")
 	fs.Int64Var(&c.concurrency, "concurrency", 8, "the provider's calls in flight, and the fleet's cap")
 	fs.DurationVar(&c.window, "window", time.Minute, "the window of -rpm and -tpm")
-	fs.DurationVar(&c.latency, "latency", 300*time.Millisecond, "how long the built-in provider takes per call")
+	fs.DurationVar(&c.latency, "latency", 300*time.Millisecond, "how long the built-in provider takes per call, give or take -jitter")
+	fs.DurationVar(&c.jitter, "jitter", 100*time.Millisecond, "each call's latency is drawn from -latency less this to -latency plus this (built-in provider)")
 	fs.Int64Var(&c.minTokens, "min-tokens", 20, "the least tokens a call costs (built-in provider)")
 	fs.Int64Var(&c.maxTokens, "max-tokens", 100, "the most tokens a call costs (built-in provider)")
 	fs.Int64Var(&c.estimate, "estimate", 0, "tokens taken before each call, settled after it (0: -max-tokens, the most a call can cost)")
@@ -110,7 +121,8 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.handlerTimeout, "handler-timeout", 10*time.Second, "each handler call's deadline (consumer.WithHandlerTimeout)")
 	fs.DurationVar(&c.callTime, "call-time", time.Second, "how long a call takes: a call waits for its slot and cost at most -handler-timeout less this, and one abandoned after its send keeps its slot this long (httpclient.WithCallTime; 0: neither)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the built-in provider's token costs")
-	fs.StringVar(&c.provider, "provider", "continuous", "how the built-in provider counts -rpm and -tpm: continuous (buckets refilled continuously, as Anthropic documents) or sliding (at most the limits in any span of one window)")
+	fs.StringVar(&c.budget, "budget", "sliding", "how the fleet's budget counts -rpm and -tpm: sliding (at most the limits in any span of one window: bucket.Dimension.Sliding) or periods (refilled at most once a window)")
+	fs.StringVar(&c.provider, "provider", "continuous", "how the built-in provider counts -rpm and -tpm: continuous (buckets refilled continuously, as Anthropic documents), sliding (at most the limits in any span of one window) or fixed (at most the limits in each window from the provider's start)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -137,6 +149,10 @@ func (c config) check() error {
 		return errors.New("-rpm, -tpm and -concurrency must be at least 1")
 	case c.window <= 0 || c.latency < 0 || c.lease <= 0:
 		return errors.New("-window and -lease must be positive, -latency not negative")
+	case c.jitter < 0 || c.jitter > c.latency:
+		return errors.New("-jitter must be between 0 and -latency")
+	case c.budget != "" && c.budget != "sliding" && c.budget != "periods":
+		return fmt.Errorf("-budget %q: must be sliding or periods", c.budget)
 	case c.minTokens < 1 || c.maxTokens < c.minTokens:
 		return errors.New("-min-tokens must be at least 1 and at most -max-tokens")
 	case c.estimate < 1 || c.estimate > c.tpm:
@@ -147,8 +163,8 @@ func (c config) check() error {
 		return errors.New("-kill-instance-at needs at least 2 instances")
 	case c.handlerTimeout <= 0 || c.callTime < 0 || c.callTime >= c.handlerTimeout:
 		return errors.New("-handler-timeout must be positive, and -call-time at least 0 and less than it")
-	case c.provider != "continuous" && c.provider != "sliding":
-		return fmt.Errorf("-provider %q: must be continuous or sliding", c.provider)
+	case c.provider != "continuous" && c.provider != "sliding" && c.provider != "fixed":
+		return fmt.Errorf("-provider %q: must be continuous, sliding or fixed", c.provider)
 	}
 	return nil
 }
@@ -162,6 +178,7 @@ type summary struct {
 	stats         llmprovider.Stats
 	windows       []llmprovider.Tally
 	full          []float64 // the binding dimension's share of its limit in each full window, in %
+	steadyMin     float64   // the lowest of full[1:], when there are two or more
 	killedHeld    int64
 	slotsBack     time.Duration // after the kill, once seen (back)
 	back          bool
@@ -197,25 +214,33 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	target := c.target
 	if target == "" {
 		counting := llmprovider.Continuous
-		if c.provider == "sliding" {
+		switch c.provider {
+		case "sliding":
 			counting = llmprovider.Sliding
+		case "fixed":
+			counting = llmprovider.Fixed
 		}
 		prov, err = llmprovider.Start(llmprovider.Config{
 			RPM: c.rpm, TPM: c.tpm, Concurrency: int(c.concurrency), Window: c.window, Counting: counting,
-			MinTokens: c.minTokens, MaxTokens: c.maxTokens, Seed: c.seed, Latency: c.latency,
+			MinTokens: c.minTokens, MaxTokens: c.maxTokens, Seed: c.seed, Latency: c.latency, Jitter: c.jitter,
 		})
 		if err != nil {
 			return summary{}, err
 		}
 		defer prov.Close()
 		target = prov.URL() + "/v1/chat/completions"
-		fmt.Fprintf(out, "provider: %s: %d requests and %d tokens per %v (%s), %d in flight; each call %v, %d–%d tokens, known after it\n",
-			target, c.rpm, c.tpm, c.window, counting, c.concurrency, c.latency, c.minTokens, c.maxTokens)
+		fmt.Fprintf(out, "provider: %s: %d requests and %d tokens per %v (%s), %d in flight; each call %v ± %v, %d–%d tokens, known after it\n",
+			target, c.rpm, c.tpm, c.window, counting, c.concurrency, c.latency, c.jitter, c.minTokens, c.maxTokens)
 	} else {
 		fmt.Fprintf(out, "provider: %s\n", target)
 	}
-	fmt.Fprintf(out, "fleet:    %d instances; one budget of %d requests and %d tokens per %v, %d slots (lease %v), in Redis; %d tokens taken per call, settled after it\n\n",
-		c.instances, c.rpm, c.tpm, c.window, c.concurrency, c.lease, c.estimate)
+	sliding := c.budget != "periods"
+	budgetKind := "periods"
+	if sliding {
+		budgetKind = "sliding window"
+	}
+	fmt.Fprintf(out, "fleet:    %d instances; one budget of %d requests and %d tokens per %v (%s), %d slots (lease %v), in Redis; %d tokens taken per call, settled after it\n\n",
+		c.instances, c.rpm, c.tpm, c.window, budgetKind, c.concurrency, c.lease, c.estimate)
 
 	produced := make(chan error, 1)
 	go func() { produced <- produce(ctx, seeds, c.records, c.partitions) }()
@@ -245,8 +270,8 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		defer budgetRDB.Close()
 		defer slotsRDB.Close()
 		budget, err := bucket.NewBudget(budgetRDB, "llm-demo", []bucket.Dimension{
-			{Name: "requests", Limit: c.rpm, Interval: c.window},
-			{Name: "tokens", Limit: c.tpm, Interval: c.window},
+			{Name: "requests", Limit: c.rpm, Interval: c.window, Sliding: sliding},
+			{Name: "tokens", Limit: c.tpm, Interval: c.window, Sliding: sliding},
 		})
 		if err != nil {
 			return summary{}, err
@@ -408,15 +433,26 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	if len(s.windows) > 0 {
 		var parts []string
 		for i, w := range s.windows {
-			share := 100 * max(float64(w.Requests)/float64(c.rpm), float64(w.Tokens)/float64(c.tpm))
+			busy := w.Busy.Seconds() / (float64(c.concurrency) * c.window.Seconds())
+			share := 100 * max(float64(w.Requests)/float64(c.rpm), float64(w.Tokens)/float64(c.tpm), busy)
 			if i < len(s.windows)-1 {
 				s.full = append(s.full, share)
 			}
-			parts = append(parts, fmt.Sprintf("%d req / %d tok (%.0f%%)", w.Requests, w.Tokens, share))
+			parts = append(parts, fmt.Sprintf("%d req / %d tok / %.0f%% busy (%.0f%%)", w.Requests, w.Tokens, 100*busy, share))
 		}
 		fmt.Fprintf(out, "  per window from the first call: %s\n", strings.Join(parts, ", "))
-		fmt.Fprintf(out, "  (the last window is partial; the binding dimension's share of its limit in parentheses)\n")
+		fmt.Fprintf(out, "  (the last window is partial; busy: the calls' running time over the concurrency limit's; the binding dimension's share of its limit in parentheses)\n")
 	}
+	// Steady state: the full windows after the first (the start-up's).
+	steady := "none (fewer than two full windows)"
+	if len(s.full) >= 2 {
+		st := slices.Clone(s.full[1:])
+		slices.Sort(st)
+		s.steadyMin = st[0]
+		steady = fmt.Sprintf("%.0f%% lowest, %.0f%% median over %d windows", st[0], st[len(st)/2], len(st))
+	}
+	fmt.Fprintf(out, "\nsummary: %d accepted, %d refused (%.1f%% of accepted), most in flight %d of %d, binding limit used in steady state %s, %d cut after their permit, %d made twice, %d lost\n",
+		st.Accepted, st.Refused, percent(st.Refused, st.Accepted), st.MaxInFlight, c.concurrency, steady, st.Cut, st.Duplicates, s.lost)
 	return s, runErr
 }
 

@@ -67,6 +67,21 @@ func TestFleetKeepsTheProvidersLimits(t *testing.T) {
 	assert.Zero(t, s.stats.Cut, "no call was cut after its permit")
 }
 
+// A budget counted over a sliding window (the example's default) keeps
+// a provider that counts a sliding window from refusing: at most its
+// limits in any span of one window, however the grants fall. (Counted in
+// periods, the grants at a period's start came right after the late
+// grants of the one before, and the provider refused them.)
+func TestSlidingBudgetIsNotRefusedByASlidingProvider(t *testing.T) {
+	c := small()
+	c.provider, c.records, c.jitter = "sliding", 240, 20*time.Millisecond
+	s := runSmall(t, c)
+	assert.Zero(t, s.lost, "records lost")
+	assert.LessOrEqual(t, s.stats.MaxRequestsInWindow, c.rpm)
+	assert.LessOrEqual(t, s.stats.MaxTokensInWindow, c.tpm)
+	assert.LessOrEqual(t, s.stats.Refused*100, s.stats.Accepted, "refusals above 1%% of the calls accepted: %+v", s.stats)
+}
+
 // A handler's deadline shorter than the wait for a slot does not cut
 // calls: the Transport takes no slot or cost once less than the call's
 // time is left (WithCallTime), and the consumer calls the handler again.
@@ -117,6 +132,8 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-min-tokens", "10", "-max-tokens", "5"},
 		{"-kill-instance-at", "1s", "-instances", "1"},
 		{"-provider", "leaky"},
+		{"-budget", "leaky"},
+		{"-jitter", "1s"},
 		{"-call-time", "10s"},
 	} {
 		var out, errs bytes.Buffer

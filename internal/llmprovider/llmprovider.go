@@ -63,6 +63,10 @@ const (
 	// holds its share. Any span of one Window admits at most twice the
 	// limit (a full bucket, then a Window's refill).
 	Continuous
+	// Fixed admits at most RPM calls and TPM tokens in each window of one
+	// Window, the windows following each other from the provider's
+	// start: what a window admitted counts no more at its end.
+	Fixed
 )
 
 // String names the counting, as examples/llm's -provider flag does.
@@ -70,6 +74,8 @@ func (c Counting) String() string {
 	switch c {
 	case Sliding:
 		return "sliding"
+	case Fixed:
+		return "fixed"
 	case Continuous:
 		return "continuous"
 	}
@@ -97,8 +103,10 @@ type Config struct {
 	// (both included). Default: 1 each. Seed seeds the draws.
 	MinTokens, MaxTokens int64
 	Seed                 uint64
-	// Latency is how long an admitted call takes to answer.
-	Latency time.Duration
+	// Latency is how long an admitted call takes to answer, give or take
+	// Jitter: each call's is drawn uniformly from Latency-Jitter to
+	// Latency+Jitter (Jitter at most Latency).
+	Latency, Jitter time.Duration
 	// Clock is the provider's clock: arrivals, windows and latency.
 	// Default: the real clock.
 	Clock clockwork.Clock
@@ -123,18 +131,29 @@ type Provider struct {
 	// Continuous counting: what the buckets hold, as of filled.
 	reqLevel, tokLevel float64
 	filled             time.Time
+	// Fixed counting: the running window's start and what it admitted.
+	started            time.Time
+	fixedStart         time.Time
+	fixedReq, fixedTok int64
 	stats              Stats
 	all                []arrival // every admitted call, for Tallies
 }
 
-// arrival is an admitted call: when it arrived and what it cost.
+// arrival is an admitted call: when it arrived, what it cost, and how
+// long it ran.
 type arrival struct {
 	at     time.Time
 	tokens int64
+	busy   time.Duration
 }
 
-// Tally is what a Provider admitted in one window.
-type Tally struct{ Requests, Tokens int64 }
+// Tally is what a Provider admitted in one window: calls, tokens, and
+// the time they ran (the sum of their latencies: divided by the window
+// and the concurrency limit, the share of the limit they used).
+type Tally struct {
+	Requests, Tokens int64
+	Busy             time.Duration
+}
 
 // Tallies returns the calls and tokens admitted in each consecutive
 // Window from the first admitted call's arrival (the last one partial).
@@ -150,6 +169,7 @@ func (p *Provider) Tallies() []Tally {
 		t := &out[int(a.at.Sub(first)/p.cfg.Window)]
 		t.Requests++
 		t.Tokens += a.tokens
+		t.Busy += a.busy
 	}
 	return out
 }
@@ -210,8 +230,10 @@ func Start(cfg Config) (*Provider, error) {
 		return nil, errs.Invalid(pkg, "MaxTokens", cfg.MaxTokens, "must be at most TPM, or some calls could never pass")
 	case cfg.Latency < 0:
 		return nil, errs.Invalid(pkg, "Latency", cfg.Latency, "must not be negative")
-	case cfg.Counting != Sliding && cfg.Counting != Continuous:
-		return nil, errs.Invalid(pkg, "Counting", int(cfg.Counting), "must be Sliding or Continuous")
+	case cfg.Jitter < 0 || cfg.Jitter > cfg.Latency:
+		return nil, errs.Invalid(pkg, "Jitter", cfg.Jitter, "must be between 0 and Latency")
+	case cfg.Counting != Sliding && cfg.Counting != Continuous && cfg.Counting != Fixed:
+		return nil, errs.Invalid(pkg, "Counting", int(cfg.Counting), "must be Sliding, Continuous or Fixed")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -225,6 +247,7 @@ func Start(cfg Config) (*Provider, error) {
 		seen:  make(map[string]int),
 	}
 	p.reqLevel, p.tokLevel, p.filled = float64(cfg.RPM), float64(cfg.TPM), cfg.Clock.Now()
+	p.started = p.filled
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 5 * time.Second}
 	p.done.Add(1)
 	go func() {
@@ -267,6 +290,7 @@ func (p *Provider) Seen(id string) int {
 // state of its limits for the headers.
 type decision struct {
 	refusedBy  string        // "" when admitted
+	at         time.Time     // the call's arrival
 	retry      time.Duration // on a refusal by a window: until the call would pass
 	tokens     int64         // the call's cost
 	end        time.Time     // when an admitted call's latency is over
@@ -298,8 +322,8 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"error":{"type":"rate_limit_exceeded","message":"%s limit reached"}}`, d.refusedBy)
 		return
 	}
-	if p.cfg.Latency > 0 {
-		t := p.clock.NewTimer(p.cfg.Latency)
+	if lat := d.end.Sub(d.at); lat > 0 {
+		t := p.clock.NewTimer(lat)
 		select {
 		case <-t.Chan():
 		case <-r.Context().Done():
@@ -352,10 +376,17 @@ func (p *Provider) arrive(record string) decision {
 		}
 	}
 	p.running = kept
-	d := decision{tokens: c.MinTokens + p.rng.Int64N(c.MaxTokens-c.MinTokens+1), end: now.Add(c.Latency)}
-	if c.Counting == Continuous {
+	lat := c.Latency
+	if c.Jitter > 0 {
+		lat += time.Duration(p.rng.Int64N(int64(2*c.Jitter)+1)) - c.Jitter
+	}
+	d := decision{tokens: c.MinTokens + p.rng.Int64N(c.MaxTokens-c.MinTokens+1), at: now, end: now.Add(lat)}
+	switch c.Counting {
+	case Continuous:
 		p.continuous(now, &d)
-	} else {
+	case Fixed:
+		p.fixed(now, &d)
+	default:
 		p.sliding(now, &d)
 	}
 	if d.refusedBy != "" {
@@ -363,7 +394,7 @@ func (p *Provider) arrive(record string) decision {
 		return d
 	}
 	p.window = append(p.window, arrival{at: now, tokens: d.tokens})
-	p.all = append(p.all, arrival{at: now, tokens: d.tokens})
+	p.all = append(p.all, arrival{at: now, tokens: d.tokens, busy: d.end.Sub(now)})
 	p.inWindow += d.tokens
 	p.inFlight++
 	s := &p.stats
@@ -422,6 +453,35 @@ func (p *Provider) sliding(now time.Time, d *decision) {
 	}
 	d.reqLimited, d.tokLimited = c.RPM > 0, c.TPM > 0
 	d.remReq, d.remTok = c.RPM-n, c.TPM-tok
+	d.resetReq, d.resetTok = reset, reset
+}
+
+// fixed decides d by the calls and tokens of the running fixed window
+// (from the provider's start), and sets the headers' state: what remains
+// after the call, and when the window ends.
+func (p *Provider) fixed(now time.Time, d *decision) {
+	c := p.cfg
+	start := p.started.Add(now.Sub(p.started) / c.Window * c.Window)
+	if !p.fixedStart.Equal(start) {
+		p.fixedStart, p.fixedReq, p.fixedTok = start, 0, 0
+	}
+	reset := start.Add(c.Window).Sub(now)
+	switch {
+	case c.Concurrency > 0 && p.inFlight >= c.Concurrency:
+		d.refusedBy = "concurrency"
+		p.stats.RefusedConcurrency++
+	case c.RPM > 0 && p.fixedReq+1 > c.RPM:
+		d.refusedBy, d.retry = "requests", reset
+		p.stats.RefusedRequests++
+	case c.TPM > 0 && p.fixedTok+d.tokens > c.TPM:
+		d.refusedBy, d.retry = "tokens", reset
+		p.stats.RefusedTokens++
+	default:
+		p.fixedReq++
+		p.fixedTok += d.tokens
+	}
+	d.reqLimited, d.tokLimited = c.RPM > 0, c.TPM > 0
+	d.remReq, d.remTok = c.RPM-p.fixedReq, c.TPM-p.fixedTok
 	d.resetReq, d.resetTok = reset, reset
 }
 

@@ -437,3 +437,50 @@ func TestUsageIsOpenAIs(t *testing.T) {
 		assert.Equal(t, u.Usage.TotalTokens, u.Usage.PromptTokens+u.Usage.CompletionTokens)
 	}
 }
+
+// TestFixedCountingStartsAfreshEachWindow: a fixed window admits its
+// limits, refuses beyond them until its end (the reset naming it), and
+// the next window admits its limits afresh, right after the last calls
+// of the one before.
+func TestFixedCountingStartsAfreshEachWindow(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	p := start(t, llmprovider.Config{RPM: 3, TPM: 100, Window: time.Second, MinTokens: 10, MaxTokens: 10,
+		Counting: llmprovider.Fixed, Clock: clk})
+	clk.Advance(900 * time.Millisecond)
+	for i := range 3 {
+		r := call(t, p, "")
+		require.Equal(t, http.StatusOK, r.status, "call %d", i)
+		assert.Equal(t, fmt.Sprint(2-i), r.header.Get("X-Ratelimit-Remaining-Requests"))
+		assert.Equal(t, "100ms", r.header.Get("X-Ratelimit-Reset-Requests"), "the window ends 100 ms on")
+	}
+	r := call(t, p, "")
+	require.Equal(t, http.StatusTooManyRequests, r.status)
+	assert.Equal(t, "requests", r.header.Get(llmprovider.RefusedHeader))
+	clk.Advance(100 * time.Millisecond)
+	for i := range 3 {
+		require.Equal(t, http.StatusOK, call(t, p, "").status, "call %d of the next window", i)
+	}
+	require.Equal(t, http.StatusTooManyRequests, call(t, p, "").status)
+	s := p.Stats()
+	assert.Equal(t, int64(6), s.Accepted)
+	assert.Equal(t, int64(6), s.MaxRequestsInWindow, "fixed windows admit twice the limit within one window across their edge")
+}
+
+// TestLatencyIsDrawnWithinTheJitter: each call runs Latency give or take
+// Jitter, and the tallies sum the calls' running times.
+func TestLatencyIsDrawnWithinTheJitter(t *testing.T) {
+	const lat, jit = 40 * time.Millisecond, 20 * time.Millisecond
+	p := start(t, llmprovider.Config{Window: time.Hour, Latency: lat, Jitter: jit, Seed: 3})
+	const n = 20
+	for i := range n {
+		require.Equal(t, http.StatusOK, call(t, p, "").status, "call %d", i)
+	}
+	tl := p.Tallies()
+	require.Len(t, tl, 1)
+	assert.Equal(t, int64(n), tl[0].Requests)
+	assert.GreaterOrEqual(t, tl[0].Busy, n*(lat-jit))
+	assert.LessOrEqual(t, tl[0].Busy, n*(lat+jit))
+	assert.NotEqual(t, n*lat, tl[0].Busy, "latencies drawn, not all the same")
+	_, err := llmprovider.Start(llmprovider.Config{Latency: lat, Jitter: 2 * lat})
+	assert.ErrorIs(t, err, throttle.ErrInvalid, "a jitter beyond the latency")
+}

@@ -2,8 +2,11 @@ package httpclient
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/headway-go/headway/throttle"
 )
 
 // The accounting headers of LLM providers: several dimensions (requests,
@@ -12,6 +15,8 @@ import (
 
 // dimension names the headers of one dimension a provider accounts for.
 type dimension struct {
+	// name is the dimension's name in a throttle.Exhausted.
+	name                    string
 	limit, remaining, reset string
 	// requests: the limit counts calls, per minute, and is advertised to
 	// the adaptive rate; the others count tokens.
@@ -24,12 +29,12 @@ type dimension struct {
 // durations, "6m0s") and Anthropic's anthropic-ratelimit-* headers
 // (resets are RFC 3339 times). Both count per minute.
 var accountingDimensions = []dimension{
-	{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests", true, parseGoDuration},
-	{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens", false, parseGoDuration},
-	{"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset", true, parseRFC3339},
-	{"Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset", false, parseRFC3339},
-	{"Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset", false, parseRFC3339},
-	{"Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset", false, parseRFC3339},
+	{"requests", "X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests", true, parseGoDuration},
+	{"tokens", "X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens", false, parseGoDuration},
+	{"requests", "Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset", true, parseRFC3339},
+	{"tokens", "Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset", false, parseRFC3339},
+	{"input-tokens", "Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset", false, parseRFC3339},
+	{"output-tokens", "Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset", false, parseRFC3339},
 }
 
 // accountingWindow is the window of the requests limits the accounting
@@ -60,6 +65,32 @@ func accountingReset(h http.Header, now time.Time) (time.Duration, bool) {
 		}
 	}
 	return latest, exhausted
+}
+
+// accountingExhausted lists the dimensions of h with nothing remaining
+// and a reset that parses, each with its reset (capped at maxPause), in
+// the order of accountingDimensions; a dimension both providers' headers
+// name is listed once, with the later reset.
+func accountingExhausted(h http.Header, now time.Time) []throttle.Exhausted {
+	var out []throttle.Exhausted
+	for _, d := range accountingDimensions {
+		v := h.Get(d.reset)
+		if v == "" || !noneLeft(h, d.remaining) {
+			continue
+		}
+		reset, ok := d.parse(v, now)
+		if !ok {
+			continue
+		}
+		reset = min(reset, maxPause)
+		i := slices.IndexFunc(out, func(e throttle.Exhausted) bool { return e.Dimension == d.name })
+		if i < 0 {
+			out = append(out, throttle.Exhausted{Dimension: d.name, RetryAfter: reset})
+		} else {
+			out[i].RetryAfter = max(out[i].RetryAfter, reset)
+		}
+	}
+	return out
 }
 
 // accountingLimit is the smallest requests limit the accounting headers

@@ -262,3 +262,64 @@ func TestWithAnswerHookPausesTheFleet(t *testing.T) {
 	defer pb.mu.Unlock()
 	assert.Equal(t, []string{"=1.8s"}, pb.pauses)
 }
+
+// TestTransportHoldsOnlyTheExhaustedDimension: an answer with requests
+// exhausted for 300 ms and tokens for 3 s holds back, across the fleet
+// sharing one Budget, each dimension until its own reset and no longer:
+// a call that needs requests only goes after 300 ms, one that needs
+// tokens waits the 3 s. (The whole budget was paused for the later
+// reset, 3 s, whatever the call needed.)
+func TestTransportHoldsOnlyTheExhaustedDimension(t *testing.T) {
+	rs := redisenv.New(t)
+	srv := newCountingServer(t, clockwork.NewRealClock(), func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n == 1 {
+			w.Header().Set("x-ratelimit-remaining-requests", "0")
+			w.Header().Set("x-ratelimit-reset-requests", "300ms")
+			w.Header().Set("x-ratelimit-remaining-tokens", "0")
+			w.Header().Set("x-ratelimit-reset-tokens", "3s")
+		}
+		w.Write([]byte(`{"usage":{"total_tokens":10}}`))
+	})
+	client := func(est throttle.Cost) *http.Client {
+		b, err := bucket.NewBudget(rs.Client(), "dims", []bucket.Dimension{
+			{Name: "requests", Limit: 100, Interval: time.Minute},
+			{Name: "tokens", Limit: 10_000, Interval: time.Minute},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim := throttle.New(b)
+		t.Cleanup(func() { lim.Close() })
+		return &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport),
+			httpclient.WithCost(func(*http.Request) (throttle.Cost, error) { return est, nil }, nil))}
+	}
+	get := func(c *http.Client, maxWait time.Duration) error {
+		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), maxWait), http.MethodGet, srv.URL, nil)
+		resp, err := c.Do(req)
+		if err == nil {
+			drain(resp)
+		}
+		return err
+	}
+	withTokens := client(throttle.Cost{"requests": 1, "tokens": 10})
+	requestsOnly := client(throttle.Cost{"requests": 1})
+	if err := get(withTokens, 0); err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	if err := get(withTokens, 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("a call needing tokens during their pause = %v, want ErrTimeout", err)
+	}
+	start := time.Now()
+	if err := get(requestsOnly, 2*time.Second); err != nil {
+		t.Fatalf("a call needing requests only, waiting 2 s: %v; want it sent after the requests' 300 ms", err)
+	}
+	if waited := time.Since(start); waited < 250*time.Millisecond {
+		t.Fatalf("the requests-only call went after %v, before the requests' reset", waited)
+	}
+	if err := get(withTokens, 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("a call needing tokens before their reset = %v, want ErrTimeout", err)
+	}
+	if n := srv.count(); n != 2 {
+		t.Fatalf("the provider saw %d calls, want 2", n)
+	}
+}

@@ -44,9 +44,11 @@ import (
 //   - The accounting headers of LLM providers (OpenAI's x-ratelimit-*,
 //     Anthropic's anthropic-ratelimit-*; see [RetryAfter]) count each
 //     dimension apart: any dimension with nothing remaining, requests or
-//     tokens, and a reset time sets Retry until its reset, so the fleet
-//     pauses until the provider admits calls again. A tokens limit is not
-//     a limit on calls: it sets no Limit.
+//     tokens, and a reset time sets Retry until the latest such reset.
+//     (The Transport does better for a budget of those dimensions, a
+//     [throttle.DimensionPauser] such as bucket.Budget: it holds back
+//     each exhausted dimension until its own reset, and nothing else.)
+//     A tokens limit is not a limit on calls: it sets no Limit.
 //
 // Absolute times (HTTP dates, Unix times, RFC 3339) are read against
 // the response's Date header, as [RetryAfter] says, and RetryAfter is
@@ -60,12 +62,11 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 	if resp == nil {
 		return a
 	}
+	read := resp
 	switch resp.StatusCode {
 	case http.StatusTooManyRequests:
 		a.Refused = true
-		a.RetryAfter, a.Retry = RetryAfter(resp, now)
 	case http.StatusServiceUnavailable:
-		a.RetryAfter, a.Retry = RetryAfter(resp, now)
 	default:
 		// Only a reset with nothing remaining counts here: RetryAfter
 		// applies that rule to resets; a bare Retry-After (or
@@ -73,8 +74,9 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 		h := resp.Header.Clone()
 		h.Del("Retry-After")
 		h.Del("Retry-After-Ms")
-		a.RetryAfter, a.Retry = RetryAfter(&http.Response{StatusCode: resp.StatusCode, Header: h}, now)
+		read = &http.Response{StatusCode: resp.StatusCode, Header: h}
 	}
+	a.RetryAfter, a.Retry = RetryAfter(read, now)
 	a.RetryAfter = min(a.RetryAfter, maxPause)
 	a.Limit, a.Window = advertisedLimit(resp.Header)
 	return a
@@ -97,6 +99,14 @@ func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Res
 	}
 	if a.Retry && a.RetryAfter > 0 && t.limit[resp.StatusCode] && read.Retry && a.RetryAfter <= read.RetryAfter {
 		a.Retry = false // RoundTrip pauses
+	}
+	if a.Retry && a.RetryAfter == read.RetryAfter {
+		// A retry time the accounting headers alone name (the hook left
+		// it): each exhausted dimension until its own reset, when the
+		// bucket can; else the whole bucket until the latest.
+		if ex := exhaustedOnly(resp, now); len(ex) > 0 && t.pauseDimensions(ctx, k, ex) {
+			a.Retry = false
+		}
 	}
 	if !a.Refused && !a.Retry && a.Limit == 0 {
 		return

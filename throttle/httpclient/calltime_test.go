@@ -157,3 +157,60 @@ func TestNewTransportRefusesANegativeCallTime(t *testing.T) {
 	assert.True(t, errors.Is(err, throttle.ErrInvalid))
 	assert.Contains(t, err.Error(), "WithCallTime")
 }
+
+// slowBase answers "ok" after advancing clk by d: a call of d on the
+// Limiter's clock.
+type slowBase struct {
+	clk  *clockwork.FakeClock
+	d    atomic.Int64
+	sent atomic.Int64
+}
+
+func (b *slowBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	b.sent.Add(1)
+	b.clk.Advance(time.Duration(b.d.Load()))
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+}
+
+// TestCallTimeLearnedFromRecentCalls: with WithCallTimeLearned, the room
+// a call needs before its deadline is what recent calls took (their 90th
+// percentile), not a fixed time: after calls of 2 s, a request with 1.5 s
+// left before its deadline takes nothing and sends nothing; one with 5 s
+// is sent. Before 10 calls, the floor applies; calls that get faster
+// lower it again.
+func TestCallTimeLearnedFromRecentCalls(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	b, err := throttle.NewLocal(1000, time.Hour, throttle.WithClock(clk))
+	require.NoError(t, err)
+	base := &slowBase{clk: clk}
+	base.d.Store(int64(2 * time.Second))
+	tr := mustTransport(t, throttle.New(b, throttle.WithClock(clk)), httpclient.WithBase(base), httpclient.WithCallTimeLearned(100*time.Millisecond))
+	client := &http.Client{Transport: tr}
+	do := func(left time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), left)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://provider.test/", nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return err
+	}
+	for i := range 9 {
+		require.NoError(t, do(time.Second), "call %d: fewer than 10 calls counted, the floor (100 ms) applies", i)
+	}
+	require.NoError(t, do(time.Minute))
+	sent := base.sent.Load()
+	err = do(1500 * time.Millisecond)
+	require.ErrorIs(t, err, throttle.ErrTimeout, "10 calls of 2 s counted: 1.5 s is no room")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, sent, base.sent.Load(), "nothing sent")
+	require.NoError(t, do(5*time.Second), "5 s leaves room for a call of 2 s")
+
+	base.d.Store(int64(200 * time.Millisecond))
+	for range 100 {
+		require.NoError(t, do(time.Minute))
+	}
+	require.NoError(t, do(time.Second), "the calls got faster: 1 s is room again")
+}

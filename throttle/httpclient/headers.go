@@ -81,9 +81,18 @@ func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
 	if resp == nil {
 		return 0, false
 	}
-	h := resp.Header
 	// Absolute times are on the provider's clock.
-	now = providerNow(h, now)
+	now = providerNow(resp.Header, now)
+	if d, ok := retryHeaders(resp, now); ok {
+		return d, true
+	}
+	return accountingReset(resp.Header, now)
+}
+
+// retryHeaders is RetryAfter's steps 1 to 4, before the accounting
+// headers, now being on the provider's clock.
+func retryHeaders(resp *http.Response, now time.Time) (time.Duration, bool) {
+	h := resp.Header
 	if v := h.Get("Retry-After-Ms"); v != "" {
 		if ms, frac, ok := parseDecimal(v, true); ok {
 			// Capped before the multiplication, so that it cannot overflow.
@@ -114,7 +123,7 @@ func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
 			return d, true
 		}
 	}
-	return accountingReset(h, now)
+	return 0, false
 }
 
 // providerNow is the time against which the absolute times of a response

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -68,7 +70,12 @@ const maxPause = time.Hour
 // again), an advertised limit below the configured one lowers its
 // ceiling, and a success with nothing remaining (in any dimension an LLM
 // provider reports: requests or tokens) pauses the bucket until the
-// reset.
+// reset. When only the accounting headers name the time (OpenAI's
+// x-ratelimit-remaining-tokens: 0 with its reset; a 429 without
+// Retry-After too) and the bucket is a [throttle.DimensionPauser]
+// (bucket.Budget), each exhausted dimension is held back until its own
+// reset instead, for the fleet, and a cost needing none of it goes on;
+// the Transport pauses nothing of its own then.
 //
 // Errors. RoundTrip's errors do not repeat the request's method and URL:
 // http.Client wraps them in a *url.Error that names both.
@@ -85,6 +92,7 @@ type Transport struct {
 	answer  func(*http.Response, *throttle.Answer) // WithAnswer; nil: none
 	cost    *costModel                             // WithCost; nil: a permit per request
 	call    time.Duration                          // WithCallTime; 0: none
+	learned *callTimes                             // WithCallTimeLearned; nil: not learned
 
 	mu     sync.Mutex
 	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
@@ -112,6 +120,7 @@ type transportConfig struct {
 	answer  func(*http.Response, *throttle.Answer) // WithAnswer; default nil
 	cost    *costModel                             // WithCost; default nil
 	call    time.Duration                          // WithCallTime; default 0
+	learn   bool                                   // WithCallTimeLearned; default false
 }
 
 type transportOption func(*transportConfig)
@@ -262,7 +271,20 @@ func WithConcurrency(s throttle.Slots) Option {
 //
 // Default: 0, neither. Negative values are refused by NewTransport.
 func WithCallTime(d time.Duration) Option {
-	return transportOption(func(c *transportConfig) { c.call = d })
+	return transportOption(func(c *transportConfig) { c.call, c.learn = d, false })
+}
+
+// WithCallTimeLearned is [WithCallTime] with the call's time learned
+// from the Transport's recent calls: the 90th percentile of the last 100
+// calls' times, from the send until the answer's body was closed (a call
+// its caller abandoned, or whose send failed, is not counted), and never
+// less than floor. Until 10 calls have been counted, floor is the call's
+// time (0: none). A call that gets slower raises it within a few calls;
+// one that gets faster lowers it within about 10. Default: off. A
+// negative floor is refused by NewTransport. The last of WithCallTime
+// and WithCallTimeLearned given applies.
+func WithCallTimeLearned(floor time.Duration) Option {
+	return transportOption(func(c *transportConfig) { c.call, c.learn = floor, true })
 }
 
 // ContextWithMaxWait returns a copy of ctx that makes a [Transport] wait
@@ -282,7 +304,7 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // the limiter [WithRequestKey] chooses per request. Options:
 // [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
 // [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency],
-// [WithAnswer], [WithCost], [WithCallTime], [WithLogger]. The Transport sleeps on the
+// [WithAnswer], [WithCost], [WithCallTime], [WithCallTimeLearned], [WithLogger]. The Transport sleeps on the
 // clock of the request's Limiter ([throttle.Limiter.Clock]).
 //
 // Build one Transport and share it: without [WithBase], each has a pool
@@ -338,6 +360,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		answer:  c.answer,
 		cost:    c.cost,
 		call:    c.call,
+		learned: learnedIf(c.learn),
 		paused:  make(map[pauseKey]time.Time),
 	}, nil
 }
@@ -382,13 +405,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if maxWait < 0 {
 		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
 	}
-	if t.call > 0 {
+	if call := t.callTime(); call > 0 {
 		// Leave the call its room before the deadline (WithCallTime).
 		if dl, ok := ctx.Deadline(); ok {
-			room := time.Until(dl) - t.call
+			room := time.Until(dl) - call
 			if room <= 0 {
 				return fail(fmt.Errorf("%w: %v left before the context's deadline, less than the call's time %v (%w)",
-					throttle.ErrTimeout, max(time.Until(dl), 0).Round(time.Millisecond), t.call, context.DeadlineExceeded))
+					throttle.ErrTimeout, max(time.Until(dl), 0).Round(time.Millisecond), call, context.DeadlineExceeded))
 			}
 			if maxWait == throttle.Forever || room < maxWait {
 				maxWait = room
@@ -447,6 +470,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		pause, hinted := t.react(ctx, k, resp, clock.Now())
 		answer := func() (*http.Response, error) {
 			resp = releaseOnClose(resp, t.abandoned(ctx, clock, sent, h.hand()))
+			if t.learned != nil {
+				resp = releaseOnClose(resp, func() { t.learned.add(ctx, clock.Since(sent)) })
+			}
 			if grant != nil {
 				resp = t.settleOnClose(ctx, k, resp, grant)
 			}
@@ -498,8 +524,14 @@ func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Resp
 		pause, hinted = RetryAfter(resp, now)
 		pause = min(pause, maxPause)
 		// First, so that the fleet stops at once; the adaptive rate's
-		// store calls come after.
-		t.pause(ctx, k, pause)
+		// store calls come after. A retry time from the accounting
+		// headers alone holds back only the dimensions they name, each
+		// until its own reset, when the bucket can (a Budget).
+		if ex := exhaustedOnly(resp, now); len(ex) > 0 && t.pauseDimensions(ctx, k, ex) {
+			// paused per dimension
+		} else {
+			t.pause(ctx, k, pause)
+		}
 	}
 	t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
 	done = true
@@ -563,7 +595,7 @@ func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Durati
 // the provider may still run a call its caller abandoned. Without a call
 // time, or a slot (nil), it returns release as it is.
 func (t *Transport) abandoned(ctx context.Context, clock clockwork.Clock, sent time.Time, release func()) func() {
-	if t.call <= 0 || release == nil {
+	if release == nil || t.call <= 0 && t.learned == nil {
 		return release
 	}
 	return func() {
@@ -571,12 +603,70 @@ func (t *Transport) abandoned(ctx context.Context, clock clockwork.Clock, sent t
 			release()
 			return
 		}
-		if wait := sent.Add(t.call).Sub(clock.Now()); wait > 0 {
+		if wait := sent.Add(t.callTime()).Sub(clock.Now()); wait > 0 {
 			clock.AfterFunc(wait, release)
 			return
 		}
 		release()
 	}
+}
+
+// callTime is the room a call needs (WithCallTime, WithCallTimeLearned).
+func (t *Transport) callTime() time.Duration {
+	if t.learned == nil {
+		return t.call
+	}
+	return max(t.call, t.learned.p90())
+}
+
+// learnedIf returns a record of calls' times when learn is true.
+func learnedIf(learn bool) *callTimes {
+	if !learn {
+		return nil
+	}
+	return &callTimes{}
+}
+
+// Calls counted for WithCallTimeLearned, and the fewest before they say
+// anything.
+const (
+	learnedCalls    = 100
+	learnedAtLeast  = 10
+	learnedQuantile = 0.9
+)
+
+// callTimes keeps the times of the last learnedCalls calls.
+type callTimes struct {
+	mu   sync.Mutex
+	ring [learnedCalls]time.Duration
+	n    int // calls counted, in all
+}
+
+// add counts a call of d, unless ctx ended: its caller abandoned it, and
+// its time is not known.
+func (c *callTimes) add(ctx context.Context, d time.Duration) {
+	if ctx.Err() != nil || d < 0 {
+		return
+	}
+	c.mu.Lock()
+	c.ring[c.n%learnedCalls] = d
+	c.n++
+	c.mu.Unlock()
+}
+
+// p90 is the 90th percentile of the calls counted, 0 before learnedAtLeast.
+func (c *callTimes) p90() time.Duration {
+	c.mu.Lock()
+	n := min(c.n, learnedCalls)
+	if n < learnedAtLeast {
+		c.mu.Unlock()
+		return 0
+	}
+	ds := make([]time.Duration, n)
+	copy(ds, c.ring[:n])
+	c.mu.Unlock()
+	slices.Sort(ds)
+	return ds[int(math.Ceil(learnedQuantile*float64(n)))-1]
 }
 
 // heldSlot is a request's slot until it is freed or handed on.
@@ -757,6 +847,34 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 			t.log.Warn("httpclient: pausing the bucket failed; paused this Transport only", "key", k.Key(), "pause", d, "err", err)
 		}
 	}
+}
+
+// exhaustedOnly is the dimensions resp's accounting headers name as
+// exhausted, when no other header names a retry time (nil otherwise).
+func exhaustedOnly(resp *http.Response, now time.Time) []throttle.Exhausted {
+	pnow := providerNow(resp.Header, now)
+	if _, other := retryHeaders(resp, pnow); other {
+		return nil
+	}
+	return accountingExhausted(resp.Header, pnow)
+}
+
+// pauseDimensions pauses the dimensions ex of k's bucket, for the whole
+// fleet, when the bucket is a throttle.DimensionPauser and k's Limiter
+// does not lease; it reports whether it did (a failed pause is logged:
+// the Transport's own pause would be of every dimension).
+func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []throttle.Exhausted) bool {
+	dp, ok := k.Limiter().Bucket().(throttle.DimensionPauser)
+	if !ok {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := dp.PauseDimensions(pctx, k.Key(), ex); err != nil {
+		t.log.Warn("httpclient: pausing the budget's exhausted dimensions failed; paused this Transport only", "key", k.Key(), "err", err)
+		return false
+	}
+	return true
 }
 
 // fits reports whether a retry after pause stays within the request's wait:
