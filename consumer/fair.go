@@ -240,6 +240,11 @@ type tenant struct {
 
 const fairScale = 1 << 24
 
+// rebaseAt is the virtual time past which the tags are moved back to
+// start from 0 (rebase): a tenant alone moves it on by up to fairScale
+// per permit, and int64 would overflow after 2^39 permits.
+const rebaseAt = 1 << 62
+
 // cand is a record waiting for a permit.
 type cand struct {
 	p *partition
@@ -645,6 +650,9 @@ func (f *fair) acquire(ctx context.Context, k throttle.Keyed) grant {
 // free). needWorker reports that none was chosen for want of a worker.
 // f.mu is held.
 func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
+	if f.vtime >= rebaseAt {
+		f.rebase()
+	}
 	f.credit = min(f.credit+f.cfg.share, 1)
 	// Urgent first, within the share; beyond it only when no normal
 	// record can take the permit.
@@ -705,6 +713,26 @@ func (f *fair) next(k throttle.Keyed, worker bool) (best *tenant, i int, fromWai
 		}
 	}
 	return best, i, fromWaiters
+}
+
+// rebase moves every tag back by vtime, so that vtime is 0: the order of
+// the tags is kept, and the tags stay far from int64's end. Every start
+// tag is at least vtime; a finish tag at most vtime is unset instead (the
+// tenant starts at vtime either way), so none underflows, however many
+// rebases an idle tenant stays through; f.mu is held.
+func (f *fair) rebase() {
+	d := f.vtime
+	for _, t := range f.tenants {
+		if t.idx >= 0 {
+			t.start -= d
+		}
+		if t.finish <= d {
+			t.finish = math.MinInt64
+		} else {
+			t.finish -= d
+		}
+	}
+	f.vtime = 0
 }
 
 // sweep forgets idle tenants whose finish tag vtime has reached (they

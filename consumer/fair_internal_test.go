@@ -199,3 +199,38 @@ func TestWithFairnessRefusesBadSettings(t *testing.T) {
 		})
 	}
 }
+
+func TestFairTurnsHoldAfterVirtualTimeGrowsLarge(t *testing.T) {
+	// A tenant alone moves virtual time on by a whole step per permit: a
+	// long-running consumer (2^39 permits at weight 1) reaches the end of
+	// int64; the tenants must still take turns past it.
+	x := newFairFixture(t)
+	x.f.vtime = math.MaxInt64 - 3*fairScale
+	x.add("A", 100, false)
+	x.add("B", 100, false)
+	got := map[string]int{}
+	for _, g := range x.grants(40) {
+		got[g]++
+	}
+	assert.Equal(t, map[string]int{"A": 20, "B": 20}, got)
+}
+
+func TestFairIdleTenantKeepsItsTurnThroughRebases(t *testing.T) {
+	// B is idle while A alone moves virtual time to int64's end twice:
+	// back, B alternates with A.
+	x := newFairFixture(t)
+	x.add("B", 1, false)
+	require.Equal(t, "B", x.grant())
+	for range 2 {
+		x.f.vtime = math.MaxInt64 - 3*fairScale
+		x.add("A", 3, false)
+		x.grants(3)
+	}
+	x.add("A", 100, false)
+	x.add("B", 100, false)
+	got := map[string]int{}
+	for _, g := range x.grants(40) {
+		got[g]++
+	}
+	assert.Equal(t, map[string]int{"A": 20, "B": 20}, got)
+}
