@@ -193,6 +193,8 @@ type fair struct {
 	// (holding of them).
 	wanted, freed sync.Cond
 	holding       int
+	// holdingFor counts the seekers holding a permit per budget.
+	holdingFor map[throttle.Keyed]int
 	// tenants holds every tenant with candidates, and idle ones whose
 	// finish tag is ahead of vtime (swept).
 	tenants map[string]*tenant
@@ -273,6 +275,7 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 		tenants:    make(map[string]*tenant),
 		needs:      make(map[throttle.Keyed]int),
 		seekingFor: make(map[throttle.Keyed]int),
+		holdingFor: make(map[throttle.Keyed]int),
 		credit:     1,
 		depth:      1,
 	}
@@ -582,8 +585,9 @@ func (f *fair) adapt(took time.Duration) {
 }
 
 // give hands g to the record pick chooses; f.mu is held. With no worker
-// free for the fresh record chosen, it waits for one (at most fairSeekers
-// seekers do; the others' permits are not used, so that the seekers that
+// free for the fresh record chosen, it waits for one, or for a record in
+// work that asks for a permit of g's budget (at most fairSeekers seekers
+// do; the others' permits are not used, so that the seekers that
 // ask for the records in work are never all waiting); with no record of
 // g's budget left, the permit is not used.
 func (f *fair) give(g grant) {
@@ -596,8 +600,14 @@ func (f *fair) give(g grant) {
 		switch {
 		case cd == nil && needWorker && f.holding < fairSeekers:
 			f.holding++
-			f.freed.Wait() // a fresh record waits for a worker
+			f.holdingFor[g.k]++
+			f.freed.Wait() // a fresh record waits for a worker, or a waiter came
 			f.holding--
+			if n := f.holdingFor[g.k] - 1; n > 0 {
+				f.holdingFor[g.k] = n
+			} else {
+				delete(f.holdingFor, g.k)
+			}
 			continue
 		case cd == nil:
 			g.release() // its record went away: the permit is not used
@@ -756,7 +766,16 @@ func (f *fair) wait(p *partition, s *slot, k throttle.Keyed, wait time.Duration)
 	w := &waiter{ch: make(chan grant, 1)}
 	f.mu.Lock()
 	f.add(&cand{p: p, s: s, k: k, w: w})
-	f.kick()
+	if f.holdingFor[k] > 0 {
+		// A seeker holds a permit of k for want of a worker: it is
+		// this record's (or another waiter's of k; the seeker asks
+		// again for what is left). Asking anew instead would leave
+		// the record, and with WithConcurrency the slot the permit
+		// holds, waiting for a worker this record keeps busy.
+		f.freed.Broadcast()
+	} else {
+		f.kick()
+	}
 	f.mu.Unlock()
 	var timeout <-chan time.Time
 	if wait != throttle.Forever {

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"testing"
@@ -198,6 +199,40 @@ func TestWithFairnessRefusesBadSettings(t *testing.T) {
 			assert.Contains(t, cfg.err.Error(), "WithFairness", fmt.Sprint(cfg.err))
 		})
 	}
+}
+
+func TestFairPermitHeldForAWorkerGoesToARecordInWorkThatAsks(t *testing.T) {
+	// Every worker is busy and a fresh record waits: a permit that comes
+	// for it is held until a worker is free. A record in work that then
+	// asks for a permit of the same budget gets the held one; else, with
+	// WithConcurrency, the held permit's slot would keep the record in
+	// work (and so every worker) waiting for good.
+	x := newFairFixture(t)
+	x.p.soft = context.Background()
+	x.add("A", 1, false)
+	x.f.mu.Lock()
+	x.f.taken = x.f.c.cfg.maxInFlight
+	x.f.mu.Unlock()
+	gave := make(chan struct{})
+	go func() {
+		defer close(gave)
+		x.f.mu.Lock()
+		defer x.f.mu.Unlock()
+		x.f.give(grant{k: x.k, release: noRelease})
+	}()
+	require.Eventually(t, func() bool {
+		x.f.mu.Lock()
+		defer x.f.mu.Unlock()
+		return x.f.holding == 1
+	}, 5*time.Second, time.Millisecond, "the permit is held for want of a worker")
+
+	g := x.f.wait(x.p, &slot{tenant: "B", classified: true}, x.k, 2*time.Second)
+	require.NoError(t, g.err, "the record in work gets the held permit")
+	<-gave
+	x.f.mu.Lock()
+	defer x.f.mu.Unlock()
+	assert.Zero(t, x.f.holding)
+	assert.Equal(t, 1, x.f.fresh, "the fresh record still waits for a worker")
 }
 
 func TestFairTurnsHoldAfterVirtualTimeGrowsLarge(t *testing.T) {
