@@ -145,13 +145,13 @@ func Weights(w map[string]int) FairOption {
 // Urgent marks records of [WithFairness] urgent: an urgent record gets
 // the next permit, ahead of the normal records of every tenant, as long
 // as urgent records have taken at most share of the permits (the first
-// goes at once; then one per 1/share permits while normal records wait
-// too; all of them when none do), so that normal work always keeps at
-// least 1 − share of the limit. Urgent records take permits in the
-// order they became ready, whatever their tenant, outside the tenants'
-// turns. urgent is called once per record, like WithFairness's tenant;
-// a panic in it counts the record as normal. share must be above 0 and
-// below 1; a nil urgent is refused.
+// goes at once; then, while normal records wait too, share of the
+// permits, spread among the normal ones; all of them when none do), so
+// that normal work always keeps at least 1 − share of the limit. Urgent
+// records take permits in the order they became ready, whatever their
+// tenant, outside the tenants' turns. urgent is called once per record,
+// like WithFairness's tenant; a panic in it counts the record as
+// normal. share must be above 0 and below 1; a nil urgent is refused.
 func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 	return fairOptionFunc(func(c *fairConfig) {
 		switch {
@@ -204,7 +204,11 @@ type fair struct {
 	direct  candQueue  // fresh records that need no permit
 	vtime   int64      // start tag of the last tenant served
 	seq     uint64
-	credit  float64 // urgent permits allowed now (at most 1)
+	// lead is how far urgent records are ahead of their share: each
+	// urgent permit adds 1 − share, each normal one takes share off;
+	// an urgent record goes first while lead is not above 0. A class
+	// with no record for a permit saves up no lead or lag.
+	lead float64
 	// needs counts the queued candidates that need a permit, per budget;
 	// fresh and waiting in all; seekingFor the outstanding requests per
 	// budget, seeking in all.
@@ -242,6 +246,10 @@ type tenant struct {
 
 const fairScale = 1 << 24
 
+// leadSlack is how far above 0 fair.lead may be from rounding alone: an
+// urgent record still goes first then.
+const leadSlack = 1e-9
+
 // rebaseAt is the virtual time past which the tags are moved back to
 // start from 0 (rebase): a tenant alone moves it on by up to fairScale
 // per permit, and int64 would overflow after 2^39 permits.
@@ -276,7 +284,6 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 		needs:      make(map[throttle.Keyed]int),
 		seekingFor: make(map[throttle.Keyed]int),
 		holdingFor: make(map[throttle.Keyed]int),
-		credit:     1,
 		depth:      1,
 	}
 	f.wanted.L, f.freed.L = &f.mu, &f.mu
@@ -663,13 +670,15 @@ func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
 	if f.vtime >= rebaseAt {
 		f.rebase()
 	}
-	f.credit = min(f.credit+f.cfg.share, 1)
 	// Urgent first, within the share; beyond it only when no normal
 	// record can take the permit.
 	ui := f.urgent.find(k, worker)
 	t, ti, fromWaiters := f.next(k, worker)
-	if ui >= 0 && (f.credit >= 1 || t == nil) {
-		f.credit = max(f.credit-1, 0)
+	if ui >= 0 && (f.lead <= leadSlack || t == nil) {
+		if t == nil {
+			f.lead = min(f.lead, 0)
+		}
+		f.lead += 1 - f.cfg.share
 		cd = f.urgent.remove(ui)
 		f.unqueued(cd)
 		return cd, false
@@ -677,6 +686,10 @@ func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
 	if t == nil {
 		return nil, !worker && f.fresh > 0
 	}
+	if ui < 0 {
+		f.lead = max(f.lead, 0)
+	}
+	f.lead -= f.cfg.share
 	if fromWaiters {
 		cd = t.waiters.remove(ti)
 	} else {

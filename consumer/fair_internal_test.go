@@ -269,3 +269,22 @@ func TestFairIdleTenantKeepsItsTurnThroughRebases(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int{"A": 20, "B": 20}, got)
 }
+
+func TestFairUrgentShareAboveAHalfIsKept(t *testing.T) {
+	// With backlogs of both, urgent records get share of the permits,
+	// whatever share (above 0 and below 1) is.
+	for _, share := range []float64{0.1, 0.3, 0.5, 0.6, 0.8, 0.95} {
+		t.Run(fmt.Sprint(share), func(t *testing.T) {
+			x := newFairFixture(t, Urgent(func(r *kgo.Record) bool { return false }, share))
+			x.add("A", 2000, false)
+			x.add("C", 2000, true)
+			urgent := 0
+			for _, g := range x.grants(1000) {
+				if g == "C!" {
+					urgent++
+				}
+			}
+			assert.InDelta(t, share*1000, urgent, 2)
+		})
+	}
+}
