@@ -261,6 +261,9 @@ type cand struct {
 	s *slot
 	k throttle.Keyed // the budget its permit comes from
 	w *waiter        // nil for a fresh record
+	// since is when a fresh record became a candidate: its wait for a
+	// permit counts from there (Stats.PermitWait).
+	since time.Time
 }
 
 // waiter is a record in work waiting for its permit.
@@ -356,8 +359,10 @@ func (f *fair) urgentOf(rec *kgo.Record) (u bool) {
 func (f *fair) offer(p *partition) {
 	var cb, db [4]*cand // most offers are one record's
 	cands, directs := cb[:0], db[:0]
+	now := time.Now()
 	for p.ready.len() > 0 {
 		cd, direct := f.classify(p, p.ready.pop())
+		cd.since = now
 		if direct {
 			directs = append(directs, cd)
 		} else {
@@ -385,6 +390,8 @@ func (f *fair) add(cd *cand) {
 		cd.w.queued = true
 	} else {
 		f.fresh++
+		cd.p.waiting.Add(1) // Stats: a waiter counts itself
+		f.c.waitingRecords.Add(1)
 	}
 	if cd.s.urgent {
 		f.urgent.push(cd)
@@ -424,6 +431,8 @@ func (f *fair) unqueued(cd *cand) {
 		cd.w.queued = false
 	} else {
 		f.fresh--
+		cd.p.waiting.Add(-1)
+		f.c.waitingRecords.Add(-1)
 	}
 }
 
@@ -622,6 +631,7 @@ func (f *fair) give(g grant) {
 		case cd.w != nil:
 			cd.w.ch <- g // buffered, one grant per waiter
 		default:
+			f.c.permitWait.Add(int64(time.Since(cd.since)))
 			f.taken++
 			f.hand(cd, &g)
 		}

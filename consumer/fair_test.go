@@ -366,3 +366,41 @@ func TestFairnessKeepsEveryOrdering(t *testing.T) {
 		})
 	}
 }
+
+// Stats.PermitWait counts under WithFairness the time records wait in
+// the scheduler for their permit: three records at one permit per
+// 100 ms wait 0, 100 and 200 ms (250 ms at least in all, for slack).
+func TestFairnessCountsTheWaitForAPermitInStats(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, 3, func(_ int32, i int) string { return fmt.Sprint("A-", i) })
+	h := newHandled(3)
+	c, err := consumer.New(h.handler("a"), limiter(t, 1, 100*time.Millisecond),
+		append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 10*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.GreaterOrEqual(t, c.Stats().PermitWait, 250*time.Millisecond)
+}
+
+// Stats under WithFairness: records queued for their permit count as
+// waiting, and so does their partition.
+func TestFairnessCountsQueuedRecordsAsWaitingInStats(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, 3, func(_ int32, i int) string { return fmt.Sprint("A-", i) })
+	h := newHandled(1)
+	c, err := consumer.New(h.handler("a"), limiter(t, 1, time.Hour), // one permit, then none for an hour
+		append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 10*time.Second)
+	require.Eventually(t, func() bool { return c.Stats().WaitingRecords == 2 }, 10*time.Second, time.Millisecond)
+	s := c.Stats()
+	assert.Equal(t, 1, s.Waiting, "partitions with a record waiting")
+	require.Len(t, s.Partitions, 1)
+	assert.True(t, s.Partitions[0].Waiting)
+	require.NoError(t, r.stop(t))
+	assert.Zero(t, c.Stats().WaitingRecords)
+}
