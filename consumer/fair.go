@@ -209,13 +209,13 @@ type fair struct {
 	// an urgent record goes first while lead is not above 0. A class
 	// with no record for a permit saves up no lead or lag.
 	lead float64
-	// needs counts the queued candidates that need a permit, per budget;
-	// fresh and waiting in all; seekingFor the outstanding requests per
-	// budget, seeking in all.
-	needs, seekingFor map[throttle.Keyed]int
-	fresh, waiting    int
-	seeking, seekers  int
-	idle              int // seekers waiting for demand
+	// needs counts the queued candidates that need a permit, per budget,
+	// and waitersFor the waiters among them; fresh and waiting in all;
+	// seekingFor the outstanding requests per budget, seeking in all.
+	needs, waitersFor, seekingFor map[throttle.Keyed]int
+	fresh, waiting                int
+	seeking, seekers              int
+	idle                          int // seekers waiting for demand
 	// depth is how many requests to keep outstanding now (adapt); floor
 	// the quickest grant of the last window, floorWin of this one, grants
 	// the grants counted in it.
@@ -285,6 +285,7 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 		cfg:        cfg,
 		tenants:    make(map[string]*tenant),
 		needs:      make(map[throttle.Keyed]int),
+		waitersFor: make(map[throttle.Keyed]int),
 		seekingFor: make(map[throttle.Keyed]int),
 		holdingFor: make(map[throttle.Keyed]int),
 		depth:      1,
@@ -387,6 +388,7 @@ func (f *fair) add(cd *cand) {
 	f.needs[cd.k]++
 	if cd.w != nil {
 		f.waiting++
+		f.waitersFor[cd.k]++
 		cd.w.queued = true
 	} else {
 		f.fresh++
@@ -428,6 +430,11 @@ func (f *fair) unqueued(cd *cand) {
 	}
 	if cd.w != nil {
 		f.waiting--
+		if n := f.waitersFor[cd.k] - 1; n > 0 {
+			f.waitersFor[cd.k] = n
+		} else {
+			delete(f.waitersFor, cd.k)
+		}
 		cd.w.queued = false
 	} else {
 		f.fresh--
@@ -499,14 +506,27 @@ func (f *fair) untake() {
 // the record that would be chosen now, unless the requests outstanding
 // for it cover its candidates or reach the depth; then any budget whose
 // candidates need more. False when none does, or the candidates that can
-// use a permit now are covered. Each budget has its own requests, so a
-// budget that grants nothing (a tenant's own budget, spent) holds up no
-// other; all of them are at most WithMaxInFlight. f.mu is held.
+// use a permit now are covered. A request beyond a budget's waiters is
+// for its fresh records, which need a worker: such requests (and the
+// permits held for want of a worker) are at most the workers free, so
+// that while every worker is busy the requests are for the records in
+// work, whatever budget the records ahead in turn need. Each budget has
+// its own requests, so a budget that grants nothing (a tenant's own
+// budget, spent) holds up no other; all of them are at most
+// WithMaxInFlight. f.mu is held.
 func (f *fair) budget() (throttle.Keyed, bool) {
 	if f.demand() <= f.seeking || f.seeking >= f.c.cfg.maxInFlight {
 		return throttle.Keyed{}, false
 	}
-	wants := func(k throttle.Keyed) bool { return f.needs[k] > f.seekingFor[k] && f.seekingFor[k] < f.depth }
+	freshAsked := f.holding
+	for b, n := range f.seekingFor {
+		freshAsked += max(n-f.waitersFor[b], 0)
+	}
+	free := f.c.cfg.maxInFlight - f.taken
+	wants := func(k throttle.Keyed) bool {
+		n := f.seekingFor[k]
+		return n < f.depth && (f.waitersFor[k] > n || f.needs[k] > n && freshAsked < free)
+	}
 	var k throttle.Keyed
 	switch {
 	case f.urgent.len() > 0:
@@ -617,6 +637,7 @@ func (f *fair) give(g grant) {
 		case cd == nil && needWorker && f.holding < fairSeekers:
 			f.holding++
 			f.holdingFor[g.k]++
+			f.kick()       // the records in work may need a request this one was counted for
 			f.freed.Wait() // a fresh record waits for a worker, or a waiter came
 			f.holding--
 			if n := f.holdingFor[g.k] - 1; n > 0 {

@@ -288,3 +288,33 @@ func TestFairUrgentShareAboveAHalfIsKept(t *testing.T) {
 		})
 	}
 }
+
+func TestFairRecordInWorkGetsAPermitWhileAnotherBudgetsRecordsWaitForAWorker(t *testing.T) {
+	// One worker, busy with B's record, which asks for a permit of its
+	// budget (a retry). A's fresh records, of another budget, are ahead
+	// in turn but cannot use a permit: no worker is free. The request
+	// must be for B's budget; one for A's would be held for a worker
+	// that B's record keeps busy until it gets its permit.
+	cfg := newConfig([]Option{WithMaxInFlight(1), WithFairness(func(r *kgo.Record) string { return string(r.Key) })})
+	require.NoError(t, cfg.err)
+	c := &Consumer{cfg: cfg, log: cfg.logger}
+	f := newFair(c, cfg.fair)
+	p := &partition{c: c, soft: context.Background()}
+	budget := func() throttle.Keyed {
+		b, err := throttle.NewLocal(1000, time.Second)
+		require.NoError(t, err)
+		return throttle.New(b).Key("")
+	}
+	ka, kb := budget(), budget()
+	f.start(context.Background())
+	defer f.stop()
+	f.mu.Lock()
+	f.taken = 1 // B's record
+	for i := range 3 {
+		f.add(&cand{p: p, s: &slot{rec: kgo.Record{Key: []byte("A"), Offset: int64(i)}, tenant: "A", classified: true}, k: ka})
+	}
+	f.mu.Unlock()
+	g := f.wait(p, &slot{rec: kgo.Record{Key: []byte("B")}, tenant: "B", classified: true}, kb, 2*time.Second)
+	require.NoError(t, g.err)
+	assert.Equal(t, kb, g.k, "a permit of the record's budget")
+}
