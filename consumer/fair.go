@@ -715,7 +715,9 @@ func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
 		return cd, false
 	}
 	if t == nil {
-		return nil, !worker && f.fresh > 0
+		// No waiter of k (it would have been chosen): only a fresh
+		// record of k can take the permit, once a worker is free.
+		return nil, !worker && f.needs[k] > 0
 	}
 	if ui < 0 {
 		f.lead = max(f.lead, 0)

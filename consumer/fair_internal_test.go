@@ -318,3 +318,44 @@ func TestFairRecordInWorkGetsAPermitWhileAnotherBudgetsRecordsWaitForAWorker(t *
 	require.NoError(t, g.err)
 	assert.Equal(t, kb, g.k, "a permit of the record's budget")
 }
+
+func TestFairPermitOfABudgetWithNoRecordWaitingIsNotHeld(t *testing.T) {
+	// Every worker is busy and the fresh records waiting are of another
+	// budget: a permit of budget kb can go to none of them, now or once
+	// a worker is free, so it is given back at once instead of being
+	// held (and with it, under WithConcurrency, a slot of kb's key).
+	x := newFairFixture(t)
+	x.add("A", 2, false)
+	b, err := throttle.NewLocal(1, time.Second)
+	require.NoError(t, err)
+	kb := throttle.New(b).Key("")
+	released := false
+	x.f.mu.Lock()
+	x.f.taken = x.f.c.cfg.maxInFlight
+	gave := make(chan struct{})
+	go func() {
+		defer close(gave)
+		x.f.mu.Lock()
+		defer x.f.mu.Unlock()
+		x.f.give(grant{k: kb, release: func() { released = true }})
+	}()
+	x.f.mu.Unlock()
+	held := false
+	require.Eventually(t, func() bool {
+		select {
+		case <-gave:
+			return true
+		default:
+		}
+		x.f.mu.Lock()
+		defer x.f.mu.Unlock()
+		if x.f.holding > 0 {
+			held = true
+			x.f.quit = true // let it go
+			x.f.freed.Broadcast()
+		}
+		return false
+	}, 5*time.Second, time.Millisecond)
+	assert.False(t, held, "the permit was held for a worker")
+	assert.True(t, released, "the permit was given back")
+}
