@@ -145,13 +145,13 @@ func Weights(w map[string]int) FairOption {
 // Urgent marks records of [WithFairness] urgent: an urgent record gets
 // the next permit, ahead of the normal records of every tenant, as long
 // as urgent records have taken at most share of the permits (the first
-// goes at once; then one per 1/share permits while normal records wait
-// too; all of them when none do), so that normal work always keeps at
-// least 1 − share of the limit. Urgent records take permits in the
-// order they became ready, whatever their tenant, outside the tenants'
-// turns. urgent is called once per record, like WithFairness's tenant;
-// a panic in it counts the record as normal. share must be above 0 and
-// below 1; a nil urgent is refused.
+// goes at once; then, while normal records wait too, share of the
+// permits, spread among the normal ones; all of them when none do), so
+// that normal work always keeps at least 1 − share of the limit. Urgent
+// records take permits in the order they became ready, whatever their
+// tenant, outside the tenants' turns. urgent is called once per record,
+// like WithFairness's tenant; a panic in it counts the record as
+// normal. share must be above 0 and below 1; a nil urgent is refused.
 func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 	return fairOptionFunc(func(c *fairConfig) {
 		switch {
@@ -193,6 +193,8 @@ type fair struct {
 	// (holding of them).
 	wanted, freed sync.Cond
 	holding       int
+	// holdingFor counts the seekers holding a permit per budget.
+	holdingFor map[throttle.Keyed]int
 	// tenants holds every tenant with candidates, and idle ones whose
 	// finish tag is ahead of vtime (swept).
 	tenants map[string]*tenant
@@ -202,14 +204,18 @@ type fair struct {
 	direct  candQueue  // fresh records that need no permit
 	vtime   int64      // start tag of the last tenant served
 	seq     uint64
-	credit  float64 // urgent permits allowed now (at most 1)
-	// needs counts the queued candidates that need a permit, per budget;
-	// fresh and waiting in all; seekingFor the outstanding requests per
-	// budget, seeking in all.
-	needs, seekingFor map[throttle.Keyed]int
-	fresh, waiting    int
-	seeking, seekers  int
-	idle              int // seekers waiting for demand
+	// lead is how far urgent records are ahead of their share: each
+	// urgent permit adds 1 − share, each normal one takes share off;
+	// an urgent record goes first while lead is not above 0. A class
+	// with no record for a permit saves up no lead or lag.
+	lead float64
+	// needs counts the queued candidates that need a permit, per budget,
+	// and waitersFor the waiters among them; fresh and waiting in all;
+	// seekingFor the outstanding requests per budget, seeking in all.
+	needs, waitersFor, seekingFor map[throttle.Keyed]int
+	fresh, waiting                int
+	seeking, seekers              int
+	idle                          int // seekers waiting for demand
 	// depth is how many requests to keep outstanding now (adapt); floor
 	// the quickest grant of the last window, floorWin of this one, grants
 	// the grants counted in it.
@@ -240,12 +246,24 @@ type tenant struct {
 
 const fairScale = 1 << 24
 
+// leadSlack is how far above 0 fair.lead may be from rounding alone: an
+// urgent record still goes first then.
+const leadSlack = 1e-9
+
+// rebaseAt is the virtual time past which the tags are moved back to
+// start from 0 (rebase): a tenant alone moves it on by up to fairScale
+// per permit, and int64 would overflow after 2^39 permits.
+const rebaseAt = 1 << 62
+
 // cand is a record waiting for a permit.
 type cand struct {
 	p *partition
 	s *slot
 	k throttle.Keyed // the budget its permit comes from
 	w *waiter        // nil for a fresh record
+	// since is when a fresh record became a candidate: its wait for a
+	// permit counts from there (Stats.PermitWait).
+	since time.Time
 }
 
 // waiter is a record in work waiting for its permit.
@@ -267,8 +285,9 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 		cfg:        cfg,
 		tenants:    make(map[string]*tenant),
 		needs:      make(map[throttle.Keyed]int),
+		waitersFor: make(map[throttle.Keyed]int),
 		seekingFor: make(map[throttle.Keyed]int),
-		credit:     1,
+		holdingFor: make(map[throttle.Keyed]int),
 		depth:      1,
 	}
 	f.wanted.L, f.freed.L = &f.mu, &f.mu
@@ -341,8 +360,10 @@ func (f *fair) urgentOf(rec *kgo.Record) (u bool) {
 func (f *fair) offer(p *partition) {
 	var cb, db [4]*cand // most offers are one record's
 	cands, directs := cb[:0], db[:0]
+	now := time.Now()
 	for p.ready.len() > 0 {
 		cd, direct := f.classify(p, p.ready.pop())
+		cd.since = now
 		if direct {
 			directs = append(directs, cd)
 		} else {
@@ -367,9 +388,12 @@ func (f *fair) add(cd *cand) {
 	f.needs[cd.k]++
 	if cd.w != nil {
 		f.waiting++
+		f.waitersFor[cd.k]++
 		cd.w.queued = true
 	} else {
 		f.fresh++
+		cd.p.waiting.Add(1) // Stats: a waiter counts itself
+		f.c.waitingRecords.Add(1)
 	}
 	if cd.s.urgent {
 		f.urgent.push(cd)
@@ -406,9 +430,16 @@ func (f *fair) unqueued(cd *cand) {
 	}
 	if cd.w != nil {
 		f.waiting--
+		if n := f.waitersFor[cd.k] - 1; n > 0 {
+			f.waitersFor[cd.k] = n
+		} else {
+			delete(f.waitersFor, cd.k)
+		}
 		cd.w.queued = false
 	} else {
 		f.fresh--
+		cd.p.waiting.Add(-1)
+		f.c.waitingRecords.Add(-1)
 	}
 }
 
@@ -475,14 +506,27 @@ func (f *fair) untake() {
 // the record that would be chosen now, unless the requests outstanding
 // for it cover its candidates or reach the depth; then any budget whose
 // candidates need more. False when none does, or the candidates that can
-// use a permit now are covered. Each budget has its own requests, so a
-// budget that grants nothing (a tenant's own budget, spent) holds up no
-// other; all of them are at most WithMaxInFlight. f.mu is held.
+// use a permit now are covered. A request beyond a budget's waiters is
+// for its fresh records, which need a worker: such requests (and the
+// permits held for want of a worker) are at most the workers free, so
+// that while every worker is busy the requests are for the records in
+// work, whatever budget the records ahead in turn need. Each budget has
+// its own requests, so a budget that grants nothing (a tenant's own
+// budget, spent) holds up no other; all of them are at most
+// WithMaxInFlight. f.mu is held.
 func (f *fair) budget() (throttle.Keyed, bool) {
 	if f.demand() <= f.seeking || f.seeking >= f.c.cfg.maxInFlight {
 		return throttle.Keyed{}, false
 	}
-	wants := func(k throttle.Keyed) bool { return f.needs[k] > f.seekingFor[k] && f.seekingFor[k] < f.depth }
+	freshAsked := f.holding
+	for b, n := range f.seekingFor {
+		freshAsked += max(n-f.waitersFor[b], 0)
+	}
+	free := f.c.cfg.maxInFlight - f.taken
+	wants := func(k throttle.Keyed) bool {
+		n := f.seekingFor[k]
+		return n < f.depth && (f.waitersFor[k] > n || f.needs[k] > n && freshAsked < free)
+	}
 	var k throttle.Keyed
 	switch {
 	case f.urgent.len() > 0:
@@ -577,8 +621,9 @@ func (f *fair) adapt(took time.Duration) {
 }
 
 // give hands g to the record pick chooses; f.mu is held. With no worker
-// free for the fresh record chosen, it waits for one (at most fairSeekers
-// seekers do; the others' permits are not used, so that the seekers that
+// free for the fresh record chosen, it waits for one, or for a record in
+// work that asks for a permit of g's budget (at most fairSeekers seekers
+// do; the others' permits are not used, so that the seekers that
 // ask for the records in work are never all waiting); with no record of
 // g's budget left, the permit is not used.
 func (f *fair) give(g grant) {
@@ -591,8 +636,15 @@ func (f *fair) give(g grant) {
 		switch {
 		case cd == nil && needWorker && f.holding < fairSeekers:
 			f.holding++
-			f.freed.Wait() // a fresh record waits for a worker
+			f.holdingFor[g.k]++
+			f.kick()       // the records in work may need a request this one was counted for
+			f.freed.Wait() // a fresh record waits for a worker, or a waiter came
 			f.holding--
+			if n := f.holdingFor[g.k] - 1; n > 0 {
+				f.holdingFor[g.k] = n
+			} else {
+				delete(f.holdingFor, g.k)
+			}
 			continue
 		case cd == nil:
 			g.release() // its record went away: the permit is not used
@@ -600,6 +652,7 @@ func (f *fair) give(g grant) {
 		case cd.w != nil:
 			cd.w.ch <- g // buffered, one grant per waiter
 		default:
+			f.c.permitWait.Add(int64(time.Since(cd.since)))
 			f.taken++
 			f.hand(cd, &g)
 		}
@@ -645,20 +698,31 @@ func (f *fair) acquire(ctx context.Context, k throttle.Keyed) grant {
 // free). needWorker reports that none was chosen for want of a worker.
 // f.mu is held.
 func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
-	f.credit = min(f.credit+f.cfg.share, 1)
+	if f.vtime >= rebaseAt {
+		f.rebase()
+	}
 	// Urgent first, within the share; beyond it only when no normal
 	// record can take the permit.
 	ui := f.urgent.find(k, worker)
 	t, ti, fromWaiters := f.next(k, worker)
-	if ui >= 0 && (f.credit >= 1 || t == nil) {
-		f.credit = max(f.credit-1, 0)
+	if ui >= 0 && (f.lead <= leadSlack || t == nil) {
+		if t == nil {
+			f.lead = min(f.lead, 0)
+		}
+		f.lead += 1 - f.cfg.share
 		cd = f.urgent.remove(ui)
 		f.unqueued(cd)
 		return cd, false
 	}
 	if t == nil {
-		return nil, !worker && f.fresh > 0
+		// No waiter of k (it would have been chosen): only a fresh
+		// record of k can take the permit, once a worker is free.
+		return nil, !worker && f.needs[k] > 0
 	}
+	if ui < 0 {
+		f.lead = max(f.lead, 0)
+	}
+	f.lead -= f.cfg.share
 	if fromWaiters {
 		cd = t.waiters.remove(ti)
 	} else {
@@ -707,6 +771,26 @@ func (f *fair) next(k throttle.Keyed, worker bool) (best *tenant, i int, fromWai
 	return best, i, fromWaiters
 }
 
+// rebase moves every tag back by vtime, so that vtime is 0: the order of
+// the tags is kept, and the tags stay far from int64's end. Every start
+// tag is at least vtime; a finish tag at most vtime is unset instead (the
+// tenant starts at vtime either way), so none underflows, however many
+// rebases an idle tenant stays through; f.mu is held.
+func (f *fair) rebase() {
+	d := f.vtime
+	for _, t := range f.tenants {
+		if t.idx >= 0 {
+			t.start -= d
+		}
+		if t.finish <= d {
+			t.finish = math.MinInt64
+		} else {
+			t.finish -= d
+		}
+	}
+	f.vtime = 0
+}
+
 // sweep forgets idle tenants whose finish tag vtime has reached (they
 // would start at vtime anyway), once the map has doubled since the last
 // sweep; f.mu is held.
@@ -728,7 +812,16 @@ func (f *fair) wait(p *partition, s *slot, k throttle.Keyed, wait time.Duration)
 	w := &waiter{ch: make(chan grant, 1)}
 	f.mu.Lock()
 	f.add(&cand{p: p, s: s, k: k, w: w})
-	f.kick()
+	if f.holdingFor[k] > 0 {
+		// A seeker holds a permit of k for want of a worker: it is
+		// this record's (or another waiter's of k; the seeker asks
+		// again for what is left). Asking anew instead would leave
+		// the record, and with WithConcurrency the slot the permit
+		// holds, waiting for a worker this record keeps busy.
+		f.freed.Broadcast()
+	} else {
+		f.kick()
+	}
 	f.mu.Unlock()
 	var timeout <-chan time.Time
 	if wait != throttle.Forever {

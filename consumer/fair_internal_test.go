@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"testing"
@@ -198,4 +199,163 @@ func TestWithFairnessRefusesBadSettings(t *testing.T) {
 			assert.Contains(t, cfg.err.Error(), "WithFairness", fmt.Sprint(cfg.err))
 		})
 	}
+}
+
+func TestFairPermitHeldForAWorkerGoesToARecordInWorkThatAsks(t *testing.T) {
+	// Every worker is busy and a fresh record waits: a permit that comes
+	// for it is held until a worker is free. A record in work that then
+	// asks for a permit of the same budget gets the held one; else, with
+	// WithConcurrency, the held permit's slot would keep the record in
+	// work (and so every worker) waiting for good.
+	x := newFairFixture(t)
+	x.p.soft = context.Background()
+	x.add("A", 1, false)
+	x.f.mu.Lock()
+	x.f.taken = x.f.c.cfg.maxInFlight
+	x.f.mu.Unlock()
+	gave := make(chan struct{})
+	go func() {
+		defer close(gave)
+		x.f.mu.Lock()
+		defer x.f.mu.Unlock()
+		x.f.give(grant{k: x.k, release: noRelease})
+	}()
+	require.Eventually(t, func() bool {
+		x.f.mu.Lock()
+		defer x.f.mu.Unlock()
+		return x.f.holding == 1
+	}, 5*time.Second, time.Millisecond, "the permit is held for want of a worker")
+
+	g := x.f.wait(x.p, &slot{tenant: "B", classified: true}, x.k, 2*time.Second)
+	require.NoError(t, g.err, "the record in work gets the held permit")
+	<-gave
+	x.f.mu.Lock()
+	defer x.f.mu.Unlock()
+	assert.Zero(t, x.f.holding)
+	assert.Equal(t, 1, x.f.fresh, "the fresh record still waits for a worker")
+}
+
+func TestFairTurnsHoldAfterVirtualTimeGrowsLarge(t *testing.T) {
+	// A tenant alone moves virtual time on by a whole step per permit: a
+	// long-running consumer (2^39 permits at weight 1) reaches the end of
+	// int64; the tenants must still take turns past it.
+	x := newFairFixture(t)
+	x.f.vtime = math.MaxInt64 - 3*fairScale
+	x.add("A", 100, false)
+	x.add("B", 100, false)
+	got := map[string]int{}
+	for _, g := range x.grants(40) {
+		got[g]++
+	}
+	assert.Equal(t, map[string]int{"A": 20, "B": 20}, got)
+}
+
+func TestFairIdleTenantKeepsItsTurnThroughRebases(t *testing.T) {
+	// B is idle while A alone moves virtual time to int64's end twice:
+	// back, B alternates with A.
+	x := newFairFixture(t)
+	x.add("B", 1, false)
+	require.Equal(t, "B", x.grant())
+	for range 2 {
+		x.f.vtime = math.MaxInt64 - 3*fairScale
+		x.add("A", 3, false)
+		x.grants(3)
+	}
+	x.add("A", 100, false)
+	x.add("B", 100, false)
+	got := map[string]int{}
+	for _, g := range x.grants(40) {
+		got[g]++
+	}
+	assert.Equal(t, map[string]int{"A": 20, "B": 20}, got)
+}
+
+func TestFairUrgentShareAboveAHalfIsKept(t *testing.T) {
+	// With backlogs of both, urgent records get share of the permits,
+	// whatever share (above 0 and below 1) is.
+	for _, share := range []float64{0.1, 0.3, 0.5, 0.6, 0.8, 0.95} {
+		t.Run(fmt.Sprint(share), func(t *testing.T) {
+			x := newFairFixture(t, Urgent(func(r *kgo.Record) bool { return false }, share))
+			x.add("A", 2000, false)
+			x.add("C", 2000, true)
+			urgent := 0
+			for _, g := range x.grants(1000) {
+				if g == "C!" {
+					urgent++
+				}
+			}
+			assert.InDelta(t, share*1000, urgent, 2)
+		})
+	}
+}
+
+func TestFairRecordInWorkGetsAPermitWhileAnotherBudgetsRecordsWaitForAWorker(t *testing.T) {
+	// One worker, busy with B's record, which asks for a permit of its
+	// budget (a retry). A's fresh records, of another budget, are ahead
+	// in turn but cannot use a permit: no worker is free. The request
+	// must be for B's budget; one for A's would be held for a worker
+	// that B's record keeps busy until it gets its permit.
+	cfg := newConfig([]Option{WithMaxInFlight(1), WithFairness(func(r *kgo.Record) string { return string(r.Key) })})
+	require.NoError(t, cfg.err)
+	c := &Consumer{cfg: cfg, log: cfg.logger}
+	f := newFair(c, cfg.fair)
+	p := &partition{c: c, soft: context.Background()}
+	budget := func() throttle.Keyed {
+		b, err := throttle.NewLocal(1000, time.Second)
+		require.NoError(t, err)
+		return throttle.New(b).Key("")
+	}
+	ka, kb := budget(), budget()
+	f.start(context.Background())
+	defer f.stop()
+	f.mu.Lock()
+	f.taken = 1 // B's record
+	for i := range 3 {
+		f.add(&cand{p: p, s: &slot{rec: kgo.Record{Key: []byte("A"), Offset: int64(i)}, tenant: "A", classified: true}, k: ka})
+	}
+	f.mu.Unlock()
+	g := f.wait(p, &slot{rec: kgo.Record{Key: []byte("B")}, tenant: "B", classified: true}, kb, 2*time.Second)
+	require.NoError(t, g.err)
+	assert.Equal(t, kb, g.k, "a permit of the record's budget")
+}
+
+func TestFairPermitOfABudgetWithNoRecordWaitingIsNotHeld(t *testing.T) {
+	// Every worker is busy and the fresh records waiting are of another
+	// budget: a permit of budget kb can go to none of them, now or once
+	// a worker is free, so it is given back at once instead of being
+	// held (and with it, under WithConcurrency, a slot of kb's key).
+	x := newFairFixture(t)
+	x.add("A", 2, false)
+	b, err := throttle.NewLocal(1, time.Second)
+	require.NoError(t, err)
+	kb := throttle.New(b).Key("")
+	released := false
+	x.f.mu.Lock()
+	x.f.taken = x.f.c.cfg.maxInFlight
+	gave := make(chan struct{})
+	go func() {
+		defer close(gave)
+		x.f.mu.Lock()
+		defer x.f.mu.Unlock()
+		x.f.give(grant{k: kb, release: func() { released = true }})
+	}()
+	x.f.mu.Unlock()
+	held := false
+	require.Eventually(t, func() bool {
+		select {
+		case <-gave:
+			return true
+		default:
+		}
+		x.f.mu.Lock()
+		defer x.f.mu.Unlock()
+		if x.f.holding > 0 {
+			held = true
+			x.f.quit = true // let it go
+			x.f.freed.Broadcast()
+		}
+		return false
+	}, 5*time.Second, time.Millisecond)
+	assert.False(t, held, "the permit was held for a worker")
+	assert.True(t, released, "the permit was given back")
 }

@@ -366,3 +366,72 @@ func TestFairnessKeepsEveryOrdering(t *testing.T) {
 		})
 	}
 }
+
+// Stats.PermitWait counts under WithFairness the time records wait in
+// the scheduler for their permit: three records at one permit per
+// 100 ms wait 0, 100 and 200 ms (250 ms at least in all, for slack).
+func TestFairnessCountsTheWaitForAPermitInStats(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, 3, func(_ int32, i int) string { return fmt.Sprint("A-", i) })
+	h := newHandled(3)
+	c, err := consumer.New(h.handler("a"), limiter(t, 1, 100*time.Millisecond),
+		append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 10*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.GreaterOrEqual(t, c.Stats().PermitWait, 250*time.Millisecond)
+}
+
+// Stats under WithFairness: records queued for their permit count as
+// waiting, and so does their partition.
+func TestFairnessCountsQueuedRecordsAsWaitingInStats(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, 3, func(_ int32, i int) string { return fmt.Sprint("A-", i) })
+	h := newHandled(1)
+	c, err := consumer.New(h.handler("a"), limiter(t, 1, time.Hour), // one permit, then none for an hour
+		append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 10*time.Second)
+	require.Eventually(t, func() bool { return c.Stats().WaitingRecords == 2 }, 10*time.Second, time.Millisecond)
+	s := c.Stats()
+	assert.Equal(t, 1, s.Waiting, "partitions with a record waiting")
+	require.Len(t, s.Partitions, 1)
+	assert.True(t, s.Partitions[0].Waiting)
+	require.NoError(t, r.stop(t))
+	assert.Zero(t, c.Stats().WaitingRecords)
+}
+
+// One worker, a concurrency cap of one and every record failing its first
+// call: each retry waits in the scheduler for a permit while fresh
+// records of other tenants wait for the one worker, and still every
+// record is handled once its retry comes.
+func TestFairnessWithOneWorkerAndRetriesHandlesEveryRecord(t *testing.T) {
+	t.Parallel()
+	const parts, perPart = 2, 15
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("%c-%d.%d", 'A'+i%3, p, i) })
+	slots, err := throttle.NewLocalSlots(1)
+	require.NoError(t, err)
+	h := newHandled(parts * perPart)
+	var failed sync.Map
+	handler := func(ctx context.Context, rec *kgo.Record) error {
+		if _, again := failed.LoadOrStore(fmt.Sprint(rec.Partition, "/", rec.Offset), true); !again {
+			return fmt.Errorf("first call of %s fails", rec.Key)
+		}
+		h.add("a", rec)
+		return nil
+	}
+	c, err := consumer.New(handler, limiter(t, 1000, time.Second),
+		append(base(kc, "g", "in"), consumer.WithMaxInFlight(1), consumer.WithConcurrency(slots),
+			consumer.WithRetry(3, time.Millisecond, time.Millisecond), consumer.WithFairness(tenantOfKey))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 20*time.Second)
+	require.NoError(t, r.stop(t))
+	_, err = slots.Hold(context.Background(), "", 0)
+	assert.NoError(t, err, "the slot came back")
+}

@@ -40,7 +40,7 @@ type partition struct {
 	// all have (waitAfter).
 	after []*partition
 
-	waiting atomic.Int32 // workers waiting for a permit
+	waiting atomic.Int32 // records waiting for a permit: in work, or queued (WithFairness)
 	queued  atomic.Bool  // in the scheduler's queue
 
 	mu sync.Mutex

@@ -41,7 +41,7 @@ type Stats struct {
 	PermitWait time.Duration
 
 	// Waiting is how many partitions have a record waiting for a permit
-	// now.
+	// now; with WithFairness, queued for its tenant's turn too.
 	Waiting int
 	// WaitingRecords is how many records wait for a permit now; with
 	// WithFairness, the records queued for their tenant's turn too.
@@ -110,11 +110,6 @@ func (c *Consumer) Stats() Stats {
 		PeakInFlight:      int(c.peakInFlight.Load()),
 		PeakBuffered:      int(c.peakBuffered.Load()),
 		PeakBufferedBytes: c.peakBufferedBytes.Load(),
-	}
-	if f := c.fair; f != nil {
-		f.mu.Lock()
-		s.WaitingRecords += f.fresh
-		f.mu.Unlock()
 	}
 	c.mu.Lock()
 	s.Partitions = make([]PartitionStats, 0, len(c.parts))
