@@ -44,7 +44,10 @@ type Dimension struct {
 	// lost the window (restarted empty, keys deleted), an instance that
 	// was told when it empties holds the dimension full until then, for
 	// every instance; one that knew nothing and asks first is granted,
-	// as for periods. Default: false, periods.
+	// as for periods. When the Redis server's clock steps back (an NTP
+	// step, a failover to a replica whose clock is behind), the budget's
+	// clock goes on from where it was, so the grants before the step
+	// keep counting. Default: false, periods.
 	Sliding bool
 }
 

@@ -57,6 +57,15 @@
 -- record puts its limit in the slot that leaves the window at that end:
 -- nothing more is granted until then.
 --
+-- Clock: the times of the hash (slots, ends, pauses, the reply's now_ms)
+-- are on TIME plus 'off' (absent: 0), never before 'clk', the time of
+-- the latest write. When TIME steps back (an NTP step; a failover to a
+-- replica whose clock is behind), 'off' grows by the step, so the hash's
+-- clock goes on from where it was: the grants of the slots written
+-- before the step keep counting until they leave the window, instead
+-- of being taken for slots of the future and counting nothing (a
+-- second limit within one interval). 'off' goes with the hash.
+--
 -- Pause of a dimension ('pause', field 'p:<name>': until when, ms): a take
 -- that asks some of it is refused until then, with delay_ms the pause
 -- left. A shorter pause never shortens a longer one.
@@ -109,6 +118,17 @@
 -- lost one).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The hash's clock never runs back (see "Clock"): TIME plus the offset
+-- of the steps back met so far, at least the latest time written.
+local clock = redis.call('HMGET', KEYS[1], 'clk', 'off')
+local off = tonumber(clock[2]) or 0
+local stepped = false -- a step back met now: 'off' is written
+now = now + off
+if tonumber(clock[1]) and tonumber(clock[1]) > now then
+  off = off + tonumber(clock[1]) - now
+  now = tonumber(clock[1])
+  stepped = true
+end
 local mode = ARGV[1]
 local D = tonumber(ARGV[2])
 local mark = tonumber(ARGV[3]) or 0
@@ -224,8 +244,12 @@ local function store(changed)
       table.insert(args, string.format('%.0f', owed[i]))
     end
   end
-  if #args == 0 and not sliding_changed then return end
-  if #args > 0 then redis.call('HSET', KEYS[1], unpack(args)) end
+  if #args == 0 and not sliding_changed and not stepped then return end
+  table.insert(args, 'clk')
+  table.insert(args, string.format('%.0f', now))
+  table.insert(args, 'off')
+  table.insert(args, string.format('%.0f', off))
+  redis.call('HSET', KEYS[1], unpack(args))
   local keep = keep_min
   for i = 1, D do
     if sliding[i] then
