@@ -72,10 +72,13 @@ const maxPause = time.Hour
 // provider reports: requests or tokens) pauses the bucket until the
 // reset. When only the accounting headers name the time (OpenAI's
 // x-ratelimit-remaining-tokens: 0 with its reset; a 429 without
-// Retry-After too) and the bucket is a [throttle.DimensionPauser]
-// (bucket.Budget), each exhausted dimension is held back until its own
-// reset instead, for the fleet, and a cost needing none of it goes on;
-// the Transport pauses nothing of its own then.
+// Retry-After too), the Transport takes its calls' costs ([WithCost])
+// and the bucket is a [throttle.DimensionPauser] (bucket.Budget), each
+// exhausted dimension is held back until its own reset instead, for the
+// fleet, and a cost needing none of it goes on; the Transport pauses
+// nothing of its own then. (Without WithCost, a call takes a permit of
+// one dimension, maybe from a lease, and spends the others unseen: the
+// whole key is paused.)
 //
 // Errors. RoundTrip's errors do not repeat the request's method and URL:
 // http.Client wraps them in a *url.Error that names both.
@@ -860,10 +863,18 @@ func exhaustedOnly(resp *http.Response, now time.Time) []throttle.Exhausted {
 }
 
 // pauseDimensions pauses the dimensions ex of k's bucket, for the whole
-// fleet, when the bucket is a throttle.DimensionPauser and k's Limiter
-// does not lease; it reports whether it did (a failed pause is logged:
-// the Transport's own pause would be of every dimension).
+// fleet, when the bucket is a throttle.DimensionPauser and the Transport
+// takes its calls' costs (WithCost); it reports whether it did (a failed
+// pause is logged: the Transport's own pause would be of every
+// dimension). Without WithCost a call takes a permit of the bucket's
+// Take dimension alone, from the Limiter's lease when it leases: a pause
+// of the other dimensions would not hold it, though it spends them at
+// the provider, nor would a pause in the bucket stop the lease; the
+// whole key is paused then, the lease with it (Limiter.Report).
 func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []throttle.Exhausted) bool {
+	if t.cost == nil {
+		return false
+	}
 	dp, ok := k.Limiter().Bucket().(throttle.DimensionPauser)
 	if !ok {
 		return false
