@@ -44,7 +44,12 @@ type Dimension struct {
 	// lost the window (restarted empty, keys deleted), an instance that
 	// was told when it empties holds the dimension full until then, for
 	// every instance; one that knew nothing and asks first is granted,
-	// as for periods. Default: false, periods.
+	// as for periods, and once one that knew comes, the window grants
+	// nothing more until then (each instance keeps, per key, which
+	// record of the window it was told of). When the Redis server's clock steps back (an NTP
+	// step, a failover to a replica whose clock is behind), the budget's
+	// clock goes on from where it was, so the grants before the step
+	// keep counting. Default: false, periods.
 	Sliding bool
 }
 
@@ -247,7 +252,7 @@ func (b *Budget) Refund(ctx context.Context, key string, n int64) error {
 }
 
 // budgetArgs is how many of budget.lua's ARGV each dimension has.
-const budgetArgs = 6
+const budgetArgs = 7
 
 // maxSettleUp bounds one settle-up, in periods' limits of its dimension.
 const maxSettleUp = 10
@@ -287,7 +292,8 @@ func (b *Budget) amounts(field string, c throttle.Cost, take bool, mark int64, k
 }
 
 // argv is the script's ARGV: mode, mark, and per dimension its name,
-// limit, period, amount, known end and whether it slides.
+// limit, period, amount, known end, whether it slides and the start of
+// its sliding record known (0; see withKnown).
 func (b *Budget) argv(mode string, mark int64, amt, known []int64) []any {
 	args := make([]any, 0, 3+budgetArgs*len(b.dims))
 	args = append(args, mode, len(b.dims), mark)
@@ -296,7 +302,7 @@ func (b *Budget) argv(mode string, mark int64, amt, known []int64) []any {
 		if i < len(known) {
 			end = known[i]
 		}
-		args = append(args, b.args[4*i], b.args[4*i+1], b.args[4*i+2], amt[i], end, b.args[4*i+3])
+		args = append(args, b.args[4*i], b.args[4*i+1], b.args[4*i+2], amt[i], end, b.args[4*i+3], int64(0))
 	}
 	return args
 }
@@ -367,19 +373,27 @@ func (b *Budget) TakeCost(ctx context.Context, key string, c throttle.Cost, _ ti
 }
 
 // withKnown puts the period ends this instance knows for key into args
-// (the amounts' ARGV).
+// (the amounts' ARGV), and the starts of the sliding records it was told
+// of (kept after the ends: see noteEnds).
 func (b *Budget) withKnown(args []any, key string) {
-	for i, end := range b.ends.get(key) {
-		if i < len(b.dims) {
-			args[3+budgetArgs*i+4] = end
+	d := len(b.dims)
+	for i, v := range b.ends.get(key) {
+		switch {
+		case i < d:
+			args[3+budgetArgs*i+4] = v
+		case i < 2*d:
+			args[3+budgetArgs*(i-d)+6] = v
 		}
 	}
 }
 
-// noteEnds records the period ends an answer gave for key (none from a
-// paused budget), now being the answer's server clock.
+// noteEnds records the period ends an answer gave for key, and the
+// starts of its sliding records after them (none from a paused budget),
+// now being the answer's server clock. A record's start identifies it:
+// a later record has a later start, so the latest is kept as the ends
+// are.
 func (b *Budget) noteEnds(key string, ends []int64, now int64) {
-	if len(ends) == len(b.dims) && slices.Max(ends) > 0 {
+	if len(ends) == 2*len(b.dims) && slices.Max(ends[:len(b.dims)]) > 0 {
 		b.ends.note(key, ends, now)
 	}
 }

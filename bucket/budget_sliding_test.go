@@ -190,3 +190,32 @@ func TestBudgetSlidingRestartedEmptyHoldsTheWindow(t *testing.T) {
 		t.Fatalf("another instance was granted in the held window: %+v", d)
 	}
 }
+
+// TestBudgetSlidingRestartedEmptyHoldsAfterAnotherInstancesTake: after
+// FLUSHALL, an instance that knew nothing of the window takes first and
+// is granted (it cannot know); the instance that was granted the whole
+// limit in the window still holds it full until its known end, for
+// every instance, as periods do: the only second grants inside the lost
+// window are those made before it came.
+func TestBudgetSlidingRestartedEmptyHoldsAfterAnotherInstancesTake(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const iv = 10 * time.Second
+	knew := newBudget(t, rdb, "slideflush2", slidingDims(10, 100, iv))
+	if d := takeCost(t, knew, "", throttle.Cost{"requests": 10}); !d.Granted {
+		t.Fatal(d)
+	}
+	if err := rdb.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newBudget(t, rdb, "slideflush2", slidingDims(10, 100, iv))
+	if d := takeCost(t, fresh, "", throttle.Cost{"requests": 1}); !d.Granted {
+		t.Fatalf("the instance that knew nothing was refused: %+v", d)
+	}
+	if d := takeCost(t, knew, "", throttle.Cost{"requests": 1}); d.Granted || d.Delay < iv-time.Second {
+		t.Fatalf("the instance that knew of the full window = %+v, want refused until it is empty (~%v)", d, iv)
+	}
+	if d := takeCost(t, fresh, "", throttle.Cost{"requests": 1}); d.Granted {
+		t.Fatalf("after the hold, the other instance was granted in the held window: %+v", d)
+	}
+}

@@ -120,9 +120,10 @@ type Pauser interface {
 // needs some of that dimension is refused, with Delay set to the pause
 // left; a cost that needs none of it is not held. A shorter pause never
 // shortens a longer one. The Transport of package throttle/httpclient
-// calls it when a provider's accounting headers (OpenAI's
-// x-ratelimit-remaining-tokens: 0, say) alone name a retry time, so that
-// "no tokens left for 6 s" holds back the tokens for 6 s, and a
+// with a cost per call (its WithCost) calls it when a provider's
+// accounting headers (OpenAI's x-ratelimit-remaining-tokens: 0, say)
+// alone name a retry time, so that "no tokens left for 6 s" holds back
+// the tokens for 6 s, and a
 // dimension that comes back sooner only until then. A dimension the
 // bucket does not keep pauses the whole key for that long, as [Pauser]
 // would.

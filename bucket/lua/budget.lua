@@ -16,19 +16,21 @@
 -- ARGV[3]  for 'settle': when the grant it corrects was made, ms on this
 --          server's clock (a take's now_ms); 0 when unknown. Unused by
 --          'take'.
--- ARGV[4+6(i-1)..9+6(i-1)], for dimension i: its name, its limit per
+-- ARGV[4+7(i-1)..10+7(i-1)], for dimension i: its name, its limit per
 --          period (integer ≥ 1), its period in ms (integer ≥ 1), the
 --          amount, the end of its latest period the caller's instance
 --          was told of (ms on this server's clock; 0 when none is known;
 --          see "Lost period"), and 1 when it counts a sliding window (see
---          "Sliding"), else 0. The amount: for 'take', what the call asks
+--          "Sliding"), else 0, and for a sliding one the start of the
+--          record the caller was told of (0: none). The amount: for
+--          'take', what the call asks
 --          (≥ 0; 0 leaves the dimension unchecked and untouched); for
 --          'settle', the change (> 0 charges, < 0 gives back, 0 leaves it
 --          alone); for 'pause', how long to hold the dimension, in ms (0:
 --          not at all).
 --
 -- Take returns {status, delay_ms, remaining, reset_ms, limit, dim, now_ms,
--- end_1, ..., end_D}:
+-- end_1, ..., end_D, start_1, ..., start_D}:
 --   status 1: granted; remaining, reset_ms and limit describe the
 --             dimension dim (1-based) with the least left, relative to
 --             its limit, after the take.
@@ -36,16 +38,20 @@
 --             asked has enough (its refills, its debt paid) or the pause
 --             ends; the others describe the dimension dim that binds
 --             longest (remaining never below 0; -1 for a pause).
---   end_i is dimension i's period end on record (0: none). A paused
---   budget answers without them.
--- Settle and pause return {1, now_ms, end_1, ..., end_D}.
+--   end_i is dimension i's period end on record (0: none); start_i the
+--   start of a sliding dimension's record (see "Sliding"; 0: none, or
+--   periods). A paused budget answers without them.
+-- Settle and pause return {1, now_ms, end_1, ..., end_D, start_1, ...,
+-- start_D}.
 --
 -- Sliding: a dimension counted over a sliding window keeps what its
 -- grants took in slots of 1/20 of its period (the slot being
 -- floor(now_ms / width)), in a ring of 21: fields 'w:<name>:<k>' (what
 -- the slot took) and 's:<name>:<k>' (its slot number; a ring field of an
--- older slot counts nothing), k = slot mod 21; 'l:<name>' is 1 once a
--- slot was written (a record exists). A take is granted when the slots that overlap the
+-- older slot counts nothing), k = slot mod 21; 'l:<name>' is when the
+-- record began, µs (absent: no record; 1 in records of earlier
+-- versions): its identity, that callers are told of (start_i) and tell
+-- (ARGV). A take is granted when the slots that overlap the
 -- last period (21 of them: the running one and the 20 before) hold, with
 -- it, at most the limit: at most the limit in any span of one period,
 -- counted conservatively by up to one slot. A settle changes the slot of
@@ -53,9 +59,24 @@
 -- it has left the window, or for a grant whose time is unknown, a
 -- give-back does nothing and a charge goes to the running slot. Its
 -- end_i is when the window is empty (0: it is). Lost record: a caller
--- that knows an end later than now while no slot of the dimension is on
--- record puts its limit in the slot that leaves the window at that end:
--- nothing more is granted until then.
+-- that knows an end later than now, while the record is not the one it
+-- knows of (none on record; or one that a caller that knew nothing began
+-- after the loss: its start differs), fills the slot that leaves the
+-- window at that end up to the limit and gives the record the start it
+-- knows: nothing more is granted until then, so the only second grants
+-- inside the lost window are those made before a caller that knew came.
+-- (A record lives until its window is empty: another record before the
+-- end a caller knows means the one it knew was lost.) A caller that
+-- knows an end but no start holds only when no record is there.
+--
+-- Clock: the times of the hash (slots, ends, pauses, the reply's now_ms)
+-- are on TIME plus 'off' (absent: 0), never before 'clk', the time of
+-- the latest write. When TIME steps back (an NTP step; a failover to a
+-- replica whose clock is behind), 'off' grows by the step, so the hash's
+-- clock goes on from where it was: the grants of the slots written
+-- before the step keep counting until they leave the window, instead
+-- of being taken for slots of the future and counting nothing (a
+-- second limit within one interval). 'off' goes with the hash.
 --
 -- Pause of a dimension ('pause', field 'p:<name>': until when, ms): a take
 -- that asks some of it is refused until then, with delay_ms the pause
@@ -109,6 +130,19 @@
 -- lost one).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The hash's clock never runs back (see "Clock"): TIME plus the offset
+-- of the steps back met so far, at least the latest time written.
+local clock = redis.call('HMGET', KEYS[1], 'clk', 'off')
+local off = tonumber(clock[2]) or 0
+local stepped = false -- a step back met now: 'off' is written
+now = now + off
+if tonumber(clock[1]) and tonumber(clock[1]) > now then
+  off = off + tonumber(clock[1]) - now
+  now = tonumber(clock[1])
+  stepped = true
+end
+-- the same time in µs, to tell records apart (see "Sliding")
+local now_us = now * 1000 + tonumber(t[2]) % 1000
 local mode = ARGV[1]
 local D = tonumber(ARGV[2])
 local mark = tonumber(ARGV[3]) or 0
@@ -118,6 +152,7 @@ local toks, ends, owed, paused = {}, {}, {}, {}
 -- the counted slots' values (index 0 the oldest), their sum, the oldest
 -- slot that may be stored
 local sliding, width, nslots, cur, vals, sums, low = {}, {}, {}, {}, {}, {}, {}
+local kep = {} -- the record's start the caller knows (sliding; 0: none)
 local SLOTS = 20
 local keep_min = 1 -- ms the hash must live at least (sliding slots, pauses)
 -- a slot's fields: its count and its number, in a ring of nslots+1
@@ -128,7 +163,7 @@ local function slotnum(i, s)
   return 's:' .. names[i] .. ':' .. string.format('%.0f', s % (nslots[i] + 1))
 end
 for i = 1, D do
-  local b = 4 + 6 * (i - 1)
+  local b = 4 + 7 * (i - 1)
   names[i] = ARGV[b]
   limits[i] = tonumber(ARGV[b + 1])
   periods[i] = tonumber(ARGV[b + 2])
@@ -137,6 +172,7 @@ for i = 1, D do
   -- (another server's clock, ahead of this one) holds at most that long.
   known[i] = math.min(tonumber(ARGV[b + 4]) or 0, now + periods[i])
   sliding[i] = ARGV[b + 5] == '1'
+  kep[i] = tonumber(ARGV[b + 6]) or 0
   local h = redis.call('HMGET', KEYS[1], 't:' .. names[i], 'e:' .. names[i], 'c:' .. names[i], 'p:' .. names[i], 'l:' .. names[i])
   toks[i] = tonumber(h[1])
   ends[i] = tonumber(h[2])
@@ -183,29 +219,37 @@ local function slot_add(i, s, a)
   local v = math.max(vals[i][j] + a, 0)
   sums[i] = sums[i] - vals[i][j] + v
   vals[i][j] = v
-  redis.call('HSET', KEYS[1], slotfield(i, s), string.format('%.0f', v), slotnum(i, s), string.format('%.0f', s), 'l:' .. names[i], '1')
+  if not low[i] then low[i] = now_us end
+  redis.call('HSET', KEYS[1], slotfield(i, s), string.format('%.0f', v), slotnum(i, s), string.format('%.0f', s), 'l:' .. names[i], string.format('%.0f', low[i]))
   if v > 0 then
     ends[i] = math.max(ends[i] or 0, (s + nslots[i] + 1) * width[i])
   end
-  low[i] = 1
   sliding_changed = true
 end
 
 -- slide_hold holds sliding dimension i until the end the caller knows,
--- when no slot of it is on record (see "Sliding").
+-- when the record has lost the window that ends then (see "Sliding").
 local function slide_hold(i)
-  if known[i] <= now + 1 or low[i] then
+  if known[i] <= now + 1 then
     return
+  end
+  if low[i] and (kep[i] == 0 or low[i] == kep[i]) then
+    return -- the record the caller knows of (or it cannot tell)
   end
   local s = math.ceil(known[i] / width[i]) - nslots[i] - 1
   s = math.min(math.max(s, cur[i] - nslots[i]), cur[i])
+  if kep[i] ~= 0 then low[i] = kep[i] end -- the window it knew goes on
   slot_add(i, s, limits[i] - sums[i])
 end
 
--- ends_reply lists the dimensions' ends on record, 0 for none.
+-- ends_reply lists the dimensions' ends on record, 0 for none, then
+-- the starts of their sliding records ('l:<name>'), 0 for none.
 local function ends_reply(r)
   for i = 1, D do
     table.insert(r, ends[i] or 0)
+  end
+  for i = 1, D do
+    table.insert(r, (sliding[i] and low[i]) or 0)
   end
   return r
 end
@@ -224,8 +268,12 @@ local function store(changed)
       table.insert(args, string.format('%.0f', owed[i]))
     end
   end
-  if #args == 0 and not sliding_changed then return end
-  if #args > 0 then redis.call('HSET', KEYS[1], unpack(args)) end
+  if #args == 0 and not sliding_changed and not stepped then return end
+  table.insert(args, 'clk')
+  table.insert(args, string.format('%.0f', now))
+  table.insert(args, 'off')
+  table.insert(args, string.format('%.0f', off))
+  redis.call('HSET', KEYS[1], unpack(args))
   local keep = keep_min
   for i = 1, D do
     if sliding[i] then

@@ -323,3 +323,87 @@ func TestTransportHoldsOnlyTheExhaustedDimension(t *testing.T) {
 		t.Fatalf("the provider saw %d calls, want 2", n)
 	}
 }
+
+// TestTransportHoldsAnExhaustedDimensionOfALeasingLimiter: with a
+// Limiter that leases permits from a Budget, "0 requests remaining,
+// reset in 3 s" holds this instance's calls too: the permits it leased
+// before the answer are not spent while the provider has none.
+func TestTransportHoldsAnExhaustedDimensionOfALeasingLimiter(t *testing.T) {
+	rs := redisenv.New(t)
+	srv := newCountingServer(t, clockwork.NewRealClock(), func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n == 30 {
+			w.Header().Set("x-ratelimit-remaining-requests", "0")
+			w.Header().Set("x-ratelimit-reset-requests", "3s")
+		}
+	})
+	b, err := bucket.NewBudget(rs.Client(), "leased", []bucket.Dimension{
+		{Name: "requests", Limit: 100, Interval: time.Minute},
+		{Name: "tokens", Limit: 10_000, Interval: time.Minute},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := throttle.New(b, throttle.WithLeasing(throttle.Leasing{}))
+	t.Cleanup(func() { lim.Close() })
+	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport))}
+	get := func() error {
+		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), 0), http.MethodGet, srv.URL, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			drain(resp)
+		}
+		return err
+	}
+	for i := range 30 { // a demand that leases several permits at once
+		if err := get(); err != nil {
+			t.Fatalf("call %d: %v", i+1, err)
+		}
+	}
+	if err := get(); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("a call while the provider has no requests left for 3 s = %v, want ErrTimeout", err)
+	}
+	if n := srv.count(); n != 30 {
+		t.Fatalf("the provider saw %d calls, want 30", n)
+	}
+}
+
+// TestTransportWithoutCostHoldsCallsOnAnExhaustedDimension: a Transport
+// without WithCost takes a permit of the Budget's requests per call, so
+// that its calls name no tokens; yet each call spends the provider's
+// tokens: "0 tokens remaining, reset in 3 s" holds its calls for 3 s.
+func TestTransportWithoutCostHoldsCallsOnAnExhaustedDimension(t *testing.T) {
+	rs := redisenv.New(t)
+	srv := newCountingServer(t, clockwork.NewRealClock(), func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n == 1 {
+			w.Header().Set("x-ratelimit-remaining-tokens", "0")
+			w.Header().Set("x-ratelimit-reset-tokens", "3s")
+		}
+	})
+	b, err := bucket.NewBudget(rs.Client(), "nocost", []bucket.Dimension{
+		{Name: "requests", Limit: 100, Interval: time.Minute},
+		{Name: "tokens", Limit: 10_000, Interval: time.Minute},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := throttle.New(b)
+	t.Cleanup(func() { lim.Close() })
+	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport))}
+	get := func() error {
+		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), 0), http.MethodGet, srv.URL, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			drain(resp)
+		}
+		return err
+	}
+	if err := get(); err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	if err := get(); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("a call while the provider has no tokens left for 3 s = %v, want ErrTimeout", err)
+	}
+	if n := srv.count(); n != 1 {
+		t.Fatalf("the provider saw %d calls, want 1", n)
+	}
+}

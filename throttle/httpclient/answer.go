@@ -46,8 +46,9 @@ import (
 //     dimension apart: any dimension with nothing remaining, requests or
 //     tokens, and a reset time sets Retry until the latest such reset.
 //     (The Transport does better for a budget of those dimensions, a
-//     [throttle.DimensionPauser] such as bucket.Budget: it holds back
-//     each exhausted dimension until its own reset, and nothing else.)
+//     [throttle.DimensionPauser] such as bucket.Budget, when it takes
+//     its calls' costs ([WithCost]): it holds back each exhausted
+//     dimension until its own reset, and nothing else.)
 //     A tokens limit is not a limit on calls: it sets no Limit.
 //
 // Absolute times (HTTP dates, Unix times, RFC 3339) are read against

@@ -214,3 +214,38 @@ func TestCallTimeLearnedFromRecentCalls(t *testing.T) {
 	}
 	require.NoError(t, do(time.Second), "the calls got faster: 1 s is room again")
 }
+
+// TestCallTimeLearnedForgetsOldCalls: a learned call time longer than
+// what the callers leave before their deadlines sends nothing, so no
+// faster call could ever lower it: the calls counted are those of the
+// last 5 minutes, and once too few remain the floor applies again: a
+// provider that recovered is called again.
+func TestCallTimeLearnedForgetsOldCalls(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	b, err := throttle.NewLocal(1000, time.Hour, throttle.WithClock(clk))
+	require.NoError(t, err)
+	base := &slowBase{clk: clk}
+	base.d.Store(int64(2 * time.Second))
+	tr := mustTransport(t, throttle.New(b, throttle.WithClock(clk)), httpclient.WithBase(base), httpclient.WithCallTimeLearned(100*time.Millisecond))
+	client := &http.Client{Transport: tr}
+	do := func(left time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), left)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://provider.test/", nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return err
+	}
+	for range 10 {
+		require.NoError(t, do(time.Minute))
+	}
+	base.d.Store(int64(200 * time.Millisecond)) // the provider recovers
+	require.ErrorIs(t, do(1500*time.Millisecond), throttle.ErrTimeout, "10 calls of 2 s counted")
+	clk.Advance(4 * time.Minute)
+	require.ErrorIs(t, do(1500*time.Millisecond), throttle.ErrTimeout, "the calls of 2 s are recent yet")
+	clk.Advance(time.Minute)
+	require.NoError(t, do(1500*time.Millisecond), "5 minutes on, the slow calls are forgotten: the floor applies")
+}

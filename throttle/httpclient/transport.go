@@ -72,10 +72,13 @@ const maxPause = time.Hour
 // provider reports: requests or tokens) pauses the bucket until the
 // reset. When only the accounting headers name the time (OpenAI's
 // x-ratelimit-remaining-tokens: 0 with its reset; a 429 without
-// Retry-After too) and the bucket is a [throttle.DimensionPauser]
-// (bucket.Budget), each exhausted dimension is held back until its own
-// reset instead, for the fleet, and a cost needing none of it goes on;
-// the Transport pauses nothing of its own then.
+// Retry-After too), the Transport takes its calls' costs ([WithCost])
+// and the bucket is a [throttle.DimensionPauser] (bucket.Budget), each
+// exhausted dimension is held back until its own reset instead, for the
+// fleet, and a cost needing none of it goes on; the Transport pauses
+// nothing of its own then. (Without WithCost, a call takes a permit of
+// one dimension, maybe from a lease, and spends the others unseen: the
+// whole key is paused.)
 //
 // Errors. RoundTrip's errors do not repeat the request's method and URL:
 // http.Client wraps them in a *url.Error that names both.
@@ -278,8 +281,10 @@ func WithCallTime(d time.Duration) Option {
 // from the Transport's recent calls: the 90th percentile of the last 100
 // calls' times, from the send until the answer's body was closed (a call
 // its caller abandoned, or whose send failed, is not counted), and never
-// less than floor. Until 10 calls have been counted, floor is the call's
-// time (0: none). A call that gets slower raises it within a few calls;
+// less than floor. A call counts for 5 minutes (on the Limiter's clock):
+// a slow spell that leaves the callers no room sends no call that could
+// lower it, and is forgotten then. While fewer than 10 calls count,
+// floor is the call's time (0: none). A call that gets slower raises it within a few calls;
 // one that gets faster lowers it within about 10. Default: off. A
 // negative floor is refused by NewTransport. The last of WithCallTime
 // and WithCallTimeLearned given applies.
@@ -405,7 +410,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if maxWait < 0 {
 		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
 	}
-	if call := t.callTime(); call > 0 {
+	clock := k.Limiter().Clock()
+	if call := t.callTime(clock.Now()); call > 0 {
 		// Leave the call its room before the deadline (WithCallTime).
 		if dl, ok := ctx.Deadline(); ok {
 			room := time.Until(dl) - call
@@ -418,7 +424,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 	}
-	clock := k.Limiter().Clock()
 	var est throttle.Cost // WithCost: taken before each send, instead of a permit
 	if t.cost != nil {
 		var err error
@@ -471,7 +476,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		answer := func() (*http.Response, error) {
 			resp = releaseOnClose(resp, t.abandoned(ctx, clock, sent, h.hand()))
 			if t.learned != nil {
-				resp = releaseOnClose(resp, func() { t.learned.add(ctx, clock.Since(sent)) })
+				resp = releaseOnClose(resp, func() { t.learned.add(ctx, sent, clock.Now()) })
 			}
 			if grant != nil {
 				resp = t.settleOnClose(ctx, k, resp, grant)
@@ -603,7 +608,7 @@ func (t *Transport) abandoned(ctx context.Context, clock clockwork.Clock, sent t
 			release()
 			return
 		}
-		if wait := sent.Add(t.callTime()).Sub(clock.Now()); wait > 0 {
+		if wait := sent.Add(t.callTime(clock.Now())).Sub(clock.Now()); wait > 0 {
 			clock.AfterFunc(wait, release)
 			return
 		}
@@ -611,12 +616,13 @@ func (t *Transport) abandoned(ctx context.Context, clock clockwork.Clock, sent t
 	}
 }
 
-// callTime is the room a call needs (WithCallTime, WithCallTimeLearned).
-func (t *Transport) callTime() time.Duration {
+// callTime is the room a call needs at now, on the Limiter's clock
+// (WithCallTime, WithCallTimeLearned).
+func (t *Transport) callTime(now time.Time) time.Duration {
 	if t.learned == nil {
 		return t.call
 	}
-	return max(t.call, t.learned.p90())
+	return max(t.call, t.learned.p90(now))
 }
 
 // learnedIf returns a record of calls' times when learn is true.
@@ -627,46 +633,60 @@ func learnedIf(learn bool) *callTimes {
 	return &callTimes{}
 }
 
-// Calls counted for WithCallTimeLearned, and the fewest before they say
-// anything.
+// Calls counted for WithCallTimeLearned, the fewest before they say
+// anything, and how long one counts. A call time longer than what the
+// callers leave before their deadlines sends nothing, and so counts no
+// faster call that would lower it: the calls of a slow spell are
+// forgotten after learnedAge, and the floor applies again.
 const (
 	learnedCalls    = 100
 	learnedAtLeast  = 10
 	learnedQuantile = 0.9
+	learnedAge      = 5 * time.Minute
 )
 
 // callTimes keeps the times of the last learnedCalls calls.
 type callTimes struct {
 	mu   sync.Mutex
-	ring [learnedCalls]time.Duration
+	ring [learnedCalls]callTime
 	n    int // calls counted, in all
 }
 
-// add counts a call of d, unless ctx ended: its caller abandoned it, and
-// its time is not known.
-func (c *callTimes) add(ctx context.Context, d time.Duration) {
+// callTime is one call counted: how long it took, and when it ended.
+type callTime struct {
+	d   time.Duration
+	end time.Time
+}
+
+// add counts a call sent at sent and done at end, unless ctx ended: its
+// caller abandoned it, and its time is not known.
+func (c *callTimes) add(ctx context.Context, sent, end time.Time) {
+	d := end.Sub(sent)
 	if ctx.Err() != nil || d < 0 {
 		return
 	}
 	c.mu.Lock()
-	c.ring[c.n%learnedCalls] = d
+	c.ring[c.n%learnedCalls] = callTime{d, end}
 	c.n++
 	c.mu.Unlock()
 }
 
-// p90 is the 90th percentile of the calls counted, 0 before learnedAtLeast.
-func (c *callTimes) p90() time.Duration {
+// p90 is the 90th percentile of the calls counted that ended within
+// learnedAge before now, 0 when fewer than learnedAtLeast did.
+func (c *callTimes) p90(now time.Time) time.Duration {
 	c.mu.Lock()
-	n := min(c.n, learnedCalls)
-	if n < learnedAtLeast {
-		c.mu.Unlock()
+	ds := make([]time.Duration, 0, min(c.n, learnedCalls))
+	for _, ct := range c.ring[:min(c.n, learnedCalls)] {
+		if now.Sub(ct.end) < learnedAge {
+			ds = append(ds, ct.d)
+		}
+	}
+	c.mu.Unlock()
+	if len(ds) < learnedAtLeast {
 		return 0
 	}
-	ds := make([]time.Duration, n)
-	copy(ds, c.ring[:n])
-	c.mu.Unlock()
 	slices.Sort(ds)
-	return ds[int(math.Ceil(learnedQuantile*float64(n)))-1]
+	return ds[int(math.Ceil(learnedQuantile*float64(len(ds))))-1]
 }
 
 // heldSlot is a request's slot until it is freed or handed on.
@@ -860,10 +880,18 @@ func exhaustedOnly(resp *http.Response, now time.Time) []throttle.Exhausted {
 }
 
 // pauseDimensions pauses the dimensions ex of k's bucket, for the whole
-// fleet, when the bucket is a throttle.DimensionPauser and k's Limiter
-// does not lease; it reports whether it did (a failed pause is logged:
-// the Transport's own pause would be of every dimension).
+// fleet, when the bucket is a throttle.DimensionPauser and the Transport
+// takes its calls' costs (WithCost); it reports whether it did (a failed
+// pause is logged: the Transport's own pause would be of every
+// dimension). Without WithCost a call takes a permit of the bucket's
+// Take dimension alone, from the Limiter's lease when it leases: a pause
+// of the other dimensions would not hold it, though it spends them at
+// the provider, nor would a pause in the bucket stop the lease; the
+// whole key is paused then, the lease with it (Limiter.Report).
 func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []throttle.Exhausted) bool {
+	if t.cost == nil {
+		return false
+	}
 	dp, ok := k.Limiter().Bucket().(throttle.DimensionPauser)
 	if !ok {
 		return false
