@@ -91,6 +91,11 @@ type loadConfig struct {
 	// implied) and waits out, and retries after, a provider's pause.
 	// Workers is then unused.
 	Transport bool
+	// AtOnce, with Transport, sends this many calls at once at the start
+	// instead of paced arrivals (Demand), through instance 0's Transport,
+	// and lets them finish past Duration: what a burst at an idle bucket
+	// costs (loadResult.AtOnceMs).
+	AtOnce int
 	// PauseAt and PauseFor stop the run's Redis (SIGSTOP) PauseAt after
 	// the start, for PauseFor (0: no pause). Only a server the run
 	// started itself can be paused: run sets pauser.
@@ -236,7 +241,10 @@ type loadResult struct {
 	ProviderUseAfterFirst     float64 `json:"provider_use_after_first_interval,omitempty"`
 	// Transport: the calls went through an httpclient.Transport at a
 	// fixed arrival rate (-transport).
-	Transport       bool    `json:"transport,omitempty"`
+	Transport bool `json:"transport,omitempty"`
+	// AtOnceMs is how long the -at-once calls took, from the first sent to
+	// the last answered.
+	AtOnceMs        float64 `json:"at_once_ms,omitempty"`
 	ArrivalMarginMs float64 `json:"arrival_margin_ms,omitempty"`
 	// PausedAtS and PausedForS: when the run's Redis was stopped, from
 	// the start, and for how long (0: no pause).
@@ -300,8 +308,10 @@ func (c *loadConfig) check() error {
 		return fmt.Errorf("provider = %q and target = %q: give one of them", c.Provider, c.Target)
 	case c.Transport && c.Provider == "" && c.Target == "":
 		return fmt.Errorf("transport: needs -provider or -target, which it calls")
-	case c.Transport && c.Demand == 0:
-		return fmt.Errorf("transport: needs -demand, the calls' arrival rate")
+	case c.Transport && c.Demand == 0 && c.AtOnce == 0:
+		return fmt.Errorf("transport: needs -demand, the calls' arrival rate, or -at-once")
+	case c.AtOnce < 0 || c.AtOnce > 0 && !c.Transport:
+		return fmt.Errorf("at-once = %d: must be 0, or positive with -transport", c.AtOnce)
 	case !slices.Contains(slices.Collect(maps.Keys(failurePolicies)), c.Fail):
 		return fmt.Errorf("fail = %q: must be local, closed or open", c.Fail)
 	case c.ArrivalMargin < 0:
@@ -481,6 +491,9 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	for _, in := range fleet {
 		in.pace.start(start)
 		if c.Transport {
+			if c.AtOnce > 0 && in != fleet[0] {
+				continue // a burst comes through instance 0 alone
+			}
 			wg.Go(func() {
 				w, l := arrivals(run, cancel, c, in, &rec, t)
 				mu.Lock()
@@ -610,6 +623,9 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	res.ArrivalMarginMs = millis(c.ArrivalMargin)
 	res.Report = c.Report
 	res.Transport = c.Transport
+	if c.AtOnce > 0 {
+		res.AtOnceMs = millis(elapsed)
+	}
 	if prov != nil {
 		accepted, refused := prov.Arrivals(), prov.Refusals()
 		all := slices.SortedFunc(slices.Values(slices.Concat(accepted, refused)), time.Time.Compare)
@@ -733,6 +749,22 @@ func arrivals(run context.Context, stop context.CancelFunc, c loadConfig, in *in
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
+	if c.AtOnce > 0 {
+		// A burst: the calls are not cut at the run's end.
+		for range c.AtOnce {
+			wg.Go(func() {
+				w, l, ok := transportCall(context.WithoutCancel(run), stop, c, in, rec, t)
+				mu.Lock()
+				defer mu.Unlock()
+				if ok {
+					waits = append(waits, w)
+				}
+				lates = append(lates, l...)
+			})
+		}
+		wg.Wait()
+		return waits, lates
+	}
 	for run.Err() == nil && in.pace.wait(run) {
 		wg.Go(func() {
 			w, l, ok := transportCall(run, stop, c, in, rec, t)
