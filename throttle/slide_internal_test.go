@@ -1,10 +1,13 @@
 package throttle
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 const ms = int64(time.Millisecond)
@@ -92,4 +95,49 @@ func TestPeriodViewPlacesTheNextGrant(t *testing.T) {
 	assert.Zero(t, p.ahead(1000*ms, 1000*ms), "the period has ended")
 	p.note(1000*ms, Decision{Granted: true, Limit: 4, Remaining: 3, Reset: time.Second}, 1000*ms)
 	assert.Equal(t, 237500*time.Microsecond, p.ahead(1000*ms, 1000*ms), "the next period")
+}
+
+// slowPeriod is a periodic bucket of 10 permits per second whose Take
+// takes 990 ms on the fake clock and grants the period's last permit in a
+// period lengthened to end 1.5 s after the take (its place 1.355 s on);
+// its Refund does not answer (it ends with its context, and then closes
+// refunded).
+type slowPeriod struct {
+	clock    *clockwork.FakeClock
+	refunded chan struct{}
+}
+
+func (b *slowPeriod) Take(context.Context, string, int64, time.Duration) (Decision, error) {
+	b.clock.Advance(990 * time.Millisecond)
+	return Decision{Granted: true, Limit: 10, Remaining: 0, Reset: 1500 * time.Millisecond}, nil
+}
+
+func (b *slowPeriod) Refund(ctx context.Context, _ string, _ int64) error {
+	defer close(b.refunded)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (b *slowPeriod) Periodic() bool { return true }
+
+func (b *slowPeriod) Fallback() (int64, time.Duration, int64) { return 10, time.Second, 1 }
+
+// A placed caller whose place turns out to lie beyond what is left of its
+// wait gives its permit back within its wait, as every give-back of a
+// wait is: a store that does not answer the refund does not keep it for
+// the store timeout (nor the give-back's whole second).
+func TestAPlaceBeyondTheWaitIsGivenBackWithinTheWait(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &slowPeriod{clock: clock, refunded: make(chan struct{})}
+	// A store timeout longer than a give-back's whole second.
+	lim := New(b, WithClock(clock), WithStoreTimeout(3*time.Second))
+	err := lim.Acquire(context.Background(), time.Second) // 10 ms left after the take
+	assert.ErrorIs(t, err, ErrTimeout, "its place is beyond its wait")
+	select {
+	case <-b.refunded:
+		t.Error("the caller was kept until the refund ended, past its wait's end")
+	default:
+	}
+	require.NoError(t, lim.Close())
+	<-b.refunded
 }
