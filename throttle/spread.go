@@ -2,6 +2,8 @@ package throttle
 
 import (
 	"context"
+	"math"
+	"sync"
 	"time"
 )
 
@@ -44,14 +46,17 @@ import (
 // Only callers that can wait for any place are spread: a wait (maxWait,
 // or the context's deadline) of at least the interval, or two when the
 // deadline bounds it, so that the call made with that context still has
-// time (waiter.canSpread). The others go when the bucket grants, as
-// before: had they to go at once whenever their place lay beyond their
-// wait, a period's spread grants would meet the next period's burst in
-// one window. A spread caller whose place is beyond what is left of its
-// wait (the gate or the pace took the rest) goes at once too. Intervals
-// longer than MaxSpreadInterval are not spread: a daily quota is not a
-// pace. Permits from a lease or from the failure policy are not spread
-// either.
+// time (waiter.canSpread). The others are not placed: had they to go at
+// once whenever their place lay beyond their wait, a period's spread
+// grants would meet the next period's burst in one window. They keep to
+// a sliding view of the limit instead (see "A sliding view" below). A
+// spread caller whose place lies beyond what is left of its wait (the
+// gate or the pace took the rest) does not go at once: it is refused
+// before it asks the bucket when this process's view of the period
+// shows it (periodView), else its permits are given back (or spent) and
+// it fails with ErrTimeout. Intervals longer than MaxSpreadInterval are
+// not spread: a daily quota is not a pace. Permits from a lease or from
+// the failure policy are not spread either.
 //
 // A pause reported to the Limiter (an answer with a retry time) while a
 // caller waits for its place holds that caller too: when its place comes
@@ -165,4 +170,283 @@ func (st *keyState) notePause(until int64) {
 			return
 		}
 	}
+}
+
+// A sliding view, for callers that cannot wait for any place.
+//
+// Callers whose wait is shorter than what canSpread asks are not placed
+// in the period: they take their permits as the bucket grants them. That
+// keeps a provider's sliding window within the limit only while each
+// period's grants come as one burst at its start (a backlog, a crowd):
+// periods start an interval apart. At first contact they do not: calls
+// arriving faster than the limit from a standing start take the first
+// period's permits as they arrive (40 in the first half second for 40/s
+// and calls at 80/s), and the next period's backlog goes at its start, in
+// the same window as most of them (a provider counting 50/s refused 4 or
+// 5 of the 80 and paused the fleet a second).
+//
+// So the Limiter keeps, per key, when this process's last limit's worth
+// of such grants went (slidingView), and a grant goes no sooner than one
+// interval after the grant a limit before it: any window of one interval
+// holds at most the limit of them, whatever the periods' phase, and a
+// period's grants follow the previous period's pattern, an interval on.
+// A burst after a quiet interval, and a crowd that finds fewer than a
+// limit of grants in the last interval, go at once, as before. A caller
+// whose slot lies beyond its wait (half of what is left of it when its
+// context's deadline bounds it, so that its call still has time) is
+// refused before it asks the bucket (ErrTimeout, nothing taken): had it
+// taken a permit and gone at once, its call would land in a full window.
+// One that learns only after its take that its slot lies beyond its wait
+// (another caller claimed the slot it saw) gives its permits back if the
+// bucket takes them back (else they are spent, uncalled) and fails the
+// same way.
+//
+// The view holds this process's grants only. Once a period has ended, the
+// "limit" it counts back is this process's share of it: its takes over
+// the most the bucket's answers to it counted (at least its share: the
+// others' takes after its last are not seen), so that instances seeing
+// like traffic each keep their own share and the fleet its limit; before
+// that, the whole limit. It is held in at most maxSlidingView times: for
+// a limit above that, one time per group of limit/maxSlidingView grants
+// (rounded up), the group's first, which lets a window hold up to a
+// group more than the limit.
+
+// spreadKey is the spread's state of one key: what this process last
+// heard of the key's running period, for placed callers (period), and
+// when its last grants of callers not placed in the period went (slide).
+// Each view has its own mutex, which guards that view alone and is held
+// only inside the view's methods: no other lock is taken under it, and
+// it is never taken under another.
+type spreadKey struct {
+	period periodView
+	slide  slidingView
+}
+
+// maxSlidingView bounds the times a slidingView keeps per key.
+const maxSlidingView = 128
+
+// slidingView is when this process's last grants of a key went, for
+// callers that are not placed in the period (see "A sliding view").
+type slidingView struct {
+	mu      sync.Mutex
+	limit   int64   // the limit the ring was built for
+	group   int64   // grants per time kept
+	times   []int64 // ring of the groups' first send times, on the time base
+	next    int     // where the next group's time goes (after the newest)
+	written int     // times written, up to len(times)
+	count   int64   // grants in the group being filled
+	first   int64   // its first grant's send time
+
+	// This process's share of the fleet's grants, from the last period
+	// it took grants in: its own grants (own) of the fleet's (fleet, the
+	// most the bucket's answers counted) in the period ending at end.
+	// 0 until a period has ended: the whole limit.
+	end, own, fleet int64
+	share           float64
+}
+
+// slot is when the next grant may go: an interval after this process's
+// grant its share of the limit before it; 0 when it has not made that
+// many. v.mu is held.
+func (v *slidingView) slot(interval int64) int64 {
+	if len(v.times) == 0 {
+		return 0
+	}
+	mine := float64(v.limit)
+	if v.share > 0 {
+		mine *= v.share
+	}
+	back := min(max(int(math.Ceil(mine/float64(v.group))), 1), len(v.times))
+	if v.written < back {
+		return 0
+	}
+	return v.times[(v.next-back+len(v.times))%len(v.times)] + interval
+}
+
+// ahead is how long after now the next grant may go, for a key of the
+// given interval: 0 when it may go now.
+func (v *slidingView) ahead(now, interval int64) time.Duration {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return time.Duration(max(v.slot(interval)-now, 0))
+}
+
+// claim records a grant d of n permits (the bucket asked at asked) going
+// no sooner than its slot, and returns how long after now that is. A
+// slot beyond room is not claimed: ok is false, and only the grant's
+// count (for this process's share) is recorded.
+func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, room time.Duration) (wait time.Duration, ok bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if d.Limit != v.limit {
+		// First use, or a limit changed live: start a fresh view.
+		v.limit, v.group = d.Limit, (d.Limit+maxSlidingView-1)/maxSlidingView
+		v.times, v.next, v.written, v.count = make([]int64, (d.Limit+v.group-1)/v.group), 0, 0, 0
+	}
+	v.countFleet(d, asked, interval)
+	v.own += n // taken by this process, sent or not
+	at := max(now, v.slot(interval))
+	if time.Duration(at-now) > room {
+		return time.Duration(at - now), false
+	}
+	for range n {
+		if v.count == 0 {
+			v.first = at
+		}
+		if v.count++; v.count == v.group {
+			v.times[v.next] = v.first
+			v.next = (v.next + 1) % len(v.times)
+			v.written = min(v.written+1, len(v.times))
+			v.count = 0
+		}
+	}
+	return time.Duration(at - now), true
+}
+
+// countFleet notes the fleet's count of the period d (the bucket asked at
+// asked) tells of: a later period's start makes the last one tell this
+// process's share. v.mu is held.
+func (v *slidingView) countFleet(d Decision, asked, interval int64) {
+	if end := asked + int64(d.Reset); end > v.end+interval/2 {
+		if v.fleet > 0 {
+			v.share = min(float64(v.own)/float64(v.fleet), 1)
+		}
+		v.end, v.own, v.fleet = end, 0, 0
+	}
+	v.fleet = max(v.fleet, d.Limit-d.Remaining)
+}
+
+// noteRefusal counts the fleet's grants of the period a refusal d (the
+// bucket asked at asked) tells of: a period spent counts the whole limit.
+func (v *slidingView) noteRefusal(d Decision, asked, interval int64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.countFleet(d, asked, interval)
+}
+
+// noteDecision records what the bucket's answer d, asked at asked, tells
+// of the key's period: for a placed caller, in the period view; a
+// refusal, for a caller keeping to the sliding view, in that view's
+// count of the fleet's grants (a period spent counts the whole limit).
+func (l *Limiter) noteDecision(st *keyState, spread, slide bool, asked int64, d Decision) {
+	switch {
+	case spread:
+		st.spread.period.note(asked, d, l.interval)
+	case slide && !d.Granted && d.Limit >= 1 && d.Remaining >= 0 && d.Reset > 0:
+		st.spread.slide.noteRefusal(d, asked, l.interval)
+	}
+}
+
+// slideRoom is how far ahead a caller not placed in the period may wait
+// for its slot in the sliding view: what is left of its wait, or half of
+// it when its context's deadline bounds it, so that the call made with
+// that context still has time.
+func (w *waiter) slideRoom() time.Duration {
+	left := w.left()
+	if w.tb.ctxBound {
+		return left / 2
+	}
+	return left
+}
+
+// slides reports whether w's grants of l's bucket keep to the key's
+// sliding view: permits (not a cost) of a periodic bucket spread, and a
+// caller not placed in the period that can wait at all.
+func (l *Limiter) slides(w *waiter, placed bool) bool {
+	return !placed && w.cost == nil && l.spreads() && !w.noWait()
+}
+
+// beyondWait is the ErrTimeout of a caller that must not ask the bucket:
+// placed in the period (spread), the next grant's place as this process
+// last heard of the period lies beyond what is left of its wait; keeping
+// to the sliding view (slide), its slot lies beyond its room
+// (slideRoom). nil when it may ask. now is the clock's reading.
+func (l *Limiter) beyondWait(st *keyState, w *waiter, spread, slide bool, now int64) error {
+	var ahead, room time.Duration
+	switch {
+	case spread:
+		ahead, room = st.spread.period.ahead(now, l.interval), w.left()
+	case slide:
+		ahead, room = st.spread.slide.ahead(now, l.interval), w.slideRoom()
+	}
+	if ahead > 0 && ahead >= room {
+		return w.tb.err(ahead)
+	}
+	return nil
+}
+
+// periodView is what a Limiter last heard of a key's running period from
+// the bucket's answers to callers placed in it: its end (on the time base)
+// and the permits granted in it, so that a caller whose place lies beyond
+// its wait is refused before it takes a permit. Other instances' grants
+// since make the real place later still: a caller refused on the view
+// would have been refused on its place.
+//
+// A placed caller whose place is beyond its wait (the gate or the pace
+// took the rest, or the view was behind) is not sent at once either: its
+// permits are given back if the bucket takes them back, else spent, and
+// it fails with ErrTimeout. Sent at once, its call would land in the
+// previous period's window: a backlog of callers near their deadline
+// (calls arriving faster than the limit, each with a client timeout)
+// went in bursts that a sliding window refused.
+type periodView struct {
+	mu      sync.Mutex
+	end     int64 // 0: none heard
+	granted int64
+	limit   int64
+}
+
+// note records d, an answer of the bucket asked at asked.
+func (p *periodView) note(asked int64, d Decision, interval int64) {
+	if d.Limit < 1 || d.Remaining < 0 || d.Reset <= 0 {
+		return
+	}
+	end, granted := asked+int64(d.Reset), d.Limit-d.Remaining
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case end > p.end+interval/2: // a later period
+		p.end, p.granted, p.limit = end, granted, d.Limit
+	case end >= p.end-interval/2: // the same one, seen by another call
+		p.end, p.granted, p.limit = max(p.end, end), max(p.granted, granted), d.Limit
+	}
+}
+
+// ahead is how long after now the next grant's place comes, as far as
+// the view knows: 0 when no period is known to run.
+func (p *periodView) ahead(now, interval int64) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.end == 0 || now >= p.end || p.limit < 1 {
+		return 0
+	}
+	place := p.end - interval + int64(SpreadSpan*float64(interval)*float64(min(p.granted, p.limit))/float64(p.limit))
+	return time.Duration(max(place-now, 0))
+}
+
+// keepToSlide is the sliding view's stage for a grant c of st's key (the
+// bucket asked at asked): it claims the grant's slot in the view and
+// waits for it. A slot beyond the caller's room (another caller claimed
+// the one it saw before its take) gives the grant back within the wait
+// (waiter.giveBack: if the bucket takes it back) and ends the wait with
+// ErrTimeout: sent at once, the call would land in a full window. again
+// reports that a pause came first: the grant was given back, and the
+// caller asks anew.
+func (w *waiter) keepToSlide(st *keyState, c *decision, asked int64) (again bool, err error) {
+	l, d := w.l, c.Decision
+	if d.Limit < 1 || d.Remaining < 0 || d.Reset <= 0 {
+		return false, nil // not a period's count: nothing to keep to
+	}
+	s, ok := st.spread.slide.claim(w.n, d, asked, l.tb.now(), l.interval, w.slideRoom())
+	if !ok {
+		w.giveBack(c)
+		return false, w.tb.err(s)
+	}
+	if s < minSpread {
+		return false, nil
+	}
+	if again, err := l.spreadOut(w.ctx, st, w.n, s, w.giveBackBound); again || err != nil {
+		return again, err
+	}
+	return false, w.keep(c, true)
 }
