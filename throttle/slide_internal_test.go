@@ -28,7 +28,7 @@ func TestSlidingViewHoldsAGrantAnIntervalAfterTheOneALimitBefore(t *testing.T) {
 		assert.True(t, ok)
 		assert.Zero(t, wait)
 	}
-	assert.Equal(t, 500*time.Millisecond, v.ahead(1500*ms, 1000*ms), "the next slot is an interval after the first grant")
+	assert.Equal(t, 500*time.Millisecond, v.ahead(1500*ms, 1000*ms, 1), "the next slot is an interval after the first grant")
 	claim := func(left int64, room time.Duration) (time.Duration, bool) {
 		return v.claim(1, grantOf(3, left, 2000*ms, 2000*ms), 2000*ms, 2000*ms, 1000*ms, room)
 	}
@@ -78,7 +78,7 @@ func TestSlidingViewOfALargeLimitKeepsOneTimePerGroup(t *testing.T) {
 	}
 	assert.Equal(t, int64(3), v.group)
 	assert.Len(t, v.times, 100)
-	assert.Equal(t, 700*time.Millisecond, v.ahead(1300*ms, 1000*ms), "an interval after the first group's first grant")
+	assert.Equal(t, 700*time.Millisecond, v.ahead(1300*ms, 1000*ms, 1), "an interval after the first group's first grant")
 }
 
 // The period view places the next grant after the permits granted in the
@@ -140,4 +140,21 @@ func TestAPlaceBeyondTheWaitIsGivenBackWithinTheWait(t *testing.T) {
 	}
 	require.NoError(t, lim.Close())
 	<-b.refunded
+}
+
+// A grant of n permits (AcquireN) goes no sooner than an interval after
+// this process's grant limit-n+1 before it, so that the window ending at
+// it holds at most the limit: 9 permits at the end of one period and 3 at
+// the next one's start would make 12 of a limit of 10 in one window.
+func TestSlidingViewKeepsAGrantOfSeveralPermitsWithinTheLimit(t *testing.T) {
+	var v slidingView
+	for i, at := range []int64{1900, 1950, 1990} {
+		wait, ok := v.claim(3, grantOf(10, 7-3*int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second)
+		assert.True(t, ok)
+		assert.Zero(t, wait)
+	}
+	at := 2000 * ms // the next period's first take
+	wait, ok := v.claim(3, grantOf(10, 7, at, at), at, at, 1000*ms, time.Second)
+	assert.True(t, ok)
+	assert.Equal(t, 900*time.Millisecond, wait, "an interval after the grant 8 before (the first of 1900's 3)")
 }

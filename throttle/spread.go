@@ -187,7 +187,8 @@ func (st *keyState) notePause(until int64) {
 //
 // So the Limiter keeps, per key, when this process's last limit's worth
 // of such grants went (slidingView), and a grant goes no sooner than one
-// interval after the grant a limit before it: any window of one interval
+// interval after the grant a limit before it (for a grant of n permits,
+// AcquireN, the grant limit-n+1 before it): any window of one interval
 // holds at most the limit of them, whatever the periods' phase, and a
 // period's grants follow the previous period's pattern, an interval on.
 // A burst after a quiet interval, and a crowd that finds fewer than a
@@ -245,10 +246,11 @@ type slidingView struct {
 	share           float64
 }
 
-// slot is when the next grant may go: an interval after this process's
-// grant its share of the limit before it; 0 when it has not made that
-// many. v.mu is held.
-func (v *slidingView) slot(interval int64) int64 {
+// slot is when the next grant, of n permits, may go: an interval after
+// this process's grant its share of the limit, less n-1, before it (so
+// that the window ending at it holds the share with the grant's n); 0
+// when it has not made that many. v.mu is held.
+func (v *slidingView) slot(interval, n int64) int64 {
 	if len(v.times) == 0 {
 		return 0
 	}
@@ -256,19 +258,19 @@ func (v *slidingView) slot(interval int64) int64 {
 	if v.share > 0 {
 		mine *= v.share
 	}
-	back := min(max(int(math.Ceil(mine/float64(v.group))), 1), len(v.times))
+	back := min(max(int(math.Ceil((mine-float64(n-1))/float64(v.group))), 1), len(v.times))
 	if v.written < back {
 		return 0
 	}
 	return v.times[(v.next-back+len(v.times))%len(v.times)] + interval
 }
 
-// ahead is how long after now the next grant may go, for a key of the
-// given interval: 0 when it may go now.
-func (v *slidingView) ahead(now, interval int64) time.Duration {
+// ahead is how long after now the next grant, of n permits, may go, for
+// a key of the given interval: 0 when it may go now.
+func (v *slidingView) ahead(now, interval, n int64) time.Duration {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return time.Duration(max(v.slot(interval)-now, 0))
+	return time.Duration(max(v.slot(interval, n)-now, 0))
 }
 
 // claim records a grant d of n permits (the bucket asked at asked) going
@@ -285,7 +287,7 @@ func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, roo
 	}
 	v.countFleet(d, asked, interval)
 	v.own += n // taken by this process, sent or not
-	at := max(now, v.slot(interval))
+	at := max(now, v.slot(interval, n))
 	if time.Duration(at-now) > room {
 		return time.Duration(at - now), false
 	}
@@ -367,7 +369,7 @@ func (l *Limiter) beyondWait(st *keyState, w *waiter, spread, slide bool, now in
 	case spread:
 		ahead, room = st.spread.period.ahead(now, l.interval), w.left()
 	case slide:
-		ahead, room = st.spread.slide.ahead(now, l.interval), w.slideRoom()
+		ahead, room = st.spread.slide.ahead(now, l.interval, w.n), w.slideRoom()
 	}
 	if ahead > 0 && ahead >= room {
 		return w.tb.err(ahead)
