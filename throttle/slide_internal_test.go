@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -157,4 +158,25 @@ func TestSlidingViewKeepsAGrantOfSeveralPermitsWithinTheLimit(t *testing.T) {
 	wait, ok := v.claim(3, grantOf(10, 7, at, at), at, at, 1000*ms, time.Second)
 	assert.True(t, ok)
 	assert.Equal(t, 900*time.Millisecond, wait, "an interval after the grant 8 before (the first of 1900's 3)")
+}
+
+// A bucket of any limit (a Periodic bucket of the caller's own may report
+// up to math.MaxInt64) gets a view of at most maxSlidingView times, and a
+// grant of many permits is recorded a group at a time, not a permit at a
+// time: the view neither overflows its arithmetic nor loops over n.
+func TestSlidingViewOfAnyLimitStaysBoundedAndRecordsGroupsWhole(t *testing.T) {
+	const huge = int64(math.MaxInt64)
+	var v slidingView
+	at := 1000 * ms
+	require.NotPanics(t, func() {
+		_, ok := v.claim(1, grantOf(huge, huge-1, at, at), at, at, 1000*ms, time.Second)
+		assert.True(t, ok)
+	})
+	assert.LessOrEqual(t, len(v.times), maxSlidingView)
+	assert.Positive(t, v.group)
+	n := huge / 2
+	wait, ok := v.claim(n, grantOf(huge, huge-1-n, at, at+ms), at+ms, at+ms, 1000*ms, time.Second)
+	assert.True(t, ok)
+	assert.Zero(t, wait)
+	assert.Equal(t, int((n+1)/v.group), v.written, "the groups the grants filled")
 }

@@ -282,8 +282,9 @@ func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, roo
 	defer v.mu.Unlock()
 	if d.Limit != v.limit {
 		// First use, or a limit changed live: start a fresh view.
-		v.limit, v.group = d.Limit, (d.Limit+maxSlidingView-1)/maxSlidingView
-		v.times, v.next, v.written, v.count = make([]int64, (d.Limit+v.group-1)/v.group), 0, 0, 0
+		// Rounded up without overflow: a bucket may report any limit.
+		v.limit, v.group = d.Limit, (d.Limit-1)/maxSlidingView+1
+		v.times, v.next, v.written, v.count = make([]int64, (d.Limit-1)/v.group+1), 0, 0, 0
 	}
 	v.countFleet(d, asked, interval)
 	v.own += n // taken by this process, sent or not
@@ -291,15 +292,22 @@ func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, roo
 	if time.Duration(at-now) > room {
 		return time.Duration(at - now), false
 	}
-	for range n {
+	// A group at a time (n may be large): at most len(v.times)+1 rounds
+	// matter, the ring keeping only the last len(v.times) groups.
+	for left := n; left > 0; {
 		if v.count == 0 {
 			v.first = at
 		}
-		if v.count++; v.count == v.group {
+		k := min(left, v.group-v.count)
+		left -= k
+		if v.count += k; v.count == v.group {
 			v.times[v.next] = v.first
 			v.next = (v.next + 1) % len(v.times)
 			v.written = min(v.written+1, len(v.times))
 			v.count = 0
+		}
+		if whole := left / v.group; whole > int64(len(v.times)) {
+			left -= (whole - int64(len(v.times))) * v.group // groups the ring would overwrite
 		}
 	}
 	return time.Duration(at - now), true
