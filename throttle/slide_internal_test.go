@@ -180,3 +180,20 @@ func TestSlidingViewOfAnyLimitStaysBoundedAndRecordsGroupsWhole(t *testing.T) {
 	assert.Zero(t, wait)
 	assert.Equal(t, int((n+1)/v.group), v.written, "the groups the grants filled")
 }
+
+// A limit changed live (lowered after a provider's refusals) keeps the
+// view's times: the next grant goes an interval after the grant the new
+// limit before it, not at once into a window that the old limit's grants
+// already hold.
+func TestSlidingViewKeepsItsTimesWhenTheLimitChanges(t *testing.T) {
+	var v slidingView
+	for i, at := range []int64{1000, 1100, 1200, 1300} {
+		wait, ok := v.claim(1, grantOf(4, 3-int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second)
+		require.True(t, ok)
+		require.Zero(t, wait)
+	}
+	at := 2000 * ms // the next period, of a limit lowered to 3
+	wait, ok := v.claim(1, grantOf(3, 2, at, at), at, at, 1000*ms, time.Second)
+	assert.True(t, ok)
+	assert.Equal(t, 100*time.Millisecond, wait, "an interval after the grant 3 before")
+}

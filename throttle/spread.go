@@ -281,10 +281,7 @@ func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, roo
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if d.Limit != v.limit {
-		// First use, or a limit changed live: start a fresh view.
-		// Rounded up without overflow: a bucket may report any limit.
-		v.limit, v.group = d.Limit, (d.Limit-1)/maxSlidingView+1
-		v.times, v.next, v.written, v.count = make([]int64, (d.Limit-1)/v.group+1), 0, 0, 0
+		v.resize(d.Limit)
 	}
 	v.countFleet(d, asked, interval)
 	v.own += n // taken by this process, sent or not
@@ -292,6 +289,29 @@ func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, roo
 	if time.Duration(at-now) > room {
 		return time.Duration(at - now), false
 	}
+	v.record(n, at)
+	return time.Duration(at - now), true
+}
+
+// resize sizes the view for a limit: on first use, or a limit changed
+// live. The grants already recorded stay, each at its group's time, so
+// that a lowered limit (after a provider's refusals) does not let the
+// next grants go at once into a window that the old limit's grants hold.
+// v.mu is held.
+func (v *slidingView) resize(limit int64) {
+	old, oldGroup, oldNext, oldWritten := v.times, v.group, v.next, v.written
+	count, first := v.count, v.first
+	// Rounded up without overflow: a bucket may report any limit.
+	v.limit, v.group = limit, (limit-1)/maxSlidingView+1
+	v.times, v.next, v.written, v.count = make([]int64, (limit-1)/v.group+1), 0, 0, 0
+	for i := range oldWritten { // oldest first
+		v.record(oldGroup, old[(oldNext-oldWritten+i+len(old))%len(old)])
+	}
+	v.record(count, first)
+}
+
+// record records n grants going at at. v.mu is held.
+func (v *slidingView) record(n, at int64) {
 	// A group at a time (n may be large): at most len(v.times)+1 rounds
 	// matter, the ring keeping only the last len(v.times) groups.
 	for left := n; left > 0; {
@@ -310,7 +330,6 @@ func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, roo
 			left -= (whole - int64(len(v.times))) * v.group // groups the ring would overwrite
 		}
 	}
-	return time.Duration(at - now), true
 }
 
 // countFleet notes the fleet's count of the period d (the bucket asked at
