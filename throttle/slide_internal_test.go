@@ -25,13 +25,13 @@ func grantOf(limit, left, start, asked int64) Decision {
 func TestSlidingViewHoldsAGrantAnIntervalAfterTheOneALimitBefore(t *testing.T) {
 	var v slidingView
 	for i, at := range []int64{1000, 1100, 1200} { // fewer than a limit in the last interval: at once
-		wait, ok := v.claim(1, grantOf(3, 2-int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second)
+		wait, ok := v.claim(1, grantOf(3, 2-int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second, 0)
 		assert.True(t, ok)
 		assert.Zero(t, wait)
 	}
 	assert.Equal(t, 500*time.Millisecond, v.ahead(1500*ms, 1000*ms, 1), "the next slot is an interval after the first grant")
 	claim := func(left int64, room time.Duration) (time.Duration, bool) {
-		return v.claim(1, grantOf(3, left, 2000*ms, 2000*ms), 2000*ms, 2000*ms, 1000*ms, room)
+		return v.claim(1, grantOf(3, left, 2000*ms, 2000*ms), 2000*ms, 2000*ms, 1000*ms, room, 0)
 	}
 	wait, ok := claim(2, time.Second)
 	assert.True(t, ok)
@@ -54,15 +54,15 @@ func TestSlidingViewKeepsToTheInstancesShareOfTheFleet(t *testing.T) {
 	var v slidingView
 	for i := range int64(3) { // its grants 2, 5 and 8 of the period's 9
 		at := 1000*ms + 100*i*ms
-		wait, ok := v.claim(1, grantOf(9, 6-3*i, 1000*ms, at), at, at, 1000*ms, time.Second)
+		wait, ok := v.claim(1, grantOf(9, 6-3*i, 1000*ms, at), at, at, 1000*ms, time.Second, 0)
 		assert.True(t, ok)
 		assert.Zero(t, wait)
 	}
 	at := 2000 * ms // the next period: its first grant, the fleet's first
-	wait, ok := v.claim(1, grantOf(9, 8, at, at), at, at, 1000*ms, time.Second)
+	wait, ok := v.claim(1, grantOf(9, 8, at, at), at, at, 1000*ms, time.Second, 0)
 	assert.True(t, ok)
 	assert.Zero(t, wait, "an interval after its grant 3 before")
-	wait, ok = v.claim(1, grantOf(9, 5, at, at), at, at, 1000*ms, time.Second)
+	wait, ok = v.claim(1, grantOf(9, 5, at, at), at, at, 1000*ms, time.Second, 0)
 	assert.True(t, ok)
 	assert.Equal(t, 100*time.Millisecond, wait, "an interval after its second grant of the last period")
 }
@@ -73,7 +73,7 @@ func TestSlidingViewOfALargeLimitKeepsOneTimePerGroup(t *testing.T) {
 	var v slidingView
 	for i := range int64(300) {
 		at := 1000*ms + i*ms
-		wait, ok := v.claim(1, grantOf(300, 299-i, 1000*ms, at), at, at, 1000*ms, time.Second)
+		wait, ok := v.claim(1, grantOf(300, 299-i, 1000*ms, at), at, at, 1000*ms, time.Second, 0)
 		assert.True(t, ok)
 		assert.Zero(t, wait)
 	}
@@ -150,12 +150,12 @@ func TestAPlaceBeyondTheWaitIsGivenBackWithinTheWait(t *testing.T) {
 func TestSlidingViewKeepsAGrantOfSeveralPermitsWithinTheLimit(t *testing.T) {
 	var v slidingView
 	for i, at := range []int64{1900, 1950, 1990} {
-		wait, ok := v.claim(3, grantOf(10, 7-3*int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second)
+		wait, ok := v.claim(3, grantOf(10, 7-3*int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second, 0)
 		assert.True(t, ok)
 		assert.Zero(t, wait)
 	}
 	at := 2000 * ms // the next period's first take
-	wait, ok := v.claim(3, grantOf(10, 7, at, at), at, at, 1000*ms, time.Second)
+	wait, ok := v.claim(3, grantOf(10, 7, at, at), at, at, 1000*ms, time.Second, 0)
 	assert.True(t, ok)
 	assert.Equal(t, 900*time.Millisecond, wait, "an interval after the grant 8 before (the first of 1900's 3)")
 }
@@ -169,13 +169,13 @@ func TestSlidingViewOfAnyLimitStaysBoundedAndRecordsGroupsWhole(t *testing.T) {
 	var v slidingView
 	at := 1000 * ms
 	require.NotPanics(t, func() {
-		_, ok := v.claim(1, grantOf(huge, huge-1, at, at), at, at, 1000*ms, time.Second)
+		_, ok := v.claim(1, grantOf(huge, huge-1, at, at), at, at, 1000*ms, time.Second, 0)
 		assert.True(t, ok)
 	})
 	assert.LessOrEqual(t, len(v.times), maxSlidingView)
 	assert.Positive(t, v.group)
 	n := huge / 2
-	wait, ok := v.claim(n, grantOf(huge, huge-1-n, at, at+ms), at+ms, at+ms, 1000*ms, time.Second)
+	wait, ok := v.claim(n, grantOf(huge, huge-1-n, at, at+ms), at+ms, at+ms, 1000*ms, time.Second, 0)
 	assert.True(t, ok)
 	assert.Zero(t, wait)
 	assert.Equal(t, int((n+1)/v.group), v.written, "the groups the grants filled")
@@ -188,12 +188,12 @@ func TestSlidingViewOfAnyLimitStaysBoundedAndRecordsGroupsWhole(t *testing.T) {
 func TestSlidingViewKeepsItsTimesWhenTheLimitChanges(t *testing.T) {
 	var v slidingView
 	for i, at := range []int64{1000, 1100, 1200, 1300} {
-		wait, ok := v.claim(1, grantOf(4, 3-int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second)
+		wait, ok := v.claim(1, grantOf(4, 3-int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second, 0)
 		require.True(t, ok)
 		require.Zero(t, wait)
 	}
 	at := 2000 * ms // the next period, of a limit lowered to 3
-	wait, ok := v.claim(1, grantOf(3, 2, at, at), at, at, 1000*ms, time.Second)
+	wait, ok := v.claim(1, grantOf(3, 2, at, at), at, at, 1000*ms, time.Second, 0)
 	assert.True(t, ok)
 	assert.Equal(t, 100*time.Millisecond, wait, "an interval after the grant 3 before")
 }

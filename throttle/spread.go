@@ -237,6 +237,7 @@ type slidingView struct {
 	written int     // times written, up to len(times)
 	count   int64   // grants in the group being filled
 	first   int64   // its first grant's send time
+	pending int64   // permits of callers that passed enter and have not yet claimed
 
 	// This process's share of the fleet's grants, from the last period
 	// it took grants in: its own grants (own) of the fleet's (fleet, the
@@ -266,20 +267,58 @@ func (v *slidingView) slot(interval, n int64) int64 {
 }
 
 // ahead is how long after now the next grant, of n permits, may go, for
-// a key of the given interval: 0 when it may go now.
+// a key of the given interval: 0 when it may go now. v.mu is held.
 func (v *slidingView) ahead(now, interval, n int64) time.Duration {
-	v.mu.Lock()
-	defer v.mu.Unlock()
 	return time.Duration(max(v.slot(interval, n)-now, 0))
 }
 
-// claim records a grant d of n permits (the bucket asked at asked) going
-// no sooner than its slot, and returns how long after now that is. A
-// slot beyond room is not claimed: ok is false, and only the grant's
-// count (for this process's share) is recorded.
-func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, room time.Duration) (wait time.Duration, ok bool) {
+// enter is a caller's look at the view before it asks the bucket for n
+// permits: how long after now its slot comes, counted after the permits
+// of the callers still asking (pending), so that callers asking at once
+// do not all see the same free slot, take a permit each, and find at
+// their claim that all but one slot lies beyond their wait (with a
+// bucket that takes no permits back, spent uncalled). When the slot is
+// within room the caller's n permits join pending (ok), to be taken out
+// by its claim or by unpend; the view then keeps no stale count.
+func (v *slidingView) enter(now, interval, n int64, room time.Duration) (ahead time.Duration, ok bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	ahead = v.ahead(now, interval, n+v.pending)
+	if v.pending > 0 && len(v.times) > 0 {
+		mine := float64(v.limit)
+		if v.share > 0 {
+			mine *= v.share
+		}
+		if float64(v.pending+n) > mine {
+			// Those asking fill this process's share: the slot comes an
+			// interval after the first of theirs at the soonest.
+			ahead = max(ahead, time.Duration(interval))
+		}
+	}
+	if ahead > 0 && ahead >= room {
+		return ahead, false
+	}
+	v.pending += n
+	return ahead, true
+}
+
+// unpend takes n permits of a caller that entered out of pending: it
+// claims no slot (refused, failed, or not a period's grant).
+func (v *slidingView) unpend(n int64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.pending -= n
+}
+
+// claim records a grant d of n permits (the bucket asked at asked) going
+// no sooner than its slot, and returns how long after now that is;
+// pended, the permits its caller added to pending (enter), leave it. A
+// slot beyond room is not claimed: ok is false, and only the grant's
+// count (for this process's share) is recorded.
+func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, room time.Duration, pended int64) (wait time.Duration, ok bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.pending -= pended
 	if d.Limit != v.limit {
 		v.resize(d.Limit)
 	}
@@ -388,20 +427,24 @@ func (l *Limiter) slides(w *waiter, placed bool) bool {
 // beyondWait is the ErrTimeout of a caller that must not ask the bucket:
 // placed in the period (spread), the next grant's place as this process
 // last heard of the period lies beyond what is left of its wait; keeping
-// to the sliding view (slide), its slot lies beyond its room
-// (slideRoom). nil when it may ask. now is the clock's reading.
-func (l *Limiter) beyondWait(st *keyState, w *waiter, spread, slide bool, now int64) error {
-	var ahead, room time.Duration
+// to the sliding view (slide), its slot (after those of the callers
+// still asking) lies beyond its room (slideRoom). nil when it may ask;
+// pended is then the permits it added to the view's pending, which its
+// claim or unpend takes out. now is the clock's reading.
+func (l *Limiter) beyondWait(st *keyState, w *waiter, spread, slide bool, now int64) (pended int64, err error) {
 	switch {
 	case spread:
-		ahead, room = st.spread.period.ahead(now, l.interval), w.left()
+		if ahead := st.spread.period.ahead(now, l.interval); ahead > 0 && ahead >= w.left() {
+			return 0, w.tb.err(ahead)
+		}
 	case slide:
-		ahead, room = st.spread.slide.ahead(now, l.interval, w.n), w.slideRoom()
+		ahead, ok := st.spread.slide.enter(now, l.interval, w.n, w.slideRoom())
+		if !ok {
+			return 0, w.tb.err(ahead)
+		}
+		return w.n, nil
 	}
-	if ahead > 0 && ahead >= room {
-		return w.tb.err(ahead)
-	}
-	return nil
+	return 0, nil
 }
 
 // periodView is what a Limiter last heard of a key's running period from
@@ -454,19 +497,21 @@ func (p *periodView) ahead(now, interval int64) time.Duration {
 }
 
 // keepToSlide is the sliding view's stage for a grant c of st's key (the
-// bucket asked at asked): it claims the grant's slot in the view and
+// bucket asked at asked, pended the permits its caller added to the
+// view's pending): it claims the grant's slot in the view and
 // waits for it. A slot beyond the caller's room (another caller claimed
 // the one it saw before its take) gives the grant back within the wait
 // (waiter.giveBack: if the bucket takes it back) and ends the wait with
 // ErrTimeout: sent at once, the call would land in a full window. again
 // reports that a pause came first: the grant was given back, and the
 // caller asks anew.
-func (w *waiter) keepToSlide(st *keyState, c *decision, asked int64) (again bool, err error) {
+func (w *waiter) keepToSlide(st *keyState, c *decision, asked, pended int64) (again bool, err error) {
 	l, d := w.l, c.Decision
 	if d.Limit < 1 || d.Remaining < 0 || d.Reset <= 0 {
+		st.spread.slide.unpend(pended)
 		return false, nil // not a period's count: nothing to keep to
 	}
-	s, ok := st.spread.slide.claim(w.n, d, asked, l.tb.now(), l.interval, w.slideRoom())
+	s, ok := st.spread.slide.claim(w.n, d, asked, l.tb.now(), l.interval, w.slideRoom(), pended)
 	if !ok {
 		w.giveBack(c)
 		return false, w.tb.err(s)
