@@ -197,3 +197,22 @@ func TestSlidingViewKeepsItsTimesWhenTheLimitChanges(t *testing.T) {
 	assert.True(t, ok)
 	assert.Equal(t, 100*time.Millisecond, wait, "an interval after the grant 3 before")
 }
+
+// The share of a period that ended more than an interval before the next
+// one began no longer holds: no window holds grants of both, so the
+// bucket's own count bounds the new period, and an instance that made a
+// tenth of the fleet's grants once is not held to a tenth when it comes
+// back alone.
+func TestSlidingViewForgetsTheShareOfAPeriodLongPast(t *testing.T) {
+	var v slidingView
+	at := 1000 * ms // its one grant of the fleet's 10
+	_, ok := v.claim(1, grantOf(10, 0, at, at+500*ms), at+500*ms, at+500*ms, 1000*ms, time.Second, 0)
+	require.True(t, ok)
+	at = 5000 * ms // a period 3 s after that one ended, alone
+	for i := range int64(3) {
+		now := at + 100*i*ms
+		wait, ok := v.claim(1, grantOf(10, 9-i, at, now), now, now, 1000*ms, time.Second, 0)
+		assert.True(t, ok)
+		assert.Zero(t, wait, "grant %d of the period: the bucket's count bounds it", i)
+	}
+}

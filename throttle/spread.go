@@ -207,7 +207,8 @@ func (st *keyState) notePause(until int64) {
 // the most the bucket's answers to it counted (at least its share: the
 // others' takes after its last are not seen), so that instances seeing
 // like traffic each keep their own share and the fleet its limit; before
-// that, the whole limit. It is held in at most maxSlidingView times: for
+// that, and after a period that ended more than an interval before the
+// next began (no window holds grants of both), the whole limit. It is held in at most maxSlidingView times: for
 // a limit above that, one time per group of limit/maxSlidingView grants
 // (rounded up), the group's first, which lets a window hold up to a
 // group more than the limit.
@@ -373,10 +374,16 @@ func (v *slidingView) record(n, at int64) {
 
 // countFleet notes the fleet's count of the period d (the bucket asked at
 // asked) tells of: a later period's start makes the last one tell this
-// process's share. v.mu is held.
+// process's share. A period that ended more than an interval before the
+// new one began tells nothing of it (no window holds grants of both: the
+// bucket's own count bounds the new period), and the share is forgotten.
+// v.mu is held.
 func (v *slidingView) countFleet(d Decision, asked, interval int64) {
 	if end := asked + int64(d.Reset); end > v.end+interval/2 {
-		if v.fleet > 0 {
+		switch {
+		case end-interval > v.end+interval:
+			v.share = 0 // the whole limit
+		case v.fleet > 0:
 			v.share = min(float64(v.own)/float64(v.fleet), 1)
 		}
 		v.end, v.own, v.fleet = end, 0, 0
