@@ -127,7 +127,8 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 				return decision{}, err
 			}
 		}
-		var asked int64 // when the bucket was asked, for a grant's place
+		var asked int64  // when the bucket was asked, for a grant's place
+		var pended int64 // permits this caller counts in the sliding view's pending
 		spread := permits && l.spreads() && w.canSpread(time.Duration(l.interval))
 		slide := permits && l.slides(w, spread)
 		if spread || slide {
@@ -135,7 +136,8 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			// The others keep to the key's sliding view; a caller whose
 			// place or slot is known to lie beyond its wait takes
 			// nothing (spread.go).
-			if err := l.beyondWait(st, w, spread, slide, asked); err != nil {
+			var err error
+			if pended, err = l.beyondWait(st, w, spread, slide, asked); err != nil {
 				if gated {
 					st.gate.leave(false, 0, 0)
 				}
@@ -143,6 +145,10 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			}
 		}
 		c := w.decide(st)
+		if pended > 0 && (c.err != nil || !c.Granted || c.Delay > 0 || c.src != fromStore) {
+			st.spread.slide.unpend(pended) // no slot to claim
+			pended = 0
+		}
 		if (spread || slide) && c.src == fromStore && c.err == nil {
 			l.noteDecision(st, spread, slide, asked, c.Decision)
 		}
@@ -153,6 +159,9 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			return c, w.failed(c.err)
 		case c.Granted && c.Delay <= 0:
 			if err := w.keep(&c, false); err != nil {
+				if pended > 0 {
+					st.spread.slide.unpend(pended)
+				}
 				return c, err // answered after the wait's end
 			}
 			if c.src != fromStore || !spread && !slide {
@@ -163,7 +172,7 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			if spread {
 				again, err = w.placeInPeriod(st, &c, asked, left)
 			} else {
-				again, err = w.keepToSlide(st, &c, asked)
+				again, err = w.keepToSlide(st, &c, asked, pended)
 			}
 			if !again {
 				return c, err
