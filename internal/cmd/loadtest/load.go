@@ -749,25 +749,32 @@ func arrivals(run context.Context, stop context.CancelFunc, c loadConfig, in *in
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
-	call := func(ctx context.Context) {
-		w, l, ok := transportCall(ctx, stop, c, in, rec, t)
-		mu.Lock()
-		defer mu.Unlock()
-		if ok {
-			waits = append(waits, w)
-		}
-		lates = append(lates, l...)
-	}
 	if c.AtOnce > 0 {
 		// A burst: the calls are not cut at the run's end.
 		for range c.AtOnce {
-			wg.Go(func() { call(context.WithoutCancel(run)) })
+			wg.Go(func() {
+				w, l, ok := transportCall(context.WithoutCancel(run), stop, c, in, rec, t)
+				mu.Lock()
+				defer mu.Unlock()
+				if ok {
+					waits = append(waits, w)
+				}
+				lates = append(lates, l...)
+			})
 		}
 		wg.Wait()
 		return waits, lates
 	}
 	for run.Err() == nil && in.pace.wait(run) {
-		wg.Go(func() { call(run) })
+		wg.Go(func() {
+			w, l, ok := transportCall(run, stop, c, in, rec, t)
+			mu.Lock()
+			defer mu.Unlock()
+			if ok {
+				waits = append(waits, w)
+			}
+			lates = append(lates, l...)
+		})
 	}
 	wg.Wait()
 	return waits, lates
