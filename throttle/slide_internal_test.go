@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"context"
-	"math"
 	"testing"
 	"time"
 
@@ -25,13 +24,13 @@ func grantOf(limit, left, start, asked int64) Decision {
 func TestSlidingViewHoldsAGrantAnIntervalAfterTheOneALimitBefore(t *testing.T) {
 	var v slidingView
 	for i, at := range []int64{1000, 1100, 1200} { // fewer than a limit in the last interval: at once
-		wait, ok := v.claim(1, grantOf(3, 2-int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second, 0)
+		wait, ok := v.claim(1, grantOf(3, 2-int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second)
 		assert.True(t, ok)
 		assert.Zero(t, wait)
 	}
-	assert.Equal(t, 500*time.Millisecond, v.ahead(1500*ms, 1000*ms, 1), "the next slot is an interval after the first grant")
+	assert.Equal(t, 500*time.Millisecond, v.ahead(1500*ms, 1000*ms), "the next slot is an interval after the first grant")
 	claim := func(left int64, room time.Duration) (time.Duration, bool) {
-		return v.claim(1, grantOf(3, left, 2000*ms, 2000*ms), 2000*ms, 2000*ms, 1000*ms, room, 0)
+		return v.claim(1, grantOf(3, left, 2000*ms, 2000*ms), 2000*ms, 2000*ms, 1000*ms, room)
 	}
 	wait, ok := claim(2, time.Second)
 	assert.True(t, ok)
@@ -54,15 +53,15 @@ func TestSlidingViewKeepsToTheInstancesShareOfTheFleet(t *testing.T) {
 	var v slidingView
 	for i := range int64(3) { // its grants 2, 5 and 8 of the period's 9
 		at := 1000*ms + 100*i*ms
-		wait, ok := v.claim(1, grantOf(9, 6-3*i, 1000*ms, at), at, at, 1000*ms, time.Second, 0)
+		wait, ok := v.claim(1, grantOf(9, 6-3*i, 1000*ms, at), at, at, 1000*ms, time.Second)
 		assert.True(t, ok)
 		assert.Zero(t, wait)
 	}
 	at := 2000 * ms // the next period: its first grant, the fleet's first
-	wait, ok := v.claim(1, grantOf(9, 8, at, at), at, at, 1000*ms, time.Second, 0)
+	wait, ok := v.claim(1, grantOf(9, 8, at, at), at, at, 1000*ms, time.Second)
 	assert.True(t, ok)
 	assert.Zero(t, wait, "an interval after its grant 3 before")
-	wait, ok = v.claim(1, grantOf(9, 5, at, at), at, at, 1000*ms, time.Second, 0)
+	wait, ok = v.claim(1, grantOf(9, 5, at, at), at, at, 1000*ms, time.Second)
 	assert.True(t, ok)
 	assert.Equal(t, 100*time.Millisecond, wait, "an interval after its second grant of the last period")
 }
@@ -73,13 +72,13 @@ func TestSlidingViewOfALargeLimitKeepsOneTimePerGroup(t *testing.T) {
 	var v slidingView
 	for i := range int64(300) {
 		at := 1000*ms + i*ms
-		wait, ok := v.claim(1, grantOf(300, 299-i, 1000*ms, at), at, at, 1000*ms, time.Second, 0)
+		wait, ok := v.claim(1, grantOf(300, 299-i, 1000*ms, at), at, at, 1000*ms, time.Second)
 		assert.True(t, ok)
 		assert.Zero(t, wait)
 	}
 	assert.Equal(t, int64(3), v.group)
 	assert.Len(t, v.times, 100)
-	assert.Equal(t, 700*time.Millisecond, v.ahead(1300*ms, 1000*ms, 1), "an interval after the first group's first grant")
+	assert.Equal(t, 700*time.Millisecond, v.ahead(1300*ms, 1000*ms), "an interval after the first group's first grant")
 }
 
 // The period view places the next grant after the permits granted in the
@@ -141,78 +140,4 @@ func TestAPlaceBeyondTheWaitIsGivenBackWithinTheWait(t *testing.T) {
 	}
 	require.NoError(t, lim.Close())
 	<-b.refunded
-}
-
-// A grant of n permits (AcquireN) goes no sooner than an interval after
-// this process's grant limit-n+1 before it, so that the window ending at
-// it holds at most the limit: 9 permits at the end of one period and 3 at
-// the next one's start would make 12 of a limit of 10 in one window.
-func TestSlidingViewKeepsAGrantOfSeveralPermitsWithinTheLimit(t *testing.T) {
-	var v slidingView
-	for i, at := range []int64{1900, 1950, 1990} {
-		wait, ok := v.claim(3, grantOf(10, 7-3*int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second, 0)
-		assert.True(t, ok)
-		assert.Zero(t, wait)
-	}
-	at := 2000 * ms // the next period's first take
-	wait, ok := v.claim(3, grantOf(10, 7, at, at), at, at, 1000*ms, time.Second, 0)
-	assert.True(t, ok)
-	assert.Equal(t, 900*time.Millisecond, wait, "an interval after the grant 8 before (the first of 1900's 3)")
-}
-
-// A bucket of any limit (a Periodic bucket of the caller's own may report
-// up to math.MaxInt64) gets a view of at most maxSlidingView times, and a
-// grant of many permits is recorded a group at a time, not a permit at a
-// time: the view neither overflows its arithmetic nor loops over n.
-func TestSlidingViewOfAnyLimitStaysBoundedAndRecordsGroupsWhole(t *testing.T) {
-	const huge = int64(math.MaxInt64)
-	var v slidingView
-	at := 1000 * ms
-	require.NotPanics(t, func() {
-		_, ok := v.claim(1, grantOf(huge, huge-1, at, at), at, at, 1000*ms, time.Second, 0)
-		assert.True(t, ok)
-	})
-	assert.LessOrEqual(t, len(v.times), maxSlidingView)
-	assert.Positive(t, v.group)
-	n := huge / 2
-	wait, ok := v.claim(n, grantOf(huge, huge-1-n, at, at+ms), at+ms, at+ms, 1000*ms, time.Second, 0)
-	assert.True(t, ok)
-	assert.Zero(t, wait)
-	assert.Equal(t, int((n+1)/v.group), v.written, "the groups the grants filled")
-}
-
-// A limit changed live (lowered after a provider's refusals) keeps the
-// view's times: the next grant goes an interval after the grant the new
-// limit before it, not at once into a window that the old limit's grants
-// already hold.
-func TestSlidingViewKeepsItsTimesWhenTheLimitChanges(t *testing.T) {
-	var v slidingView
-	for i, at := range []int64{1000, 1100, 1200, 1300} {
-		wait, ok := v.claim(1, grantOf(4, 3-int64(i), 1000*ms, at*ms), at*ms, at*ms, 1000*ms, time.Second, 0)
-		require.True(t, ok)
-		require.Zero(t, wait)
-	}
-	at := 2000 * ms // the next period, of a limit lowered to 3
-	wait, ok := v.claim(1, grantOf(3, 2, at, at), at, at, 1000*ms, time.Second, 0)
-	assert.True(t, ok)
-	assert.Equal(t, 100*time.Millisecond, wait, "an interval after the grant 3 before")
-}
-
-// The share of a period that ended more than an interval before the next
-// one began no longer holds: no window holds grants of both, so the
-// bucket's own count bounds the new period, and an instance that made a
-// tenth of the fleet's grants once is not held to a tenth when it comes
-// back alone.
-func TestSlidingViewForgetsTheShareOfAPeriodLongPast(t *testing.T) {
-	var v slidingView
-	at := 1000 * ms // its one grant of the fleet's 10
-	_, ok := v.claim(1, grantOf(10, 0, at, at+500*ms), at+500*ms, at+500*ms, 1000*ms, time.Second, 0)
-	require.True(t, ok)
-	at = 5000 * ms // a period 3 s after that one ended, alone
-	for i := range int64(3) {
-		now := at + 100*i*ms
-		wait, ok := v.claim(1, grantOf(10, 9-i, at, now), now, now, 1000*ms, time.Second, 0)
-		assert.True(t, ok)
-		assert.Zero(t, wait, "grant %d of the period: the bucket's count bounds it", i)
-	}
 }

@@ -2,7 +2,6 @@ package throttle_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -97,73 +96,4 @@ func TestAPlacedCallerWhosePlaceIsBeyondItsWaitDoesNotGoAtOnce(t *testing.T) {
 		t.Fatal("the caller did not return")
 	}
 	assert.Equal(t, int64(1), b.refunds(), "its permit was given back")
-}
-
-// heldBucket is an onDemandBucket that takes no permits back (as a
-// bucket.TokenBucket) and, once hold is set, holds each Take until hold
-// is closed, telling entered first.
-type heldBucket struct {
-	inner   *onDemandBucket
-	mu      sync.Mutex
-	hold    chan struct{}
-	entered chan struct{}
-}
-
-func (b *heldBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
-	b.mu.Lock()
-	hold, entered := b.hold, b.entered
-	b.mu.Unlock()
-	if hold != nil {
-		entered <- struct{}{}
-		<-hold
-	}
-	return b.inner.Take(ctx, key, n, maxWait)
-}
-
-func (b *heldBucket) Fallback() (int64, time.Duration, int64) { return b.inner.Fallback() }
-func (b *heldBucket) Periodic() bool                          { return true }
-
-// Callers with short waits that ask the bucket at once each count the
-// slots of those still asking: a caller whose slot, after theirs, lies
-// beyond its wait is refused before it takes a permit. Before, each saw
-// the same free slot, all took a permit, and all but one then found
-// their slot beyond their wait and failed: with a bucket that takes no
-// permits back, the period's permits were spent uncalled.
-func TestShortWaitsAskingAtOnceDoNotSpendPermitsOnSlotsBeyondTheirWait(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	b := &heldBucket{inner: newOnDemandBucket(clock, 4, time.Second)}
-	lim := throttle.New(b, throttle.WithClock(clock))
-	defer lim.Close()
-	ctx := context.Background()
-	for range 4 { // a trickle: the next period's slots 100 ms apart
-		require.NoError(t, lim.Acquire(ctx, 500*time.Millisecond))
-		clock.Advance(100 * time.Millisecond)
-	}
-	clock.Advance(600 * time.Millisecond)
-	hold := make(chan struct{})
-	b.mu.Lock()
-	b.hold, b.entered = hold, make(chan struct{}, 2)
-	b.mu.Unlock()
-	first := acquireAll(ctx, lim.Key(""), 1, 50*time.Millisecond)
-	<-b.entered // its slot is now; it is asking the bucket
-	second := acquireAll(ctx, lim.Key(""), 1, 50*time.Millisecond)
-	select {
-	case err := <-second:
-		assert.ErrorIs(t, err, throttle.ErrTimeout, "its slot, after the first's, is 100 ms on")
-	case <-b.entered:
-		t.Error("the second caller asked the bucket for a permit it could not use")
-		close(hold)
-		<-second
-		hold = nil
-	case <-time.After(5 * time.Second):
-		t.Fatal("the second caller neither asked nor failed")
-	}
-	if hold != nil {
-		close(hold)
-	}
-	require.NoError(t, <-first)
-	b.inner.mu.Lock()
-	left := b.inner.left
-	b.inner.mu.Unlock()
-	assert.Equal(t, int64(3), left, "the permits no caller used are still there")
 }

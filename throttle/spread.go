@@ -187,8 +187,7 @@ func (st *keyState) notePause(until int64) {
 //
 // So the Limiter keeps, per key, when this process's last limit's worth
 // of such grants went (slidingView), and a grant goes no sooner than one
-// interval after the grant a limit before it (for a grant of n permits,
-// AcquireN, the grant limit-n+1 before it): any window of one interval
+// interval after the grant a limit before it: any window of one interval
 // holds at most the limit of them, whatever the periods' phase, and a
 // period's grants follow the previous period's pattern, an interval on.
 // A burst after a quiet interval, and a crowd that finds fewer than a
@@ -207,8 +206,7 @@ func (st *keyState) notePause(until int64) {
 // the most the bucket's answers to it counted (at least its share: the
 // others' takes after its last are not seen), so that instances seeing
 // like traffic each keep their own share and the fleet its limit; before
-// that, and after a period that ended more than an interval before the
-// next began (no window holds grants of both), the whole limit. It is held in at most maxSlidingView times: for
+// that, the whole limit. It is held in at most maxSlidingView times: for
 // a limit above that, one time per group of limit/maxSlidingView grants
 // (rounded up), the group's first, which lets a window hold up to a
 // group more than the limit.
@@ -238,7 +236,6 @@ type slidingView struct {
 	written int     // times written, up to len(times)
 	count   int64   // grants in the group being filled
 	first   int64   // its first grant's send time
-	pending int64   // permits of callers that passed enter and have not yet claimed
 
 	// This process's share of the fleet's grants, from the last period
 	// it took grants in: its own grants (own) of the fleet's (fleet, the
@@ -248,11 +245,10 @@ type slidingView struct {
 	share           float64
 }
 
-// slot is when the next grant, of n permits, may go: an interval after
-// this process's grant its share of the limit, less n-1, before it (so
-// that the window ending at it holds the share with the grant's n); 0
-// when it has not made that many. v.mu is held.
-func (v *slidingView) slot(interval, n int64) int64 {
+// slot is when the next grant may go: an interval after this process's
+// grant its share of the limit before it; 0 when it has not made that
+// many. v.mu is held.
+func (v *slidingView) slot(interval int64) int64 {
 	if len(v.times) == 0 {
 		return 0
 	}
@@ -260,130 +256,59 @@ func (v *slidingView) slot(interval, n int64) int64 {
 	if v.share > 0 {
 		mine *= v.share
 	}
-	back := min(max(int(math.Ceil((mine-float64(n-1))/float64(v.group))), 1), len(v.times))
+	back := min(max(int(math.Ceil(mine/float64(v.group))), 1), len(v.times))
 	if v.written < back {
 		return 0
 	}
 	return v.times[(v.next-back+len(v.times))%len(v.times)] + interval
 }
 
-// ahead is how long after now the next grant, of n permits, may go, for
-// a key of the given interval: 0 when it may go now. v.mu is held.
-func (v *slidingView) ahead(now, interval, n int64) time.Duration {
-	return time.Duration(max(v.slot(interval, n)-now, 0))
-}
-
-// enter is a caller's look at the view before it asks the bucket for n
-// permits: how long after now its slot comes, counted after the permits
-// of the callers still asking (pending), so that callers asking at once
-// do not all see the same free slot, take a permit each, and find at
-// their claim that all but one slot lies beyond their wait (with a
-// bucket that takes no permits back, spent uncalled). When the slot is
-// within room the caller's n permits join pending (ok), to be taken out
-// by its claim or by unpend; the view then keeps no stale count.
-func (v *slidingView) enter(now, interval, n int64, room time.Duration) (ahead time.Duration, ok bool) {
+// ahead is how long after now the next grant may go, for a key of the
+// given interval: 0 when it may go now.
+func (v *slidingView) ahead(now, interval int64) time.Duration {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	ahead = v.ahead(now, interval, n+v.pending)
-	if v.pending > 0 && len(v.times) > 0 {
-		mine := float64(v.limit)
-		if v.share > 0 {
-			mine *= v.share
-		}
-		if float64(v.pending+n) > mine {
-			// Those asking fill this process's share: the slot comes an
-			// interval after the first of theirs at the soonest.
-			ahead = max(ahead, time.Duration(interval))
-		}
-	}
-	if ahead > 0 && ahead >= room {
-		return ahead, false
-	}
-	v.pending += n
-	return ahead, true
-}
-
-// unpend takes n permits of a caller that entered out of pending: it
-// claims no slot (refused, failed, or not a period's grant).
-func (v *slidingView) unpend(n int64) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.pending -= n
+	return time.Duration(max(v.slot(interval)-now, 0))
 }
 
 // claim records a grant d of n permits (the bucket asked at asked) going
-// no sooner than its slot, and returns how long after now that is;
-// pended, the permits its caller added to pending (enter), leave it. A
+// no sooner than its slot, and returns how long after now that is. A
 // slot beyond room is not claimed: ok is false, and only the grant's
 // count (for this process's share) is recorded.
-func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, room time.Duration, pended int64) (wait time.Duration, ok bool) {
+func (v *slidingView) claim(n int64, d Decision, asked, now, interval int64, room time.Duration) (wait time.Duration, ok bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.pending -= pended
 	if d.Limit != v.limit {
-		v.resize(d.Limit)
+		// First use, or a limit changed live: start a fresh view.
+		v.limit, v.group = d.Limit, (d.Limit+maxSlidingView-1)/maxSlidingView
+		v.times, v.next, v.written, v.count = make([]int64, (d.Limit+v.group-1)/v.group), 0, 0, 0
 	}
 	v.countFleet(d, asked, interval)
 	v.own += n // taken by this process, sent or not
-	at := max(now, v.slot(interval, n))
+	at := max(now, v.slot(interval))
 	if time.Duration(at-now) > room {
 		return time.Duration(at - now), false
 	}
-	v.record(n, at)
-	return time.Duration(at - now), true
-}
-
-// resize sizes the view for a limit: on first use, or a limit changed
-// live. The grants already recorded stay, each at its group's time, so
-// that a lowered limit (after a provider's refusals) does not let the
-// next grants go at once into a window that the old limit's grants hold.
-// v.mu is held.
-func (v *slidingView) resize(limit int64) {
-	old, oldGroup, oldNext, oldWritten := v.times, v.group, v.next, v.written
-	count, first := v.count, v.first
-	// Rounded up without overflow: a bucket may report any limit.
-	v.limit, v.group = limit, (limit-1)/maxSlidingView+1
-	v.times, v.next, v.written, v.count = make([]int64, (limit-1)/v.group+1), 0, 0, 0
-	for i := range oldWritten { // oldest first
-		v.record(oldGroup, old[(oldNext-oldWritten+i+len(old))%len(old)])
-	}
-	v.record(count, first)
-}
-
-// record records n grants going at at. v.mu is held.
-func (v *slidingView) record(n, at int64) {
-	// A group at a time (n may be large): at most len(v.times)+1 rounds
-	// matter, the ring keeping only the last len(v.times) groups.
-	for left := n; left > 0; {
+	for range n {
 		if v.count == 0 {
 			v.first = at
 		}
-		k := min(left, v.group-v.count)
-		left -= k
-		if v.count += k; v.count == v.group {
+		if v.count++; v.count == v.group {
 			v.times[v.next] = v.first
 			v.next = (v.next + 1) % len(v.times)
 			v.written = min(v.written+1, len(v.times))
 			v.count = 0
 		}
-		if whole := left / v.group; whole > int64(len(v.times)) {
-			left -= (whole - int64(len(v.times))) * v.group // groups the ring would overwrite
-		}
 	}
+	return time.Duration(at - now), true
 }
 
 // countFleet notes the fleet's count of the period d (the bucket asked at
 // asked) tells of: a later period's start makes the last one tell this
-// process's share. A period that ended more than an interval before the
-// new one began tells nothing of it (no window holds grants of both: the
-// bucket's own count bounds the new period), and the share is forgotten.
-// v.mu is held.
+// process's share. v.mu is held.
 func (v *slidingView) countFleet(d Decision, asked, interval int64) {
 	if end := asked + int64(d.Reset); end > v.end+interval/2 {
-		switch {
-		case end-interval > v.end+interval:
-			v.share = 0 // the whole limit
-		case v.fleet > 0:
+		if v.fleet > 0 {
 			v.share = min(float64(v.own)/float64(v.fleet), 1)
 		}
 		v.end, v.own, v.fleet = end, 0, 0
@@ -434,24 +359,20 @@ func (l *Limiter) slides(w *waiter, placed bool) bool {
 // beyondWait is the ErrTimeout of a caller that must not ask the bucket:
 // placed in the period (spread), the next grant's place as this process
 // last heard of the period lies beyond what is left of its wait; keeping
-// to the sliding view (slide), its slot (after those of the callers
-// still asking) lies beyond its room (slideRoom). nil when it may ask;
-// pended is then the permits it added to the view's pending, which its
-// claim or unpend takes out. now is the clock's reading.
-func (l *Limiter) beyondWait(st *keyState, w *waiter, spread, slide bool, now int64) (pended int64, err error) {
+// to the sliding view (slide), its slot lies beyond its room
+// (slideRoom). nil when it may ask. now is the clock's reading.
+func (l *Limiter) beyondWait(st *keyState, w *waiter, spread, slide bool, now int64) error {
+	var ahead, room time.Duration
 	switch {
 	case spread:
-		if ahead := st.spread.period.ahead(now, l.interval); ahead > 0 && ahead >= w.left() {
-			return 0, w.tb.err(ahead)
-		}
+		ahead, room = st.spread.period.ahead(now, l.interval), w.left()
 	case slide:
-		ahead, ok := st.spread.slide.enter(now, l.interval, w.n, w.slideRoom())
-		if !ok {
-			return 0, w.tb.err(ahead)
-		}
-		return w.n, nil
+		ahead, room = st.spread.slide.ahead(now, l.interval), w.slideRoom()
 	}
-	return 0, nil
+	if ahead > 0 && ahead >= room {
+		return w.tb.err(ahead)
+	}
+	return nil
 }
 
 // periodView is what a Limiter last heard of a key's running period from
@@ -504,21 +425,19 @@ func (p *periodView) ahead(now, interval int64) time.Duration {
 }
 
 // keepToSlide is the sliding view's stage for a grant c of st's key (the
-// bucket asked at asked, pended the permits its caller added to the
-// view's pending): it claims the grant's slot in the view and
+// bucket asked at asked): it claims the grant's slot in the view and
 // waits for it. A slot beyond the caller's room (another caller claimed
 // the one it saw before its take) gives the grant back within the wait
 // (waiter.giveBack: if the bucket takes it back) and ends the wait with
 // ErrTimeout: sent at once, the call would land in a full window. again
 // reports that a pause came first: the grant was given back, and the
 // caller asks anew.
-func (w *waiter) keepToSlide(st *keyState, c *decision, asked, pended int64) (again bool, err error) {
+func (w *waiter) keepToSlide(st *keyState, c *decision, asked int64) (again bool, err error) {
 	l, d := w.l, c.Decision
 	if d.Limit < 1 || d.Remaining < 0 || d.Reset <= 0 {
-		st.spread.slide.unpend(pended)
 		return false, nil // not a period's count: nothing to keep to
 	}
-	s, ok := st.spread.slide.claim(w.n, d, asked, l.tb.now(), l.interval, w.slideRoom(), pended)
+	s, ok := st.spread.slide.claim(w.n, d, asked, l.tb.now(), l.interval, w.slideRoom())
 	if !ok {
 		w.giveBack(c)
 		return false, w.tb.err(s)

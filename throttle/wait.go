@@ -127,8 +127,7 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 				return decision{}, err
 			}
 		}
-		var asked int64  // when the bucket was asked, for a grant's place
-		var pended int64 // permits this caller counts in the sliding view's pending
+		var asked int64 // when the bucket was asked, for a grant's place
 		spread := permits && l.spreads() && w.canSpread(time.Duration(l.interval))
 		slide := permits && l.slides(w, spread)
 		if spread || slide {
@@ -136,8 +135,7 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			// The others keep to the key's sliding view; a caller whose
 			// place or slot is known to lie beyond its wait takes
 			// nothing (spread.go).
-			var err error
-			if pended, err = l.beyondWait(st, w, spread, slide, asked); err != nil {
+			if err := l.beyondWait(st, w, spread, slide, asked); err != nil {
 				if gated {
 					st.gate.leave(false, 0, 0)
 				}
@@ -145,10 +143,6 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			}
 		}
 		c := w.decide(st)
-		if pended > 0 && (c.err != nil || !c.Granted || c.Delay > 0 || c.src != fromStore) {
-			st.spread.slide.unpend(pended) // no slot to claim
-			pended = 0
-		}
 		if (spread || slide) && c.src == fromStore && c.err == nil {
 			l.noteDecision(st, spread, slide, asked, c.Decision)
 		}
@@ -159,9 +153,6 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			return c, w.failed(c.err)
 		case c.Granted && c.Delay <= 0:
 			if err := w.keep(&c, false); err != nil {
-				if pended > 0 {
-					st.spread.slide.unpend(pended)
-				}
 				return c, err // answered after the wait's end
 			}
 			if c.src != fromStore || !spread && !slide {
@@ -172,7 +163,7 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			if spread {
 				again, err = w.placeInPeriod(st, &c, asked, left)
 			} else {
-				again, err = w.keepToSlide(st, &c, asked, pended)
+				again, err = w.keepToSlide(st, &c, asked)
 			}
 			if !again {
 				return c, err
