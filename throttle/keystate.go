@@ -36,9 +36,7 @@ func (t *timeBase) wall(now int64) time.Time { return t.epoch.Add(time.Duration(
 // callers queue after a refusal (gate, gate.go), what it last saw of the
 // key's adaptive rate (adapt, adapt.go), the failure policy's ledger of the
 // shared period, its local share during an outage and the first-back cap
-// after one (out, degraded.go), the lease (lease, lease.go), and what
-// the spread of a period's grants last heard of the key's period and of
-// this process's recent grants (spread, spread.go). No lock
+// after one (out, degraded.go), and the lease (lease, lease.go). No lock
 // guards two of them: a mechanism's lock is never held while another's is
 // taken. One map holds the states, with one rule for forgetting them
 // (keyStates).
@@ -49,11 +47,10 @@ type keyState struct {
 	refs atomic.Int32
 	used atomic.Int64
 
-	gate   gate
-	adapt  adaptKey
-	out    outageKey
-	lease  lease
-	spread spreadKey
+	gate  gate
+	adapt adaptKey
+	out   outageKey
+	lease lease
 
 	// limit is the key's limit as its last shared Decision reported it
 	// (a limit changed live included); 0 when none was reported.

@@ -205,14 +205,8 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // of 95 % of the interval in), so that a provider counting a sliding window sees
 // the limit's even pace rather than two periods' bursts in one window.
 // That holds for callers whose wait is at least the interval (two
-// intervals when ctx's deadline bounds it). Those with shorter waits (but
-// not 0) keep to a sliding view of the key's limit instead: a grant goes
-// no sooner than an interval after this process's grant a limit (its
-// share of the fleet's) before it. A caller whose place or slot lies
-// beyond its wait (for a slot, half of what is left when ctx's deadline
-// bounds it) fails with ErrTimeout rather than go early: before it takes
-// a permit when this process knows it, else giving the permit back (a
-// bucket that takes none back keeps it spent). A caller refused for the rest
+// intervals when ctx's deadline bounds it); those with shorter waits get
+// their permits as the bucket grants them. A caller refused for the rest
 // of a period asks again a hundredth of the interval after its end (at
 // most 10 ms), so that a call delayed on its way by less than that does
 // not meet the previous period's calls in the provider's window.

@@ -21,10 +21,7 @@ import (
 //  4. the decision (decide.go): from the key's lease (lease.go), the
 //     bucket, or the failure policy (failure.go, degraded.go); for a Cost,
 //     the CostBucket or the failure policy (cost.go);
-//  5. the grant's place in its period (spread.go), for a periodic bucket:
-//     for callers that can wait for any place; the others keep to the
-//     key's sliding view of the limit (spread.go). A caller whose place or
-//     slot is known to lie beyond its wait is refused before stage 4;
+//  5. the grant's place in its period (spread.go), for a periodic bucket;
 //  6. the outcome (here): granted now; a reservation slept out (and given
 //     back if the caller leaves, giveback.go); a refusal slept out, then
 //     another round.
@@ -129,23 +126,10 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 		}
 		var asked int64 // when the bucket was asked, for a grant's place
 		spread := permits && l.spreads() && w.canSpread(time.Duration(l.interval))
-		slide := permits && l.slides(w, spread)
-		if spread || slide {
+		if spread {
 			asked = l.tb.now()
-			// The others keep to the key's sliding view; a caller whose
-			// place or slot is known to lie beyond its wait takes
-			// nothing (spread.go).
-			if err := l.beyondWait(st, w, spread, slide, asked); err != nil {
-				if gated {
-					st.gate.leave(false, 0, 0)
-				}
-				return decision{}, err
-			}
 		}
 		c := w.decide(st)
-		if (spread || slide) && c.src == fromStore && c.err == nil {
-			l.noteDecision(st, spread, slide, asked, c.Decision)
-		}
 		left := w.left()
 		w.leaveGate(st, &c, gated)
 		switch {
@@ -155,16 +139,10 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			if err := w.keep(&c, false); err != nil {
 				return c, err // answered after the wait's end
 			}
-			if c.src != fromStore || !spread && !slide {
+			if !spread || c.src != fromStore {
 				return c, nil
 			}
-			var again bool
-			var err error
-			if spread {
-				again, err = w.placeInPeriod(st, &c, asked, left)
-			} else {
-				again, err = w.keepToSlide(st, &c, asked)
-			}
+			again, err := w.placeInPeriod(st, &c, asked, left)
 			if !again {
 				return c, err
 			}
@@ -192,21 +170,14 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 
 // placeInPeriod is the spread's stage (spread.go) for a grant c of st's
 // key, asked for at asked, with left of the wait when it came: it waits
-// for the grant's place in its period. A place beyond left does not let
-// the caller go at once (its call would land in the previous period's
-// window): the grant is given back within the wait (waiter.giveBack: if
-// the bucket takes it back) and the wait ends with ErrTimeout. again
-// reports that a pause came first: the grant was given back, and the
-// caller asks anew.
+// for the grant's place in its period, unless that place lies beyond
+// left (the caller goes at once). again reports that a pause came first:
+// the grant was given back, and the caller asks anew.
 func (w *waiter) placeInPeriod(st *keyState, c *decision, asked int64, left time.Duration) (again bool, err error) {
 	l := w.l
 	s := l.spreadDelay(w.n, c.Decision, time.Duration(l.tb.now()-asked))
-	if s <= 0 {
+	if s <= 0 || s >= left {
 		return false, nil
-	}
-	if s >= left {
-		w.giveBack(c)
-		return false, w.tb.err(s)
 	}
 	if again, err := l.spreadOut(w.ctx, st, w.n, s, w.giveBackBound); again || err != nil {
 		return again, err
