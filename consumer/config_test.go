@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/kafkaenv"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -30,6 +31,8 @@ func TestNewRefusesMissingKafkaSettings(t *testing.T) {
 		{"no topics", []kgo.Opt{seeds, group}, "kgo.ConsumeTopics"},
 		{"no group", []kgo.Opt{seeds, topics}, "kgo.ConsumerGroup"},
 		{"no brokers", []kgo.Opt{group, topics}, "kgo.SeedBrokers"},
+		{"an empty broker address", []kgo.Opt{kgo.SeedBrokers(""), group, topics}, "kgo.SeedBrokers"},
+		{"a blank broker address among others", []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1", " "), group, topics}, "kgo.SeedBrokers"},
 		{"transactional", []kgo.Opt{seeds, group, topics, kgo.TransactionalID("tx")}, "kgo.TransactionalID"},
 		{"autocommit disabled", []kgo.Opt{seeds, group, topics, kgo.DisableAutoCommit()}, "WithKafka"},
 		{"direct partitions", []kgo.Opt{seeds, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"in": {0: kgo.NewOffset()}})}, "kgo.ConsumerGroup"},
@@ -111,8 +114,10 @@ func TestNewAcceptsTheFirstConfigurationAUserWrites(t *testing.T) {
 
 // A dead-letter topic the consumer consumes itself would take every dead
 // letter back to the handler, and a record that always fails would go
-// round for ever: New refuses it, as it refuses such a shaping topic. A
-// pattern (kgo.ConsumeRegex) is not matched against it.
+// round for ever: New refuses it, as it refuses such a shaping topic.
+// Patterns (kgo.ConsumeRegex) are not refused: the consumer leaves the
+// topic out of what they match
+// (TestPatternsLeaveTheDeadLetterTopicOut).
 func TestNewRefusesADeadLetterTopicItConsumes(t *testing.T) {
 	t.Parallel()
 	h := func(context.Context, *kgo.Record) error { return nil }
@@ -124,4 +129,31 @@ func TestNewRefusesADeadLetterTopicItConsumes(t *testing.T) {
 	c, err := consumer.New(h, nil, consumer.WithKafka(seeds, group, kgo.ConsumeTopics("in-dlq"), kgo.ConsumeRegex()), consumer.WithDeadLetter("in-dlq"))
 	require.NoError(t, err)
 	assert.NotNil(t, c)
+}
+
+// A pattern that also matches the dead-letter topic (orders\..* and
+// orders.dlq) does not make the consumer read its own dead letters: the
+// group's member subscribes to the other topics only.
+func TestPatternsLeaveTheDeadLetterTopicOut(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("orders.a", 1), kafkaenv.Topic("orders.dlq", 1))
+	h := func(context.Context, *kgo.Record) error { return errTest }
+	opts := append(kafkaenv.FastClientOpts(), kgo.SeedBrokers(kc.Addrs()...), kgo.ConsumerGroup("g"),
+		kgo.ConsumeTopics(`^orders\.`), kgo.ConsumeRegex(), kgo.AutoCommitInterval(time.Minute))
+	c, err := consumer.New(h, nil, consumer.WithKafka(opts...), consumer.WithHandlerTimeout(time.Second),
+		consumer.WithLogger(testLogger()), consumer.WithRetry(1, time.Millisecond, time.Millisecond),
+		consumer.WithDeadLetter("orders.dlq"))
+	require.NoError(t, err)
+	produce(t, kc, "orders.a", 1, 1, nil)
+	start(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	g, err := kc.WaitGroupBalanced(ctx, "g", 1)
+	require.NoError(t, err)
+	for _, m := range g.Members {
+		assert.Equal(t, []string{"orders.a"}, m.SubscribedTopics)
+		assert.NotContains(t, m.Assignment, "orders.dlq")
+	}
+	waitFor(t, 15*time.Second, "the record dead-lettered", func() bool { return c.Stats().DeadLettered == 1 })
+	assert.Len(t, readAll(t, kc, "orders.dlq", 1), 1)
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,9 @@ type Consumer struct {
 	// fetchPartBytes, when positive, lowers kgo.FetchMaxPartitionBytes
 	// to a quarter of the queue bytes.
 	fetchPartBytes int32
+	// excludeDeadLetter: WithKafka consumes by pattern, and the
+	// dead-letter topic is left out of what the patterns match.
+	excludeDeadLetter bool
 
 	// Set by Run before the Kafka client exists, read by callbacks and
 	// partition goroutines.
@@ -192,6 +196,9 @@ func (c *Consumer) clientOpts() []kgo.Opt {
 	if c.topics != nil {
 		opts = append(opts, kgo.ConsumeTopics(c.topics...))
 	}
+	if c.excludeDeadLetter {
+		opts = append(opts, kgo.ConsumeExcludeTopics("^"+regexp.QuoteMeta(c.cfg.deadLetter)+"$"))
+	}
 	return append(opts,
 		kgo.AutoCommitMarks(),
 		kgo.BlockRebalanceOnPoll(),
@@ -218,22 +225,31 @@ func (c *Consumer) checkKafka() error {
 		return err
 	}
 	defer cl.Close()
-	if seeds, _ := asStrings(cl.OptValue(kgo.SeedBrokers)); len(seeds) == 1 && seeds[0] == noSeeds {
+	seeds, _ := asStrings(cl.OptValue(kgo.SeedBrokers))
+	if len(seeds) == 1 && seeds[0] == noSeeds {
 		return errs.Invalid("consumer", "kgo.SeedBrokers", "none", "WithKafka must name the brokers")
+	}
+	// kgo reads an empty address as its default, 127.0.0.1:9092: an unset
+	// variable in kgo.SeedBrokers(os.Getenv(...)) would hide there.
+	for _, s := range seeds {
+		if strings.TrimSpace(s) == "" {
+			return errs.Invalid("consumer", "kgo.SeedBrokers", fmt.Sprintf("%q", seeds), "an address is empty: name each broker as host:port")
+		}
 	}
 	if err := c.check(cl); err != nil {
 		return err
 	}
 	c.group, _ = asString(cl.OptValue(kgo.ConsumerGroup))
-	// Dead letters consumed again would go round for ever. Patterns are
-	// not matched (kgo.ConsumeExcludeTopics may leave the topic out); a
-	// setting that cannot be read is not checked.
+	// Dead letters consumed again would go round for ever: a topic named
+	// is refused, and patterns are told to leave the dead-letter topic
+	// out. A setting that cannot be read is not checked.
 	if dl := c.cfg.deadLetter; dl != "" {
 		topics, ok := asStrings(cl.OptValue(kgo.ConsumeTopics))
 		regex, okRegex := asBool(cl.OptValue(kgo.ConsumeRegex))
 		if ok && okRegex && !regex && slices.Contains(topics, dl) {
 			return errs.Invalid("consumer", "WithDeadLetter topic", dl, "must not be a topic WithKafka consumes: dead letters would come back to the handler")
 		}
+		c.excludeDeadLetter = okRegex && regex
 	}
 	if sh := c.cfg.shaping; sh != "" {
 		topics, ok := asStrings(cl.OptValue(kgo.ConsumeTopics))

@@ -261,7 +261,8 @@ func WithRetry(attempts int, base, max time.Duration) Option {
 // if writing fails otherwise, the consumer stops with that error. The
 // topic must exist (or the cluster must create topics on use), and must
 // not be one the consumer consumes: New refuses a topic that WithKafka's
-// kgo.ConsumeTopics names (patterns are not matched against it).
+// kgo.ConsumeTopics names, and under kgo.ConsumeRegex the consumer leaves
+// topic out of what the patterns match (kgo.ConsumeExcludeTopics).
 //
 // Dead letters (and parked records, [WithShaping]) are written by a
 // producer built from the options of [WithKafka] without the consumer and
