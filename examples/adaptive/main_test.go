@@ -100,9 +100,6 @@ func TestFleetConverges(t *testing.T) {
 func TestFleetFollowsAHalvingLimit(t *testing.T) {
 	srv := redisenv.New(t)
 	c := ciRun("halving", srv.Addr())
-	// Intervals of 400 ms: the bounds here allow for the refusals of a
-	// fleet finding a lower limit, and a run of 24 s would be long for CI.
-	c.Interval = 400 * time.Millisecond
 	c.Duration = 24 * c.Interval // three phases of 8 intervals
 	r, err := runFleet(context.Background(), c)
 	require.NoError(t, err)
