@@ -107,8 +107,10 @@ const DefaultStoreTimeout = 100 * time.Millisecond
 // fails. Default: [FailLocal]. A policy other than FailLocal, FailClosed
 // and FailOpen makes every call of the Limiter fail with an error matching
 // [ErrInvalid].
-func WithFailurePolicy(p FailurePolicy) LimiterOption {
-	return limiterOnly(func(c *config) { c.policy = p })
+//
+// Read by [New].
+func WithFailurePolicy(p FailurePolicy) Option {
+	return newOption("WithFailurePolicy", func(c *config) { c.policy = p }, "New")
 }
 
 // WithStoreTimeout bounds the store calls of Acquire with maxWait 0 (and
@@ -140,8 +142,10 @@ func WithFailurePolicy(p FailurePolicy) LimiterOption {
 // The buckets of package bucket return by this deadline even when their
 // Redis client blocks (go-redis ignores context deadlines unless
 // ContextTimeoutEnabled is set); see that package.
-func WithStoreTimeout(d time.Duration) LimiterOption {
-	return limiterOnly(func(c *config) { c.storeTimeout = d })
+//
+// Read by [New].
+func WithStoreTimeout(d time.Duration) Option {
+	return newOption("WithStoreTimeout", func(c *config) { c.storeTimeout = d }, "New")
 }
 
 // Fallbacker is implemented by buckets that can tell their limit per

@@ -27,6 +27,8 @@ type Observer interface {
 }
 
 // WithObserver sets the Observer a Limiter reports to. Default: none.
-func WithObserver(o Observer) LimiterOption {
-	return limiterOnly(func(c *config) { c.observer = o })
+//
+// Read by [New].
+func WithObserver(o Observer) Option {
+	return newOption("WithObserver", func(c *config) { c.observer = o }, "New")
 }

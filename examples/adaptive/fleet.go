@@ -97,7 +97,7 @@ func newBucket(c config, rdb redis.UniversalClient) (throttle.Bucket, error) {
 	case "slidinglog":
 		return bucket.NewSlidingLog(rdb, c.Key, []throttle.Tier{{Limit: c.Limit, Period: c.Interval}})
 	case "gcra":
-		var opts []bucket.GCRAOption
+		var opts []bucket.Option
 		if c.ClientBurst > 0 {
 			opts = append(opts, bucket.WithBurst(c.ClientBurst))
 		}
