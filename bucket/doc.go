@@ -43,8 +43,8 @@
 //     reserves a future slot up to the caller's maxWait;
 //   - fills Decision.Limit, Remaining and Reset, for X-RateLimit headers;
 //   - keeps an independent budget per key passed to Take (a tenant, an
-//     endpoint), and implements [throttle.Pauser]: one instance that sees a
-//     429 with Retry-After can hold the whole fleet.
+//     endpoint), and can be paused by a Limiter for the whole fleet: one
+//     instance that sees a 429 with Retry-After can hold every instance.
 //
 // # Coalesced takes
 //
@@ -135,8 +135,8 @@
 // commands go-redis must not resend once they may have reached the server,
 // so a take whose reply was lost fails (and the failure policy decides)
 // instead of running again. Each instance beats, piggybacked on a take at
-// most once a second, into a sorted set of live instances, and implements
-// [throttle.Fallbacker] with the count last seen ([WithHeartbeat]).
+// most once a second, into a sorted set of live instances, and gives the
+// Limiter's FailLocal the count last seen ([WithHeartbeat]).
 //
 // Constructors refuse bad configuration with an error wrapping
 // [throttle.ErrInvalid] that names the field. Take refuses n above what the

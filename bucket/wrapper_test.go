@@ -51,7 +51,7 @@ func TestUserWrapperKeepsTheTokenBucketsCapabilities(t *testing.T) {
 	if err := lim.Report(ctx, throttle.Answer{Refused: true}); err != nil {
 		t.Fatal(err)
 	}
-	if s, err := tb.Adaptive(ctx, ""); err != nil || !s.Active() {
+	if s, err := tb.adaptive(ctx, ""); err != nil || !s.Active() {
 		t.Errorf("the fleet's adaptive state in Redis: %+v, %v; want active", s, err)
 	}
 	if err := lim.Key("paused").Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: time.Minute}); err != nil {

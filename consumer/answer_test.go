@@ -39,7 +39,7 @@ func TestHandlerAnswerAdaptsTheLimiter(t *testing.T) {
 	h.waitFull(t, 10*time.Second)
 	require.NoError(t, r.stop(t))
 
-	s, err := lim.AdaptiveState(context.Background(), "")
+	s, err := lim.Key("").Internal().AdaptiveState(context.Background())
 	require.NoError(t, err)
 	assert.InDelta(t, 90, s.Rate, 1e-9, "the refusal the handler carried lowered the rate")
 	assert.EqualValues(t, 1, c.Stats().Retried)

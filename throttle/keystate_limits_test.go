@@ -33,7 +33,7 @@ func TestTenantsAreForgottenWhenTheOwnKeysLimitIsRaisedLive(t *testing.T) {
 	lim := throttle.New(tb, throttle.WithClock(clock))
 	defer lim.Close()
 	require.NoError(t, lim.Acquire(ctx, time.Second)) // sees the raised limit of ""
-	lmt, _, _ := tb.Fallback()
+	lmt, _, _ := tb.Capabilities().Fallbacker.Fallback()
 	require.EqualValues(t, 1000, lmt, "the limit of keys without a live one")
 	for i := range 500 {
 		require.NoError(t, lim.Key("tenant-"+strconv.Itoa(i)).Acquire(ctx, time.Second))

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/headway-go/headway/internal/waitstop"
 )
 
 // Slots caps the calls in flight per key: a call holds a slot from Hold
@@ -72,7 +74,7 @@ func (s *LocalSlots) Hold(ctx context.Context, key string, maxWait time.Duration
 	if maxWait < 0 {
 		return nil, invalid("throttle: LocalSlots.Hold", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
 	}
-	ctx, cancel := WaitContext(ctx)
+	ctx, cancel := waitstop.Context(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return nil, waitCtxErr(ctx)

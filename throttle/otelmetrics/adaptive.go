@@ -3,7 +3,7 @@ package otelmetrics
 import (
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // newAdaptive creates the gauge of the fleet's adaptive rate.
@@ -15,10 +15,11 @@ func (o *Observer) newAdaptive(m metric.Meter) error {
 	return err
 }
 
-var _ throttle.AdaptiveObserver = (*Observer)(nil)
+var _ capability.AdaptiveObserver = (*Observer)(nil)
 
-// Adapted implements [throttle.AdaptiveObserver]: it records the new
+// Adapted is called by a throttle.Limiter after each change of a key's
+// adaptive rate (capability.AdaptiveObserver): it records the new
 // adaptive rate (headway.limiter.adaptive.rate).
-func (o *Observer) Adapted(key string, s throttle.AdaptiveState) {
+func (o *Observer) Adapted(key string, s capability.AdaptiveState) {
 	o.adaptive.Record(o.noContext, s.Rate, o.keyed(o.plain, key).record...)
 }

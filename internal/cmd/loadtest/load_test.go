@@ -315,7 +315,7 @@ func TestRunLoadReportTeachesTheFleet(t *testing.T) {
 
 		b, err := bucket.NewTokenBucket(srv.Client(), c.Key, c.Limit, c.Interval)
 		require.NoError(t, err)
-		st, err := throttle.New(b).AdaptiveState(context.Background(), "")
+		st, err := throttle.New(b).Key("").Internal().AdaptiveState(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, report, st.Active(), "the adaptive rate in Redis is lowered only when the answers are reported (report %v)", report)
 	}

@@ -1,0 +1,49 @@
+package throttle
+
+import (
+	"context"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/headway-go/headway/internal/capability"
+)
+
+// Internal gives the other packages of this module (throttle/httpclient,
+// consumer) what they need of k's Limiter: its clock, what its bucket
+// offers, the permits a context holds. It is used by them and is not for
+// direct use: its type is internal to this module.
+func (k Keyed) Internal() capability.Limiter { return internalView(k) }
+
+// internalView is a Keyed seen from the other packages of this module.
+type internalView Keyed
+
+func (v internalView) Clock() clockwork.Clock {
+	if v.l == nil {
+		return clockwork.NewRealClock()
+	}
+	return v.l.cfg.clock
+}
+
+func (v internalView) Capabilities() capability.Set {
+	if v.l == nil || v.l.bucket == nil {
+		return capability.Set{}
+	}
+	b := v.l.bucket
+	var s capability.Set
+	s.Refunder, _ = findCap[capability.Refunder](b)
+	s.Pauser, _ = findCap[capability.Pauser](b)
+	s.DimensionPauser, _ = findCap[capability.DimensionPauser](b)
+	s.Fallbacker, _ = findCap[capability.Fallbacker](b)
+	s.AdaptiveStore, _ = findCap[capability.AdaptiveStore](b)
+	s.Periodic, s.Immediate = v.l.caps.periodic, v.l.caps.immediate
+	return s
+}
+
+func (v internalView) Forfeit(ctx context.Context) int64 { return Keyed(v).forfeit(ctx) }
+
+func (v internalView) AdaptiveState(ctx context.Context) (capability.AdaptiveState, error) {
+	if v.l == nil {
+		return capability.AdaptiveState{}, nil
+	}
+	return v.l.adaptiveState(ctx, v.key)
+}
