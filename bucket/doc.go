@@ -142,4 +142,19 @@
 // [throttle.ErrInvalid] that names the field. Take refuses n above what the
 // bucket can ever grant with [throttle.ErrExceedsLimit], without a round
 // trip. Redis failures come back as [*throttle.BackendError].
+//
+// # Options
+//
+// Every constructor takes [Option]s; each option's doc names the
+// constructors that read it, and a constructor refuses one it does not
+// read (an error wrapping [throttle.ErrInvalid] naming both).
+//
+// # What a Limiter uses beyond Take
+//
+// Each bucket's Capabilities method gives a [throttle.Limiter] what it
+// uses beyond Take: the fleet-wide pause, the limit and live instances for
+// FailLocal, the adaptive rate's store, and for a [Budget] refunds and
+// pauses of single dimensions. Only the Limiter (and the other packages of
+// this module) read it; a wrapper of your own keeps it by offering Unwrap
+// (see [throttle.Bucket]).
 package bucket
