@@ -63,7 +63,7 @@ func TestConformanceUnderACLUser(t *testing.T) {
 // told of their slots by their renewals (a 300 ms lease: every 100 ms).
 func TestConcurrencyGuaranteesUnderACLUser(t *testing.T) {
 	srv := redisenv.New(t)
-	env := capEnv{client: managedUser(t, srv), admin: srv.Client(), opts: []Option{WithLease(300 * time.Millisecond)}, rounds: 5}
+	env := capEnv{client: managedUser(t, srv), admin: srv.Client(), opts: []ConcurrencyOption{WithLease(300 * time.Millisecond)}, rounds: 5}
 	t.Run("NeverMoreThanCapacity", func(t *testing.T) { checkNeverMoreThanCapacity(t, env) })
 	t.Run("ArrivalOrder", func(t *testing.T) { checkArrivalOrder(t, env) })
 	t.Run("DeadHolder", func(t *testing.T) { checkDeadHolder(t, env) })

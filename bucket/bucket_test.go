@@ -23,7 +23,7 @@ func TestConstructorsRefuseBadInput(t *testing.T) {
 	var nilClient *redis.Client
 	long := strings.Repeat("k", MaxKeyLen+1)
 	sec := time.Second
-	tb := func(rdb redis.UniversalClient, key string, limit int64, iv time.Duration, opts ...Option) error {
+	tb := func(rdb redis.UniversalClient, key string, limit int64, iv time.Duration, opts ...TokenBucketOption) error {
 		_, err := NewTokenBucket(rdb, key, limit, iv, opts...)
 		return err
 	}

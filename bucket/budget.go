@@ -186,7 +186,7 @@ func (p *budgetEnds) note(key string, ends []int64, now int64) {
 // 16) under key, shared by every instance that builds it with the same key,
 // prefix and dimensions. Every per-call key gets its own budget of each
 // dimension. Options: [WithPrefix], [WithHeartbeat].
-func NewBudget(rdb redis.UniversalClient, key string, dims []Dimension, opts ...Option) (*Budget, error) {
+func NewBudget(rdb redis.UniversalClient, key string, dims []Dimension, opts ...CommonOption) (*Budget, error) {
 	const name = "bucket: NewBudget"
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {

@@ -61,11 +61,8 @@ const defaultLiveWindow = 10 * time.Second
 // under [throttle.FailLocal] while Redis is down: a longer window counts
 // idle instances longer, which makes the shares smaller and safer. It must
 // be between 100 ms and 1 h.
-//
-// Read by every bucket constructor (not [NewConcurrency]).
-func WithHeartbeat(window time.Duration) Option {
-	return newOption("WithHeartbeat", func(c *config) { c.liveWindow = window },
-		"NewTokenBucket", "NewGCRA", "NewFixedWindow", "NewTiers", "NewSlidingLog", "NewCounter", "NewBudget")
+func WithHeartbeat(window time.Duration) CommonOption {
+	return commonOption(func(c *config) { c.liveWindow = window })
 }
 
 // calls is a bucket's per-instance state for its round trips. Each bucket

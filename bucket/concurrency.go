@@ -53,10 +53,8 @@ const slotCallTimeout = time.Second
 // of dead holders sooner and costs more renewals (one round trip per key
 // held, per lease/3, per process). It must be between 30 ms and
 // [MaxInterval].
-//
-// Read by [NewConcurrency].
-func WithLease(d time.Duration) Option {
-	return newOption("WithLease", func(c *config) { c.slotLease = d }, "NewConcurrency")
+func WithLease(d time.Duration) ConcurrencyOption {
+	return concurrencyOnly(func(c *config) { c.slotLease = d })
 }
 
 // Concurrency caps the calls in flight per key across a fleet, on Redis:
@@ -173,7 +171,7 @@ type slotMember struct {
 // key, shared through Redis under key. Options: [WithPrefix], [WithLease],
 // [WithLogger]. capacity must be between 1 and 2^50; key as for the other
 // buckets. It makes no round trip: [Concurrency.Check] does.
-func NewConcurrency(rdb redis.UniversalClient, key string, capacity int64, opts ...Option) (*Concurrency, error) {
+func NewConcurrency(rdb redis.UniversalClient, key string, capacity int64, opts ...ConcurrencyOption) (*Concurrency, error) {
 	const name = "bucket: NewConcurrency"
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {

@@ -107,7 +107,7 @@ func TestConcurrencyTooLongAKeyIsTheCallsProblem(t *testing.T) {
 }
 
 // newSlots builds a Concurrency that the test closes at its end.
-func newSlots(t *testing.T, rdb redis.UniversalClient, key string, capacity int64, opts ...Option) *Concurrency {
+func newSlots(t *testing.T, rdb redis.UniversalClient, key string, capacity int64, opts ...ConcurrencyOption) *Concurrency {
 	t.Helper()
 	s, err := NewConcurrency(rdb, key, capacity, opts...)
 	if err != nil {
@@ -161,7 +161,7 @@ func waitSlots(t *testing.T, what string, cond func() bool) {
 type capEnv struct {
 	client func() redis.UniversalClient
 	admin  redis.UniversalClient
-	opts   []Option
+	opts   []ConcurrencyOption
 	rounds int
 }
 

@@ -46,7 +46,7 @@ type Counter struct {
 // limit must be at least 1 and period at least 1 ms (rounded up to the
 // millisecond). Options: [WithPrefix], [WithHeartbeat], [WithRetry], and
 // the Resetter's [WithLeaderLease] and [WithLogger], which its resetters inherit.
-func NewCounter(rdb redis.UniversalClient, key string, limit int64, period time.Duration, opts ...Option) (*Counter, error) {
+func NewCounter(rdb redis.UniversalClient, key string, limit int64, period time.Duration, opts ...CounterOption) (*Counter, error) {
 	const name = "bucket: NewCounter"
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {
@@ -115,14 +115,16 @@ func (b *Counter) run(ctx context.Context, key string, n int64) (upTo, error) {
 // NewResetter returns a Resetter for key's counter ("" for the Counter's
 // own key). Options given here override the Counter's: [WithLeaderLease],
 // [WithLogger].
-func (b *Counter) NewResetter(key string, opts ...Option) (*Resetter, error) {
+func (b *Counter) NewResetter(key string, opts ...ResetterOption) (*Resetter, error) {
 	tag, err := b.ks.tag("bucket: Counter.NewResetter", key)
 	if err != nil {
 		return nil, err
 	}
 	cfg := b.cfg
-	if err := cfg.apply("bucket: Counter.NewResetter", opts); err != nil {
-		return nil, err
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
 	}
 	if err := checkDuration("bucket: Counter.NewResetter", "lease", cfg.lease, 30*time.Millisecond); err != nil {
 		return nil, err

@@ -167,7 +167,7 @@ func TestFleetPausedStaysWithinTheLimit(t *testing.T) {
 					t.Fatal(err)
 				}
 				bs = append(bs, &tb.common)
-				opts := []throttle.Option{throttle.WithFailurePolicy(tc.policy)}
+				opts := []throttle.LimiterOption{throttle.WithFailurePolicy(tc.policy)}
 				if tc.lease {
 					opts = append(opts, throttle.WithLeasing(throttle.Leasing{}))
 				}

@@ -122,11 +122,8 @@ func checkDuration(name, field string, d, least time.Duration) error {
 }
 
 // newCommon validates what every constructor takes.
-func newCommon(name string, rdb redis.UniversalClient, key string, opts []Option) (common, error) {
-	cfg, err := newConfig(name, opts)
-	if err != nil {
-		return common{}, err
-	}
+func newCommon[O interface{ apply(*config) }](name string, rdb redis.UniversalClient, key string, opts []O) (common, error) {
+	cfg := newConfig(opts)
 	if isNil(rdb) {
 		return common{}, errs.Invalid(name, "rdb", "nil", "must be a redis client (*redis.Client, *redis.ClusterClient, *redis.Ring, ...)")
 	}

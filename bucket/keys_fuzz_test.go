@@ -163,9 +163,9 @@ func FuzzBucketLimits(f *testing.F) {
 	f.Cleanup(func() { _ = rdb.Close() })
 	f.Fuzz(func(t *testing.T, limit, interval, burst, lease, retry, period2 int64) {
 		iv := time.Duration(interval)
-		var tbOpts []Option
-		var gcraOpts []Option
-		var ctrOpts []Option
+		var tbOpts []TokenBucketOption
+		var gcraOpts []GCRAOption
+		var ctrOpts []CounterOption
 		if burst != 0 {
 			gcraOpts = append(gcraOpts, WithBurst(burst))
 		}

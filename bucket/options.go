@@ -1,39 +1,146 @@
 package bucket
 
 import (
-	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"time"
-
-	"github.com/headway-go/headway/internal/errs"
 )
 
-// Option configures a constructor of this package. Every option's doc
-// names the constructors that read it; a constructor given an option it
-// does not read refuses it, with an error matching [throttle.ErrInvalid]
-// that names the option and the constructor (an option is never silently
-// ignored). A nil option is ignored.
-type Option interface {
-	option() *option
+// Each constructor has its own option type, so that an option given to a
+// constructor that does not read it fails to compile. An option read by
+// several constructors implements several of these interfaces. A nil
+// option is ignored.
+
+// TokenBucketOption configures [NewTokenBucket]: [WithPrefix],
+// [WithHeartbeat], [WithRetry].
+type TokenBucketOption interface {
+	apply(*config)
+	tokenBucketOption()
 }
 
-// option is an Option: the setting it changes, and the constructors that
-// read it (their names, as in "NewTokenBucket").
-type option struct {
-	name  string
-	reads []string
-	set   func(*config)
+// GCRAOption configures [NewGCRA]: [WithPrefix], [WithHeartbeat],
+// [WithBurst].
+type GCRAOption interface {
+	apply(*config)
+	gcraOption()
 }
 
-func (o *option) option() *option { return o }
-
-// newOption returns the option name that sets set, for the constructors
-// reads.
-func newOption(name string, set func(*config), reads ...string) Option {
-	return &option{name: name, reads: reads, set: set}
+// CounterOption configures [NewCounter]: [WithPrefix], [WithHeartbeat],
+// [WithRetry], and [WithLeaderLease] and [WithLogger], which the Counter's
+// resetters inherit.
+type CounterOption interface {
+	apply(*config)
+	counterOption()
 }
+
+// ResetterOption configures [Counter.NewResetter]: [WithLeaderLease],
+// [WithLogger].
+type ResetterOption interface {
+	apply(*config)
+	resetterOption()
+}
+
+// SlidingLogOption configures [NewSlidingLog]: [WithPrefix],
+// [WithHeartbeat], [WithArrivalMargin].
+type SlidingLogOption interface {
+	apply(*config)
+	slidingLogOption()
+}
+
+// ConcurrencyOption configures [NewConcurrency]: [WithPrefix],
+// [WithLease], [WithLogger].
+type ConcurrencyOption interface {
+	apply(*config)
+	concurrencyOption()
+}
+
+// PrefixOption is [WithPrefix]'s type: it configures every constructor of
+// this package.
+type PrefixOption interface {
+	CommonOption
+	ConcurrencyOption
+}
+
+// CommonOption configures every bucket constructor: [WithPrefix],
+// [WithHeartbeat]. [NewFixedWindow], [NewTiers] and [NewSlidingLog] read
+// no other options.
+type CommonOption interface {
+	TokenBucketOption
+	GCRAOption
+	CounterOption
+	SlidingLogOption
+}
+
+// LeaderOption configures a Counter's resetters, given to [NewCounter]
+// or to [Counter.NewResetter]: [WithLeaderLease], [WithLogger].
+type LeaderOption interface {
+	CounterOption
+	ResetterOption
+}
+
+// LoggerOption is [WithLogger]'s type: it configures a Counter's
+// resetters and a Concurrency.
+type LoggerOption interface {
+	LeaderOption
+	ConcurrencyOption
+}
+
+// RetryOption configures the buckets that may ask a caller to retry
+// shortly, [NewTokenBucket] and [NewCounter]: [WithRetry].
+type RetryOption interface {
+	TokenBucketOption
+	CounterOption
+}
+
+type commonOption func(*config)
+
+func (f commonOption) apply(c *config)  { f(c) }
+func (commonOption) tokenBucketOption() {}
+func (commonOption) gcraOption()        {}
+func (commonOption) counterOption()     {}
+func (commonOption) slidingLogOption()  {}
+
+type prefixOption func(*config)
+
+func (f prefixOption) apply(c *config)  { f(c) }
+func (prefixOption) tokenBucketOption() {}
+func (prefixOption) gcraOption()        {}
+func (prefixOption) counterOption()     {}
+func (prefixOption) slidingLogOption()  {}
+func (prefixOption) concurrencyOption() {}
+
+type concurrencyOnly func(*config)
+
+func (f concurrencyOnly) apply(c *config)  { f(c) }
+func (concurrencyOnly) concurrencyOption() {}
+
+type leaderOption func(*config)
+
+func (f leaderOption) apply(c *config) { f(c) }
+func (leaderOption) counterOption()    {}
+func (leaderOption) resetterOption()   {}
+
+type loggerOption func(*config)
+
+func (f loggerOption) apply(c *config)  { f(c) }
+func (loggerOption) counterOption()     {}
+func (loggerOption) resetterOption()    {}
+func (loggerOption) concurrencyOption() {}
+
+type retryOption func(*config)
+
+func (f retryOption) apply(c *config)  { f(c) }
+func (retryOption) tokenBucketOption() {}
+func (retryOption) counterOption()     {}
+
+type slidingLogOnly func(*config)
+
+func (f slidingLogOnly) apply(c *config) { f(c) }
+func (slidingLogOnly) slidingLogOption() {}
+
+type gcraOnly func(*config)
+
+func (f gcraOnly) apply(c *config) { f(c) }
+func (gcraOnly) gcraOption()       {}
 
 // config holds every setting an option can change. Its defaults are set in
 // newConfig, and each is documented on its option.
@@ -54,10 +161,7 @@ const (
 	defaultRetry  = time.Millisecond
 )
 
-// newConfig returns the configuration of constructor ctor ("bucket:
-// NewTokenBucket") after opts, or the error refusing an option ctor does
-// not read.
-func newConfig(ctor string, opts []Option) (config, error) {
+func newConfig[O interface{ apply(*config) }](opts []O) config {
 	c := config{
 		prefix:     defaultPrefix,
 		logger:     slog.Default(),
@@ -66,38 +170,20 @@ func newConfig(ctor string, opts []Option) (config, error) {
 		liveWindow: defaultLiveWindow,
 		slotLease:  defaultSlotLease,
 	}
-	return c, c.apply(ctor, opts)
-}
-
-// apply applies opts to c, for constructor ctor ("bucket: NewCounter"),
-// and refuses an option ctor does not read.
-func (c *config) apply(ctor string, opts []Option) error {
-	short := strings.TrimPrefix(ctor, "bucket: ")
 	for _, o := range opts {
-		if o == nil {
-			continue
+		if any(o) != nil {
+			o.apply(&c)
 		}
-		op := o.option()
-		if op == nil || op.set == nil {
-			continue
-		}
-		if !slices.Contains(op.reads, short) {
-			return errs.Invalid(ctor, "option", op.name, fmt.Sprintf("%s does not read %s (read by %s)", short, op.name, strings.Join(op.reads, ", ")))
-		}
-		op.set(c)
 	}
-	return nil
+	return c
 }
 
 // WithPrefix sets the first segment of every Redis key the bucket uses, so
 // that several applications can share one Redis. Default: "headway". It
 // must be non-empty, at most 64 bytes, and contain no '{' or '}' (they would
 // change the keys' cluster hash slot); constructors refuse it otherwise.
-//
-// Read by every constructor.
-func WithPrefix(p string) Option {
-	return newOption("WithPrefix", func(c *config) { c.prefix = p },
-		"NewTokenBucket", "NewGCRA", "NewFixedWindow", "NewTiers", "NewSlidingLog", "NewCounter", "NewBudget", "NewConcurrency")
+func WithPrefix(p string) PrefixOption {
+	return prefixOption(func(c *config) { c.prefix = p })
 }
 
 // WithLogger sets the logger for rare events: a Resetter's winning or
@@ -105,44 +191,35 @@ func WithPrefix(p string) Option {
 // missing wake-ups (a Redis user without the channel's rights).
 // Default: slog.Default(). Nothing is logged per permit or per slot. A
 // nil logger keeps the default.
-//
-// Read by [NewCounter] (its resetters inherit it), [Counter.NewResetter]
-// and [NewConcurrency].
-func WithLogger(l *slog.Logger) Option {
-	return newOption("WithLogger", func(c *config) {
+func WithLogger(l *slog.Logger) LoggerOption {
+	return loggerOption(func(c *config) {
 		if l != nil {
 			c.logger = l
 		}
-	}, "NewCounter", "Counter.NewResetter", "NewConcurrency")
+	})
 }
 
 // WithBurst sets how many permits a [GCRA] bucket may grant at once after a
 // quiet spell. Default: the limit. 1 spaces permits evenly, interval/limit
 // apart. It must be at least 1.
-//
-// Read by [NewGCRA].
-func WithBurst(n int64) Option {
-	return newOption("WithBurst", func(c *config) { c.burst = n }, "NewGCRA")
+func WithBurst(n int64) GCRAOption {
+	return gcraOnly(func(c *config) { c.burst = n })
 }
 
 // WithLeaderLease sets a [Resetter]'s leadership lease: the Redsync mutex's
 // expiry, extended every lease/3 while the leader is alive. When the leader
 // dies without releasing it, another Resetter takes over within about one
 // lease. Default: 1 s. It must be at least 30 ms.
-//
-// Read by [NewCounter] (its resetters inherit it) and [Counter.NewResetter].
-func WithLeaderLease(d time.Duration) Option {
-	return newOption("WithLeaderLease", func(c *config) { c.lease = d }, "NewCounter", "Counter.NewResetter")
+func WithLeaderLease(d time.Duration) LeaderOption {
+	return leaderOption(func(c *config) { c.lease = d })
 }
 
 // WithRetry sets how long a caller is told to wait (Decision.Delay) in the
 // rare moments when the bucket cannot name a time: another instance is
 // refilling a [TokenBucket] right now, or a [Counter]'s reset is due but its
 // Resetter has not run yet. Default: 1 ms. It must be between 100 µs and 1 s.
-//
-// Read by [NewTokenBucket] and [NewCounter].
-func WithRetry(d time.Duration) Option {
-	return newOption("WithRetry", func(c *config) { c.retry = d }, "NewTokenBucket", "NewCounter")
+func WithRetry(d time.Duration) RetryOption {
+	return retryOption(func(c *config) { c.retry = d })
 }
 
 // WithArrivalMargin makes a [SlidingLog] keep each window d longer than its
@@ -154,8 +231,6 @@ func WithRetry(d time.Duration) Option {
 // delay between a grant and the provider's arrival at a high percentile
 // (the loadtest reports record_late_p99_ms). It must be at least 0 and
 // below every window's Period.
-//
-// Read by [NewSlidingLog].
-func WithArrivalMargin(d time.Duration) Option {
-	return newOption("WithArrivalMargin", func(c *config) { c.margin = d }, "NewSlidingLog")
+func WithArrivalMargin(d time.Duration) SlidingLogOption {
+	return slidingLogOnly(func(c *config) { c.margin = d })
 }

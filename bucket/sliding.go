@@ -50,7 +50,7 @@ type SlidingLog struct {
 // windows (at least one, at most 16, Limit ≥ 1, Period ≥ 1 ms, distinct
 // periods). A Take may ask for at most the smallest Limit. Each per-call key
 // gets its own log. Options: [WithPrefix], [WithHeartbeat], [WithArrivalMargin].
-func NewSlidingLog(rdb redis.UniversalClient, key string, windows []throttle.Tier, opts ...Option) (*SlidingLog, error) {
+func NewSlidingLog(rdb redis.UniversalClient, key string, windows []throttle.Tier, opts ...SlidingLogOption) (*SlidingLog, error) {
 	const name = "bucket: NewSlidingLog"
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {

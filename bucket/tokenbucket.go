@@ -166,7 +166,7 @@ func (b *TokenBucket) outageWindow() int64 {
 //
 // limit must be at least 1 and interval at least 1 ms (it is rounded up to
 // the millisecond). Options: [WithPrefix], [WithHeartbeat], [WithRetry].
-func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...Option) (*TokenBucket, error) {
+func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...TokenBucketOption) (*TokenBucket, error) {
 	const name = "bucket: NewTokenBucket"
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {

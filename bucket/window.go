@@ -26,7 +26,7 @@ type windows struct {
 	capacity int64    // smallest limit
 }
 
-func newWindows(name string, rdb redis.UniversalClient, key string, tiers []throttle.Tier, kind string, opts []Option) (windows, error) {
+func newWindows(name string, rdb redis.UniversalClient, key string, tiers []throttle.Tier, kind string, opts []CommonOption) (windows, error) {
 	c, err := newCommon(name, rdb, key, opts)
 	if err != nil {
 		return windows{}, err
@@ -166,7 +166,7 @@ type FixedWindow struct {
 //
 // limit must be at least 1 and interval at least 1 ms. Options:
 // [WithPrefix].
-func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...Option) (*FixedWindow, error) {
+func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...CommonOption) (*FixedWindow, error) {
 	const name = "bucket: NewFixedWindow"
 	if err := checkRate(name, limit, "interval", interval); err != nil {
 		return nil, err
@@ -214,7 +214,7 @@ type Tiers struct {
 // room. Tiers need at least one entry, at most 16, each with Limit ≥ 1 and
 // Period ≥ 1 ms, no two with the same Period. A Take may ask for at most
 // the smallest Limit. Options: [WithPrefix], [WithHeartbeat].
-func NewTiers(rdb redis.UniversalClient, key string, tiers []throttle.Tier, opts ...Option) (*Tiers, error) {
+func NewTiers(rdb redis.UniversalClient, key string, tiers []throttle.Tier, opts ...CommonOption) (*Tiers, error) {
 	w, err := newWindows("bucket: NewTiers", rdb, key, tiers, "tier", opts)
 	if err != nil {
 		return nil, err

@@ -40,10 +40,10 @@ func testLogger() *slog.Logger {
 
 // limiter returns a Limiter over a Local bucket of limit permits per
 // interval on the real clock.
-func limiter(t testing.TB, limit int64, interval time.Duration, opts ...throttle.Option) *throttle.Limiter {
+func limiter(t testing.TB, limit int64, interval time.Duration, opts ...throttle.LocalOption) *throttle.Limiter {
 	t.Helper()
 	clock := clockwork.NewRealClock()
-	b, err := throttle.NewLocal(limit, interval, append([]throttle.Option{throttle.WithClock(clock)}, opts...)...)
+	b, err := throttle.NewLocal(limit, interval, append([]throttle.LocalOption{throttle.WithClock(clock)}, opts...)...)
 	require.NoError(t, err)
 	return throttle.New(b, throttle.WithClock(clock), throttle.WithLogger(testLogger()))
 }

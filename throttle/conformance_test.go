@@ -22,7 +22,7 @@ func TestLocalConformance(t *testing.T) {
 			clock := clockwork.NewFakeClock()
 			buckettest.Run(t, buckettest.Spec{
 				New: func(t *testing.T) throttle.Bucket {
-					opts := []throttle.Option{throttle.WithClock(clock)}
+					opts := []throttle.LocalOption{throttle.WithClock(clock)}
 					if tc.burst != 0 {
 						opts = append(opts, throttle.WithLocalBurst(tc.burst))
 					}

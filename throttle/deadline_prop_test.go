@@ -353,7 +353,7 @@ func (t deadlineTrial) run() (err error, took, end time.Duration, _ error) {
 			_, _ = s.shared.PaceAdaptive(ctx, "k", 1, trialInterval, trialInterval)
 		}
 	}
-	opts := []Option{WithClock(clock), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithFailurePolicy(t.policy)}
+	opts := []LimiterOption{WithClock(clock), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithFailurePolicy(t.policy)}
 	if t.call == "lease" {
 		opts = append(opts, WithLeasing(Leasing{}))
 	}

@@ -55,10 +55,10 @@
 // endpoint; throttle/otelmetrics reports a Limiter's work to
 // OpenTelemetry.
 //
-// Options: [New], [NewLocal] and [NewSmooth] take [Option]s; each
-// option's doc names the constructors that read it ([WithClock] is read by
-// all three), and a constructor refuses an option it does not read with an
-// error matching [ErrInvalid] that names both.
+// Options: each constructor has its own option type ([LimiterOption] for
+// [New], [LocalOption] for [NewLocal], [SmoothOption] for [NewSmooth]);
+// [WithClock], read by all three, implements all three, and an option
+// given to a constructor that does not read it does not compile.
 //
 // Guarantees of this package:
 //   - A Limiter never polls: when a bucket refuses it names when to come

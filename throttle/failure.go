@@ -107,10 +107,8 @@ const DefaultStoreTimeout = 100 * time.Millisecond
 // fails. Default: [FailLocal]. A policy other than FailLocal, FailClosed
 // and FailOpen makes every call of the Limiter fail with an error matching
 // [ErrInvalid].
-//
-// Read by [New].
-func WithFailurePolicy(p FailurePolicy) Option {
-	return newOption("WithFailurePolicy", func(c *config) { c.policy = p }, "New")
+func WithFailurePolicy(p FailurePolicy) LimiterOption {
+	return limiterOnly(func(c *config) { c.policy = p })
 }
 
 // WithStoreTimeout bounds the store calls of Acquire with maxWait 0 (and
@@ -142,10 +140,8 @@ func WithFailurePolicy(p FailurePolicy) Option {
 // The buckets of package bucket return by this deadline even when their
 // Redis client blocks (go-redis ignores context deadlines unless
 // ContextTimeoutEnabled is set); see that package.
-//
-// Read by [New].
-func WithStoreTimeout(d time.Duration) Option {
-	return newOption("WithStoreTimeout", func(c *config) { c.storeTimeout = d }, "New")
+func WithStoreTimeout(d time.Duration) LimiterOption {
+	return limiterOnly(func(c *config) { c.storeTimeout = d })
 }
 
 // outage is a Limiter's view of its store: whether it answers, and who

@@ -68,10 +68,8 @@ type Leasing struct {
 // and hand them out from memory (see [Leasing]); a zero Leasing has the
 // defaults. A bad Leasing makes every call of the Limiter fail with an
 // error matching [ErrInvalid] that names the field.
-//
-// Read by [New].
-func WithLeasing(c Leasing) Option {
-	return newOption("WithLeasing", func(cfg *config) { cfg.leasing = &c }, "New")
+func WithLeasing(c Leasing) LimiterOption {
+	return limiterOnly(func(cfg *config) { cfg.leasing = &c })
 }
 
 func (c Leasing) validate() error {

@@ -100,7 +100,7 @@ func TestLeaseGrantsAWeightedTakeWithinTheBucketsBurst(t *testing.T) {
 			clock := clockwork.NewFakeClock()
 			loc, err := NewLocal(10, time.Second, WithClock(clock), WithLocalBurst(20))
 			require.NoError(t, err)
-			opts := []Option{WithClock(clock)}
+			opts := []LimiterOption{WithClock(clock)}
 			if leasing {
 				opts = append(opts, WithLeasing(Leasing{TTL: 100 * time.Millisecond}))
 			}

@@ -130,9 +130,9 @@ func (c *counting) Pause(ctx context.Context, key string, d time.Duration) error
 }
 
 // leasedLimiter is a Limiter over inner with leasing c, on clock.
-func leasedLimiter(t testing.TB, inner Bucket, clock clockwork.Clock, c Leasing, opts ...Option) *Limiter {
+func leasedLimiter(t testing.TB, inner Bucket, clock clockwork.Clock, c Leasing, opts ...LimiterOption) *Limiter {
 	t.Helper()
-	lim := New(inner, append([]Option{WithClock(clock), WithLeasing(c)}, opts...)...)
+	lim := New(inner, append([]LimiterOption{WithClock(clock), WithLeasing(c)}, opts...)...)
 	t.Cleanup(func() { _ = lim.Close() })
 	return lim
 }

@@ -87,18 +87,15 @@ func findCapabilities(b Bucket) capabilities {
 // [WithLogger], [WithObserver], [WithFailurePolicy], [WithStoreTimeout],
 // [WithLeasing].
 //
-// New does not fail: a nil b, an unknown [FailurePolicy], a bad
-// [Leasing] or an option New does not read ([WithLocalBurst]) gives a Limiter whose every call returns an error matching
+// New does not fail: a nil b, an unknown [FailurePolicy] or a bad
+// [Leasing] gives a Limiter whose every call returns an error matching
 // [ErrInvalid] that names the mistake, so that it surfaces where the
 // Limiter is used, with a message, instead of as a nil-pointer panic or a
 // silent default.
-func New(b Bucket, opts ...Option) *Limiter {
-	cfg, err := newConfig("New", opts)
+func New(b Bucket, opts ...LimiterOption) *Limiter {
+	cfg := newConfig(opts)
 	l := &Limiter{bucket: b, cfg: cfg, tb: newTimeBase(cfg.clock)}
-	l.bad = err
-	if l.bad == nil {
-		l.bad = l.validate()
-	}
+	l.bad = l.validate()
 	l.caps = findCapabilities(b)
 	base := int64(0)
 	if fb := l.caps.fallbacker; fb != nil {

@@ -48,9 +48,9 @@ func waitForSleepers(t *testing.T, clock *clockwork.FakeClock, n int) {
 	require.NoError(t, clock.BlockUntilContext(ctx, n), "waiting for %d sleeper(s) on the fake clock", n)
 }
 
-func newLocal(t *testing.T, clock clockwork.Clock, limit int64, interval time.Duration, opts ...throttle.Option) *throttle.Local {
+func newLocal(t *testing.T, clock clockwork.Clock, limit int64, interval time.Duration, opts ...throttle.LocalOption) *throttle.Local {
 	t.Helper()
-	b, err := throttle.NewLocal(limit, interval, append([]throttle.Option{throttle.WithClock(clock)}, opts...)...)
+	b, err := throttle.NewLocal(limit, interval, append([]throttle.LocalOption{throttle.WithClock(clock)}, opts...)...)
 	require.NoError(t, err)
 	return b
 }

@@ -36,7 +36,7 @@ func FuzzLocalLimits(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, limit, interval, burst int64) {
 		clock := clockwork.NewFakeClock()
-		opts := []throttle.Option{throttle.WithClock(clock)}
+		opts := []throttle.LocalOption{throttle.WithClock(clock)}
 		if burst != 0 {
 			opts = append(opts, throttle.WithLocalBurst(burst))
 		}

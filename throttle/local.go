@@ -63,11 +63,8 @@ type localShard struct {
 //
 // limit must be at least 1 and at most one per nanosecond of interval;
 // interval must be positive.
-func NewLocal(limit int64, interval time.Duration, opts ...Option) (*Local, error) {
-	cfg, err := newConfig("NewLocal", opts)
-	if err != nil {
-		return nil, err
-	}
+func NewLocal(limit int64, interval time.Duration, opts ...LocalOption) (*Local, error) {
+	cfg := newConfig(opts)
 	if limit < 1 {
 		return nil, invalid("throttle: NewLocal", "limit", limit, "must be at least 1")
 	}
@@ -107,10 +104,8 @@ func NewLocal(limit int64, interval time.Duration, opts ...Option) (*Local, erro
 // WithLocalBurst sets how many permits a [Local] bucket ([NewLocal]) may
 // grant at once after a quiet spell. Default: the limit. 1 spaces permits
 // evenly, interval/limit apart.
-//
-// Read by [NewLocal].
-func WithLocalBurst(n int64) Option {
-	return newOption("WithLocalBurst", func(c *config) { c.burst = n }, "NewLocal")
+func WithLocalBurst(n int64) LocalOption {
+	return localOnly(func(c *config) { c.burst = n })
 }
 
 // ceilDiv is a/b rounded up, for a ≥ 0 and b > 0, without overflowing

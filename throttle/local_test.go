@@ -15,7 +15,7 @@ func TestNewLocalRefusesBadConfig(t *testing.T) {
 	tests := []struct {
 		limit    int64
 		interval time.Duration
-		opts     []Option
+		opts     []LocalOption
 		want     string
 	}{
 		{0, time.Second, nil, "limit = 0"},
@@ -23,8 +23,8 @@ func TestNewLocalRefusesBadConfig(t *testing.T) {
 		{10, 0, nil, "interval = 0s"},
 		{10, -time.Second, nil, "interval = -1s"},
 		{2_000_000_000, time.Second, nil, "at most one per nanosecond"},
-		{10, time.Second, []Option{WithLocalBurst(-1)}, "burst = -1"},
-		{1, time.Duration(1 << 62), []Option{WithLocalBurst(1 << 40)}, "overflows"},
+		{10, time.Second, []LocalOption{WithLocalBurst(-1)}, "burst = -1"},
+		{1, time.Duration(1 << 62), []LocalOption{WithLocalBurst(1 << 40)}, "overflows"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -84,7 +84,7 @@ func TestLocalArithmetic(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clock := clockwork.NewFakeClock()
-			opts := []Option{WithClock(clock)}
+			opts := []LocalOption{WithClock(clock)}
 			if tt.burst != 0 {
 				opts = append(opts, WithLocalBurst(tt.burst))
 			}

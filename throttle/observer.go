@@ -27,8 +27,6 @@ type Observer interface {
 }
 
 // WithObserver sets the Observer a Limiter reports to. Default: none.
-//
-// Read by [New].
-func WithObserver(o Observer) Option {
-	return newOption("WithObserver", func(c *config) { c.observer = o }, "New")
+func WithObserver(o Observer) LimiterOption {
+	return limiterOnly(func(c *config) { c.observer = o })
 }

@@ -1,41 +1,43 @@
 package throttle
 
 import (
-	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 )
 
-// Option configures a constructor of this package: [New], [NewLocal] or
-// [NewSmooth]. Each option's doc names the constructors that read it. A
-// constructor given an option it does not read refuses it with an error
-// matching [ErrInvalid] that names the option and the constructor:
-// NewLocal and NewSmooth return it; New, which does not fail, returns a
-// Limiter whose every call returns it (as for its other configuration
-// mistakes). An option is never silently ignored. A nil option is
-// ignored.
-type Option interface {
-	option() *option
+// Each constructor has its own option type, so that an option given to a
+// constructor that does not read it fails to compile: [LimiterOption] for
+// [New], [LocalOption] for [NewLocal], [SmoothOption] for [NewSmooth].
+// [WithClock], read by all three, returns a [ClockOption], which is each of
+// them. A nil option is ignored.
+
+// LimiterOption configures [New]: [WithClock], [WithLogger],
+// [WithObserver], [WithFailurePolicy], [WithStoreTimeout], [WithLeasing].
+type LimiterOption interface {
+	apply(*config)
+	limiterOption()
 }
 
-// option is an Option: the setting it changes and the constructors that
-// read it ("New", "NewLocal", "NewSmooth").
-type option struct {
-	name  string
-	reads []string
-	set   func(*config)
+// LocalOption configures [NewLocal]: [WithClock], [WithLocalBurst].
+type LocalOption interface {
+	apply(*config)
+	localOption()
 }
 
-func (o *option) option() *option { return o }
+// SmoothOption configures [NewSmooth]: [WithClock], [WithSmoothInstances].
+type SmoothOption interface {
+	apply(*config)
+	smoothOption()
+}
 
-// newOption returns the option name that sets set, for the constructors
-// reads.
-func newOption(name string, set func(*config), reads ...string) Option {
-	return &option{name: name, reads: reads, set: set}
+// ClockOption is [WithClock]'s option: a [LimiterOption], a [LocalOption]
+// and a [SmoothOption] at once.
+type ClockOption interface {
+	LimiterOption
+	LocalOption
+	SmoothOption
 }
 
 // config holds every setting the options of New, NewLocal and NewSmooth
@@ -55,31 +57,37 @@ type config struct {
 	storeTimeout time.Duration
 	// leasing: nil, meaning every decision asks the bucket.
 	leasing *Leasing
-	// instances: 1 (NewSmooth).
-	instances int
 }
 
-// newConfig returns the configuration of constructor ctor ("New") after
-// opts, and the error refusing an option ctor does not read (the options
-// before it applied).
-func newConfig(ctor string, opts []Option) (config, error) {
-	c := config{clock: clockwork.NewRealClock(), logger: slog.Default(), storeTimeout: DefaultStoreTimeout, instances: 1}
+func newConfig[O interface{ apply(*config) }](opts []O) config {
+	c := config{clock: clockwork.NewRealClock(), logger: slog.Default(), storeTimeout: DefaultStoreTimeout}
 	for _, o := range opts {
-		if o == nil {
-			continue
+		if any(o) != nil {
+			o.apply(&c)
 		}
-		op := o.option()
-		if op == nil || op.set == nil {
-			continue
-		}
-		if !slices.Contains(op.reads, ctor) {
-			return c, invalid("throttle: "+ctor, "option", op.name,
-				fmt.Sprintf("%s does not read %s (read by %s)", ctor, op.name, strings.Join(op.reads, ", ")))
-		}
-		op.set(&c)
 	}
-	return c, nil
+	return c
 }
+
+// clockOption is read by every constructor.
+type clockOption func(*config)
+
+func (f clockOption) apply(c *config) { f(c) }
+func (clockOption) limiterOption()    {}
+func (clockOption) localOption()      {}
+func (clockOption) smoothOption()     {}
+
+// limiterOnly is read by New only.
+type limiterOnly func(*config)
+
+func (f limiterOnly) apply(c *config) { f(c) }
+func (limiterOnly) limiterOption()    {}
+
+// localOnly is read by NewLocal only.
+type localOnly func(*config)
+
+func (f localOnly) apply(c *config) { f(c) }
+func (localOnly) localOption()      {}
 
 // WithClock sets the clock a Limiter sleeps on and a bucket of this
 // package reads. Default: the real clock. Tests pass a
@@ -92,26 +100,22 @@ func newConfig(ctor string, opts []Option) (config, error) {
 // With a fake clock over a Redis bucket, every wait the bucket names (a
 // refill, a grant's place in its period, see [Limiter.Acquire]) is slept
 // on the fake clock: a test advances it, or asks with maxWait 0.
-//
-// Read by [New], [NewLocal] and [NewSmooth].
-func WithClock(c clockwork.Clock) Option {
-	return newOption("WithClock", func(cfg *config) {
+func WithClock(c clockwork.Clock) ClockOption {
+	return clockOption(func(cfg *config) {
 		if c != nil {
 			cfg.clock = c
 		}
-	}, "New", "NewLocal", "NewSmooth")
+	})
 }
 
 // WithLogger sets the logger of a Limiter for rare events (the store
 // failing and answering again, a refund that failed). Default:
 // slog.Default(). Nothing is logged per permit. A nil logger keeps the
 // default.
-//
-// Read by [New].
-func WithLogger(l *slog.Logger) Option {
-	return newOption("WithLogger", func(cfg *config) {
+func WithLogger(l *slog.Logger) LimiterOption {
+	return limiterOnly(func(cfg *config) {
 		if l != nil {
 			cfg.logger = l
 		}
-	}, "New")
+	})
 }

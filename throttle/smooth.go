@@ -72,13 +72,21 @@ type Smooth struct {
 // idlePace is the pace of a key never seen: long caught up with any clock.
 const idlePace = math.MinInt64 / 4
 
+// smoothOnly is a [SmoothOption] that only [NewSmooth] reads.
+type smoothOnly func(*smoothConfig)
+
+func (smoothOnly) apply(*config) {}
+func (smoothOnly) smoothOption() {}
+
+type smoothConfig struct {
+	instances int
+}
+
 // WithSmoothInstances tells a [Smooth] bucket that k instances share its
 // limit: it paces its own callers at limit/k per interval, so that the
 // fleet together stays smooth. Default: 1. k must be at least 1.
-//
-// Read by [NewSmooth].
-func WithSmoothInstances(k int) Option {
-	return newOption("WithSmoothInstances", func(c *config) { c.instances = k }, "NewSmooth")
+func WithSmoothInstances(k int) SmoothOption {
+	return smoothOnly(func(c *smoothConfig) { c.instances = k })
 }
 
 // NewSmooth returns a [Smooth] bucket that paces permits from inner at
@@ -87,15 +95,17 @@ func WithSmoothInstances(k int) Option {
 //
 // limit must be at least 1 and interval positive, with at most one permit
 // per nanosecond per instance.
-func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...Option) (*Smooth, error) {
+func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...SmoothOption) (*Smooth, error) {
 	if inner == nil {
 		return nil, invalid("throttle: NewSmooth", "inner", nil, "must be a Bucket, such as one from package bucket")
 	}
-	base, err := newConfig("NewSmooth", opts)
-	if err != nil {
-		return nil, err
+	base := newConfig(opts)
+	sc := smoothConfig{instances: 1}
+	for _, o := range opts {
+		if so, ok := o.(smoothOnly); ok && so != nil {
+			so(&sc)
+		}
 	}
-	sc := base
 	if limit < 1 {
 		return nil, invalid("throttle: NewSmooth", "limit", limit, "must be at least 1")
 	}

@@ -19,15 +19,15 @@ func TestNewSmoothRefusesBadConfig(t *testing.T) {
 		inner    Bucket
 		limit    int64
 		interval time.Duration
-		opts     []Option
+		opts     []SmoothOption
 		want     string
 	}{
 		{nil, 10, time.Second, nil, "inner = <nil>"},
 		{inner, 0, time.Second, nil, "limit = 0"},
 		{inner, -3, time.Second, nil, "limit = -3"},
 		{inner, 10, 0, nil, "interval = 0s"},
-		{inner, 10, time.Second, []Option{WithSmoothInstances(0)}, "instances = 0"},
-		{inner, 10, time.Duration(math.MaxInt64 / 2), []Option{WithSmoothInstances(3)}, "overflows"},
+		{inner, 10, time.Second, []SmoothOption{WithSmoothInstances(0)}, "instances = 0"},
+		{inner, 10, time.Duration(math.MaxInt64 / 2), []SmoothOption{WithSmoothInstances(3)}, "overflows"},
 		{inner, 2_000_000_000, time.Second, nil, "at most one per nanosecond"},
 	}
 	for _, tt := range tests {

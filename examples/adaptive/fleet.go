@@ -98,7 +98,7 @@ func newBucket(c config, rdb redis.UniversalClient) (throttle.Bucket, error) {
 	case "slidinglog":
 		return bucket.NewSlidingLog(rdb, c.Key, []throttle.Tier{{Limit: c.Limit, Period: c.Interval}})
 	case "gcra":
-		var opts []bucket.Option
+		var opts []bucket.GCRAOption
 		if c.ClientBurst > 0 {
 			opts = append(opts, bucket.WithBurst(c.ClientBurst))
 		}

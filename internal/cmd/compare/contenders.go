@@ -127,7 +127,7 @@ type headway struct {
 	closer func() error
 }
 
-func newHeadway(b throttle.Bucket, closer func() error, opts ...throttle.Option) *headway {
+func newHeadway(b throttle.Bucket, closer func() error, opts ...throttle.LimiterOption) *headway {
 	lim := throttle.New(timed{b}, opts...)
 	if closer == nil {
 		closer = lim.Close

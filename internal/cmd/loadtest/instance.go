@@ -99,7 +99,7 @@ func (in *instance) wrap(c loadConfig, b throttle.Bucket, t *tally) error {
 		}
 		b = s
 	}
-	opts := []throttle.Option{throttle.WithFailurePolicy(failurePolicies[c.Fail]), throttle.WithObserver(degradedCounter{t})}
+	opts := []throttle.LimiterOption{throttle.WithFailurePolicy(failurePolicies[c.Fail]), throttle.WithObserver(degradedCounter{t})}
 	if c.Lease {
 		opts = append(opts, throttle.WithLeasing(throttle.Leasing{TTL: c.leaseTTL(), Horizon: c.LeaseHorizon}))
 	}
