@@ -67,7 +67,7 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 					if err := throttle.New(b).Key("tenant").Report(ctx, throttle.Answer{Refused: true}); err != nil {
 						t.Fatal(err)
 					}
-					s, err := throttle.New(b2).Key("tenant").Internal().AdaptiveState(ctx)
+					s, err := capability.KeyedLimiter(throttle.New(b2).Key("tenant")).AdaptiveState(ctx)
 					if err != nil || s.Rate != 9 || s.Ceiling != 0 || s.Peak != 10 || s.Version != 1 {
 						t.Fatalf("the other instance reads %+v, %v; want rate 9 (refused at 10, the configured ceiling: Ceiling 0), version 1", s, err)
 					}
@@ -101,7 +101,7 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 						t.Fatalf("fresh swap: %+v, %v, %v", got, ok, err)
 					}
 					// Each budget has its own state.
-					if s, err := throttle.New(b).Key("").Internal().AdaptiveState(ctx); err != nil || s.Active() {
+					if s, err := capability.KeyedLimiter(throttle.New(b).Key("")).AdaptiveState(ctx); err != nil || s.Active() {
 						t.Errorf("key \"\": %+v, %v; want not adapting", s, err)
 					}
 				})

@@ -6,7 +6,8 @@ import (
 )
 
 // What each bucket offers a throttle.Limiter beyond Take, found through
-// its Capabilities method: a fleet-wide pause (a provider's Retry-After,
+// the registry of internal/capability (so that go doc of this package
+// shows no method users never call): a fleet-wide pause (a provider's Retry-After,
 // through the Transport of throttle/httpclient), its limit and the live
 // instances (for throttle.FailLocal and the adaptive rate), the adaptive
 // rate's state kept in Redis for the whole fleet, and for some a refund,
@@ -18,11 +19,33 @@ func (c *common) adaptiveStore() capability.AdaptiveFuncs {
 	return capability.AdaptiveFuncs{Pace: c.paceAdaptive, Swap: c.swapAdaptive}
 }
 
-// Capabilities is used by [throttle.Limiter]: it finds there what b
-// offers beyond Take (a fleet-wide pause, its limit for the failure
-// policy, the adaptive rate's shared store, a period the Limiter spreads
-// grants over). It is not for direct use: its type is internal.
-func (b *TokenBucket) Capabilities() capability.Set {
+func init() { capability.Register(capabilitiesOf) }
+
+// capabilitiesOf returns the capabilities of b if b is a bucket of this
+// package: what a throttle.Limiter finds there beyond Take (a fleet-wide
+// pause, its limit for the failure policy, the adaptive rate's shared
+// store, a period the Limiter spreads grants over).
+func capabilitiesOf(b any) (capability.Set, bool) {
+	switch b := b.(type) {
+	case *TokenBucket:
+		return b.capabilities(), true
+	case *GCRA:
+		return b.capabilities(), true
+	case *FixedWindow:
+		return b.capabilities(), true
+	case *Tiers:
+		return b.capabilities(), true
+	case *SlidingLog:
+		return b.capabilities(), true
+	case *Counter:
+		return b.capabilities(), true
+	case *Budget:
+		return b.capabilities(), true
+	}
+	return capability.Set{}, false
+}
+
+func (b *TokenBucket) capabilities() capability.Set {
 	return capability.Set{
 		Pauser:        capability.PauseFunc(b.pause),
 		Fallbacker:    capability.FallbackFunc(b.fallback),
@@ -31,8 +54,7 @@ func (b *TokenBucket) Capabilities() capability.Set {
 	}
 }
 
-// Capabilities is used by [throttle.Limiter]; see [TokenBucket.Capabilities].
-func (b *GCRA) Capabilities() capability.Set {
+func (b *GCRA) capabilities() capability.Set {
 	return capability.Set{
 		Pauser:        capability.PauseFunc(b.pause),
 		Fallbacker:    capability.FallbackFunc(b.fallback),
@@ -40,8 +62,7 @@ func (b *GCRA) Capabilities() capability.Set {
 	}
 }
 
-// Capabilities is used by [throttle.Limiter]; see [TokenBucket.Capabilities].
-func (b *FixedWindow) Capabilities() capability.Set {
+func (b *FixedWindow) capabilities() capability.Set {
 	return capability.Set{
 		Pauser:        capability.PauseFunc(b.pause),
 		Fallbacker:    capability.FallbackFunc(b.fallback),
@@ -50,8 +71,7 @@ func (b *FixedWindow) Capabilities() capability.Set {
 	}
 }
 
-// Capabilities is used by [throttle.Limiter]; see [TokenBucket.Capabilities].
-func (b *Tiers) Capabilities() capability.Set {
+func (b *Tiers) capabilities() capability.Set {
 	return capability.Set{
 		Pauser:        capability.PauseFunc(b.pause),
 		Fallbacker:    capability.FallbackFunc(b.fallback),
@@ -59,8 +79,7 @@ func (b *Tiers) Capabilities() capability.Set {
 	}
 }
 
-// Capabilities is used by [throttle.Limiter]; see [TokenBucket.Capabilities].
-func (b *SlidingLog) Capabilities() capability.Set {
+func (b *SlidingLog) capabilities() capability.Set {
 	return capability.Set{
 		Pauser:        capability.PauseFunc(b.pause),
 		Fallbacker:    capability.FallbackFunc(b.fallback),
@@ -68,8 +87,7 @@ func (b *SlidingLog) Capabilities() capability.Set {
 	}
 }
 
-// Capabilities is used by [throttle.Limiter]; see [TokenBucket.Capabilities].
-func (b *Counter) Capabilities() capability.Set {
+func (b *Counter) capabilities() capability.Set {
 	return capability.Set{
 		Pauser:        capability.PauseFunc(b.pause),
 		Fallbacker:    capability.FallbackFunc(b.fallback),
@@ -78,11 +96,10 @@ func (b *Counter) Capabilities() capability.Set {
 	}
 }
 
-// Capabilities is used by [throttle.Limiter]; see [TokenBucket.Capabilities].
 // A Budget also takes back permits (a settle-down, leased permits handed
 // back) and pauses some of a key's dimensions (a provider's accounting
 // headers naming one exhausted).
-func (b *Budget) Capabilities() capability.Set {
+func (b *Budget) capabilities() capability.Set {
 	return capability.Set{
 		Refunder:        capability.RefundFunc(b.refund),
 		Pauser:          capability.PauseFunc(b.pause),
@@ -92,13 +109,4 @@ func (b *Budget) Capabilities() capability.Set {
 	}
 }
 
-var (
-	_ capability.Provider = (*TokenBucket)(nil)
-	_ capability.Provider = (*GCRA)(nil)
-	_ capability.Provider = (*FixedWindow)(nil)
-	_ capability.Provider = (*Tiers)(nil)
-	_ capability.Provider = (*SlidingLog)(nil)
-	_ capability.Provider = (*Counter)(nil)
-	_ capability.Provider = (*Budget)(nil)
-	_ throttle.Bucket     = (*TokenBucket)(nil)
-)
+var _ throttle.Bucket = (*TokenBucket)(nil)

@@ -145,16 +145,19 @@
 //
 // # Options
 //
-// Every constructor takes [Option]s; each option's doc names the
-// constructors that read it, and a constructor refuses one it does not
-// read (an error wrapping [throttle.ErrInvalid] naming both).
+// Each constructor has its own option type ([TokenBucketOption],
+// [GCRAOption], [ConcurrencyOption], ...): an option given to a
+// constructor that does not read it does not compile. An option read by
+// several constructors implements several of these types ([WithPrefix]
+// every one of them).
 //
 // # What a Limiter uses beyond Take
 //
-// Each bucket's Capabilities method gives a [throttle.Limiter] what it
-// uses beyond Take: the fleet-wide pause, the limit and live instances for
+// A [throttle.Limiter] finds on each bucket of this package what it uses
+// beyond Take: the fleet-wide pause, the limit and live instances for
 // FailLocal, the adaptive rate's store, and for a [Budget] refunds and
-// pauses of single dimensions. Only the Limiter (and the other packages of
-// this module) read it; a wrapper of your own keeps it by offering Unwrap
-// (see [throttle.Bucket]).
+// pauses of single dimensions. It finds them through a registry internal
+// to this module, not through methods of these types: a user never calls
+// them. A wrapper of your own keeps them by offering Unwrap (see
+// [throttle.Bucket]).
 package bucket

@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -302,7 +303,7 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.
 	// The permit is the attempt's: a call made after the handler returned
 	// (from a goroutine with a context detached from call's end) takes
 	// its own. Deferred after the cancel above, it runs before it.
-	defer k.Internal().Forfeit(ctx)
+	defer capability.KeyedLimiter(k).Forfeit(ctx)
 	c.notePeakInFlight(c.inFlight.Add(1))
 	defer c.inFlight.Add(-1)
 	return c.safeCall(ctx, rec)

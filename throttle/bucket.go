@@ -40,8 +40,8 @@ import (
 //	Check(ctx context.Context) error
 //
 // The buckets of package bucket offer these (and the fleet-wide adaptive
-// rate) through their Capabilities method, which only a Limiter reads;
-// [Local] and [Smooth] offer them too. A bucket
+// rate) to a Limiter through a registry internal to this module, not
+// through methods a user would see; [Local] and [Smooth] offer them too. A bucket
 // that wraps another (to count its calls, say) keeps them all by adding a
 // method
 //
@@ -129,8 +129,8 @@ func findCap[T any](b Bucket) (T, bool) {
 		if t, ok := b.(T); ok {
 			return t, true
 		}
-		if p, ok := b.(capability.Provider); ok { // package bucket's
-			if t, ok := capability.Find[T](p.Capabilities()); ok {
+		if s, ok := capability.SetOf(b); ok { // package bucket's
+			if t, ok := capability.Find[T](s); ok {
 				return t, true
 			}
 		}

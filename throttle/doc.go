@@ -38,7 +38,7 @@
 // (the [FailurePolicy] decides meanwhile).
 //
 // Calls in flight: [Slots] caps how many calls run at once per key, a
-// slot held from Hold until its release; [LocalSlots] caps one process,
+// slot held from Hold until its release; [NewLocalSlots] caps one process,
 // and package bucket's Concurrency a fleet.
 //
 // Costs: a call that spends several things at once (one request and 800

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -131,7 +132,7 @@ func TestPauseForeverDoesNotOverflow(t *testing.T) {
 	// on the Smooth.
 	slim := throttle.New(smooth, throttle.WithClock(clock))
 	defer slim.Close()
-	pauser := slim.Key("k").Internal().Capabilities().Pauser
+	pauser := capability.KeyedLimiter(slim.Key("k")).Capabilities().Pauser
 	for _, d := range []time.Duration{throttle.Forever, throttle.Forever - time.Second, 1<<63 - 1<<40} {
 		require.NoError(t, pauser.Pause(ctx, "k", d))
 		dec, err := smooth.Take(ctx, "k", 1, 0)

@@ -8,11 +8,19 @@ import (
 	"github.com/headway-go/headway/internal/capability"
 )
 
-// Internal gives the other packages of this module (throttle/httpclient,
-// consumer) what they need of k's Limiter: its clock, what its bucket
-// offers, the permits a context holds. It is used by them and is not for
-// direct use: its type is internal to this module.
-func (k Keyed) Internal() capability.Limiter { return internalView(k) }
+// The other packages of this module (throttle/httpclient, consumer, the
+// examples and commands) reach what they need of a Keyed's Limiter (its
+// clock, what its bucket offers, the permits a context holds) through
+// capability.KeyedLimiter, registered here, rather than through an
+// exported method that go doc would show users who never call it.
+func init() { capability.RegisterKeyed(keyedLimiter) }
+
+// keyedLimiter returns the view of k, a Keyed, for capability.KeyedLimiter;
+// any other value gets the view of a zero Keyed (inert).
+func keyedLimiter(k any) capability.Limiter {
+	kk, _ := k.(Keyed)
+	return internalView(kk)
+}
 
 // internalView is a Keyed seen from the other packages of this module.
 type internalView Keyed

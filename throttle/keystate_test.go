@@ -44,7 +44,7 @@ func TestAdaptiveRateFollowsALiveLimit(t *testing.T) {
 			require.NoError(t, k.Acquire(ctx, 0))
 		}
 		require.NoError(t, k.Report(ctx, throttle.Answer{Refused: true}))
-		s, err := lim.Key(key).Internal().AdaptiveState(ctx)
+		s, err := capability.KeyedLimiter(lim.Key(key)).AdaptiveState(ctx)
 		require.NoError(t, err)
 		assert.InDelta(t, 900, s.Rate, 1, "key %q: 0.9 of the live limit 1000", key)
 	}
@@ -166,7 +166,7 @@ func TestAcquireDoesNotWaitForTheAdaptiveIncrease(t *testing.T) {
 	lim := throttle.New(b)
 	defer lim.Close()
 	ctx := context.Background()
-	s, err := lim.Key("").Internal().AdaptiveState(ctx)
+	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
 	require.NoError(t, err)
 	require.True(t, s.Active(), "the key adapts")
 	require.NoError(t, lim.Acquire(ctx, 20*time.Millisecond))
@@ -217,7 +217,7 @@ func TestUserWrapperAroundLocalKeepsRefundsAndTheAdaptiveRate(t *testing.T) {
 	require.NoError(t, lim.Acquire(ctx, 0), "the abandoned slot was given back")
 
 	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true}))
-	s, err := lim.Key("").Internal().AdaptiveState(ctx)
+	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.True(t, s.Active(), "the refusal slows the key")
 	assert.Positive(t, w.calls.Load())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -19,13 +20,13 @@ func ExampleLimiter_Report() {
 	lim := throttle.New(b)
 
 	_ = lim.Report(ctx, throttle.Answer{Refused: true})
-	s, _ := lim.Key("").Internal().AdaptiveState(ctx)
+	s, _ := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
 	fmt.Printf("paced at %.0f per interval\n", s.Rate)
 
 	// A limit the provider advertises below the configured one lowers
 	// the ceiling: 1200 per minute is 20 per second.
 	_ = lim.Report(ctx, throttle.Answer{Limit: 1200, Window: time.Minute})
-	s, _ = lim.Key("").Internal().AdaptiveState(ctx)
+	s, _ = capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
 	fmt.Printf("paced at %.0f per interval (advertised ceiling %.0f)\n", s.Rate, s.Ceiling)
 	// Output:
 	// paced at 45 per interval

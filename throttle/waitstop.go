@@ -10,7 +10,7 @@ import (
 // ContextWithWaitStop returns a copy of ctx under which waits for
 // permits also end once stop is done, while ctx itself, and the work done
 // under it, go on. The waits are those of Acquire, AcquireN and
-// AcquireCost, of a concurrency slot ([LocalSlots] and the Concurrency of
+// AcquireCost, of a concurrency slot ([NewLocalSlots] and the Concurrency of
 // package bucket), and of a provider's pause in the Transport of package
 // throttle/httpclient; a wait ended so returns an error matching
 // context.Canceled that also names stop's cause ([context.Cause], or the

@@ -13,7 +13,7 @@ import (
 // rate: the rate the fleet paces its grants at since the provider refused
 // calls without a retry hint, or that it is not adapting.
 func printAdaptive(ctx context.Context, w io.Writer, b live, t target) error {
-	s, err := capability.ReadAdaptive(ctx, b.Capabilities().AdaptiveStore, t.tenant)
+	s, err := capability.ReadAdaptive(ctx, capabilities(b).AdaptiveStore, t.tenant)
 	if err != nil {
 		return err
 	}

@@ -96,8 +96,13 @@ type live interface {
 	SetLimit(ctx context.Context, key string, limit int64) error
 	ClearLimit(ctx context.Context, key string) error
 	State(ctx context.Context, key string) (bucket.State, error)
-	// Capabilities gives the pause and the adaptive rate's store.
-	Capabilities() capability.Set
+}
+
+// capabilities returns the pause and the adaptive rate's store of b, a
+// bucket of package bucket.
+func capabilities(b live) capability.Set {
+	s, _ := capability.SetOf(b)
+	return s
 }
 
 // run is the whole command; it returns the exit status.
@@ -231,7 +236,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		fmt.Fprintf(stdout, "%s: live limit cleared, the constructor's limit applies; %s\n", describe(t), applies(t.kind))
 	case "pause":
-		if err := b.Capabilities().Pauser.Pause(ctx, t.tenant, pauseD); err != nil {
+		if err := capabilities(b).Pauser.Pause(ctx, t.tenant, pauseD); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "%s: paused for %v for the whole fleet (a longer pause already running is kept)\n", describe(t), pauseD)

@@ -206,7 +206,7 @@ func runFleet(ctx context.Context, c config) (result, error) {
 		case <-tick.C:
 		case <-runCtx.Done():
 		}
-		s, _ := fleet[0].lim.Key("").Internal().AdaptiveState(context.Background())
+		s, _ := capability.KeyedLimiter(fleet[0].lim.Key("")).AdaptiveState(context.Background())
 		rates = append(rates, s.Rate)
 		if runCtx.Err() != nil {
 			break

@@ -2,8 +2,21 @@
 // beyond Take (refunds, fleet-wide pauses, its limit for the failure
 // policy, the adaptive rate's shared store, ...), and what a Limiter shows
 // the other packages of this module. It is internal: the Limiter discovers
-// these on the buckets of this module through their Capabilities method,
-// and on a user's bucket by its method set (see throttle.Bucket).
+// these on the buckets of package bucket through the registry below
+// ([Register], [SetOf]), and on a user's bucket by its method set (see
+// throttle.Bucket).
+//
+// # Why a registry
+//
+// The registry exists so that go doc of packages bucket and throttle shows
+// only what users call: a bucket of package bucket has no exported method
+// that hands the Limiter its capabilities, and a throttle.Keyed none that
+// hands the other packages of this module its Limiter ([KeyedLimiter]).
+// Instead package bucket registers, from its init function, a function
+// giving the [Set] of each of its buckets, and package throttle registers
+// how a Keyed is seen. Registration happens only in init functions, which
+// complete before main (and any goroutine it starts) begins; the registry
+// is read afterwards only, so it needs no lock.
 package capability
 
 import (
@@ -186,8 +199,8 @@ type AdaptiveObserver interface {
 	Adapted(key string, s AdaptiveState)
 }
 
-// Set is what a bucket of this module offers a Limiter beyond Take, as its
-// Capabilities method returns it: a nil field, or false, is a capability
+// Set is what a bucket of this module offers a Limiter beyond Take, as
+// [SetOf] returns it: a nil field, or false, is a capability
 // the bucket does not have.
 type Set struct {
 	Refunder        Refunder
@@ -201,12 +214,41 @@ type Set struct {
 	Immediate bool
 }
 
-// Provider is implemented by the buckets of package bucket: a Limiter
-// takes their capabilities from Capabilities rather than from their
-// method sets.
-type Provider interface {
-	Capabilities() Set
+// providers are the functions [Register] added; keyedLimiter is the
+// function [RegisterKeyed] set. Both are written by init functions only.
+var (
+	providers    []func(b any) (Set, bool)
+	keyedLimiter func(k any) Limiter
+)
+
+// Register adds f to the functions [SetOf] asks: f returns the Set of b
+// when b is a bucket of f's package, and false otherwise. Package bucket
+// calls it from its init function; call it from nowhere else (the
+// registry is read without a lock).
+func Register(f func(b any) (Set, bool)) { providers = append(providers, f) }
+
+// SetOf returns the Set of b if b is a bucket of a registered package
+// (package bucket), and false otherwise (a user's bucket, a wrapper: the
+// Limiter then looks at b's method set and its Unwrap chain).
+func SetOf(b any) (Set, bool) {
+	for _, f := range providers {
+		if s, ok := f(b); ok {
+			return s, true
+		}
+	}
+	return Set{}, false
 }
+
+// RegisterKeyed sets the function [KeyedLimiter] calls. Package throttle
+// calls it from its init function; call it from nowhere else.
+func RegisterKeyed(f func(k any) Limiter) { keyedLimiter = f }
+
+// KeyedLimiter returns what the throttle.Keyed k shows the other packages
+// of this module (throttle/httpclient, consumer, the examples and
+// commands): its Limiter's clock and capabilities, its permits. k must be
+// a throttle.Keyed (any other value gives an inert Limiter: the real
+// clock, no capabilities, nothing to forfeit).
+func KeyedLimiter(k any) Limiter { return keyedLimiter(k) }
 
 // Find returns what of s implements T (one of this package's interfaces),
 // if s has it. Periodic and Immediate are found only when true: false
@@ -229,8 +271,8 @@ func Find[T any](s Set) (T, bool) {
 }
 
 // Limiter is what a throttle.Keyed shows the other packages of this
-// module (throttle/httpclient, consumer, the examples and commands), as its
-// Internal method returns it.
+// module (throttle/httpclient, consumer, the examples and commands), as
+// [KeyedLimiter] returns it.
 type Limiter interface {
 	// Clock is the clock the Limiter sleeps on (throttle.WithClock).
 	Clock() clockwork.Clock
@@ -307,14 +349,14 @@ func ReadAdaptive(ctx context.Context, s AdaptiveStore, key string) (AdaptiveSta
 }
 
 // Of returns b's capability T: b itself when its method set has it (a
-// user's bucket), else what b's Capabilities offer (a bucket of package
-// bucket). It does not follow Unwrap.
+// user's bucket), else what [SetOf] gives (a bucket of package bucket). It
+// does not follow Unwrap.
 func Of[T any](b any) (T, bool) {
 	if t, ok := b.(T); ok {
 		return t, true
 	}
-	if p, ok := b.(Provider); ok {
-		return Find[T](p.Capabilities())
+	if s, ok := SetOf(b); ok {
+		return Find[T](s)
 	}
 	var zero T
 	return zero, false

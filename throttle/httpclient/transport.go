@@ -408,7 +408,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if maxWait < 0 {
 		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
 	}
-	clock := k.Internal().Clock()
+	clock := capability.KeyedLimiter(k).Clock()
 	if call := t.callTime(clock.Now()); call > 0 {
 		// Leave the call its room before the deadline (WithCallTime).
 		if dl, ok := ctx.Deadline(); ok {
@@ -750,7 +750,7 @@ func (b *releasingRW) Close() error {
 // acquire waits out any local pause of k, then takes a permit within left,
 // or the cost est when it is not nil (WithCost), whose grant it returns.
 func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration, est throttle.Cost) (*throttle.CostGrant, error) {
-	clock := k.Internal().Clock()
+	clock := capability.KeyedLimiter(k).Clock()
 	start := clock.Now()
 	for {
 		remaining := left
@@ -762,7 +762,7 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 			// attempt) was taken before the provider's pause: spent
 			// after it, it would come on top of what the bucket grants
 			// then. Wait, then take a new one.
-			k.Internal().Forfeit(ctx)
+			capability.KeyedLimiter(k).Forfeit(ctx)
 			ctxBound := false
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 				ctxBound = true
@@ -790,7 +790,7 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 		if t.pauseLeft(k) > 0 {
 			if grant != nil {
 				_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est)) // best effort
-			} else if r := k.Internal().Capabilities().Refunder; r != nil {
+			} else if r := capability.KeyedLimiter(k).Capabilities().Refunder; r != nil {
 				_ = r.Refund(ctx, k.Key(), 1) // best effort
 			}
 			continue
@@ -807,7 +807,7 @@ func (t *Transport) pauseLeft(k throttle.Keyed) time.Duration {
 	if !ok {
 		return 0
 	}
-	return until.Sub(k.Internal().Clock().Now())
+	return until.Sub(capability.KeyedLimiter(k).Clock().Now())
 }
 
 // sleep waits d on clock, or until ctx ends or its waits are stopped
@@ -843,7 +843,7 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 	if d <= 0 {
 		return
 	}
-	now := k.Internal().Clock().Now()
+	now := capability.KeyedLimiter(k).Clock().Now()
 	until := now.Add(d)
 	pk := k
 	t.mu.Lock()
@@ -856,7 +856,7 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 		}
 	}
 	t.mu.Unlock()
-	if p := k.Internal().Capabilities().Pauser; p != nil {
+	if p := capability.KeyedLimiter(k).Capabilities().Pauser; p != nil {
 		// The pause matters beyond this request: do not let its
 		// cancellation skip it, but do not hang on a sick store either.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -890,7 +890,7 @@ func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []
 	if t.cost == nil {
 		return false
 	}
-	dp := k.Internal().Capabilities().DimensionPauser
+	dp := capability.KeyedLimiter(k).Capabilities().DimensionPauser
 	if dp == nil {
 		return false
 	}
