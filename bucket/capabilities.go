@@ -24,23 +24,13 @@ func init() { capability.Register(capabilitiesOf) }
 // capabilitiesOf returns the capabilities of b if b is a bucket of this
 // package: what a throttle.Limiter finds there beyond Take (a fleet-wide
 // pause, its limit for the failure policy, the adaptive rate's shared
-// store, a period the Limiter spreads grants over).
+// store, a period the Limiter spreads grants over). It asks for the
+// unexported method rather than the concrete type, so that a user's
+// wrapper that embeds a bucket of this package keeps its capabilities, as
+// it kept its exported methods when they were the capabilities.
 func capabilitiesOf(b any) (capability.Set, bool) {
-	switch b := b.(type) {
-	case *TokenBucket:
-		return b.capabilities(), true
-	case *GCRA:
-		return b.capabilities(), true
-	case *FixedWindow:
-		return b.capabilities(), true
-	case *Tiers:
-		return b.capabilities(), true
-	case *SlidingLog:
-		return b.capabilities(), true
-	case *Counter:
-		return b.capabilities(), true
-	case *Budget:
-		return b.capabilities(), true
+	if c, ok := b.(interface{ capabilities() capability.Set }); ok {
+		return c.capabilities(), true
 	}
 	return capability.Set{}, false
 }
