@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -22,7 +23,7 @@ func (c *Consumer) reportAnswer(ctx context.Context, rec *kgo.Record, err error)
 	}
 	a := ae.Answer
 	k, err := c.limiterOf(rec)
-	if err != nil || k == (throttle.Keyed{}) {
+	if err != nil || capability.KeyedLimiter(k).None() {
 		return
 	}
 	if rerr := k.Report(ctx, a); rerr != nil {

@@ -227,7 +227,7 @@ func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (throttle.Ke
 	}
 	rec := &s.rec
 	k, err := c.limiterOf(rec)
-	if err != nil || k == (throttle.Keyed{}) && c.cfg.slots == nil {
+	if err != nil || capability.KeyedLimiter(k).None() && c.cfg.slots == nil {
 		return k, noRelease, time.Now(), err
 	}
 	if f := c.fair; f != nil && wait > 0 {
@@ -262,7 +262,7 @@ func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (throttle.Ke
 			wait = max(wait-time.Since(start), 0)
 		}
 	}
-	if k == (throttle.Keyed{}) {
+	if capability.KeyedLimiter(k).None() {
 		return k, release, time.Now(), nil
 	}
 	err = k.Acquire(p.soft, wait)

@@ -47,6 +47,8 @@ func (v internalView) Capabilities() capability.Set {
 	return s
 }
 
+func (v internalView) None() bool { return v.l == nil }
+
 func (v internalView) Forfeit(ctx context.Context) int64 { return Keyed(v).forfeit(ctx) }
 
 func (v internalView) AdaptiveState(ctx context.Context) (capability.AdaptiveState, error) {

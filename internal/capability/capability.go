@@ -286,6 +286,9 @@ type Limiter interface {
 	// AdaptiveState is the key's adaptive rate as the Limiter last knew
 	// it, read from the store when that view is stale.
 	AdaptiveState(ctx context.Context) (AdaptiveState, error)
+	// None reports that the Keyed has no Limiter: the zero Keyed, or the
+	// Key of a nil Limiter (whose key still names a concurrency slot).
+	None() bool
 }
 
 // periodicFlag and immediateFlag answer Periodic and Immediate: true.

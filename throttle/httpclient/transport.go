@@ -395,10 +395,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.key != nil {
 		k = t.key(req)
 	}
-	if k == (throttle.Keyed{}) && t.lim != nil {
+	if capability.KeyedLimiter(k).None() && t.lim != nil {
 		k = t.lim.Key("")
 	}
-	if k == (throttle.Keyed{}) {
+	if capability.KeyedLimiter(k).None() {
 		return fail(errs.Invalid("Transport", "WithRequestKey", "zero Keyed", "must return a Keyed from Limiter.Key when NewTransport has no Limiter"))
 	}
 	maxWait := t.maxWait

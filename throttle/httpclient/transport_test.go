@@ -991,3 +991,32 @@ func TestTransportPausesTheBucketBehindAWrapper(t *testing.T) {
 		t.Error("the wrapper saw no take")
 	}
 }
+
+// TestTransportRequestKeyOfANilLimiterIsTheTransportsOwn: a request key
+// built from a nil Limiter (a map of limiters without the request's host,
+// say) means the Transport's own limiter, as a zero Keyed does; it used
+// to, while the Transport told one from the other by the Keyed's Limiter.
+func TestTransportRequestKeyOfANilLimiterIsTheTransportsOwn(t *testing.T) {
+	clk := clockwork.NewFakeClockAt(time.Unix(1_800_000_000, 0))
+	srv := newCountingServer(t, clk, func(n int, w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "ok")
+	})
+	local, err := throttle.NewLocal(1000, time.Second, throttle.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := throttle.New(local, throttle.WithClock(clk))
+	defer lim.Close()
+	var none map[string]*throttle.Limiter
+	tr := mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport),
+		httpclient.WithRequestKey(func(r *http.Request) throttle.Keyed {
+			return none[r.URL.Host].Key(r.URL.Host)
+		}))
+	resp, err := (&http.Client{Transport: tr}).Get(srv.URL)
+	if err != nil {
+		t.Fatalf("Get: %v; want the Transport's own limiter used", err)
+	}
+	if got := drain(resp); got != "ok" {
+		t.Errorf("body %q, want ok", got)
+	}
+}
