@@ -49,8 +49,12 @@ import (
 //
 // that returns the bucket it wraps: the Limiter looks for each method on
 // the wrapper first, then along the chain of Unwrap calls, and uses the
-// first bucket that has it (as errors.As does). A wrapper that must see
-// one of those calls has that method itself. A reservation's exact
+// first bucket that has it (as errors.As does). A wrapper that embeds a
+// bucket of this module (struct{ *bucket.TokenBucket }) keeps them
+// without Unwrap. A wrapper that must see one of those calls has that
+// method itself, and then hides the wrapped bucket's: the buckets of
+// package bucket have no exported Pause or Refund to pass the call on
+// to. A reservation's exact
 // cancellation travels in the Decision ([Decision.Cancel]), so a wrapper
 // that returns the inner Decision keeps it.
 //

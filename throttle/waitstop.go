@@ -29,9 +29,6 @@ import (
 // included.
 //
 // A nil stop returns ctx.
-//
-// The waits of this module derive their contexts from ctx with
-// internal/waitstop.Context, which ends when a stop does.
 func ContextWithWaitStop(ctx, stop context.Context) context.Context {
 	if stop == nil {
 		return ctx
