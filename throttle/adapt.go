@@ -178,8 +178,8 @@ func (l *Limiter) swap(ctx context.Context, st *keyState, old, next capability.A
 	}
 	l.note(st, s, sent)
 	if ok {
-		if o, isAO := l.cfg.observer.(capability.AdaptiveObserver); isAO {
-			o.Adapted(st.key, s)
+		if adapted, isAO := capability.AdaptedOf(l.cfg.observer); isAO {
+			adapted(st.key, s)
 		}
 	}
 	return s, ok, nil

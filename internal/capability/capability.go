@@ -199,6 +199,31 @@ type AdaptiveObserver interface {
 	Adapted(key string, s AdaptiveState)
 }
 
+// RegisterAdapted adds f to the functions [AdaptedOf] asks: f returns
+// the function that tells o of adaptive changes when o is an Observer of
+// f's package (package throttle/otelmetrics), and false otherwise. Call
+// it from an init function only, as [Register].
+func RegisterAdapted(f func(o any) (func(key string, s AdaptiveState), bool)) {
+	adaptedProviders = append(adaptedProviders, f)
+}
+
+// AdaptedOf returns the function a Limiter calls after each change of a
+// key's adaptive rate, for its Observer o: o's Adapted when it is an
+// [AdaptiveObserver], else what a registered package gives.
+func AdaptedOf(o any) (func(key string, s AdaptiveState), bool) {
+	if ao, ok := o.(AdaptiveObserver); ok {
+		return ao.Adapted, true
+	}
+	for _, f := range adaptedProviders {
+		if fn, ok := f(o); ok {
+			return fn, true
+		}
+	}
+	return nil, false
+}
+
+var adaptedProviders []func(o any) (func(key string, s AdaptiveState), bool)
+
 // Set is what a bucket of this module offers a Limiter beyond Take, as
 // [SetOf] returns it: a nil field, or false, is a capability
 // the bucket does not have.

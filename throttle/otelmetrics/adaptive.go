@@ -15,11 +15,24 @@ func (o *Observer) newAdaptive(m metric.Meter) error {
 	return err
 }
 
-var _ capability.AdaptiveObserver = (*Observer)(nil)
+// A throttle.Limiter tells an Observer of its adaptive rate through the
+// registry of internal/capability, so that go doc of this package shows
+// no method users never call. Asking for the unexported method rather
+// than the type keeps it for a user's Observer that embeds *Observer.
+func init() {
+	capability.RegisterAdapted(func(o any) (func(string, capability.AdaptiveState), bool) {
+		if a, ok := o.(interface {
+			adapted(key string, s capability.AdaptiveState)
+		}); ok {
+			return a.adapted, true
+		}
+		return nil, false
+	})
+}
 
-// Adapted is called by a throttle.Limiter after each change of a key's
-// adaptive rate (capability.AdaptiveObserver): it records the new
-// adaptive rate (headway.limiter.adaptive.rate).
-func (o *Observer) Adapted(key string, s capability.AdaptiveState) {
+// adapted is called by a throttle.Limiter after each change of a key's
+// adaptive rate: it records the new adaptive rate
+// (headway.limiter.adaptive.rate).
+func (o *Observer) adapted(key string, s capability.AdaptiveState) {
 	o.adaptive.Record(o.noContext, s.Rate, o.keyed(o.plain, key).record...)
 }
