@@ -8,11 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
 )
 
-// The fleet's adaptive rate (see throttle.AdaptiveState): every bucket
+// The fleet's adaptive rate (see docs/adaptive.md): every bucket
 // keeps it in Redis next to the budget's own keys, under the same hash
 // tag, so that a refusal one instance reports slows every instance that
 // shares the bucket, and they all pace their grants at one rate on the
@@ -43,18 +44,18 @@ func (c *common) adaptKeys(key string) ([]string, error) {
 	return []string{tag + ":adapt", tag + ":adapt:tat"}, nil
 }
 
-// PaceAdaptive implements [throttle.AdaptiveStore]: one round trip that
+// paceAdaptive is capability.AdaptiveStore's PaceAdaptive: one round trip that
 // reads key's adaptive state and, while it is active, reserves n evenly
 // spaced slots at its rate when the first is at most horizon away.
-func (c *common) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (throttle.AdaptivePace, error) {
+func (c *common) paceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (capability.AdaptivePace, error) {
 	keys, err := c.adaptKeys(key)
 	if err != nil {
-		return throttle.AdaptivePace{}, err
+		return capability.AdaptivePace{}, err
 	}
 	// The reply is handed over through an atomic pointer, read only when
 	// bounded returned f's own result: a call cut off by ctx may still be
 	// running (and writing) in bounded's goroutine.
-	var res atomic.Pointer[throttle.AdaptivePace]
+	var res atomic.Pointer[capability.AdaptivePace]
 	_, err = bounded(ctx, c, key, func(ctx context.Context) (throttle.Decision, error) {
 		r, err := c.evalNoRetry(ctx, scriptAdaptPace, keys, []any{n, max(ceilUs(interval), 1), max(int64(horizon/time.Microsecond), 0)}).Int64Slice()
 		if err != nil {
@@ -63,23 +64,23 @@ func (c *common) PaceAdaptive(ctx context.Context, key string, n int64, interval
 		if len(r) < 11 {
 			return throttle.Decision{}, backend("pace", keys[0], errors.New("unexpected reply from adapt_pace.lua"))
 		}
-		res.Store(&throttle.AdaptivePace{Granted: r[0] >= 1, Delay: us(r[1]), State: adaptState(r[2], r[3:11])})
+		res.Store(&capability.AdaptivePace{Granted: r[0] >= 1, Delay: us(r[1]), State: adaptState(r[2], r[3:11])})
 		return throttle.Decision{}, nil
 	})
 	if err != nil {
-		return throttle.AdaptivePace{}, err
+		return capability.AdaptivePace{}, err
 	}
 	return *res.Load(), nil
 }
 
-// SwapAdaptive implements [throttle.AdaptiveStore] with one round trip.
-func (c *common) SwapAdaptive(ctx context.Context, key string, old, next throttle.AdaptiveState, ttl time.Duration) (throttle.AdaptiveState, bool, error) {
+// swapAdaptive is capability.AdaptiveStore's SwapAdaptive, with one round trip.
+func (c *common) swapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
 	keys, err := c.adaptKeys(key)
 	if err != nil {
-		return throttle.AdaptiveState{}, false, err
+		return capability.AdaptiveState{}, false, err
 	}
 	type reply struct {
-		s       throttle.AdaptiveState
+		s       capability.AdaptiveState
 		swapped bool
 	}
 	var res atomic.Pointer[reply] // as in PaceAdaptive
@@ -98,23 +99,23 @@ func (c *common) SwapAdaptive(ctx context.Context, key string, old, next throttl
 		return throttle.Decision{}, nil
 	})
 	if err != nil {
-		return throttle.AdaptiveState{}, false, err
+		return capability.AdaptiveState{}, false, err
 	}
 	r := res.Load()
 	return r.s, r.swapped, nil
 }
 
-// Adaptive reads key's adaptive state ("" for the constructor's key) in
+// adaptive reads key's adaptive state ("" for the constructor's key) in
 // one round trip; the zero state means the budget is not adapting. For
 // operators (cmd/headwayctl).
-func (c *common) Adaptive(ctx context.Context, key string) (throttle.AdaptiveState, error) {
-	s, _, err := c.SwapAdaptive(ctx, key, throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Millisecond)
+func (c *common) adaptive(ctx context.Context, key string) (capability.AdaptiveState, error) {
+	s, _, err := c.swapAdaptive(ctx, key, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
 	return s, err
 }
 
 // adaptState decodes the fields r, c, p, s, d, i, x, v read at nowUs.
-func adaptState(nowUs int64, f []int64) throttle.AdaptiveState {
-	return throttle.AdaptiveState{
+func adaptState(nowUs int64, f []int64) capability.AdaptiveState {
+	return capability.AdaptiveState{
 		Rate: float64(f[0]) / 1000, Ceiling: float64(f[1]) / 1000, Peak: float64(f[2]) / 1000, Step: float64(f[3]) / 1000,
 		Decreased: fromMicros(f[4]), Increased: fromMicros(f[5]), Refused: fromMicros(f[6]),
 		Version: f[7], At: time.UnixMicro(nowUs),
@@ -145,44 +146,3 @@ func fromMicros(v int64) time.Time {
 	}
 	return time.UnixMicro(v)
 }
-
-// The Adaptive method of every bucket, for headwayctl.
-
-// Adaptive reads key's adaptive state; see [throttle.AdaptiveState].
-func (b *FixedWindow) Adaptive(ctx context.Context, key string) (throttle.AdaptiveState, error) {
-	return b.w.Adaptive(ctx, key)
-}
-
-// Adaptive reads key's adaptive state; see [throttle.AdaptiveState].
-func (b *Tiers) Adaptive(ctx context.Context, key string) (throttle.AdaptiveState, error) {
-	return b.w.Adaptive(ctx, key)
-}
-
-// PaceAdaptive implements [throttle.AdaptiveStore].
-func (b *FixedWindow) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (throttle.AdaptivePace, error) {
-	return b.w.PaceAdaptive(ctx, key, n, interval, horizon)
-}
-
-// SwapAdaptive implements [throttle.AdaptiveStore].
-func (b *FixedWindow) SwapAdaptive(ctx context.Context, key string, old, next throttle.AdaptiveState, ttl time.Duration) (throttle.AdaptiveState, bool, error) {
-	return b.w.SwapAdaptive(ctx, key, old, next, ttl)
-}
-
-// PaceAdaptive implements [throttle.AdaptiveStore].
-func (b *Tiers) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (throttle.AdaptivePace, error) {
-	return b.w.PaceAdaptive(ctx, key, n, interval, horizon)
-}
-
-// SwapAdaptive implements [throttle.AdaptiveStore].
-func (b *Tiers) SwapAdaptive(ctx context.Context, key string, old, next throttle.AdaptiveState, ttl time.Duration) (throttle.AdaptiveState, bool, error) {
-	return b.w.SwapAdaptive(ctx, key, old, next, ttl)
-}
-
-var (
-	_ throttle.AdaptiveStore = (*TokenBucket)(nil)
-	_ throttle.AdaptiveStore = (*FixedWindow)(nil)
-	_ throttle.AdaptiveStore = (*Tiers)(nil)
-	_ throttle.AdaptiveStore = (*SlidingLog)(nil)
-	_ throttle.AdaptiveStore = (*GCRA)(nil)
-	_ throttle.AdaptiveStore = (*Counter)(nil)
-)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
@@ -56,8 +57,8 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 					// (kinds built on one key share its pause and state).
 					b := allBuckets(t, rdb, "adapt-"+name, 10, 10*time.Second)[name]
 					b2 := allBuckets(t, rdb, "adapt-"+name, 10, 10*time.Second)[name]
-					store := b.(throttle.AdaptiveStore)
-					other := b2.(throttle.AdaptiveStore)
+					store := storeOf(b)
+					other := storeOf(b2)
 					p, err := other.PaceAdaptive(ctx, "tenant", 1, 10*time.Second, 0)
 					if err != nil || !p.Granted || p.State.Active() {
 						t.Fatalf("before any refusal: PaceAdaptive = %+v, %v; want granted, not adapting", p, err)
@@ -66,7 +67,7 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 					if err := throttle.New(b).Key("tenant").Report(ctx, throttle.Answer{Refused: true}); err != nil {
 						t.Fatal(err)
 					}
-					s, err := throttle.New(b2).AdaptiveState(ctx, "tenant")
+					s, err := capability.KeyedLimiter(throttle.New(b2).Key("tenant")).AdaptiveState(ctx)
 					if err != nil || s.Rate != 9 || s.Ceiling != 0 || s.Peak != 10 || s.Version != 1 {
 						t.Fatalf("the other instance reads %+v, %v; want rate 9 (refused at 10, the configured ceiling: Ceiling 0), version 1", s, err)
 					}
@@ -92,7 +93,7 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 					// A stale swap loses; the fresh one wins.
 					next := s
 					next.Rate = 5
-					if _, ok, err := store.SwapAdaptive(ctx, "tenant", throttle.AdaptiveState{Version: 0}, next, time.Minute); err != nil || ok {
+					if _, ok, err := store.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: 0}, next, time.Minute); err != nil || ok {
 						t.Fatalf("stale swap: swapped %v, %v", ok, err)
 					}
 					got, ok, err := other.SwapAdaptive(ctx, "tenant", s, next, time.Minute)
@@ -100,7 +101,7 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 						t.Fatalf("fresh swap: %+v, %v, %v", got, ok, err)
 					}
 					// Each budget has its own state.
-					if s, err := throttle.New(b).AdaptiveState(ctx, ""); err != nil || s.Active() {
+					if s, err := capability.KeyedLimiter(throttle.New(b).Key("")).AdaptiveState(ctx); err != nil || s.Active() {
 						t.Errorf("key \"\": %+v, %v; want not adapting", s, err)
 					}
 				})
@@ -120,15 +121,15 @@ func TestAdaptiveStoreErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := b.PaceAdaptive(ctx, strings.Repeat("x", MaxKeyLen+1), 1, time.Second, 0); !errors.Is(err, throttle.ErrInvalid) {
+	if _, err := storeOf(b).PaceAdaptive(ctx, strings.Repeat("x", MaxKeyLen+1), 1, time.Second, 0); !errors.Is(err, throttle.ErrInvalid) {
 		t.Errorf("long key: %v, want ErrInvalid", err)
 	}
-	_, err = b.PaceAdaptive(ctx, "", 1, time.Second, 0)
+	_, err = storeOf(b).PaceAdaptive(ctx, "", 1, time.Second, 0)
 	var be *throttle.BackendError
 	if !errors.As(err, &be) {
 		t.Errorf("dead server: %v, want a BackendError", err)
 	}
-	if _, _, err := b.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Second); !errors.As(err, &be) {
+	if _, _, err := storeOf(b).SwapAdaptive(ctx, "", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Second); !errors.As(err, &be) {
 		t.Errorf("dead server: %v, want a BackendError", err)
 	}
 	if err := throttle.New(b).Report(ctx, throttle.Answer{Refused: true}); !errors.As(err, &be) {
@@ -147,16 +148,16 @@ func TestAdaptivePaceRescalesAfterRateChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set := func(rate float64) { t.Helper(); setAdaptiveRate(t, b, rate) }
+	set := func(rate float64) { t.Helper(); setAdaptiveRate(t, storeOf(b), rate) }
 	set(0.01)
-	if p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond); err != nil || !p.Granted {
+	if p, err := storeOf(b).PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond); err != nil || !p.Granted {
 		t.Fatalf("first slot: %+v, %v", p, err)
 	}
-	if p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond); err != nil || p.Granted || p.Delay < 90*time.Second {
+	if p, err := storeOf(b).PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond); err != nil || p.Granted || p.Delay < 90*time.Second {
 		t.Fatalf("second slot at 0.01 per interval: %+v, %v; want refused for about 100s", p, err)
 	}
 	set(10)
-	p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond)
+	p, err := storeOf(b).PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond)
 	if err != nil || !p.Granted || p.Delay > 110*time.Millisecond {
 		t.Fatalf("at 10 per interval: %+v, %v; want granted within about 100ms (the slot left, rescaled)", p, err)
 	}
@@ -174,11 +175,11 @@ func TestAdaptivePaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set := func(rate float64) { t.Helper(); setAdaptiveRate(t, b, rate) }
+	set := func(rate float64) { t.Helper(); setAdaptiveRate(t, storeOf(b), rate) }
 	set(40)
 	var last time.Time
 	for range 100 {
-		p, err := b.PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond)
+		p, err := storeOf(b).PaceAdaptive(ctx, "", 1, time.Second, 250*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -188,7 +189,7 @@ func TestAdaptivePaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
 		last = p.State.At.Add(p.Delay)
 	}
 	set(80)
-	p, err := b.PaceAdaptive(ctx, "", 1, time.Second, time.Second)
+	p, err := storeOf(b).PaceAdaptive(ctx, "", 1, time.Second, time.Second)
 	if err != nil || !p.Granted {
 		t.Fatalf("at 80: %+v, %v", p, err)
 	}
@@ -210,14 +211,20 @@ func TestAdaptivePaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
 }
 
 // setAdaptiveRate makes b's own budget adapt at rate per interval.
-func setAdaptiveRate(t *testing.T, b throttle.AdaptiveStore, rate float64) {
+func setAdaptiveRate(t *testing.T, b capability.AdaptiveStore, rate float64) {
 	t.Helper()
 	ctx := context.Background()
-	old, _, err := b.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Minute)
+	old, _, err := b.SwapAdaptive(ctx, "", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := b.SwapAdaptive(ctx, "", old, throttle.AdaptiveState{Rate: rate, Peak: rate}, time.Minute); err != nil || !ok {
+	if _, ok, err := b.SwapAdaptive(ctx, "", old, capability.AdaptiveState{Rate: rate, Peak: rate}, time.Minute); err != nil || !ok {
 		t.Fatalf("SwapAdaptive: %v, %v", ok, err)
 	}
+}
+
+// storeOf is b's store of the adaptive rate (through its Capabilities).
+func storeOf(b any) capability.AdaptiveStore {
+	s, _ := capability.Of[capability.AdaptiveStore](b)
+	return s
 }

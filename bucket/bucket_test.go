@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
@@ -221,12 +222,12 @@ func TestScripts(t *testing.T) {
 			if _, err := b.Take(ctx, "tenant", 1, time.Second); err != nil {
 				t.Errorf("%s: %v", name, err)
 			}
-			if p, ok := b.(throttle.Pauser); ok {
+			if p, ok := capability.Of[capability.Pauser](b); ok {
 				if err := p.Pause(ctx, "other", time.Millisecond); err != nil {
 					t.Errorf("%s: pause: %v", name, err)
 				}
 			}
-			if r, ok := b.(throttle.Refunder); ok {
+			if r, ok := capability.Of[capability.Refunder](b); ok {
 				if err := r.Refund(ctx, "tenant", 1); err != nil {
 					t.Errorf("%s: refund: %v", name, err)
 				}
@@ -251,7 +252,7 @@ func TestPause(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
 	for name, b := range allBuckets(t, srv.Client(), "pause", 5, time.Second) {
-		p, ok := b.(throttle.Pauser)
+		p, ok := capability.Of[capability.Pauser](b)
 		if !ok {
 			t.Errorf("%s: not a Pauser", name)
 			continue
@@ -292,7 +293,7 @@ func TestPauseForever(t *testing.T) {
 		}
 		for _, key := range []string{"a", "b", "c"} {
 			d := map[string]time.Duration{"a": throttle.Forever, "b": throttle.Forever - time.Microsecond, "c": throttle.MaxPause + time.Hour}[key]
-			if err := b.(throttle.Pauser).Pause(ctx, key, d); err != nil {
+			if err := mustCap[capability.Pauser](b).Pause(ctx, key, d); err != nil {
 				t.Fatalf("%s: Pause(%v) = %v", name, d, err)
 			}
 			dec, err := b.Take(ctx, key, 1, 0)
@@ -331,7 +332,7 @@ func TestGCRAReserves(t *testing.T) {
 	if !d.Granted || d.Delay < 190*time.Millisecond || d.Delay > 200*time.Millisecond {
 		t.Fatalf("third: %+v, want a reservation ~200ms ahead", d)
 	}
-	if _, ok := any(b).(throttle.Refunder); ok {
+	if _, ok := capability.Of[capability.Refunder](any(b)); ok {
 		t.Fatal("GCRA is a Refunder: a refund of a queued reservation could put two permits in one slot")
 	}
 }
@@ -401,4 +402,10 @@ func FuzzEscape(f *testing.F) {
 			t.Fatalf("keys %q and %q: tags %q and %q", a, b, ta, tb)
 		}
 	})
+}
+
+// mustCap is b's capability T, which every bucket of the test has.
+func mustCap[T any](b any) T {
+	t, _ := capability.Of[T](b)
+	return t
 }

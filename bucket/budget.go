@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
@@ -39,7 +40,7 @@ type Dimension struct {
 	// steadily uses about 20/21 of Limit. A give-back goes to its
 	// grant's slot while that slot counts (it frees room at once), and
 	// does nothing after; a charge counts in its grant's slot too, or in
-	// the running one once that has left. [Budget.Refund], which does
+	// the running one once that has left. A refund (the Limiter's), which does
 	// not know the grant's slot, gives nothing back to it. After Redis
 	// lost the window (restarted empty, keys deleted), an instance that
 	// was told when it empties holds the dimension full until then, for
@@ -115,13 +116,14 @@ const maxDimensions = 16
 // debt).
 //
 // Take(n) charges n to the dimension named "requests" if there is one,
-// else to the first; Refund gives back to the same dimension (only
-// lessening an inherited debt: it does not know the grant's period).
-// Budget implements [throttle.Bucket], [throttle.CostBucket],
-// [throttle.Refunder], [throttle.Pauser] (a pause holds every dimension
-// of the key), [throttle.DimensionPauser] (a pause of some dimensions:
-// [Budget.PauseDimensions]), [throttle.Fallbacker] (for Take's dimension) and
-// [throttle.Checker]. It is safe for concurrent use.
+// else to the first; a refund (the Limiter's) gives back to the same
+// dimension (only lessening an inherited debt: it does not know the
+// grant's period). Budget implements [throttle.Bucket] and
+// [throttle.CostBucket]; a Limiter can pause it for the whole fleet (every
+// dimension of a key, or, from the accounting headers the Transport of
+// throttle/httpclient reads, only the dimensions a provider names
+// exhausted), and it gives FailLocal Take's dimension's limit. It is safe
+// for concurrent use.
 type Budget struct {
 	common
 	dims  []Dimension
@@ -239,12 +241,12 @@ func (b *Budget) Take(ctx context.Context, key string, n int64, maxWait time.Dur
 	return b.TakeCost(ctx, key, throttle.Cost{b.dims[b.takes].Name: n}, maxWait)
 }
 
-// Refund implements [throttle.Refunder]: n of Take's dimension, given
+// refund is the Limiter's refund: n of Take's dimension, given
 // back. The period they were granted in is unknown, so they can only
 // lessen the debt the running period inherited: a permit taken in an
 // earlier period is never granted again in this one. To give back into
 // the grant's own period, use the grant's Decision.Settle.
-func (b *Budget) Refund(ctx context.Context, key string, n int64) error {
+func (b *Budget) refund(ctx context.Context, key string, n int64) error {
 	if n < 1 {
 		return nil
 	}
@@ -475,15 +477,15 @@ func (b *Budget) settle(ctx context.Context, key string, mark int64, delta throt
 	return err
 }
 
-// PauseDimensions implements [throttle.DimensionPauser]: until each
+// pauseDimensions is the Limiter's pause of some dimensions: until each
 // named dimension's RetryAfter has passed, no cost of key that needs some
 // of it is granted to anyone sharing the budget; costs that need none of
 // it are not held. A shorter pause never shortens a longer one. A name
 // that is none of the budget's dimensions pauses the whole key for that
-// long ([Budget.Pause]): the provider counts something the budget does
+// long (as pause does): the provider counts something the budget does
 // not, so nothing is known to pass. Times of 0 or less do nothing; times
 // are rounded up to the millisecond and clamped to [throttle.MaxPause].
-func (b *Budget) PauseDimensions(ctx context.Context, key string, dims []throttle.Exhausted) error {
+func (b *Budget) pauseDimensions(ctx context.Context, key string, dims []capability.Exhausted) error {
 	amt := make([]int64, len(b.dims))
 	var whole time.Duration
 	some := false
@@ -506,7 +508,7 @@ func (b *Budget) PauseDimensions(ctx context.Context, key string, dims []throttl
 	}
 	var errs []error
 	if whole > 0 {
-		errs = append(errs, b.Pause(ctx, key, whole))
+		errs = append(errs, b.pause(ctx, key, whole))
 	}
 	if some {
 		args := b.argv("pause", 0, amt, nil)
@@ -521,19 +523,14 @@ func (b *Budget) PauseDimensions(ctx context.Context, key string, dims []throttl
 	return errors.Join(errs...)
 }
 
-// Fallback implements [throttle.Fallbacker] for Take's dimension: its
+// fallback is, for Take's dimension, its
 // limit per interval, and the live instances last counted.
-func (b *Budget) Fallback() (int64, time.Duration, int64) {
+func (b *Budget) fallback() (int64, time.Duration, int64) {
 	d := b.dims[b.takes]
 	return d.Limit, ms(ceilMs(d.Interval)), b.calls.instances()
 }
 
 var (
-	_ throttle.Bucket          = (*Budget)(nil)
-	_ throttle.CostBucket      = (*Budget)(nil)
-	_ throttle.Refunder        = (*Budget)(nil)
-	_ throttle.Pauser          = (*Budget)(nil)
-	_ throttle.DimensionPauser = (*Budget)(nil)
-	_ throttle.Fallbacker      = (*Budget)(nil)
-	_ throttle.Checker         = (*Budget)(nil)
+	_ throttle.Bucket     = (*Budget)(nil)
+	_ throttle.CostBucket = (*Budget)(nil)
 )

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 )
@@ -135,7 +136,7 @@ func TestBudgetPauseDimensionsHoldsOnlyThoseNamed(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
 	b := newBudget(t, srv.Client(), "dimpause", llmDims(10, 100, time.Minute))
-	if err := b.PauseDimensions(ctx, "", []throttle.Exhausted{{Dimension: "tokens", RetryAfter: 5 * time.Second}}); err != nil {
+	if err := b.pauseDimensions(ctx, "", []capability.Exhausted{{Dimension: "tokens", RetryAfter: 5 * time.Second}}); err != nil {
 		t.Fatal(err)
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"requests": 1}); !d.Granted {
@@ -146,22 +147,22 @@ func TestBudgetPauseDimensionsHoldsOnlyThoseNamed(t *testing.T) {
 		t.Fatalf("a cost needing tokens during their pause = %+v, want refused for ~5s", d)
 	}
 	// A shorter pause does not shorten it.
-	if err := b.PauseDimensions(ctx, "", []throttle.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}}); err != nil {
+	if err := b.pauseDimensions(ctx, "", []capability.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}}); err != nil {
 		t.Fatal(err)
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted || d.Delay < 4*time.Second {
 		t.Fatalf("a shorter pause shortened the longer: %+v", d)
 	}
-	if err := b.PauseDimensions(ctx, "other", []throttle.Exhausted{{Dimension: "input-tokens", RetryAfter: 5 * time.Second}}); err != nil {
+	if err := b.pauseDimensions(ctx, "other", []capability.Exhausted{{Dimension: "input-tokens", RetryAfter: 5 * time.Second}}); err != nil {
 		t.Fatal(err)
 	}
 	if d := takeCost(t, b, "other", throttle.Cost{"requests": 1}); d.Granted || d.Delay < 4*time.Second {
 		t.Fatalf("a pause of a dimension the budget does not know = %+v, want the whole key paused", d)
 	}
-	if err := b.PauseDimensions(ctx, "", []throttle.Exhausted{{Dimension: "tokens", RetryAfter: -time.Second}}); err != nil {
+	if err := b.pauseDimensions(ctx, "", []capability.Exhausted{{Dimension: "tokens", RetryAfter: -time.Second}}); err != nil {
 		t.Fatalf("a pause of 0 or less = %v, want nothing done", err)
 	}
-	var bad error = b.PauseDimensions(ctx, string(make([]byte, 600)), []throttle.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}})
+	var bad error = b.pauseDimensions(ctx, string(make([]byte, 600)), []capability.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}})
 	if !errors.Is(bad, throttle.ErrInvalid) {
 		t.Fatalf("PauseDimensions with a bad key = %v, want ErrInvalid", bad)
 	}

@@ -377,7 +377,7 @@ func TestBudgetPauseHoldsEveryDimension(t *testing.T) {
 	srv := redisenv.New(t)
 	b := newBudget(t, srv.Client(), "pause", llmDims(10, 100, time.Minute))
 	ctx := context.Background()
-	if err := b.Pause(ctx, "", 10*time.Second); err != nil {
+	if err := b.pause(ctx, "", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	d := takeCost(t, b, "", throttle.Cost{"tokens": 1})
@@ -443,7 +443,7 @@ func TestBudgetTakeChargesRequests(t *testing.T) {
 	}
 	// Refund does not know the grant's period: it only lessens an
 	// inherited debt (there is none), so the period still has 2.
-	if err := b.Refund(ctx, "", 1); err != nil {
+	if err := b.refund(ctx, "", 1); err != nil {
 		t.Fatal(err)
 	}
 	lim := throttle.New(b)
@@ -572,7 +572,7 @@ func TestPerCallKeyTooLongIsThatCallsError(t *testing.T) {
 	for name, err := range map[string]error{
 		"AcquireCost": func() error { _, err := lb.Key(long).AcquireCost(ctx, throttle.Cost{"tokens": 1}, 0); return err }(),
 		"Acquire":     lt.Key(long).Acquire(ctx, 0),
-		"Pause":       tb.Pause(ctx, long, time.Second),
+		"Pause":       tb.pause(ctx, long, time.Second),
 	} {
 		if !errors.Is(err, throttle.ErrInvalidKey) || !errors.Is(err, throttle.ErrInvalid) {
 			t.Errorf("%s with a key of %d bytes = %v, want an error matching throttle.ErrInvalidKey and throttle.ErrInvalid", name, len(long), err)

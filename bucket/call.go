@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
 )
@@ -43,7 +44,7 @@ import (
 // Heartbeats: at most once per beat interval (see [WithHeartbeat]), a take
 // carries, pipelined in the same round trip, a heartbeat that records the
 // instance in the bucket's instance set and reads how many instances are
-// live; the bucket remembers that count for [throttle.Fallbacker].
+// live; the bucket remembers that count for the Limiter's FailLocal.
 
 //go:embed lua/heartbeat.lua
 var srcHeartbeat string
@@ -231,55 +232,40 @@ func bounded(ctx context.Context, c *common, key string, f func(context.Context)
 	return throttle.Decision{}, backend("take", tag, fmt.Errorf("no reply from redis before the context ended: %w", ctx.Err()))
 }
 
-// Fallback implements [throttle.Fallbacker]: the constructor's limit per
-// interval (that of every key without a live limit of its own, see
-// [TokenBucket.SetLimit]), and the live instances last counted.
-func (b *TokenBucket) Fallback() (int64, time.Duration, int64) {
+// fallback is the constructor's limit per interval (that of every key
+// without a live limit of its own, see [TokenBucket.SetLimit]), and the live instances last counted.
+func (b *TokenBucket) fallback() (int64, time.Duration, int64) {
 	return b.limit, ms(b.periodMs), b.calls.instances()
 }
 
-// Periodic implements [throttle.Periodic]: a period's tokens are all
-// there at its start.
-func (b *TokenBucket) Periodic() bool { return true }
-
-// Periodic implements [throttle.Periodic]: a period's calls may all come
-// at its start.
-func (b *Counter) Periodic() bool { return true }
-
-// Periodic implements [throttle.Periodic]: a window's permits are all
-// there at its start.
-func (b *FixedWindow) Periodic() bool { return true }
-
-// Fallback implements [throttle.Fallbacker]: limit per interval, and the
-// live instances last counted.
-func (b *Counter) Fallback() (int64, time.Duration, int64) {
+// fallback is the limit per interval, and the live instances last
+// counted.
+func (b *Counter) fallback() (int64, time.Duration, int64) {
 	return b.limit, ms(b.periodMs), b.calls.instances()
 }
 
-// Fallback implements [throttle.Fallbacker]: the constructor's limit per
-// interval (that of every key without a live rate of its own, see
-// [GCRA.SetLimit]), and the live instances last counted.
-func (b *GCRA) Fallback() (int64, time.Duration, int64) {
+// fallback is the constructor's limit per interval (that of every key
+// without a live rate of its own, see [GCRA.SetLimit]), and the live instances last counted.
+func (b *GCRA) fallback() (int64, time.Duration, int64) {
 	return b.limit, us(b.emission * b.limit), b.calls.instances()
 }
 
-// Fallback implements [throttle.Fallbacker]: the constructor's limit per
-// interval (that of every key without a live limit of its own, see
-// [FixedWindow.SetLimit]), and the live instances last counted.
-func (b *FixedWindow) Fallback() (int64, time.Duration, int64) {
+// fallback is the constructor's limit per interval (that of every key
+// without a live limit of its own, see [FixedWindow.SetLimit]), and the live instances last counted.
+func (b *FixedWindow) fallback() (int64, time.Duration, int64) {
 	return b.w.tiers[0].Limit, b.w.tiers[0].Period, b.w.calls.instances()
 }
 
-// Fallback implements [throttle.Fallbacker] conservatively for several
+// fallback is the limit per interval, conservatively for several
 // tiers: the smallest limit per the longest period, a rate and a burst
 // that no tier's is below.
-func (b *Tiers) Fallback() (int64, time.Duration, int64) {
+func (b *Tiers) fallback() (int64, time.Duration, int64) {
 	l, p := tightest(b.w.tiers)
 	return l, p, b.w.calls.instances()
 }
 
-// Fallback implements [throttle.Fallbacker] as [Tiers.Fallback] does.
-func (b *SlidingLog) Fallback() (int64, time.Duration, int64) {
+// fallback is as Tiers's.
+func (b *SlidingLog) fallback() (int64, time.Duration, int64) {
 	tiers := make([]throttle.Tier, 0, len(b.args)/2)
 	for i := 0; i+1 < len(b.args); i += 2 {
 		tiers = append(tiers, throttle.Tier{Limit: b.args[i].(int64), Period: us(b.args[i+1].(int64))})
@@ -300,7 +286,7 @@ func tightest(tiers []throttle.Tier) (int64, time.Duration) {
 // tests, which wait for it to reach 0 before checking for leaks.
 func (c *common) inflight() int64 { return c.calls.inflight.Load() }
 
-// Check implements [throttle.Checker] with one round trip: the heartbeat
+// Check checks Redis with one round trip, for [throttle.Limiter.Check]: the heartbeat
 // that takes carry now and then, which records this instance in the
 // bucket's set of live instances and reads how many are live. So it tells
 // whether Redis answers (for a service's readiness probe, through
@@ -320,17 +306,19 @@ func (c *common) Check(ctx context.Context) error {
 	return err
 }
 
-// Check implements [throttle.Checker]; see the Check of the other buckets.
+// Check checks Redis with one round trip, for [throttle.Limiter.Check];
+// see [TokenBucket.Check].
 func (b *FixedWindow) Check(ctx context.Context) error { return b.w.Check(ctx) }
 
-// Check implements [throttle.Checker]; see the Check of the other buckets.
+// Check checks Redis with one round trip, for [throttle.Limiter.Check];
+// see [TokenBucket.Check].
 func (b *Tiers) Check(ctx context.Context) error { return b.w.Check(ctx) }
 
 var (
-	_ throttle.Checker = (*TokenBucket)(nil)
-	_ throttle.Checker = (*FixedWindow)(nil)
-	_ throttle.Checker = (*Tiers)(nil)
-	_ throttle.Checker = (*SlidingLog)(nil)
-	_ throttle.Checker = (*GCRA)(nil)
-	_ throttle.Checker = (*Counter)(nil)
+	_ capability.Checker = (*TokenBucket)(nil)
+	_ capability.Checker = (*FixedWindow)(nil)
+	_ capability.Checker = (*Tiers)(nil)
+	_ capability.Checker = (*SlidingLog)(nil)
+	_ capability.Checker = (*GCRA)(nil)
+	_ capability.Checker = (*Counter)(nil)
 )

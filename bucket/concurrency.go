@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/waitstop"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -228,7 +230,7 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := throttle.WaitContext(ctx) // a stop ends the wait too
+	ctx, cancel := waitstop.Context(ctx) // a stop ends the wait too
 	defer cancel()
 	if ctx.Err() != nil {
 		return nil, s.waitEnded(ctx, key)
@@ -612,7 +614,7 @@ func (s *Concurrency) wake(ids []string) {
 	}
 }
 
-// Check implements [throttle.Checker] with one round trip: an empty
+// Check checks Redis with one round trip, for a readiness probe: an empty
 // wake-up published on this instance's own channel. It returns a
 // [*throttle.BackendError] when Redis does not answer (by ctx's
 // deadline, at most a second), and nil when it does, even when the
@@ -656,6 +658,6 @@ func (s *Concurrency) Close() error {
 }
 
 var (
-	_ throttle.Slots   = (*Concurrency)(nil)
-	_ throttle.Checker = (*Concurrency)(nil)
+	_ throttle.Slots     = (*Concurrency)(nil)
+	_ capability.Checker = (*Concurrency)(nil)
 )

@@ -30,8 +30,8 @@ import (
 // for example while no Resetter runs. When the limit is reached,
 // Decision.Delay is the time until the next reset.
 //
-// Round trips per grant: 1. Counter implements [throttle.Pauser]. It is
-// safe for concurrent use.
+// Round trips per grant: 1. A Limiter can pause it for the whole fleet.
+// It is safe for concurrent use.
 type Counter struct {
 	common
 	limit    int64

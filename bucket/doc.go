@@ -43,8 +43,8 @@
 //     reserves a future slot up to the caller's maxWait;
 //   - fills Decision.Limit, Remaining and Reset, for X-RateLimit headers;
 //   - keeps an independent budget per key passed to Take (a tenant, an
-//     endpoint), and implements [throttle.Pauser]: one instance that sees a
-//     429 with Retry-After can hold the whole fleet.
+//     endpoint), and can be paused by a Limiter for the whole fleet: one
+//     instance that sees a 429 with Retry-After can hold every instance.
 //
 // # Coalesced takes
 //
@@ -135,11 +135,29 @@
 // commands go-redis must not resend once they may have reached the server,
 // so a take whose reply was lost fails (and the failure policy decides)
 // instead of running again. Each instance beats, piggybacked on a take at
-// most once a second, into a sorted set of live instances, and implements
-// [throttle.Fallbacker] with the count last seen ([WithHeartbeat]).
+// most once a second, into a sorted set of live instances, and gives the
+// Limiter's FailLocal the count last seen ([WithHeartbeat]).
 //
 // Constructors refuse bad configuration with an error wrapping
 // [throttle.ErrInvalid] that names the field. Take refuses n above what the
 // bucket can ever grant with [throttle.ErrExceedsLimit], without a round
 // trip. Redis failures come back as [*throttle.BackendError].
+//
+// # Options
+//
+// Each constructor has its own option type ([TokenBucketOption],
+// [GCRAOption], [ConcurrencyOption], ...): an option given to a
+// constructor that does not read it does not compile. An option read by
+// several constructors implements several of these types ([WithPrefix]
+// every one of them).
+//
+// # What a Limiter uses beyond Take
+//
+// A [throttle.Limiter] finds on each bucket of this package what it uses
+// beyond Take: the fleet-wide pause, the limit and live instances for
+// FailLocal, the adaptive rate's store, and for a [Budget] refunds and
+// pauses of single dimensions. It finds them through a registry internal
+// to this module, not through methods of these types: a user never calls
+// them. A wrapper of your own keeps them by offering Unwrap (see
+// [throttle.Bucket]).
 package bucket

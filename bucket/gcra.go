@@ -27,7 +27,7 @@ import (
 // to maxWait ahead and answers Granted with Delay = the time until it; the
 // Limiter sleeps exactly that long, so waiters are served in order and
 // nobody polls. A reservation the caller abandons is not given back: GCRA
-// does not implement [throttle.Refunder], because a refund cannot tell
+// takes no refunds, because a refund cannot tell
 // which of several queued reservations it frees, and freeing one in the
 // middle of the queue would put two permits in one slot. An abandoned
 // slot only costs throughput.
@@ -35,8 +35,8 @@ import (
 // Its rate can be changed live, for the whole fleet, with [GCRA.SetLimit];
 // the change applies at once.
 //
-// Round trips per grant: 1. GCRA implements [throttle.Pauser] (a pause
-// moves every slot past its end). It is safe for concurrent use.
+// Round trips per grant: 1. A Limiter can pause it for the whole fleet
+// (a pause moves every slot past its end). It is safe for concurrent use.
 type GCRA struct {
 	common
 	limit     int64

@@ -184,11 +184,11 @@ func backend(op, key string, err error) error {
 	return &throttle.BackendError{Op: op, Key: key, Err: err}
 }
 
-// Pause implements [throttle.Pauser]: no permit of key's budget is granted
+// pause is the buckets' fleet-wide pause: no permit of key's budget is granted
 // to anyone sharing the bucket until d has passed. A shorter pause never
 // shortens a longer one. d is rounded up to the millisecond and clamped to
 // [throttle.MaxPause]; d ≤ 0 does nothing.
-func (c *common) Pause(ctx context.Context, key string, d time.Duration) error {
+func (c *common) pause(ctx context.Context, key string, d time.Duration) error {
 	d = min(d, throttle.MaxPause) // ceilMs(Forever) would overflow and pause nothing
 	if d <= 0 {
 		return nil

@@ -141,7 +141,7 @@ func TestTokenBucketLiveLimit(t *testing.T) {
 	}
 	// Fallback reports the limit of keys without a live one of their own:
 	// the constructor's. The live limit of "" is in its decisions.
-	if l, _, _ := b.Fallback(); l != 5 {
+	if l, _, _ := b.fallback(); l != 5 {
 		t.Fatalf("Fallback limit = %d, want the constructor's 5", l)
 	}
 	if err := b.ClearLimit(ctx, ""); err != nil {
@@ -183,7 +183,7 @@ func TestTokenBucketStateIdleAndPaused(t *testing.T) {
 	if st != want {
 		t.Fatalf("idle State = %+v, want %+v", st, want)
 	}
-	if err := b.Pause(ctx, "x", time.Minute); err != nil {
+	if err := b.pause(ctx, "x", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := b.State(ctx, "x"); err != nil || st.Paused <= 59*time.Second || st.Paused > time.Minute {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 )
@@ -29,12 +30,12 @@ func TestCheckAtStartReportsTheStoreAndTheShare(t *testing.T) {
 		srv := redisenv.New(t)
 		tb, err := bucket.NewTokenBucket(srv.Client(), "ready", 100, time.Second)
 		require.NoError(t, err)
-		_, _, inst := tb.Fallback()
+		_, _, inst := fallbackOf(t, tb)
 		require.Zero(t, inst, "no instance count before any round trip")
 		lim := throttle.New(tb)
 		defer lim.Close()
 		require.NoError(t, lim.Check(ctx))
-		_, _, inst = tb.Fallback()
+		_, _, inst = fallbackOf(t, tb)
 		assert.Equal(t, int64(1), inst, "the check counted the live instances")
 	})
 	t.Run("redis unreachable", func(t *testing.T) {
@@ -79,4 +80,13 @@ func (s *safeBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// fallbackOf returns what b reports to the failure policy: its limit, its
+// interval and the live instances it last counted.
+func fallbackOf(t *testing.T, b any) (int64, time.Duration, int64) {
+	t.Helper()
+	f, ok := capability.Of[capability.Fallbacker](b)
+	require.True(t, ok, "the bucket reports its limit and live instances")
+	return f.Fallback()
 }

@@ -35,7 +35,7 @@ import (
 // [WithArrivalMargin] keeps every window that much longer.
 //
 // Round trips per grant: 1. Memory: one entry per permit granted within
-// the longest window. SlidingLog implements [throttle.Pauser]. It is safe
+// the longest window. A Limiter can pause it for the whole fleet. It is safe
 // for concurrent use.
 type SlidingLog struct {
 	common

@@ -74,10 +74,10 @@ import (
 // Its limit can be changed live, for the whole fleet, with
 // [TokenBucket.SetLimit]; the change applies from the next refill.
 //
-// TokenBucket implements [throttle.Pauser]. It does not implement
-// [throttle.Refunder]: a token given back could not be told apart from
-// one of the next period, and it never reserves, so a Limiter never needs
-// one. It is safe for concurrent use.
+// A Limiter can pause a TokenBucket for the whole fleet (a provider's
+// Retry-After). It takes no refunds: a token given back could not be told
+// apart from one of the next period, and it never reserves, so a Limiter
+// never needs one. It is safe for concurrent use.
 type TokenBucket struct {
 	common
 	limit    int64

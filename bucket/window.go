@@ -154,8 +154,8 @@ func (w *windows) run(ctx context.Context, key string, n int64) (upTo, error) {
 // Its limit can be changed live, for the whole fleet, with
 // [FixedWindow.SetLimit]; the change applies from the next window.
 //
-// Round trips per grant: 1. FixedWindow implements [throttle.Pauser]. It is
-// safe for concurrent use.
+// Round trips per grant: 1. A Limiter can pause it for the whole fleet.
+// It is safe for concurrent use.
 type FixedWindow struct {
 	w windows
 }
@@ -186,9 +186,9 @@ func (b *FixedWindow) Take(ctx context.Context, key string, n int64, _ time.Dura
 	return b.w.takeN(ctx, key, n)
 }
 
-// Pause implements [throttle.Pauser].
-func (b *FixedWindow) Pause(ctx context.Context, key string, d time.Duration) error {
-	return b.w.Pause(ctx, key, d)
+// pause is [common.pause].
+func (b *FixedWindow) pause(ctx context.Context, key string, d time.Duration) error {
+	return b.w.pause(ctx, key, d)
 }
 
 // Tiers is several fixed-window limits on one key that must all pass, such
@@ -204,7 +204,8 @@ func (b *FixedWindow) Pause(ctx context.Context, key string, d time.Duration) er
 // time until every full tier's window has ended; Limit, Remaining and Reset
 // describe the tier with the fewest permits left.
 //
-// Tiers implements [throttle.Pauser]. It is safe for concurrent use.
+// A Limiter can pause Tiers for the whole fleet. It is safe for concurrent
+// use.
 type Tiers struct {
 	w windows
 }
@@ -228,7 +229,7 @@ func (b *Tiers) Take(ctx context.Context, key string, n int64, _ time.Duration) 
 	return b.w.takeN(ctx, key, n)
 }
 
-// Pause implements [throttle.Pauser].
-func (b *Tiers) Pause(ctx context.Context, key string, d time.Duration) error {
-	return b.w.Pause(ctx, key, d)
+// pause is [common.pause].
+func (b *Tiers) pause(ctx context.Context, key string, d time.Duration) error {
+	return b.w.pause(ctx, key, d)
 }

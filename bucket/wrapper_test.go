@@ -51,7 +51,7 @@ func TestUserWrapperKeepsTheTokenBucketsCapabilities(t *testing.T) {
 	if err := lim.Report(ctx, throttle.Answer{Refused: true}); err != nil {
 		t.Fatal(err)
 	}
-	if s, err := tb.Adaptive(ctx, ""); err != nil || !s.Active() {
+	if s, err := tb.adaptive(ctx, ""); err != nil || !s.Active() {
 		t.Errorf("the fleet's adaptive state in Redis: %+v, %v; want active", s, err)
 	}
 	if err := lim.Key("paused").Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: time.Minute}); err != nil {
@@ -74,6 +74,54 @@ func TestUserWrapperKeepsTheTokenBucketsCapabilities(t *testing.T) {
 	waitInflight(t, &tb.common)
 	if obs.granted.Load() == 0 {
 		t.Errorf("FailLocal granted nothing while Redis was paused (%d refused): the wrapper hid the bucket's share", obs.refused.Load())
+	}
+	if w.calls.Load() == 0 {
+		t.Error("the wrapper saw no call")
+	}
+}
+
+// embeddingWrapper is the other wrapper a user might write: it embeds the
+// bucket's concrete type (to override Take) and has no Unwrap.
+type embeddingWrapper struct {
+	*TokenBucket
+	calls atomic.Int64
+}
+
+func (e *embeddingWrapper) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	e.calls.Add(1)
+	return e.TokenBucket.Take(ctx, key, n, maxWait)
+}
+
+// TestWrapperEmbeddingABucketKeepsItsCapabilities: a wrapper that embeds
+// a bucket of this package keeps what the bucket offers the Limiter (its
+// methods were promoted through the embedding before they moved behind
+// the registry, which looked at the concrete type only): a provider's
+// retry hint pauses the fleet in Redis, and the adaptive rate is kept
+// there.
+func TestWrapperEmbeddingABucketKeepsItsCapabilities(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	tb, err := NewTokenBucket(srv.Client(), "embedded", 1000, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &embeddingWrapper{TokenBucket: tb}
+	lim := throttle.New(w)
+	defer lim.Close()
+	if err := lim.Acquire(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := lim.Report(ctx, throttle.Answer{Refused: true}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := tb.adaptive(ctx, ""); err != nil || !s.Active() {
+		t.Errorf("the fleet's adaptive state in Redis: %+v, %v; want active", s, err)
+	}
+	if err := lim.Key("paused").Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := tb.State(ctx, "paused"); err != nil || st.Paused <= 0 {
+		t.Errorf("the pause in Redis: %+v, %v; want paused", st, err)
 	}
 	if w.calls.Load() == 0 {
 		t.Error("the wrapper saw no call")

@@ -2,7 +2,9 @@ package consumer
 
 import (
 	"context"
+	"errors"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -15,12 +17,13 @@ import (
 // The record is then retried as any failed attempt is, and its next
 // permit comes at the adapted pace.
 func (c *Consumer) reportAnswer(ctx context.Context, rec *kgo.Record, err error) {
-	a, ok := throttle.AnswerOf(err)
-	if !ok {
+	var ae *throttle.AnswerError
+	if !errors.As(err, &ae) {
 		return
 	}
+	a := ae.Answer
 	k, err := c.limiterOf(rec)
-	if err != nil || k.Limiter() == nil {
+	if err != nil || capability.KeyedLimiter(k).None() {
 		return
 	}
 	if rerr := k.Report(ctx, a); rerr != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -327,7 +328,7 @@ func (f *fair) classify(p *partition, s *slot) (cd *cand, direct bool) {
 	}
 	cd = &cand{p: p, s: s}
 	k, err := f.c.limiterOf(&s.rec)
-	if err != nil || k.Limiter() == nil && f.c.cfg.slots == nil || p.parks && s.unit != nil && s.unit.parked {
+	if err != nil || capability.KeyedLimiter(k).None() && f.c.cfg.slots == nil || p.parks && s.unit != nil && s.unit.parked {
 		return cd, true // its worker meets what it meets without a permit
 	}
 	cd.k = k
@@ -683,7 +684,7 @@ func (f *fair) acquire(ctx context.Context, k throttle.Keyed) grant {
 			wait = max(wait-time.Since(began), 0)
 		}
 	}
-	if k.Limiter() != nil {
+	if !capability.KeyedLimiter(k).None() {
 		if err := k.Acquire(ctx, wait); err != nil {
 			g.release()
 			g.release, g.err = noRelease, err

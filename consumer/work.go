@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -226,7 +227,7 @@ func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (throttle.Ke
 	}
 	rec := &s.rec
 	k, err := c.limiterOf(rec)
-	if err != nil || k.Limiter() == nil && c.cfg.slots == nil {
+	if err != nil || capability.KeyedLimiter(k).None() && c.cfg.slots == nil {
 		return k, noRelease, time.Now(), err
 	}
 	if f := c.fair; f != nil && wait > 0 {
@@ -261,7 +262,7 @@ func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (throttle.Ke
 			wait = max(wait-time.Since(start), 0)
 		}
 	}
-	if k.Limiter() == nil {
+	if capability.KeyedLimiter(k).None() {
 		return k, release, time.Now(), nil
 	}
 	err = k.Acquire(p.soft, wait)
@@ -302,7 +303,7 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.
 	// The permit is the attempt's: a call made after the handler returned
 	// (from a goroutine with a context detached from call's end) takes
 	// its own. Deferred after the cancel above, it runs before it.
-	defer k.Forfeit(ctx)
+	defer capability.KeyedLimiter(k).Forfeit(ctx)
 	c.notePeakInFlight(c.inFlight.Add(1))
 	defer c.inFlight.Add(-1)
 	return c.safeCall(ctx, rec)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // A Limiter's side of the adaptive rate (the law is in adaptive.go): what
@@ -19,14 +21,14 @@ import (
 // adapter is what a Limiter knows of the adaptive rate.
 type adapter struct {
 	ok       bool  // the bucket's limit is known: adaptation possible
-	base     int64 // the bucket's limit per interval ([Fallbacker])
+	base     int64 // the bucket's limit per interval (its Fallback)
 	interval time.Duration
-	store    AdaptiveStore // nil: in memory, in each key's state
+	store    capability.AdaptiveStore // nil: in memory, in each key's state
 }
 
 // adaptView is the state of one key as seen at seen (the Limiter's time).
 type adaptView struct {
-	st   AdaptiveState
+	st   capability.AdaptiveState
 	seen int64
 }
 
@@ -73,7 +75,7 @@ func (l *Limiter) viewAt(st *keyState, now int64) (adaptView, bool) {
 // store's clock: two calls within one tick of it (a fake clock, Redis
 // TIME's microsecond) read the same At, and it may step back, so that a
 // read taken before a decrease carries the later At.
-func (l *Limiter) note(st *keyState, s AdaptiveState, sent int64) {
+func (l *Limiter) note(st *keyState, s capability.AdaptiveState, sent int64) {
 	now := l.tb.now()
 	nv := &adaptView{st: s, seen: now}
 	for {
@@ -91,7 +93,7 @@ func (l *Limiter) note(st *keyState, s AdaptiveState, sent int64) {
 // than the view cur: of an earlier version, read by a call sent before
 // cur came back; or cur's own version read again at an earlier store time
 // (nothing newer to learn from it).
-func older(s AdaptiveState, sent int64, cur *adaptView) bool {
+func older(s capability.AdaptiveState, sent int64, cur *adaptView) bool {
 	switch {
 	case s.Version < cur.st.Version:
 		return sent <= cur.seen
@@ -134,7 +136,7 @@ func (a *adaptKey) holds(now time.Time) bool {
 }
 
 // paceStore is one PaceAdaptive of st's key, in the store or in memory.
-func (l *Limiter) paceStore(ctx context.Context, st *keyState, n int64, horizon time.Duration) (AdaptivePace, error) {
+func (l *Limiter) paceStore(ctx context.Context, st *keyState, n int64, horizon time.Duration) (capability.AdaptivePace, error) {
 	if s := l.adapt.store; s != nil {
 		return s.PaceAdaptive(ctx, st.key, n, l.adapt.interval, horizon)
 	}
@@ -144,7 +146,7 @@ func (l *Limiter) paceStore(ctx context.Context, st *keyState, n int64, horizon 
 }
 
 // swapStore is one SwapAdaptive of st's key, in the store or in memory.
-func (l *Limiter) swapStore(ctx context.Context, st *keyState, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
+func (l *Limiter) swapStore(ctx context.Context, st *keyState, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
 	if s := l.adapt.store; s != nil {
 		return s.SwapAdaptive(ctx, st.key, old, next, ttl)
 	}
@@ -165,19 +167,19 @@ func (l *Limiter) storeBound() time.Duration {
 
 // swap is one SwapAdaptive, bounded by ctx and the store timeout, noting
 // what it returns and telling the observer of a change.
-func (l *Limiter) swap(ctx context.Context, st *keyState, old, next AdaptiveState) (AdaptiveState, bool, error) {
+func (l *Limiter) swap(ctx context.Context, st *keyState, old, next capability.AdaptiveState) (capability.AdaptiveState, bool, error) {
 	sctx, cancel := context.WithTimeout(ctx, l.storeBound())
 	defer cancel()
 	ttl := max(adaptMemory, 10*l.adapt.interval)
 	sent := l.tb.now()
 	s, ok, err := l.swapStore(sctx, st, old, next, ttl)
 	if err != nil {
-		return AdaptiveState{}, false, err
+		return capability.AdaptiveState{}, false, err
 	}
 	l.note(st, s, sent)
 	if ok {
-		if o, isAO := l.cfg.observer.(AdaptiveObserver); isAO {
-			o.Adapted(st.key, s)
+		if adapted, isAO := capability.AdaptedOf(l.cfg.observer); isAO {
+			adapted(st.key, s)
 		}
 	}
 	return s, ok, nil
@@ -193,13 +195,13 @@ const updateAttempts = 5
 // change in the state read (another instance made the change first). A
 // fresh view that f leaves unchanged saves the store call. An update that
 // loses every swap returns an error: another change stands, but not f's.
-func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState, time.Time) (AdaptiveState, bool)) error {
+func (l *Limiter) update(ctx context.Context, st *keyState, f func(capability.AdaptiveState, time.Time) (capability.AdaptiveState, bool)) error {
 	if v, fresh := l.view(st); fresh {
 		if _, changed := f(v.st, v.st.At.Add(time.Duration(l.tb.now()-v.seen))); !changed {
 			return nil
 		}
 	}
-	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
+	s, _, err := l.swap(ctx, st, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{})
 	for attempt := 0; err == nil; attempt++ {
 		// Each lost swap returns the state that won: f looks at it, the
 		// last one's included (it may hold f's change, made by another).
@@ -221,19 +223,19 @@ func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState
 	return fmt.Errorf("throttle: adaptive rate of key %q not changed: the store's state changed under each of %d swaps", st.key, updateAttempts)
 }
 
-// AdaptiveState returns the adaptive state of key ("" for the bucket's
+// adaptiveState returns the adaptive state of key ("" for the bucket's
 // own) as l last saw it, reading it from the store when l has not seen it
 // within the last interval. The zero state means not adapting.
-func (l *Limiter) AdaptiveState(ctx context.Context, key string) (AdaptiveState, error) {
+func (l *Limiter) adaptiveState(ctx context.Context, key string) (capability.AdaptiveState, error) {
 	if l.bad != nil || !l.adapt.ok {
-		return AdaptiveState{}, nil
+		return capability.AdaptiveState{}, nil
 	}
 	st := l.state(key)
 	defer l.release(st)
 	if v, fresh := l.view(st); fresh {
 		return v.st, nil
 	}
-	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
+	s, _, err := l.swap(ctx, st, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{})
 	return s, err
 }
 
@@ -284,7 +286,7 @@ func (l *Limiter) pace(w *waiter, st *keyState, now int64) error {
 		}
 		horizon := min(l.adapt.interval/paceHorizon, remaining)
 		sent := l.tb.now()
-		var p AdaptivePace
+		var p capability.AdaptivePace
 		var timedOut bool
 		cut, err := w.callStore(func(ctx context.Context) error { // as a bucket call
 			// And within the store timeout, whatever the wait: a pace
@@ -350,7 +352,7 @@ func (l *Limiter) pace(w *waiter, st *keyState, now int64) error {
 
 // raise writes an increase of st's state from old to next, off the
 // caller's path; the first instance to try wins.
-func (l *Limiter) raise(st *keyState, old, next AdaptiveState) {
+func (l *Limiter) raise(st *keyState, old, next capability.AdaptiveState) {
 	if l.adapt.store == nil {
 		_, _, _ = l.swap(context.Background(), st, old, next) // in memory: at once
 		return
@@ -365,7 +367,7 @@ func (l *Limiter) raise(st *keyState, old, next AdaptiveState) {
 func (l *Limiter) refresh(st *keyState) {
 	read := func(ctx context.Context) {
 		sent := l.tb.now()
-		if s, _, err := l.swapStore(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond); err == nil {
+		if s, _, err := l.swapStore(ctx, st, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond); err == nil {
 			l.note(st, s, sent)
 		}
 	}
@@ -487,7 +489,7 @@ func (l *Limiter) Close() error {
 // Its times are the Limiter's (timeBase.wall), monotonic. The caller holds
 // the key's adaptKey.mu.
 type memAdaptive struct {
-	st      AdaptiveState
+	st      capability.AdaptiveState
 	tat     time.Time // next free slot
 	tatRate float64   // the rate the slots up to tat were reserved at
 	expires time.Time
@@ -497,7 +499,7 @@ type memAdaptive struct {
 // current is the state at now, forgotten once expired.
 func (m *memAdaptive) current(now time.Time) {
 	if m.st.Active() && !now.Before(m.expires) {
-		m.st = AdaptiveState{}
+		m.st = capability.AdaptiveState{}
 	}
 }
 
@@ -509,7 +511,7 @@ func (m *memAdaptive) holds(now time.Time) bool {
 
 // pace is PaceAdaptive at now, at rate instead of the stored one when
 // rate > 0.
-func (m *memAdaptive) pace(now time.Time, n int64, interval, horizon time.Duration, rate float64) AdaptivePace {
+func (m *memAdaptive) pace(now time.Time, n int64, interval, horizon time.Duration, rate float64) capability.AdaptivePace {
 	m.current(now)
 	if rate > 0 {
 		m.st.Rate, m.expires = rate, now.Add(interval)
@@ -517,7 +519,7 @@ func (m *memAdaptive) pace(now time.Time, n int64, interval, horizon time.Durati
 	st := m.st
 	st.Version, st.At = m.version, now
 	if !st.Active() {
-		return AdaptivePace{Granted: true, State: st}
+		return capability.AdaptivePace{Granted: true, State: st}
 	}
 	if m.tatRate > 0 && m.tatRate != st.Rate && m.tat.After(now) {
 		// The last slot was reserved at another rate: the next comes one
@@ -529,11 +531,11 @@ func (m *memAdaptive) pace(now time.Time, n int64, interval, horizon time.Durati
 	}
 	wait := m.tat.Sub(now)
 	if wait > horizon {
-		return AdaptivePace{Delay: wait, State: st}
+		return capability.AdaptivePace{Delay: wait, State: st}
 	}
 	m.tat = m.tat.Add(durationOf(float64(n) * float64(interval) / st.Rate))
 	m.tatRate = st.Rate
-	return AdaptivePace{Granted: true, Delay: wait, State: st}
+	return capability.AdaptivePace{Granted: true, Delay: wait, State: st}
 }
 
 // durationOf is ns as a Duration, saturating at a century rather than
@@ -547,7 +549,7 @@ func durationOf(ns float64) time.Duration {
 }
 
 // swap is SwapAdaptive at now.
-func (m *memAdaptive) swap(now time.Time, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool) {
+func (m *memAdaptive) swap(now time.Time, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool) {
 	m.current(now)
 	if old.Version < 0 || old.Version != m.version {
 		st := m.st

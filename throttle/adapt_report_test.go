@@ -10,6 +10,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // heldRead is a sharedAdaptive whose first read of the state (SwapAdaptive
@@ -23,7 +25,7 @@ type heldRead struct {
 	release chan struct{}
 }
 
-func (h *heldRead) SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
+func (h *heldRead) SwapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
 	s, ok, err := h.sharedAdaptive.SwapAdaptive(ctx, key, old, next, ttl)
 	if old.Version < 0 && h.first.CompareAndSwap(false, true) {
 		close(h.taken)
@@ -56,10 +58,10 @@ func TestReportIsNotUndoneByAnEarlierReadAnsweredLate(t *testing.T) {
 	require.NoError(t, k.Report(ctx, Answer{Refused: true}))
 	unblock()
 	require.NoError(t, lim.Close()) // the background read has been noted
-	s, err := lim.AdaptiveState(ctx, "tenant")
+	s, err := lim.adaptiveState(ctx, "tenant")
 	require.NoError(t, err)
 	assert.True(t, s.Active(), "the refusal slows the key: %+v", s)
-	stored, _, err := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond)
+	stored, _, err := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
 	require.NoError(t, err)
 	assert.Equal(t, stored.Version, s.Version, "the view is the stored state")
 }
@@ -69,14 +71,14 @@ func TestReportIsNotUndoneByAnEarlierReadAnsweredLate(t *testing.T) {
 // every swap it tries is lost.
 type alwaysLost struct{ *sharedAdaptive }
 
-func (a alwaysLost) SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
+func (a alwaysLost) SwapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
 	if old.Version >= 0 {
-		cur, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, AdaptiveState{Version: -1}, AdaptiveState{}, ttl)
+		cur, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, ttl)
 		if err != nil {
-			return AdaptiveState{}, false, err
+			return capability.AdaptiveState{}, false, err
 		}
 		if _, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, cur, cur, ttl); err != nil {
-			return AdaptiveState{}, false, err
+			return capability.AdaptiveState{}, false, err
 		}
 	}
 	return a.sharedAdaptive.SwapAdaptive(ctx, key, old, next, ttl)
@@ -92,7 +94,7 @@ func TestReportThatNeverWinsTheSwapSaysSo(t *testing.T) {
 	lim := New(b, WithClock(clock))
 	defer lim.Close()
 	err := lim.Key("tenant").Report(ctx, Answer{Refused: true})
-	stored, _, serr := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond)
+	stored, _, serr := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
 	require.NoError(t, serr)
 	require.False(t, stored.Active(), "the store lost every swap")
 	require.Error(t, err, "Report returned nil, and the fleet's state does not hold the refusal")
@@ -122,10 +124,10 @@ func TestReportIsNotUndoneByAnEarlierReadWhenTheStoreClockStepsBack(t *testing.T
 	require.NoError(t, k.Report(ctx, Answer{Refused: true}))
 	unblock()
 	require.NoError(t, lim.Close()) // the background read has been noted
-	s, err := lim.AdaptiveState(ctx, "tenant")
+	s, err := lim.adaptiveState(ctx, "tenant")
 	require.NoError(t, err)
 	assert.True(t, s.Active(), "the refusal slows the key: %+v", s)
-	stored, _, err := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond)
+	stored, _, err := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
 	require.NoError(t, err)
 	assert.Equal(t, stored.Version, s.Version, "the view is the stored state")
 }
@@ -139,18 +141,18 @@ type lostToTheSame struct {
 	swaps atomic.Int64
 }
 
-func (a *lostToTheSame) SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
+func (a *lostToTheSame) SwapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
 	if old.Version >= 0 {
-		cur, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, AdaptiveState{Version: -1}, AdaptiveState{}, ttl)
+		cur, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, ttl)
 		if err != nil {
-			return AdaptiveState{}, false, err
+			return capability.AdaptiveState{}, false, err
 		}
 		theirs := cur
 		if a.swaps.Add(1) == updateAttempts {
 			theirs = next
 		}
 		if _, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, cur, theirs, ttl); err != nil {
-			return AdaptiveState{}, false, err
+			return capability.AdaptiveState{}, false, err
 		}
 	}
 	return a.sharedAdaptive.SwapAdaptive(ctx, key, old, next, ttl)
@@ -167,7 +169,7 @@ func TestReportWhoseLastSwapLosesToTheSameChangeSucceeds(t *testing.T) {
 	lim := New(b, WithClock(clock))
 	defer lim.Close()
 	err := lim.Key("tenant").Report(ctx, Answer{Refused: true})
-	stored, _, serr := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond)
+	stored, _, serr := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
 	require.NoError(t, serr)
 	require.True(t, stored.Active(), "the other instance's decrease stands")
 	assert.NoError(t, err, "the fleet's state holds the refusal")

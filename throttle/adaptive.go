@@ -1,9 +1,10 @@
 package throttle
 
 import (
-	"context"
 	"math"
 	"time"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // The adaptive rate: how a fleet learns a provider's real limit from its
@@ -58,73 +59,9 @@ import (
 //
 // The law is pure: [adaptLaw] takes the state and the time and returns the
 // next state. Where the state lives is the bucket's business: a bucket that
-// implements [AdaptiveStore] (the Redis buckets) keeps it in its shared
+// offers a capability.AdaptiveStore (the Redis buckets) keeps it in its shared
 // store, so every instance of the fleet paces at one rate; for any other
 // bucket the Limiter keeps it in memory, for this process alone.
-
-// AdaptiveState is the adaptive rate of one budget (a bucket's key), as an
-// [AdaptiveStore] keeps it. Rates are in permits per interval of the
-// bucket. The zero value means "not adapting": grants are not paced and
-// the bucket's own limit is the only one.
-type AdaptiveState struct {
-	// Rate is the rate grants are paced at; 0 when not adapting.
-	Rate float64
-	// Ceiling is the limit the provider advertised last, per interval:
-	// the highest Rate may reach is the lower of it and each instance's
-	// configured limit. 0 when it advertised none: then the configured
-	// limit is the ceiling (so that a limit raised in a rolling deploy is
-	// not held down by the old one).
-	Ceiling float64
-	// Peak is the rate at the last decrease: increases approach it
-	// quickly, then probe beyond it.
-	Peak float64
-	// Step is the next probe step beyond Peak.
-	Step float64
-	// Decreased, Increased and Refused are the times of the last decrease,
-	// the last increase and the last refusal, on the
-	// store's clock (the Redis server's for a Redis bucket).
-	Decreased, Increased, Refused time.Time
-	// Version counts the state's changes, for [AdaptiveStore.SwapAdaptive].
-	Version int64
-	// At is the store's time when the state was read.
-	At time.Time
-}
-
-// Active reports whether the state paces grants.
-func (s AdaptiveState) Active() bool { return s.Rate > 0 }
-
-// AdaptivePace is an [AdaptiveStore]'s answer to a paced take.
-type AdaptivePace struct {
-	// Granted reports that a slot was reserved: the caller may go on
-	// after Delay. Not granted, Delay is how far the first free slot is.
-	// When the state is not active, Granted is true and Delay 0: no
-	// pacing.
-	Granted bool
-	Delay   time.Duration
-	// State is the adaptive state read with the slot, at State.At.
-	State AdaptiveState
-}
-
-// AdaptiveStore is implemented by buckets that keep the adaptive rate of
-// each of their keys in their shared store, so that a refusal seen by one
-// instance slows the whole fleet (the Redis buckets of package bucket).
-// A Limiter whose bucket does not implement it keeps the state in memory,
-// for its own process.
-//
-// Both calls read the time from the store's clock and return it in
-// AdaptiveState.At; the Limiter applies the law at that time.
-type AdaptiveStore interface {
-	// PaceAdaptive reserves n evenly spaced slots of key at the stored
-	// rate (emission interval/Rate, burst 1), when the slot is at most
-	// horizon away; it changes nothing when the state is not active.
-	PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (AdaptivePace, error)
-	// SwapAdaptive replaces key's state by next if its version is still
-	// old.Version, and returns the state in the store afterwards (next
-	// with its new version, or the one that won) and whether it swapped.
-	// The stored state expires after ttl without a swap. With old.Version
-	// below 0 it only reads.
-	SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error)
-}
 
 // Defaults of the law.
 const (
@@ -180,7 +117,7 @@ func milli(v float64) int64 {
 
 // ceiling is s's ceiling: the advertised one, or the configured limit,
 // whichever is lower.
-func (a adaptLaw) ceiling(s AdaptiveState) float64 {
+func (a adaptLaw) ceiling(s capability.AdaptiveState) float64 {
 	if s.Ceiling > 0 {
 		return min(s.Ceiling, a.limit)
 	}
@@ -190,7 +127,7 @@ func (a adaptLaw) ceiling(s AdaptiveState) float64 {
 // top is how far increases may take s's rate: its ceiling, or adaptTop of
 // it once the fleet was refused at (or within 2 % of) the ceiling. The
 // Peak a store kept may be rounded down from the rate refused.
-func (a adaptLaw) top(s AdaptiveState) float64 {
+func (a adaptLaw) top(s capability.AdaptiveState) float64 {
 	c := a.ceiling(s)
 	if milli(s.Peak) >= milli(adaptTop*c) {
 		return adaptTop * c
@@ -202,7 +139,7 @@ func (a adaptLaw) top(s AdaptiveState) float64 {
 // clock stepped back) to one interval before now: the law goes on as if
 // they were an interval ago, once. It reports whether it moved any: the
 // caller must then store s, so that the next call does not clamp again.
-func (a adaptLaw) clampFuture(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
+func (a adaptLaw) clampFuture(s capability.AdaptiveState, now time.Time) (capability.AdaptiveState, bool) {
 	moved := false
 	for _, t := range []*time.Time{&s.Decreased, &s.Increased, &s.Refused} {
 		if t.After(now) {
@@ -215,13 +152,13 @@ func (a adaptLaw) clampFuture(s AdaptiveState, now time.Time) (AdaptiveState, bo
 // stepBase is what the approach and probe steps are shares of: the lower
 // of the configured limit and the ceiling (an advertised limit far below
 // the configured one gets steps to its own scale).
-func (a adaptLaw) stepBase(s AdaptiveState) float64 { return min(a.limit, a.ceiling(s)) }
+func (a adaptLaw) stepBase(s capability.AdaptiveState) float64 { return min(a.limit, a.ceiling(s)) }
 
 // refused applies a refusal (with a retry hint or without) at now. It reports false
 // when nothing changed worth storing: a refusal within the interval after
 // a decrease counts once, and only its time is noted (which delays the
 // next increase), at most ten times an interval.
-func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
+func (a adaptLaw) refused(s capability.AdaptiveState, now time.Time) (capability.AdaptiveState, bool) {
 	s, _ = a.clampFuture(s, now) // a decrease or a noted refusal stores it
 	if s.Active() && now.Sub(s.Decreased) < a.interval {
 		if now.Sub(s.Refused) < a.interval/10 {
@@ -258,7 +195,7 @@ func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) 
 // increase applies an interval of success: it reports false when no
 // increase is due at now (less than an interval since the last change or
 // refusal, or the rate at its ceiling already).
-func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
+func (a adaptLaw) increase(s capability.AdaptiveState, now time.Time) (capability.AdaptiveState, bool) {
 	if !s.Active() {
 		return s, false
 	}
@@ -303,7 +240,7 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 // than the ceiling: an advertised limit counts as one the fleet met, and
 // increases stop at 0.98 of it. It reports false when nothing changed, in
 // the store's thousandths.
-func (a adaptLaw) advertised(s AdaptiveState, limit float64, now time.Time) (AdaptiveState, bool) {
+func (a adaptLaw) advertised(s capability.AdaptiveState, limit float64, now time.Time) (capability.AdaptiveState, bool) {
 	adv := max(limit, adaptMinRate)
 	c := min(adv, a.limit)
 	if !s.Active() {

@@ -3,6 +3,8 @@ package throttle
 import (
 	"context"
 	"time"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // Bucket is the store of permits a [Limiter] draws from. The in-memory
@@ -12,19 +14,49 @@ import (
 // A Bucket decides; it never sleeps. The Limiter does the waiting, on its
 // clock, for exactly as long as the Decision says, so no caller polls.
 //
-// Beyond Take, a Limiter uses what a bucket offers through optional
-// interfaces: [Refunder], [Pauser], [Fallbacker], [AdaptiveStore],
-// [Immediate], [Checker], [Periodic]. A bucket that wraps another (to
-// count its calls, say) keeps them all by adding a method
+// Beyond Take, a Limiter uses any of these methods a bucket has:
+//
+//	// Refund takes back n permits granted but not used (a reservation
+//	// given up, leased permits handed back); best effort.
+//	Refund(ctx context.Context, key string, n int64) error
+//	// Pause stops granting key for d, for every instance sharing the
+//	// bucket (the Transport of throttle/httpclient calls it on a
+//	// provider's Retry-After); a shorter pause never shortens a longer
+//	// one, and one above MaxPause is clamped to it.
+//	Pause(ctx context.Context, key string, d time.Duration) error
+//	// Fallback returns the limit per interval and how many live
+//	// instances share it (0: unknown, and FailLocal refuses), for
+//	// FailLocal and the adaptive rate (Limiter.Report); it must not
+//	// block: it is called while the store is down.
+//	Fallback() (limit int64, interval time.Duration, instances int64)
+//	// Periodic reports that the bucket grants up to its limit afresh in
+//	// each period (Decision.Reset is the time to the period's end), so
+//	// that the Limiter spreads a crowd's grants over it.
+//	Periodic() bool
+//	// Immediate reports that Take decides at once, with no store that
+//	// could fail or hang: no store timeout, no FailurePolicy.
+//	Immediate() bool
+//	// Check checks the store cheaply, for Limiter.Check.
+//	Check(ctx context.Context) error
+//
+// The buckets of package bucket offer these (and the fleet-wide adaptive
+// rate) to a Limiter through a registry internal to this module, not
+// through methods a user would see; [Local] and [Smooth] offer them too. A bucket
+// that wraps another (to count its calls, say) keeps them all by adding a
+// method
 //
 //	Unwrap() Bucket
 //
-// that returns the bucket it wraps: the Limiter looks for each interface
-// on the wrapper first, then along the chain of Unwrap calls, and uses the
-// first bucket that has it (as errors.As does). A wrapper that must see
-// one of those calls implements that interface itself. A reservation's
-// exact cancellation travels in the Decision ([Decision.Cancel]), so a
-// wrapper that returns the inner Decision keeps it.
+// that returns the bucket it wraps: the Limiter looks for each method on
+// the wrapper first, then along the chain of Unwrap calls, and uses the
+// first bucket that has it (as errors.As does). A wrapper that embeds a
+// bucket of this module (struct{ *bucket.TokenBucket }) keeps them
+// without Unwrap. A wrapper that must see one of those calls has that
+// method itself, and then hides the wrapped bucket's: the buckets of
+// package bucket have no exported Pause or Refund to pass the call on
+// to. A reservation's exact
+// cancellation travels in the Decision ([Decision.Cancel]), so a wrapper
+// that returns the inner Decision keeps it.
 //
 // Implementations must be safe for concurrent use.
 type Bucket interface {
@@ -76,7 +108,7 @@ type Decision struct {
 	// bucket still can (nothing booked after it, its slot not begun);
 	// otherwise it does nothing. A Limiter calls it at most once, when its
 	// caller gives up the wait. A bucket that cannot cancel exactly leaves
-	// it nil, and the Limiter hands the permits back through [Refunder].
+	// it nil, and the Limiter hands the permits back through its Refund.
 	Cancel func(ctx context.Context) error
 
 	// Settle, set on a grant of a [CostBucket] (TakeCost), corrects the
@@ -90,91 +122,10 @@ type Decision struct {
 	Settle func(ctx context.Context, delta Cost) error
 }
 
-// Refunder is implemented by buckets that can take back permits a caller
-// was granted but did not use (a reservation abandoned because the caller's
-// context ended, or leased permits handed back). Refund is best effort: a
-// bucket may return fewer permits than asked, for example when the interval
-// they belonged to has ended.
-type Refunder interface {
-	Refund(ctx context.Context, key string, n int64) error
-}
-
-// Pauser is implemented by buckets that can stop granting for a while, for
-// every instance that shares them. A Pause seen by one instance holds for
-// the whole fleet: Take answers "not granted" with Delay set to the pause
-// left until it ends. A shorter pause never shortens a longer one.
-//
-// The Transport of package throttle/httpclient calls Pause when a
-// provider answers "too many requests" with a retry time.
-//
-// A pause longer than [MaxPause] (throttle.Forever, say) is clamped to
-// MaxPause by every Pauser of this module: it holds for a year rather
-// than overflow the clock's arithmetic and do nothing.
-type Pauser interface {
-	Pause(ctx context.Context, key string, d time.Duration) error
-}
-
-// DimensionPauser is implemented by a [CostBucket] that can stop granting
-// some of a key's dimensions for a while, for every instance that shares
-// it: until each named dimension's RetryAfter has passed, a cost that
-// needs some of that dimension is refused, with Delay set to the pause
-// left; a cost that needs none of it is not held. A shorter pause never
-// shortens a longer one. The Transport of package throttle/httpclient
-// with a cost per call (its WithCost) calls it when a provider's
-// accounting headers (OpenAI's x-ratelimit-remaining-tokens: 0, say)
-// alone name a retry time, so that "no tokens left for 6 s" holds back
-// the tokens for 6 s, and a
-// dimension that comes back sooner only until then. A dimension the
-// bucket does not keep pauses the whole key for that long, as [Pauser]
-// would.
-type DimensionPauser interface {
-	PauseDimensions(ctx context.Context, key string, dims []Exhausted) error
-}
-
-// Exhausted is one dimension of a provider's limit (requests, tokens,
-// input-tokens, ...) with nothing left, and the time until it has some
-// again, for [DimensionPauser]. Dimension is named as the provider names
-// it (OpenAI's and Anthropic's headers: "requests", "tokens",
-// "input-tokens", "output-tokens"): name a budget's dimensions the same.
-type Exhausted struct {
-	Dimension  string
-	RetryAfter time.Duration
-}
-
-// Immediate is implemented by buckets whose Take decides at once, with no
-// store that could fail or hang ([Local]). A Limiter calls such a bucket
-// without a deadline of its own and never applies its [FailurePolicy] to
-// it. Immediate returns false for a wrapper that does wait on something.
-type Immediate interface {
-	Immediate() bool
-}
-
-// Periodic is implemented by buckets that grant up to their limit afresh
-// in each period, at any pace within it: a token bucket refilled at once,
-// a fixed window, a counter reset every period. Their Decisions count one
-// period each: Limit is the period's limit, Remaining what is left of it
-// after the decision, Reset the time until it ends; the period's length is
-// the interval [Fallbacker] reports.
-//
-// Such a bucket lets the end of one period's grants and the start of the
-// next period's meet within one interval: up to twice the limit, which a
-// provider counting a sliding window (or periods of its own) refuses. A
-// Limiter spreads a crowd's grants over the period instead (see
-// [Limiter.Acquire]). Periodic returns false for a wrapper whose
-// Decisions do not count periods that way.
-type Periodic interface {
-	Periodic() bool
-}
-
-// Checker is implemented by buckets that can check their store cheaply
-// (the Redis buckets: one round trip), for [Limiter.Check].
-type Checker interface {
-	Check(ctx context.Context) error
-}
-
-// capability returns the first bucket in b's chain (b, then what each
-// Unwrap returns) that implements T.
-func capability[T any](b Bucket) (T, bool) {
+// findCap returns the first bucket in b's chain (b, then what each Unwrap
+// returns) that implements T, or the first capability of T that one of
+// them offers through its capability.Set.
+func findCap[T any](b Bucket) (T, bool) {
 	for range 100 { // a chain that loops ends here
 		if b == nil {
 			break
@@ -182,11 +133,24 @@ func capability[T any](b Bucket) (T, bool) {
 		if t, ok := b.(T); ok {
 			return t, true
 		}
-		u, ok := b.(interface{ Unwrap() Bucket })
-		if !ok {
-			break
+		if s, ok := capability.SetOf(b); ok { // package bucket's
+			if t, ok := capability.Find[T](s); ok {
+				return t, true
+			}
 		}
-		b = u.Unwrap()
+		if own, ok := b.(interface{ capabilities() capability.Set }); ok { // Local, Smooth
+			if t, ok := capability.Find[T](own.capabilities()); ok {
+				return t, true
+			}
+		}
+		switch u := b.(type) {
+		case interface{ Unwrap() Bucket }:
+			b = u.Unwrap()
+		case interface{ unwrap() Bucket }: // Smooth
+			b = u.unwrap()
+		default:
+			return *new(T), false
+		}
 	}
 	var zero T
 	return zero, false
@@ -203,6 +167,6 @@ type Tier struct {
 	Period time.Duration
 }
 
-// MaxPause is the longest pause the Pausers of this module keep; a longer
-// one is clamped to it (see [Pauser]).
+// MaxPause is the longest pause the buckets of this module keep; a longer
+// one is clamped to it (see Pause in [Bucket]).
 const MaxPause = 365 * 24 * time.Hour

@@ -9,7 +9,7 @@ import (
 // buckets: one round trip). Call it at start, before serving, and in a
 // readiness probe: it is the early signal that the store is unreachable,
 // where the first Acquire would only fail by the policy. It returns nil for a bucket with no store to check (one that
-// is not a [Checker], such as [Local]). When the store fails, the error
+// has no Check method, such as [Local]). When the store fails, the error
 // wraps its [*BackendError] and says what the [FailurePolicy] does until
 // it answers, for example:
 //

@@ -113,7 +113,7 @@ func TestSmoothLateRefundsKeepThePace(t *testing.T) {
 	}
 	take()
 	for range 3 {
-		require.NoError(t, s.Refund(ctx, "", 1))
+		require.NoError(t, s.refund(ctx, "", 1))
 		take()
 	}
 	require.Equal(t, 1, granted, "permits granted at one instant after late refunds")

@@ -117,7 +117,7 @@ type CostGrant struct {
 // units), and charging it would lock the key for as long.
 //
 // With a bucket that is not a [CostBucket] (one dimension), a give-back
-// goes through the bucket's [Refunder] (nothing happens without one), and
+// goes through the bucket's Refund (nothing happens without one), and
 // a charge is taken at once if the bucket has it: a plain bucket cannot
 // hold a debt, so a charge it cannot grant now returns an error matching
 // [ErrTimeout] and is not taken.
@@ -200,7 +200,7 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 	if maxWait < 0 {
 		return nil, invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
 	}
-	cb, ok := capability[CostBucket](l.bucket)
+	cb, ok := findCap[CostBucket](l.bucket)
 	if !ok {
 		_, n, one := single(c)
 		if !one {
@@ -327,7 +327,7 @@ func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) err
 	w := l.newWaiter(ctx, demand{key: g.key}, 0, 0)
 	tctx, cancel, _, _ := w.storeCall()
 	defer cancel()
-	if _, ok := capability[CostBucket](l.bucket); ok {
+	if _, ok := findCap[CostBucket](l.bucket); ok {
 		if g.settle == nil {
 			return fmt.Errorf("throttle: settle cost %v: the bucket's grant has no Decision.Settle: %w", delta, ErrInvalid)
 		}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // eventClock is a fake clock that a driver moves from one event to the
@@ -245,7 +247,7 @@ func (s *latencyStore) TakeCost(ctx context.Context, key string, c Cost, maxWait
 	d.Cancel = nil
 	d.Settle = func(ctx context.Context, delta Cost) error {
 		if back := -delta["tokens"]; back > 0 {
-			return s.shared.Refund(ctx, key, back)
+			return s.shared.capabilities().Refunder.Refund(ctx, key, back)
 		}
 		return nil
 	}
@@ -253,27 +255,29 @@ func (s *latencyStore) TakeCost(ctx context.Context, key string, c Cost, maxWait
 }
 
 func (s *latencyStore) Refund(ctx context.Context, key string, n int64) error {
-	return s.shared.Refund(ctx, key, n)
+	return s.shared.capabilities().Refunder.Refund(ctx, key, n)
 }
 
-func (s *latencyStore) Fallback() (int64, time.Duration, int64) { return s.shared.Fallback() }
+func (s *latencyStore) Fallback() (int64, time.Duration, int64) {
+	return s.shared.capabilities().Fallbacker.Fallback()
+}
 
-func (s *latencyStore) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (AdaptivePace, error) {
+func (s *latencyStore) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (capability.AdaptivePace, error) {
 	end := s.callEnd(ctx)
 	if err := s.sleep(ctx, s.paceLat/2, end); err != nil {
-		return AdaptivePace{}, &BackendError{Op: "pace", Err: err}
+		return capability.AdaptivePace{}, &BackendError{Op: "pace", Err: err}
 	}
 	p, err := s.shared.PaceAdaptive(ctx, key, n, interval, horizon)
 	if err != nil {
 		return p, err
 	}
 	if err := s.sleep(ctx, s.paceLat-s.paceLat/2, end); err != nil {
-		return AdaptivePace{}, &BackendError{Op: "pace", Err: err}
+		return capability.AdaptivePace{}, &BackendError{Op: "pace", Err: err}
 	}
 	return p, nil
 }
 
-func (s *latencyStore) SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
+func (s *latencyStore) SwapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
 	return s.shared.SwapAdaptive(ctx, key, old, next, ttl)
 }
 
@@ -344,7 +348,7 @@ func (t deadlineTrial) run() (err error, took, end time.Duration, _ error) {
 		_, _ = loc.Take(ctx, "k", 1, Forever)
 	}
 	if t.rate > 0 {
-		s.shared.state("k").swap(clock.Now(), AdaptiveState{}, AdaptiveState{Rate: t.rate}, time.Hour)
+		s.shared.state("k").swap(clock.Now(), capability.AdaptiveState{}, capability.AdaptiveState{Rate: t.rate}, time.Hour)
 		for range t.slots {
 			_, _ = s.shared.PaceAdaptive(ctx, "k", 1, trialInterval, trialInterval)
 		}
@@ -356,7 +360,7 @@ func (t deadlineTrial) run() (err error, took, end time.Duration, _ error) {
 	lim := New(s, opts...)
 	defer lim.Close()
 	k := lim.Key("k")
-	if _, err := lim.AdaptiveState(ctx, "k"); err != nil { // the view, fresh
+	if _, err := lim.adaptiveState(ctx, "k"); err != nil { // the view, fresh
 		return nil, 0, 0, err
 	}
 	s.takeLat, s.paceLat = t.takeLat, t.paceLat

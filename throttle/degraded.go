@@ -39,7 +39,7 @@ import (
 // The limit is the key's own, as its last shared decision reported it (a
 // limit set live per key stays in force, and a key whose limit was lowered
 // below the default is remembered however long it idles); a key never seen
-// uses the default, the limit of keys without a live one ([Fallbacker]). The instance count is the bucket's: the Redis
+// uses the default, the limit of keys without a live one (Fallback). The instance count is the bucket's: the Redis
 // buckets report the largest count they saw when they have not heard from
 // the store recently. A share below one permit per interval (more
 // instances than the limit) is refused: evenly spread single permits
@@ -223,7 +223,7 @@ func (k *localShare) take(n, now int64) Decision {
 func (l *Limiter) localTake(st *keyState, n int64) (d Decision, why string, err error) {
 	fb := l.caps.fallbacker
 	if fb == nil {
-		return Decision{}, "the bucket does not report its limit and instance count (throttle.Fallbacker)", nil
+		return Decision{}, "the bucket does not report its limit and instance count (it has no Fallback method)", nil
 	}
 	limit, interval, inst := fb.Fallback()
 	if v := st.limit.Load(); v > 0 {

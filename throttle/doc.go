@@ -26,8 +26,19 @@
 // Per key: [Limiter.Key] gives each tenant or endpoint its own budget in
 // one bucket.
 //
+// Answers: [Limiter.Report] tells the Limiter what a provider answered to a
+// call (an [Answer]: a refusal, a retry time, an advertised limit); a retry
+// time pauses the bucket for the whole fleet, and a refusal lowers the
+// fleet's adaptive rate (docs/adaptive.md gives the law). A handler of
+// package consumer returns the answer in an [AnswerError].
+//
+// Errors: [ErrTimeout] when no permit comes within the wait,
+// [ErrExceedsLimit] when one never can, [ErrInvalid] for a bad argument or
+// configuration, and a [*BackendError] when the bucket's store fails
+// (the [FailurePolicy] decides meanwhile).
+//
 // Calls in flight: [Slots] caps how many calls run at once per key, a
-// slot held from Hold until its release; [LocalSlots] caps one process,
+// slot held from Hold until its release; [NewLocalSlots] caps one process,
 // and package bucket's Concurrency a fleet.
 //
 // Costs: a call that spends several things at once (one request and 800
@@ -71,5 +82,6 @@
 //   - Time is measured on the clock's monotonic readings: a wall clock
 //     that steps (NTP, a VM resumed) changes no wait.
 //
-// Package throttle depends on the standard library and clockwork only.
+// Package throttle depends on the standard library, clockwork and
+// packages internal to this module only.
 package throttle

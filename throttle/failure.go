@@ -34,7 +34,7 @@ const (
 	// store fails, to its share of the shared limit: limit ÷ live
 	// instances per interval, paced evenly (one permit every
 	// interval·instances/limit), per key. The bucket must implement
-	// [Fallbacker] (the Redis buckets of package bucket do; they count
+	// Fallback (see [Bucket]; the Redis buckets of package bucket do; they count
 	// live instances with heartbeats). With a bucket that does not, before
 	// the first live count is known (an instance that started while the
 	// store was down), or when the share is below one permit per interval
@@ -144,24 +144,6 @@ func WithStoreTimeout(d time.Duration) LimiterOption {
 	return limiterOnly(func(c *config) { c.storeTimeout = d })
 }
 
-// Fallbacker is implemented by buckets that can tell their limit per
-// interval, and, for a limit a fleet of instances shares, how many
-// instances share it: a Limiter under [FailLocal] limits this instance on
-// its own with it while the store is down, and the adaptive rate
-// ([Limiter.Report]) needs the limit. The Redis buckets of package bucket
-// and [Local] implement it.
-type Fallbacker interface {
-	// Fallback returns the bucket's limit per interval and the number of
-	// live instances sharing it. The limit is that of every key without a
-	// live limit of its own (the constructor's): a limit set live for a
-	// key, "" included, is reported by that key's decisions
-	// (Decision.Limit), and the Limiter keeps it from there. The instances
-	// are as last seen while the store answered; 0 when never seen (an instance that started while the
-	// store was down cannot know its share, and the Limiter then fails
-	// closed). It must not block: it is called while the store is down.
-	Fallback() (limit int64, interval time.Duration, instances int64)
-}
-
 // outage is a Limiter's view of its store: whether it answers, and who
 // probes it while it does not.
 type outage struct {
@@ -269,7 +251,7 @@ func (l *Limiter) policyNote() string {
 	}
 	fb := l.caps.fallbacker
 	if fb == nil {
-		return "FailLocal refuses: the bucket does not report its limit and instance count (throttle.Fallbacker)"
+		return "FailLocal refuses: the bucket does not report its limit and instance count (it has no Fallback method)"
 	}
 	limit, interval, inst := fb.Fallback()
 	switch {

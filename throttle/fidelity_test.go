@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -127,8 +128,13 @@ func TestPauseForeverDoesNotOverflow(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	clock.Advance(time.Hour) // some time after the buckets' epoch
+	// The pause a Limiter (and the Transport of throttle/httpclient) finds
+	// on the Smooth.
+	slim := throttle.New(smooth, throttle.WithClock(clock))
+	defer slim.Close()
+	pauser := capability.KeyedLimiter(slim.Key("k")).Capabilities().Pauser
 	for _, d := range []time.Duration{throttle.Forever, throttle.Forever - time.Second, 1<<63 - 1<<40} {
-		require.NoError(t, smooth.Pause(ctx, "k", d))
+		require.NoError(t, pauser.Pause(ctx, "k", d))
 		dec, err := smooth.Take(ctx, "k", 1, 0)
 		require.NoError(t, err)
 		assert.False(t, dec.Granted, "Smooth: Take granted after Pause(%v)", d)

@@ -17,7 +17,7 @@ import (
 // wait, and at most the store timeout ([WithStoreTimeout]) in any case (a
 // caller without a wait's end, or one that leaves long before it). The call is never cut short nor made
 // twice: what the caller no longer waits for goes on in a goroutine of the
-// Limiter, which Close waits for. A give-back to an [Immediate] bucket
+// Limiter, which Close waits for. A give-back to an immediate bucket
 // (in memory: it cannot hang) is done before the caller returns, so that
 // its permits are there for the next caller (a reservation cancelled
 // exactly can be so only while nothing was booked after it).

@@ -68,7 +68,7 @@ type keyState struct {
 // not been charged for, a first-back cap, an adaptive rate (kept in memory,
 // or seen in the store within adaptMemory),
 // or a limit lowered live below base, the limit of keys without one of
-// their own ([Fallbacker]), which the failure policy must keep applying to
+// their own (the bucket's Fallback), which the failure policy must keep applying to
 // the key (forgotten, it would fall back to base). A limit raised above
 // base is forgotten: base is the stricter.
 func (st *keyState) holds(now, base int64, wall time.Time) bool {

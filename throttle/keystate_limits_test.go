@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 	"github.com/jonboulle/clockwork"
@@ -33,7 +34,7 @@ func TestTenantsAreForgottenWhenTheOwnKeysLimitIsRaisedLive(t *testing.T) {
 	lim := throttle.New(tb, throttle.WithClock(clock))
 	defer lim.Close()
 	require.NoError(t, lim.Acquire(ctx, time.Second)) // sees the raised limit of ""
-	lmt, _, _ := tb.Fallback()
+	lmt, _, _ := fallbackOf(t, tb)
 	require.EqualValues(t, 1000, lmt, "the limit of keys without a live one")
 	for i := range 500 {
 		require.NoError(t, lim.Key("tenant-"+strconv.Itoa(i)).Acquire(ctx, time.Second))
@@ -79,4 +80,13 @@ func TestFailLocalPacesAnUnseenTenantAtTheDefaultLimit(t *testing.T) {
 		clock.Advance(10 * time.Millisecond)
 	}
 	assert.LessOrEqual(t, granted, 10+1, "local grants of a 10/s tenant in one second of the outage")
+}
+
+// fallbackOf returns what b reports to the failure policy: its limit, its
+// interval and the live instances it last counted.
+func fallbackOf(t *testing.T, b any) (int64, time.Duration, int64) {
+	t.Helper()
+	f, ok := capability.Of[capability.Fallbacker](b)
+	require.True(t, ok, "the bucket reports its limit and live instances")
+	return f.Fallback()
 }

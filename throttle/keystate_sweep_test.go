@@ -29,7 +29,9 @@ func (f *failingLocal) Take(ctx context.Context, key string, n int64, w time.Dur
 	return f.loc.Take(ctx, key, n, w)
 }
 
-func (f *failingLocal) Fallback() (int64, time.Duration, int64) { return f.loc.Fallback() }
+func (f *failingLocal) Fallback() (int64, time.Duration, int64) {
+	return f.loc.capabilities().Fallbacker.Fallback()
+}
 
 // TestTenantKeysUnusedSinceAnOutageAreForgottenWhileOnlyTheDefaultKeyIsUsed
 // 100 tenant keys granted locally during an outage hold their

@@ -454,7 +454,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 }
 
 // giveBack hands n permits of key back to the bucket, if it takes them
-// (a [Refunder]); they only cost throughput otherwise. The caller waits
+// (it has a Refund); they only cost throughput otherwise. The caller waits
 // for it at most bound (handBack).
 func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, key string, n int64) {
 	r := l.caps.refunder

@@ -13,6 +13,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // windowBucket is a test bucket with fixed windows aligned on its clock's
@@ -113,7 +115,7 @@ func (c *counting) Take(ctx context.Context, key string, n int64, maxWait time.D
 func (c *counting) Refund(ctx context.Context, key string, n int64) error {
 	c.refunds.Add(1)
 	c.refunded.Add(n)
-	if r, ok := c.Bucket.(Refunder); ok {
+	if r, ok := findCap[capability.Refunder](c.Bucket); ok {
 		return r.Refund(ctx, key, n)
 	}
 	return nil
@@ -121,7 +123,7 @@ func (c *counting) Refund(ctx context.Context, key string, n int64) error {
 
 func (c *counting) Pause(ctx context.Context, key string, d time.Duration) error {
 	c.pauses.Add(1)
-	if p, ok := c.Bucket.(Pauser); ok {
+	if p, ok := findCap[capability.Pauser](c.Bucket); ok {
 		return p.Pause(ctx, key, d)
 	}
 	return nil

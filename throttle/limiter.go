@@ -6,7 +6,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/jonboulle/clockwork"
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // Forever, passed as maxWait, waits for a permit until the context ends.
@@ -43,7 +43,7 @@ type Limiter struct {
 	bad    error // a configuration mistake, returned by every call
 	caps   capabilities
 	tb     timeBase
-	// interval is the bucket's interval ([Fallbacker]), 0 if unknown.
+	// interval is the bucket's interval (its Fallback), 0 if unknown.
 	interval int64
 
 	root    *keyState // key "", never forgotten
@@ -58,26 +58,26 @@ type Limiter struct {
 // capabilities are what the bucket offers beyond Take, each found on the
 // first bucket of its Unwrap chain that has it (see [Bucket]).
 type capabilities struct {
-	refunder   Refunder
-	pauser     Pauser
-	fallbacker Fallbacker
-	adaptive   AdaptiveStore
-	checker    Checker
+	refunder   capability.Refunder
+	pauser     capability.Pauser
+	fallbacker capability.Fallbacker
+	adaptive   capability.AdaptiveStore
+	checker    capability.Checker
 	immediate  bool
 	periodic   bool
 }
 
 func findCapabilities(b Bucket) capabilities {
 	var c capabilities
-	c.refunder, _ = capability[Refunder](b)
-	c.pauser, _ = capability[Pauser](b)
-	c.fallbacker, _ = capability[Fallbacker](b)
-	c.adaptive, _ = capability[AdaptiveStore](b)
-	c.checker, _ = capability[Checker](b)
-	if im, ok := capability[Immediate](b); ok {
+	c.refunder, _ = findCap[capability.Refunder](b)
+	c.pauser, _ = findCap[capability.Pauser](b)
+	c.fallbacker, _ = findCap[capability.Fallbacker](b)
+	c.adaptive, _ = findCap[capability.AdaptiveStore](b)
+	c.checker, _ = findCap[capability.Checker](b)
+	if im, ok := findCap[capability.Immediate](b); ok {
 		c.immediate = im.Immediate()
 	}
-	if p, ok := capability[Periodic](b); ok {
+	if p, ok := findCap[capability.Periodic](b); ok {
 		c.periodic = p.Periodic()
 	}
 	return c
@@ -161,14 +161,6 @@ func (l *Limiter) release(st *keyState) {
 	}
 }
 
-// Bucket returns the bucket l draws from.
-func (l *Limiter) Bucket() Bucket { return l.bucket }
-
-// Clock returns the clock l sleeps on ([WithClock]), so that code waiting
-// alongside l (an HTTP client honouring a provider's pause) measures time
-// the same way.
-func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
-
 // Acquire takes one permit, waiting for it at most maxWait:
 //
 //   - maxWait == 0: take a permit only if one is free now.
@@ -199,7 +191,7 @@ func (l *Limiter) Clock() clockwork.Clock { return l.cfg.clock }
 // background ([Limiter.Close] waits for it), unless 64 already do (a
 // store that slow keeps each caller for its give-back, up to a second).
 //
-// Over a [Periodic] bucket (the token bucket, fixed window and counter of
+// Over a periodic bucket (the token bucket, fixed window and counter of
 // package bucket), a crowd does not take a period all at its start: each
 // grant waits for its place in the period (the k-th of a limit of N, k/N
 // of 95 % of the interval in), so that a provider counting a sliding window sees
@@ -257,6 +249,3 @@ func (k Keyed) AcquireN(ctx context.Context, n int64, maxWait time.Duration) err
 
 // Key returns the key k draws from.
 func (k Keyed) Key() string { return k.key }
-
-// Limiter returns the Limiter k belongs to.
-func (k Keyed) Limiter() *Limiter { return k.l }

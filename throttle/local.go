@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // Local is an in-memory bucket for one process: a generic cell rate
@@ -195,21 +197,29 @@ func (b *Local) reservation(d Decision, key string, n, next int64) Decision {
 	return d
 }
 
-// Refund implements [Refunder] and gives nothing back: a Local cannot
-// tell which of the permits it granted are returned, and giving back slots
-// that a caller queued behind them still holds would put two permits in
-// one slot. A reservation's own Decision.Cancel gives it back exactly,
-// when it is still the last one booked.
-func (b *Local) Refund(context.Context, string, int64) error { return nil }
-
-// Fallback implements [Fallbacker]: the limit per interval, for one
-// instance (a Local limits its own process).
-func (b *Local) Fallback() (limit int64, interval time.Duration, instances int64) {
-	return b.limit, time.Duration(b.emission * b.limit), 1
+// capabilities are what a Local offers a Limiter beyond Take: a Refund
+// that gives nothing back, its limit per interval (Fallback), and
+// Immediate: a Local decides in memory.
+func (b *Local) capabilities() capability.Set {
+	c := (*localCaps)(b)
+	return capability.Set{Refunder: c, Fallbacker: c, Immediate: true}
 }
 
-// Immediate implements [Immediate]: a Local decides in memory.
-func (b *Local) Immediate() bool { return true }
+// localCaps is a Local seen through its capabilities.
+type localCaps Local
+
+// Refund gives nothing back: a Local cannot tell which of the permits it
+// granted are returned, and giving back slots that a caller queued behind
+// them still holds would put two permits in one slot. A reservation's own
+// Decision.Cancel gives it back exactly, when it is still the last one
+// booked.
+func (*localCaps) Refund(context.Context, string, int64) error { return nil }
+
+// Fallback is the limit per interval, for one instance (a Local limits
+// its own process).
+func (c *localCaps) Fallback() (limit int64, interval time.Duration, instances int64) {
+	return c.limit, time.Duration(c.emission * c.limit), 1
+}
 
 // cancelReservation gives back the n permits of the reservation that set
 // key's tat to ticket, if no later grant has been booked since and its

@@ -169,7 +169,7 @@ func TestLocalRefundGivesNothingBack(t *testing.T) {
 	for _, key := range []string{"", "k"} {
 		d, _ := b.Take(ctx, key, 2, 0)
 		require.True(t, d.Granted)
-		require.NoError(t, b.Refund(ctx, key, 1))
+		require.NoError(t, b.capabilities().Refunder.Refund(ctx, key, 1))
 		d, _ = b.Take(ctx, key, 1, 0)
 		require.False(t, d.Granted, "key %q: a refund gives no permit back", key)
 

@@ -34,14 +34,14 @@ func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
 	return context.WithValue(ctx, heldKey{}, h)
 }
 
-// Forfeit gives up the permits of k's budget that ctx holds
+// forfeit gives up the permits of k's budget that ctx holds
 // ([Keyed.ContextWithPermit]), without returning them to the bucket, and
 // returns how many it gave up: later Acquire calls with ctx take new ones.
 // A client that finds the budget paused by the provider calls it before
 // waiting out the pause: a permit taken before the pause belongs to the
 // time the provider refused, and spent after it, it would come on top of
 // the permits the bucket grants then.
-func (k Keyed) Forfeit(ctx context.Context) int64 {
+func (k Keyed) forfeit(ctx context.Context) int64 {
 	if k.l == nil {
 		return 0
 	}

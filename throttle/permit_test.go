@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -110,14 +111,14 @@ func TestForfeitedPermitIsNotUsed(t *testing.T) {
 	ctx := lim.Key("a").ContextWithPermit(context.Background(), 2)
 	ctx = lim.Key("b").ContextWithPermit(ctx, 1)
 
-	assert.Zero(t, lim.Key("c").Forfeit(ctx), "another key holds nothing here")
-	assert.EqualValues(t, 2, other.Key("a").Forfeit(ctx), "a Limiter over the same bucket gives up the budget's permits")
-	assert.Zero(t, lim.Key("a").Forfeit(ctx), "once")
+	assert.Zero(t, capability.KeyedLimiter(lim.Key("c")).Forfeit(ctx), "another key holds nothing here")
+	assert.EqualValues(t, 2, capability.KeyedLimiter(other.Key("a")).Forfeit(ctx), "a Limiter over the same bucket gives up the budget's permits")
+	assert.Zero(t, capability.KeyedLimiter(lim.Key("a")).Forfeit(ctx), "once")
 	require.NoError(t, lim.Key("a").Acquire(ctx, 0))
 	assert.EqualValues(t, 1, b.takes.Load(), "a forfeited permit is not used: the call takes its own")
 	require.NoError(t, lim.Key("b").Acquire(ctx, 0))
 	assert.EqualValues(t, 1, b.takes.Load(), "the other budget's held permit is still there")
-	assert.Zero(t, throttle.Keyed{}.Forfeit(ctx), "a zero Keyed gives up nothing")
+	assert.Zero(t, capability.KeyedLimiter(throttle.Keyed{}).Forfeit(ctx), "a zero Keyed gives up nothing")
 }
 
 // A consumer handler's context carries the permit the consumer acquired
@@ -162,7 +163,7 @@ func TestHeldPermitOfALimiterOverAnUncomparableBucketIsCheckedWithoutPanic(t *te
 	hctx := consumerLim.Key("k").ContextWithPermit(context.Background(), 1)
 	assert.NotPanics(t, func() {
 		assert.NoError(t, clientLim.Key("k").Acquire(hctx, 0))
-		assert.Zero(t, clientLim.Key("k").Forfeit(hctx), "buckets that cannot be compared are not the same")
+		assert.Zero(t, capability.KeyedLimiter(clientLim.Key("k")).Forfeit(hctx), "buckets that cannot be compared are not the same")
 	})
 	assert.EqualValues(t, 1, takes.Load(), "a bucket that cannot be compared is not known to be the same: the call takes its own")
 }

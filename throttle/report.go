@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // Answer is what a provider said about one call, for [Limiter.Report]:
@@ -75,23 +77,13 @@ func (e *AnswerError) Error() string {
 // Unwrap returns the error the answer came with.
 func (e *AnswerError) Unwrap() error { return e.Err }
 
-// AnswerOf returns the answer carried by err, if err is or wraps an
-// [*AnswerError].
-func AnswerOf(err error) (Answer, bool) {
-	var ae *AnswerError
-	if errors.As(err, &ae) {
-		return ae.Answer, true
-	}
-	return Answer{}, false
-}
-
 // Report tells l what the provider answered to a call made with one of
-// its permits, so that the fleet sharing l's bucket adapts (see
-// [AdaptiveState] for the law):
+// its permits, so that the fleet sharing l's bucket adapts (docs/adaptive.md
+// gives the law):
 //
 //   - an answer with a retry time (Answer.Retry) pauses the bucket until
-//     then (at most an hour), for the whole fleet when the bucket is a
-//     [Pauser];
+//     then (at most an hour), for the whole fleet when the bucket pauses
+//     (see Pause in [Bucket]);
 //   - a refusal, with a retry time or without, lowers the adaptive rate
 //     (at most once per interval, however many callers report it) and
 //     paces grants evenly;
@@ -101,13 +93,14 @@ func AnswerOf(err error) (Answer, bool) {
 //
 // An answer that says nothing new (a success within the limit) costs
 // nothing: no store call. Report needs the bucket's limit per interval:
-// every bucket of package bucket and [Local] give it (through
-// [Fallbacker]); for another bucket only the pause applies. It returns the
+// every bucket of package bucket and [Local] give it (a bucket of
+// your own through a Fallback method, see [Bucket]); for another bucket
+// only the pause applies. It returns the
 // store's errors, if any, joined: the pause and the adaptation are each
 // best effort, and one may have been made when the other failed.
 //
 // When Report returns nil, the fleet's adaptive state (in the bucket's
-// store when it is an [AdaptiveStore], else in l) holds the answer once
+// shared store for the buckets of package bucket, else in l) holds the answer once
 // Report returns: a refusal's decrease is written, or the state already
 // held a decrease made within the interval before it (another caller's
 // report of the same refusals), which counts for it; an advertised limit
@@ -125,15 +118,6 @@ func (k Keyed) Report(ctx context.Context, a Answer) error {
 		return fmt.Errorf("throttle: zero Keyed: %w: build it with Limiter.Key", ErrInvalid)
 	}
 	return k.l.report(ctx, k.key, a)
-}
-
-// AdaptiveObserver is implemented by an [Observer] that also wants to hear
-// of the adaptive rate: Adapted is called after each change this Limiter
-// made to key's state (a decrease, an increase, a new ceiling), with the
-// state after it. The rules of Observer apply; Adapted may also be called
-// from the Limiter's background work.
-type AdaptiveObserver interface {
-	Adapted(key string, s AdaptiveState)
 }
 
 // maxAnswerPause caps the pause one answer can impose (a provider that
@@ -168,7 +152,7 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 		if ans.Window > 0 {
 			adv = adv * float64(law.interval) / float64(ans.Window)
 		}
-		errs = append(errs, l.update(ctx, st, func(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
+		errs = append(errs, l.update(ctx, st, func(s capability.AdaptiveState, now time.Time) (capability.AdaptiveState, bool) {
 			return law.advertised(s, adv, now)
 		}))
 	}
@@ -183,7 +167,7 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 }
 
 // pause stops key for d: this instance's lease of the key at once (with
-// leasing), and the bucket, for the whole fleet, when it is a [Pauser].
+// leasing), and the bucket, for the whole fleet, when it pauses.
 func (l *Limiter) pause(ctx context.Context, key string, d time.Duration) error {
 	p := l.caps.pauser
 	if l.leasing != nil || p != nil && l.caps.periodic {

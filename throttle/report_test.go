@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -43,7 +44,7 @@ func TestReportRefusalPacesGrants(t *testing.T) {
 	for range 5 {
 		require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true}))
 	}
-	s, err := lim.AdaptiveState(ctx, "")
+	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, 9, s.Rate, 1e-9)
 
@@ -76,7 +77,7 @@ func TestReportRefusalWithHintPausesAndLowersTheRate(t *testing.T) {
 	}
 	assert.Len(t, b.pauses, 5, "every hint pauses the bucket")
 	assert.Equal(t, 2*time.Second, b.pauses[0])
-	s, err := lim.AdaptiveState(ctx, "")
+	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, 9, s.Rate, 1e-9, "the refusals lower the rate, once per interval")
 
@@ -89,11 +90,11 @@ func TestReportRefusalWithHintPausesAndLowersTheRate(t *testing.T) {
 	// A second interval of hinted refusals lowers it further.
 	clock.Advance(time.Second)
 	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: time.Second}))
-	s, err = lim.AdaptiveState(ctx, "")
+	s, err = capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, 6.3, s.Rate, 1e-9, "refusals went on: a full decrease, 0.7 of the rate")
 
-	s, err = lim.AdaptiveState(ctx, "acme")
+	s, err = capability.KeyedLimiter(lim.Key("acme")).AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.False(t, s.Active(), "each key adapts on its own")
 }
@@ -109,7 +110,7 @@ func TestReportRetryWithoutRefusalOnlyPauses(t *testing.T) {
 
 	require.NoError(t, lim.Report(ctx, throttle.Answer{Retry: true, RetryAfter: 3 * time.Second}))
 	assert.Equal(t, []time.Duration{3 * time.Second}, b.pauses)
-	s, err := lim.AdaptiveState(ctx, "")
+	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.False(t, s.Active(), "a success with nothing remaining is not a refusal")
 }
@@ -120,7 +121,7 @@ func TestReportAdvertisedLimit(t *testing.T) {
 	lim := throttle.New(newLocal(t, clock, 100, time.Second), throttle.WithClock(clock))
 	// 300 per minute is 5 per second.
 	require.NoError(t, lim.Report(ctx, throttle.Answer{Limit: 300, Window: time.Minute}))
-	s, err := lim.AdaptiveState(ctx, "")
+	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, 5, s.Ceiling, 1e-9)
 	assert.InDelta(t, 5, s.Rate, 1e-9)
@@ -139,11 +140,10 @@ func TestAnswerError(t *testing.T) {
 	base := errors.New("HTTP 429")
 	err := &throttle.AnswerError{Answer: throttle.Answer{Refused: true}, Err: base}
 	wrapped := errors.Join(errors.New("handler"), err)
-	a, ok := throttle.AnswerOf(wrapped)
-	require.True(t, ok)
-	assert.True(t, a.Refused)
+	var ae *throttle.AnswerError
+	require.ErrorAs(t, wrapped, &ae)
+	assert.True(t, ae.Answer.Refused)
 	assert.ErrorIs(t, wrapped, base)
 	assert.Contains(t, err.Error(), "refused the call")
-	_, ok = throttle.AnswerOf(base)
-	assert.False(t, ok)
+	assert.False(t, errors.As(base, &ae))
 }

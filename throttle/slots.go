@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/headway-go/headway/internal/waitstop"
 )
 
 // Slots caps the calls in flight per key: a call holds a slot from Hold
@@ -16,7 +18,7 @@ import (
 // a call paced by the rate goes out right after its permit, so arrivals
 // stay paced, and a call never holds a permit while it waits for a slot.
 //
-// [LocalSlots] caps one process; package bucket's Concurrency caps a
+// [NewLocalSlots] caps one process; package bucket's Concurrency caps a
 // fleet through Redis.
 type Slots interface {
 	// Hold waits at most maxWait (0: only a slot free now; [Forever]: no
@@ -31,15 +33,8 @@ type Slots interface {
 	Hold(ctx context.Context, key string, maxWait time.Duration) (release func(), err error)
 }
 
-// LocalSlots caps the calls in flight per key within one process, in
-// memory: at most capacity holders of each key at once. Waiting callers
-// are served in arrival order: a released slot is handed to the oldest
-// waiter directly, so a caller arriving later cannot take it first. A
-// waiter sleeps on a channel until then; nothing polls.
-//
-// Keys each get their own cap of capacity slots; a key with no holder
-// and no waiter is forgotten. LocalSlots is safe for concurrent use.
-type LocalSlots struct {
+// localSlots is the Slots of NewLocalSlots.
+type localSlots struct {
 	capacity int64
 	mu       sync.Mutex
 	keys     map[string]*slotQueue
@@ -58,21 +53,28 @@ type slotWaiter struct {
 	granted bool
 }
 
-// NewLocalSlots returns an in-memory cap of capacity calls in flight per
-// key. capacity must be at least 1.
-func NewLocalSlots(capacity int64) (*LocalSlots, error) {
+// NewLocalSlots returns [Slots] that cap the calls in flight per key
+// within one process, in memory: at most capacity holders of each key at
+// once. capacity must be at least 1.
+//
+// Waiting callers are served in arrival order: a released slot is handed
+// to the oldest waiter directly, so a caller arriving later cannot take it
+// first. A waiter sleeps on a channel until then; nothing polls. Keys each
+// get their own cap of capacity slots; a key with no holder and no waiter
+// is forgotten. The Slots are safe for concurrent use.
+func NewLocalSlots(capacity int64) (Slots, error) {
 	if capacity < 1 {
 		return nil, invalid("throttle: NewLocalSlots", "capacity", capacity, "must be at least 1")
 	}
-	return &LocalSlots{capacity: capacity, keys: make(map[string]*slotQueue)}, nil
+	return &localSlots{capacity: capacity, keys: make(map[string]*slotQueue)}, nil
 }
 
 // Hold implements [Slots].
-func (s *LocalSlots) Hold(ctx context.Context, key string, maxWait time.Duration) (func(), error) {
+func (s *localSlots) Hold(ctx context.Context, key string, maxWait time.Duration) (func(), error) {
 	if maxWait < 0 {
-		return nil, invalid("throttle: LocalSlots.Hold", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
+		return nil, invalid("throttle: Slots.Hold", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
 	}
-	ctx, cancel := WaitContext(ctx)
+	ctx, cancel := waitstop.Context(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return nil, waitCtxErr(ctx)
@@ -90,7 +92,7 @@ func (s *LocalSlots) Hold(ctx context.Context, key string, maxWait time.Duration
 	}
 	if maxWait == 0 {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("throttle: LocalSlots: no slot of key %q free: %w", key, ErrTimeout)
+		return nil, fmt.Errorf("throttle: local slots: no slot of key %q free: %w", key, ErrTimeout)
 	}
 	w := &slotWaiter{ready: make(chan struct{})}
 	q.waiters = append(q.waiters, w)
@@ -107,7 +109,7 @@ func (s *LocalSlots) Hold(ctx context.Context, key string, maxWait time.Duration
 	case <-w.ready:
 		return s.releaser(key), nil
 	case <-expired:
-		err = fmt.Errorf("throttle: LocalSlots: no slot of key %q within %v: %w", key, maxWait, ErrTimeout)
+		err = fmt.Errorf("throttle: local slots: no slot of key %q within %v: %w", key, maxWait, ErrTimeout)
 	case <-ctx.Done():
 		err = waitCtxErr(ctx)
 	}
@@ -144,7 +146,7 @@ func waitCtxErr(ctx context.Context) error {
 
 // releaser returns the idempotent function that gives one slot of key
 // back: to the oldest waiter if there is one, else to the free pool.
-func (s *LocalSlots) releaser(key string) func() {
+func (s *localSlots) releaser(key string) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -166,14 +168,14 @@ func (s *LocalSlots) releaser(key string) func() {
 }
 
 // forget drops key's state when nobody holds or waits. s.mu is held.
-func (s *LocalSlots) forget(key string, q *slotQueue) {
+func (s *localSlots) forget(key string, q *slotQueue) {
 	if q.held == 0 && len(q.waiters) == 0 {
 		delete(s.keys, key)
 	}
 }
 
 // state returns how many slots of key are held and how many callers wait.
-func (s *LocalSlots) state(key string) (held int64, waiting int) {
+func (s *localSlots) state(key string) (held int64, waiting int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if q := s.keys[key]; q != nil {

@@ -94,13 +94,13 @@ func TestLocalSlotsServeWaitersInArrivalOrder(t *testing.T) {
 	}
 }
 
-func waitingOn(s *LocalSlots, n int) bool {
-	_, w := s.state("")
+func waitingOn(s Slots, n int) bool {
+	_, w := s.(*localSlots).state("")
 	return w == n
 }
 
-func inFlight(s *LocalSlots, key string) int64 {
-	h, _ := s.state(key)
+func inFlight(s Slots, key string) int64 {
+	h, _ := s.(*localSlots).state(key)
 	return h
 }
 
@@ -131,7 +131,7 @@ func TestLocalSlotsTimeoutAndCancelLeaveTheQueue(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Hold = %v, want context.Canceled", err)
 	}
-	if _, w := s.state(""); w != 0 {
+	if _, w := s.(*localSlots).state(""); w != 0 {
 		t.Fatalf("waiting after timeouts and cancel = %d, want 0", w)
 	}
 	release()

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // Smooth is a [Bucket] that spreads permits evenly through the interval
@@ -38,9 +40,9 @@ import (
 // itself smooth instead (package bucket's GCRA with a burst of 1 or a few,
 // one round trip per permit) and use it without Smooth.
 //
-// Smooth wraps inner: a [Limiter] finds inner's [Fallbacker],
-// [AdaptiveStore], [Immediate] and [Checker] through [Smooth.Unwrap], and
-// uses Smooth's own Pause and Refund. Under a Limiter with leasing
+// Smooth wraps inner: a [Limiter] uses inner's limit, adaptive rate and
+// Check, and Smooth's own pause (of this instance, passed on to inner)
+// and refund (passed on to inner). Under a Limiter with leasing
 // ([WithLeasing]) each batch is one take of Smooth: permits are then paced
 // per batch, not one by one.
 //
@@ -54,8 +56,8 @@ import (
 // Keys whose pace has caught up with the clock are forgotten.
 type Smooth struct {
 	inner    Bucket
-	refunder Refunder
-	pauser   Pauser
+	refunder capability.Refunder
+	pauser   capability.Pauser
 	limit    int64
 	emission int64 // ns between this instance's permits
 	slack    int64 // how far behind the clock a pace may lag: emission/2
@@ -131,8 +133,8 @@ func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...Smooth
 		seed:     maphash.MakeSeed(),
 	}
 	s.root.Store(idlePace)
-	s.refunder, _ = capability[Refunder](inner)
-	s.pauser, _ = capability[Pauser](inner)
+	s.refunder, _ = findCap[capability.Refunder](inner)
+	s.pauser, _ = findCap[capability.Pauser](inner)
 	for i := range s.shards {
 		s.shards[i].tats = make(map[string]int64)
 		s.shards[i].sweepSize = 64
@@ -142,8 +144,26 @@ func NewSmooth(inner Bucket, limit int64, interval time.Duration, opts ...Smooth
 
 func (s *Smooth) now() int64 { return int64(s.clock.Since(s.epoch)) }
 
-// Unwrap returns the bucket s paces (see [Bucket] on wrappers).
-func (s *Smooth) Unwrap() Bucket { return s.inner }
+// unwrap returns the bucket s paces: a Limiter looks there for what s
+// does not offer itself (see [Bucket] on wrappers).
+func (s *Smooth) unwrap() Bucket { return s.inner }
+
+// capabilities are what s offers a Limiter itself: refunds and pauses.
+func (s *Smooth) capabilities() capability.Set {
+	c := (*smoothCaps)(s)
+	return capability.Set{Refunder: c, Pauser: c}
+}
+
+// smoothCaps is a Smooth seen through its capabilities.
+type smoothCaps Smooth
+
+func (c *smoothCaps) Refund(ctx context.Context, key string, n int64) error {
+	return (*Smooth)(c).refund(ctx, key, n)
+}
+
+func (c *smoothCaps) Pause(ctx context.Context, key string, d time.Duration) error {
+	return (*Smooth)(c).pause(ctx, key, d)
+}
 
 // Take implements [Bucket]: when key's next slot has come it takes it and
 // returns the inner bucket's decision for n permits (asked with maxWait);
@@ -232,12 +252,11 @@ func (s *Smooth) shard(key string) *localShard {
 	return &s.shards[maphash.String(s.seed, key)%localShards]
 }
 
-// Refund implements [Refunder]: the permits are refunded to the inner
-// bucket, if it takes them back. Their slots stay used: Refund does not
+// refund refunds the permits to the inner bucket, if it takes them back. Their slots stay used: Refund does not
 // say which slots come back, and moving the pace back would free the
 // slots of permits granted since (late refunds of old permits would let
 // several permits through at once).
-func (s *Smooth) Refund(ctx context.Context, key string, n int64) error {
+func (s *Smooth) refund(ctx context.Context, key string, n int64) error {
 	if n < 1 {
 		return nil
 	}
@@ -247,10 +266,10 @@ func (s *Smooth) Refund(ctx context.Context, key string, n int64) error {
 	return nil
 }
 
-// Pause implements [Pauser]: this instance gives key no slot for d, and
-// the pause is passed on to the inner bucket if it is a Pauser, so that
-// the rest of the fleet stops too. d is clamped to [MaxPause].
-func (s *Smooth) Pause(ctx context.Context, key string, d time.Duration) error {
+// pause gives key no slot of this instance for d, and passes the pause
+// on to the inner bucket if it pauses, so that the rest of the fleet
+// stops too. d is clamped to [MaxPause].
+func (s *Smooth) pause(ctx context.Context, key string, d time.Duration) error {
 	d = min(d, MaxPause)
 	if d > 0 {
 		until := s.now() + int64(d)

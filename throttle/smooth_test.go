@@ -9,6 +9,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 func TestNewSmoothRefusesBadConfig(t *testing.T) {
@@ -138,7 +140,7 @@ func TestSmoothFleet(t *testing.T) {
 
 // TestSmoothKeepsItsInnerCapabilities: a Limiter over a Smooth finds
 // what the inner bucket offers (its limit for the failure policy and the
-// adaptive rate, that it decides in memory) through Unwrap, and uses
+// adaptive rate, that it decides in memory) through unwrap, and uses
 // Smooth's own Pause and Refund, which pace as well.
 func TestSmoothKeepsItsInnerCapabilities(t *testing.T) {
 	clock := clockwork.NewFakeClock()
@@ -147,9 +149,9 @@ func TestSmoothKeepsItsInnerCapabilities(t *testing.T) {
 	s, err := NewSmooth(inner, 10, time.Second, WithClock(clock))
 	require.NoError(t, err)
 	c := findCapabilities(s)
-	assert.Equal(t, Fallbacker(inner), c.fallbacker)
-	assert.Equal(t, Pauser(s), c.pauser)
-	assert.Equal(t, Refunder(s), c.refunder)
+	assert.Equal(t, capability.Fallbacker((*localCaps)(inner)), c.fallbacker)
+	assert.Equal(t, capability.Pauser((*smoothCaps)(s)), c.pauser)
+	assert.Equal(t, capability.Refunder((*smoothCaps)(s)), c.refunder)
 	assert.True(t, c.immediate)
 }
 
@@ -224,7 +226,7 @@ func TestSmoothPauseAndRefund(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	for _, key := range []string{"", "k"} {
-		require.NoError(t, s.Pause(ctx, key, time.Second))
+		require.NoError(t, s.pause(ctx, key, time.Second))
 		d, err := s.Take(ctx, key, 1, 0)
 		require.NoError(t, err)
 		assert.False(t, d.Granted)
@@ -235,7 +237,7 @@ func TestSmoothPauseAndRefund(t *testing.T) {
 	d, err := s.Take(ctx, "", 1, 0)
 	require.NoError(t, err)
 	require.True(t, d.Granted)
-	require.NoError(t, s.Refund(ctx, "", 1))
+	require.NoError(t, s.refund(ctx, "", 1))
 	assert.Equal(t, int64(1), inner.refunded.Load())
 	d, err = s.Take(ctx, "", 1, 0)
 	require.NoError(t, err)

@@ -7,7 +7,7 @@ import (
 
 // Spreading a period's grants.
 //
-// A [Periodic] bucket grants its whole limit as soon as it is asked in a
+// A periodic bucket (see Periodic in [Bucket]) grants its whole limit as soon as it is asked in a
 // period: a crowd of callers at a period's start takes it in a few
 // milliseconds. The next period's crowd comes one interval later, and a
 // provider counting a sliding window of that interval sees the end of the
@@ -60,12 +60,12 @@ import (
 // grant another instance of the fleet holds for a later place goes at
 // that place.
 
-// MaxSpreadInterval is the longest interval of a [Periodic] bucket whose
+// MaxSpreadInterval is the longest interval of a periodic bucket whose
 // periods a Limiter spreads: a daily quota is not a pace.
 const MaxSpreadInterval = time.Minute
 
 // SpreadSpan is the share of its interval over which a Limiter places a
-// [Periodic] bucket's grants: the grant with b permits granted before it
+// periodic bucket's grants (see Periodic in [Bucket]): the grant with b permits granted before it
 // in a period of limit L waits until b/L·SpreadSpan·interval after the
 // period's start (the period's end, less the interval), for callers that
 // can wait that long. The last place comes a twentieth of the interval
@@ -138,7 +138,7 @@ func (l *Limiter) spreadDelay(n int64, d Decision, elapsed time.Duration) time.D
 
 // spreadOut waits delay (a grant's place in its period) for the caller's
 // n permits of st's key; a caller that leaves first gives them back if
-// the bucket takes permits back ([Refunder]), else they are spent. again
+// the bucket takes permits back (its Refund), else they are spent. again
 // reports that a pause of the key reported meanwhile (Report with a retry
 // time) still holds when the place comes: the permits are given back the
 // same way, and the caller must ask anew, as a caller arriving now would,

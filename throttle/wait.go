@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/headway-go/headway/internal/waitstop"
 )
 
 // The wait.
@@ -84,7 +86,7 @@ func (l *Limiter) wait(ctx context.Context, dm demand, maxWait time.Duration) (D
 	if dm.cost == nil && l.useHeld(ctx, dm.key, dm.n) {
 		return Decision{Granted: true}, fromHeld, nil // the caller holds them already (ContextWithPermit)
 	}
-	ctx, cancel := WaitContext(ctx)
+	ctx, cancel := waitstop.Context(ctx)
 	defer cancel()
 	if ctx.Err() != nil {
 		return Decision{}, fromStore, waitErr(ctx) // stopped already

@@ -3,12 +3,14 @@ package throttle
 import (
 	"context"
 	"fmt"
+
+	"github.com/headway-go/headway/internal/waitstop"
 )
 
 // ContextWithWaitStop returns a copy of ctx under which waits for
 // permits also end once stop is done, while ctx itself, and the work done
 // under it, go on. The waits are those of Acquire, AcquireN and
-// AcquireCost, of a concurrency slot ([LocalSlots] and the Concurrency of
+// AcquireCost, of a concurrency slot ([NewLocalSlots] and the Concurrency of
 // package bucket), and of a provider's pause in the Transport of package
 // throttle/httpclient; a wait ended so returns an error matching
 // context.Canceled that also names stop's cause ([context.Cause], or the
@@ -31,60 +33,7 @@ func ContextWithWaitStop(ctx, stop context.Context) context.Context {
 	if stop == nil {
 		return ctx
 	}
-	outer, _ := ctx.Value(waitStopKey{}).(*waitStop)
-	return context.WithValue(ctx, waitStopKey{}, &waitStop{stop: stop, outer: outer})
-}
-
-// WaitContext returns the context to wait under for a permit, a slot or a
-// pause asked for under ctx: ctx itself when no stop was given to it
-// ([ContextWithWaitStop]), else a context that also ends when a stop does.
-// Call cancel once the wait is over. Clients that wait on their own, as
-// the Transport of throttle/httpclient waits out a provider's pause, use
-// it so that a stop ends their waits too.
-func WaitContext(ctx context.Context) (wctx context.Context, cancel context.CancelFunc) {
-	ws, _ := ctx.Value(waitStopKey{}).(*waitStop)
-	if ws == nil {
-		return ctx, func() {}
-	}
-	wctx, cancelCause := context.WithCancelCause(ctx)
-	var unhook []func() bool
-	for ; ws != nil; ws = ws.outer {
-		stop := ws.stop
-		end := func() {
-			cancelCause(fmt.Errorf("permit waits stopped: %w", stopCause(stop)))
-		}
-		if stop.Err() != nil {
-			end()
-			break
-		}
-		unhook = append(unhook, context.AfterFunc(stop, end))
-	}
-	return wctx, func() {
-		for _, u := range unhook {
-			u()
-		}
-		cancelCause(nil)
-	}
-}
-
-// stopCause is why stop ended: its Cause method's answer when it has
-// one (a stop of a type of its own), else context.Cause's.
-func stopCause(stop context.Context) error {
-	if c, ok := stop.(interface{ Cause() error }); ok {
-		if err := c.Cause(); err != nil {
-			return err
-		}
-	}
-	return context.Cause(stop)
-}
-
-type waitStopKey struct{}
-
-// waitStop is a stop passed down a context; outer is the enclosing
-// context's.
-type waitStop struct {
-	stop  context.Context
-	outer *waitStop
+	return waitstop.With(ctx, stop)
 }
 
 // waitErr is the error of a wait that ctx ended: ctx's error, and its

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/headway-go/headway/internal/waitstop"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -67,7 +68,7 @@ func TestWaitStopsNestAndEitherEndsTheWait(t *testing.T) {
 
 func TestWaitContextWithoutAStopIsTheContext(t *testing.T) {
 	ctx := context.WithValue(context.Background(), struct{}{}, 1)
-	wctx, cancel := throttle.WaitContext(ctx)
+	wctx, cancel := waitstop.Context(ctx)
 	cancel()
 	assert.Equal(t, ctx, wctx, "no stop: no derived context")
 	assert.Equal(t, ctx, throttle.ContextWithWaitStop(ctx, nil), "a nil stop changes nothing")

@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // printAdaptive prints the line of `show` about the fleet's adaptive
 // rate: the rate the fleet paces its grants at since the provider refused
 // calls without a retry hint, or that it is not adapting.
 func printAdaptive(ctx context.Context, w io.Writer, b live, t target) error {
-	s, err := b.Adaptive(ctx, t.tenant)
+	s, err := capability.ReadAdaptive(ctx, capabilities(b).AdaptiveStore, t.tenant)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 	"github.com/jonboulle/clockwork"
 )
@@ -144,9 +145,11 @@ func (g Guarantee) String() string {
 
 // Run runs the conformance suite on the bucket spec describes, each check
 // as a subtest of t. Checks for optional behaviour run only when the
-// bucket has it: the pause checks for a [throttle.Pauser], the refund
-// check for a [throttle.Refunder]. A Spec that is incomplete or
-// inconsistent fails t at once.
+// bucket has it: the pause checks for a bucket with a Pause method, the
+// refund check for one with a Refund method (see [throttle.Bucket]; the
+// buckets of package bucket all pause, and Budget refunds, through what
+// they offer a Limiter). A Spec that is incomplete or inconsistent fails
+// t at once.
 func Run(t *testing.T, spec Spec) {
 	t.Helper()
 	s, err := newSuite(spec)
@@ -176,14 +179,20 @@ type check struct {
 	run     func(t *testing.T, s *suite)
 }
 
-func isPauser(_ *suite, b throttle.Bucket) bool { _, ok := b.(throttle.Pauser); return ok }
+func isPauser(_ *suite, b throttle.Bucket) bool {
+	_, ok := capability.Of[capability.Pauser](b)
+	return ok
+}
 func isCostBucket(s *suite, b throttle.Bucket) bool {
 	_, ok := b.(throttle.CostBucket)
 	return ok && s.CostDimension != ""
 }
-func isRefunder(_ *suite, b throttle.Bucket) bool { _, ok := b.(throttle.Refunder); return ok }
-func hasMaxKey(s *suite, _ throttle.Bucket) bool  { return s.MaxKeyLen > 0 }
-func noMaxKey(s *suite, _ throttle.Bucket) bool   { return s.MaxKeyLen == 0 }
+func isRefunder(_ *suite, b throttle.Bucket) bool {
+	_, ok := capability.Of[capability.Refunder](b)
+	return ok
+}
+func hasMaxKey(s *suite, _ throttle.Bucket) bool { return s.MaxKeyLen > 0 }
+func noMaxKey(s *suite, _ throttle.Bucket) bool  { return s.MaxKeyLen == 0 }
 
 var checks = []check{
 	{name: "refusal names a delay after which a take succeeds", run: checkRefusalDelay},
@@ -270,3 +279,9 @@ func newSuite(spec Spec) (*suite, error) {
 
 // real reports whether the bucket decides in real time.
 func (s *suite) real() bool { return s.Clock == nil }
+
+// mustOf is v's capability T, which the caller checked v has.
+func mustOf[T any](v any) T {
+	t, _ := capability.Of[T](v)
+	return t
+}

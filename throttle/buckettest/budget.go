@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -321,12 +322,12 @@ func (b *budget) takeReturns(ctx context.Context, i int, key string, n int64, ma
 	return r.d, r.err
 }
 
-// pause pauses key for d through value i (a throttle.Pauser).
+// pause pauses key for d through value i (a bucket that pauses).
 func (b *budget) pause(i int, key string, d time.Duration) error {
 	b.t.Helper()
-	p, ok := b.value(i).(throttle.Pauser)
+	p, ok := capability.Of[capability.Pauser](b.value(i))
 	if !ok {
-		b.t.Fatalf("%T is not a throttle.Pauser", b.value(i))
+		b.t.Fatalf("%T does not pause", b.value(i))
 	}
 	b.markPaused(key)
 	return returns(b.t, fmt.Sprintf("Pause(%q, %v)", key, d), func() error {

@@ -20,9 +20,10 @@
 //   - n above the burst fails with [throttle.ErrExceedsLimit] at once, even
 //     on a spent key, and n < 1 with [throttle.ErrInvalid];
 //   - Decision's Limit, Remaining and Reset agree with the decision;
-//   - a [throttle.Pauser] holds every value sharing the budget, is never
+//   - a pause (a Pause method, see [throttle.Bucket]) holds every value
+//     sharing the budget, is never
 //     shortened, and clamps a pause above [throttle.MaxPause];
-//   - a [throttle.Refunder]'s refunds never let grants exceed the guarantee;
+//   - refunds (a Refund method) never let grants exceed the guarantee;
 //   - a [throttle.CostBucket]'s grants carry Decision.Settle, and a cost
 //     given back after its period has ended never lets a later period
 //     exceed the guarantee ([Spec].CostDimension);

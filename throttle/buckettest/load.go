@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -93,7 +94,7 @@ func (b *budget) do(i int, key string, a ask, r *recorder) (throttle.Decision, b
 	case !d.Granted:
 		r.refused(d.Delay)
 	case a.refund:
-		if err := b.value(i).(throttle.Refunder).Refund(context.Background(), key, a.n); err != nil {
+		if err := mustOf[capability.Refunder](b.value(i)).Refund(context.Background(), key, a.n); err != nil {
 			b.t.Errorf("Refund(%q, %d) = %v", key, a.n, err)
 			return d, false
 		}
@@ -164,7 +165,7 @@ func (b *budget) realRun(key string, d time.Duration, l load) []permit {
 	start := make(chan struct{})
 	if l.pause {
 		b.markPaused(key)
-		p := b.value(0).(throttle.Pauser)
+		p := mustOf[capability.Pauser](b.value(0))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -173,7 +173,7 @@ func (r *ref) decide(tat, pause, n int64, maxWait time.Duration) (throttle.Decis
 	return throttle.Decision{Granted: true, Delay: time.Duration(max(wait, 0)), Limit: r.limit, Remaining: rem, Reset: time.Duration(next - now)}, next
 }
 
-// Pause implements throttle.Pauser.
+// Pause is the optional Pause of throttle.Bucket.
 func (r *ref) Pause(_ context.Context, key string, d time.Duration) error {
 	if r.bug != pauseOverflows {
 		d = min(d, throttle.MaxPause)
@@ -194,7 +194,7 @@ func (r *ref) Pause(_ context.Context, key string, d time.Duration) error {
 	return nil
 }
 
-// Refund implements throttle.Refunder and, like throttle.Local's, gives
+// Refund is the optional Refund of throttle.Bucket and, like throttle.Local's, gives
 // nothing back: Refund does not say which permits come back, and moving
 // the state back frees the slots of permits granted since (to another
 // caller, under concurrency), which the suite catches (see refundNaive).

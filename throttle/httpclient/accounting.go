@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/headway-go/headway/throttle"
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // The accounting headers of LLM providers: several dimensions (requests,
@@ -15,7 +15,7 @@ import (
 
 // dimension names the headers of one dimension a provider accounts for.
 type dimension struct {
-	// name is the dimension's name in a throttle.Exhausted.
+	// name is the dimension's name in a capability.Exhausted.
 	name                    string
 	limit, remaining, reset string
 	// requests: the limit counts calls, per minute, and is advertised to
@@ -71,8 +71,8 @@ func accountingReset(h http.Header, now time.Time) (time.Duration, bool) {
 // and a reset that parses, each with its reset (capped at maxPause), in
 // the order of accountingDimensions; a dimension both providers' headers
 // name is listed once, with the later reset.
-func accountingExhausted(h http.Header, now time.Time) []throttle.Exhausted {
-	var out []throttle.Exhausted
+func accountingExhausted(h http.Header, now time.Time) []capability.Exhausted {
+	var out []capability.Exhausted
 	for _, d := range accountingDimensions {
 		v := h.Get(d.reset)
 		if v == "" || !noneLeft(h, d.remaining) {
@@ -83,9 +83,9 @@ func accountingExhausted(h http.Header, now time.Time) []throttle.Exhausted {
 			continue
 		}
 		reset = min(reset, maxPause)
-		i := slices.IndexFunc(out, func(e throttle.Exhausted) bool { return e.Dimension == d.name })
+		i := slices.IndexFunc(out, func(e capability.Exhausted) bool { return e.Dimension == d.name })
 		if i < 0 {
-			out = append(out, throttle.Exhausted{Dimension: d.name, RetryAfter: reset})
+			out = append(out, capability.Exhausted{Dimension: d.name, RetryAfter: reset})
 		} else {
 			out[i].RetryAfter = max(out[i].RetryAfter, reset)
 		}

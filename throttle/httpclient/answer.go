@@ -46,7 +46,7 @@ import (
 //     dimension apart: any dimension with nothing remaining, requests or
 //     tokens, and a reset time sets Retry until the latest such reset.
 //     (The Transport does better for a budget of those dimensions, a
-//     [throttle.DimensionPauser] such as bucket.Budget, when it takes
+//     bucket.Budget, which pauses dimensions apart, when it takes
 //     its calls' costs ([WithCost]): it holds back each exhausted
 //     dimension until its own reset, and nothing else.)
 //     A tokens limit is not a limit on calls: it sets no Limit.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 	"github.com/headway-go/headway/throttle/httpclient"
 )
@@ -65,7 +66,7 @@ func attempt(t *testing.T, k throttle.Keyed, handle func(ctx context.Context)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the handler timeout
 	defer cancel()
-	if k.Limiter() == nil { // a consumer without a Limiter takes none
+	if k == (throttle.Keyed{}) { // a consumer without a Limiter takes none
 		handle(ctx)
 		return
 	}
@@ -427,7 +428,7 @@ func TestLyingRetryAfterIsCappedAndASuccessIsNotARefusal(t *testing.T) {
 			got := strings.Join(pb.pauses, ",")
 			pb.mu.Unlock()
 			assert.Equal(t, tt.pauses, got)
-			s, err := lim.AdaptiveState(context.Background(), "")
+			s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(context.Background())
 			require.NoError(t, err)
 			assert.Equal(t, tt.paced, s.Active())
 		})

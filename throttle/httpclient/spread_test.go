@@ -18,7 +18,7 @@ import (
 
 // periodic grants limit per aligned period (a second unless every says
 // otherwise) of its clock, as a fixed window does, and says so
-// ([throttle.Periodic]).
+// (periodic: see throttle.Bucket).
 type periodic struct {
 	clock clockwork.Clock
 	limit int64

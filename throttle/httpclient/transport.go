@@ -3,6 +3,8 @@ package httpclient
 import (
 	"context"
 	"fmt"
+	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/waitstop"
 	"io"
 	"log/slog"
 	"math"
@@ -40,7 +42,7 @@ const maxPause = time.Hour
 // maxWait. A permit the request's context holds for the same budget
 // ([throttle.Keyed.ContextWithPermit]: a consumer's, for the attempt)
 // serves its first send at once, unless the Transport must first wait
-// out a pause: then the permit is given up ([throttle.Keyed.Forfeit]) and
+// out a pause: then the permit is given up and
 // a new one taken. See the package doc, "With a Kafka consumer". With
 // [WithCost], a request takes its estimated cost (requests and tokens)
 // instead of a permit, and settles it with the provider's usage.
@@ -48,10 +50,11 @@ const maxPause = time.Hour
 // Reacting. When the provider answers with a status that signals a limit
 // (by default 429, 503 and 403; see [WithLimitStatuses]) and a retry time
 // (read by [RetryAfter]; capped at one hour), the Transport pauses the
-// request's bucket key until then: through [throttle.Pauser] for every
-// instance sharing the bucket (the Redis buckets), and always in the
-// Transport itself, so its own requests wait even when the bucket is not
-// a Pauser or Pause failed. A 403 or 503 without a retry time, or whose
+// request's bucket key until then: through the bucket's pause for every
+// instance sharing the bucket (the Redis buckets; a bucket of your own
+// with a Pause method, see [throttle.Bucket]), and always in the
+// Transport itself, so its own requests wait even when the bucket does
+// not pause or its pause failed. A 403 or 503 without a retry time, or whose
 // reset headers show calls remaining, is an answer like any other.
 //
 // Retrying. The request is sent again after the pause, at most n times
@@ -73,7 +76,7 @@ const maxPause = time.Hour
 // reset. When only the accounting headers name the time (OpenAI's
 // x-ratelimit-remaining-tokens: 0 with its reset; a 429 without
 // Retry-After too), the Transport takes its calls' costs ([WithCost])
-// and the bucket is a [throttle.DimensionPauser] (bucket.Budget), each
+// and the bucket pauses dimensions apart (bucket.Budget), each
 // exhausted dimension is held back until its own reset instead, for the
 // fleet, and a cost needing none of it goes on; the Transport pauses
 // nothing of its own then. (Without WithCost, a call takes a permit of
@@ -98,12 +101,7 @@ type Transport struct {
 	learned *callTimes                             // WithCallTimeLearned; nil: not learned
 
 	mu     sync.Mutex
-	paused map[pauseKey]time.Time // local pauses: until when, on the limiter's clock
-}
-
-type pauseKey struct {
-	l   *throttle.Limiter
-	key string
+	paused map[throttle.Keyed]time.Time // local pauses: until when, on the limiter's clock
 }
 
 // Option configures [NewTransport].
@@ -310,7 +308,7 @@ func ContextWithMaxWait(ctx context.Context, d time.Duration) context.Context {
 // [WithBase], [WithRequestKey], [WithMaxWait], [WithRetries],
 // [WithLimitStatuses], [WithRetryAnyMethod], [WithConcurrency],
 // [WithAnswer], [WithCost], [WithCallTime], [WithCallTimeLearned], [WithLogger]. The Transport sleeps on the
-// clock of the request's Limiter ([throttle.Limiter.Clock]).
+// clock of the request's Limiter ([throttle.WithClock]).
 //
 // Build one Transport and share it: without [WithBase], each has a pool
 // of connections of its own, kept idle for up to 90 s after use
@@ -366,7 +364,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		cost:    c.cost,
 		call:    c.call,
 		learned: learnedIf(c.learn),
-		paused:  make(map[pauseKey]time.Time),
+		paused:  make(map[throttle.Keyed]time.Time),
 	}, nil
 }
 
@@ -397,10 +395,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.key != nil {
 		k = t.key(req)
 	}
-	if k.Limiter() == nil && t.lim != nil {
+	if capability.KeyedLimiter(k).None() && t.lim != nil {
 		k = t.lim.Key("")
 	}
-	if k.Limiter() == nil {
+	if capability.KeyedLimiter(k).None() {
 		return fail(errs.Invalid("Transport", "WithRequestKey", "zero Keyed", "must return a Keyed from Limiter.Key when NewTransport has no Limiter"))
 	}
 	maxWait := t.maxWait
@@ -410,7 +408,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if maxWait < 0 {
 		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
 	}
-	clock := k.Limiter().Clock()
+	clock := capability.KeyedLimiter(k).Clock()
 	if call := t.callTime(clock.Now()); call > 0 {
 		// Leave the call its room before the deadline (WithCallTime).
 		if dl, ok := ctx.Deadline(); ok {
@@ -583,7 +581,7 @@ func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Durati
 	if t.slots == nil {
 		return nil, nil
 	}
-	wctx, cancel := throttle.WaitContext(ctx)
+	wctx, cancel := waitstop.Context(ctx)
 	defer cancel()
 	release, err := t.slots.Hold(wctx, k.Key(), left)
 	if err != nil && wctx.Err() != nil && context.Cause(wctx) != wctx.Err() {
@@ -752,7 +750,7 @@ func (b *releasingRW) Close() error {
 // acquire waits out any local pause of k, then takes a permit within left,
 // or the cost est when it is not nil (WithCost), whose grant it returns.
 func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration, est throttle.Cost) (*throttle.CostGrant, error) {
-	clock := k.Limiter().Clock()
+	clock := capability.KeyedLimiter(k).Clock()
 	start := clock.Now()
 	for {
 		remaining := left
@@ -764,7 +762,7 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 			// attempt) was taken before the provider's pause: spent
 			// after it, it would come on top of what the bucket grants
 			// then. Wait, then take a new one.
-			k.Forfeit(ctx)
+			capability.KeyedLimiter(k).Forfeit(ctx)
 			ctxBound := false
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 				ctxBound = true
@@ -792,7 +790,7 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 		if t.pauseLeft(k) > 0 {
 			if grant != nil {
 				_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est)) // best effort
-			} else if r, ok := k.Limiter().Bucket().(throttle.Refunder); ok {
+			} else if r := capability.KeyedLimiter(k).Capabilities().Refunder; r != nil {
 				_ = r.Refund(ctx, k.Key(), 1) // best effort
 			}
 			continue
@@ -804,18 +802,18 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 // pauseLeft is how long k stays paused locally.
 func (t *Transport) pauseLeft(k throttle.Keyed) time.Duration {
 	t.mu.Lock()
-	until, ok := t.paused[pauseKey{k.Limiter(), k.Key()}]
+	until, ok := t.paused[k]
 	t.mu.Unlock()
 	if !ok {
 		return 0
 	}
-	return until.Sub(k.Limiter().Clock().Now())
+	return until.Sub(capability.KeyedLimiter(k).Clock().Now())
 }
 
 // sleep waits d on clock, or until ctx ends or its waits are stopped
 // (throttle.ContextWithWaitStop).
 func sleep(ctx context.Context, clock clockwork.Clock, d time.Duration) error {
-	ctx, cancel := throttle.WaitContext(ctx)
+	ctx, cancel := waitstop.Context(ctx)
 	defer cancel()
 	tm := clock.NewTimer(d)
 	defer tm.Stop()
@@ -845,9 +843,9 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 	if d <= 0 {
 		return
 	}
-	now := k.Limiter().Clock().Now()
+	now := capability.KeyedLimiter(k).Clock().Now()
 	until := now.Add(d)
-	pk := pauseKey{k.Limiter(), k.Key()}
+	pk := k
 	t.mu.Lock()
 	if until.After(t.paused[pk]) {
 		t.paused[pk] = until
@@ -858,7 +856,7 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 		}
 	}
 	t.mu.Unlock()
-	if p, ok := k.Limiter().Bucket().(throttle.Pauser); ok {
+	if p := capability.KeyedLimiter(k).Capabilities().Pauser; p != nil {
 		// The pause matters beyond this request: do not let its
 		// cancellation skip it, but do not hang on a sick store either.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -871,7 +869,7 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 
 // exhaustedOnly is the dimensions resp's accounting headers name as
 // exhausted, when no other header names a retry time (nil otherwise).
-func exhaustedOnly(resp *http.Response, now time.Time) []throttle.Exhausted {
+func exhaustedOnly(resp *http.Response, now time.Time) []capability.Exhausted {
 	pnow := providerNow(resp.Header, now)
 	if _, other := retryHeaders(resp, pnow); other {
 		return nil
@@ -880,7 +878,7 @@ func exhaustedOnly(resp *http.Response, now time.Time) []throttle.Exhausted {
 }
 
 // pauseDimensions pauses the dimensions ex of k's bucket, for the whole
-// fleet, when the bucket is a throttle.DimensionPauser and the Transport
+// fleet, when the bucket pauses dimensions apart and the Transport
 // takes its calls' costs (WithCost); it reports whether it did (a failed
 // pause is logged: the Transport's own pause would be of every
 // dimension). Without WithCost a call takes a permit of the bucket's
@@ -888,12 +886,12 @@ func exhaustedOnly(resp *http.Response, now time.Time) []throttle.Exhausted {
 // of the other dimensions would not hold it, though it spends them at
 // the provider, nor would a pause in the bucket stop the lease; the
 // whole key is paused then, the lease with it (Limiter.Report).
-func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []throttle.Exhausted) bool {
+func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []capability.Exhausted) bool {
 	if t.cost == nil {
 		return false
 	}
-	dp, ok := k.Limiter().Bucket().(throttle.DimensionPauser)
-	if !ok {
+	dp := capability.KeyedLimiter(k).Capabilities().DimensionPauser
+	if dp == nil {
 		return false
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)

@@ -938,3 +938,85 @@ func TestTransportPauseFromProviderHeaders(t *testing.T) {
 		})
 	}
 }
+
+// countingWrapper is a wrapper a user might write: it counts takes and
+// offers Unwrap, and has no Pause of its own.
+type countingWrapper struct {
+	throttle.Bucket
+	takes atomic.Int64
+}
+
+func (w *countingWrapper) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	w.takes.Add(1)
+	return w.Bucket.Take(ctx, key, n, maxWait)
+}
+
+func (w *countingWrapper) Unwrap() throttle.Bucket { return w.Bucket }
+
+// TestTransportPausesTheBucketBehindAWrapper: a provider's pause reaches
+// the bucket behind a user's wrapper that offers Unwrap, as the Limiter
+// finds the bucket's other methods (the Transport used to look at the
+// wrapper only, and paused nothing for the fleet).
+func TestTransportPausesTheBucketBehindAWrapper(t *testing.T) {
+	clk := clockwork.NewFakeClockAt(time.Unix(1_800_000_000, 0))
+	srv := newCountingServer(t, clk, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.Header().Set("Retry-After", "3")
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+			return
+		}
+		fmt.Fprint(w, "ok")
+	})
+	local, err := throttle.NewLocal(1000, time.Second, throttle.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb := &pauseRecorder{Bucket: local, clock: clk, until: map[string]time.Time{}}
+	wrapped := &countingWrapper{Bucket: pb}
+	lim := throttle.New(wrapped, throttle.WithClock(clk))
+	defer lim.Close()
+	tr := mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport), httpclient.WithRetries(0))
+	resp, err := (&http.Client{Transport: tr}).Get(srv.URL)
+	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("Get: %v, %v; want the 429", resp, err)
+	}
+	drain(resp)
+	pb.mu.Lock()
+	got := strings.Join(pb.pauses, ",")
+	pb.mu.Unlock()
+	if !strings.HasPrefix(got, "=3s") {
+		t.Errorf("Pause calls on the wrapped bucket: %q, want the provider's 3s for key \"\"", got)
+	}
+	if wrapped.takes.Load() == 0 {
+		t.Error("the wrapper saw no take")
+	}
+}
+
+// TestTransportRequestKeyOfANilLimiterIsTheTransportsOwn: a request key
+// built from a nil Limiter (a map of limiters without the request's host,
+// say) means the Transport's own limiter, as a zero Keyed does; it used
+// to, while the Transport told one from the other by the Keyed's Limiter.
+func TestTransportRequestKeyOfANilLimiterIsTheTransportsOwn(t *testing.T) {
+	clk := clockwork.NewFakeClockAt(time.Unix(1_800_000_000, 0))
+	srv := newCountingServer(t, clk, func(n int, w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "ok")
+	})
+	local, err := throttle.NewLocal(1000, time.Second, throttle.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := throttle.New(local, throttle.WithClock(clk))
+	defer lim.Close()
+	var none map[string]*throttle.Limiter
+	tr := mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport),
+		httpclient.WithRequestKey(func(r *http.Request) throttle.Keyed {
+			return none[r.URL.Host].Key(r.URL.Host)
+		}))
+	resp, err := (&http.Client{Transport: tr}).Get(srv.URL)
+	if err != nil {
+		t.Fatalf("Get: %v; want the Transport's own limiter used", err)
+	}
+	if got := drain(resp); got != "ok" {
+		t.Errorf("body %q, want ok", got)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
@@ -315,7 +316,7 @@ func TestRunLoadReportTeachesTheFleet(t *testing.T) {
 
 		b, err := bucket.NewTokenBucket(srv.Client(), c.Key, c.Limit, c.Interval)
 		require.NoError(t, err)
-		st, err := throttle.New(b).AdaptiveState(context.Background(), "")
+		st, err := capability.KeyedLimiter(throttle.New(b).Key("")).AdaptiveState(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, report, st.Active(), "the adaptive rate in Redis is lowered only when the answers are reported (report %v)", report)
 	}

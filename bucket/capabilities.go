@@ -1,0 +1,102 @@
+package bucket
+
+import (
+	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/throttle"
+)
+
+// What each bucket offers a throttle.Limiter beyond Take, found through
+// the registry of internal/capability (so that go doc of this package
+// shows no method users never call): a fleet-wide pause (a provider's Retry-After,
+// through the Transport of throttle/httpclient), its limit and the live
+// instances (for throttle.FailLocal and the adaptive rate), the adaptive
+// rate's state kept in Redis for the whole fleet, and for some a refund,
+// a pause per dimension, or the mark of a periodic bucket (whose grants
+// the Limiter spreads over the period).
+
+// adaptiveStore is c's store of the adaptive rate.
+func (c *common) adaptiveStore() capability.AdaptiveFuncs {
+	return capability.AdaptiveFuncs{Pace: c.paceAdaptive, Swap: c.swapAdaptive}
+}
+
+func init() { capability.Register(capabilitiesOf) }
+
+// capabilitiesOf returns the capabilities of b if b is a bucket of this
+// package: what a throttle.Limiter finds there beyond Take (a fleet-wide
+// pause, its limit for the failure policy, the adaptive rate's shared
+// store, a period the Limiter spreads grants over). It asks for the
+// unexported method rather than the concrete type, so that a user's
+// wrapper that embeds a bucket of this package keeps its capabilities, as
+// it kept its exported methods when they were the capabilities.
+func capabilitiesOf(b any) (capability.Set, bool) {
+	if c, ok := b.(interface{ capabilities() capability.Set }); ok {
+		return c.capabilities(), true
+	}
+	return capability.Set{}, false
+}
+
+func (b *TokenBucket) capabilities() capability.Set {
+	return capability.Set{
+		Pauser:        capability.PauseFunc(b.pause),
+		Fallbacker:    capability.FallbackFunc(b.fallback),
+		AdaptiveStore: b.adaptiveStore(),
+		Periodic:      true, // a period's tokens are all there at its start
+	}
+}
+
+func (b *GCRA) capabilities() capability.Set {
+	return capability.Set{
+		Pauser:        capability.PauseFunc(b.pause),
+		Fallbacker:    capability.FallbackFunc(b.fallback),
+		AdaptiveStore: b.adaptiveStore(),
+	}
+}
+
+func (b *FixedWindow) capabilities() capability.Set {
+	return capability.Set{
+		Pauser:        capability.PauseFunc(b.pause),
+		Fallbacker:    capability.FallbackFunc(b.fallback),
+		AdaptiveStore: b.w.adaptiveStore(),
+		Periodic:      true, // a window's permits are all there at its start
+	}
+}
+
+func (b *Tiers) capabilities() capability.Set {
+	return capability.Set{
+		Pauser:        capability.PauseFunc(b.pause),
+		Fallbacker:    capability.FallbackFunc(b.fallback),
+		AdaptiveStore: b.w.adaptiveStore(),
+	}
+}
+
+func (b *SlidingLog) capabilities() capability.Set {
+	return capability.Set{
+		Pauser:        capability.PauseFunc(b.pause),
+		Fallbacker:    capability.FallbackFunc(b.fallback),
+		AdaptiveStore: b.adaptiveStore(),
+	}
+}
+
+func (b *Counter) capabilities() capability.Set {
+	return capability.Set{
+		Pauser:        capability.PauseFunc(b.pause),
+		Fallbacker:    capability.FallbackFunc(b.fallback),
+		AdaptiveStore: b.adaptiveStore(),
+		Periodic:      true, // a period's calls may all come at its start
+	}
+}
+
+// A Budget also takes back permits (a settle-down, leased permits handed
+// back) and pauses some of a key's dimensions (a provider's accounting
+// headers naming one exhausted).
+func (b *Budget) capabilities() capability.Set {
+	return capability.Set{
+		Refunder:        capability.RefundFunc(b.refund),
+		Pauser:          capability.PauseFunc(b.pause),
+		DimensionPauser: capability.PauseDimensionsFunc(b.pauseDimensions),
+		Fallbacker:      capability.FallbackFunc(b.fallback),
+		AdaptiveStore:   b.adaptiveStore(),
+	}
+}
+
+var _ throttle.Bucket = (*TokenBucket)(nil)
