@@ -131,6 +131,7 @@ type Concurrency struct {
 	log      *slog.Logger
 	warned   sync.Once // the missing channel rights are logged once
 	seq      atomic.Uint64
+	gens     *generations // of the keys this instance used
 
 	mu       sync.Mutex
 	members  map[string]*slotMember // held or waiting, renewed
@@ -197,6 +198,7 @@ func NewConcurrency(rdb redis.UniversalClient, key string, capacity int64, opts 
 		clock:    clockwork.NewRealClock(),
 		log:      c.cfg.logger,
 		members:  make(map[string]*slotMember),
+		gens:     newGenerations(c.cfg.slotLease),
 		life:     life,
 		end:      end,
 	}, nil
@@ -208,11 +210,13 @@ func (s *Concurrency) keys(key string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []string{tag + ":slots", tag + ":slots-queue", tag + ":slots-waiting", tag + ":slots-seq", tag + ":slots-gone"}, nil
+	return []string{tag + ":slots", tag + ":slots-queue", tag + ":slots-waiting", tag + ":slots-seq", tag + ":slots-gone", tag + ":slots-gen"}, nil
 }
 
-func (s *Concurrency) args(extra ...any) []any {
-	return append([]any{s.capacity, s.lease.Milliseconds(), s.chPrefix}, extra...)
+// args are a script's arguments: the common ones, the generation this
+// instance remembers of the cap (gen, "" if none), then the script's own.
+func (s *Concurrency) args(gen string, extra ...any) []any {
+	return append([]any{s.capacity, s.lease.Milliseconds(), s.chPrefix, gen}, extra...)
 }
 
 // Hold implements [throttle.Slots]. Its round trips are bounded by the
@@ -333,19 +337,31 @@ func (s *Concurrency) holds(id string, m *slotMember) func() {
 }
 
 // run runs one of the cap's scripts, bounded by ctx and by
-// slotCallTimeout. The scripts are idempotent per member, so go-redis may
+// slotCallTimeout, passing the generation this instance remembers of the
+// cap and remembering the one the reply carries; it returns the rest of
+// the reply. The scripts are idempotent per member, so go-redis may
 // resend them. Its error is a *throttle.BackendError labelled op.
 func (s *Concurrency) run(ctx context.Context, op string, script *redis.Script, keys []string, extra ...any) ([]any, error) {
+	sent := s.clock.Now()
+	args := s.args(s.gens.told(keys[0], sent), extra...)
 	var r []any
 	err := s.call(ctx, op, keys[0], func(ctx context.Context) error {
-		v, err := script.Run(ctx, s.c.rdb, keys, s.args(extra...)...).Slice()
+		v, err := script.Run(ctx, s.c.rdb, keys, args...).Slice()
 		r = v
 		return err
 	})
 	if err != nil {
 		return nil, err // r may still be written by a round trip left running
 	}
-	return r, nil
+	var gen string
+	if len(r) > 0 {
+		gen, _ = r[0].(string)
+	}
+	if gen == "" {
+		return nil, backend(op, keys[0], fmt.Errorf("unexpected reply %v: no generation", r))
+	}
+	s.gens.heard(keys[0], gen, sent)
+	return r[1:], nil
 }
 
 // call runs f, one round trip, bounded by ctx and slotCallTimeout even

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/headway-go/headway/internal/redisenv"
@@ -502,4 +503,42 @@ func TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack(t *testing.T)
 		t.Fatalf("Hold(5s) once a holder released after the restart = %v, want the slot", err)
 	}
 	rel()
+}
+
+// TestConcurrencyRestartedEmptyAdmitsNoInstanceThatUsedTheKey: after
+// Redis restarts empty, an instance that used the key before (it held a
+// slot and gave it back: it now holds and waits for nothing) gets no
+// slot while the live holders' renewals have not yet put them back. The
+// holders' clocks stand still, so their renewals do not come: the Hold
+// asks before any renewal lands.
+func TestConcurrencyRestartedEmptyAdmitsNoInstanceThatUsedTheKey(t *testing.T) {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "a restart")
+	const lease = 300 * time.Millisecond
+	a := newSlots(t, srv.Client(), "restart-knew", 2, WithLease(lease))
+	b := newSlots(t, srv.Client(), "restart-knew", 2, WithLease(lease))
+	c := newSlots(t, srv.Client(), "restart-knew", 2, WithLease(lease))
+	a.clock, b.clock = clockwork.NewFakeClock(), clockwork.NewFakeClock() // no renewals
+	ctx := context.Background()
+	rel, err := c.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel()
+	for _, s := range []*Concurrency{a, b} {
+		rel, err := s.Hold(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rel()
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if rel, err := c.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		if err == nil {
+			rel()
+		}
+		t.Fatalf("Hold(0), right after the restart, of an instance that used the key, both slots held by live callers = %v, want ErrTimeout", err)
+	}
 }

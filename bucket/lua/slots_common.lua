@@ -8,10 +8,13 @@
 -- KEYS[5]  members gone: sorted set, member → until when (ms) no script
 --          may put it back (see slots_release.lua); and member '!frozen'
 --          → until when the cap admits nobody new (see freeze())
+-- KEYS[6]  the cap's generation (a string, see generation())
 -- ARGV[1]  capacity (integer ≥ 1)
 -- ARGV[2]  lease in milliseconds (integer ≥ 1)
 -- ARGV[3]  wake-up channel prefix; a member "<instance>:<n>" is woken on
 --          channel ARGV[3] .. "<instance>"
+-- ARGV[4]  the generation the calling instance was last told, if it was
+--          told one within the generation's time to live; "" if not
 --
 -- tidy() drops holders and waiters whose lease has ended (their process
 -- stopped renewing: it died or lost Redis). promote() hands free slots to
@@ -20,10 +23,11 @@
 -- lease end, so a waiter that died in the queue holds its slot no longer
 -- than its lease.
 --
--- Every script ends with keep() then publish(), after its last write: a
--- user without the channel's rights (Redis 7 gives new users none) gets
--- no wake-ups, but the script's writes all happen, the keys keep their
--- time to live and the script succeeds. Instances then learn of their
+-- Every script begins with generation() and ends with keep() then
+-- publish(), after its last write: a user without the channel's rights
+-- (Redis 7 gives new users none) gets no wake-ups, but the script's
+-- writes all happen, the keys keep their time to live and the script
+-- succeeds. Instances then learn of their
 -- promotions from their renewals (slots_renew.lua).
 --
 -- gone(m) tells that member m has left (released, or gave up): a renewal
@@ -66,13 +70,53 @@ local function frozen()
   return false
 end
 
-local function freeze()
+-- freeze(from) closes it from server time from (ms; now if nil): a
+-- freeze whose end has passed changes nothing.
+local function freeze(from)
   local third = math.floor(lease / 3)
-  local till = now + third + math.min(third, 1000) + 1
+  local till = (from or now) + third + math.min(third, 1000) + 1
+  if till <= now then
+    return
+  end
   local f = frozen()
   if not f or f < till then
     redis.call('ZADD', KEYS[5], till, '!frozen')
   end
+end
+
+-- generation() returns the cap's generation, and tells from it whether
+-- Redis lost the cap since the caller last heard of it. The first script
+-- that finds none creates one, unique (the server's time in µs, then the
+-- arrival counter), and every reply carries it; it outlives the other
+-- keys' idle expiry (two leases) by far: max(1 h, 4 leases), refreshed
+-- by every script, never shortened. An instance remembers it per key,
+-- and passes it (ARGV[4]) while the key's generation can still be there:
+-- a script that then finds none, or another one created less than a
+-- freeze ago, knows that Redis lost the cap (restarted empty, a failover
+-- that lost the key, keys deleted) while holders of it may be live:
+-- freeze() from the moment the generation was created. An instance that
+-- remembers none (new, or idle longer than that) cannot tell: as before
+-- the loss, it takes a free slot.
+local genTTL = math.max(3600000, 4 * lease)
+
+local function generation()
+  local told = ARGV[4]
+  local g = redis.call('GET', KEYS[6])
+  if not g then
+    g = t[1] .. string.format('%06d', tonumber(t[2])) .. '.' .. redis.call('INCR', KEYS[4])
+    redis.call('SET', KEYS[6], g, 'PX', genTTL)
+    if told ~= '' then
+      freeze()
+    end
+    return g
+  end
+  if told ~= '' and told ~= g then
+    freeze(math.floor(tonumber(string.match(g, '^%d+')) / 1000))
+  end
+  if redis.call('PTTL', KEYS[6]) < genTTL then
+    redis.call('PEXPIRE', KEYS[6], genTTL)
+  end
+  return g
 end
 
 local woken = {} -- instance → its promoted members, space-separated
