@@ -77,7 +77,8 @@ func WithLease(d time.Duration) ConcurrencyOption {
 //     after its last renewal, and the slot goes to the next waiter. A
 //     live holder that Redis lost (restarted empty, a failover that lost
 //     the write, a lease that ended while its process was cut off from
-//     Redis) is put back by its next renewal, and counts again.
+//     Redis) is put back by its next renewal, and counts again; until
+//     then, the cap admits no instance that used the key (see below).
 //   - Waiters are served in arrival order across the fleet: a freed slot
 //     is handed to the oldest waiter in the same script, and its process
 //     is woken by a Redis publish. Nobody polls: a waiter also learns of
@@ -103,19 +104,31 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // first wait, log a warning through [WithLogger]'s logger when the user
 // lacks the rights.
 //
+// After Redis loses the cap's keys (restarted empty, a failover that lost
+// them, keys deleted), the cap closes to newcomers for lease/3 plus a
+// renewal's round trip, the time the live holders' renewals need to put
+// them back, from the first script of any instance that used the key
+// within the last 54 minutes (nine tenths of max(1 h, 4 leases)): the
+// keys carry a generation that every reply tells and every instance
+// passes back (it remembers those of at most 16384 keys), and a script
+// that finds it gone, or new, knows that Redis lost the cap. A renewal,
+// or a Hold of an instance that holds or waits in the key, that finds a
+// member of its own missing does the same. The cap then admits nobody
+// until the holders are fewer than capacity. Only Holds of instances that
+// did not use the key in that time (new, or idle), asking before any of
+// those scripts, can be admitted beyond capacity: up to capacity of them,
+// within lease/3.
+//
 // A holder whose process loses Redis for longer than a lease loses its
 // slot while its call may still run: the cap may then admit a call more
-// until its next renewal puts it back. After Redis loses the cap's keys
-// (restarted empty, a failover that lost writes), the first script that
-// finds a live member missing (a renewal, or a Hold of an instance that
-// holds or waits for a slot of the key) closes the cap to newcomers for
-// lease/3 plus a renewal's round trip, the time the live holders'
-// renewals need to put them back; the cap then admits nobody until the
-// holders are fewer than capacity. Only Holds before that first script
-// (of instances with nothing held or waited for in the key) can be
-// admitted beyond capacity: up to capacity of them, within lease/3. Renewals are
-// one round trip per key held, 16 at a time, within lease/3: a process
-// holding slots of thousands of keys at once needs a longer lease.
+// until its next renewal puts it back. The same holds when Redis itself
+// is out for longer than a lease (paused, a failover slower than a lease)
+// and keeps the generation: the first renewal, or Hold of an instance
+// that holds or waits in the key, closes the cap as above; a Hold of an
+// instance with nothing in the key before it can be admitted beyond
+// capacity. Renewals are one round trip per key held, 16 at a time,
+// within lease/3: a process holding slots of thousands of keys at once
+// needs a longer lease.
 //
 // A release makes one round trip to Redis (at most a second, after a
 // renewal of that slot already on its way); if it fails, the slot comes

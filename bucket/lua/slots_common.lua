@@ -58,10 +58,14 @@ end
 -- freeze() closes the cap to newcomers when Redis has lost live members
 -- (restarted empty, a failover that lost writes, leases ended while their
 -- process was cut off): the holders it lost are still in their calls,
--- and their renewals put them back, each within lease/3 of the loss plus
--- its round trip (at most min(lease/3, 1 s)). Until then the free slots
--- are not free: no Hold takes one, no waiter is promoted. frozen() tells
--- until when (ms), or false.
+-- and their renewals put them back, each within lease/3 of Redis
+-- answering again plus its round trip (at most min(lease/3, 1 s)). Until
+-- then the free slots are not free: no Hold takes one, no waiter is
+-- promoted. It is called by the first script that can tell of the loss:
+-- one that finds the cap's generation gone or new (generation()), a
+-- renewal that finds a member missing (slots_renew.lua), a Hold whose
+-- instance's witness is missing (slots_hold.lua). frozen() tells until
+-- when (ms), or false.
 local function frozen()
   local f = redis.call('ZSCORE', KEYS[5], '!frozen')
   if f and tonumber(f) > now then
