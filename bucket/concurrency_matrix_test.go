@@ -89,7 +89,9 @@ func runCapFleet(caps []*Concurrency, workers int, lease time.Duration, keys []s
 // restarted empty, a Sentinel failover (the master killed, the replica
 // promoted), a three-master Cluster (six keys over its slots), and a
 // Redis user with only the documented commands and no channel rights,
-// paused for two leases. After each fault the fleet holds slots again.
+// paused for two leases. A fifth instance, which used every key before
+// the fault and holds nothing at it, asks only once the fault is over.
+// After each fault the fleet holds slots again.
 func TestConcurrencyNeverAboveCapacityThroughFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-time fault test")

@@ -27,8 +27,8 @@
 -- publish(), after its last write: a user without the channel's rights
 -- (Redis 7 gives new users none) gets no wake-ups, but the script's
 -- writes all happen, the keys keep their time to live and the script
--- succeeds. Instances then learn of their
--- promotions from their renewals (slots_renew.lua).
+-- succeeds. Instances then learn of their promotions from their renewals
+-- (slots_renew.lua).
 --
 -- gone(m) tells that member m has left (released, or gave up): a renewal
 -- or a Hold's script of m that reaches Redis after the release (its
@@ -115,7 +115,8 @@ local function generation()
     return g
   end
   if told ~= '' and told ~= g then
-    freeze(math.floor(tonumber(string.match(g, '^%d+')) / 1000))
+    local born = tonumber(string.match(g, '^%d+')) -- µs
+    freeze(born and math.floor(born / 1000))
   end
   if redis.call('PTTL', KEYS[6]) < genTTL then
     redis.call('PEXPIRE', KEYS[6], genTTL)

@@ -3,9 +3,9 @@
 --
 -- ARGV[5]  member leaving
 --
--- Returns {generation}. Idempotent: a member that holds nothing and waits nowhere
--- changes nothing. A waiter that gives up at the moment it was promoted
--- thus gives the slot straight back. The member is marked gone for two
+-- Returns {generation}. Idempotent: a member that holds nothing and
+-- waits nowhere changes nothing. A waiter that gives up at the moment it
+-- was promoted thus gives the slot straight back. The member is marked gone for two
 -- leases (members are never reused): a renewal or a Hold of it still on
 -- its way changes nothing when it lands.
 local me = ARGV[5]
