@@ -81,6 +81,46 @@ func runCapFleet(caps []*Concurrency, workers int, lease time.Duration, keys []s
 	return &wg
 }
 
+// pause stops srv (SIGSTOP) for d, and returns once it answers again.
+func pause(srv *redisenv.Server, d time.Duration) error {
+	if err := srv.Pause(); err != nil {
+		return err
+	}
+	time.Sleep(d) // the pause itself, not a sync
+	return srv.Resume()
+}
+
+// sentinelClient is a client of sen's master, with short timeouts, that
+// the test closes at its end.
+func sentinelClient(t *testing.T, sen *redisenv.Sentinel) redis.UniversalClient {
+	o := sen.FailoverOptions()
+	o.ReadTimeout, o.WriteTimeout, o.DialTimeout, o.PoolTimeout = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
+	rdb := redis.NewFailoverClient(o)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// failover kills sen's master and returns once the replica says it is
+// the master (within 10 s).
+func failover(sen *redisenv.Sentinel) error {
+	if err := sen.KillMaster(); err != nil {
+		return err
+	}
+	rc := redis.NewClient(&redis.Options{Addr: sen.ReplicaAddr()})
+	defer rc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		role, err := rc.Do(context.Background(), "ROLE").Slice()
+		if err == nil && len(role) > 0 && role[0] == "master" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the replica was not promoted within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond) // polls an outcome, bounded
+	}
+}
+
 // TestConcurrencyNeverAboveCapacityThroughFaults: four instances × three
 // callers cycling Holds of a cap of 2 (300 ms lease; calls of 1 ms to
 // 900 ms, the fault striking with every slot held) never have more
@@ -110,13 +150,7 @@ func TestConcurrencyNeverAboveCapacityThroughFaults(t *testing.T) {
 		return o
 	}
 	paused := func(srv *redisenv.Server) func() error {
-		return func() error {
-			if err := srv.Pause(); err != nil {
-				return err
-			}
-			time.Sleep(2 * lease) // the pause: every lease ends under it
-			return srv.Resume()
-		}
+		return func() error { return pause(srv, 2*lease) }
 	}
 	cases := []struct {
 		name  string
@@ -135,31 +169,7 @@ func TestConcurrencyNeverAboveCapacityThroughFaults(t *testing.T) {
 		}},
 		{"Sentinel failover", []string{""}, func(t *testing.T) (func() redis.UniversalClient, func() error) {
 			sen := redisenv.NewSentinel(t)
-			client := func() redis.UniversalClient {
-				o := sen.FailoverOptions()
-				o.ReadTimeout, o.WriteTimeout, o.DialTimeout, o.PoolTimeout = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
-				rdb := redis.NewFailoverClient(o)
-				t.Cleanup(func() { rdb.Close() })
-				return rdb
-			}
-			return client, func() error {
-				if err := sen.KillMaster(); err != nil {
-					return err
-				}
-				rc := redis.NewClient(&redis.Options{Addr: sen.ReplicaAddr()})
-				defer rc.Close()
-				deadline := time.Now().Add(10 * time.Second)
-				for {
-					role, err := rc.Do(context.Background(), "ROLE").Slice()
-					if err == nil && len(role) > 0 && role[0] == "master" {
-						return nil
-					}
-					if time.Now().After(deadline) {
-						return errors.New("the replica was not promoted within 10 s")
-					}
-					time.Sleep(20 * time.Millisecond) // polls an outcome, bounded
-				}
-			}
+			return func() redis.UniversalClient { return sentinelClient(t, sen) }, func() error { return failover(sen) }
 		}},
 		{"Cluster", []string{"t0", "t1", "t2", "t3", "t4", "t5"}, func(t *testing.T) (func() redis.UniversalClient, func() error) {
 			cl := redisenv.NewCluster(t)
@@ -253,6 +263,117 @@ func TestConcurrencyNeverAboveCapacityThroughFaults(t *testing.T) {
 				}
 			}
 			t.Logf("%d holds before the fault, %d during it, %d after; failed Holds: %d timeouts, %d store errors", before, over-before, total()-over, errs.timeout.Load(), errs.store.Load())
+		})
+	}
+}
+
+// TestConcurrencyOutLongerThanALeaseAdmitsNoIdleInstanceAboveCapacity:
+// Redis is out for longer than a lease and keeps the cap's generation
+// (paused for two leases, or five: beyond the idle expiry of the other
+// keys; a Sentinel failover, about a second against a 300 ms lease):
+// every lease ends on the server's clock while both holders of a
+// cap of 2 are still in their calls. Two instances with nothing in the
+// key, one that used it before the fault and a new one, ask at once
+// after it, before the holders' renewals are back. By the test's own
+// count, never more than 2 calls are in flight; once the holders
+// release, both get their slots.
+func TestConcurrencyOutLongerThanALeaseAdmitsNoIdleInstanceAboveCapacity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-time fault test")
+	}
+	const (
+		capacity = 2
+		lease    = 300 * time.Millisecond
+	)
+	cases := []struct {
+		name  string
+		setup func(t *testing.T) (client func() redis.UniversalClient, fault func() error)
+	}{
+		{"paused for two leases", func(t *testing.T) (func() redis.UniversalClient, func() error) {
+			srv := redisenv.New(t)
+			redisenv.NeedReal(t, srv, "a pause")
+			return func() redis.UniversalClient { return shortClient(t, srv.Addr()) }, func() error { return pause(srv, 2*lease) }
+		}},
+		{"paused for five leases", func(t *testing.T) (func() redis.UniversalClient, func() error) {
+			// Beyond the idle expiry of the cap's keys (two leases).
+			srv := redisenv.New(t)
+			redisenv.NeedReal(t, srv, "a pause")
+			return func() redis.UniversalClient { return shortClient(t, srv.Addr()) }, func() error { return pause(srv, 5*lease) }
+		}},
+		{"Sentinel failover", func(t *testing.T) (func() redis.UniversalClient, func() error) {
+			sen := redisenv.NewSentinel(t)
+			return func() redis.UniversalClient { return sentinelClient(t, sen) }, func() error { return failover(sen) }
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			client, fault := tc.setup(t)
+			ctx := context.Background()
+			late := newSlots(t, client(), "out", capacity, WithLease(lease))
+			fresh := newSlots(t, client(), "out", capacity, WithLease(lease))
+			rel, err := late.Hold(ctx, "", 5*time.Second) // it used the key
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel()
+			var c capCount
+			var holders []func()
+			for range capacity {
+				s := newSlots(t, client(), "out", capacity, WithLease(lease))
+				rel, err := s.Hold(ctx, "", 5*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.enter()
+				holders = append(holders, rel)
+			}
+			endCalls := func() {
+				for _, rel := range holders {
+					c.inside.Add(-1)
+					rel()
+				}
+				holders = nil
+			}
+			defer endCalls() // on a failure
+			if err := fault(); err != nil {
+				t.Fatal(err)
+			}
+			over := time.Now()
+			// The idle instances ask at once; a store error (the
+			// failover client still finding the new master) is retried.
+			errs := make(chan error, 2)
+			for _, s := range []*Concurrency{late, fresh} {
+				go func() {
+					deadline := time.Now().Add(10 * time.Second)
+					for {
+						rel, err := s.Hold(ctx, "", 5*time.Second)
+						if err == nil {
+							c.enter()
+							time.Sleep(10 * time.Millisecond) // the call in flight
+							c.inside.Add(-1)
+							rel()
+						}
+						if err == nil || errors.Is(err, throttle.ErrTimeout) || time.Now().After(deadline) {
+							errs <- err
+							return
+						}
+						time.Sleep(5 * time.Millisecond) // pacing of the retry, not a sync
+					}
+				}()
+			}
+			// The holders' calls go on for four leases after the fault:
+			// their renewals are back well before.
+			time.Sleep(time.Until(over.Add(4 * lease))) // the calls' length, not a sync
+			endCalls()
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Errorf("an idle instance's Hold once the holders released: %v, want a slot", err)
+				}
+			}
+			t.Logf("most in flight %d (cap %d)", c.most.Load(), capacity)
+			if m := c.most.Load(); m > capacity {
+				t.Errorf("%d calls in flight at once, by the test's count; cap %d", m, capacity)
+			}
 		})
 	}
 }
