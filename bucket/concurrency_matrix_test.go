@@ -302,7 +302,19 @@ func TestConcurrencyOutLongerThanALeaseAdmitsNoIdleInstanceAboveCapacity(t *test
 		}},
 		{"Sentinel failover", func(t *testing.T) (func() redis.UniversalClient, func() error) {
 			sen := redisenv.NewSentinel(t)
-			return func() redis.UniversalClient { return sentinelClient(t, sen) }, func() error { return failover(sen) }
+			// A pool larger than the failed dials of a failover: past
+			// PoolSize of them, go-redis refuses new connections and
+			// probes once a second, and a holder whose client does so
+			// can come back after the cap reopened (see the godoc).
+			client := func() redis.UniversalClient {
+				o := sen.FailoverOptions()
+				o.ReadTimeout, o.WriteTimeout, o.DialTimeout, o.PoolTimeout = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
+				o.PoolSize = 1000
+				rdb := redis.NewFailoverClient(o)
+				t.Cleanup(func() { rdb.Close() })
+				return rdb
+			}
+			return client, func() error { return failover(sen) }
 		}},
 	}
 	for _, tc := range cases {
