@@ -77,8 +77,9 @@ func WithLease(d time.Duration) ConcurrencyOption {
 //     after its last renewal, and the slot goes to the next waiter. A
 //     live holder that Redis lost (restarted empty, a failover that lost
 //     the write, a lease that ended while its process was cut off from
-//     Redis) is put back by its next renewal, and counts again; until
-//     then, the cap admits no instance that used the key (see below).
+//     Redis, or while Redis was out) is put back by its next renewal,
+//     and counts again; until then, the cap admits nobody new, with the
+//     exceptions below.
 //   - Waiters are served in arrival order across the fleet: a freed slot
 //     is handed to the oldest waiter in the same script, and its process
 //     is woken by a Redis publish. Nobody polls: a waiter also learns of
@@ -119,16 +120,40 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // those scripts, can be admitted beyond capacity: up to capacity of them,
 // within lease/3.
 //
-// A holder whose process loses Redis for longer than a lease loses its
-// slot while its call may still run: the cap may then admit a call more
-// until its next renewal puts it back. The same holds when Redis itself
-// is out for longer than a lease (paused, a failover slower than a lease)
-// and keeps the generation: the first renewal, or Hold of an instance
-// that holds or waits in the key, closes the cap as above; a Hold of an
-// instance with nothing in the key before it can be admitted beyond
-// capacity. Renewals are one round trip per key held, 16 at a time,
-// within lease/3: a process holding slots of thousands of keys at once
-// needs a longer lease.
+// When Redis itself is out for longer than a lease and keeps the cap
+// (paused, a failover slower than a lease), every lease ends on the
+// server's clock while the calls go on. The cap tells: every script
+// records the server's time on the cap, and the first script after a
+// silence longer than lease/3 + min(lease/3, 1 s) (a renewal period and
+// its round trip), in which holders' leases ended, closes the cap for that
+// long, whichever instance sent it (new, idle or busy), while the live
+// holders' renewals put them back. The record and the holders' entries
+// last max(1 h, 4 leases) past the last script: a longer outage goes
+// untold. The cost: a cap whose
+// holders all stopped without a release (processes killed) and that
+// nobody used since looks the same, and its next Hold waits that long
+// (4.3 s with the default lease; a Hold with maxWait 0 fails with
+// [throttle.ErrTimeout]), once. A cap whose holders released, an idle
+// one, and one with live renewals pay nothing.
+//
+// What stays open: a holder whose process alone loses Redis for longer
+// than a lease, while others use the cap, loses its slot while its call
+// may still run: the cap may then admit a call more until its next
+// renewal puts it back. A failover that loses writes (holders the
+// replica never had) but keeps the rest of the cap: a Hold of an
+// instance with nothing in the key can take the slot of such a holder
+// before its renewal puts it back, within lease/3 of the new master
+// answering; one call beyond capacity per holder lost. A holder whose
+// client reaches Redis again later than lease/3 + min(lease/3, 1 s) after
+// the first script that closed the cap: go-redis, after PoolSize failed
+// dials in a row (a failover, a restart), refuses new connections and
+// probes once a second, which a lease under 3 s does not cover; its slot
+// can then be taken until its renewal lands (measured with a 300 ms
+// lease, a Sentinel failover and PoolSize 3: 4 calls in flight against a
+// cap of 2, 6 of 6 runs; with the default pool, 1 run in about 33).
+// Renewals are one round trip per
+// key held, 16 at a time, within lease/3: a process holding slots of
+// thousands of keys at once needs a longer lease.
 //
 // A release makes one round trip to Redis (at most a second, after a
 // renewal of that slot already on its way); if it fails, the slot comes
