@@ -146,8 +146,12 @@ local function generation()
   end
   redis.call('HSET', KEYS[6], 'at', now)
   if told ~= '' and told ~= g then
+    -- From its creation, never later than now: a generation that the
+    -- clock puts in the future (created on a master whose clock was
+    -- ahead, before a failover to this one; or garbage) closes the cap
+    -- for one span, not until the clock catches up with it.
     local born = tonumber(string.match(g, '^%d+')) -- µs
-    freeze(born and math.floor(born / 1000))
+    freeze(born and math.min(math.floor(born / 1000), now))
   end
   silence(tonumber(rec[2]))
   if redis.call('PTTL', KEYS[6]) < genTTL then
