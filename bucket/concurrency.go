@@ -300,7 +300,7 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 	}
 	for {
 		r, err := s.run(trip, "hold", scriptSlotsHold, keys, id, mode, s.witness(keys[0], id))
-		if err == nil && (len(r) != 2 || !isInt(r[0]) || !isInt(r[1])) {
+		if err == nil && (len(r) < 2 || len(r) > 3 || !isInt(r[0]) || !isInt(r[1]) || len(r) == 3 && !isInt(r[2])) {
 			err = backend("hold", keys[0], fmt.Errorf("unexpected reply %v", r))
 		}
 		if err != nil {
@@ -319,6 +319,9 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 		wait := r[1].(int64)
 		if wait < 0 {
 			s.untrack(id)
+			if len(r) == 3 {
+				return nil, fmt.Errorf("%s: no slot of key %q: %w: the cap is closed for %v more, while the renewals of holders Redis lost (a restart, a failover, a pause) put them back; retry then, or Hold with a maxWait", s.c.name, key, throttle.ErrTimeout, ms(r[2].(int64)))
+			}
 			return nil, fmt.Errorf("%s: no slot of key %q free: %w", s.c.name, key, throttle.ErrTimeout)
 		}
 		s.setState(m, memberWaiting)

@@ -2,11 +2,17 @@ package bucket
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
 )
 
 // TestConcurrencyGenerationFromTheFutureClosesTheCapNoLongerThanASpan: a
@@ -53,5 +59,80 @@ func TestConcurrencyGenerationFromTheFutureClosesTheCapNoLongerThanASpan(t *test
 			}
 			rel()
 		})
+	}
+}
+
+// TestConcurrencyHoldersKeyEvictedAdmitsNobodyAboveCapacity: Redis
+// evicts the holders' key alone (a maxmemory policy: every key of the
+// cap has a time to live, so volatile-* policies may pick it) while both
+// slots are held by live callers whose renewals have not come yet. A
+// process that used the key (it remembers the generation, which Redis
+// kept) and a new one must not get a slot before the renewals put the
+// holders back.
+func TestConcurrencyHoldersKeyEvictedAdmitsNobodyAboveCapacity(t *testing.T) {
+	t.Skip("open: the generation and the silence cannot tell that <tag>:slots alone was evicted; see docs/limits.md, the Concurrency's limits")
+	srv := redisenv.New(t)
+	const lease = 300 * time.Millisecond
+	rdb := srv.Client()
+	ctx := context.Background()
+	a := newSlots(t, rdb, "evicted", 2, WithLease(lease))
+	used := newSlots(t, rdb, "evicted", 2, WithLease(lease))
+	a.clock = clockwork.NewFakeClock() // its renewals do not come
+	rel, err := used.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel()
+	for range 2 {
+		rel, err := a.Hold(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rel()
+	}
+	keys, err := a.keys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, keys[0]).Err(); err != nil { // evicted
+		t.Fatal(err)
+	}
+	fresh := newSlots(t, rdb, "evicted", 2, WithLease(lease))
+	for name, s := range map[string]*Concurrency{"that used the key": used, "new": fresh} {
+		if rel, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+			if err == nil {
+				rel()
+			}
+			t.Errorf("Hold(0) of a process %s, the holders' key evicted, both slots held by live callers = %v, want ErrTimeout", name, err)
+		}
+	}
+}
+
+// TestConcurrencyHoldWithoutWaitOnAClosedCapSaysWhy: a Hold(0) refused
+// because the cap is closed after a loss (no holder in it, every slot
+// free) says so and what to do, instead of "no slot free".
+func TestConcurrencyHoldWithoutWaitOnAClosedCapSaysWhy(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := newSlots(t, rdb, "closed", 2)
+	keys, err := s.keys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	till := float64(now.Add(4 * time.Second).UnixMilli())
+	if err := rdb.ZAdd(ctx, keys[4], redis.Z{Score: till, Member: "!frozen"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Hold(ctx, "", 0)
+	if !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(0) on a closed cap = %v, want ErrTimeout", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "closed") || !strings.Contains(msg, "maxWait") {
+		t.Errorf("Hold(0) on a closed cap, every slot free, says %q; want it to say the cap is closed and that a Hold with a maxWait gets the slot", msg)
 	}
 }

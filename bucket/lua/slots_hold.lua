@@ -15,7 +15,8 @@
 --
 -- Returns {generation, 1, 0} when the member holds a slot (its lease ends
 -- lease ms from now, or earlier if it was promoted from the queue),
--- {generation, 0, -1} when "try" found none, {generation, 0, ms} when the
+-- {generation, 0, -1} when "try" found none ({generation, 0, -1, ms} when
+-- the cap is closed after a loss, for ms more), {generation, 0, ms} when the
 -- member waits in the queue: ms is how long until the earliest holder's
 -- lease ends (or the cap is no longer frozen), the latest time to look
 -- again if no wake-up comes.
@@ -35,7 +36,7 @@ promote()
 local function done(r)
   keep()
   publish()
-  return {gen, r[1], r[2]}
+  return {gen, r[1], r[2], r[3]}
 end
 if gone(me) then
   -- a script of a Hold that gave up, landing after its leave: no caller
@@ -52,6 +53,10 @@ if not redis.call('ZSCORE', KEYS[2], me) then
     return done({1, 0})
   end
   if ARGV[6] == 'try' then
+    local f = frozen()
+    if f then
+      return done({0, -1, f - now + 1})
+    end
     return done({0, -1})
   end
   redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), me)
