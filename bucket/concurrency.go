@@ -151,12 +151,13 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // can then be taken until its renewal lands (measured with a 300 ms
 // lease, a Sentinel failover and PoolSize 3: 4 calls in flight against a
 // cap of 2, 6 of 6 runs; with the default pool, 1 run in about 33).
-// Redis evicting the holders' key (<tag>:slots) alone (a maxmemory
-// policy: every key of the cap has a time to live, so volatile-* ones
-// may pick it) goes untold: any process can take the slots of the live
-// holders until their renewals put them back, within lease/3; one call
-// beyond capacity per holder. Run Redis with maxmemory-policy
-// noeviction, or with room to spare. Renewals are one round trip per
+// Redis evicting one of the cap's keys (a maxmemory policy: every key
+// of the cap has a time to live, so volatile-* ones may pick any): the
+// holders' key (<tag>:slots) closes the cap at the next script, which
+// finds it gone while the last script left a holder whose lease still
+// runs; the generation's (<tag>:slots-gen) as after an empty restart;
+// <tag>:slots-gone during a freeze ends the freeze early. Run Redis
+// with maxmemory-policy noeviction, or with room to spare. Renewals are one round trip per
 // key held, 16 at a time, within lease/3: a process holding slots of
 // thousands of keys at once needs a longer lease.
 //

@@ -70,7 +70,6 @@ func TestConcurrencyGenerationFromTheFutureClosesTheCapNoLongerThanASpan(t *test
 // kept) and a new one must not get a slot before the renewals put the
 // holders back.
 func TestConcurrencyHoldersKeyEvictedAdmitsNobodyAboveCapacity(t *testing.T) {
-	t.Skip("open: the generation and the silence cannot tell that <tag>:slots alone was evicted; see docs/limits.md, the Concurrency's limits")
 	srv := redisenv.New(t)
 	const lease = 300 * time.Millisecond
 	rdb := srv.Client()
@@ -135,4 +134,47 @@ func TestConcurrencyHoldWithoutWaitOnAClosedCapSaysWhy(t *testing.T) {
 	if msg := err.Error(); !strings.Contains(msg, "closed") || !strings.Contains(msg, "maxWait") {
 		t.Errorf("Hold(0) on a closed cap, every slot free, says %q; want it to say the cap is closed and that a Hold with a maxWait gets the slot", msg)
 	}
+}
+
+// TestConcurrencyHoldersReleasedByAnOldVersionDoNotCloseTheCap: in a
+// rolling deploy, a process of the previous version (its scripts know
+// no generation) gives back the last slot; the holders' key is then gone
+// while the generation's record still has a lease running. That is a
+// release, not a loss: the next Hold(0) gets its slot at once.
+func TestConcurrencyHoldersReleasedByAnOldVersionDoNotCloseTheCap(t *testing.T) {
+	srv := redisenv.New(t)
+	const lease = 300 * time.Millisecond
+	rdb := srv.Client()
+	ctx := context.Background()
+	a := newSlots(t, rdb, "old-release", 1, WithLease(lease))
+	a.clock = clockwork.NewFakeClock() // its renewals and release are not this test's
+	if _, err := a.Hold(ctx, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := a.keys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders, err := rdb.ZRange(ctx, keys[0], 0, -1).Result()
+	if err != nil || len(holders) != 1 {
+		t.Fatalf("holders %v, %v; want one", holders, err)
+	}
+	// The previous version's release: marked gone for two leases, removed.
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := float64(now.Add(2 * lease).UnixMilli())
+	if err := rdb.ZAdd(ctx, keys[4], redis.Z{Score: gone, Member: holders[0]}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZRem(ctx, keys[0], holders[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := newSlots(t, rdb, "old-release", 1, WithLease(lease))
+	rel, err := s.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatalf("Hold(0) after the last holder was released by a previous version's script = %v, want the slot at once", err)
+	}
+	rel()
 }

@@ -11,7 +11,8 @@
 --          → until when the cap admits nobody new (see freeze())
 -- KEYS[6]  a hash: field g, the cap's generation (see generation());
 --          field at, the server time (ms) of the last script on the cap
---          (see silence())
+--          (see silence()); fields end and last, the latest lease end of
+--          the holders after that script and its holder (see evicted())
 -- ARGV[1]  capacity (integer ≥ 1)
 -- ARGV[2]  lease in milliseconds (integer ≥ 1)
 -- ARGV[3]  wake-up channel prefix; a member "<instance>:<n>" is woken on
@@ -114,6 +115,18 @@ local function silence(at)
   end
 end
 
+-- evicted(e, m) freezes the cap when the holders' key is gone while the
+-- last script left a holder (m) whose lease (ending at e) still runs:
+-- between scripts, only a release takes holders out (it marks them gone,
+-- the previous version's too), so Redis lost the key alone (evicted by a
+-- maxmemory policy, deleted) and its live holders with it. Neither the
+-- generation (kept) nor silence() (no silence) can tell.
+local function evicted(e, m)
+  if e and e > now and m and not gone(m) and redis.call('EXISTS', KEYS[1]) == 0 then
+    freeze()
+  end
+end
+
 -- generation() returns the cap's generation, and tells from it whether
 -- Redis lost the cap since the caller last heard of it; it records the
 -- script's time (field at) after silence() looked at the last one's. The
@@ -132,7 +145,7 @@ local genTTL = math.max(3600000, 4 * lease)
 
 local function generation()
   local told = ARGV[4]
-  local rec = redis.call('HMGET', KEYS[6], 'g', 'at')
+  local rec = redis.call('HMGET', KEYS[6], 'g', 'at', 'end', 'last')
   local g = rec[1]
   if not g then
     -- Nothing on record: the time of the last script is not known either.
@@ -154,6 +167,7 @@ local function generation()
     freeze(born and math.min(math.floor(born / 1000), now))
   end
   silence(tonumber(rec[2]))
+  evicted(tonumber(rec[3]), rec[4])
   if redis.call('PTTL', KEYS[6]) < genTTL then
     redis.call('PEXPIRE', KEYS[6], genTTL)
   end
@@ -190,7 +204,8 @@ local function publish()
   end
 end
 
--- keep() lets the keys of an idle cap vanish two leases after the last
+-- keep() records the latest lease end of the holders and its holder (see
+-- evicted()). It lets the keys of an idle cap vanish two leases after the last
 -- write: by then every lease in them has ended. The holders (KEYS[1])
 -- stay as long as the record of the last script (KEYS[6]): silence()
 -- must find the holders whose leases ended while Redis was out for
@@ -199,6 +214,12 @@ end
 -- shorter lease (a rolling deploy) cannot make the keys vanish under the
 -- holders of a longer one.
 local function keep()
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if #last == 2 then
+    redis.call('HSET', KEYS[6], 'end', last[2], 'last', last[1])
+  else
+    redis.call('HSET', KEYS[6], 'end', 0)
+  end
   for i = 1, 5 do
     local ttl = 2 * lease
     if i == 1 then
