@@ -157,7 +157,11 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // finds it gone while the last script left a holder whose lease still
 // runs; the generation's (<tag>:slots-gen) as after an empty restart;
 // <tag>:slots-gone during a freeze ends the freeze early. Run Redis
-// with maxmemory-policy noeviction, or with room to spare. Renewals are one round trip per
+// with maxmemory-policy noeviction, or with room to spare. In a rolling
+// deploy from a version before <tag>:slots-gen, the previous version's
+// processes neither record nor check it: what is said here of Redis out
+// longer than a lease, an empty restart and an eviction holds once every
+// process runs this one. Renewals are one round trip per
 // key held, 16 at a time, within lease/3: a process holding slots of
 // thousands of keys at once needs a longer lease.
 //
