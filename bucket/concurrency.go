@@ -133,8 +133,12 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // holders all stopped without a release (processes killed) and that
 // nobody used since looks the same, and its next Hold waits that long
 // (4.3 s with the default lease; a Hold with maxWait 0 fails with
-// [throttle.ErrTimeout]), once. A cap whose holders released, an idle
-// one, and one with live renewals pay nothing.
+// [throttle.ErrTimeout]), once. A silence shorter than that counts too
+// for a holder whose renewal was due after it began (late within its
+// round trip, then cut off). A cap whose holders released and an idle
+// one pay nothing; one with live renewals too, except that with a lease
+// under 6 s a killed holder's lease ending about a renewal period after
+// the last script closes it once.
 //
 // What stays open: a holder whose process alone loses Redis for longer
 // than a lease, while others use the cap, loses its slot while its call

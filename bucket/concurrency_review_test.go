@@ -178,3 +178,55 @@ func TestConcurrencyHoldersReleasedByAnOldVersionDoNotCloseTheCap(t *testing.T) 
 	}
 	rel()
 }
+
+// TestConcurrencyOutJustLongerThanALateHoldersLeaseClosesTheCap: a live
+// holder's renewal is late (still within its round trip's allowance,
+// min(lease/3, 1 s)); another script lands meanwhile, then Redis stops
+// answering until just after the holder's lease ended: the silence is
+// shorter than lease/3 + min(lease/3, 1 s), yet the holder was cut off
+// by it. The first Hold after it must not take the holder's slot.
+func TestConcurrencyOutJustLongerThanALateHoldersLeaseClosesTheCap(t *testing.T) {
+	srv := redisenv.New(t)
+	const lease = 300 * time.Millisecond
+	rdb := srv.Client()
+	ctx := context.Background()
+	a := newSlots(t, rdb, "late", 1, WithLease(lease))
+	a.clock = clockwork.NewFakeClock() // its renewal is held back: late, then cut off
+	if _, err := a.Hold(ctx, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := a.keys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := rdb.ZRangeWithScores(ctx, keys[0], 0, 0).Result()
+	if err != nil || len(last) != 1 {
+		t.Fatalf("holders %v, %v; want one", last, err)
+	}
+	end := time.UnixMilli(int64(last[0].Score))
+	renewed := end.Add(-lease)
+	serverAt := func(at time.Time) {
+		t.Helper()
+		waitSlots(t, "server time "+at.Format(time.StampMilli), func() bool {
+			now, err := rdb.Time(ctx).Result()
+			return err == nil && !now.Before(at)
+		})
+	}
+	// The renewal due at lease/3 is 80 ms late; another instance's script
+	// lands at lease/3 + 80 ms after the last renewal; then Redis is out.
+	b := newSlots(t, rdb, "late", 1, WithLease(lease))
+	serverAt(renewed.Add(lease/3 + 80*time.Millisecond))
+	if _, err := b.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("Hold(0), the only slot held = %v, want ErrTimeout", err)
+	}
+	// Redis answers again just after the holder's lease ended.
+	c := newSlots(t, rdb, "late", 1, WithLease(lease))
+	serverAt(end.Add(time.Millisecond))
+	rel, err := c.Hold(ctx, "", 0)
+	now, _ := rdb.Time(ctx).Result()
+	t.Logf("Hold after the lease's end answered at end%+v", now.Sub(end))
+	if err == nil {
+		rel()
+		t.Fatalf("Hold(0) right after a live holder's lease ended in a silence of Redis = a slot; want ErrTimeout (the cap closed)")
+	}
+}

@@ -109,8 +109,23 @@ end
 -- it is a holder, in KEYS[1]), and its renewal queues it again. The
 -- cost: a cap whose holders all died (processes killed) and that nobody
 -- used since is closed for span at its next script, as if they lived.
+--
+-- A silence of at most span counts too for a holder whose lease ended
+-- at least lease - span after its start: its renewal was then due
+-- (with its round trip) after the last script, and the silence may
+-- have cut it off (a renewal late within its allowance, then Redis out
+-- until just after the lease's end). A holder whose lease ends sooner
+-- after the last script (its renewal overdue by more, while others used
+-- the cap) is one whose process alone is cut off: not told.
 local function silence(at)
-  if at and now - at > span and redis.call('ZCOUNT', KEYS[1], '(' .. at, now) > 0 then
+  if not at then
+    return
+  end
+  local from = '(' .. at
+  if now - at <= span then
+    from = at + lease - span
+  end
+  if redis.call('ZCOUNT', KEYS[1], from, now) > 0 then
     freeze()
   end
 end
