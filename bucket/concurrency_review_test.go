@@ -230,3 +230,54 @@ func TestConcurrencyOutJustLongerThanALateHoldersLeaseClosesTheCap(t *testing.T)
 		t.Fatalf("Hold(0) right after a live holder's lease ended in a silence of Redis = a slot; want ErrTimeout (the cap closed)")
 	}
 }
+
+// TestConcurrencyLongCallsWithLiveRenewalsNeverCloseTheCap: holders of
+// several instances in calls of many leases, renewing on time, and a
+// waiter among them, never close the cap: a freed slot goes at once.
+func TestConcurrencyLongCallsWithLiveRenewalsNeverCloseTheCap(t *testing.T) {
+	srv := redisenv.New(t)
+	const lease = 300 * time.Millisecond
+	rdb := srv.Client()
+	ctx := context.Background()
+	var inst []*Concurrency
+	for range 3 {
+		inst = append(inst, newSlots(t, srv.Client(), "long-calls", 2, WithLease(lease)))
+	}
+	keys, err := inst[0].keys("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rels []func()
+	for _, s := range inst[:2] {
+		rel, err := s.Hold(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rels = append(rels, rel)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		rel, err := inst[2].Hold(ctx, "", 20*lease)
+		if err == nil {
+			rel()
+		}
+		waited <- err
+	}()
+	deadline := time.Now().Add(6 * lease) // calls of six leases
+	for time.Now().Before(deadline) {
+		if f, err := rdb.ZScore(ctx, keys[4], "!frozen").Result(); err == nil {
+			t.Fatalf("the cap closed (until %v) with every holder renewing on time", f)
+		}
+		time.Sleep(5 * time.Millisecond) // sampling the cap's state, not a sync
+	}
+	rels[0]()
+	if err := <-waited; err != nil {
+		t.Fatalf("the waiter, after a release = %v, want the slot", err)
+	}
+	rel, err := newSlots(t, srv.Client(), "long-calls", 2, WithLease(lease)).Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatalf("Hold(0) of a new instance, a slot free = %v, want it at once", err)
+	}
+	rel()
+	rels[1]()
+}
