@@ -79,7 +79,9 @@ func WithLease(d time.Duration) ConcurrencyOption {
 //     after its last renewal, and the slot goes to the next waiter. A
 //     live holder that Redis lost (restarted empty, a failover that lost
 //     the write, a lease that ended while its process was cut off from
-//     Redis) is put back by its next renewal, and counts again.
+//     Redis, or while Redis was out) is put back by its next renewal,
+//     and counts again; until then, the cap admits nobody new, with the
+//     exceptions below.
 //   - Waiters are served in arrival order across the fleet: a freed slot
 //     is handed to the oldest waiter in the same script, and its process
 //     is woken by a Redis publish. Nobody polls: a waiter also learns of
@@ -105,19 +107,69 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // first wait, log a warning through [WithLogger]'s logger when the user
 // lacks the rights.
 //
-// A holder whose process loses Redis for longer than a lease loses its
-// slot while its call may still run: the cap may then admit a call more
-// until its next renewal puts it back. After Redis loses the cap's keys
-// (restarted empty, a failover that lost writes), the first script that
-// finds a live member missing (a renewal, or a Hold of an instance that
-// holds or waits for a slot of the key) closes the cap to newcomers for
-// lease/3 plus a renewal's round trip, the time the live holders'
-// renewals need to put them back; the cap then admits nobody until the
-// holders are fewer than capacity. Only Holds before that first script
-// (of instances with nothing held or waited for in the key) can be
-// admitted beyond capacity: up to capacity of them, within lease/3. Renewals are
-// one round trip per key held, 16 at a time, within lease/3: a process
-// holding slots of thousands of keys at once needs a longer lease.
+// After Redis loses the cap's keys (restarted empty, a failover that lost
+// them, keys deleted), the cap closes to newcomers for lease/3 plus a
+// renewal's round trip, the time the live holders' renewals need to put
+// them back, from the first script of any instance that used the key
+// within the last 54 minutes (nine tenths of max(1 h, 4 leases)): the
+// keys carry a generation that every reply tells and every instance
+// passes back (it remembers those of at most 16384 keys), and a script
+// that finds it gone, or new, knows that Redis lost the cap. A renewal,
+// or a Hold of an instance that holds or waits in the key, that finds a
+// member of its own missing does the same. The cap then admits nobody
+// until the holders are fewer than capacity. Only Holds of instances that
+// did not use the key in that time (new, or idle), asking before any of
+// those scripts, can be admitted beyond capacity: up to capacity of them,
+// within lease/3.
+//
+// When Redis itself is out for longer than a lease and keeps the cap
+// (paused, a failover slower than a lease), every lease ends on the
+// server's clock while the calls go on. The cap tells: every script
+// records the server's time on the cap, and the first script after a
+// silence longer than lease/3 + min(lease/3, 1 s) (a renewal period and
+// its round trip), in which holders' leases ended, closes the cap for that
+// long, whichever instance sent it (new, idle or busy), while the live
+// holders' renewals put them back. The record and the holders' entries
+// last max(1 h, 4 leases) past the last script: a longer outage goes
+// untold. The cost: a cap whose
+// holders all stopped without a release (processes killed) and that
+// nobody used since looks the same, and its next Hold waits that long
+// (4.3 s with the default lease; a Hold with maxWait 0 fails with
+// [throttle.ErrTimeout]), once. A silence shorter than that counts too
+// for a holder whose renewal was due after it began (late within its
+// round trip, then cut off). A cap whose holders released and an idle
+// one pay nothing; one with live renewals too, except that with a lease
+// under 6 s a killed holder's lease ending about a renewal period after
+// the last script closes it once.
+//
+// What stays open: a holder whose process alone loses Redis for longer
+// than a lease, while others use the cap, loses its slot while its call
+// may still run: the cap may then admit a call more until its next
+// renewal puts it back. A failover that loses writes (holders the
+// replica never had) but keeps the rest of the cap: a Hold of an
+// instance with nothing in the key can take the slot of such a holder
+// before its renewal puts it back, within lease/3 of the new master
+// answering; one call beyond capacity per holder lost. A holder whose
+// client reaches Redis again later than lease/3 + min(lease/3, 1 s) after
+// the first script that closed the cap: go-redis, after PoolSize failed
+// dials in a row (a failover, a restart), refuses new connections and
+// probes once a second, which a lease under 3 s does not cover; its slot
+// can then be taken until its renewal lands (measured with a 300 ms
+// lease, a Sentinel failover and PoolSize 3: 4 calls in flight against a
+// cap of 2, 6 of 6 runs; with the default pool, 1 run in about 33).
+// Redis evicting one of the cap's keys (a maxmemory policy: every key
+// of the cap has a time to live, so volatile-* ones may pick any): the
+// holders' key (<tag>:slots) closes the cap at the next script, which
+// finds it gone while the last script left a holder whose lease still
+// runs; the generation's (<tag>:slots-gen) as after an empty restart;
+// <tag>:slots-gone during a freeze ends the freeze early. Run Redis
+// with maxmemory-policy noeviction, or with room to spare. In a rolling
+// deploy from a version before <tag>:slots-gen, the previous version's
+// processes neither record nor check it: what is said here of Redis out
+// longer than a lease, an empty restart and an eviction holds once every
+// process runs this one. Renewals are one round trip per
+// key held, 16 at a time, within lease/3: a process holding slots of
+// thousands of keys at once needs a longer lease.
 //
 // A release makes one round trip to Redis (at most a second, after a
 // renewal of that slot already on its way); if it fails, the slot comes
@@ -133,6 +185,7 @@ type Concurrency struct {
 	log      *slog.Logger
 	warned   sync.Once // the missing channel rights are logged once
 	seq      atomic.Uint64
+	gens     *generations // of the keys this instance used
 
 	mu       sync.Mutex
 	members  map[string]*slotMember // held or waiting, renewed
@@ -199,6 +252,7 @@ func NewConcurrency(rdb redis.UniversalClient, key string, capacity int64, opts 
 		clock:    clockwork.NewRealClock(),
 		log:      c.cfg.logger,
 		members:  make(map[string]*slotMember),
+		gens:     newGenerations(c.cfg.slotLease),
 		life:     life,
 		end:      end,
 	}, nil
@@ -210,11 +264,13 @@ func (s *Concurrency) keys(key string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []string{tag + ":slots", tag + ":slots-queue", tag + ":slots-waiting", tag + ":slots-seq", tag + ":slots-gone"}, nil
+	return []string{tag + ":slots", tag + ":slots-queue", tag + ":slots-waiting", tag + ":slots-seq", tag + ":slots-gone", tag + ":slots-gen"}, nil
 }
 
-func (s *Concurrency) args(extra ...any) []any {
-	return append([]any{s.capacity, s.lease.Milliseconds(), s.chPrefix}, extra...)
+// args are a script's arguments: the common ones, the generation this
+// instance remembers of the cap (gen, "" if none), then the script's own.
+func (s *Concurrency) args(gen string, extra ...any) []any {
+	return append([]any{s.capacity, s.lease.Milliseconds(), s.chPrefix, gen}, extra...)
 }
 
 // Hold implements [throttle.Slots]. Its round trips are bounded by the
@@ -260,7 +316,7 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 	}
 	for {
 		r, err := s.run(trip, "hold", scriptSlotsHold, keys, id, mode, s.witness(keys[0], id))
-		if err == nil && (len(r) != 2 || !isInt(r[0]) || !isInt(r[1])) {
+		if err == nil && (len(r) < 2 || len(r) > 3 || !isInt(r[0]) || !isInt(r[1]) || len(r) == 3 && !isInt(r[2])) {
 			err = backend("hold", keys[0], fmt.Errorf("unexpected reply %v", r))
 		}
 		if err != nil {
@@ -279,6 +335,9 @@ func (s *Concurrency) Hold(ctx context.Context, key string, maxWait time.Duratio
 		wait := r[1].(int64)
 		if wait < 0 {
 			s.untrack(id)
+			if len(r) == 3 {
+				return nil, fmt.Errorf("%s: no slot of key %q: %w: the cap is closed for %v more, while the renewals of holders Redis lost (a restart, a failover, a pause) put them back; retry then, or Hold with a maxWait", s.c.name, key, throttle.ErrTimeout, ms(r[2].(int64)))
+			}
 			return nil, fmt.Errorf("%s: no slot of key %q free: %w", s.c.name, key, throttle.ErrTimeout)
 		}
 		s.setState(m, memberWaiting)
@@ -335,19 +394,31 @@ func (s *Concurrency) holds(id string, m *slotMember) func() {
 }
 
 // run runs one of the cap's scripts, bounded by ctx and by
-// slotCallTimeout. The scripts are idempotent per member, so go-redis may
+// slotCallTimeout, passing the generation this instance remembers of the
+// cap and remembering the one the reply carries; it returns the rest of
+// the reply. The scripts are idempotent per member, so go-redis may
 // resend them. Its error is a *throttle.BackendError labelled op.
 func (s *Concurrency) run(ctx context.Context, op string, script *redis.Script, keys []string, extra ...any) ([]any, error) {
+	sent := s.clock.Now()
+	args := s.args(s.gens.told(keys[0], sent), extra...)
 	var r []any
 	err := s.call(ctx, op, keys[0], func(ctx context.Context) error {
-		v, err := script.Run(ctx, s.c.rdb, keys, s.args(extra...)...).Slice()
+		v, err := script.Run(ctx, s.c.rdb, keys, args...).Slice()
 		r = v
 		return err
 	})
 	if err != nil {
 		return nil, err // r may still be written by a round trip left running
 	}
-	return r, nil
+	var gen string
+	if len(r) > 0 {
+		gen, _ = r[0].(string)
+	}
+	if gen == "" {
+		return nil, backend(op, keys[0], fmt.Errorf("unexpected reply %v: no generation", r))
+	}
+	s.gens.heard(keys[0], gen, sent)
+	return r[1:], nil
 }
 
 // call runs f, one round trip, bounded by ctx and slotCallTimeout even

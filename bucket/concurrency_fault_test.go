@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/headway-go/headway/internal/redisenv"
@@ -500,6 +501,125 @@ func TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack(t *testing.T)
 	rel, err := b.Hold(ctx, "", 5*time.Second)
 	if err != nil {
 		t.Fatalf("Hold(5s) once a holder released after the restart = %v, want the slot", err)
+	}
+	rel()
+}
+
+// TestConcurrencyRestartedEmptyAdmitsNoInstanceThatUsedTheKey: after
+// Redis restarts empty, an instance that used the key before (it held a
+// slot and gave it back: it now holds and waits for nothing) gets no
+// slot while the live holders' renewals have not yet put them back. The
+// holders' clocks stand still, so their renewals do not come: the Hold
+// asks before any renewal lands.
+func TestConcurrencyRestartedEmptyAdmitsNoInstanceThatUsedTheKey(t *testing.T) {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "a restart")
+	const lease = 300 * time.Millisecond
+	a := newSlots(t, srv.Client(), "restart-knew", 2, WithLease(lease))
+	b := newSlots(t, srv.Client(), "restart-knew", 2, WithLease(lease))
+	c := newSlots(t, srv.Client(), "restart-knew", 2, WithLease(lease))
+	a.clock, b.clock = clockwork.NewFakeClock(), clockwork.NewFakeClock() // no renewals
+	ctx := context.Background()
+	rel, err := c.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel()
+	for _, s := range []*Concurrency{a, b} {
+		rel, err := s.Hold(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rel()
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if rel, err := c.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		if err == nil {
+			rel()
+		}
+		t.Fatalf("Hold(0), right after the restart, of an instance that used the key, both slots held by live callers = %v, want ErrTimeout", err)
+	}
+}
+
+// TestConcurrencyReleasedKeyIdleLongerThanASilenceAdmitsAtOnce: a cap
+// whose holders all gave their slots back, and that nobody used for
+// longer than a renewal period plus its round trip (three leases here:
+// the idle keys have expired, the generation has not), is not taken for
+// one whose holders were cut off: Hold(0) of the instance that used it,
+// and of a new one, get their slots at once.
+func TestConcurrencyReleasedKeyIdleLongerThanASilenceAdmitsAtOnce(t *testing.T) {
+	srv := redisenv.New(t)
+	const lease = 300 * time.Millisecond
+	used := newSlots(t, srv.Client(), "idle", 2, WithLease(lease))
+	ctx := context.Background()
+	var rels []func()
+	for range 2 {
+		rel, err := used.Hold(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rels = append(rels, rel)
+	}
+	for _, rel := range rels {
+		rel()
+	}
+	time.Sleep(3 * lease) // the idle time is what is tested
+	fresh := newSlots(t, srv.Client(), "idle", 2, WithLease(lease))
+	for _, s := range []*Concurrency{used, fresh} {
+		rel, err := s.Hold(ctx, "", 0)
+		if err != nil {
+			t.Fatalf("Hold(0) on a cap released normally and idle for %v = %v, want a slot at once", 3*lease, err)
+		}
+		defer rel()
+	}
+}
+
+// TestConcurrencyHolderKilledOnAnIdleKeyClosesTheCapOnce: the cost of
+// telling a silence of Redis from one of the fleet. A holder whose
+// process stopped (its client closed: no renewal, no release) on a cap
+// nobody else used looks like a live holder cut off while Redis was out:
+// the first Hold after its lease ended finds a lease that ended in a
+// silence longer than a renewal period plus its round trip, and closes
+// the cap for that long (lease/3 + min(lease/3, 1 s)); a Hold(0) then
+// fails with ErrTimeout, a waiting Hold gets the slot once the span is
+// over, and the next Hold(0) is served at once.
+func TestConcurrencyHolderKilledOnAnIdleKeyClosesTheCapOnce(t *testing.T) {
+	srv := redisenv.New(t)
+	const lease = 300 * time.Millisecond
+	deadClient := srv.Client()
+	dead, err := NewConcurrency(deadClient, "killed", 1, WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	ctx := context.Background()
+	if _, err := dead.Hold(ctx, "", 0); err != nil { // never released
+		t.Fatal(err)
+	}
+	_ = deadClient.Close() // the process is gone
+	s := newSlots(t, srv.Client(), "killed", 1, WithLease(lease))
+	waitSlots(t, "the dead holder's lease ended", func() bool {
+		h, _ := count(t, srv.Client(), s, "")
+		return h == 0
+	})
+	if rel, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
+		if err == nil {
+			rel()
+		}
+		t.Fatalf("Hold(0) right after a lease ended with nothing running = %v, want ErrTimeout (the cap closed for a span)", err)
+	}
+	start := time.Now()
+	rel, err := s.Hold(ctx, "", 5*time.Second)
+	if err != nil {
+		t.Fatalf("Hold(5s) after the dead holder's lease = %v, want the slot once the span is over", err)
+	}
+	t.Logf("slot after %v (span %v)", time.Since(start), lease/3+min(lease/3, time.Second))
+	rel()
+	rel, err = s.Hold(ctx, "", 0)
+	if err != nil {
+		t.Fatalf("Hold(0) after the span, the cap free = %v, want the slot at once", err)
 	}
 	rel()
 }

@@ -45,7 +45,7 @@ func TestConcurrencyScripts(t *testing.T) {
 		if got := hex.EncodeToString(sum[:]); got != s.Hash() {
 			t.Errorf("%s: embedded hash %s, files' hash %s", name, s.Hash(), got)
 		}
-		if !strings.HasPrefix(string(src), "-- "+name+":") || !strings.Contains(string(src), "ARGV[4") {
+		if !strings.HasPrefix(string(src), "-- "+name+":") || !strings.Contains(string(src), "ARGV[5") {
 			t.Errorf("%s: header comment must name the file and give its ARGV", name)
 		}
 		if sha, err := s.Load(context.Background(), rdb).Result(); err != nil || sha != s.Hash() {
@@ -866,7 +866,7 @@ func TestConcurrencyHolderPutBackLeavesTheQueue(t *testing.T) {
 	ctx := context.Background()
 	run := func(script *redis.Script, extra ...any) {
 		t.Helper()
-		if err := script.Run(ctx, rdb, keys, s.args(extra...)...).Err(); err != nil {
+		if err := script.Run(ctx, rdb, keys, s.args("", extra...)...).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -87,7 +87,8 @@
 // fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog), gcra
 // and gcra:limit (GCRA), ctr and ctr:lock (Counter), budget (Budget: one
 // hash for every dimension), slots, slots-queue, slots-waiting,
-// slots-seq and slots-gone (Concurrency), and pause for every
+// slots-seq, slots-gone and slots-gen (Concurrency; slots and slots-gen
+// live max(1 h, 4 leases) past the last call), and pause for every
 // bucket; under the constructor's tag only, every bucket also writes live
 // (the sorted set of live instances, which expires two heartbeat windows
 // after the last take). The prefix is "headway" unless [WithPrefix] says

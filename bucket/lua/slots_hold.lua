@@ -1,26 +1,32 @@
 -- slots_hold.lua: take a slot of a Concurrency cap, or join its queue.
--- Runs after slots_common.lua (KEYS[1..4], ARGV[1..3] as there).
+-- Runs after slots_common.lua (KEYS[1..6], ARGV[1..4] as there).
 --
--- ARGV[4]  member asking: "<instance>:<n>", unique per Hold
--- ARGV[5]  "try": take a slot only if one is free now and nobody waits;
+-- ARGV[5]  member asking: "<instance>:<n>", unique per Hold
+-- ARGV[6]  "try": take a slot only if one is free now and nobody waits;
 --          "wait": else join the queue (or stay in it)
--- ARGV[6]  a witness: another member of the asking instance that Redis
+-- ARGV[7]  a witness: another member of the asking instance that Redis
 --          had told it holds a slot or waits, and that has not left ("":
---          none). Redis has lost members if it has no record of it: the
---          cap then admits nobody new until the renewals put them back
---          (see freeze()).
+--          none). Redis has lost members if it has no record of it
+--          (neither the generation nor silence() can tell when the
+--          member's lease ended while its instance alone was cut off
+--          from Redis, others using the cap, or when a failover lost the
+--          member's write but not the generation): the cap then admits
+--          nobody new until the renewals put them back (see freeze()).
 --
--- Returns {1, 0} when the member holds a slot (its lease ends lease ms from
--- now, or earlier if it was promoted from the queue), {0, -1} when "try"
--- found none, {0, ms} when the member waits in the queue: ms is how long
--- until the earliest holder's lease ends (or the cap is no longer frozen),
--- the latest time to look again if no wake-up comes.
+-- Returns {generation, 1, 0} when the member holds a slot (its lease ends
+-- lease ms from now, or earlier if it was promoted from the queue),
+-- {generation, 0, -1} when "try" found none ({generation, 0, -1, ms} when
+-- the cap is closed after a loss, for ms more), {generation, 0, ms} when the
+-- member waits in the queue: ms is how long until the earliest holder's
+-- lease ends (or the cap is no longer frozen), the latest time to look
+-- again if no wake-up comes.
 --
 -- Guarantee: at most ARGV[1] members hold a slot at once (counting only
 -- unexpired leases, on the server's clock); a member joins the queue behind
 -- every member already in it, and a free slot goes to the queue's head.
-local me = ARGV[4]
-local witness = ARGV[6] or ''
+local me = ARGV[5]
+local witness = ARGV[7] or ''
+local gen = generation()
 tidy()
 if witness ~= '' and not gone(witness) and not redis.call('ZSCORE', KEYS[1], witness)
     and not redis.call('ZSCORE', KEYS[2], witness) then
@@ -30,7 +36,7 @@ promote()
 local function done(r)
   keep()
   publish()
-  return r
+  return {gen, r[1], r[2], r[3]}
 end
 if gone(me) then
   -- a script of a Hold that gave up, landing after its leave: no caller
@@ -46,7 +52,11 @@ if not redis.call('ZSCORE', KEYS[2], me) then
     redis.call('ZADD', KEYS[1], now + lease, me)
     return done({1, 0})
   end
-  if ARGV[5] == 'try' then
+  if ARGV[6] == 'try' then
+    local f = frozen()
+    if f then
+      return done({0, -1, f - now + 1})
+    end
     return done({0, -1})
   end
   redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), me)

@@ -1,13 +1,13 @@
 -- slots_renew.lua: extend the leases of one instance's holders and
--- waiters of a Concurrency cap. Runs after slots_common.lua (KEYS[1..4],
--- ARGV[1..3] as there).
+-- waiters of a Concurrency cap. Runs after slots_common.lua
+-- (KEYS[1..6], ARGV[1..4] as there).
 --
--- ARGV[4]    n, how many of the members that follow hold a slot
--- ARGV[5..]  the members to renew: n holders, then waiters
+-- ARGV[5]    n, how many of the members that follow hold a slot
+-- ARGV[6..]  the members to renew: n holders, then waiters
 --
--- Returns the waiters among them that hold a slot after the script: those
--- promoted since they last looked, whose wake-up may not have come (lost,
--- or no channel rights).
+-- Returns {generation, waiters...}: the waiters among them that hold a
+-- slot after the script: those promoted since they last looked, whose
+-- wake-up may not have come (lost, or no channel rights).
 --
 -- A holder's lease is extended, and a holder Redis no longer has (it
 -- restarted empty, a failover lost the write, or its lease ended while
@@ -21,16 +21,17 @@
 -- The renewal also tidies and promotes, so the slot of a dead holder goes
 -- to the queue's head within one renewal period of its lease's end, even
 -- with no other activity.
+local gen = generation()
 tidy()
-local n = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
 local lost = false
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   local m = ARGV[i]
   if gone(m) then
     -- released after this renewal was sent: nothing to renew
   elseif redis.call('ZSCORE', KEYS[1], m) then
     redis.call('ZADD', KEYS[1], now + lease, m)
-  elseif i < 5 + n then
+  elseif i < 6 + n then
     lost = true
     redis.call('ZADD', KEYS[1], now + lease, m)
     -- Redis may have it queued (re-queued by a renewal of its time as
@@ -50,8 +51,8 @@ if lost then
   freeze()
 end
 promote()
-local holding = {}
-for i = 5 + n, #ARGV do
+local holding = {gen}
+for i = 6 + n, #ARGV do
   if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
     holding[#holding + 1] = ARGV[i]
   end
