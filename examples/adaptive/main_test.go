@@ -132,7 +132,7 @@ func TestFleetFollowsAHalvingLimit(t *testing.T) {
 func TestRunPrintsAndChecksFlags(t *testing.T) {
 	srv := redisenv.New(t)
 	c := ciRun("leaky", srv.Addr())
-	c.Duration = time.Second
+	c.Duration = 2 * c.Interval
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), c, "leaky", 1, true, &out, &errOut)
 	if err != nil {
