@@ -40,8 +40,19 @@ func TestTenantsAreForgottenWhenTheOwnKeysLimitIsRaisedLive(t *testing.T) {
 		require.NoError(t, lim.Key("tenant-"+strconv.Itoa(i)).Acquire(ctx, time.Second))
 	}
 	clock.Advance(time.Hour)
-	for range 128 { // no wait: each takes the next of the period's tokens at once
-		require.NoError(t, lim.Key("sweeper").Acquire(ctx, 0))
+	// A state is swept only once nothing holds it: the work a grant
+	// leaves in the background (a tenant's adaptive refresh, a Redis
+	// call) may still hold its state on a loaded machine. Sweep until
+	// none is kept, within a bound.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for range 128 { // refused or not, each acquire sweeps
+			_ = lim.Key("sweeper").Acquire(ctx, 0)
+		}
+		if throttle.KeyStatesKept(lim) <= 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	assert.LessOrEqual(t, throttle.KeyStatesKept(lim), 1, "tenant states kept an hour after their only use")
 }
