@@ -89,7 +89,8 @@ type Cluster struct {
 }
 
 // Start starts a kfake cluster whose brokers listen on free 127.0.0.1 ports,
-// with the topics from [Topic] created. Group members may ask for session
+// with the topics from [Topic] created; with several brokers, partition p of
+// each topic is led by broker p mod [Brokers]. Group members may ask for session
 // timeouts down to 100 ms (Kafka's floor is 6 s), and KIP-848 consumer
 // groups heartbeat every 100 ms (Kafka's default is 5 s). The caller must
 // call [Cluster.Close].
@@ -114,6 +115,20 @@ func Start(opts ...Option) (*Cluster, error) {
 	fake, err := kfake.NewCluster(fopts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafkaenv: starting kfake: %w", err)
+	}
+	// kfake picks each partition's leader at random, so all partitions of a
+	// small topic sometimes land on one broker; place partition p on broker
+	// p mod n instead, so a test of several brokers always has leaders to
+	// move between.
+	if cfg.brokers > 1 {
+		for _, t := range cfg.topics {
+			for p := range t.partitions {
+				if err := fake.MoveTopicPartition(t.name, p, p%int32(cfg.brokers)); err != nil {
+					fake.Close()
+					return nil, fmt.Errorf("kafkaenv: placing %s/%d: %w", t.name, p, err)
+				}
+			}
+		}
 	}
 	return &Cluster{fake: fake, addrs: fake.ListenAddrs()}, nil
 }

@@ -187,6 +187,9 @@ func TestBrokers(t *testing.T) {
 	}
 	leaders := map[int32]bool{}
 	for _, p := range c.Fake().PartitionInfos("t") {
+		if want := p.Partition % 3; p.Leader != want {
+			t.Errorf("partition %d led by broker %d, want %d", p.Partition, p.Leader, want)
+		}
 		leaders[p.Leader] = true
 	}
 	for _, a := range addrs {
@@ -195,8 +198,8 @@ func TestBrokers(t *testing.T) {
 			t.Fatalf("broker address %q is not on 127.0.0.1", a)
 		}
 	}
-	if len(leaders) < 2 {
-		t.Fatalf("partitions led by %v, want them spread over brokers", leaders)
+	if len(leaders) != 3 {
+		t.Fatalf("partitions led by %v, want them spread over the 3 brokers", leaders)
 	}
 	if err := c.Produce(ctxT(t), "t", records(12)...); err != nil {
 		t.Fatal(err)
