@@ -319,7 +319,11 @@ func TestFairnessPermitTimeoutGoesToTheRecordWhoseTurnItWas(t *testing.T) {
 	require.NoError(t, lim.Acquire(context.Background(), 0)) // spent: none for an hour
 	h := newHandled(1)
 	c, err := consumer.New(h.handler("a"), lim, append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey),
-		consumer.WithPermitWait(100*time.Millisecond, consumer.TimeoutFail), consumer.WithRetry(1, time.Millisecond, time.Millisecond))...)
+		consumer.WithPermitWait(100*time.Millisecond, consumer.TimeoutFail), consumer.WithRetry(1, time.Millisecond, time.Millisecond),
+		// One worker: the next request's timeout waits for it, so the
+		// first record's failure stops Run before the second record's
+		// can (with a worker each, the two failures raced to Run).
+		consumer.WithMaxInFlight(1))...)
 	require.NoError(t, err)
 	err = start(t, c).wait(t, 10*time.Second)
 	var herr *consumer.HandlerError
