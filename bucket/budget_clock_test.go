@@ -6,11 +6,12 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
-	"github.com/redis/go-redis/v9"
-	"time"
 )
 
 // fakeTimeKey holds, for budget.lua run through fakeTimeBudget, the time

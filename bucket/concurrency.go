@@ -7,8 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/headway-go/headway/internal/capability"
-	"github.com/headway-go/headway/internal/waitstop"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -16,10 +14,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/headway-go/headway/internal/errs"
-	"github.com/headway-go/headway/throttle"
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/errs"
+	"github.com/headway-go/headway/internal/waitstop"
+	"github.com/headway-go/headway/throttle"
 )
 
 var (

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/consumer"
 	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/internal/kafkaenv"
@@ -758,6 +759,8 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"zero poll", h, lim, []consumer.Option{k, consumer.WithPollSize(0)}, "WithPollSize"},
 		{"bad ordering", h, lim, []consumer.Option{k, consumer.WithOrdering(9)}, "WithOrdering"},
 		{"zero in flight", h, lim, []consumer.Option{k, consumer.WithMaxInFlight(0)}, "WithMaxInFlight"},
+		// A cap left nil by an unchecked constructor would panic in a worker.
+		{"nil pointer cap", h, lim, []consumer.Option{k, consumer.WithConcurrency((*bucket.Concurrency)(nil))}, "WithConcurrency = (*bucket.Concurrency)(nil)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := consumer.New(tc.h, tc.lim, tc.opts...)

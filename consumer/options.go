@@ -7,6 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
 )
@@ -497,12 +498,19 @@ func WithMaxInFlight(n int) Option {
 // [WithPermitWait]'s wait, and a slot that comes without its permit is
 // given back; no slot in time counts as a permit timeout. With a
 // bucket.Concurrency, the cap holds across every consumer instance.
-// Default (and nil): no cap.
+// Default (and nil): no cap. A nil pointer
+// (a constructor's error not checked) is refused.
 //
 // Give the cap to the consumer or to an httpclient.Transport the handler
 // sends through, not to both: the handler's request would wait for a
 // second slot of the cap its record already holds, and with every slot
 // held by records, wait forever.
 func WithConcurrency(s throttle.Slots) Option {
-	return optionFunc(func(c *config) { c.slots = s })
+	return optionFunc(func(c *config) {
+		if s != nil && capability.IsNil(s) {
+			c.invalid("WithConcurrency", fmt.Sprintf("(%T)(nil)", s), "must be a cap (was its constructor's error checked?), or nil for none")
+			return
+		}
+		c.slots = s
+	})
 }

@@ -127,7 +127,7 @@ type Decision struct {
 // them offers through its capability.Set.
 func findCap[T any](b Bucket) (T, bool) {
 	for range 100 { // a chain that loops ends here
-		if b == nil {
+		if capability.IsNil(b) {
 			break
 		}
 		if t, ok := b.(T); ok {

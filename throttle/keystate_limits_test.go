@@ -101,3 +101,36 @@ func fallbackOf(t *testing.T, b any) (int64, time.Duration, int64) {
 	require.True(t, ok, "the bucket reports its limit and live instances")
 	return f.Fallback()
 }
+
+// A nil pointer passed as the Bucket (a constructor's error not checked)
+// is refused as a nil Bucket is: every call says what is wrong and
+// nothing panics.
+func TestNewWithANilPointerBucketRefusesEveryCall(t *testing.T) {
+	var tb *bucket.TokenBucket
+	var local *throttle.Local
+	for _, tt := range []struct {
+		b    throttle.Bucket
+		want string
+	}{
+		{tb, "(*bucket.TokenBucket)(nil)"},
+		{local, "(*throttle.Local)(nil)"},
+	} {
+		t.Run(tt.want, func(t *testing.T) {
+			ctx := context.Background()
+			lim := throttle.New(tt.b)
+			defer lim.Close()
+			_, costErr := lim.AcquireCost(ctx, throttle.Cost{"tokens": 1}, 0)
+			for name, err := range map[string]error{
+				"Acquire":       lim.Acquire(ctx, 0),
+				"AcquireN":      lim.AcquireN(ctx, 2, time.Second),
+				"AcquireCost":   costErr,
+				"Check":         lim.Check(ctx),
+				"Key().Acquire": lim.Key("k").Acquire(ctx, throttle.Forever),
+				"Report":        lim.Report(ctx, throttle.Answer{Refused: true}),
+			} {
+				require.ErrorIs(t, err, throttle.ErrInvalid, name)
+				assert.Contains(t, err.Error(), tt.want, name)
+			}
+		})
+	}
+}

@@ -87,11 +87,12 @@ func findCapabilities(b Bucket) capabilities {
 // [WithLogger], [WithObserver], [WithFailurePolicy], [WithStoreTimeout],
 // [WithLeasing].
 //
-// New does not fail: a nil b, an unknown [FailurePolicy] or a bad
-// [Leasing] gives a Limiter whose every call returns an error matching
-// [ErrInvalid] that names the mistake, so that it surfaces where the
-// Limiter is used, with a message, instead of as a nil-pointer panic or a
-// silent default.
+// New does not fail: a nil b (or a nil pointer, such as a
+// *bucket.TokenBucket whose constructor failed), an unknown
+// [FailurePolicy] or a bad [Leasing] gives a Limiter whose every call
+// returns an error matching [ErrInvalid] that names the mistake, so that
+// it surfaces where the Limiter is used, with a message, instead of as a
+// nil-pointer panic or a silent default.
 func New(b Bucket, opts ...LimiterOption) *Limiter {
 	cfg := newConfig(opts)
 	l := &Limiter{bucket: b, cfg: cfg, tb: newTimeBase(cfg.clock)}
@@ -126,8 +127,12 @@ func (l *Limiter) initState(st *keyState) { st.gate.tb = &l.tb }
 
 // validate returns the configuration mistake every call of l reports.
 func (l *Limiter) validate() error {
-	if l.bucket == nil {
-		return invalid("throttle", "Bucket", nil, "throttle.New needs a non-nil Bucket, such as throttle.NewLocal or one from package bucket")
+	if capability.IsNil(l.bucket) {
+		var shown any // "<nil>", or the nil pointer's type
+		if l.bucket != nil {
+			shown = fmt.Sprintf("(%T)(nil)", l.bucket)
+		}
+		return invalid("throttle", "Bucket", shown, "throttle.New needs a non-nil Bucket, such as throttle.NewLocal or one from package bucket (was its constructor's error checked?)")
 	}
 	if p := l.cfg.policy; p < FailLocal || p > FailOpen {
 		return invalid("throttle", "WithFailurePolicy", p, "must be throttle.FailLocal, FailClosed or FailOpen")

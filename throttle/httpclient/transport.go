@@ -3,8 +3,6 @@ package httpclient
 import (
 	"context"
 	"fmt"
-	"github.com/headway-go/headway/internal/capability"
-	"github.com/headway-go/headway/internal/waitstop"
 	"io"
 	"log/slog"
 	"math"
@@ -15,7 +13,9 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/errs"
+	"github.com/headway-go/headway/internal/waitstop"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -245,7 +245,8 @@ func WithLogger(l *slog.Logger) Option {
 // pacing holds. The slot's wait and the permit's share the request's wait
 // ([WithMaxWait]); a permit that does not come gives the slot back. A
 // retry after the provider's pause gives its slot back and holds a new one.
-// Default (and nil): no cap. Close every response's body, as net/http
+// Default (and nil): no cap. A nil pointer
+// (a constructor's error not checked) is refused. Close every response's body, as net/http
 // asks: until then its slot stays held.
 func WithConcurrency(s throttle.Slots) Option {
 	return transportOption(func(c *transportConfig) { c.slots = s })
@@ -343,6 +344,9 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 	}
 	if c.call < 0 {
 		return nil, errs.Invalid("httpclient: NewTransport", "WithCallTime", c.call, "must be 0 or positive")
+	}
+	if c.slots != nil && capability.IsNil(c.slots) {
+		return nil, errs.Invalid("httpclient: NewTransport", "WithConcurrency", fmt.Sprintf("(%T)(nil)", c.slots), "must be a cap (was its constructor's error checked?), or nil for none")
 	}
 	if c.cost != nil && c.cost.estimate == nil {
 		return nil, errs.Invalid("httpclient: NewTransport", "WithCost estimate", nil, "must be a function")

@@ -807,6 +807,8 @@ func TestNewTransportRefusesBadOptions(t *testing.T) {
 		{"nil limiter", nil, nil, "lim"},
 		{"negative maxWait", throttle.New(b), []httpclient.Option{httpclient.WithMaxWait(-time.Second)}, "WithMaxWait"},
 		{"negative retries", throttle.New(b), []httpclient.Option{httpclient.WithRetries(-1)}, "WithRetries"},
+		// A cap left nil by an unchecked constructor would panic at the first request.
+		{"nil pointer cap", throttle.New(b), []httpclient.Option{httpclient.WithConcurrency((*bucket.Concurrency)(nil))}, "WithConcurrency = (*bucket.Concurrency)(nil)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
