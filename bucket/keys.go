@@ -3,13 +3,14 @@ package bucket
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
-	"github.com/redis/go-redis/v9"
 )
 
 // MaxKeyLen is the longest key, in bytes before escaping, that a bucket
@@ -124,7 +125,7 @@ func checkDuration(name, field string, d, least time.Duration) error {
 // newCommon validates what every constructor takes.
 func newCommon[O interface{ apply(*config) }](name string, rdb redis.UniversalClient, key string, opts []O) (common, error) {
 	cfg := newConfig(opts)
-	if isNil(rdb) {
+	if capability.IsNil(rdb) {
 		return common{}, errs.Invalid(name, "rdb", "nil", "must be a redis client (*redis.Client, *redis.ClusterClient, *redis.Ring, ...)")
 	}
 	if key == "" {
@@ -152,19 +153,6 @@ func newCommon[O interface{ apply(*config) }](name string, rdb redis.UniversalCl
 	}
 	ks := newKeyspace(cfg.prefix, key)
 	return common{rdb: rdb, ks: ks, cfg: cfg, name: name, calls: newCalls(rdb, ks, cfg.liveWindow), co: newCoalescer()}, nil
-}
-
-// isNil reports whether v is nil or a typed nil pointer in an interface.
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }
 
 // checkN validates the n of a Take against the most the bucket can grant at
