@@ -556,6 +556,10 @@ func (f *fair) seek() {
 	defer f.wg.Done()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// note learns whether the limiter paced a grant; its context is
+	// made once per seeker (f.ctx is set before any seeker starts).
+	var note capability.PaceNote
+	var base, ctx context.Context
 	for {
 		var k throttle.Keyed
 		for !f.quit {
@@ -573,8 +577,11 @@ func (f *fair) seek() {
 		f.seeking++
 		f.seekingFor[k]++
 		f.kick() // another budget, or this one's depth, may want a request too
-		var note capability.PaceNote
-		ctx := capability.WithPaceNote(f.ctx, &note)
+		if base != f.ctx {
+			base = f.ctx
+			ctx = capability.WithPaceNote(base, &note)
+		}
+		note.Reset()
 		f.mu.Unlock()
 		g := f.acquire(ctx, k)
 		f.mu.Lock()

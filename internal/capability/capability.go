@@ -403,8 +403,12 @@ func Of[T any](b any) (T, bool) {
 type PaceNote struct{ paced atomic.Bool }
 
 // Paced reports whether a wait under the note's context waited for the
-// bucket's pace since the note was made.
+// bucket's pace since the note was made or last Reset.
 func (n *PaceNote) Paced() bool { return n.paced.Load() }
+
+// Reset forgets what the note learned, for the next wait under its
+// context.
+func (n *PaceNote) Reset() { n.paced.Store(false) }
 
 type paceNoteKey struct{}
 
