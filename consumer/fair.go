@@ -41,19 +41,19 @@ const maxWeight = 1000
 
 // fairSeekers is the most permit requests an instance keeps outstanding
 // at once under WithFairness (fewer when fewer records wait). How many it
-// keeps adapts (fair.adapt): one while the limiter paces the requests
-// (each waits for its place in the period), one more after each grant
-// that came as fast as the store answers (the limiter does not pace
-// them: more requests make more permits). Few requests keep what they
+// keeps adapts (fair.adapt): one fewer, down to one, after each grant the
+// limiter paced (it waited for the grant's place in the period, a
+// refusal's retry time, or the adaptive pace), one more after each grant
+// that came as fast as the store answers (more requests then make more
+// permits). The limiter tells which (capability.PaceNote): how long a
+// grant took does not, since a paced grant of a busy limit can take as
+// little as the store's answer to another. Few requests keep what they
 // reserve small and spread: the record that gets a permit is chosen when
 // the permit comes, but the instance's next permit is the earliest place
 // its requests hold, and many requests of one instance take places in a
-// row, leaving the instance without a grant while the others' pass.
+// row, leaving the instance without a grant while the others' pass (and
+// an urgent record that comes then waiting for them).
 const fairSeekers = 8
-
-// fastGrantSlack is how much longer than the quickest recent grant a
-// grant may take and still count as not paced by the limiter.
-const fastGrantSlack = 200 * time.Microsecond
 
 // WithFairness shares the limiter's permits among tenants: tenant names
 // the tenant of each record, and when records of several tenants wait,
@@ -217,12 +217,8 @@ type fair struct {
 	fresh, waiting                int
 	seeking, seekers              int
 	idle                          int // seekers waiting for demand
-	// depth is how many requests to keep outstanding now (adapt); floor
-	// the quickest grant of the last window, floorWin of this one, grants
-	// the grants counted in it.
-	depth           int
-	floor, floorWin time.Duration
-	grants          int
+	// depth is how many requests to keep outstanding now (adapt).
+	depth int
 	// taken counts fresh records handed to workers and not yet ended:
 	// the in-flight bound.
 	taken int
@@ -560,6 +556,10 @@ func (f *fair) seek() {
 	defer f.wg.Done()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// note learns whether the limiter paced a grant; its context is
+	// made once per seeker (f.ctx is set before any seeker starts).
+	var note capability.PaceNote
+	var base, ctx context.Context
 	for {
 		var k throttle.Keyed
 		for !f.quit {
@@ -577,14 +577,16 @@ func (f *fair) seek() {
 		f.seeking++
 		f.seekingFor[k]++
 		f.kick() // another budget, or this one's depth, may want a request too
-		ctx := f.ctx
+		if base != f.ctx {
+			base = f.ctx
+			ctx = capability.WithPaceNote(base, &note)
+		}
+		note.Reset()
 		f.mu.Unlock()
-		began := time.Now()
 		g := f.acquire(ctx, k)
-		took := time.Since(began)
 		f.mu.Lock()
 		if g.err == nil {
-			f.adapt(took)
+			f.adapt(note.Paced())
 		}
 		f.seeking--
 		if n := f.seekingFor[k] - 1; n > 0 {
@@ -596,28 +598,14 @@ func (f *fair) seek() {
 	}
 }
 
-// adapt sets how many requests to keep outstanding from how long a grant
-// took: one more (at most fairSeekers) when it took about as long as the
-// quickest recent grant (the store's answer: the limiter did not pace
-// it), one fewer (at least one) when it waited for its place; f.mu is
-// held.
-func (f *fair) adapt(took time.Duration) {
-	if f.grants == 0 || took < f.floorWin {
-		f.floorWin = took
-	}
-	f.grants++
-	floor := f.floorWin
-	if f.floor > 0 {
-		floor = min(floor, f.floor)
-	}
-	if f.grants == 64 { // a new window: the store's speed may change
-		f.floor, f.grants = f.floorWin, 0
-	}
-	switch {
-	case took <= 2*floor+fastGrantSlack:
+// adapt sets how many requests to keep outstanding after a grant: one
+// fewer (at least one) when the limiter paced it, one more (at most
+// fairSeekers) when it came as fast as the store answered; f.mu is held.
+func (f *fair) adapt(paced bool) {
+	if paced {
+		f.depth = max(f.depth-1, 1)
+	} else {
 		f.depth = min(f.depth+1, fairSeekers)
-	case f.depth > 1:
-		f.depth--
 	}
 }
 

@@ -281,6 +281,37 @@ func TestFairnessKeepsFewPermitRequestsOutstanding(t *testing.T) {
 	}
 }
 
+// While the limiter paces every grant (here each is a reservation 5 ms
+// ahead, so every grant takes about as long as the last), an instance
+// keeps one permit request outstanding: more would only hold places in a
+// row, and leave the other instances of the group without a grant
+// meanwhile (an urgent record that comes there waits for them). It took
+// how long a grant took for the limiter's word, so grants paced alike
+// counted as unpaced and it kept up to 8.
+func TestFairnessKeepsOnePermitRequestWhileTheLimiterPaces(t *testing.T) {
+	t.Parallel()
+	const parts, perPart = 2, 40
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	produce(t, kc, "in", parts, perPart, func(p int32, i int) string { return fmt.Sprintf("A-%d.%d", p, i) })
+	h := newHandled(parts * perPart)
+	obs := &overlap{}
+	lim := throttle.New(reserving{delay: 5 * time.Millisecond}, throttle.WithObserver(obs), throttle.WithLogger(testLogger()))
+	c, err := consumer.New(h.handler("c"), lim, append(base(kc, "g", "in"), consumer.WithMaxInFlight(64), consumer.WithFairness(tenantOfKey))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 30*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, 1, obs.most(), "permit requests outstanding at once while every grant is paced")
+}
+
+// reserving is a Bucket that grants every permit as a reservation delay
+// ahead: the Limiter paces every grant.
+type reserving struct{ delay time.Duration }
+
+func (b reserving) Take(context.Context, string, int64, time.Duration) (throttle.Decision, error) {
+	return throttle.Decision{Granted: true, Delay: b.delay}, nil
+}
+
 // WithConcurrency under WithFairness: the permit requests take the slot
 // first, and the record the permit goes to holds it through its call, so
 // calls never exceed the cap, and every record is handled; at shutdown

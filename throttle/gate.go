@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // The gate's times are on its Limiter's time base (ns since its epoch,
@@ -149,6 +151,9 @@ func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb tim
 		g.active++
 		g.mu.Unlock()
 		return nil
+	}
+	if g.closedUntil.Load() > now {
+		capability.NotePaced(ctx) // queued behind a refusal's retry time
 	}
 	w := &gateWaiter{ready: make(chan struct{}, 1), deadline: noDeadline, timeout: tb}
 	if left != Forever {

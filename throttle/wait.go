@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/waitstop"
 )
 
@@ -470,8 +471,11 @@ func (l *Limiter) cancelWithin(ctx context.Context, bound time.Duration, key str
 	})
 }
 
-// sleep waits d on the limiter's clock, or until ctx ends.
+// sleep waits d on the limiter's clock, or until ctx ends. Every sleep of
+// a wait is for the bucket's pace (a place in the period, a reservation,
+// a refusal's retry time, the adaptive pace): ctx's PaceNote learns it.
 func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
+	capability.NotePaced(ctx)
 	t := l.cfg.clock.NewTimer(d)
 	select {
 	case <-t.Chan():

@@ -21,6 +21,7 @@ package capability
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -388,4 +389,38 @@ func Of[T any](b any) (T, bool) {
 	}
 	var zero T
 	return zero, false
+}
+
+// PaceNote, carried by a context ([WithPaceNote]), learns whether a
+// throttle.Limiter's wait under that context waited for its bucket's
+// pace: for a grant's place in its period, a refusal's retry time (in
+// private or behind the key's closed gate), a reservation, or the
+// adaptive pace. A grant that came without any of these came as fast as
+// the bucket answered. The consumer's fairness scheduler keeps more
+// permit requests outstanding only while grants come that fast (more
+// requests then make more permits), and one while the Limiter paces them
+// (more would only take places in a row). Safe for concurrent use.
+type PaceNote struct{ paced atomic.Bool }
+
+// Paced reports whether a wait under the note's context waited for the
+// bucket's pace since the note was made or last Reset.
+func (n *PaceNote) Paced() bool { return n.paced.Load() }
+
+// Reset forgets what the note learned, for the next wait under its
+// context.
+func (n *PaceNote) Reset() { n.paced.Store(false) }
+
+type paceNoteKey struct{}
+
+// WithPaceNote returns ctx carrying n.
+func WithPaceNote(ctx context.Context, n *PaceNote) context.Context {
+	return context.WithValue(ctx, paceNoteKey{}, n)
+}
+
+// NotePaced tells the PaceNote ctx carries, if any, that its wait waited
+// for the bucket's pace; the Limiter calls it before each such wait.
+func NotePaced(ctx context.Context) {
+	if n, ok := ctx.Value(paceNoteKey{}).(*PaceNote); ok {
+		n.paced.Store(true)
+	}
 }

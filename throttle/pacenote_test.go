@@ -1,0 +1,62 @@
+package throttle_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/throttle"
+)
+
+// A wait that waits for the bucket's pace tells the PaceNote its context
+// carries (the consumer's fairness scheduler keeps one permit request
+// outstanding while the Limiter paces, more only while grants come at
+// once); a grant that comes at once does not. Paced: a grant's place in
+// its period (spread), a reservation slept out, a refusal's retry time.
+func TestAcquireTellsThePaceNoteWhetherItWaitedForThePace(t *testing.T) {
+	acquire := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter, advance time.Duration) bool {
+		t.Helper()
+		var note capability.PaceNote
+		ctx := capability.WithPaceNote(context.Background(), &note)
+		done := make(chan error, 1)
+		go func() { done <- lim.Acquire(ctx, 2*time.Second) }()
+		if advance > 0 {
+			bctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, clock.BlockUntilContext(bctx, 1), "the wait sleeps on the clock")
+			clock.Advance(advance)
+		}
+		require.NoError(t, <-done)
+		return note.Paced()
+	}
+	t.Run("place in the period", func(t *testing.T) {
+		clock := clockwork.NewFakeClock()
+		lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
+		defer lim.Close()
+		assert.False(t, acquire(t, clock, lim, 0), "the period's first grant goes at once")
+		assert.True(t, acquire(t, clock, lim, 95*time.Millisecond), "the second waits for its place, 95 ms on")
+	})
+	t.Run("reservation", func(t *testing.T) {
+		clock := clockwork.NewFakeClock()
+		loc, err := throttle.NewLocal(1, 100*time.Millisecond, throttle.WithClock(clock))
+		require.NoError(t, err)
+		lim := throttle.New(loc, throttle.WithClock(clock))
+		defer lim.Close()
+		assert.False(t, acquire(t, clock, lim, 0), "a full bucket grants at once")
+		assert.True(t, acquire(t, clock, lim, 100*time.Millisecond), "the next slot is 100 ms on")
+	})
+	t.Run("refusal", func(t *testing.T) {
+		clock := clockwork.NewFakeClock()
+		b := newOnDemandBucket(clock, 1, 100*time.Millisecond)
+		b.periodic = false // refuses until the period ends, and spreads nothing
+		lim := throttle.New(b, throttle.WithClock(clock))
+		defer lim.Close()
+		assert.False(t, acquire(t, clock, lim, 0))
+		assert.True(t, acquire(t, clock, lim, 100*time.Millisecond), "refused until the period's end")
+	})
+}
