@@ -13,7 +13,9 @@
 // runs a real three-master Redis Cluster and has no stand-in.
 //
 // The stand-in keeps Redis's time: keys expire as the wall clock passes and
-// TIME (in Lua too) is the wall clock, so the buckets' server-clock
+// TIME (in Lua too) is the wall clock, read as a command arrives and
+// standing still while it runs, so that a key a script sees alive stays
+// alive until it ends, as in Redis; so the buckets' server-clock
 // guarantees hold on it. Tests that need a real process (to pause it with
 // SIGSTOP, kill or restart it, or to form a Cluster) call [NeedReal] or
 // [NewCluster], which skip on the stand-in saying what to install, and fail

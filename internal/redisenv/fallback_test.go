@@ -8,8 +8,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2/server"
 )
 
 // withoutBinary hides redis-server for the rest of the test. Such tests
@@ -295,4 +298,78 @@ func TestShortfall(t *testing.T) {
 			t.Error("UsesStandIn() with redis-server installed and nothing forced = true")
 		}
 	}
+}
+
+// TestScriptKeepsAKeyAliveThatWasAliveAtItsStart: Redis judges expiry at
+// the time a script started, so a key alive then stays readable until the
+// script ends, however long it runs; the stand-in must too. Each run reads
+// the key's PTTL, stalls past the key's TTL (the real server in a loop on
+// TIME; the stand-in in its pre-command hook, which runs before a script's
+// commands too), then GETs the key. A stand-in that let the key expire in
+// between (miniredis's ClockTTL moves its clock on every key access) broke
+// window.lua: a script that read TIME just before its window's end and
+// its counter just after found none and started the full window afresh
+// (TestConformance/FixedWindow on a loaded machine: 31 permits where 3
+// windows of 10 fit).
+func TestScriptKeepsAKeyAliveThatWasAliveAtItsStart(t *testing.T) {
+	const script = `
+local pttl = redis.call('PTTL', KEYS[1])
+local t0 = redis.call('TIME')
+local from = tonumber(t0[1]) * 1000000 + tonumber(t0[2])
+local spin = tonumber(ARGV[1])
+while spin > 0 do
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000000 + tonumber(t[2]) - from >= spin then break end
+end
+return {pttl, redis.call('GET', KEYS[1])}`
+	const ttl = 200 * time.Millisecond
+	kinds(t, func(t *testing.T, s *Server) {
+		c := s.Client()
+		ctx := ctxT(t)
+		for attempt := 1; ; attempt++ {
+			key := fmt.Sprintf("k%d", attempt)
+			if err := c.Set(ctx, key, "v", ttl).Err(); err != nil {
+				t.Fatal(err)
+			}
+			// The key is gone by the wall clock once this has passed.
+			past := time.Now().Add(ttl + 20*time.Millisecond)
+			spin := int64(0)
+			var stalled atomic.Bool
+			if s.Real() {
+				spin = time.Until(past).Microseconds()
+			} else {
+				s.mini.Server().SetPreHook(func(_ *server.Peer, cmd string, args ...string) bool {
+					if cmd == "GET" && len(args) == 1 && args[0] == key && stalled.CompareAndSwap(false, true) {
+						time.Sleep(time.Until(past))
+					}
+					return false
+				})
+			}
+			r, err := c.Eval(ctx, script, []string{key}, spin).Slice()
+			if !s.Real() {
+				s.mini.Server().SetPreHook(nil)
+				if !stalled.Load() {
+					t.Fatalf("the script's GET was not held up by the hook: nothing checked")
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pttl, _ := r[0].(int64); pttl <= 0 {
+				// The script started after the key expired: too slow a
+				// machine to tell; try again with a new key.
+				if attempt == 3 {
+					t.Fatalf("three scripts in a row started after their key's %v TTL (PTTL %d)", ttl, pttl)
+				}
+				continue
+			}
+			if len(r) < 2 || r[1] != "v" {
+				t.Fatalf("a key alive at the script's start (PTTL %v) read after its TTL within the script = %v; want \"v\": expiry must be judged at the script's start", r[0], r[1:])
+			}
+			if n, err := c.Exists(ctx, key).Result(); err != nil || n != 0 {
+				t.Fatalf("EXISTS after the script = %d, %v; want 0: the key's TTL has passed", n, err)
+			}
+			return
+		}
+	})
 }

@@ -52,8 +52,9 @@ type Server struct {
 	paused bool
 
 	// The stand-in.
-	mini *miniredis.Miniredis
-	gate chan struct{} // non-nil while the stand-in is paused
+	stand *standIn
+	mini  *miniredis.Miniredis // stand.mini
+	gate  chan struct{}        // non-nil while the stand-in is paused
 }
 
 // Start starts a Redis server on a free 127.0.0.1 port and waits until it
@@ -104,7 +105,9 @@ func Start(opts ...Option) (*Server, error) {
 // port, whether or not redis-server is installed and regardless of
 // [RequireEnv] and [StandInEnv]. The stand-in implements most commands and
 // Lua, and keeps real time: keys expire as the wall clock passes and TIME
-// is the wall clock. It cannot be stopped or killed like a process (see
+// is the wall clock, read when a command arrives and standing still while
+// it runs, so that, as in Redis, a key a script sees alive stays alive
+// until the script ends. It cannot be stopped or killed like a process (see
 // [Server.Pause]) and has no Cluster. The caller must call [Server.Close].
 func StartStandIn(opts ...Option) (*Server, error) {
 	cfg, err := newConfig(opts)
@@ -115,23 +118,12 @@ func StartStandIn(opts ...Option) (*Server, error) {
 }
 
 func startStandIn(cfg config) (*Server, error) {
-	m := newMini()
-	if err := m.StartAddr("127.0.0.1:0"); err != nil {
-		return nil, fmt.Errorf("redisenv: starting the stand-in: %w", err)
+	st, err := newStandIn("127.0.0.1:0")
+	if err != nil {
+		return nil, err
 	}
-	port, _ := strconv.Atoi(m.Port())
-	return &Server{cfg: cfg, addr: m.Addr(), port: port, kind: KindStandIn, mini: m}, nil
-}
-
-// newMini returns a miniredis that keeps time like a real server: keys
-// expire as the wall clock passes (miniredis's ClockTTL, checked on every
-// command) and TIME, also inside Lua, is the wall clock. Without ClockTTL a
-// miniredis's keys only expire when told to, and a token bucket's period
-// would never end.
-func newMini() *miniredis.Miniredis {
-	m := miniredis.NewMiniRedis()
-	m.ClockTTL(true)
-	return m
+	addr := st.front.Addr().(*net.TCPAddr)
+	return &Server{cfg: cfg, addr: addr.String(), port: addr.Port, kind: KindStandIn, mini: st.mini, stand: st}, nil
 }
 
 // startReal starts bin in a new temporary directory on a port from pick,
@@ -219,7 +211,7 @@ func (s *Server) Close() error {
 	s.clients = nil
 	if s.mini != nil {
 		s.openGateLocked()
-		s.mini.Close()
+		s.stand.close()
 		return nil
 	}
 	s.proc.kill()
@@ -243,12 +235,12 @@ func (s *Server) Restart() error {
 	}
 	if s.mini != nil {
 		s.openGateLocked()
-		s.mini.Close()
-		m := newMini()
-		if err := retryAddrInUse(s.cfg.startTimeout, func() error { return m.StartAddr(s.addr) }); err != nil {
+		s.stand.close()
+		var st *standIn
+		if err := retryAddrInUse(s.cfg.startTimeout, func() (err error) { st, err = newStandIn(s.addr); return err }); err != nil {
 			return fmt.Errorf("redisenv: restarting the stand-in on %s: %w", s.addr, err)
 		}
-		s.mini = m
+		s.stand, s.mini = st, st.mini
 		return nil
 	}
 	s.proc.kill()
@@ -298,6 +290,7 @@ func (s *Server) Pause() error {
 		if s.gate == nil {
 			gate := make(chan struct{})
 			s.gate = gate
+			s.stand.hold(gate)
 			s.mini.Server().SetPreHook(func(*server.Peer, string, ...string) bool {
 				<-gate
 				return false // then run the command as usual
@@ -361,6 +354,7 @@ func (s *Server) openGateLocked() {
 		return
 	}
 	s.mini.Server().SetPreHook(nil)
+	s.stand.hold(nil)
 	close(s.gate)
 	s.gate = nil
 }

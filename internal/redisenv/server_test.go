@@ -142,9 +142,11 @@ func TestPauseResume(t *testing.T) {
 		impatientOpts.MaxRetries = -1
 		impatient := redis.NewClient(impatientOpts)
 		defer impatient.Close()
-		// Connect both before the pause, so what is tested is a stalled
+		timer := redis.NewClient(patientOpts)
+		defer timer.Close()
+		// Connect all before the pause, so what is tested is a stalled
 		// server, not a stalled handshake.
-		for _, c := range []*redis.Client{patient, impatient} {
+		for _, c := range []*redis.Client{patient, impatient, timer} {
 			if err := c.Ping(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -165,6 +167,16 @@ func TestPauseResume(t *testing.T) {
 			v, err := patient.Get(ctx, "k").Result()
 			waited <- result{v, err}
 		}()
+		// A command held over the pause reads the clock when the server
+		// runs again, as a stopped process reads it only then.
+		timed := make(chan time.Time, 1)
+		go func() {
+			got, err := timer.Time(ctx).Result()
+			if err != nil {
+				t.Errorf("TIME held over the pause: %v", err)
+			}
+			timed <- got
+		}()
 
 		err := impatient.Get(ctx, "k").Err()
 		var ne net.Error
@@ -177,6 +189,7 @@ func TestPauseResume(t *testing.T) {
 		default:
 		}
 
+		resumed := time.Now()
 		if err := s.Resume(); err != nil {
 			t.Fatalf("Resume: %v", err)
 		}
@@ -185,6 +198,10 @@ func TestPauseResume(t *testing.T) {
 		}
 		if r := <-waited; r.err != nil || r.v != "v" {
 			t.Fatalf("GET held over the pause = %q, %v; want v", r.v, r.err)
+		}
+		// The impatient GET's timeout has passed since TIME was sent.
+		if got := <-timed; got.Before(resumed.Truncate(time.Microsecond)) {
+			t.Fatalf("TIME held over the pause = %v, %v before Resume was called; want the time the server ran again", got, resumed.Sub(got))
 		}
 		if got, err := impatient.Get(ctx, "k").Result(); err != nil || got != "v" {
 			t.Fatalf("GET after Resume = %q, %v; want v", got, err)
