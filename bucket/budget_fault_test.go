@@ -93,31 +93,27 @@ func (c *costCount) between(key string, from, to time.Time) (reqs, toks []time.T
 // check judges key's calls in [from, to) against both dimensions' limits.
 func (c *costCount) check(t *testing.T, what, key string, from, to time.Time) {
 	t.Helper()
-	reqs, toks := c.between(key, from, to)
-	if len(reqs) == 0 {
-		t.Errorf("%s, key %q: no call was granted: the check proves nothing", what, key)
-		return
-	}
-	r := guarantee.Periods(reqs, costReqs, costInterval, costTol)
-	k := guarantee.Periods(toks, costTokens, costInterval, costTol)
-	t.Logf("%s, key %q: requests %v", what, key, r)
-	t.Logf("%s, key %q: tokens %v", what, key, k)
-	if r.Violations > 0 || k.Violations > 0 {
-		t.Errorf("%s, key %q: requests: %s; tokens: %s", what, key, r.Detail, k.Detail)
-	}
+	c.judge(t, what, key, from, to, guarantee.Periods)
 }
 
 // checkSliding judges key's calls in [from, to) against both dimensions'
 // limits in any span of one interval.
 func (c *costCount) checkSliding(t *testing.T, what, key string, from, to time.Time) {
 	t.Helper()
+	c.judge(t, what, key, from, to, guarantee.Sliding)
+}
+
+// judge judges key's calls in [from, to) against both dimensions' limits
+// by measure (guarantee.Periods or guarantee.Sliding).
+func (c *costCount) judge(t *testing.T, what, key string, from, to time.Time, measure func(times []time.Time, limit int64, interval, tol time.Duration) guarantee.Report) {
+	t.Helper()
 	reqs, toks := c.between(key, from, to)
 	if len(reqs) == 0 {
 		t.Errorf("%s, key %q: no call was granted: the check proves nothing", what, key)
 		return
 	}
-	r := guarantee.Sliding(reqs, costReqs, costInterval, costTol)
-	k := guarantee.Sliding(toks, costTokens, costInterval, costTol)
+	r := measure(reqs, costReqs, costInterval, costTol)
+	k := measure(toks, costTokens, costInterval, costTol)
 	t.Logf("%s, key %q: requests %v", what, key, r)
 	t.Logf("%s, key %q: tokens %v", what, key, k)
 	if r.Violations > 0 || k.Violations > 0 {
@@ -232,6 +228,19 @@ func (c *costCount) logErrors(t *testing.T) {
 // restart, the data lost at once (FLUSHALL). Calls straddle period ends,
 // so late give-backs are frequent.
 func TestBudgetFaults(t *testing.T) {
+	checkCostFleetThroughFaults(t, "faults-", costDims(), func(t *testing.T, count *costCount, fault string, start, end time.Time) {
+		count.check(t, fault, "", start, end)
+	})
+}
+
+// checkCostFleetThroughFaults runs, for each fault of TestBudgetFaults
+// (none, a Redis pause (SIGSTOP) of 1.5 intervals, an empty restart, the
+// data lost at once (FLUSHALL)), in a subtest named after it, two
+// instances × 4 callers on one key of a Budget of dims named prefix and
+// the fault's name: steady periods, the fault, periods after it. Then
+// check judges the provider's count from the start to the end.
+func checkCostFleetThroughFaults(t *testing.T, prefix string, dims []Dimension, check func(t *testing.T, count *costCount, fault string, start, end time.Time)) {
+	t.Helper()
 	srv := redisenv.New(t)
 	redisenv.NeedReal(t, srv, "pausing and restarting")
 	faults := []struct {
@@ -253,7 +262,7 @@ func TestBudgetFaults(t *testing.T) {
 	}
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
-			lims, cs := costLimiters(t, "faults-"+f.name, 2, func() redis.UniversalClient { return shortClient(t, srv.Addr()) })
+			lims, cs := costLimitersOf(t, prefix+f.name, 2, dims, func() redis.UniversalClient { return shortClient(t, srv.Addr()) })
 			count := newCostCount()
 			stop := make(chan struct{})
 			start := time.Now()
@@ -270,7 +279,7 @@ func TestBudgetFaults(t *testing.T) {
 			close(stop)
 			wg.Wait()
 			waitInflight(t, cs...)
-			count.check(t, f.name, "", start, time.Now())
+			check(t, count, f.name, start, time.Now())
 			count.logErrors(t)
 		})
 	}
@@ -378,46 +387,11 @@ func TestBudgetSentinelFailover(t *testing.T) {
 // dimensions count a sliding window keeps both limits in any span of one
 // interval, by the provider's count, through the same faults.
 func TestBudgetSlidingFaults(t *testing.T) {
-	srv := redisenv.New(t)
-	redisenv.NeedReal(t, srv, "pausing and restarting")
 	dims := costDims()
 	for i := range dims {
 		dims[i].Sliding = true
 	}
-	faults := []struct {
-		name  string
-		fault func() error
-	}{
-		{"none", nil},
-		{"pause", func() error {
-			if err := srv.Pause(); err != nil {
-				return err
-			}
-			time.Sleep(3 * costInterval / 2) // the pause
-			return srv.Resume()
-		}},
-		{"restarted empty", srv.Restart},
-		{"emptied", func() error { return srv.Client().FlushAll(context.Background()).Err() }},
-	}
-	for _, f := range faults {
-		t.Run(f.name, func(t *testing.T) {
-			lims, cs := costLimitersOf(t, "sliding-faults-"+f.name, 2, dims, func() redis.UniversalClient { return shortClient(t, srv.Addr()) })
-			count := newCostCount()
-			stop := make(chan struct{})
-			start := time.Now()
-			wg := costFleet(lims, []string{""}, 4, stop, count)
-			time.Sleep(3*costInterval + costInterval/4)
-			if f.fault != nil {
-				if err := f.fault(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			time.Sleep(3 * costInterval)
-			close(stop)
-			wg.Wait()
-			waitInflight(t, cs...)
-			count.checkSliding(t, f.name, "", start, time.Now())
-			count.logErrors(t)
-		})
-	}
+	checkCostFleetThroughFaults(t, "sliding-faults-", dims, func(t *testing.T, count *costCount, fault string, start, end time.Time) {
+		count.checkSliding(t, fault, "", start, end)
+	})
 }

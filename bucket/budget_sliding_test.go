@@ -168,25 +168,36 @@ func TestBudgetPauseDimensionsHoldsOnlyThoseNamed(t *testing.T) {
 	}
 }
 
-// TestBudgetSlidingRestartedEmptyHoldsTheWindow: after FLUSHALL, an
-// instance that was granted in the window holds the dimension until the
-// window it knows of is empty: no second limit inside it.
-func TestBudgetSlidingRestartedEmptyHoldsTheWindow(t *testing.T) {
-	srv := redisenv.New(t)
-	rdb := srv.Client()
-	const iv = 10 * time.Second
-	b := newBudget(t, rdb, "slideflush", slidingDims(10, 100, iv))
+// slidingFullThenFlushed starts a Redis server and an instance of a
+// sliding Budget under key (10 requests and 100 tokens per iv), has the
+// instance granted the whole requests limit, then FLUSHALLs the server.
+// It returns the instance, and newInstance, which makes another instance
+// of the same Budget on the same server.
+func slidingFullThenFlushed(t *testing.T, key string, iv time.Duration) (b *Budget, newInstance func() *Budget) {
+	t.Helper()
+	rdb := redisenv.New(t).Client()
+	newInstance = func() *Budget { return newBudget(t, rdb, key, slidingDims(10, 100, iv)) }
+	b = newInstance()
 	if d := takeCost(t, b, "", throttle.Cost{"requests": 10}); !d.Granted {
 		t.Fatal(d)
 	}
 	if err := rdb.FlushAll(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
+	return b, newInstance
+}
+
+// TestBudgetSlidingRestartedEmptyHoldsTheWindow: after FLUSHALL, an
+// instance that was granted in the window holds the dimension until the
+// window it knows of is empty: no second limit inside it.
+func TestBudgetSlidingRestartedEmptyHoldsTheWindow(t *testing.T) {
+	const iv = 10 * time.Second
+	b, newInstance := slidingFullThenFlushed(t, "slideflush", iv)
 	d := takeCost(t, b, "", throttle.Cost{"requests": 1})
 	if d.Granted || d.Delay < iv-time.Second {
 		t.Fatalf("after the flush = %+v, want refused until the known window is empty (~%v)", d, iv)
 	}
-	other := newBudget(t, rdb, "slideflush", slidingDims(10, 100, iv))
+	other := newInstance()
 	if d := takeCost(t, other, "", throttle.Cost{"requests": 1}); d.Granted {
 		t.Fatalf("another instance was granted in the held window: %+v", d)
 	}
@@ -199,17 +210,9 @@ func TestBudgetSlidingRestartedEmptyHoldsTheWindow(t *testing.T) {
 // every instance, as periods do: the only second grants inside the lost
 // window are those made before it came.
 func TestBudgetSlidingRestartedEmptyHoldsAfterAnotherInstancesTake(t *testing.T) {
-	srv := redisenv.New(t)
-	rdb := srv.Client()
 	const iv = 10 * time.Second
-	knew := newBudget(t, rdb, "slideflush2", slidingDims(10, 100, iv))
-	if d := takeCost(t, knew, "", throttle.Cost{"requests": 10}); !d.Granted {
-		t.Fatal(d)
-	}
-	if err := rdb.FlushAll(context.Background()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	fresh := newBudget(t, rdb, "slideflush2", slidingDims(10, 100, iv))
+	knew, newInstance := slidingFullThenFlushed(t, "slideflush2", iv)
+	fresh := newInstance()
 	if d := takeCost(t, fresh, "", throttle.Cost{"requests": 1}); !d.Granted {
 		t.Fatalf("the instance that knew nothing was refused: %+v", d)
 	}

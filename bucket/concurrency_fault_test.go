@@ -122,10 +122,7 @@ func TestConcurrencyWithoutChannelRightsKeepsItsGuarantee(t *testing.T) {
 	// slot; it must not fail at the wake-up's PUBLISH, and every key
 	// keeps a time to live.
 	admin := srv.Client()
-	keys, err := a.keys("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := capKeys(t, a, "")
 	now, err := admin.Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -153,15 +150,9 @@ func TestConcurrencyTryThatPromotesAWaiterKeepsTheTTL(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
 	s := newSlots(t, rdb, "ttl", 1)
-	keys, err := s.keys("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := capKeys(t, s, "")
 	ctx := context.Background()
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	now := serverNow(t, rdb)
 	// A holder whose lease has ended, and a waiter whose has not.
 	rdb.ZAdd(ctx, keys[0], redis.Z{Score: float64(now.UnixMilli() - 1), Member: "deadbeef:1"})
 	rdb.ZAdd(ctx, keys[1], redis.Z{Score: 1, Member: "deadbeef:2"})
@@ -190,10 +181,7 @@ func TestConcurrencyRestartedEmptyPutsLiveHoldersBack(t *testing.T) {
 	b := newSlots(t, srv.Client(), "restart", 2, WithLease(lease))
 	ctx := context.Background()
 	for range 2 {
-		rel, err := a.Hold(ctx, "", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rel := mustHold(t, a)
 		defer rel()
 	}
 	if err := srv.Restart(); err != nil {
@@ -203,10 +191,7 @@ func TestConcurrencyRestartedEmptyPutsLiveHoldersBack(t *testing.T) {
 		h, _ := count(t, srv.Client(), a, "")
 		return h == 2
 	})
-	if rel, err := b.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
-		if err == nil {
-			rel()
-		}
+	if err := holdNowAndRelease(ctx, b); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("Hold(0) of another instance with both slots held = %v, want ErrTimeout", err)
 	}
 }
@@ -263,10 +248,7 @@ func TestConcurrencyStalledSubscriptionBlocksNothingElse(t *testing.T) {
 	a := newSlots(t, stalling, "stall", 1, WithLease(lease))
 	b := newSlots(t, srv.Client(), "stall", 1, WithLease(lease))
 	ctx := context.Background()
-	rel, err := a.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rel := mustHold(t, a)
 	d.stall.Store(int64(3 * time.Second))
 	waited := make(chan error, 1)
 	go func() {
@@ -278,10 +260,7 @@ func TestConcurrencyStalledSubscriptionBlocksNothingElse(t *testing.T) {
 	// Over four leases, the other instance never gets the held slot.
 	end := time.Now().Add(4 * lease)
 	for time.Now().Before(end) {
-		if r, err := b.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
-			if err == nil {
-				r()
-			}
+		if err := holdNowAndRelease(ctx, b); !errors.Is(err, throttle.ErrTimeout) {
 			t.Fatalf("Hold(0) of another instance while the only slot is held = %v, want ErrTimeout", err)
 		}
 		time.Sleep(20 * time.Millisecond) // paces the probes; not a synchronisation
@@ -431,10 +410,7 @@ func TestConcurrencyRenewalLandingAfterTheReleaseDoesNotTakeTheSlotBack(t *testi
 	if err := scriptSlotsRenew.Load(ctx, rdb).Err(); err != nil { // as after any earlier renewal
 		t.Fatal(err)
 	}
-	rel, err := a.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rel := mustHold(t, a)
 	hook.armed.Store(true)
 	<-hook.entered // a renewal is on its way, and stays there
 	rel()          // waits for the renewal's bound, then releases
@@ -449,11 +425,9 @@ func TestConcurrencyRenewalLandingAfterTheReleaseDoesNotTakeTheSlotBack(t *testi
 	if h, _ := count(t, srv.Client(), a, ""); h != 0 {
 		t.Fatalf("after the late renewal landed: %d held, want 0 (the released holder is back)", h)
 	}
-	r, err := b.Hold(ctx, "", 0)
-	if err != nil {
+	if err := holdNowAndRelease(ctx, b); err != nil {
 		t.Fatalf("Hold(0) of another instance after the release and the late renewal = %v, want the free slot", err)
 	}
-	r()
 }
 
 // TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack: after
@@ -470,10 +444,7 @@ func TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack(t *testing.T)
 	ctx := context.Background()
 	var rels []func()
 	for range 2 {
-		rel, err := a.Hold(ctx, "", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rel := mustHold(t, a)
 		rels = append(rels, rel)
 	}
 	defer func() {
@@ -485,10 +456,7 @@ func TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack(t *testing.T)
 		t.Fatal(err)
 	}
 	for _, s := range []*Concurrency{a, b} {
-		if rel, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
-			if err == nil {
-				rel()
-			}
+		if err := holdNowAndRelease(ctx, s); !errors.Is(err, throttle.ErrTimeout) {
 			t.Fatalf("Hold(0) right after the restart, both slots held by live callers = %v, want ErrTimeout", err)
 		}
 	}
@@ -520,25 +488,16 @@ func TestConcurrencyRestartedEmptyAdmitsNoInstanceThatUsedTheKey(t *testing.T) {
 	c := newSlots(t, srv.Client(), "restart-knew", 2, WithLease(lease))
 	a.clock, b.clock = clockwork.NewFakeClock(), clockwork.NewFakeClock() // no renewals
 	ctx := context.Background()
-	rel, err := c.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rel := mustHold(t, c)
 	rel()
 	for _, s := range []*Concurrency{a, b} {
-		rel, err := s.Hold(ctx, "", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rel := mustHold(t, s)
 		defer rel()
 	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if rel, err := c.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
-		if err == nil {
-			rel()
-		}
+	if err := holdNowAndRelease(ctx, c); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("Hold(0), right after the restart, of an instance that used the key, both slots held by live callers = %v, want ErrTimeout", err)
 	}
 }
@@ -556,10 +515,7 @@ func TestConcurrencyReleasedKeyIdleLongerThanASilenceAdmitsAtOnce(t *testing.T) 
 	ctx := context.Background()
 	var rels []func()
 	for range 2 {
-		rel, err := used.Hold(ctx, "", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rel := mustHold(t, used)
 		rels = append(rels, rel)
 	}
 	for _, rel := range rels {
@@ -604,10 +560,7 @@ func TestConcurrencyHolderKilledOnAnIdleKeyClosesTheCapOnce(t *testing.T) {
 		h, _ := count(t, srv.Client(), s, "")
 		return h == 0
 	})
-	if rel, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
-		if err == nil {
-			rel()
-		}
+	if err := holdNowAndRelease(ctx, s); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("Hold(0) right after a lease ended with nothing running = %v, want ErrTimeout (the cap closed for a span)", err)
 	}
 	start := time.Now()

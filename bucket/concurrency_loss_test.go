@@ -15,6 +15,15 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
+// unrenewedSlots builds, as newSlots does, a Concurrency of lease whose
+// renewals never come: its clock is a fake one that nothing advances.
+func unrenewedSlots(t *testing.T, rdb redis.UniversalClient, key string, capacity int64, lease time.Duration) *Concurrency {
+	t.Helper()
+	s := newSlots(t, rdb, key, capacity, WithLease(lease))
+	s.clock = clockwork.NewFakeClock()
+	return s
+}
+
 // TestConcurrencyGenerationFromTheFutureClosesTheCapNoLongerThanASpan: a
 // generation that the server's clock puts in the future (created on a
 // master whose clock was ahead, then a failover to this one; or a
@@ -37,23 +46,13 @@ func TestConcurrencyGenerationFromTheFutureClosesTheCapNoLongerThanASpan(t *test
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSlots(t, rdb, "future-gen-"+tc.name, 1, WithLease(lease))
-			rel, err := s.Hold(ctx, "", 0) // s now remembers the generation
-			if err != nil {
-				t.Fatal(err)
-			}
-			rel()
-			keys, err := s.keys("")
-			if err != nil {
-				t.Fatal(err)
-			}
-			now, err := rdb.Time(ctx).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
+			mustHold(t, s)() // s now remembers the generation
+			keys := capKeys(t, s, "")
+			now := serverNow(t, rdb)
 			if err := rdb.HSet(ctx, keys[5], "g", tc.gen(now)).Err(); err != nil {
 				t.Fatal(err)
 			}
-			rel, err = s.Hold(ctx, "", 3*time.Second)
+			rel, err := s.Hold(ctx, "", 3*time.Second)
 			if err != nil {
 				t.Fatalf("Hold(3s) after a generation %s replaced the remembered one, span %v = %v, want the slot once the span is over", tc.name, lease/3+min(lease/3, time.Second), err)
 			}
@@ -74,34 +73,20 @@ func TestConcurrencyHoldersKeyEvictedAdmitsNobodyAboveCapacity(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	rdb := srv.Client()
 	ctx := context.Background()
-	a := newSlots(t, rdb, "evicted", 2, WithLease(lease))
+	a := unrenewedSlots(t, rdb, "evicted", 2, lease) // its renewals do not come
 	used := newSlots(t, rdb, "evicted", 2, WithLease(lease))
-	a.clock = clockwork.NewFakeClock() // its renewals do not come
-	rel, err := used.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel()
+	mustHold(t, used)()
 	for range 2 {
-		rel, err := a.Hold(ctx, "", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rel := mustHold(t, a)
 		defer rel()
 	}
-	keys, err := a.keys("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := capKeys(t, a, "")
 	if err := rdb.Del(ctx, keys[0]).Err(); err != nil { // evicted
 		t.Fatal(err)
 	}
 	fresh := newSlots(t, rdb, "evicted", 2, WithLease(lease))
 	for name, s := range map[string]*Concurrency{"that used the key": used, "new": fresh} {
-		if rel, err := s.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
-			if err == nil {
-				rel()
-			}
+		if err := holdNowAndRelease(ctx, s); !errors.Is(err, throttle.ErrTimeout) {
 			t.Errorf("Hold(0) of a process %s, the holders' key evicted, both slots held by live callers = %v, want ErrTimeout", name, err)
 		}
 	}
@@ -115,19 +100,13 @@ func TestConcurrencyHoldWithoutWaitOnAClosedCapSaysWhy(t *testing.T) {
 	rdb := srv.Client()
 	ctx := context.Background()
 	s := newSlots(t, rdb, "closed", 2)
-	keys, err := s.keys("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := capKeys(t, s, "")
+	now := serverNow(t, rdb)
 	till := float64(now.Add(4 * time.Second).UnixMilli())
 	if err := rdb.ZAdd(ctx, keys[4], redis.Z{Score: till, Member: "!frozen"}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Hold(ctx, "", 0)
+	_, err := s.Hold(ctx, "", 0)
 	if !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("Hold(0) on a closed cap = %v, want ErrTimeout", err)
 	}
@@ -146,24 +125,15 @@ func TestConcurrencyHoldersReleasedByAnOldVersionDoNotCloseTheCap(t *testing.T) 
 	const lease = 300 * time.Millisecond
 	rdb := srv.Client()
 	ctx := context.Background()
-	a := newSlots(t, rdb, "old-release", 1, WithLease(lease))
-	a.clock = clockwork.NewFakeClock() // its renewals and release are not this test's
-	if _, err := a.Hold(ctx, "", 0); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := a.keys("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := unrenewedSlots(t, rdb, "old-release", 1, lease) // its renewals and release are not this test's
+	mustHold(t, a)
+	keys := capKeys(t, a, "")
 	holders, err := rdb.ZRange(ctx, keys[0], 0, -1).Result()
 	if err != nil || len(holders) != 1 {
 		t.Fatalf("holders %v, %v; want one", holders, err)
 	}
 	// The previous version's release: marked gone for two leases, removed.
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	now := serverNow(t, rdb)
 	gone := float64(now.Add(2 * lease).UnixMilli())
 	if err := rdb.ZAdd(ctx, keys[4], redis.Z{Score: gone, Member: holders[0]}).Err(); err != nil {
 		t.Fatal(err)
@@ -172,11 +142,9 @@ func TestConcurrencyHoldersReleasedByAnOldVersionDoNotCloseTheCap(t *testing.T) 
 		t.Fatal(err)
 	}
 	s := newSlots(t, rdb, "old-release", 1, WithLease(lease))
-	rel, err := s.Hold(ctx, "", 0)
-	if err != nil {
+	if err := holdNowAndRelease(ctx, s); err != nil {
 		t.Fatalf("Hold(0) after the last holder was released by a previous version's script = %v, want the slot at once", err)
 	}
-	rel()
 }
 
 // TestConcurrencyOutJustLongerThanALateHoldersLeaseClosesTheCap: a live
@@ -190,15 +158,9 @@ func TestConcurrencyOutJustLongerThanALateHoldersLeaseClosesTheCap(t *testing.T)
 	const lease = 300 * time.Millisecond
 	rdb := srv.Client()
 	ctx := context.Background()
-	a := newSlots(t, rdb, "late", 1, WithLease(lease))
-	a.clock = clockwork.NewFakeClock() // its renewal is held back: late, then cut off
-	if _, err := a.Hold(ctx, "", 0); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := a.keys("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := unrenewedSlots(t, rdb, "late", 1, lease) // its renewal is held back: late, then cut off
+	mustHold(t, a)
+	keys := capKeys(t, a, "")
 	last, err := rdb.ZRangeWithScores(ctx, keys[0], 0, 0).Result()
 	if err != nil || len(last) != 1 {
 		t.Fatalf("holders %v, %v; want one", last, err)
@@ -249,11 +211,7 @@ func TestConcurrencyLongCallsWithLiveRenewalsNeverCloseTheCap(t *testing.T) {
 	}
 	var rels []func()
 	for _, s := range inst[:2] {
-		rel, err := s.Hold(ctx, "", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rels = append(rels, rel)
+		rels = append(rels, mustHold(t, s))
 	}
 	waited := make(chan error, 1)
 	go func() {

@@ -121,17 +121,10 @@ func newSlots(t *testing.T, rdb redis.UniversalClient, key string, capacity int6
 // read from Redis (unexpired leases only).
 func count(t *testing.T, rdb redis.UniversalClient, s *Concurrency, key string) (held, waiting int64) {
 	t.Helper()
-	keys, err := s.keys(key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := capKeys(t, s, key)
 	ctx := context.Background()
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	after := "(" + strconv.FormatInt(now.UnixMilli(), 10)
-	held, err = rdb.ZCount(ctx, keys[0], after, "+inf").Result()
+	after := "(" + strconv.FormatInt(serverNow(t, rdb).UnixMilli(), 10)
+	held, err := rdb.ZCount(ctx, keys[0], after, "+inf").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,6 +133,49 @@ func count(t *testing.T, rdb redis.UniversalClient, s *Concurrency, key string) 
 		t.Fatal(err)
 	}
 	return held, waiting
+}
+
+// capKeys returns the Redis keys of s's cap for key, or fails the test.
+func capKeys(t *testing.T, s *Concurrency, key string) []string {
+	t.Helper()
+	keys, err := s.keys(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// serverNow returns the time on the Redis server's clock, or fails the
+// test.
+func serverNow(t *testing.T, rdb redis.UniversalClient) time.Time {
+	t.Helper()
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now
+}
+
+// mustHold takes a slot of s's cap for the default key without waiting,
+// or fails the test; it returns the release.
+func mustHold(t *testing.T, s *Concurrency) func() {
+	t.Helper()
+	rel, err := s.Hold(context.Background(), "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rel
+}
+
+// holdNowAndRelease asks s for a slot of its default key without
+// waiting and gives back at once a slot it was granted; it returns the
+// error of Hold.
+func holdNowAndRelease(ctx context.Context, s *Concurrency) error {
+	rel, err := s.Hold(ctx, "", 0)
+	if err == nil {
+		rel()
+	}
+	return err
 }
 
 // waitSlots waits for cond, failing the test after 5 s.
@@ -240,10 +276,7 @@ func checkArrivalOrder(t *testing.T, env capEnv) {
 	holder := newSlots(t, env.client(), "fifo", 1, env.opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	release, err := holder.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := mustHold(t, holder)
 	const waiters = 5
 	order := make(chan int, waiters)
 	var wg sync.WaitGroup
@@ -335,10 +368,7 @@ func checkDeadWaiter(t *testing.T, env capEnv) {
 	holder := newSlots(t, env.client(), "queue", 1, WithLease(lease))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	release, err := holder.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := mustHold(t, holder)
 	deadClient := env.client()
 	dead := newSlots(t, deadClient, "queue", 1, WithLease(lease))
 	deadDone := make(chan error, 1)
@@ -384,10 +414,7 @@ func checkGivingUp(t *testing.T, env capEnv) {
 	s := newSlots(t, env.client(), "quit", 1, env.opts...)
 	other := newSlots(t, env.client(), "quit", 1, env.opts...)
 	ctx := context.Background()
-	release, err := s.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := mustHold(t, s)
 	if _, err := other.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("Hold(0) while full = %v, want ErrTimeout", err)
 	}
@@ -418,11 +445,9 @@ func checkGivingUp(t *testing.T, env capEnv) {
 		t.Fatalf("after release: %d held, %d waiting; want 0, 0", h, w)
 	}
 	// The slot is free at once for a caller that does not wait.
-	rel, err := other.Hold(ctx, "", 0)
-	if err != nil {
+	if err := holdNowAndRelease(ctx, other); err != nil {
 		t.Fatalf("Hold(0) after release = %v", err)
 	}
-	rel()
 }
 
 // TestConcurrencyKeysHaveTheirOwnCap: a per-call key has its own slots,
@@ -456,10 +481,7 @@ func TestConcurrencyCloseEndsWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	release, err := s.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := mustHold(t, s)
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.Hold(ctx, "", throttle.Forever)
@@ -666,10 +688,7 @@ func TestConcurrencyShorterLeaseDoesNotDropLongerHolders(t *testing.T) {
 	long := newSlots(t, srv.Client(), "mixed", 1, WithLease(3*time.Second))
 	short := newSlots(t, srv.Client(), "mixed", 1, WithLease(60*time.Millisecond))
 	ctx := context.Background()
-	rel, err := long.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rel := mustHold(t, long)
 	defer rel()
 	if _, err := short.Hold(ctx, "", 10*time.Millisecond); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("the short-lease instance while the only slot is held: %v, want ErrTimeout", err)
@@ -677,10 +696,7 @@ func TestConcurrencyShorterLeaseDoesNotDropLongerHolders(t *testing.T) {
 	// Beyond two of the short leases, on the server's clock: the keys
 	// must still be there.
 	time.Sleep(300 * time.Millisecond)
-	if r2, err := short.Hold(ctx, "", 0); !errors.Is(err, throttle.ErrTimeout) {
-		if err == nil {
-			r2()
-		}
+	if err := holdNowAndRelease(ctx, short); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("a second holder of a capacity of 1 while the first still holds: %v, want ErrTimeout", err)
 	}
 }
@@ -692,19 +708,10 @@ func TestConcurrencyManyDeadWaitersAreDropped(t *testing.T) {
 	rdb := srv.Client()
 	s := newSlots(t, rdb, "crowd", 1, WithLease(time.Second))
 	ctx := context.Background()
-	rel, err := s.Hold(ctx, "", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rel := mustHold(t, s)
 	defer rel()
-	keys, err := s.keys("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := capKeys(t, s, "")
+	now := serverNow(t, rdb)
 	const n = 9000
 	queue, leases := make([]redis.Z, n), make([]redis.Z, n)
 	for i := range n {
@@ -859,10 +866,7 @@ func holdAndReport(addr, url string, capacity int64, callers, rounds int) {
 func TestConcurrencyHolderPutBackLeavesTheQueue(t *testing.T) {
 	rdb := redisenv.New(t).Client()
 	s := newSlots(t, rdb, "put-back", 2)
-	keys, err := s.keys("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := capKeys(t, s, "")
 	ctx := context.Background()
 	run := func(script *redis.Script, extra ...any) {
 		t.Helper()

@@ -281,26 +281,12 @@ func TestTransportHoldsOnlyTheExhaustedDimension(t *testing.T) {
 		w.Write([]byte(`{"usage":{"total_tokens":10}}`))
 	})
 	client := func(est throttle.Cost) *http.Client {
-		b, err := bucket.NewBudget(rs.Client(), "dims", []bucket.Dimension{
-			{Name: "requests", Limit: 100, Interval: time.Minute},
-			{Name: "tokens", Limit: 10_000, Interval: time.Minute},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		lim := throttle.New(b)
+		lim := throttle.New(newRequestsTokensBudget(t, rs, "dims"))
 		t.Cleanup(func() { lim.Close() })
 		return &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport),
 			httpclient.WithCost(func(*http.Request) (throttle.Cost, error) { return est, nil }, nil))}
 	}
-	get := func(c *http.Client, maxWait time.Duration) error {
-		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), maxWait), http.MethodGet, srv.URL, nil)
-		resp, err := c.Do(req)
-		if err == nil {
-			drain(resp)
-		}
-		return err
-	}
+	get := func(c *http.Client, maxWait time.Duration) error { return getWithin(c, srv.URL, maxWait) }
 	withTokens := client(throttle.Cost{"requests": 1, "tokens": 10})
 	requestsOnly := client(throttle.Cost{"requests": 1})
 	if err := get(withTokens, 0); err != nil {
@@ -329,42 +315,8 @@ func TestTransportHoldsOnlyTheExhaustedDimension(t *testing.T) {
 // reset in 3 s" holds this instance's calls too: the permits it leased
 // before the answer are not spent while the provider has none.
 func TestTransportHoldsAnExhaustedDimensionOfALeasingLimiter(t *testing.T) {
-	rs := redisenv.New(t)
-	srv := newCountingServer(t, clockwork.NewRealClock(), func(n int, w http.ResponseWriter, _ *http.Request) {
-		if n == 30 {
-			w.Header().Set("x-ratelimit-remaining-requests", "0")
-			w.Header().Set("x-ratelimit-reset-requests", "3s")
-		}
-	})
-	b, err := bucket.NewBudget(rs.Client(), "leased", []bucket.Dimension{
-		{Name: "requests", Limit: 100, Interval: time.Minute},
-		{Name: "tokens", Limit: 10_000, Interval: time.Minute},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := throttle.New(b, throttle.WithLeasing(throttle.Leasing{}))
-	t.Cleanup(func() { lim.Close() })
-	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport))}
-	get := func() error {
-		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), 0), http.MethodGet, srv.URL, nil)
-		resp, err := client.Do(req)
-		if err == nil {
-			drain(resp)
-		}
-		return err
-	}
-	for i := range 30 { // a demand that leases several permits at once
-		if err := get(); err != nil {
-			t.Fatalf("call %d: %v", i+1, err)
-		}
-	}
-	if err := get(); !errors.Is(err, throttle.ErrTimeout) {
-		t.Fatalf("a call while the provider has no requests left for 3 s = %v, want ErrTimeout", err)
-	}
-	if n := srv.count(); n != 30 {
-		t.Fatalf("the provider saw %d calls, want 30", n)
-	}
+	// 30 calls: a demand that leases several permits at once.
+	checkHeldOnExhaustedDimension(t, "leased", "requests", 30, throttle.WithLeasing(throttle.Leasing{}))
 }
 
 // TestTransportWithoutCostHoldsCallsOnAnExhaustedDimension: a Transport
@@ -372,38 +324,60 @@ func TestTransportHoldsAnExhaustedDimensionOfALeasingLimiter(t *testing.T) {
 // that its calls name no tokens; yet each call spends the provider's
 // tokens: "0 tokens remaining, reset in 3 s" holds its calls for 3 s.
 func TestTransportWithoutCostHoldsCallsOnAnExhaustedDimension(t *testing.T) {
+	checkHeldOnExhaustedDimension(t, "nocost", "tokens", 1)
+}
+
+// checkHeldOnExhaustedDimension: a provider answers its n-th call with
+// "0 dim remaining, reset in 3 s"; through a Transport without WithCost,
+// on a Limiter (with limOpts) of a fresh requests-and-tokens Budget
+// under key, the n calls go and the next, waiting for nothing, times out
+// without reaching the provider.
+func checkHeldOnExhaustedDimension(t *testing.T, key, dim string, n int, limOpts ...throttle.LimiterOption) {
+	t.Helper()
 	rs := redisenv.New(t)
-	srv := newCountingServer(t, clockwork.NewRealClock(), func(n int, w http.ResponseWriter, _ *http.Request) {
-		if n == 1 {
-			w.Header().Set("x-ratelimit-remaining-tokens", "0")
-			w.Header().Set("x-ratelimit-reset-tokens", "3s")
+	srv := newCountingServer(t, clockwork.NewRealClock(), func(i int, w http.ResponseWriter, _ *http.Request) {
+		if i == n {
+			w.Header().Set("x-ratelimit-remaining-"+dim, "0")
+			w.Header().Set("x-ratelimit-reset-"+dim, "3s")
 		}
 	})
-	b, err := bucket.NewBudget(rs.Client(), "nocost", []bucket.Dimension{
+	lim := throttle.New(newRequestsTokensBudget(t, rs, key), limOpts...)
+	t.Cleanup(func() { lim.Close() })
+	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport))}
+	for i := range n {
+		if err := getWithin(client, srv.URL, 0); err != nil {
+			t.Fatalf("call %d: %v", i+1, err)
+		}
+	}
+	if err := getWithin(client, srv.URL, 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("a call while the provider has no %s left for 3 s = %v, want ErrTimeout", dim, err)
+	}
+	if got := srv.count(); got != n {
+		t.Fatalf("the provider saw %d calls, want %d", got, n)
+	}
+}
+
+// newRequestsTokensBudget makes a Budget on rs under key of 100 requests
+// and 10,000 tokens a minute, or fails the test.
+func newRequestsTokensBudget(t *testing.T, rs *redisenv.Server, key string) *bucket.Budget {
+	t.Helper()
+	b, err := bucket.NewBudget(rs.Client(), key, []bucket.Dimension{
 		{Name: "requests", Limit: 100, Interval: time.Minute},
 		{Name: "tokens", Limit: 10_000, Interval: time.Minute},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := throttle.New(b)
-	t.Cleanup(func() { lim.Close() })
-	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport))}
-	get := func() error {
-		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), 0), http.MethodGet, srv.URL, nil)
-		resp, err := client.Do(req)
-		if err == nil {
-			drain(resp)
-		}
-		return err
+	return b
+}
+
+// getWithin sends a GET to url through c, waiting at most maxWait for a
+// permit; it drains the body of an answer and returns the error of Do.
+func getWithin(c *http.Client, url string, maxWait time.Duration) error {
+	req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), maxWait), http.MethodGet, url, nil)
+	resp, err := c.Do(req)
+	if err == nil {
+		drain(resp)
 	}
-	if err := get(); err != nil {
-		t.Fatalf("first call: %v", err)
-	}
-	if err := get(); !errors.Is(err, throttle.ErrTimeout) {
-		t.Fatalf("a call while the provider has no tokens left for 3 s = %v, want ErrTimeout", err)
-	}
-	if n := srv.count(); n != 1 {
-		t.Fatalf("the provider saw %d calls, want 1", n)
-	}
+	return err
 }

@@ -172,13 +172,13 @@ func (b *slowBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
 }
 
-// TestCallTimeLearnedFromRecentCalls: with WithCallTimeLearned, the room
-// a call needs before its deadline is what recent calls took (their 90th
-// percentile), not a fixed time: after calls of 2 s, a request with 1.5 s
-// left before its deadline takes nothing and sends nothing; one with 5 s
-// is sent. Before 10 calls, the floor applies; calls that get faster
-// lower it again.
-func TestCallTimeLearnedFromRecentCalls(t *testing.T) {
+// newCallTimeLearner builds, on a fake clock, a Transport with
+// WithCallTimeLearned (floor 100 ms) over a slowBase whose calls take
+// 2 s, on a Limiter with room for 1000 calls an hour. It returns the
+// clock, the base, and do, which sends a GET with left before its
+// deadline, reads the answer and returns the error of Do.
+func newCallTimeLearner(t *testing.T) (*clockwork.FakeClock, *slowBase, func(left time.Duration) error) {
+	t.Helper()
 	clk := clockwork.NewFakeClock()
 	b, err := throttle.NewLocal(1000, time.Hour, throttle.WithClock(clk))
 	require.NoError(t, err)
@@ -197,12 +197,23 @@ func TestCallTimeLearnedFromRecentCalls(t *testing.T) {
 		}
 		return err
 	}
+	return clk, base, do
+}
+
+// TestCallTimeLearnedFromRecentCalls: with WithCallTimeLearned, the room
+// a call needs before its deadline is what recent calls took (their 90th
+// percentile), not a fixed time: after calls of 2 s, a request with 1.5 s
+// left before its deadline takes nothing and sends nothing; one with 5 s
+// is sent. Before 10 calls, the floor applies; calls that get faster
+// lower it again.
+func TestCallTimeLearnedFromRecentCalls(t *testing.T) {
+	_, base, do := newCallTimeLearner(t)
 	for i := range 9 {
 		require.NoError(t, do(time.Second), "call %d: fewer than 10 calls counted, the floor (100 ms) applies", i)
 	}
 	require.NoError(t, do(time.Minute))
 	sent := base.sent.Load()
-	err = do(1500 * time.Millisecond)
+	err := do(1500 * time.Millisecond)
 	require.ErrorIs(t, err, throttle.ErrTimeout, "10 calls of 2 s counted: 1.5 s is no room")
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Equal(t, sent, base.sent.Load(), "nothing sent")
@@ -221,24 +232,7 @@ func TestCallTimeLearnedFromRecentCalls(t *testing.T) {
 // last 5 minutes, and once too few remain the floor applies again: a
 // provider that recovered is called again.
 func TestCallTimeLearnedForgetsOldCalls(t *testing.T) {
-	clk := clockwork.NewFakeClock()
-	b, err := throttle.NewLocal(1000, time.Hour, throttle.WithClock(clk))
-	require.NoError(t, err)
-	base := &slowBase{clk: clk}
-	base.d.Store(int64(2 * time.Second))
-	tr := mustTransport(t, throttle.New(b, throttle.WithClock(clk)), httpclient.WithBase(base), httpclient.WithCallTimeLearned(100*time.Millisecond))
-	client := &http.Client{Transport: tr}
-	do := func(left time.Duration) error {
-		ctx, cancel := context.WithTimeout(context.Background(), left)
-		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://provider.test/", nil)
-		resp, err := client.Do(req)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		return err
-	}
+	clk, base, do := newCallTimeLearner(t)
 	for range 10 {
 		require.NoError(t, do(time.Minute))
 	}
