@@ -640,6 +640,7 @@ func BenchmarkConcurrencyHandoff(b *testing.B) {
 		defer s.Close()
 		sides[i] = s
 	}
+	poll := srv.Client() // one client for every poll: a client per poll left thousands of connections open
 	release, err := sides[0].Hold(ctx, "", 0)
 	if err != nil {
 		b.Fatal(err)
@@ -658,7 +659,7 @@ func BenchmarkConcurrencyHandoff(b *testing.B) {
 			got <- rel
 		}()
 		for { // the other side queued before the release
-			if _, w := countB(b, srv.Client(), next); w == 1 {
+			if _, w := countB(b, poll, next); w == 1 {
 				break
 			}
 			time.Sleep(50 * time.Microsecond)
