@@ -73,10 +73,12 @@ func journey(t *testing.T, shared bool) {
 
 	var (
 		attempts atomic.Int64 // handler calls
-		// cut counts handler calls that wrote no request and ended with
-		// their context: a call waiting in the Transport for its permit
-		// when its partition was revoked (the group forming) or Run
-		// stopped. It took no permit and reached no provider.
+		// cut counts handler calls that wrote no request and whose wait
+		// for a permit in the Transport was stopped: their partition was
+		// revoked as the group formed, or Run stopped (the consumer stops
+		// the permit waits of a partition it gives up; the handler's
+		// context itself runs on). They took no permit and reached no
+		// provider.
 		cut    atomic.Int64
 		grants grantCounter // permits the Limiters' callers got
 		mu     sync.Mutex
@@ -101,7 +103,7 @@ func journey(t *testing.T, shared bool) {
 			}
 			resp, err := client.Do(req)
 			if err != nil {
-				if wrote.Load() == 0 && ctx.Err() != nil {
+				if wrote.Load() == 0 && errors.Is(err, context.Canceled) {
 					cut.Add(1)
 				}
 				return err
