@@ -498,8 +498,8 @@ func WithMaxInFlight(n int) Option {
 // [WithPermitWait]'s wait, and a slot that comes without its permit is
 // given back; no slot in time counts as a permit timeout. With a
 // bucket.Concurrency, the cap holds across every consumer instance.
-// Default (and nil): no cap. A nil pointer
-// (a constructor's error not checked) is refused.
+// Default (and nil): no cap. A nil pointer (a constructor's error not
+// checked) is refused.
 //
 // Give the cap to the consumer or to an httpclient.Transport the handler
 // sends through, not to both: the handler's request would wait for a

@@ -88,12 +88,12 @@ type Cluster struct {
 	clients  []*kgo.Client
 }
 
-// Start starts a kfake cluster whose brokers listen on free 127.0.0.1 ports,
-// with the topics from [Topic] created; with several brokers, partition p of
-// each topic is led by broker p mod [Brokers]. Group members may ask for session
-// timeouts down to 100 ms (Kafka's floor is 6 s), and KIP-848 consumer
-// groups heartbeat every 100 ms (Kafka's default is 5 s). The caller must
-// call [Cluster.Close].
+// Start starts a kfake cluster whose brokers listen on free 127.0.0.1
+// ports, with the topics from [Topic] created; with several brokers,
+// partition p of each topic is led by broker p mod [Brokers]. Group
+// members may ask for session timeouts down to 100 ms (Kafka's floor is
+// 6 s), and KIP-848 consumer groups heartbeat every 100 ms (Kafka's
+// default is 5 s). The caller must call [Cluster.Close].
 func Start(opts ...Option) (*Cluster, error) {
 	cfg := config{brokers: 1}
 	for _, o := range opts {

@@ -245,9 +245,9 @@ func WithLogger(l *slog.Logger) Option {
 // pacing holds. The slot's wait and the permit's share the request's wait
 // ([WithMaxWait]); a permit that does not come gives the slot back. A
 // retry after the provider's pause gives its slot back and holds a new one.
-// Default (and nil): no cap. A nil pointer
-// (a constructor's error not checked) is refused. Close every response's body, as net/http
-// asks: until then its slot stays held.
+// Default (and nil): no cap. A nil pointer (a constructor's error not
+// checked) is refused. Close every response's body, as net/http asks:
+// until then its slot stays held.
 func WithConcurrency(s throttle.Slots) Option {
 	return transportOption(func(c *transportConfig) { c.slots = s })
 }
