@@ -160,7 +160,7 @@ func checkKeysIndependent(t *testing.T, s *suite) {
 	}
 	aside, all := 0, 0
 	for i, k := range keys {
-		aside += s.judge(t, fmt.Sprintf("key %.40q", k), got[i].permits, s.Burst == 1)
+		aside += s.judge(t, fmt.Sprintf("key %.40q", k), got[i], s.Burst == 1)
 		all += len(got[i].permits)
 		if t.Failed() {
 			return
@@ -469,23 +469,23 @@ func checkRefunds(t *testing.T, s *suite) {
 		}
 		spend()
 	}
-	s.judgeRun(t, "permits kept while old ones were handed back", r.permits, true)
+	s.judgeRun(t, "permits kept while old ones were handed back", r, true)
 
 	b = s.freshPair(t)
 	const key = "r"
 	b.prepare(key)
 	l := load{goroutines: 4, weighted: !s.onePermitOnly(), reserve: true, refund: true}
-	var ps []permit
+	var r2 *recorder
 	if s.real() {
 		l.goroutines = 8
-		ps = b.realRun(key, s.runLength(), l)
+		r2 = b.realRun(key, s.runLength(), l)
 	} else {
-		ps = b.fakeRounds(key, 60, l)
+		r2 = b.fakeRounds(key, 60, l)
 	}
-	if len(ps) == 0 {
+	if len(r2.permits) == 0 {
 		t.Fatalf("no permit kept: the workload was granted nothing")
 	}
-	s.judgeRun(t, "permits kept while others were refunded", ps, !l.weighted)
+	s.judgeRun(t, "permits kept while others were refunded", r2, !l.weighted)
 }
 
 // checkCostGiveBacks: a cost bucket's grant of a whole period's burst,
@@ -546,7 +546,7 @@ func checkCostGiveBacks(t *testing.T, s *suite) {
 			break
 		}
 	}
-	s.judgeRun(t, "permits kept while a grant of an ended period was settled down", r.permits, false)
+	s.judgeRun(t, "permits kept while a grant of an ended period was settled down", r, false)
 }
 
 // checkConcurrent: many goroutines, spread over both values of NewPair,
@@ -595,7 +595,7 @@ func checkConcurrent(t *testing.T, s *suite) {
 	if len(r.permits) == 0 {
 		t.Fatalf("%d goroutines taking at once were granted nothing", goroutines)
 	}
-	s.judgeRun(t, fmt.Sprintf("%d goroutines taking at once", goroutines), r.permits, true)
+	s.judgeRun(t, fmt.Sprintf("%d goroutines taking at once", goroutines), r, true)
 }
 
 // checkGuarantee: goroutines take, and wait what refusals name, for
@@ -619,20 +619,20 @@ func checkGuarantee(t *testing.T, s *suite) {
 		_, l.pause = capability.Of[capability.Pauser](b.value(0))
 		key := fmt.Sprintf("g%d", i)
 		b.prepare(key)
-		var ps []permit
+		var r *recorder
 		if s.real() {
-			ps = b.realRun(key, s.runLength(), l)
+			r = b.realRun(key, s.runLength(), l)
 		} else {
-			ps = b.fakeRounds(key, 80, l)
+			r = b.fakeRounds(key, 80, l)
 		}
 		what := "takes of one permit"
 		if l.weighted {
 			what = "weighted takes"
 		}
-		if len(ps) == 0 {
+		if len(r.permits) == 0 {
 			t.Fatalf("%s: nothing granted", what)
 		}
-		s.judgeRun(t, what, ps, !l.weighted)
+		s.judgeRun(t, what, r, !l.weighted)
 	}
 }
 

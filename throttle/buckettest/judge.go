@@ -16,13 +16,16 @@ import (
 // clock lo == hi.
 type permit struct{ lo, hi time.Time }
 
-// judge checks permits (granted to one key) against the guarantees that
-// apply: all of them for a run of takes of one permit (onePermit), those
-// without OnePermit otherwise. It checks two things, independently of the
-// bucket's own numbers:
+// judge checks the permits r recorded (granted to one key) against the
+// guarantees that apply: all of them for a run of takes of one permit
+// (onePermit), those without OnePermit otherwise. It checks two things,
+// independently of the bucket's own numbers:
 //
-//   - the total: no more permits between the earliest lo and the latest
-//     hi than the guarantee allows in that span;
+//   - the total: no more permits between the run's start and the latest
+//     hi than the guarantee allows in that span. The run starts at the
+//     earliest Take r recorded, kept or not: a take whose permits were
+//     handed back, or a refused one, may have started the bucket's first
+//     period before the first permit kept;
 //   - the times, with the checker of package internal/guarantee for the
 //     guarantee's kind, at hi with a tolerance of the widest hi − lo. In
 //     real time a permit whose Take took longer than a tenth of the
@@ -32,8 +35,9 @@ type permit struct{ lo, hi time.Time }
 //     total.
 //
 // It returns how many permits were set aside, for the caller to report.
-func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) (aside int) {
+func (s *suite) judge(t testing.TB, what string, r *recorder, onePermit bool) (aside int) {
 	t.Helper()
+	ps := r.permits
 	if len(ps) == 0 {
 		return 0
 	}
@@ -45,6 +49,9 @@ func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) (a
 		if p.hi.After(last) {
 			last = p.hi
 		}
+	}
+	if !r.start.IsZero() && r.start.Before(first) {
+		first = r.start
 	}
 	var (
 		slow  = s.Interval / 10
@@ -65,15 +72,15 @@ func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) (a
 	}
 	slices.SortFunc(times, time.Time.Compare)
 	// A PerPeriod's first period may be pinned to the earliest time
-	// checked only if no permit can have been decided more than the
-	// tolerance before it (one set aside may have).
+	// checked only if no take can have been decided more than the
+	// tolerance before it (one set aside, or one not kept, may have).
 	anchored := len(times) > 0 && !first.Before(times[0].Add(-tol))
 	for _, g := range s.guarantees {
 		if g.OnePermit && !onePermit {
 			continue
 		}
 		if allowed := g.allowed(first, last); int64(len(ps)) > allowed {
-			t.Errorf("%s: %d permits granted within %v (from the first Take's start to the last one's return); %v allows at most %d",
+			t.Errorf("%s: %d permits kept within %v (from the run's first Take's start to the last kept one's return); %v allows at most %d",
 				what, len(ps), last.Sub(first), g, allowed)
 		}
 		if len(times) == 0 {
@@ -87,10 +94,10 @@ func (s *suite) judge(t *testing.T, what string, ps []permit, onePermit bool) (a
 }
 
 // judgeRun is judge for one run, logging what it judged.
-func (s *suite) judgeRun(t *testing.T, what string, ps []permit, onePermit bool) {
+func (s *suite) judgeRun(t *testing.T, what string, r *recorder, onePermit bool) {
 	t.Helper()
-	aside := s.judge(t, what, ps, onePermit)
-	t.Logf("%s: %d permits judged; %d set aside from the timed check, their Take having taken more than a tenth of the interval", what, len(ps), aside)
+	aside := s.judge(t, what, r, onePermit)
+	t.Logf("%s: %d permits judged; %d set aside from the timed check, their Take having taken more than a tenth of the interval", what, len(r.permits), aside)
 }
 
 // allowed is the most permits g lets a key be granted between from and

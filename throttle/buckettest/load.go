@@ -54,10 +54,15 @@ func (s *suite) pick(rng *rand.Rand, l load) ask {
 	return a
 }
 
-// recorder collects the permits a workload was granted and kept.
+// recorder collects the permits a workload was granted and kept, and
+// when its first Take started.
 type recorder struct {
 	mu      sync.Mutex
 	permits []permit
+	// start is the earliest start of a Take recorded, whatever its
+	// outcome: a take whose permits were handed back, or one refused,
+	// may have started the bucket's period before any permit kept.
+	start time.Time
 	// minDelay is the shortest refusal Delay seen since it was last reset.
 	minDelay time.Duration
 }
@@ -65,8 +70,22 @@ type recorder struct {
 func (r *recorder) add(lo, hi time.Time, n int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.startAt(lo)
 	for range n {
 		r.permits = append(r.permits, permit{lo, hi})
+	}
+}
+
+// began records that a Take started at lo.
+func (r *recorder) began(lo time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.startAt(lo)
+}
+
+func (r *recorder) startAt(lo time.Time) {
+	if r.start.IsZero() || lo.Before(r.start) {
+		r.start = lo
 	}
 }
 
@@ -78,12 +97,13 @@ func (r *recorder) refused(d time.Duration) {
 	}
 }
 
-// do makes one take through value i and records its outcome: a grant
-// kept is recorded at [lo, hi] moved on by its Delay; one the caller
-// refunds is handed back and not recorded. It returns the decision, and
+// do makes one take through value i and records its start and its
+// outcome: a grant kept is recorded at [lo, hi] moved on by its Delay;
+// one the caller refunds is handed back and not recorded. It returns the decision, and
 // false after an error (reported).
 func (b *budget) do(i int, key string, a ask, r *recorder) (throttle.Decision, bool) {
 	lo := b.s.now()
+	r.began(lo)
 	d, err := b.take(i, key, a.n, a.maxWait)
 	hi := b.s.now()
 	if err != nil {
@@ -110,8 +130,9 @@ func (b *budget) do(i int, key string, a ask, r *recorder) (throttle.Decision, b
 // named (as Limiters would wake), otherwise by a random step of up to
 // half an interval, and now and then by up to twice the time a key takes
 // to be full again (an idle key). With l.pause, a third of the way
-// through the key is paused for a quarter of an interval.
-func (b *budget) fakeRounds(key string, rounds int, l load) []permit {
+// through the key is paused for a quarter of an interval. It returns what
+// the rounds recorded.
+func (b *budget) fakeRounds(key string, rounds int, l load) *recorder {
 	s, r := b.s, &recorder{}
 	rng := seeded(b.t, 0)
 	for round := range rounds {
@@ -150,14 +171,15 @@ func (b *budget) fakeRounds(key string, rounds int, l load) []permit {
 		}
 		s.wait(step)
 	}
-	return r.permits
+	return r
 }
 
 // realRun drives key in real time for d: each of l.goroutines goroutines
 // takes, and sleeps what a refusal names (as a Limiter would) or the
 // Delay of a reservation, until d has passed. With l.pause, a third of
-// the way through the key is paused for a quarter of an interval.
-func (b *budget) realRun(key string, d time.Duration, l load) []permit {
+// the way through the key is paused for a quarter of an interval. It
+// returns what the run recorded.
+func (b *budget) realRun(key string, d time.Duration, l load) *recorder {
 	b.warm(l.goroutines)
 	r := &recorder{}
 	end := time.Now().Add(d)
@@ -193,7 +215,7 @@ func (b *budget) realRun(key string, d time.Duration, l load) []permit {
 	}
 	close(start)
 	wg.Wait()
-	return r.permits
+	return r
 }
 
 // runLength is how long a real-time workload runs: three intervals, and
