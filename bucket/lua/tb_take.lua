@@ -16,6 +16,17 @@
 -- KEYS[6]  how much (ms) to lengthen the running period to put it back on
 --          the phase before a gap (see below): written by a refill that
 --          is not asked to, expiring with that period
+-- KEYS[7]  the running period's grant profile, a hash: per slot k of the
+--          server's clock (k = floor(ms·S/period)) the tokens granted in
+--          it (field c<k>) and the server time of its latest grant
+--          (t<k>); it expires an interval after the period's end as known
+--          at the slot's first grant
+-- KEYS[8]  the previous period's profile, written at each refill from
+--          KEYS[7]: for each slot from lo to hi (fields lo, hi) the
+--          tokens granted in it and in every later slot (s<k>, suffix
+--          sums), its latest grant (t<k>) and the total (n); only slots
+--          whose latest grant is less than an interval old are kept, and
+--          the hash expires when the last of them is an interval old
 -- ARGV[1]  n, tokens asked (integer ≥ 1): all or nothing. A negative
 --          value -k asks for up to k (coalesced callers): any number from
 --          1 to k is granted, as many as are left.
@@ -37,7 +48,11 @@
 --   status 1: granted taken tokens; remaining = tokens left; reset_ms =
 --             period left; delay_ms = time until the period ends (when
 --             fewer than asked were taken, the others can come then).
---   status 0: denied; delay_ms = time until the period (or the pause) ends.
+--   status 0: denied; delay_ms = time until the period (or the pause)
+--             ends, or, when the period has the tokens but the sliding
+--             bound holds them, until enough of the previous period's
+--             grants are an interval old; remaining = what could be
+--             granted now (0 or more).
 --   status 3: the period has ended and someone holds the refill mutex:
 --             ask again shortly.
 --   status 4: n is above the period's limit (lowered live): it can never
@@ -52,6 +67,31 @@
 -- check and the refill; there is nothing between them). All or nothing for
 -- n > 0; a denied take changes nothing, so it never consumes tokens of this
 -- period or of the next.
+--
+-- Sliding bound: besides, at most the limit is granted in any span of one
+-- interval, (t - period, t] for every t: the end of one period and the
+-- start of the next together hold no more than the limit (without it they
+-- could hold up to twice the limit). Periods last at least an interval,
+-- so such a span covers at most two consecutive periods, and a take at
+-- server time t in a period needs only the previous period's grants: it
+-- is granted only if used + n <= limit - held, held being the previous
+-- period's grants that may still lie in (t - period, t]. Grants are
+-- counted in S slots per interval by server time (KEYS[7]); a slot holds
+-- all its grants until its latest is a period old, so the one slot that
+-- straddles t - period is counted whole (rounding up costs at most 1/S of
+-- the limit, and only for that slot's earliest grants), and a burst at
+-- one instant leaves exactly one period later (the span is half open). A
+-- refused take is told when enough of them leave (never later than the
+-- period's end, as every grant of the previous period lies an interval
+-- before it). A coalesced take (n < 0) gets what both bounds leave. The
+-- refill turns the running profile into the previous one (KEYS[8],
+-- suffix sums: a take reads one HMGET of six fields). Cost per grant:
+-- that HMGET and two writes to KEYS[7] (three on a slot's first grant);
+-- per refill: reading KEYS[7] and writing at most S + 1 slots. Redis
+-- losing the profiles (an empty restart, a failover to a replica without
+-- them) leaves only the period's bound for the first period after: at
+-- most the limit more in one span, once per loss; the lost period's hold
+-- (below) keeps the tokens at 0 meanwhile.
 --
 -- Phase after an outage: while the store was paused or down the fleet kept
 -- calling the provider (local shares) on the phase of the periods before,
@@ -134,6 +174,89 @@ local function realign(gap)
   end
   return period - shift
 end
+-- Sliding bound (see above): S slots per interval, slot of a time in ms.
+local S = 50
+local function slot(ms)
+  return math.floor(ms * S / period)
+end
+local function field(prefix, k)
+  return prefix .. string.format('%d', k)
+end
+-- shift makes the running period's profile the previous one: the refill.
+local function shift()
+  local cur = redis.call('HGETALL', KEYS[7])
+  redis.call('DEL', KEYS[8])
+  if #cur == 0 then return end
+  redis.call('DEL', KEYS[7])
+  local count, last = {}, {}
+  local lo, hi, top
+  for i = 1, #cur, 2 do
+    local k = tonumber(string.sub(cur[i], 2))
+    local v = tonumber(cur[i + 1])
+    if k and v then
+      if string.sub(cur[i], 1, 1) == 'c' then
+        count[k] = v
+      else
+        last[k] = v
+      end
+    end
+  end
+  for k, t in pairs(last) do
+    if t > now - period and (count[k] or 0) > 0 then
+      if lo == nil or k < lo then lo = k end
+      if hi == nil or k > hi then hi = k end
+      if top == nil or t > top then top = t end
+    end
+  end
+  if lo == nil then return end
+  local args, sum = {}, 0
+  for k = hi, lo, -1 do
+    local t = last[k]
+    if t ~= nil and t > now - period then
+      sum = sum + (count[k] or 0)
+      args[#args + 1] = field('t', k)
+      args[#args + 1] = t
+    end
+    args[#args + 1] = field('s', k)
+    args[#args + 1] = sum
+  end
+  args[#args + 1] = 'lo'
+  args[#args + 1] = lo
+  args[#args + 1] = 'hi'
+  args[#args + 1] = hi
+  args[#args + 1] = 'n'
+  args[#args + 1] = sum
+  redis.call('HSET', KEYS[8], unpack(args))
+  redis.call('PEXPIRE', KEYS[8], top + period - now)
+end
+-- held is how many of the previous period's grants may still lie in
+-- (now - period, now].
+local edge = slot(now - period) -- the slot that straddles the window's start
+local function held()
+  local r = redis.call('HMGET', KEYS[8], 'lo', 'hi', 'n', field('t', edge), field('s', edge), field('s', edge + 1))
+  local lo, hi = tonumber(r[1]), tonumber(r[2])
+  if lo == nil or hi == nil or edge > hi then return 0 end
+  if edge < lo then return tonumber(r[3]) or 0 end
+  local t = tonumber(r[4])
+  if t ~= nil and t > now - period then return tonumber(r[5]) or 0 end
+  return tonumber(r[6]) or 0
+end
+-- release is how long (ms) until at most most of the previous period's
+-- grants lie in the window; 0 when that is already so.
+local function release(most)
+  local r = redis.call('HGETALL', KEYS[8])
+  local f = {}
+  for i = 1, #r, 2 do f[r[i]] = tonumber(r[i + 1]) end
+  local lo, hi = f['lo'], f['hi']
+  if lo == nil or hi == nil then return 0 end
+  for k = math.max(edge, lo), hi do
+    local t = f[field('t', k)]
+    if t ~= nil and t > now - period and (f[field('s', k + 1)] or 0) <= most then
+      return t + period - now
+    end
+  end
+  return 0
+end
 local n = tonumber(ARGV[1])
 local upTo = n < 0
 if upTo then n = -n end
@@ -171,15 +294,9 @@ if ttl < 0 then
     end
   end
   redis.call('SET', KEYS[4], cap, 'PX', ttl + HOLD)
-  local take = n
-  if upTo and cap < n then take = cap end
-  if take <= cap then
-    -- the refilling caller's tokens, taken as the period starts
-    redis.call('SET', KEYS[1], cap - take, 'PX', ttl)
-    return {1, ttl, cap - take, ttl, cap, take, now}
-  end
   redis.call('SET', KEYS[1], cap, 'PX', ttl)
-  left = cap
+  shift()
+  left = cap -- the refilling caller's tokens are taken below
 else
   left = tonumber(redis.call('GET', KEYS[1])) or 0
   cap = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
@@ -193,9 +310,12 @@ else
     end
   end
 end
+-- What the sliding bound leaves of the period's tokens.
+local free = left
+if left > 0 then free = left - held() end
 local take = n
-if upTo and left < n then take = left end
-if take >= 1 and left >= take then
+if upTo and free < n then take = free end
+if take >= 1 and free >= take then
   local used = cap - left -- granted before in the period
   if pace > 0 and cap > 0 and used > 0 then
     -- A period behind its pace (see above): the end that puts this
@@ -210,9 +330,31 @@ if take >= 1 and left >= take then
     end
   end
   left = redis.call('DECRBY', KEYS[1], take)
-  return {1, ttl, left, ttl, cap, take, now}
+  local k = slot(now)
+  if redis.call('HINCRBY', KEYS[7], field('c', k), take) == take then
+    redis.call('PEXPIRE', KEYS[7], ttl + period) -- the slot's first grant
+  end
+  redis.call('HSET', KEYS[7], field('t', k), now)
+  -- When fewer were taken than asked, the others can come when the
+  -- period ends or, if it has tokens left, when the window lets one go.
+  local delay = ttl
+  if take < n and left >= 1 then
+    local wait = release(left - 1)
+    if wait > 0 then delay = wait end
+  end
+  return {1, delay, left, ttl, cap, take, now}
 end
 if not upTo and cap > 0 and n > cap then
   return {4, ttl, left, ttl, cap, 0, now}
 end
-return {0, ttl, left, ttl, cap, 0, now}
+local need = 1
+if not upTo then need = n end
+if left >= need then
+  -- The period has the tokens; the sliding bound holds them until enough
+  -- of the previous period's grants are an interval old.
+  local wait = release(left - need)
+  if wait > 0 then
+    return {0, wait, math.max(free, 0), ttl, cap, 0, now}
+  end
+end
+return {0, ttl, math.max(free, 0), ttl, cap, 0, now}
