@@ -19,8 +19,8 @@
 -- KEYS[7]  the running period's grant profile, a hash: per slot k of the
 --          server's clock (k = floor(ms·S/period)) the tokens granted in
 --          it (field c<k>) and the server time of its latest grant
---          (t<k>); it expires an interval after the period's end as known
---          at the slot's first grant
+--          (t<k>); it expires an interval after the period's end (set at
+--          a slot's first grant and whenever the period is lengthened)
 -- KEYS[8]  the previous period's profile, written at each refill from
 --          KEYS[7]: for each slot from lo to hi (fields lo, hi) the
 --          tokens granted in it and in every later slot (s<k>, suffix
@@ -47,7 +47,9 @@
 -- Returns {status, delay_ms, remaining, reset_ms, limit, taken, now_ms}:
 --   status 1: granted taken tokens; remaining = tokens left; reset_ms =
 --             period left; delay_ms = time until the period ends (when
---             fewer than asked were taken, the others can come then).
+--             fewer than asked were taken, the others can come then), or
+--             until the sliding bound lets one more go when the period
+--             has tokens left.
 --   status 0: denied; delay_ms = time until the period (or the pause)
 --             ends, or, when the period has the tokens but the sliding
 --             bound holds them, until enough of the previous period's
@@ -307,6 +309,7 @@ else
       ttl = ttl + longer
       redis.call('PEXPIRE', KEYS[1], ttl)
       redis.call('PEXPIRE', KEYS[4], ttl + HOLD)
+      redis.call('PEXPIRE', KEYS[7], ttl + period) -- an interval past the new end
     end
   end
 end
@@ -327,6 +330,7 @@ if take >= 1 and free >= take then
       ttl = due
       redis.call('PEXPIRE', KEYS[1], ttl)
       redis.call('PEXPIRE', KEYS[4], ttl + HOLD)
+      redis.call('PEXPIRE', KEYS[7], ttl + period) -- an interval past the new end
     end
   end
   left = redis.call('DECRBY', KEYS[1], take)
