@@ -83,7 +83,7 @@ func TestTokenBucketLiveLimit(t *testing.T) {
 		tag, _ := b.ks.tag(b.name, key)
 		// An hour on, the period's grants are also out of the sliding
 		// window: its grant profile goes with the tokens.
-		if err := rdb.Del(ctx, tag+":tb", tag+":tb:cur", tag+":tb:prev").Err(); err != nil {
+		if err := rdb.Del(ctx, tag+":tb", tag+":tb:slide").Err(); err != nil {
 			t.Fatal(err)
 		}
 		// ... on the server and in this instance, which would otherwise

@@ -208,11 +208,11 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 }
 
 // tbKeys lists a budget's keys: tokens, pause, refill mutex, the period's
-// limit, the live limit, the lengthening owed to the phase, the running
-// and the previous period's grant profiles (the sliding bound). Scripts
-// read them and never change the slice.
+// limit, the live limit, the lengthening owed to the phase, the grant
+// profiles of the running and the previous period (the sliding bound).
+// Scripts read them and never change the slice.
 func tbKeys(tag string) []string {
-	return []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit", tag + ":tb:phase", tag + ":tb:cur", tag + ":tb:prev"}
+	return []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit", tag + ":tb:phase", tag + ":tb:slide"}
 }
 
 // Take implements [throttle.Bucket]. It never reserves: maxWait is

@@ -16,17 +16,19 @@
 -- KEYS[6]  how much (ms) to lengthen the running period to put it back on
 --          the phase before a gap (see below): written by a refill that
 --          is not asked to, expiring with that period
--- KEYS[7]  the running period's grant profile, a hash: per slot k of the
---          server's clock (k = floor(ms·S/period)) the tokens granted in
---          it (field c<k>) and the server time of its latest grant
---          (t<k>); it expires an interval after the period's end (set at
---          a slot's first grant and whenever the period is lengthened)
--- KEYS[8]  the previous period's profile, written at each refill from
---          KEYS[7]: for each slot from lo to hi (fields lo, hi) the
---          tokens granted in it and in every later slot (s<k>, suffix
---          sums), its latest grant (t<k>) and the total (n); only slots
---          whose latest grant is less than an interval old are kept, and
---          the hash expires when the last of them is an interval old
+-- KEYS[7]  the grant profiles (the sliding bound), one hash. The running
+--          period's: per slot k of the server's clock (k =
+--          floor(ms·S/period)) the tokens granted in it (field c<k>) and
+--          the server time of its latest grant (t<k>). The previous
+--          period's, written at each refill from the running one: for
+--          each slot from lo to hi (fields lo, hi) the tokens granted in
+--          it and in every later slot (s<k>, suffix sums), its latest
+--          grant (p<k>) and the total (n); only slots whose latest grant
+--          is less than an interval old are kept. It expires an interval
+--          after the running period's end (set at a slot's first grant
+--          and whenever the period is lengthened), or, with no grant yet
+--          in the running period, when the previous period's last slot
+--          is an interval old.
 -- ARGV[1]  n, tokens asked (integer ≥ 1): all or nothing. A negative
 --          value -k asks for up to k (coalesced callers): any number from
 --          1 to k is granted, as many as are left.
@@ -86,10 +88,11 @@
 -- refused take is told when enough of them leave (never later than the
 -- period's end, as every grant of the previous period lies an interval
 -- before it). A coalesced take (n < 0) gets what both bounds leave. The
--- refill turns the running profile into the previous one (KEYS[8],
--- suffix sums: a take reads one HMGET of six fields). Cost per grant:
--- that HMGET and two writes to KEYS[7] (three on a slot's first grant);
--- per refill: reading KEYS[7] and writing at most S + 1 slots. Redis
+-- refill turns the running profile into the previous one (suffix sums,
+-- in the same hash: a take reads one HMGET of six fields). Cost per
+-- grant: that HMGET and two writes to KEYS[7] (three on a slot's first
+-- grant); per refill: reading KEYS[7] and writing at most S + 1 slots.
+-- Redis
 -- losing the profiles (an empty restart, a failover to a replica without
 -- them) leaves only the period's bound for the first period after: at
 -- most the limit more in one span, once per loss; the lost period's hold
@@ -186,19 +189,19 @@ local function field(prefix, k)
 end
 -- shift makes the running period's profile the previous one: the refill.
 local function shift()
-  local cur = redis.call('HGETALL', KEYS[7])
-  redis.call('DEL', KEYS[8])
-  if #cur == 0 then return end
-  redis.call('DEL', KEYS[7])
+  local all = redis.call('HGETALL', KEYS[7])
+  if #all == 0 then return end
+  redis.call('DEL', KEYS[7]) -- the previous period's profile goes too
   local count, last = {}, {}
   local lo, hi, top
-  for i = 1, #cur, 2 do
-    local k = tonumber(string.sub(cur[i], 2))
-    local v = tonumber(cur[i + 1])
+  for i = 1, #all, 2 do
+    local kind = string.sub(all[i], 1, 1)
+    local k = tonumber(string.sub(all[i], 2))
+    local v = tonumber(all[i + 1])
     if k and v then
-      if string.sub(cur[i], 1, 1) == 'c' then
+      if kind == 'c' then
         count[k] = v
-      else
+      elseif kind == 't' then
         last[k] = v
       end
     end
@@ -216,7 +219,7 @@ local function shift()
     local t = last[k]
     if t ~= nil and t > now - period then
       sum = sum + (count[k] or 0)
-      args[#args + 1] = field('t', k)
+      args[#args + 1] = field('p', k)
       args[#args + 1] = t
     end
     args[#args + 1] = field('s', k)
@@ -228,14 +231,14 @@ local function shift()
   args[#args + 1] = hi
   args[#args + 1] = 'n'
   args[#args + 1] = sum
-  redis.call('HSET', KEYS[8], unpack(args))
-  redis.call('PEXPIRE', KEYS[8], top + period - now)
+  redis.call('HSET', KEYS[7], unpack(args))
+  redis.call('PEXPIRE', KEYS[7], top + period - now)
 end
 -- held is how many of the previous period's grants may still lie in
 -- (now - period, now].
 local edge = slot(now - period) -- the slot that straddles the window's start
 local function held()
-  local r = redis.call('HMGET', KEYS[8], 'lo', 'hi', 'n', field('t', edge), field('s', edge), field('s', edge + 1))
+  local r = redis.call('HMGET', KEYS[7], 'lo', 'hi', 'n', field('p', edge), field('s', edge), field('s', edge + 1))
   local lo, hi = tonumber(r[1]), tonumber(r[2])
   if lo == nil or hi == nil or edge > hi then return 0 end
   if edge < lo then return tonumber(r[3]) or 0 end
@@ -246,13 +249,13 @@ end
 -- release is how long (ms) until at most most of the previous period's
 -- grants lie in the window; 0 when that is already so.
 local function release(most)
-  local r = redis.call('HGETALL', KEYS[8])
+  local r = redis.call('HGETALL', KEYS[7])
   local f = {}
   for i = 1, #r, 2 do f[r[i]] = tonumber(r[i + 1]) end
   local lo, hi = f['lo'], f['hi']
   if lo == nil or hi == nil then return 0 end
   for k = math.max(edge, lo), hi do
-    local t = f[field('t', k)]
+    local t = f[field('p', k)]
     if t ~= nil and t > now - period and (f[field('s', k + 1)] or 0) <= most then
       return t + period - now
     end
