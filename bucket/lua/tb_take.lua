@@ -24,7 +24,9 @@
 --          each slot from lo to hi (fields lo, hi) the tokens granted in
 --          it and in every later slot (s<k>, suffix sums), its latest
 --          grant (p<k>) and the total (n); only slots whose latest grant
---          is less than an interval old are kept. It expires an interval
+--          is less than an interval old are kept, the previous profile's
+--          too (a period cut short, its tokens key lost, lasts less than
+--          an interval: a window reaches back past it). It expires an interval
 --          after the running period's end (set at a slot's first grant
 --          and whenever the period is lengthened), or, with no grant yet
 --          in the running period, when the previous period's last slot
@@ -75,11 +77,13 @@
 -- Sliding bound: besides, at most the limit is granted in any span of one
 -- interval, (t - period, t] for every t: the end of one period and the
 -- start of the next together hold no more than the limit (without it they
--- could hold up to twice the limit). Periods last at least an interval,
--- so such a span covers at most two consecutive periods, and a take at
--- server time t in a period needs only the previous period's grants: it
--- is granted only if used + n <= limit - held, held being the previous
--- period's grants that may still lie in (t - period, t]. Grants are
+-- could hold up to twice the limit). Periods last at least an interval
+-- (unless cut short: the refill carries the earlier grants still in the
+-- window into the previous profile), so such a span covers at most two
+-- consecutive periods, and a take at server time t in a period needs
+-- only the previous period's grants: it is granted only if used + n <=
+-- limit - held, held being the previous period's grants that may still
+-- lie in (t - period, t]. Grants are
 -- counted in S slots per interval by server time (KEYS[7]); a slot holds
 -- all its grants until its latest is a period old, so the one slot that
 -- straddles t - period is counted whole (rounding up costs at most 1/S of
@@ -192,7 +196,7 @@ local function shift()
   local all = redis.call('HGETALL', KEYS[7])
   if #all == 0 then return end
   redis.call('DEL', KEYS[7]) -- the previous period's profile goes too
-  local count, last = {}, {}
+  local count, last, sums, prev = {}, {}, {}, {}
   local lo, hi, top
   for i = 1, #all, 2 do
     local kind = string.sub(all[i], 1, 1)
@@ -203,7 +207,21 @@ local function shift()
         count[k] = v
       elseif kind == 't' then
         last[k] = v
+      elseif kind == 's' then
+        sums[k] = v
+      elseif kind == 'p' then
+        prev[k] = v
       end
+    end
+  end
+  -- The previous period's grants still in the window stay in it: a
+  -- period cut short (its tokens key lost) lasts less than an interval,
+  -- and a window from the new period reaches back past it.
+  for k, t in pairs(prev) do
+    local c = (sums[k] or 0) - (sums[k + 1] or 0)
+    if t > now - period and c > 0 then
+      count[k] = (count[k] or 0) + c
+      if last[k] == nil or last[k] < t then last[k] = t end
     end
   end
   for k, t in pairs(last) do
