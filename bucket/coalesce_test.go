@@ -247,11 +247,17 @@ func TestCoalescedTakeCrossesPeriodEnd(t *testing.T) {
 			t.Fatalf("%+v, %v", d, err)
 		}
 	}
+	// The grants were made on the server before this, on the same clock
+	// (loopback): an interval after it they have left the sliding window.
+	granted := time.Now()
 	h := coalescingOf(t, b, "")
 	h.c.co.beforeBatch = func(int64) {
-		// The period ends on the server while the batch is on its way.
+		// The period ends on the server while the batch is on its way,
+		// and its grants leave the window (the period's end alone comes
+		// a few ms before the last of them is an interval old: the next
+		// period's tokens would wait for it).
 		deadline := time.Now().Add(5 * time.Second)
-		for rdb.Exists(ctx, b.rootKeys[0]).Val() != 0 && time.Now().Before(deadline) {
+		for (rdb.Exists(ctx, b.rootKeys[0]).Val() != 0 || time.Since(granted) < period) && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond) // polls the server's clock, bounded
 		}
 	}

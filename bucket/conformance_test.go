@@ -55,7 +55,10 @@ func conformanceSpecs(client func() redis.UniversalClient) map[string]buckettest
 	tb := spec(func(rdb redis.UniversalClient, key string) (throttle.Bucket, error) {
 		return NewTokenBucket(rdb, key, 10, ms200)
 	})
+	// Besides at most the limit per period, at most the limit in any
+	// span of one interval (the straddle of two periods included).
 	tb.Limit, tb.Interval, tb.Guarantee = 10, ms200, buckettest.PerPeriod
+	tb.Also = []buckettest.Guarantee{{Kind: buckettest.SlidingWindow, Limit: 10, Period: ms200}}
 
 	fw := spec(func(rdb redis.UniversalClient, key string) (throttle.Bucket, error) {
 		return NewFixedWindow(rdb, key, 10, ms100)

@@ -17,9 +17,27 @@ import (
 //
 // Guarantee: at most limit permits per refill, and refills at least
 // interval apart on the Redis server's clock — so at most limit permits in
-// any period, and never more than 2·limit in any span of one interval (the
-// end of one period and the start of the next). There is no burst beyond
-// limit.
+// any period — and at most limit permits in any span of one interval on
+// that clock, the end of one period and the start of the next included
+// (a sliding window of the interval, half open: a burst granted at one
+// instant leaves it exactly one interval later). There is no burst beyond
+// limit. So a provider counting a sliding window of the interval at the
+// same limit refuses nothing, from the first period on.
+//
+// What it costs a burst: a period whose grants came late (a crowd that
+// arrived in its second half) holds back the next period's early grants
+// until they leave the window, an interval after they were granted; a
+// refused caller is told that time (Decision.Delay), not the period's end.
+// The period's own tokens are not lost: they are granted as the window
+// lets them go, before the period ends. Demand that stays above the limit
+// gets it all (the grants of one period free those of the next an interval
+// later). The bound counts grants in slots of a fiftieth of the interval,
+// a slot leaving the window when its latest grant does: a slot's earlier
+// grants are held until then (at most a fiftieth of the interval). Redis
+// losing the grant profiles (an empty restart, a failover to a replica
+// that had not received them) leaves the period's bound alone for the
+// first period after: at most limit more in one span, once per loss (a
+// lost period itself is held, see Outages).
 //
 // How: the period's tokens live in one key whose expiry is the period's
 // end. A take is one script (one round trip) that decrements the tokens
@@ -54,6 +72,11 @@ import (
 // before it go at once. Only periods of at most
 // throttle.MaxSpreadInterval (which a Limiter spreads) are lengthened; a
 // period never gets shorter, nor longer than one interval from now.
+//
+// The sliding bound costs each take one more read (the previous period's
+// grants still in the window) and each grant two writes (its slot's count
+// and time), in the same script; a refill reads the running period's
+// slots and writes them as the previous period's (at most 51 slots).
 //
 // Round trips per grant: at most 1, the refill included; concurrent takes
 // of one token for the same key in one process share one round trip
@@ -185,10 +208,11 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 }
 
 // tbKeys lists a budget's keys: tokens, pause, refill mutex, the period's
-// limit, the live limit, the lengthening owed to the phase. Scripts read
-// them and never change the slice.
+// limit, the live limit, the lengthening owed to the phase, the grant
+// profiles of the running and the previous period (the sliding bound).
+// Scripts read them and never change the slice.
 func tbKeys(tag string) []string {
-	return []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit", tag + ":tb:phase"}
+	return []string{tag + ":tb", tag + ":pause", tag + ":tb:lock", tag + ":tb:cap", tag + ":tb:limit", tag + ":tb:phase", tag + ":tb:slide"}
 }
 
 // Take implements [throttle.Bucket]. It never reserves: maxWait is

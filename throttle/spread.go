@@ -95,12 +95,16 @@ const maxPeriodGap = 10 * time.Millisecond
 // sliding window at least an interval apart even when one of them was
 // delayed on its way by up to the gap. Without it the fleet runs at the
 // provider's exact limit, and a millisecond's delay of a period's first
-// call against the next period's first is refused. Refusals that do not
-// name the period's end (a bucket busy refilling asks for a retry in a
-// millisecond) get no gap: their callers are the period's first.
+// call against the next period's first is refused. A refusal that names a
+// time before the period's end (bucket.TokenBucket's sliding bound,
+// holding the period's tokens until an earlier period's grants are an
+// interval old) gets the gap too: the grants then follow the earlier ones
+// an interval on, the same edge. Refusals whose period ends within the
+// gap (a bucket busy refilling asks for a retry in a millisecond) get no
+// gap: their callers are the period's first.
 func (l *Limiter) periodGap(d Decision) time.Duration {
 	gap := min(time.Duration(l.interval)/100, maxPeriodGap)
-	if d.Reset <= gap || d.Delay < d.Reset {
+	if d.Reset <= gap {
 		return 0
 	}
 	return gap

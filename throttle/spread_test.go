@@ -353,6 +353,66 @@ func TestACallerRefusedInAPeriodAsksAGapAfterItsEnd(t *testing.T) {
 	}
 }
 
+// releaseBucket grants its first take and refuses the others until
+// release, naming it (Delay) before the period's end (Reset): a token
+// bucket's sliding bound, holding the period's tokens until an earlier
+// period's grants are an interval old.
+type releaseBucket struct {
+	clock        clockwork.Clock
+	release, end time.Time
+
+	mu      sync.Mutex
+	granted int64
+}
+
+func (b *releaseBucket) Take(_ context.Context, _ string, n int64, _ time.Duration) (throttle.Decision, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.clock.Now()
+	if b.granted > 0 && now.Before(b.release) {
+		return throttle.Decision{Delay: b.release.Sub(now), Limit: 10, Reset: b.end.Sub(now)}, nil
+	}
+	b.granted += n
+	return throttle.Decision{Granted: true, Limit: 10, Remaining: 10 - b.granted, Reset: b.end.Sub(now)}, nil
+}
+
+func (b *releaseBucket) Fallback() (int64, time.Duration, int64) { return 10, time.Second, 1 }
+func (b *releaseBucket) Periodic() bool                          { return true }
+
+// A caller refused until a sliding bound lets the period's tokens go (a
+// time before the period's end) also asks a gap after that time: the
+// grants then follow the earlier ones exactly an interval on, and without
+// the gap a call delayed on its way by a millisecond more than the earlier
+// one met it in a provider's sliding window (loadtest -failover-at 2s
+// -provider sliding -limit 100 -interval 500ms -maxwait 100ms: 5 refused,
+// before the failover, in 1 of 3 runs).
+func TestACallerRefusedUntilTheWindowLetsGoAsksAGapAfter(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &releaseBucket{clock: clock, release: clock.Now().Add(300 * time.Millisecond), end: clock.Now().Add(time.Second)}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0), "the first permit")
+	done := acquireAll(ctx, lim.Key(""), 1, throttle.Forever)
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, clock.BlockUntilContext(bctx, 1), "the refused caller sleeps")
+	clock.Advance(300 * time.Millisecond)
+	require.NoError(t, clock.BlockUntilContext(bctx, 1), "at the release the caller still sleeps: the gap")
+	select {
+	case err := <-done:
+		t.Fatalf("the caller asked at the release itself (err %v)", err)
+	default:
+	}
+	clock.Advance(10 * time.Millisecond)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no grant after the gap")
+	}
+}
+
 // A caller whose wait covers the period's end gets the next period's
 // permit: the gap after a period's end is waited only within the
 // caller's wait, never turned into an ErrTimeout for a permit that comes

@@ -16,6 +16,21 @@
 -- KEYS[6]  how much (ms) to lengthen the running period to put it back on
 --          the phase before a gap (see below): written by a refill that
 --          is not asked to, expiring with that period
+-- KEYS[7]  the grant profiles (the sliding bound), one hash. The running
+--          period's: per slot k of the server's clock (k =
+--          floor(ms·S/period)) the tokens granted in it (field c<k>) and
+--          the server time of its latest grant (t<k>). The previous
+--          period's, written at each refill from the running one: for
+--          each slot from lo to hi (fields lo, hi) the tokens granted in
+--          it and in every later slot (s<k>, suffix sums), its latest
+--          grant (p<k>) and the total (n); only slots whose latest grant
+--          is less than an interval old are kept, the previous profile's
+--          too (a period cut short, its tokens key lost, lasts less than
+--          an interval: a window reaches back past it). It expires an interval
+--          after the running period's end (set at a slot's first grant
+--          and whenever the period is lengthened), or, with no grant yet
+--          in the running period, when the previous period's last slot
+--          is an interval old.
 -- ARGV[1]  n, tokens asked (integer ≥ 1): all or nothing. A negative
 --          value -k asks for up to k (coalesced callers): any number from
 --          1 to k is granted, as many as are left.
@@ -36,8 +51,14 @@
 -- Returns {status, delay_ms, remaining, reset_ms, limit, taken, now_ms}:
 --   status 1: granted taken tokens; remaining = tokens left; reset_ms =
 --             period left; delay_ms = time until the period ends (when
---             fewer than asked were taken, the others can come then).
---   status 0: denied; delay_ms = time until the period (or the pause) ends.
+--             fewer than asked were taken, the others can come then), or
+--             until the sliding bound lets one more go when the period
+--             has tokens left.
+--   status 0: denied; delay_ms = time until the period (or the pause)
+--             ends, or, when the period has the tokens but the sliding
+--             bound holds them, until enough of the previous period's
+--             grants are an interval old; remaining = what could be
+--             granted now (0 or more).
 --   status 3: the period has ended and someone holds the refill mutex:
 --             ask again shortly.
 --   status 4: n is above the period's limit (lowered live): it can never
@@ -52,6 +73,34 @@
 -- check and the refill; there is nothing between them). All or nothing for
 -- n > 0; a denied take changes nothing, so it never consumes tokens of this
 -- period or of the next.
+--
+-- Sliding bound: besides, at most the limit is granted in any span of one
+-- interval, (t - period, t] for every t: the end of one period and the
+-- start of the next together hold no more than the limit (without it they
+-- could hold up to twice the limit). Periods last at least an interval
+-- (unless cut short: the refill carries the earlier grants still in the
+-- window into the previous profile), so such a span covers at most two
+-- consecutive periods, and a take at server time t in a period needs
+-- only the previous period's grants: it is granted only if used + n <=
+-- limit - held, held being the previous period's grants that may still
+-- lie in (t - period, t]. Grants are
+-- counted in S slots per interval by server time (KEYS[7]); a slot holds
+-- all its grants until its latest is a period old, so the one slot that
+-- straddles t - period is counted whole (rounding up costs at most 1/S of
+-- the limit, and only for that slot's earliest grants), and a burst at
+-- one instant leaves exactly one period later (the span is half open). A
+-- refused take is told when enough of them leave (never later than the
+-- period's end, as every grant of the previous period lies an interval
+-- before it). A coalesced take (n < 0) gets what both bounds leave. The
+-- refill turns the running profile into the previous one (suffix sums,
+-- in the same hash: a take reads one HMGET of six fields). Cost per
+-- grant: that HMGET and two writes to KEYS[7] (three on a slot's first
+-- grant); per refill: reading KEYS[7] and writing at most S + 1 slots.
+-- Redis
+-- losing the profiles (an empty restart, a failover to a replica without
+-- them) leaves only the period's bound for the first period after: at
+-- most the limit more in one span, once per loss; the lost period's hold
+-- (below) keeps the tokens at 0 meanwhile.
 --
 -- Phase after an outage: while the store was paused or down the fleet kept
 -- calling the provider (local shares) on the phase of the periods before,
@@ -134,6 +183,103 @@ local function realign(gap)
   end
   return period - shift
 end
+-- Sliding bound (see above): S slots per interval, slot of a time in ms.
+local S = 50
+local function slot(ms)
+  return math.floor(ms * S / period)
+end
+local function field(prefix, k)
+  return prefix .. string.format('%d', k)
+end
+-- shift makes the running period's profile the previous one: the refill.
+local function shift()
+  local all = redis.call('HGETALL', KEYS[7])
+  if #all == 0 then return end
+  redis.call('DEL', KEYS[7]) -- the previous period's profile goes too
+  local count, last, sums, prev = {}, {}, {}, {}
+  local lo, hi, top
+  for i = 1, #all, 2 do
+    local kind = string.sub(all[i], 1, 1)
+    local k = tonumber(string.sub(all[i], 2))
+    local v = tonumber(all[i + 1])
+    if k and v then
+      if kind == 'c' then
+        count[k] = v
+      elseif kind == 't' then
+        last[k] = v
+      elseif kind == 's' then
+        sums[k] = v
+      elseif kind == 'p' then
+        prev[k] = v
+      end
+    end
+  end
+  -- The previous period's grants still in the window stay in it: a
+  -- period cut short (its tokens key lost) lasts less than an interval,
+  -- and a window from the new period reaches back past it.
+  for k, t in pairs(prev) do
+    local c = (sums[k] or 0) - (sums[k + 1] or 0)
+    if t > now - period and c > 0 then
+      count[k] = (count[k] or 0) + c
+      if last[k] == nil or last[k] < t then last[k] = t end
+    end
+  end
+  for k, t in pairs(last) do
+    if t > now - period and (count[k] or 0) > 0 then
+      if lo == nil or k < lo then lo = k end
+      if hi == nil or k > hi then hi = k end
+      if top == nil or t > top then top = t end
+    end
+  end
+  if lo == nil then return end
+  local args, sum = {}, 0
+  for k = hi, lo, -1 do
+    local t = last[k]
+    if t ~= nil and t > now - period then
+      sum = sum + (count[k] or 0)
+      args[#args + 1] = field('p', k)
+      args[#args + 1] = t
+    end
+    args[#args + 1] = field('s', k)
+    args[#args + 1] = sum
+  end
+  args[#args + 1] = 'lo'
+  args[#args + 1] = lo
+  args[#args + 1] = 'hi'
+  args[#args + 1] = hi
+  args[#args + 1] = 'n'
+  args[#args + 1] = sum
+  redis.call('HSET', KEYS[7], unpack(args))
+  redis.call('PEXPIRE', KEYS[7], top + period - now)
+end
+-- held is how many of the previous period's grants may still lie in
+-- (now - period, now].
+local edge = slot(now - period) -- the slot that straddles the window's start
+local function held()
+  local r = redis.call('HMGET', KEYS[7], 'lo', 'hi', 'n', field('p', edge), field('s', edge), field('s', edge + 1))
+  local lo, hi = tonumber(r[1]), tonumber(r[2])
+  if lo == nil or hi == nil or edge > hi then return 0 end
+  if edge < lo then return tonumber(r[3]) or 0 end
+  local t = tonumber(r[4])
+  if t ~= nil and t > now - period then return tonumber(r[5]) or 0 end
+  return tonumber(r[6]) or 0
+end
+-- release is how long (ms) until at most most of the previous period's
+-- grants lie in the window; 0 when that is already so.
+local function release(most)
+  local r = redis.call('HGETALL', KEYS[7])
+  local f = {}
+  for i = 1, #r, 2 do f[r[i]] = tonumber(r[i + 1]) end
+  local lo, hi = f['lo'], f['hi']
+  if lo == nil or hi == nil then return 0 end
+  for k = math.max(edge, lo), hi do
+    local t = f[field('p', k)]
+    if t ~= nil and t > now - period and (f[field('s', k + 1)] or 0) <= most then
+      return t + period - now
+    end
+  end
+  return 0
+end
 local n = tonumber(ARGV[1])
 local upTo = n < 0
 if upTo then n = -n end
@@ -171,15 +317,9 @@ if ttl < 0 then
     end
   end
   redis.call('SET', KEYS[4], cap, 'PX', ttl + HOLD)
-  local take = n
-  if upTo and cap < n then take = cap end
-  if take <= cap then
-    -- the refilling caller's tokens, taken as the period starts
-    redis.call('SET', KEYS[1], cap - take, 'PX', ttl)
-    return {1, ttl, cap - take, ttl, cap, take, now}
-  end
   redis.call('SET', KEYS[1], cap, 'PX', ttl)
-  left = cap
+  shift()
+  left = cap -- the refilling caller's tokens are taken below
 else
   left = tonumber(redis.call('GET', KEYS[1])) or 0
   cap = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
@@ -190,12 +330,16 @@ else
       ttl = ttl + longer
       redis.call('PEXPIRE', KEYS[1], ttl)
       redis.call('PEXPIRE', KEYS[4], ttl + HOLD)
+      redis.call('PEXPIRE', KEYS[7], ttl + period) -- an interval past the new end
     end
   end
 end
+-- What the sliding bound leaves of the period's tokens.
+local free = left
+if left > 0 then free = left - held() end
 local take = n
-if upTo and left < n then take = left end
-if take >= 1 and left >= take then
+if upTo and free < n then take = free end
+if take >= 1 and free >= take then
   local used = cap - left -- granted before in the period
   if pace > 0 and cap > 0 and used > 0 then
     -- A period behind its pace (see above): the end that puts this
@@ -207,12 +351,35 @@ if take >= 1 and left >= take then
       ttl = due
       redis.call('PEXPIRE', KEYS[1], ttl)
       redis.call('PEXPIRE', KEYS[4], ttl + HOLD)
+      redis.call('PEXPIRE', KEYS[7], ttl + period) -- an interval past the new end
     end
   end
   left = redis.call('DECRBY', KEYS[1], take)
-  return {1, ttl, left, ttl, cap, take, now}
+  local k = slot(now)
+  if redis.call('HINCRBY', KEYS[7], field('c', k), take) == take then
+    redis.call('PEXPIRE', KEYS[7], ttl + period) -- the slot's first grant
+  end
+  redis.call('HSET', KEYS[7], field('t', k), now)
+  -- When fewer were taken than asked, the others can come when the
+  -- period ends or, if it has tokens left, when the window lets one go.
+  local delay = ttl
+  if take < n and left >= 1 then
+    local wait = release(left - 1)
+    if wait > 0 then delay = wait end
+  end
+  return {1, delay, left, ttl, cap, take, now}
 end
 if not upTo and cap > 0 and n > cap then
   return {4, ttl, left, ttl, cap, 0, now}
 end
-return {0, ttl, left, ttl, cap, 0, now}
+local need = 1
+if not upTo then need = n end
+if left >= need then
+  -- The period has the tokens; the sliding bound holds them until enough
+  -- of the previous period's grants are an interval old.
+  local wait = release(left - need)
+  if wait > 0 then
+    return {0, wait, math.max(free, 0), ttl, cap, 0, now}
+  end
+end
+return {0, ttl, math.max(free, 0), ttl, cap, 0, now}

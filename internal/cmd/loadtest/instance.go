@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,8 +21,9 @@ type instance struct {
 	rdb      *redis.Client
 	lim      *throttle.Limiter
 	resetter *bucket.Resetter
-	workers  int    // goroutines driving this instance
-	pace     *pacer // nil: closed loop
+	workers  int          // goroutines driving this instance
+	pace     *pacer       // nil: closed loop
+	client   *http.Client // -transport: through an httpclient.Transport on lim
 	grants   atomic.Int64
 }
 
@@ -249,8 +251,12 @@ func (b timedBucket) Take(ctx context.Context, key string, n int64, maxWait time
 	begin := time.Now()
 	d, err := b.Bucket.Take(ctx, key, n, maxWait)
 	if err == nil && d.Granted {
-		if gt, ok := ctx.Value(grantedKey{}).(*grantTimes); ok {
-			*gt = grantTimes{since: begin.Add(d.Delay), until: time.Now().Add(d.Delay)}
+		at := grantTimes{since: begin.Add(d.Delay), until: time.Now().Add(d.Delay)}
+		switch gt := ctx.Value(grantedKey{}).(type) {
+		case *grantTimes:
+			*gt = at
+		case *grantLog: // a call through the Transport: each of its grants
+			gt.grants = append(gt.grants, at)
 		}
 	}
 	return d, err

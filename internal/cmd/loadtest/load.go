@@ -80,6 +80,22 @@ type loadConfig struct {
 	Report bool
 	// ArrivalMargin is bucket.WithArrivalMargin for the slidinglog bucket.
 	ArrivalMargin time.Duration
+	// Transport sends the calls to the provider (or Target) through an
+	// httpclient.Transport on each instance's Limiter, as an application
+	// would, instead of a worker's Acquire and a plain GET: each
+	// instance's calls arrive at its share of Demand × Limit per
+	// Interval (a fixed arrival rate, open loop: a call is started at
+	// its time whether or not the earlier ones have returned), and each
+	// waits for its permit at most MaxWait (httpclient.WithMaxWait). The
+	// Transport reports every answer to the Limiter itself (Report is
+	// implied) and waits out, and retries after, a provider's pause.
+	// Workers is then unused.
+	Transport bool
+	// AtOnce, with Transport, sends this many calls at once at the start
+	// instead of paced arrivals (Demand), through instance 0's Transport,
+	// and lets them finish past Duration: what a burst at an idle bucket
+	// costs (loadResult.AtOnceMs).
+	AtOnce int
 	// PauseAt and PauseFor stop the run's Redis (SIGSTOP) PauseAt after
 	// the start, for PauseFor (0: no pause). Only a server the run
 	// started itself can be paused: run sets pauser.
@@ -201,6 +217,14 @@ type loadResult struct {
 	TargetOK     int64 `json:"target_ok,omitempty"`
 	Target429    int64 `json:"target_429,omitempty"`
 	TargetErrors int64 `json:"target_errors,omitempty"`
+	// With -transport: GrantsUnsent is the grants made for calls that then
+	// failed (the Limiter gave up the wait after taking a permit, or the
+	// call failed) while the run went on: permits spent and never sent.
+	// GrantsCutAtEnd is the grants held by calls the run's end cancelled
+	// (waiting for their place in the period when it ended): what the
+	// run's cut, not the Limiter, left unsent.
+	GrantsUnsent   int64 `json:"grants_unsent"`
+	GrantsCutAtEnd int64 `json:"grants_cut_at_end"`
 
 	// What the counting provider (-provider) saw, by arrival time:
 	// requests it accepted and refused (429), the most that arrived in any
@@ -213,10 +237,23 @@ type loadResult struct {
 	// ProviderLimit is the provider's limit per interval;
 	// ProviderRefusedPerInterval its refusals per interval from the
 	// first arrival, by arrival time.
-	ProviderLimit              int64   `json:"provider_limit,omitempty"`
-	ProviderRefusedPerInterval []int   `json:"provider_refused_per_interval,omitempty"`
-	Report                     bool    `json:"report,omitempty"`
-	ArrivalMarginMs            float64 `json:"arrival_margin_ms,omitempty"`
+	ProviderLimit              int64 `json:"provider_limit,omitempty"`
+	ProviderRefusedPerInterval []int `json:"provider_refused_per_interval,omitempty"`
+	Report                     bool  `json:"report,omitempty"`
+	// ProviderRefusedAfterFirst is the provider's refusals from one
+	// interval after the run's start on; ProviderUseAfterFirst the calls
+	// it accepted from then to the run's end, as a share of the fleet's
+	// limit (-limit) over that span: how much of its configured limit
+	// the fleet used once the first interval was over.
+	ProviderRefusedAfterFirst int     `json:"provider_refused_after_first_interval,omitempty"`
+	ProviderUseAfterFirst     float64 `json:"provider_use_after_first_interval,omitempty"`
+	// Transport: the calls went through an httpclient.Transport at a
+	// fixed arrival rate (-transport).
+	Transport bool `json:"transport,omitempty"`
+	// AtOnceMs is how long the -at-once calls took, from the first sent to
+	// the last answered.
+	AtOnceMs        float64 `json:"at_once_ms,omitempty"`
+	ArrivalMarginMs float64 `json:"arrival_margin_ms,omitempty"`
 	// PausedAtS and PausedForS: when the run's Redis was stopped, from
 	// the start, and for how long (0: no pause).
 	PausedAtS  float64 `json:"paused_at_s,omitempty"`
@@ -277,6 +314,12 @@ func (c *loadConfig) check() error {
 		return fmt.Errorf("report: needs -provider or -target, whose answers it reports")
 	case c.Provider != "" && c.Target != "":
 		return fmt.Errorf("provider = %q and target = %q: give one of them", c.Provider, c.Target)
+	case c.Transport && c.Provider == "" && c.Target == "":
+		return fmt.Errorf("transport: needs -provider or -target, which it calls")
+	case c.Transport && c.Demand == 0 && c.AtOnce == 0:
+		return fmt.Errorf("transport: needs -demand, the calls' arrival rate, or -at-once")
+	case c.AtOnce < 0 || c.AtOnce > 0 && !c.Transport:
+		return fmt.Errorf("at-once = %d: must be 0, or positive with -transport", c.AtOnce)
 	case !slices.Contains(slices.Collect(maps.Keys(failurePolicies)), c.Fail):
 		return fmt.Errorf("fail = %q: must be local, closed or open", c.Fail)
 	case c.ArrivalMargin < 0:
@@ -315,8 +358,14 @@ func (c *loadConfig) check() error {
 	if c.Provider != "" && c.ProviderLimit == 0 {
 		c.ProviderLimit = c.Limit
 	}
+	if c.Transport {
+		c.Report = true // the Transport reports every answer itself
+	}
 	if c.MaxWait == 0 {
 		c.MaxWait = c.Interval
+		if c.Transport {
+			c.MaxWait = throttle.Forever // the Transport's default
+		}
 	}
 	if c.Key == "" {
 		var raw [6]byte
@@ -337,6 +386,7 @@ type tally struct {
 	timeouts, errors               atomic.Int64
 	targetOK, target429, targetErr atomic.Int64
 	pastWait                       atomic.Int64 // the most any Acquire returned past its maxWait, ns
+	unsent, cutAtEnd               atomic.Int64 // -transport: grants of calls that failed, during the run and at its end
 	firstErr                       sync.Once
 	firstError                     string
 }
@@ -395,6 +445,17 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 			// Its health path is not counted.
 			warmHTTP(ctx, httpc, prov.URL()+provider.HealthPath, min(c.Instances*c.Workers, 1024))
 		}
+		if c.Transport {
+			// Each instance's calls go through a Transport of its own on
+			// its Limiter, over the shared (warm) connections.
+			for _, in := range fleet {
+				ht, err := httpclient.NewTransport(in.lim, httpclient.WithBase(tr), httpclient.WithMaxWait(c.MaxWait))
+				if err != nil {
+					return loadResult{}, err
+				}
+				in.client = &http.Client{Transport: ht, Timeout: httpc.Timeout}
+			}
+		}
 	}
 
 	// Resetters run for as long as the workers, and a little before.
@@ -438,6 +499,19 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	}
 	for _, in := range fleet {
 		in.pace.start(start)
+		if c.Transport {
+			if c.AtOnce > 0 && in != fleet[0] {
+				continue // a burst comes through instance 0 alone
+			}
+			wg.Go(func() {
+				w, l := arrivals(run, cancel, c, in, &rec, t)
+				mu.Lock()
+				waits = append(waits, w...)
+				lates = append(lates, l...)
+				mu.Unlock()
+			})
+			continue
+		}
 		for range in.workers {
 			delay := c.Ramp * time.Duration(started) / time.Duration(total)
 			started++
@@ -547,6 +621,8 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		TargetOK:       t.targetOK.Load(),
 		Target429:      t.target429.Load(),
 		TargetErrors:   t.targetErr.Load(),
+		GrantsUnsent:   t.unsent.Load(),
+		GrantsCutAtEnd: t.cutAtEnd.Load(),
 	}
 	if len(waits) > 0 {
 		res.AcquireMaxUs = micros(waits[len(waits)-1])
@@ -557,6 +633,10 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 	res.Fail = failurePolicies[c.Fail].String()
 	res.ArrivalMarginMs = millis(c.ArrivalMargin)
 	res.Report = c.Report
+	res.Transport = c.Transport
+	if c.AtOnce > 0 {
+		res.AtOnceMs = millis(elapsed)
+	}
 	if prov != nil {
 		accepted, refused := prov.Arrivals(), prov.Refusals()
 		all := slices.SortedFunc(slices.Values(slices.Concat(accepted, refused)), time.Time.Compare)
@@ -577,6 +657,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 				res.ProviderRefusedPerInterval = perInterval(refused)
 			}
 		}
+		res.ProviderRefusedAfterFirst, res.ProviderUseAfterFirst = afterFirst(accepted, refused, start, elapsed, c)
 	}
 	for _, in := range fleet {
 		res.InstanceWorkers = append(res.InstanceWorkers, in.workers)
@@ -669,6 +750,131 @@ func worker(run context.Context, stop context.CancelFunc, c loadConfig, in *inst
 	return waits, lates
 }
 
+// arrivals starts in's calls at its pace (a fixed arrival rate, open loop)
+// until run ends, each through in's Transport (-transport), and records
+// each grant. It returns, for each call that was granted and answered,
+// how long it took (its wait for a permit, the call and any retry), and
+// for each grant how late its time may have been recorded.
+func arrivals(run context.Context, stop context.CancelFunc, c loadConfig, in *instance, rec *guarantee.Recorder, t *tally) (waits, lates []time.Duration) {
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	call := func(ctx context.Context) {
+		w, l, ok := transportCall(ctx, stop, c, in, rec, t)
+		mu.Lock()
+		defer mu.Unlock()
+		if ok {
+			waits = append(waits, w)
+		}
+		lates = append(lates, l...)
+	}
+	if c.AtOnce > 0 {
+		// A burst: the calls are not cut at the run's end.
+		for range c.AtOnce {
+			wg.Go(func() { call(context.WithoutCancel(run)) })
+		}
+		wg.Wait()
+		return waits, lates
+	}
+	for run.Err() == nil && in.pace.wait(run) {
+		wg.Go(func() { call(run) })
+	}
+	wg.Wait()
+	return waits, lates
+}
+
+// transportCall makes one call through in's Transport and tallies it. It
+// records every grant a bucket call made for it (a retry after the
+// provider's pause takes a permit of its own); grants of the failure
+// policy, which no bucket call made, are not recorded. ok reports a call
+// that was answered; took is how long it took.
+func transportCall(run context.Context, stop context.CancelFunc, c loadConfig, in *instance, rec *guarantee.Recorder, t *tally) (took time.Duration, lates []time.Duration, ok bool) {
+	var log grantLog
+	ctx := context.WithValue(run, grantedKey{}, &log)
+	begin := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Target, nil)
+	if err != nil {
+		t.targetErr.Add(1)
+		return 0, nil, false
+	}
+	resp, err := in.client.Do(req)
+	now := time.Now()
+	for _, gt := range log.grants {
+		rec.RecordAt(gt.until)
+		lates = append(lates, gt.until.Sub(gt.since))
+		in.grants.Add(1)
+		if t.grants.Add(1) >= int64(c.MaxGrants) {
+			stop()
+		}
+	}
+	if err != nil && len(log.grants) > 0 {
+		if run.Err() != nil && !errors.Is(err, throttle.ErrTimeout) {
+			t.cutAtEnd.Add(int64(len(log.grants)))
+		} else {
+			t.unsent.Add(int64(len(log.grants)))
+		}
+	}
+	switch {
+	case err == nil:
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		tallyStatus(t, resp.StatusCode)
+		return now.Sub(begin), lates, true
+	case errors.Is(err, throttle.ErrTimeout):
+		t.timeouts.Add(1)
+		if run.Err() == nil && c.MaxWait != throttle.Forever {
+			storeMax(&t.pastWait, int64(now.Sub(begin)-c.MaxWait))
+		}
+	case run.Err() != nil:
+		// The run ended while the call waited.
+	default:
+		t.errors.Add(1)
+		t.firstErr.Do(func() { t.firstError = err.Error() })
+	}
+	return 0, lates, false
+}
+
+// grantLog collects, for one call through the Transport, when the bucket
+// decided each of its grants (set by timedBucket).
+type grantLog struct{ grants []grantTimes }
+
+// tallyStatus counts a provider's answer by its status.
+func tallyStatus(t *tally, code int) {
+	switch {
+	case code == http.StatusTooManyRequests:
+		t.target429.Add(1)
+	case code < 300:
+		t.targetOK.Add(1)
+	default:
+		t.targetErr.Add(1)
+	}
+}
+
+// afterFirst returns the provider's refusals from one interval after
+// start on, and the calls it accepted from then to start+elapsed as a
+// share of c.Limit over that span (0 when the run was not longer than an
+// interval).
+func afterFirst(accepted, refused []time.Time, start time.Time, elapsed time.Duration, c loadConfig) (refusals int, use float64) {
+	from := start.Add(c.Interval)
+	for _, a := range refused {
+		if !a.Before(from) {
+			refusals++
+		}
+	}
+	span := elapsed - c.Interval
+	if span <= 0 {
+		return refusals, 0
+	}
+	n := 0
+	for _, a := range accepted {
+		if !a.Before(from) {
+			n++
+		}
+	}
+	return refusals, float64(n) / (float64(c.Limit) * float64(span) / float64(c.Interval))
+}
+
 // lateness is how late a grant recorded at now may be: the time since the
 // granting bucket call began (since). A grant no bucket call of this
 // Acquire made (the call began before begin: a lease's permit, or the
@@ -718,14 +924,7 @@ func call(ctx context.Context, httpc *http.Client, url string, t *tally) throttl
 	a := httpclient.ReadAnswer(resp, time.Now())
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	switch {
-	case resp.StatusCode == http.StatusTooManyRequests:
-		t.target429.Add(1)
-	case resp.StatusCode < 300:
-		t.targetOK.Add(1)
-	default:
-		t.targetErr.Add(1)
-	}
+	tallyStatus(t, resp.StatusCode)
 	return a
 }
 

@@ -154,6 +154,8 @@ func TestConfigRefused(t *testing.T) {
 		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, ProviderLimit: 5},
 		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Provider: "sliding", ProviderLimit: -1},
 		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Report: true},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Transport: true, Demand: 2},
+		{Bucket: "local", Limit: 3, Interval: time.Second, Instances: 1, Workers: 1, Duration: time.Second, Transport: true, Provider: "sliding"},
 	} {
 		_, err := runLoad(context.Background(), c)
 		assert.Error(t, err, "%+v", c)
@@ -320,6 +322,28 @@ func TestRunLoadReportTeachesTheFleet(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, report, st.Active(), "the adaptive rate in Redis is lowered only when the answers are reported (report %v)", report)
 	}
+}
+
+// TestRunLoadTransport: with -transport the calls go through an
+// httpclient.Transport at the paced arrival rate, each counted at the
+// provider, and the Transport reports its answers.
+func TestRunLoadTransport(t *testing.T) {
+	srv := redisenv.New(t)
+	c := smallRun("tokenbucket", srv.Addr())
+	c.Limit, c.Interval, c.Duration = 20, 200*time.Millisecond, 600*time.Millisecond
+	c.Provider, c.ProviderLimit, c.Transport, c.Demand = "sliding", 25, true, 2
+	res, err := runLoad(context.Background(), c)
+	require.NoError(t, err)
+	assert.True(t, res.Transport)
+	assert.True(t, res.Report, "the Transport reports its answers")
+	assert.Positive(t, res.Grants)
+	// A permit taken may not become a call (a caller that could not wait
+	// for its slot, the run's end); no call goes without one.
+	assert.LessOrEqual(t, res.ProviderAccepted+res.ProviderRefused, res.Grants)
+	assert.Equal(t, int64(res.Grants), int64(res.ProviderAccepted+res.ProviderRefused)+res.GrantsUnsent+res.GrantsCutAtEnd,
+		"every grant is sent, or counted unsent during the run or cut at its end")
+	assert.Positive(t, res.ProviderAccepted)
+	assert.Zero(t, res.Errors, res.FirstError)
 }
 
 // TestRunLoadRestart: -restart-at kills the run's own redis-server in the

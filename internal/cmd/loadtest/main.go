@@ -71,6 +71,18 @@
 //     go run ./internal/cmd/loadtest -limit 40 -provider sliding \
 //     -provider-limit 50 -report -instances 1 -workers 16 -duration 20s
 //
+//     -transport sends the calls through an httpclient.Transport on each
+//     instance's Limiter instead, as an application would: calls arrive
+//     at -demand × the limit (open loop, a goroutine per call), each
+//     waits at most -maxwait (default: the Transport's, Forever; the
+//     client's timeout is 10 s), and the Transport reports the answers.
+//     The result adds the provider's refusals and its use of the fleet's
+//     limit from the end of the first interval on. -at-once n sends n
+//     calls at once instead and reports how long they took.
+//
+//     go run ./internal/cmd/loadtest -limit 40 -provider sliding \
+//     -provider-limit 50 -transport -demand 2 -maxwait 1s -instances 1 -duration 20s
+//
 //   - -arrival-margin d (slidinglog) keeps every window d longer
 //     (bucket.WithArrivalMargin), for a provider counting arrivals that
 //     come up to d late.
@@ -125,7 +137,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.Instances, "instances", 4, "independent instances, each with its own Redis client and bucket")
 	fs.IntVar(&c.Workers, "workers", 16, "goroutines per instance")
 	fs.DurationVar(&c.Duration, "duration", 5*time.Second, "how long to run")
-	fs.DurationVar(&c.MaxWait, "maxwait", 0, "Acquire's maxWait (0: one interval)")
+	fs.DurationVar(&c.MaxWait, "maxwait", 0, "Acquire's maxWait (0: one interval); with -transport the Transport's (httpclient.WithMaxWait; 0: its default, throttle.Forever)")
 	fs.StringVar(&c.Redis, "redis", "", "Redis address (default: start a redis-server on a free port, or the in-process stand-in)")
 	fs.StringVar(&c.Key, "key", "", "the bucket's Redis key (default: a fresh random one)")
 	fs.StringVar(&c.Target, "target", "", "optional URL to GET once after each grant")
@@ -141,6 +153,8 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.Provider, "provider", "", "start a counting provider on 127.0.0.1 that enforces the limit per interval as sliding, periods (an on-demand token bucket's guarantee) or aligned (fixed windows), and GET it once after each grant; its 429s are calls it refused")
 	fs.Int64Var(&c.ProviderLimit, "provider-limit", 0, "with -provider: the provider's limit per interval (0: -limit)")
 	fs.BoolVar(&c.Report, "report", false, "tell each instance's Limiter what the provider answered to each call (Limiter.Report): a 429 with Retry-After pauses the fleet and lowers its adaptive rate")
+	fs.BoolVar(&c.Transport, "transport", false, "send the calls to -provider or -target through an httpclient.Transport on each instance's Limiter, arriving at -demand × the limit (open loop: one goroutine per call, -workers unused); the Transport reports the answers itself (implies -report)")
+	fs.IntVar(&c.AtOnce, "at-once", 0, "with -transport: send this many calls at once at the start instead of -demand's arrivals, let them finish past -duration, and report how long they took (a burst at an idle bucket)")
 	fs.DurationVar(&c.ArrivalMargin, "arrival-margin", 0, "slidinglog: keep every window this much longer (bucket.WithArrivalMargin), so that a provider counting arrivals that come up to this late sees at most the limit")
 	fs.DurationVar(&c.PauseAt, "pause-at", 0, "with -pause-for: when to stop the run's own redis-server (SIGSTOP), from the start")
 	fs.DurationVar(&c.PauseFor, "pause-for", 0, "stop the run's own redis-server this long (0: no pause); not with -redis")
@@ -293,6 +307,9 @@ func summarize(w io.Writer, r loadResult) {
 	if r.TargetOK+r.Target429+r.TargetErrors > 0 {
 		fmt.Fprintf(w, "  target       %d ok, %d 429, %d errors\n", r.TargetOK, r.Target429, r.TargetErrors)
 	}
+	if r.Transport {
+		fmt.Fprintf(w, "  unsent       %d grants of calls that failed during the run, %d held by calls the run's end cut\n", r.GrantsUnsent, r.GrantsCutAtEnd)
+	}
 	if r.PausedForS > 0 {
 		fmt.Fprintf(w, "  fault        redis stopped (SIGSTOP) at %.2fs for %.2fs; failure policy %s: %d grants it decided\n", r.PausedAtS, r.PausedForS, r.Fail, r.DegradedGrants)
 	}
@@ -301,6 +318,9 @@ func summarize(w io.Writer, r loadResult) {
 	}
 	if r.FailoverAtS > 0 {
 		fmt.Fprintf(w, "  fault        master killed at %.2fs, replica promoted %.2fs later; failure policy %s: %d grants it decided\n", r.FailoverAtS, r.PromotedAfterS, r.Fail, r.DegradedGrants)
+	}
+	if r.AtOnceMs > 0 {
+		fmt.Fprintf(w, "  at once      the calls sent at once took %.0f ms, the first sent to the last answered\n", r.AtOnceMs)
 	}
 	if r.Provider != "" {
 		margin := ""
