@@ -86,8 +86,8 @@
 -- lie in (t - period, t]. Grants are
 -- counted in S slots per interval by server time (KEYS[7]); a slot holds
 -- all its grants until its latest is a period old, so the one slot that
--- straddles t - period is counted whole (rounding up costs at most 1/S of
--- the limit, and only for that slot's earliest grants), and a burst at
+-- straddles t - period is counted whole (its earlier grants are held up
+-- to 1/S of the interval longer than their own time needs), and a burst at
 -- one instant leaves exactly one period later (the span is half open). A
 -- refused take is told when enough of them leave (never later than the
 -- period's end, as every grant of the previous period lies an interval
