@@ -139,6 +139,14 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 	case len(cfg.kafka) == 0:
 		return nil, errs.Invalid("consumer", "WithKafka", "none", "must give the brokers, the group and the topics")
 	}
+	if fc := cfg.fair; fc != nil && fc.reserve != nil {
+		switch {
+		case fc.reserve == lim:
+			return nil, fmt.Errorf("consumer: WithFairness UrgentReserve is the Limiter given to New: %w: give it a Limiter of its own, over a part of the provider's limit, and New's the rest", throttle.ErrInvalid)
+		case cfg.limiterFor != nil:
+			return nil, fmt.Errorf("consumer: WithFairness UrgentReserve with WithLimiterFor: %w: with a budget per record, give urgent records a budget of their own in WithLimiterFor's function instead", throttle.ErrInvalid)
+		}
+	}
 	if cfg.limiterFor == nil {
 		root := lim.Key("") // the zero Keyed for a nil lim: no permits
 		cfg.limiterFor = func(*kgo.Record) throttle.Keyed { return root }

@@ -15,7 +15,7 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// FairOption configures [WithFairness]: [Weights], [Urgent].
+// FairOption configures [WithFairness]: [Weights], [Urgent], [UrgentReserve].
 type FairOption interface {
 	applyFair(*fairConfig)
 }
@@ -33,7 +33,9 @@ type fairConfig struct {
 	// urgent records take while normal records wait too.
 	urgent func(*kgo.Record) bool
 	share  float64
-	err    error
+	// reserve: nil, none; else urgent records try its permits first.
+	reserve *throttle.Limiter
+	err     error
 }
 
 // maxWeight is the largest weight [Weights] accepts.
@@ -113,6 +115,9 @@ func WithFairness(tenant func(*kgo.Record) string, opts ...FairOption) Option {
 				o.applyFair(fc)
 			}
 		}
+		if fc.err == nil && fc.reserve != nil && fc.urgent == nil {
+			fc.err = fmt.Errorf("consumer: WithFairness UrgentReserve without Urgent: name the urgent records with Urgent: %w", throttle.ErrInvalid)
+		}
 		if fc.err != nil {
 			if c.err == nil {
 				c.err = fc.err
@@ -170,6 +175,41 @@ func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 	})
 }
 
+// UrgentReserve gives the urgent records of [Urgent] a part of the
+// provider's limit of their own: reserve is a Limiter over that part
+// (say 5 calls a second of 100, in a bucket of its own key), and the
+// Limiter given to [New] keeps the rest (95), so that together they keep
+// the provider's limit. An urgent record takes one of reserve's permits
+// when reserve has one at once; it then waits for no grant of the shared
+// limiter, whose grants are spread over each period and pause at its end
+// (about 70 ms a second: see [throttle.SpreadSpan]). When reserve has
+// none at once (its part spent), the record waits for the next permit of
+// its budget, as [Urgent] says. Normal records never take reserve's
+// permits, so its part goes unused when no urgent record comes: size it
+// for the urgent records' rate.
+//
+// A reserve permit stands for the record's budget's: the handler's
+// context holds it as that budget's ([throttle.Keyed.ContextWithPermit]),
+// so a Transport of throttle/httpclient built on the Limiter given to New
+// takes no second permit for the call. With [WithConcurrency], the record
+// takes a slot of its budget's key too, only if one is free at once.
+//
+// Refused: a nil reserve, UrgentReserve without Urgent, the Limiter given
+// to New itself (a key of it would be a whole second limit), and
+// [WithLimiterFor] (with a budget per record, give urgent records a
+// budget of their own in its function instead).
+func UrgentReserve(reserve *throttle.Limiter) FairOption {
+	return fairOptionFunc(func(c *fairConfig) {
+		if reserve == nil {
+			if c.err == nil {
+				c.err = fmt.Errorf("consumer: WithFairness UrgentReserve: nil Limiter: %w", throttle.ErrInvalid)
+			}
+			return
+		}
+		c.reserve = reserve
+	})
+}
+
 // fair schedules the permits of one instance among tenants (WithFairness).
 //
 // Candidates are records ready to take a permit: fresh ones (ready in
@@ -191,8 +231,11 @@ type fair struct {
 	mu sync.Mutex
 	// wanted wakes a seeker waiting for candidates (idle of them);
 	// freed wakes the seekers that hold a permit for want of a worker
-	// (holding of them).
-	wanted, freed sync.Cond
+	// (holding of them); untriedC wakes the reserve's seeker.
+	wanted, freed, untriedC sync.Cond
+	// untried counts the queued urgent candidates that have not asked
+	// the reserve (UrgentReserve) for a permit.
+	untried int
 	holding       int
 	// holdingFor counts the seekers holding a permit per budget.
 	holdingFor map[throttle.Keyed]int
@@ -261,6 +304,8 @@ type cand struct {
 	// since is when a fresh record became a candidate: its wait for a
 	// permit counts from there (Stats.PermitWait).
 	since time.Time
+	// tried: the reserve was asked for a permit for it (UrgentReserve).
+	tried bool
 }
 
 // waiter is a record in work waiting for its permit.
@@ -287,7 +332,7 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 		holdingFor: make(map[throttle.Keyed]int),
 		depth:      1,
 	}
-	f.wanted.L, f.freed.L = &f.mu, &f.mu
+	f.wanted.L, f.freed.L, f.untriedC.L = &f.mu, &f.mu, &f.mu
 	return f
 }
 
@@ -295,6 +340,10 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 func (f *fair) start(base context.Context) {
 	f.mu.Lock()
 	f.ctx, f.stopC = context.WithCancel(base)
+	if f.cfg.reserve != nil {
+		f.wg.Add(1)
+		go f.seekReserve()
+	}
 	f.mu.Unlock()
 }
 
@@ -307,6 +356,7 @@ func (f *fair) stop() {
 	}
 	f.wanted.Broadcast()
 	f.freed.Broadcast()
+	f.untriedC.Broadcast()
 	f.mu.Unlock()
 	f.wg.Wait()
 }
@@ -394,6 +444,10 @@ func (f *fair) add(cd *cand) {
 	}
 	if cd.s.urgent {
 		f.urgent.push(cd)
+		if f.cfg.reserve != nil {
+			f.untried++
+			f.untriedC.Signal()
+		}
 		return
 	}
 	t := f.tenants[cd.s.tenant]
@@ -420,6 +474,9 @@ func (f *fair) add(cd *cand) {
 
 // unqueued forgets cd's counts, once it left its queue; f.mu is held.
 func (f *fair) unqueued(cd *cand) {
+	if cd.s.urgent && f.cfg.reserve != nil && !cd.tried {
+		f.untried--
+	}
 	if n := f.needs[cd.k] - 1; n > 0 {
 		f.needs[cd.k] = n
 	} else {
@@ -594,7 +651,40 @@ func (f *fair) seek() {
 		} else {
 			delete(f.seekingFor, k)
 		}
-		f.give(g)
+		f.give(g, false)
+	}
+}
+
+// seekReserve asks the reserve (UrgentReserve) for a permit, to be had at
+// once, for each urgent candidate in turn, and gives each permit to the
+// oldest urgent record that can take it now.
+func (f *fair) seekReserve() {
+	defer f.wg.Done()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for {
+		for !f.quit && f.untried == 0 {
+			f.untriedC.Wait()
+		}
+		if f.quit {
+			return
+		}
+		var k throttle.Keyed
+		for i := range f.urgent.len() {
+			if cd := f.urgent.at(i); !cd.tried {
+				cd.tried = true
+				f.untried--
+				k = cd.k
+				break
+			}
+		}
+		ctx := f.ctx
+		f.mu.Unlock()
+		g := f.take(ctx, k, f.cfg.reserve.Key(""), 0)
+		f.mu.Lock()
+		if g.err == nil {
+			f.give(g, true)
+		}
 	}
 }
 
@@ -609,19 +699,21 @@ func (f *fair) adapt(paced bool) {
 	}
 }
 
-// give hands g to the record pick chooses; f.mu is held. With no worker
+// give hands g to the record pick chooses (with reserved, g is a permit
+// of the reserve: urgent records first, whatever their share); f.mu is
+// held. With no worker
 // free for the fresh record chosen, it waits for one, or for a record in
 // work that asks for a permit of g's budget (at most fairSeekers seekers
 // do; the others' permits are not used, so that the seekers that
 // ask for the records in work are never all waiting); with no record of
 // g's budget left, the permit is not used.
-func (f *fair) give(g grant) {
+func (f *fair) give(g grant, reserved bool) {
 	for {
 		if f.quit {
 			g.release()
 			return
 		}
-		cd, needWorker := f.pick(g.k, f.taken < f.c.cfg.maxInFlight)
+		cd, needWorker := f.pick(g.k, f.taken < f.c.cfg.maxInFlight, reserved)
 		switch {
 		case cd == nil && needWorker && f.holding < fairSeekers:
 			f.holding++
@@ -655,11 +747,18 @@ func (f *fair) give(g grant) {
 // WithShaping; an error (a timeout included) is the record's the permit
 // would have gone to, to handle as its policies say (grant.err).
 func (f *fair) acquire(ctx context.Context, k throttle.Keyed) grant {
-	g := grant{k: k, release: noRelease}
 	wait := f.c.cfg.maxWait
 	if f.c.cfg.shaping != "" {
 		wait = min(wait, f.c.cfg.shapingBound)
 	}
+	return f.take(ctx, k, k, wait)
+}
+
+// take takes a slot of k's key of the concurrency cap, if any, and a
+// permit of from (k's budget, or the reserve), waiting at most wait; the
+// grant is for k's records.
+func (f *fair) take(ctx context.Context, k, from throttle.Keyed, wait time.Duration) grant {
+	g := grant{k: k, release: noRelease}
 	if s := f.c.cfg.slots; s != nil {
 		began := time.Now()
 		r, err := s.Hold(ctx, k.Key(), wait)
@@ -672,8 +771,8 @@ func (f *fair) acquire(ctx context.Context, k throttle.Keyed) grant {
 			wait = max(wait-time.Since(began), 0)
 		}
 	}
-	if !capability.KeyedLimiter(k).None() {
-		if err := k.Acquire(ctx, wait); err != nil {
+	if !capability.KeyedLimiter(from).None() {
+		if err := from.Acquire(ctx, wait); err != nil {
 			g.release()
 			g.release, g.err = noRelease, err
 		}
@@ -682,17 +781,23 @@ func (f *fair) acquire(ctx context.Context, k throttle.Keyed) grant {
 }
 
 // pick removes and returns the candidate the next permit of budget k goes
-// to: an urgent one within the urgent share, else the next of the tenant
-// whose turn it is. Fresh records count only when worker (a worker is
-// free). needWorker reports that none was chosen for want of a worker.
-// f.mu is held.
-func (f *fair) pick(k throttle.Keyed, worker bool) (cd *cand, needWorker bool) {
+// to: an urgent one within the urgent share (any urgent one, and outside
+// the share, for a permit of the reserve: reserved), else the next of
+// the tenant whose turn it is. Fresh records count only when worker (a
+// worker is free). needWorker reports that none was chosen for want of a
+// worker. f.mu is held.
+func (f *fair) pick(k throttle.Keyed, worker, reserved bool) (cd *cand, needWorker bool) {
 	if f.vtime >= rebaseAt {
 		f.rebase()
 	}
 	// Urgent first, within the share; beyond it only when no normal
 	// record can take the permit.
 	ui := f.urgent.find(k, worker)
+	if ui >= 0 && reserved {
+		cd = f.urgent.remove(ui)
+		f.unqueued(cd)
+		return cd, false
+	}
 	t, ti, fromWaiters := f.next(k, worker)
 	if ui >= 0 && (f.lead <= leadSlack || t == nil) {
 		if t == nil {

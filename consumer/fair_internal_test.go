@@ -50,7 +50,7 @@ func (x *fairFixture) add(tenant string, n int, urgent bool) {
 func (x *fairFixture) grant() string {
 	x.f.mu.Lock()
 	defer x.f.mu.Unlock()
-	cd, _ := x.f.pick(x.k, true)
+	cd, _ := x.f.pick(x.k, true, false)
 	if cd == nil {
 		return ""
 	}
@@ -58,6 +58,14 @@ func (x *fairFixture) grant() string {
 		return cd.s.tenant + "!"
 	}
 	return cd.s.tenant
+}
+
+// localLimiter is a Limiter of 1 per second in process.
+func localLimiter(t *testing.T) *throttle.Limiter {
+	t.Helper()
+	b, err := throttle.NewLocal(1, time.Second)
+	require.NoError(t, err)
+	return throttle.New(b)
 }
 
 func (x *fairFixture) grants(n int) []string {
@@ -160,6 +168,34 @@ func TestFairUrgentGoesFirstWithinItsShare(t *testing.T) {
 	assert.Equal(t, []string{"C!", "C!", "C!", "C!", "C!"}, y.grants(5))
 }
 
+// A permit of the reserve goes to the oldest urgent record whatever the
+// urgent share (the shared permit would go to a normal record now), and
+// leaves the share's account as it was; with no urgent record, it goes
+// as a shared permit would.
+func TestFairReservePermitGoesToTheOldestUrgentRecordOutsideItsShare(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.1), UrgentReserve(localLimiter(t)))
+	x.add("A", 5, false)
+	x.add("U", 1, true)
+	x.add("V", 1, true)
+	assert.Equal(t, "U!", x.grant(), "the first urgent record goes at once")
+	assert.Equal(t, "A", x.grant(), "the urgent share is spent: a shared permit goes to a normal record")
+	lead := x.f.lead
+	x.f.mu.Lock()
+	cd, _ := x.f.pick(x.k, true, true)
+	x.f.mu.Unlock()
+	require.NotNil(t, cd)
+	assert.Equal(t, "V", cd.s.tenant, "the reserve's permit goes to the urgent record")
+	assert.Equal(t, lead, x.f.lead, "a reserve permit does not count in the urgent share")
+	x.f.mu.Lock()
+	cd, _ = x.f.pick(x.k, true, true)
+	x.f.mu.Unlock()
+	require.NotNil(t, cd)
+	assert.Equal(t, "A", cd.s.tenant, "with no urgent record, a reserve permit goes as a shared one")
+	x.f.mu.Lock()
+	assert.Zero(t, x.f.untried, "urgent records that left the queue are not waiting for the reserve")
+	x.f.mu.Unlock()
+}
+
 func TestFairDropForgetsAStoppedPartitionsRecords(t *testing.T) {
 	x := newFairFixture(t)
 	x.add("A", 3, false)
@@ -191,6 +227,8 @@ func TestWithFairnessRefusesBadSettings(t *testing.T) {
 		"share 0":          WithFairness(tenant, Urgent(func(*kgo.Record) bool { return true }, 0)),
 		"share 1":          WithFairness(tenant, Urgent(func(*kgo.Record) bool { return true }, 1)),
 		"share NaN":        WithFairness(tenant, Urgent(func(*kgo.Record) bool { return true }, math.NaN())),
+		"nil reserve":      WithFairness(tenant, Urgent(func(*kgo.Record) bool { return true }, 0.5), UrgentReserve(nil)),
+		"reserve alone":    WithFairness(tenant, UrgentReserve(localLimiter(t))),
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := newConfig([]Option{opt})
@@ -218,7 +256,7 @@ func TestFairPermitHeldForAWorkerGoesToARecordInWorkThatAsks(t *testing.T) {
 		defer close(gave)
 		x.f.mu.Lock()
 		defer x.f.mu.Unlock()
-		x.f.give(grant{k: x.k, release: noRelease})
+		x.f.give(grant{k: x.k, release: noRelease}, false)
 	}()
 	require.Eventually(t, func() bool {
 		x.f.mu.Lock()
@@ -337,7 +375,7 @@ func TestFairPermitOfABudgetWithNoRecordWaitingIsNotHeld(t *testing.T) {
 		defer close(gave)
 		x.f.mu.Lock()
 		defer x.f.mu.Unlock()
-		x.f.give(grant{k: kb, release: func() { released = true }})
+		x.f.give(grant{k: kb, release: func() { released = true }}, false)
 	}()
 	x.f.mu.Unlock()
 	held := false

@@ -470,3 +470,67 @@ func TestFairnessWithOneWorkerAndRetriesHandlesEveryRecord(t *testing.T) {
 	_, err = slots.Hold(context.Background(), "", 0)
 	assert.NoError(t, err, "the slot came back")
 }
+
+// UrgentReserve: an urgent record is handled while the shared limit is
+// spent (the next shared permit is minutes away), on a permit of the
+// reserve, and its handler's context holds that permit as the shared
+// budget's (a Transport on the shared Limiter, here an Acquire that may
+// not wait, takes no second one). Normal records never take the
+// reserve's permits: the shared limit's 10 are all they get.
+func TestFairnessUrgentReserveServesUrgentRecordsWhileTheSharedLimitIsSpent(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, 30, func(_ int32, i int) string { return fmt.Sprintf("A-%d", i%5) })
+	shared, reserve := limiter(t, 10, time.Hour), limiter(t, 3, time.Hour)
+	var mu sync.Mutex
+	count := map[string]int{}
+	var unpaid []string // records whose call found no permit in its context
+	handle := func(ctx context.Context, r *kgo.Record) error {
+		err := shared.Acquire(ctx, 0)
+		mu.Lock()
+		defer mu.Unlock()
+		count[tenantOfKey(r)]++
+		if err != nil {
+			unpaid = append(unpaid, string(r.Key))
+		}
+		return nil
+	}
+	counted := func(tenant string, n int) func() bool {
+		return func() bool { mu.Lock(); defer mu.Unlock(); return count[tenant] == n }
+	}
+	isUrgent := func(r *kgo.Record) bool { return tenantOfKey(r) == "U" }
+	c, err := consumer.New(handle, shared, append(base(kc, "g", "in"),
+		consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5), consumer.UrgentReserve(reserve)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 20*time.Second, "the shared limit's 10 permits used", counted("A", 10))
+	produce(t, kc, "in", 1, 2, func(_ int32, i int) string { return fmt.Sprintf("U-%d", i) })
+	waitFor(t, 20*time.Second, "both urgent records handled while the shared limit is spent", counted("U", 2))
+	require.NoError(t, r.stop(t))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, 10, count["A"], "normal records take no permit of the reserve")
+	assert.Empty(t, unpaid, "every call's context held its permit")
+}
+
+// UrgentReserve is a part of the provider's limit beside the Limiter
+// given to New: New refuses that same Limiter (a key of it would be a
+// second whole limit), and a reserve with WithLimiterFor's budgets.
+func TestUrgentReserveRefusesTheSharedLimiterAndWithLimiterFor(t *testing.T) {
+	shared := limiter(t, 10, time.Second)
+	isUrgent := func(*kgo.Record) bool { return true }
+	for name, opts := range map[string][]consumer.Option{
+		"the shared Limiter": {consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5), consumer.UrgentReserve(shared))},
+		"WithLimiterFor": {
+			consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5), consumer.UrgentReserve(limiter(t, 1, time.Second))),
+			consumer.WithLimiterFor(func(r *kgo.Record) throttle.Keyed { return shared.Key(string(r.Key)) }),
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := consumer.New(func(context.Context, *kgo.Record) error { return nil }, shared,
+				append(opts, consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in")))...)
+			require.ErrorIs(t, err, throttle.ErrInvalid)
+			assert.Contains(t, err.Error(), "UrgentReserve")
+		})
+	}
+}
