@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/consumer"
 	"github.com/headway-go/headway/internal/kafkaenv"
 	"github.com/headway-go/headway/throttle"
@@ -137,4 +140,39 @@ func ExampleWithOrdering() {
 	// Output:
 	// ann: [event 0 event 2 event 4]
 	// bob: [event 1 event 3 event 5]
+}
+
+// A provider allows 100 calls a second for one API key. Password resets
+// are urgent: they go ahead of every tenant's backlog, and 5 calls of each
+// second are theirs alone, so that a reset never waits for the shared
+// bucket's next grant (the bulk records' bucket keeps 95). The two
+// buckets live in the fleet's Redis under keys of their own; together
+// they keep the provider's 100.
+func ExampleUrgentReserve() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	bulk, err := bucket.NewTokenBucket(rdb, "mail-api", 95, time.Second)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resets, err := bucket.NewTokenBucket(rdb, "mail-api:urgent", 5, time.Second)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	tenant := func(r *kgo.Record) string { t, _, _ := strings.Cut(string(r.Key), ":"); return t } // keys "<tenant>:<user>"
+	isReset := func(r *kgo.Record) bool { return r.Topic == "password-resets" }
+	send := func(ctx context.Context, r *kgo.Record) error { return nil }
+	c, err := consumer.New(send, throttle.New(bulk),
+		consumer.WithKafka(kgo.SeedBrokers("localhost:9092"), kgo.ConsumerGroup("mailer"), kgo.ConsumeTopics("mail", "password-resets")),
+		consumer.WithFairness(tenant,
+			consumer.Urgent(isReset, 0.2), // beyond the reserve: at most 20 % of the shared permits
+			consumer.UrgentReserve(throttle.New(resets)),
+		),
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = c.Run // c.Run(ctx) consumes until ctx ends
 }

@@ -236,7 +236,7 @@ type fair struct {
 	// untried counts the queued urgent candidates that have not asked
 	// the reserve (UrgentReserve) for a permit.
 	untried int
-	holding       int
+	holding int
 	// holdingFor counts the seekers holding a permit per budget.
 	holdingFor map[throttle.Keyed]int
 	// tenants holds every tenant with candidates, and idle ones whose
@@ -669,16 +669,20 @@ func (f *fair) seekReserve() {
 		if f.quit {
 			return
 		}
-		var k throttle.Keyed
+		var next *cand
 		for i := range f.urgent.len() {
 			if cd := f.urgent.at(i); !cd.tried {
-				cd.tried = true
-				f.untried--
-				k = cd.k
+				next = cd
 				break
 			}
 		}
-		ctx := f.ctx
+		if next == nil { // the count is wrong: never spin on it
+			f.untried = 0
+			continue
+		}
+		next.tried = true
+		f.untried--
+		k, ctx := next.k, f.ctx
 		f.mu.Unlock()
 		g := f.take(ctx, k, f.cfg.reserve.Key(""), 0)
 		f.mu.Lock()

@@ -107,6 +107,7 @@ type config struct {
 	tenants    string        // -tenants: records of several tenants instead of -records
 	fair       bool          // with -tenants: WithFairness
 	share      float64       // with -tenants: the urgent records' share
+	reserve    int64         // with -tenants: the urgent records' own part of the limit
 }
 
 func main() {
@@ -137,6 +138,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.tenants, "tenants", "", "records of several tenants instead of -records: name:count[@rate/s][*weight][!] separated by commas, e.g. A:2000,B:20@2/s (A's 2,000 at once, then B's 20 at 2 a second once the group has settled; '*2' weighs 2, '!' marks urgent); prints each tenant's wait from produce to handler")
 	fs.BoolVar(&c.fair, "fair", true, "with -tenants: share the permits among tenants (consumer.WithFairness); false shows the wait without it")
 	fs.Float64Var(&c.share, "urgent-share", 0.2, "with -tenants: the most of the permits urgent records take while others wait (consumer.Urgent)")
+	fs.Int64Var(&c.reserve, "urgent-reserve", 0, "with -tenants and an urgent tenant: this many of -limit's calls per interval are the urgent records' own, in a token bucket of their own (consumer.UrgentReserve); the shared bucket keeps the rest")
 	fs.StringVar(&c.permits, "permits", "both", "who takes permits: both (one Limiter given to the consumer and the Transport: one permit per call, the consumer's) or transport (the consumer gets no Limiter)")
 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -184,12 +186,19 @@ func (c config) check() error {
 		return err
 	}
 	if c.tenants != "" {
-		if _, err := parseTenants(c.tenants); err != nil {
+		ts, err := parseTenants(c.tenants)
+		if err != nil {
 			return err
 		}
 		if !(c.share > 0 && c.share < 1) {
 			return fmt.Errorf("-urgent-share %v: must be above 0 and below 1", c.share)
 		}
+		if c.reserve != 0 && !slices.ContainsFunc(ts, func(t tenantSpec) bool { return t.urgent }) {
+			return fmt.Errorf("-urgent-reserve %d: no tenant is urgent: mark one with '!' in -tenants", c.reserve)
+		}
+	}
+	if c.reserve != 0 && (c.tenants == "" || c.reserve < 0 || c.reserve >= c.limit) {
+		return fmt.Errorf("-urgent-reserve %d: want a part of -limit (%d), at least 1 and below it, with -tenants", c.reserve, c.limit)
 	}
 	if c.target != "" {
 		if u, err := url.Parse(c.target); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
@@ -348,8 +357,12 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	if c.permits == "transport" {
 		permitsText = "the consumer has no Limiter: the Transport takes the permits"
 	}
-	fmt.Fprintf(out, "fleet:    %d instances share one token bucket of %d per %v in Redis; ordering %s, records in flight per instance: %s; %s\n\n",
-		c.instances, c.limit, c.interval, ordering, inFlightText, permitsText)
+	bucketText := fmt.Sprintf("one token bucket of %d per %v", c.limit, c.interval)
+	if c.reserve > 0 {
+		bucketText = fmt.Sprintf("a token bucket of %d per %v, and one of %d for urgent records (consumer.UrgentReserve),", c.limit-c.reserve, c.interval, c.reserve)
+	}
+	fmt.Fprintf(out, "fleet:    %d instances share %s in Redis; ordering %s, records in flight per instance: %s; %s\n\n",
+		c.instances, bucketText, ordering, inFlightText, permitsText)
 
 	// The producer fills the topic while the consumers run.
 	var produced atomic.Int64
@@ -408,9 +421,17 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	for i := range consumers {
 		rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 		defer rdb.Close()
-		b, err := bucket.NewTokenBucket(rdb, "pipeline-demo", c.limit, c.interval)
+		b, err := bucket.NewTokenBucket(rdb, "pipeline-demo", c.limit-c.reserve, c.interval)
 		if err != nil {
 			return summary{}, err
+		}
+		var reserve *throttle.Limiter
+		if c.reserve > 0 {
+			rb, err := bucket.NewTokenBucket(rdb, "pipeline-demo:urgent", c.reserve, c.interval)
+			if err != nil {
+				return summary{}, err
+			}
+			reserve = throttle.New(rb, throttle.WithObserver(&grants))
 		}
 		lim := throttle.New(b, throttle.WithObserver(&grants))
 		tr, err := httpclient.NewTransport(lim)
@@ -425,7 +446,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		}
 		opts := inFlight
 		if tenants != nil && c.fair {
-			opts = append(slices.Clip(opts), fairOptions(tenants, c.share))
+			opts = append(slices.Clip(opts), fairOptions(tenants, c.share, reserve))
 		}
 		cons, err := consumer.New(handlerFor(hc), consLim, append(slices.Clip(opts),
 			consumer.WithKafka(

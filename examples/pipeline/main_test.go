@@ -84,6 +84,9 @@ func TestPipelineRefusesBadFlags(t *testing.T) {
 		{"keys", func(c *config) { c.keys = 0 }, "-keys 0"},
 		{"provider", func(c *config) { c.policy = "leaky" }, `-provider "leaky"`},
 		{"permits", func(c *config) { c.permits = "neither" }, `-permits "neither"`},
+		{"urgent-reserve", func(c *config) { c.tenants, c.share, c.reserve = "A:1,U:1!", 0.2, 1 }, "-urgent-reserve 1: want a part of -limit (1)"},
+		{"urgent-reserve without -tenants", func(c *config) { c.limit, c.reserve = 10, 1 }, "-urgent-reserve 1: want a part of -limit (10), at least 1 and below it, with -tenants"},
+		{"urgent-reserve without an urgent tenant", func(c *config) { c.limit, c.tenants, c.share, c.reserve = 10, "A:1", 0.2, 1 }, "no tenant is urgent"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -156,4 +159,30 @@ func TestPipelineTenantsShareTheLimit(t *testing.T) {
 	assert.Equal(t, 5, s.Tenants[1].Calls)
 	assert.Positive(t, s.TenantSpan, "B's records were handled while A's lasted")
 	assert.Contains(t, out.String(), "per tenant, from produce to the handler call")
+}
+
+// -urgent-reserve: the urgent records' own bucket beside the shared one
+// (consumer.UrgentReserve): together they keep the limit at the
+// provider, each call takes one permit (a reserve permit serves the
+// Transport's request too), and every record is handled once.
+func TestPipelineUrgentReserveKeepsTheLimitWithOnePermitPerCall(t *testing.T) {
+	var out, logs bytes.Buffer
+	c := config{limit: 50, interval: 250 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-reserve",
+		latency: 5 * time.Millisecond, keys: 50, tenants: "A:600,U:5@10/s!", fair: true, share: 0.2, reserve: 5}
+	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
+		}
+	})
+	require.NoError(t, err, out.String())
+	assert.Equal(t, int64(605), s.Handled)
+	assert.Zero(t, s.Lost)
+	assert.Zero(t, s.Provider429)
+	assert.Zero(t, s.BehindInKey)
+	assert.LessOrEqual(t, s.MaxInWindow, int64(50))
+	assert.Equal(t, s.ProviderCalls, s.Permits, "permits used, one per call at the provider")
+	require.Len(t, s.Tenants, 2)
+	assert.Equal(t, 5, s.Tenants[1].Calls)
+	assert.Contains(t, out.String(), "and one of 5 for urgent records (consumer.UrgentReserve)")
 }

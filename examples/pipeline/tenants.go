@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/throttle"
 )
 
 // tenantSpec is one tenant of -tenants: name:count[@rate/s][*weight][!].
@@ -78,8 +79,9 @@ func tenantOf(r *kgo.Record) string {
 	return t
 }
 
-// fairOptions returns the consumer's WithFairness for the tenants.
-func fairOptions(ts []tenantSpec, share float64) consumer.Option {
+// fairOptions returns the consumer's WithFairness for the tenants, with
+// reserve (if not nil) the urgent records' own part of the limit.
+func fairOptions(ts []tenantSpec, share float64, reserve *throttle.Limiter) consumer.Option {
 	weights := map[string]int{}
 	urgent := map[string]bool{}
 	for _, t := range ts {
@@ -91,6 +93,9 @@ func fairOptions(ts []tenantSpec, share float64) consumer.Option {
 	opts := []consumer.FairOption{consumer.Weights(weights)}
 	if len(urgent) > 0 {
 		opts = append(opts, consumer.Urgent(func(r *kgo.Record) bool { return urgent[tenantOf(r)] }, share))
+		if reserve != nil {
+			opts = append(opts, consumer.UrgentReserve(reserve))
+		}
 	}
 	return consumer.WithFairness(tenantOf, opts...)
 }
