@@ -63,8 +63,9 @@
 // reach them, so one tenant's backlog is every other tenant's wait.
 // [WithFairness] makes an instance hand each permit, when it comes, to
 // the next record of the tenant whose turn it is (weighted, with urgent
-// records first within a share of the limit); see it for what holds
-// within an instance and across a group.
+// records first within a share of the limit, and with [UrgentReserve]
+// on a part of the limit of their own); see it for what holds within an
+// instance and across a group.
 //
 // # Bounds
 //

@@ -158,6 +158,9 @@ func Weights(w map[string]int) FairOption {
 // tenant, outside the tenants' turns. urgent is called once per record,
 // like WithFairness's tenant; a panic in it counts the record as
 // normal. share must be above 0 and below 1; a nil urgent is refused.
+// An urgent record still waits for the limiter's next grant (at a
+// period's end of a token bucket, for the next period's first):
+// [UrgentReserve] gives urgent records a part of the limit of their own.
 func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 	return fairOptionFunc(func(c *fairConfig) {
 		switch {
