@@ -236,7 +236,13 @@ type fair struct {
 	// untried counts the queued urgent candidates that have not asked
 	// the reserve (UrgentReserve) for a permit.
 	untried int
-	holding int
+	// pendingFor counts the queued urgent candidates whose reserve
+	// answer has not come (cand.pending), per budget, and
+	// pendingWaitersFor the waiters among them; pendingFresh and
+	// pendingWaiting in all. The shared seekers ask for none of them.
+	pendingFor, pendingWaitersFor map[throttle.Keyed]int
+	pendingFresh, pendingWaiting  int
+	holding                       int
 	// holdingFor counts the seekers holding a permit per budget.
 	holdingFor map[throttle.Keyed]int
 	// tenants holds every tenant with candidates, and idle ones whose
@@ -304,8 +310,11 @@ type cand struct {
 	// since is when a fresh record became a candidate: its wait for a
 	// permit counts from there (Stats.PermitWait).
 	since time.Time
-	// tried: the reserve was asked for a permit for it (UrgentReserve).
-	tried bool
+	// tried: the reserve was asked for a permit for it (UrgentReserve);
+	// pending: it is queued, and the reserve has not answered for it
+	// yet: the shared seekers ask for no permit for it meanwhile, since
+	// one asked would find no record when the reserve's came first.
+	tried, pending bool
 }
 
 // waiter is a record in work waiting for its permit.
@@ -331,6 +340,9 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 		seekingFor: make(map[throttle.Keyed]int),
 		holdingFor: make(map[throttle.Keyed]int),
 		depth:      1,
+	}
+	if cfg.reserve != nil {
+		f.pendingFor, f.pendingWaitersFor = make(map[throttle.Keyed]int), make(map[throttle.Keyed]int)
 	}
 	f.wanted.L, f.freed.L, f.untriedC.L = &f.mu, &f.mu, &f.mu
 	return f
@@ -446,6 +458,14 @@ func (f *fair) add(cd *cand) {
 		f.urgent.push(cd)
 		if f.cfg.reserve != nil {
 			f.untried++
+			cd.pending = true
+			f.pendingFor[cd.k]++
+			if cd.w != nil {
+				f.pendingWaiting++
+				f.pendingWaitersFor[cd.k]++
+			} else {
+				f.pendingFresh++
+			}
 			f.untriedC.Signal()
 		}
 		return
@@ -477,6 +497,7 @@ func (f *fair) unqueued(cd *cand) {
 	if cd.s.urgent && f.cfg.reserve != nil && !cd.tried {
 		f.untried--
 	}
+	f.answered(cd)
 	if n := f.needs[cd.k] - 1; n > 0 {
 		f.needs[cd.k] = n
 	} else {
@@ -497,10 +518,36 @@ func (f *fair) unqueued(cd *cand) {
 	}
 }
 
-// demand is how many more permits the queued candidates can use now: the
-// waiters, and fresh records for which a worker is free; f.mu is held.
+// answered notes that cd is no longer waiting for the reserve's answer
+// (it came, or cd left its queue); f.mu is held.
+func (f *fair) answered(cd *cand) {
+	if !cd.pending {
+		return
+	}
+	cd.pending = false
+	dec := func(m map[throttle.Keyed]int) {
+		if n := m[cd.k] - 1; n > 0 {
+			m[cd.k] = n
+		} else {
+			delete(m, cd.k)
+		}
+	}
+	dec(f.pendingFor)
+	if cd.w != nil {
+		f.pendingWaiting--
+		dec(f.pendingWaitersFor)
+	} else {
+		f.pendingFresh--
+	}
+}
+
+// demand is how many more permits of the shared seekers the queued
+// candidates can use now: the waiters, and fresh records for which a
+// worker is free, but for the urgent records waiting for the reserve's
+// answer (whose fresh ones would take the first workers free); f.mu is
+// held.
 func (f *fair) demand() int {
-	return f.waiting + min(f.fresh, max(f.c.cfg.maxInFlight-f.taken, 0))
+	return f.waiting - f.pendingWaiting + min(f.fresh-f.pendingFresh, max(f.c.cfg.maxInFlight-f.taken-f.pendingFresh, 0))
 }
 
 // kick wakes or starts a seeker when a budget's candidates need more
@@ -576,10 +623,10 @@ func (f *fair) budget() (throttle.Keyed, bool) {
 	for b, n := range f.seekingFor {
 		freshAsked += max(n-f.waitersFor[b], 0)
 	}
-	free := f.c.cfg.maxInFlight - f.taken
+	free := f.c.cfg.maxInFlight - f.taken - f.pendingFresh
 	wants := func(k throttle.Keyed) bool {
 		n := f.seekingFor[k]
-		return n < f.depth && (f.waitersFor[k] > n || f.needs[k] > n && freshAsked < free)
+		return n < f.depth && (f.waitersFor[k]-f.pendingWaitersFor[k] > n || f.needs[k]-f.pendingFor[k] > n && freshAsked < free)
 	}
 	var k throttle.Keyed
 	switch {
@@ -686,9 +733,11 @@ func (f *fair) seekReserve() {
 		f.mu.Unlock()
 		g := f.take(ctx, k, f.cfg.reserve.Key(""), 0)
 		f.mu.Lock()
+		f.answered(next) // if still queued, the shared seekers may ask for it now
 		if g.err == nil {
 			f.give(g, true)
 		}
+		f.kick()
 	}
 }
 

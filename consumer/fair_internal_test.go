@@ -397,3 +397,34 @@ func TestFairPermitOfABudgetWithNoRecordWaitingIsNotHeld(t *testing.T) {
 	assert.False(t, held, "the permit was held for a worker")
 	assert.True(t, released, "the permit was given back")
 }
+
+// With UrgentReserve, the shared seekers ask for no permit for an urgent
+// record until the reserve has answered for it: a shared permit asked
+// meanwhile would find no record once the reserve's came first (when
+// no other record waits), and be taken for nothing. A refusal lets them
+// ask; normal records are asked for as before.
+func TestFairSharedSeekersWaitForTheReservesAnswerForAnUrgentRecord(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
+	x.f.depth = fairSeekers
+	x.add("U", 1, true)
+	x.f.mu.Lock()
+	_, ok := x.f.budget()
+	x.f.mu.Unlock()
+	assert.False(t, ok, "no shared request while the reserve has not answered")
+	x.add("A", 1, false)
+	x.f.mu.Lock()
+	k, ok := x.f.budget()
+	x.f.mu.Unlock()
+	assert.True(t, ok, "a normal record is asked for")
+	assert.Equal(t, x.k, k)
+	x.f.mu.Lock()
+	x.f.seekingFor[x.k]++ // the normal record's request is out
+	x.f.seeking++
+	_, ok = x.f.budget()
+	assert.False(t, ok, "the normal record's request covers what the shared limiter is asked for")
+	cd := x.f.urgent.at(0)
+	x.f.answered(cd) // the reserve refused
+	_, ok = x.f.budget()
+	x.f.mu.Unlock()
+	assert.True(t, ok, "once the reserve refused, the urgent record is asked for")
+}

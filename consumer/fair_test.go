@@ -534,3 +534,86 @@ func TestUrgentReserveRefusesTheSharedLimiterAndWithLimiterFor(t *testing.T) {
 		})
 	}
 }
+
+// grantCounter is a throttle.Observer that counts the permits granted.
+type grantCounter struct {
+	mu sync.Mutex
+	n  int64
+}
+
+func (o *grantCounter) Acquired(_ string, n int64, _ time.Duration, err error) {
+	if err == nil {
+		o.mu.Lock()
+		o.n += n
+		o.mu.Unlock()
+	}
+}
+func (o *grantCounter) BucketCall(string, throttle.Decision, time.Duration, error) {}
+func (o *grantCounter) Degraded(string, string, bool, error)                       {}
+func (o *grantCounter) count() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n
+}
+
+// observed returns a Limiter of limit permits per interval that tells o.
+func observed(t *testing.T, limit int64, interval time.Duration, o throttle.Observer) *throttle.Limiter {
+	t.Helper()
+	b, err := throttle.NewLocal(limit, interval)
+	require.NoError(t, err)
+	return throttle.New(b, throttle.WithObserver(o), throttle.WithLogger(testLogger()))
+}
+
+// UrgentReserve: an urgent record the reserve serves takes no permit of
+// the shared limiter besides: one permit per record, even when no other
+// record is there to take a shared permit asked for it.
+func TestFairnessUrgentRecordServedByTheReserveTakesNoSharedPermit(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	var sharedGrants, reserveGrants grantCounter
+	shared, reserve := observed(t, 100, time.Hour, &sharedGrants), observed(t, 100, time.Hour, &reserveGrants)
+	var mu sync.Mutex
+	handled := 0
+	handle := func(context.Context, *kgo.Record) error {
+		mu.Lock()
+		handled++
+		mu.Unlock()
+		return nil
+	}
+	c, err := consumer.New(handle, shared, append(base(kc, "g", "in"),
+		consumer.WithFairness(tenantOfKey, consumer.Urgent(func(*kgo.Record) bool { return true }, 0.5), consumer.UrgentReserve(reserve)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	const n = 5
+	for i := range n {
+		produce(t, kc, "in", 1, 1, func(int32, int) string { return fmt.Sprintf("U-%d", i) })
+		waitFor(t, 20*time.Second, "the urgent record handled", func() bool { mu.Lock(); defer mu.Unlock(); return handled == i+1 })
+	}
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, int64(n), reserveGrants.count(), "the reserve served every urgent record")
+	assert.Zero(t, sharedGrants.count(), "no shared permit was taken for a record the reserve served")
+}
+
+// UrgentReserve: a reserve that refuses every time (its part spent) loses
+// no urgent record: each one, refused, takes a shared permit, also when
+// it is the only record there.
+func TestFairnessUrgentRecordsTakeSharedPermitsWhileTheReserveRefuses(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	var sharedGrants, reserveGrants grantCounter
+	shared, reserve := observed(t, 100, time.Hour, &sharedGrants), observed(t, 1, time.Hour, &reserveGrants)
+	require.NoError(t, reserve.Acquire(context.Background(), 0)) // the reserve's part is spent
+	h := newHandled(0)
+	c, err := consumer.New(h.handler("c"), shared, append(base(kc, "g", "in"),
+		consumer.WithFairness(tenantOfKey, consumer.Urgent(func(*kgo.Record) bool { return true }, 0.5), consumer.UrgentReserve(reserve)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	const n = 3
+	for i := range n {
+		produce(t, kc, "in", 1, 1, func(int32, int) string { return fmt.Sprintf("U-%d", i) })
+		waitFor(t, 20*time.Second, "the urgent record handled", func() bool { return len(h.snapshot()) == i+1 })
+	}
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, int64(n), sharedGrants.count(), "each record took a shared permit")
+	assert.Equal(t, int64(1), reserveGrants.count(), "the reserve granted none but the one taken before")
+}
