@@ -194,8 +194,10 @@ func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 // takes no second permit for the call. With [WithConcurrency], the record
 // takes a slot of its budget's key too, only if one is free at once.
 //
-// Refused: a nil reserve, UrgentReserve without Urgent, the Limiter given
-// to New itself (a key of it would be a whole second limit), and
+// Refused: a nil reserve, UrgentReserve without Urgent, a nil Limiter
+// given to New (the handler's calls would take a permit of their own for
+// each of reserve's), the Limiter given to New itself (a key of it would
+// be a whole second limit), and
 // [WithLimiterFor] (with a budget per record, give urgent records a
 // budget of their own in its function instead).
 func UrgentReserve(reserve *throttle.Limiter) FairOption {

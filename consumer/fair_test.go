@@ -617,3 +617,25 @@ func TestFairnessUrgentRecordsTakeSharedPermitsWhileTheReserveRefuses(t *testing
 	assert.Equal(t, int64(n), sharedGrants.count(), "each record took a shared permit")
 	assert.Equal(t, int64(1), reserveGrants.count(), "the reserve granted none but the one taken before")
 }
+
+// UrgentReserve with no Limiter given to New is refused: the urgent
+// records would take no permit but the reserve's (none at all without
+// WithConcurrency), and the handler's calls, taking their own, would be
+// charged twice for each reserve permit.
+func TestUrgentReserveRefusesANilLimiterGivenToNew(t *testing.T) {
+	isUrgent := func(*kgo.Record) bool { return true }
+	slots, err := throttle.NewLocalSlots(1)
+	require.NoError(t, err)
+	for name, opts := range map[string][]consumer.Option{
+		"alone":                nil,
+		"with WithConcurrency": {consumer.WithConcurrency(slots)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := consumer.New(func(context.Context, *kgo.Record) error { return nil }, nil,
+				append(opts, consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5), consumer.UrgentReserve(limiter(t, 1, time.Second))),
+					consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in")))...)
+			require.ErrorIs(t, err, throttle.ErrInvalid)
+			assert.Contains(t, err.Error(), "UrgentReserve")
+		})
+	}
+}
