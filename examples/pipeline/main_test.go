@@ -87,6 +87,10 @@ func TestPipelineRefusesBadFlags(t *testing.T) {
 		{"urgent-reserve", func(c *config) { c.tenants, c.share, c.reserve = "A:1,U:1!", 0.2, 1 }, "-urgent-reserve 1: want a part of -limit (1)"},
 		{"urgent-reserve without -tenants", func(c *config) { c.limit, c.reserve = 10, 1 }, "-urgent-reserve 1: want a part of -limit (10), at least 1 and below it, with -tenants"},
 		{"urgent-reserve without an urgent tenant", func(c *config) { c.limit, c.tenants, c.share, c.reserve = 10, "A:1", 0.2, 1 }, "no tenant is urgent"},
+		{"urgent-reserve with -permits transport", func(c *config) {
+			c.limit, c.tenants, c.share, c.reserve, c.permits = 10, "A:1,U:1!", 0.2, 1, "transport"
+		}, "-urgent-reserve 1 with -permits transport"},
+		{"urgent-reserve with -fair=false", func(c *config) { c.limit, c.tenants, c.share, c.reserve, c.fair = 10, "A:1,U:1!", 0.2, 1, false }, "-urgent-reserve 1 with -fair=false"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
