@@ -553,10 +553,15 @@ func (f *fair) demand() int {
 }
 
 // kick wakes or starts a seeker when a budget's candidates need more
-// requests than are outstanding for it; f.mu is held.
+// requests than are outstanding for it, and the reserve's seeker when
+// urgent records have not asked it (a worker may have freed for one);
+// f.mu is held.
 func (f *fair) kick() {
 	if f.quit || f.ctx == nil {
 		return
+	}
+	if f.untried > 0 {
+		f.untriedC.Signal()
 	}
 	if _, ok := f.budget(); !ok {
 		return
@@ -705,29 +710,22 @@ func (f *fair) seek() {
 }
 
 // seekReserve asks the reserve (UrgentReserve) for a permit, to be had at
-// once, for each urgent candidate in turn, and gives each permit to the
-// oldest urgent record that can take it now.
+// once, for each urgent candidate in turn (reserveNext), and gives each
+// permit to the oldest urgent record that can take it now.
 func (f *fair) seekReserve() {
 	defer f.wg.Done()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for {
-		for !f.quit && f.untried == 0 {
-			f.untriedC.Wait()
+		var next *cand
+		for !f.quit {
+			if next = f.reserveNext(); next != nil {
+				break
+			}
+			f.untriedC.Wait() // a candidate comes, or a worker frees
 		}
 		if f.quit {
 			return
-		}
-		var next *cand
-		for i := range f.urgent.len() {
-			if cd := f.urgent.at(i); !cd.tried {
-				next = cd
-				break
-			}
-		}
-		if next == nil { // the count is wrong: never spin on it
-			f.untried = 0
-			continue
 		}
 		next.tried = true
 		f.untried--
@@ -741,6 +739,32 @@ func (f *fair) seekReserve() {
 		}
 		f.kick()
 	}
+}
+
+// reserveNext returns the oldest urgent candidate the reserve has not
+// been asked for that can take a permit now: a waiter, or a fresh record
+// while a worker is free for it (a permit held for want of a worker
+// waits for the handlers in work, and one of a periodic bucket used in a
+// later period would come on top of that period's); nil if none. f.mu is
+// held.
+func (f *fair) reserveNext() *cand {
+	if f.untried == 0 {
+		return nil
+	}
+	worker := f.taken+f.holding < f.c.cfg.maxInFlight
+	untried := false
+	for i := range f.urgent.len() {
+		if cd := f.urgent.at(i); !cd.tried {
+			if cd.w != nil || worker {
+				return cd
+			}
+			untried = true
+		}
+	}
+	if !untried { // the count is wrong: never wait on it
+		f.untried = 0
+	}
+	return nil
 }
 
 // adapt sets how many requests to keep outstanding after a grant: one
@@ -784,6 +808,7 @@ func (f *fair) give(g grant, reserved bool) {
 			continue
 		case cd == nil:
 			g.release() // its record went away: the permit is not used
+			f.kick()    // a worker this one waited for may be free for others
 			return
 		case cd.w != nil:
 			cd.w.ch <- g // buffered, one grant per waiter

@@ -428,3 +428,25 @@ func TestFairSharedSeekersWaitForTheReservesAnswerForAnUrgentRecord(t *testing.T
 	x.f.mu.Unlock()
 	assert.True(t, ok, "once the reserve refused, the urgent record is asked for")
 }
+
+// The reserve is asked for a fresh urgent record only while a worker is
+// free for it: a permit taken for a record no worker can take is held
+// until one frees, however long the handlers in work take, and a permit
+// of a periodic bucket used in a later period comes on top of that
+// period's. A waiter (a retry, in work) is asked for at once.
+func TestFairReserveIsAskedForAFreshUrgentRecordOnlyWhileAWorkerIsFree(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
+	x.add("U", 1, true)
+	x.f.mu.Lock()
+	defer x.f.mu.Unlock()
+	x.f.taken = x.f.c.cfg.maxInFlight // every worker busy
+	assert.Nil(t, x.f.reserveNext(), "no worker is free for the fresh urgent record")
+	x.f.add(&cand{p: x.p, s: &slot{rec: kgo.Record{Key: []byte("V")}, tenant: "V", urgent: true, classified: true}, k: x.k, w: &waiter{ch: make(chan grant, 1)}})
+	cd := x.f.reserveNext()
+	require.NotNil(t, cd, "a waiter needs no worker")
+	assert.Equal(t, "V", cd.s.tenant)
+	x.f.taken--
+	cd = x.f.reserveNext()
+	require.NotNil(t, cd, "a worker is free")
+	assert.Equal(t, "U", cd.s.tenant)
+}
