@@ -177,16 +177,27 @@ func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 
 // UrgentReserve gives the urgent records of [Urgent] a part of the
 // provider's limit of their own: reserve is a Limiter over that part
-// (say 5 calls a second of 100, in a bucket of its own key), and the
-// Limiter given to [New] keeps the rest (95), so that together they keep
-// the provider's limit. An urgent record takes one of reserve's permits
-// when reserve has one at once; it then waits for no grant of the shared
-// limiter, whose grants are spread over each period and pause at its end
-// (about 70 ms a second: see [throttle.SpreadSpan]). When reserve has
-// none at once (its part spent), the record waits for the next permit of
-// its budget, as [Urgent] says. Normal records never take reserve's
-// permits, so its part goes unused when no urgent record comes: size it
-// for the urgent records' rate.
+// (say 5 calls a second of 100, in a bucket under a key of its own), and
+// the Limiter given to [New] keeps the rest (95), so that together they
+// keep the provider's limit. An urgent record takes one of reserve's
+// permits when reserve has one at once; it then waits for no grant of
+// the shared limiter, whose grants are spread over each period and pause
+// at its end (about 70 ms a second: see [throttle.SpreadSpan]). When
+// reserve has none at once (its part spent), the record waits for the
+// next permit of its budget, as [Urgent] says.
+//
+// The reserve is asked for one urgent record at a time, in the order
+// they came, and for a record not in work yet only while a worker is
+// free for it ([WithMaxInFlight]); the shared limiter is asked for an
+// urgent record only once the reserve has answered for it, so that a
+// record the reserve serves costs no shared permit. That answer takes a
+// store round trip, and with a hung store at most reserve's store
+// timeout ([throttle.WithStoreTimeout]) and its [throttle.FailurePolicy].
+// A reserve permit goes to the oldest urgent record that can take it
+// then, and if none is left (the record asked for was served or revoked
+// meanwhile), to the record a shared permit would go to. The reserve is
+// asked for urgent records only, so its part goes unused when none come:
+// size it for the urgent records' rate.
 //
 // A reserve permit stands for the record's budget's: the handler's
 // context holds it as that budget's ([throttle.Keyed.ContextWithPermit]),
@@ -197,9 +208,12 @@ func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 // Refused: a nil reserve, UrgentReserve without Urgent, a nil Limiter
 // given to New (the handler's calls would take a permit of their own for
 // each of reserve's), the Limiter given to New itself (a key of it would
-// be a whole second limit), and
-// [WithLimiterFor] (with a budget per record, give urgent records a
-// budget of their own in its function instead).
+// be a whole second limit), and [WithLimiterFor] (with a budget per
+// record, give urgent records a budget of their own in its function
+// instead). Another Limiter over New's bucket is no reserve (its permits
+// are the shared bucket's), and one over a bucket of another limit under
+// the same store key would share that key's state: give reserve a key of
+// its own.
 func UrgentReserve(reserve *throttle.Limiter) FairOption {
 	return fairOptionFunc(func(c *fairConfig) {
 		if reserve == nil {
