@@ -822,7 +822,9 @@ func (f *fair) give(g grant, reserved bool) {
 			continue
 		case cd == nil:
 			g.release() // its record went away: the permit is not used
-			f.kick()    // a worker this one waited for may be free for others
+			if f.untried > 0 && !f.quit {
+				f.untriedC.Signal() // a worker it waited for may be free for an urgent record
+			}
 			return
 		case cd.w != nil:
 			cd.w.ch <- g // buffered, one grant per waiter
