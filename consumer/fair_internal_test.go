@@ -450,3 +450,28 @@ func TestFairReserveIsAskedForAFreshUrgentRecordOnlyWhileAWorkerIsFree(t *testin
 	require.NotNil(t, cd, "a worker is free")
 	assert.Equal(t, "U", cd.s.tenant)
 }
+
+// An urgent record that leaves its queue (its partition stopped) while
+// the reserve is asked for it leaves no count behind: the reserve's
+// answer, coming after, changes nothing, and the shared seekers ask for
+// the records that stay.
+func TestFairUrgentRecordLeavingWhileTheReserveIsAskedLeavesNoCount(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
+	x.add("U", 2, true)
+	x.f.mu.Lock()
+	next := x.f.reserveNext()
+	require.NotNil(t, next)
+	next.tried = true // as seekReserve does before asking
+	x.f.untried--
+	x.f.mu.Unlock()
+	assert.Len(t, x.f.drop(x.p), 2)
+	x.f.mu.Lock()
+	defer x.f.mu.Unlock()
+	x.f.answered(next) // the answer comes
+	assert.Zero(t, x.f.untried)
+	assert.Zero(t, x.f.pendingFresh)
+	assert.Zero(t, x.f.pendingWaiting)
+	assert.Empty(t, x.f.pendingFor)
+	assert.Empty(t, x.f.needs)
+	assert.Nil(t, x.f.reserveNext())
+}

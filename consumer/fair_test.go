@@ -639,3 +639,34 @@ func TestUrgentReserveRefusesANilLimiterGivenToNew(t *testing.T) {
 		})
 	}
 }
+
+// hungBucket is a bucket whose store never answers: Take returns a store
+// failure only when its context ends.
+type hungBucket struct{}
+
+func (hungBucket) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (throttle.Decision, error) {
+	<-ctx.Done()
+	return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: ctx.Err()}
+}
+
+// UrgentReserve: a reserve whose store hangs (each answer cut by its
+// store timeout, then refused by its failure policy) holds up the
+// urgent records for no longer than its answers: each takes a shared
+// permit, and the consumer stops with no goroutine left (goleak).
+func TestFairnessUrgentRecordsTakeSharedPermitsWhileTheReservesStoreHangs(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 2))
+	var sharedGrants grantCounter
+	shared := observed(t, 100, time.Hour, &sharedGrants)
+	reserve := throttle.New(hungBucket{}, throttle.WithFailurePolicy(throttle.FailClosed), throttle.WithLogger(testLogger()))
+	h := newHandled(20)
+	isUrgent := func(r *kgo.Record) bool { return tenantOfKey(r) == "U" }
+	c, err := consumer.New(h.handler("c"), shared, append(base(kc, "g", "in"),
+		consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5), consumer.UrgentReserve(reserve)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	produce(t, kc, "in", 2, 10, func(p int32, i int) string { return fmt.Sprintf("%s-%d-%d", []string{"U", "A"}[i%2], p, i) })
+	h.waitFull(t, 30*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, int64(20), sharedGrants.count(), "each record took a shared permit")
+}
