@@ -3,6 +3,7 @@ package consumer
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"runtime/debug"
@@ -258,7 +259,10 @@ type fair struct {
 	// pendingWaiting in all. The shared seekers ask for none of them.
 	pendingFor, pendingWaitersFor map[throttle.Keyed]int
 	pendingFresh, pendingWaiting  int
-	holding                       int
+	// reserveFailing: the reserve's last answer was an error other than
+	// a refusal (warned once until it answers again).
+	reserveFailing bool
+	holding        int
 	// holdingFor counts the seekers holding a permit per budget.
 	holdingFor map[throttle.Keyed]int
 	// tenants holds every tenant with candidates, and idle ones whose
@@ -748,10 +752,27 @@ func (f *fair) seekReserve() {
 		g := f.take(ctx, k, f.cfg.reserve.Key(""), 0)
 		f.mu.Lock()
 		f.answered(next) // if still queued, the shared seekers may ask for it now
+		f.noteReserve(ctx, g.err)
 		if g.err == nil {
 			f.give(g, true)
 		}
 		f.kick()
+	}
+}
+
+// noteReserve warns, once until the reserve answers again, when asking
+// it failed otherwise than by a refusal (an error not matching
+// throttle.ErrTimeout: its store failing under FailClosed, a Limiter
+// misconfigured): the urgent records then take shared permits, and the
+// part of the limit the reserve stands for goes unused. f.mu is held.
+func (f *fair) noteReserve(ctx context.Context, err error) {
+	switch {
+	case err == nil || errors.Is(err, throttle.ErrTimeout):
+		f.reserveFailing = false
+	case ctx.Err() != nil || f.reserveFailing:
+	default:
+		f.reserveFailing = true
+		f.c.log.Warn("consumer: WithFairness UrgentReserve: asking the reserve for a permit failed; urgent records take shared permits until it answers again", "err", err)
 	}
 }
 

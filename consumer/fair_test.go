@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -669,4 +670,50 @@ func TestFairnessUrgentRecordsTakeSharedPermitsWhileTheReservesStoreHangs(t *tes
 	h.waitFull(t, 30*time.Second)
 	require.NoError(t, r.stop(t))
 	assert.Equal(t, int64(20), sharedGrants.count(), "each record took a shared permit")
+}
+
+// warnCounter is a slog.Handler that counts the warnings whose message
+// holds a word.
+type warnCounter struct {
+	word string
+	mu   *sync.Mutex
+	n    *int
+}
+
+func (w warnCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w warnCounter) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, w.word) {
+		w.mu.Lock()
+		*w.n++
+		w.mu.Unlock()
+	}
+	return nil
+}
+func (w warnCounter) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w warnCounter) WithGroup(string) slog.Handler      { return w }
+
+// UrgentReserve: a reserve that fails (here a Limiter misconfigured, whose
+// every call is refused as invalid) is no silent loss of the urgent
+// records' part: the consumer warns, once while it keeps failing, and the
+// urgent records take shared permits.
+func TestFairnessWarnsOnceWhileTheReserveFails(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	var mu sync.Mutex
+	warned := 0
+	log := slog.New(warnCounter{word: "UrgentReserve", mu: &mu, n: &warned})
+	b, err := throttle.NewLocal(100, time.Hour)
+	require.NoError(t, err)
+	reserve := throttle.New(b, throttle.WithFailurePolicy(throttle.FailurePolicy(99)), throttle.WithLogger(testLogger()))
+	h := newHandled(10)
+	c, err := consumer.New(h.handler("c"), limiter(t, 100, time.Hour), append(base(kc, "g", "in"), consumer.WithLogger(log),
+		consumer.WithFairness(tenantOfKey, consumer.Urgent(func(*kgo.Record) bool { return true }, 0.5), consumer.UrgentReserve(reserve)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	produce(t, kc, "in", 1, 10, func(_ int32, i int) string { return fmt.Sprintf("U-%d", i) })
+	h.waitFull(t, 20*time.Second)
+	require.NoError(t, r.stop(t))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, 1, warned, "one warning while the reserve fails")
 }
