@@ -194,6 +194,9 @@ func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 // record the reserve serves costs no shared permit. That answer takes a
 // store round trip, and with a hung store at most reserve's store
 // timeout ([throttle.WithStoreTimeout]) and its [throttle.FailurePolicy].
+// A reserve that fails otherwise than by refusing (an error not matching
+// [throttle.ErrTimeout]) is logged as a warning, once until it answers
+// again; the urgent records then take shared permits.
 // A reserve permit goes to the oldest urgent record that can take it
 // then, and if none is left (the record asked for was served or revoked
 // meanwhile), to the record a shared permit would go to. The reserve is
