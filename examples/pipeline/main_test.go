@@ -190,3 +190,22 @@ func TestPipelineUrgentReserveKeepsTheLimitWithOnePermitPerCall(t *testing.T) {
 	assert.Equal(t, 5, s.Tenants[1].Calls)
 	assert.Contains(t, out.String(), "and one of 5 for urgent records (consumer.UrgentReserve)")
 }
+
+// -urgent-reserve with urgent records alone: each call takes one permit,
+// the reserve's, none of the shared bucket's besides (no other record is
+// there to take a shared permit asked for an urgent record).
+func TestPipelineUrgentReserveAloneTakesOnePermitPerCall(t *testing.T) {
+	var out, logs bytes.Buffer
+	c := config{limit: 50, interval: 250 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-reserve-alone",
+		latency: 5 * time.Millisecond, keys: 50, tenants: "U:20@20/s!", fair: true, share: 0.2, reserve: 25}
+	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
+		}
+	})
+	require.NoError(t, err, out.String())
+	assert.Equal(t, int64(20), s.Handled)
+	assert.Zero(t, s.Lost)
+	assert.Equal(t, s.ProviderCalls, s.Permits, "permits used, one per call at the provider")
+}
