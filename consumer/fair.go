@@ -262,6 +262,9 @@ type fair struct {
 	// pendingWaiting in all. The shared seekers ask for none of them.
 	pendingFor, pendingWaitersFor map[throttle.Keyed]int
 	pendingFresh, pendingWaiting  int
+	// reserveHolding: the reserve's seeker holds a permit for want of a
+	// worker (counted in holding too).
+	reserveHolding int
 	// reserveFailing: the reserve's last answer was an error other than
 	// a refusal (warned once until it answers again).
 	reserveFailing bool
@@ -591,7 +594,7 @@ func (f *fair) kick() {
 		f.wanted.Signal()
 		return
 	}
-	if f.seekers-f.holding < f.c.cfg.maxInFlight { // a seeker that holds a permit asks for none
+	if f.seekers-(f.holding-f.reserveHolding) < f.c.cfg.maxInFlight { // a seeker that holds a permit asks for none
 		f.seekers++
 		f.wg.Add(1)
 		go f.seek()
@@ -835,9 +838,15 @@ func (f *fair) give(g grant, reserved bool) {
 		case cd == nil && needWorker && f.holding < fairSeekers:
 			f.holding++
 			f.holdingFor[g.k]++
+			if reserved {
+				f.reserveHolding++ // no shared seeker's
+			}
 			f.kick()       // the records in work may need a request this one was counted for
 			f.freed.Wait() // a fresh record waits for a worker, or a waiter came
 			f.holding--
+			if reserved {
+				f.reserveHolding--
+			}
 			if n := f.holdingFor[g.k] - 1; n > 0 {
 				f.holdingFor[g.k] = n
 			} else {

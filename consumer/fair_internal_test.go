@@ -475,3 +475,22 @@ func TestFairUrgentRecordLeavingWhileTheReserveIsAskedLeavesNoCount(t *testing.T
 	assert.Empty(t, x.f.needs)
 	assert.Nil(t, x.f.reserveNext())
 }
+
+// A reserve permit held for want of a worker is no shared seeker's: it
+// lets no shared seeker more start (seekers are at most WithMaxInFlight,
+// a seeker holding a permit counted out as it asks for none).
+func TestFairReservePermitHeldStartsNoSharedSeekerMore(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
+	x.add("A", 1, false)
+	x.f.mu.Lock()
+	x.f.ctx = context.Background()
+	x.f.seekers = x.f.c.cfg.maxInFlight // every seeker there, none idle
+	x.f.holding++                       // the reserve's seeker holds a permit
+	x.f.reserveHolding++
+	x.f.kick()
+	seekers := x.f.seekers
+	x.f.quit = true // a seeker started would end at once
+	x.f.mu.Unlock()
+	x.f.stop()
+	assert.Equal(t, x.f.c.cfg.maxInFlight, seekers, "no seeker started")
+}
