@@ -141,6 +141,8 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 	}
 	if fc := cfg.fair; fc != nil && fc.reserve != nil {
 		switch {
+		case lim == nil:
+			return nil, fmt.Errorf("consumer: WithFairness UrgentReserve with a nil Limiter given to New: %w: a reserve permit stands for a permit of New's Limiter, which the handler's calls would take again: give New the Limiter over the rest of the provider's limit", throttle.ErrInvalid)
 		case fc.reserve == lim:
 			return nil, fmt.Errorf("consumer: WithFairness UrgentReserve is the Limiter given to New: %w: give it a Limiter of its own, over a part of the provider's limit, and New's the rest", throttle.ErrInvalid)
 		case cfg.limiterFor != nil:

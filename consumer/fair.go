@@ -3,6 +3,7 @@ package consumer
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"runtime/debug"
@@ -180,16 +181,30 @@ func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 
 // UrgentReserve gives the urgent records of [Urgent] a part of the
 // provider's limit of their own: reserve is a Limiter over that part
-// (say 5 calls a second of 100, in a bucket of its own key), and the
-// Limiter given to [New] keeps the rest (95), so that together they keep
-// the provider's limit. An urgent record takes one of reserve's permits
-// when reserve has one at once; it then waits for no grant of the shared
-// limiter, whose grants are spread over each period and pause at its end
-// (about 70 ms a second: see [throttle.SpreadSpan]). When reserve has
-// none at once (its part spent), the record waits for the next permit of
-// its budget, as [Urgent] says. Normal records never take reserve's
-// permits, so its part goes unused when no urgent record comes: size it
-// for the urgent records' rate.
+// (say 5 calls a second of 100, in a bucket under a key of its own), and
+// the Limiter given to [New] keeps the rest (95), so that together they
+// keep the provider's limit. An urgent record takes one of reserve's
+// permits when reserve has one at once; it then waits for no grant of
+// the shared limiter, whose grants are spread over each period and pause
+// at its end (about 70 ms a second: see [throttle.SpreadSpan]). When
+// reserve has none at once (its part spent), the record waits for the
+// next permit of its budget, as [Urgent] says.
+//
+// The reserve is asked for one urgent record at a time, in the order
+// they came, and for a record not in work yet only while a worker is
+// free for it ([WithMaxInFlight]); the shared limiter is asked for an
+// urgent record only once the reserve has answered for it, so that a
+// record the reserve serves costs no shared permit. That answer takes a
+// store round trip, and with a hung store at most reserve's store
+// timeout ([throttle.WithStoreTimeout]) and its [throttle.FailurePolicy].
+// A reserve that fails otherwise than by refusing (an error not matching
+// [throttle.ErrTimeout]) is logged as a warning, once until it answers
+// again; the urgent records then take shared permits.
+// A reserve permit goes to the oldest urgent record that can take it
+// then, and if none is left (the record asked for was served or revoked
+// meanwhile), to the record a shared permit would go to. The reserve is
+// asked for urgent records only, so its part goes unused when none come:
+// size it for the urgent records' rate.
 //
 // A reserve permit stands for the record's budget's: the handler's
 // context holds it as that budget's ([throttle.Keyed.ContextWithPermit]),
@@ -197,10 +212,15 @@ func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 // takes no second permit for the call. With [WithConcurrency], the record
 // takes a slot of its budget's key too, only if one is free at once.
 //
-// Refused: a nil reserve, UrgentReserve without Urgent, the Limiter given
-// to New itself (a key of it would be a whole second limit), and
-// [WithLimiterFor] (with a budget per record, give urgent records a
-// budget of their own in its function instead).
+// Refused: a nil reserve, UrgentReserve without Urgent, a nil Limiter
+// given to New (the handler's calls would take a permit of their own for
+// each of reserve's), the Limiter given to New itself (a key of it would
+// be a whole second limit), and [WithLimiterFor] (with a budget per
+// record, give urgent records a budget of their own in its function
+// instead). Another Limiter over New's bucket is no reserve (its permits
+// are the shared bucket's), and one over a bucket of another limit under
+// the same store key would share that key's state: give reserve a key of
+// its own.
 func UrgentReserve(reserve *throttle.Limiter) FairOption {
 	return fairOptionFunc(func(c *fairConfig) {
 		if reserve == nil {
@@ -239,7 +259,19 @@ type fair struct {
 	// untried counts the queued urgent candidates that have not asked
 	// the reserve (UrgentReserve) for a permit.
 	untried int
-	holding int
+	// pendingFor counts the queued urgent candidates whose reserve
+	// answer has not come (cand.pending), per budget, and
+	// pendingWaitersFor the waiters among them; pendingFresh and
+	// pendingWaiting in all. The shared seekers ask for none of them.
+	pendingFor, pendingWaitersFor map[throttle.Keyed]int
+	pendingFresh, pendingWaiting  int
+	// reserveHolding: the reserve's seeker holds a permit for want of a
+	// worker (counted in holding too).
+	reserveHolding int
+	// reserveFailing: the reserve's last answer was an error other than
+	// a refusal (warned once until it answers again).
+	reserveFailing bool
+	holding        int
 	// holdingFor counts the seekers holding a permit per budget.
 	holdingFor map[throttle.Keyed]int
 	// tenants holds every tenant with candidates, and idle ones whose
@@ -307,8 +339,11 @@ type cand struct {
 	// since is when a fresh record became a candidate: its wait for a
 	// permit counts from there (Stats.PermitWait).
 	since time.Time
-	// tried: the reserve was asked for a permit for it (UrgentReserve).
-	tried bool
+	// tried: the reserve was asked for a permit for it (UrgentReserve);
+	// pending: it is queued, and the reserve has not answered for it
+	// yet: the shared seekers ask for no permit for it meanwhile, since
+	// one asked would find no record when the reserve's came first.
+	tried, pending bool
 }
 
 // waiter is a record in work waiting for its permit.
@@ -334,6 +369,9 @@ func newFair(c *Consumer, cfg *fairConfig) *fair {
 		seekingFor: make(map[throttle.Keyed]int),
 		holdingFor: make(map[throttle.Keyed]int),
 		depth:      1,
+	}
+	if cfg.reserve != nil {
+		f.pendingFor, f.pendingWaitersFor = make(map[throttle.Keyed]int), make(map[throttle.Keyed]int)
 	}
 	f.wanted.L, f.freed.L, f.untriedC.L = &f.mu, &f.mu, &f.mu
 	return f
@@ -449,6 +487,14 @@ func (f *fair) add(cd *cand) {
 		f.urgent.push(cd)
 		if f.cfg.reserve != nil {
 			f.untried++
+			cd.pending = true
+			f.pendingFor[cd.k]++
+			if cd.w != nil {
+				f.pendingWaiting++
+				f.pendingWaitersFor[cd.k]++
+			} else {
+				f.pendingFresh++
+			}
 			f.untriedC.Signal()
 		}
 		return
@@ -480,6 +526,7 @@ func (f *fair) unqueued(cd *cand) {
 	if cd.s.urgent && f.cfg.reserve != nil && !cd.tried {
 		f.untried--
 	}
+	f.answered(cd)
 	if n := f.needs[cd.k] - 1; n > 0 {
 		f.needs[cd.k] = n
 	} else {
@@ -500,17 +547,48 @@ func (f *fair) unqueued(cd *cand) {
 	}
 }
 
-// demand is how many more permits the queued candidates can use now: the
-// waiters, and fresh records for which a worker is free; f.mu is held.
+// answered notes that cd is no longer waiting for the reserve's answer
+// (it came, or cd left its queue); f.mu is held.
+func (f *fair) answered(cd *cand) {
+	if !cd.pending {
+		return
+	}
+	cd.pending = false
+	dec := func(m map[throttle.Keyed]int) {
+		if n := m[cd.k] - 1; n > 0 {
+			m[cd.k] = n
+		} else {
+			delete(m, cd.k)
+		}
+	}
+	dec(f.pendingFor)
+	if cd.w != nil {
+		f.pendingWaiting--
+		dec(f.pendingWaitersFor)
+	} else {
+		f.pendingFresh--
+	}
+}
+
+// demand is how many more permits of the shared seekers the queued
+// candidates can use now: the waiters, and fresh records for which a
+// worker is free, but for the urgent records waiting for the reserve's
+// answer (whose fresh ones would take the first workers free); f.mu is
+// held.
 func (f *fair) demand() int {
-	return f.waiting + min(f.fresh, max(f.c.cfg.maxInFlight-f.taken, 0))
+	return f.waiting - f.pendingWaiting + min(f.fresh-f.pendingFresh, max(f.c.cfg.maxInFlight-f.taken-f.pendingFresh, 0))
 }
 
 // kick wakes or starts a seeker when a budget's candidates need more
-// requests than are outstanding for it; f.mu is held.
+// requests than are outstanding for it, and the reserve's seeker when
+// urgent records have not asked it (a worker may have freed for one);
+// f.mu is held.
 func (f *fair) kick() {
 	if f.quit || f.ctx == nil {
 		return
+	}
+	if f.untried > 0 {
+		f.untriedC.Signal()
 	}
 	if _, ok := f.budget(); !ok {
 		return
@@ -519,7 +597,7 @@ func (f *fair) kick() {
 		f.wanted.Signal()
 		return
 	}
-	if f.seekers-f.holding < f.c.cfg.maxInFlight { // a seeker that holds a permit asks for none
+	if f.seekers-(f.holding-f.reserveHolding) < f.c.cfg.maxInFlight { // a seeker that holds a permit asks for none
 		f.seekers++
 		f.wg.Add(1)
 		go f.seek()
@@ -579,10 +657,10 @@ func (f *fair) budget() (throttle.Keyed, bool) {
 	for b, n := range f.seekingFor {
 		freshAsked += max(n-f.waitersFor[b], 0)
 	}
-	free := f.c.cfg.maxInFlight - f.taken
+	free := f.c.cfg.maxInFlight - f.taken - f.pendingFresh
 	wants := func(k throttle.Keyed) bool {
 		n := f.seekingFor[k]
-		return n < f.depth && (f.waitersFor[k] > n || f.needs[k] > n && freshAsked < free)
+		return n < f.depth && (f.waitersFor[k]-f.pendingWaitersFor[k] > n || f.needs[k]-f.pendingFor[k] > n && freshAsked < free)
 	}
 	var k throttle.Keyed
 	switch {
@@ -659,29 +737,22 @@ func (f *fair) seek() {
 }
 
 // seekReserve asks the reserve (UrgentReserve) for a permit, to be had at
-// once, for each urgent candidate in turn, and gives each permit to the
-// oldest urgent record that can take it now.
+// once, for each urgent candidate in turn (reserveNext), and gives each
+// permit to the oldest urgent record that can take it now.
 func (f *fair) seekReserve() {
 	defer f.wg.Done()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for {
-		for !f.quit && f.untried == 0 {
-			f.untriedC.Wait()
+		var next *cand
+		for !f.quit {
+			if next = f.reserveNext(); next != nil {
+				break
+			}
+			f.untriedC.Wait() // a candidate comes, or a worker frees
 		}
 		if f.quit {
 			return
-		}
-		var next *cand
-		for i := range f.urgent.len() {
-			if cd := f.urgent.at(i); !cd.tried {
-				next = cd
-				break
-			}
-		}
-		if next == nil { // the count is wrong: never spin on it
-			f.untried = 0
-			continue
 		}
 		next.tried = true
 		f.untried--
@@ -689,10 +760,55 @@ func (f *fair) seekReserve() {
 		f.mu.Unlock()
 		g := f.take(ctx, k, f.cfg.reserve.Key(""), 0)
 		f.mu.Lock()
+		f.answered(next) // if still queued, the shared seekers may ask for it now
+		f.noteReserve(ctx, g.err)
 		if g.err == nil {
 			f.give(g, true)
 		}
+		f.kick()
 	}
+}
+
+// noteReserve warns, once until the reserve answers again, when asking
+// it failed otherwise than by a refusal (an error not matching
+// throttle.ErrTimeout: its store failing under FailClosed, a Limiter
+// misconfigured): the urgent records then take shared permits, and the
+// part of the limit the reserve stands for goes unused. f.mu is held.
+func (f *fair) noteReserve(ctx context.Context, err error) {
+	switch {
+	case err == nil || errors.Is(err, throttle.ErrTimeout):
+		f.reserveFailing = false
+	case ctx.Err() != nil || f.reserveFailing:
+	default:
+		f.reserveFailing = true
+		f.c.log.Warn("consumer: WithFairness UrgentReserve: asking the reserve for a permit failed; urgent records take shared permits until it answers again", "err", err)
+	}
+}
+
+// reserveNext returns the oldest urgent candidate the reserve has not
+// been asked for that can take a permit now: a waiter, or a fresh record
+// while a worker is free for it (a permit held for want of a worker
+// waits for the handlers in work, and one of a periodic bucket used in a
+// later period would come on top of that period's); nil if none. f.mu is
+// held.
+func (f *fair) reserveNext() *cand {
+	if f.untried == 0 {
+		return nil
+	}
+	worker := f.taken+f.holding < f.c.cfg.maxInFlight
+	untried := false
+	for i := range f.urgent.len() {
+		if cd := f.urgent.at(i); !cd.tried {
+			if cd.w != nil || worker {
+				return cd
+			}
+			untried = true
+		}
+	}
+	if !untried { // the count is wrong: never wait on it
+		f.untried = 0
+	}
+	return nil
 }
 
 // adapt sets how many requests to keep outstanding after a grant: one
@@ -725,9 +841,15 @@ func (f *fair) give(g grant, reserved bool) {
 		case cd == nil && needWorker && f.holding < fairSeekers:
 			f.holding++
 			f.holdingFor[g.k]++
+			if reserved {
+				f.reserveHolding++ // no shared seeker's
+			}
 			f.kick()       // the records in work may need a request this one was counted for
 			f.freed.Wait() // a fresh record waits for a worker, or a waiter came
 			f.holding--
+			if reserved {
+				f.reserveHolding--
+			}
 			if n := f.holdingFor[g.k] - 1; n > 0 {
 				f.holdingFor[g.k] = n
 			} else {
@@ -736,6 +858,9 @@ func (f *fair) give(g grant, reserved bool) {
 			continue
 		case cd == nil:
 			g.release() // its record went away: the permit is not used
+			if f.untried > 0 && !f.quit {
+				f.untriedC.Signal() // a worker it waited for may be free for an urgent record
+			}
 			return
 		case cd.w != nil:
 			cd.w.ch <- g // buffered, one grant per waiter

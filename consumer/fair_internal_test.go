@@ -397,3 +397,100 @@ func TestFairPermitOfABudgetWithNoRecordWaitingIsNotHeld(t *testing.T) {
 	assert.False(t, held, "the permit was held for a worker")
 	assert.True(t, released, "the permit was given back")
 }
+
+// With UrgentReserve, the shared seekers ask for no permit for an urgent
+// record until the reserve has answered for it: a shared permit asked
+// meanwhile would find no record once the reserve's came first (when
+// no other record waits), and be taken for nothing. A refusal lets them
+// ask; normal records are asked for as before.
+func TestFairSharedSeekersWaitForTheReservesAnswerForAnUrgentRecord(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
+	x.f.depth = fairSeekers
+	x.add("U", 1, true)
+	x.f.mu.Lock()
+	_, ok := x.f.budget()
+	x.f.mu.Unlock()
+	assert.False(t, ok, "no shared request while the reserve has not answered")
+	x.add("A", 1, false)
+	x.f.mu.Lock()
+	k, ok := x.f.budget()
+	x.f.mu.Unlock()
+	assert.True(t, ok, "a normal record is asked for")
+	assert.Equal(t, x.k, k)
+	x.f.mu.Lock()
+	x.f.seekingFor[x.k]++ // the normal record's request is out
+	x.f.seeking++
+	_, ok = x.f.budget()
+	assert.False(t, ok, "the normal record's request covers what the shared limiter is asked for")
+	cd := x.f.urgent.at(0)
+	x.f.answered(cd) // the reserve refused
+	_, ok = x.f.budget()
+	x.f.mu.Unlock()
+	assert.True(t, ok, "once the reserve refused, the urgent record is asked for")
+}
+
+// The reserve is asked for a fresh urgent record only while a worker is
+// free for it: a permit taken for a record no worker can take is held
+// until one frees, however long the handlers in work take, and a permit
+// of a periodic bucket used in a later period comes on top of that
+// period's. A waiter (a retry, in work) is asked for at once.
+func TestFairReserveIsAskedForAFreshUrgentRecordOnlyWhileAWorkerIsFree(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
+	x.add("U", 1, true)
+	x.f.mu.Lock()
+	defer x.f.mu.Unlock()
+	x.f.taken = x.f.c.cfg.maxInFlight // every worker busy
+	assert.Nil(t, x.f.reserveNext(), "no worker is free for the fresh urgent record")
+	x.f.add(&cand{p: x.p, s: &slot{rec: kgo.Record{Key: []byte("V")}, tenant: "V", urgent: true, classified: true}, k: x.k, w: &waiter{ch: make(chan grant, 1)}})
+	cd := x.f.reserveNext()
+	require.NotNil(t, cd, "a waiter needs no worker")
+	assert.Equal(t, "V", cd.s.tenant)
+	x.f.taken--
+	cd = x.f.reserveNext()
+	require.NotNil(t, cd, "a worker is free")
+	assert.Equal(t, "U", cd.s.tenant)
+}
+
+// An urgent record that leaves its queue (its partition stopped) while
+// the reserve is asked for it leaves no count behind: the reserve's
+// answer, coming after, changes nothing, and the shared seekers ask for
+// the records that stay.
+func TestFairUrgentRecordLeavingWhileTheReserveIsAskedLeavesNoCount(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
+	x.add("U", 2, true)
+	x.f.mu.Lock()
+	next := x.f.reserveNext()
+	require.NotNil(t, next)
+	next.tried = true // as seekReserve does before asking
+	x.f.untried--
+	x.f.mu.Unlock()
+	assert.Len(t, x.f.drop(x.p), 2)
+	x.f.mu.Lock()
+	defer x.f.mu.Unlock()
+	x.f.answered(next) // the answer comes
+	assert.Zero(t, x.f.untried)
+	assert.Zero(t, x.f.pendingFresh)
+	assert.Zero(t, x.f.pendingWaiting)
+	assert.Empty(t, x.f.pendingFor)
+	assert.Empty(t, x.f.needs)
+	assert.Nil(t, x.f.reserveNext())
+}
+
+// A reserve permit held for want of a worker is no shared seeker's: it
+// lets no shared seeker more start (seekers are at most WithMaxInFlight,
+// a seeker holding a permit counted out as it asks for none).
+func TestFairReservePermitHeldStartsNoSharedSeekerMore(t *testing.T) {
+	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
+	x.add("A", 1, false)
+	x.f.mu.Lock()
+	x.f.ctx = context.Background()
+	x.f.seekers = x.f.c.cfg.maxInFlight // every seeker there, none idle
+	x.f.holding++                       // the reserve's seeker holds a permit
+	x.f.reserveHolding++
+	x.f.kick()
+	seekers := x.f.seekers
+	x.f.quit = true // a seeker started would end at once
+	x.f.mu.Unlock()
+	x.f.stop()
+	assert.Equal(t, x.f.c.cfg.maxInFlight, seekers, "no seeker started")
+}

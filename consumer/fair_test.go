@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -533,4 +534,186 @@ func TestUrgentReserveRefusesTheSharedLimiterAndWithLimiterFor(t *testing.T) {
 			assert.Contains(t, err.Error(), "UrgentReserve")
 		})
 	}
+}
+
+// grantCounter is a throttle.Observer that counts the permits granted.
+type grantCounter struct {
+	mu sync.Mutex
+	n  int64
+}
+
+func (o *grantCounter) Acquired(_ string, n int64, _ time.Duration, err error) {
+	if err == nil {
+		o.mu.Lock()
+		o.n += n
+		o.mu.Unlock()
+	}
+}
+func (o *grantCounter) BucketCall(string, throttle.Decision, time.Duration, error) {}
+func (o *grantCounter) Degraded(string, string, bool, error)                       {}
+func (o *grantCounter) count() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n
+}
+
+// observed returns a Limiter of limit permits per interval that tells o.
+func observed(t *testing.T, limit int64, interval time.Duration, o throttle.Observer) *throttle.Limiter {
+	t.Helper()
+	b, err := throttle.NewLocal(limit, interval)
+	require.NoError(t, err)
+	return throttle.New(b, throttle.WithObserver(o), throttle.WithLogger(testLogger()))
+}
+
+// UrgentReserve: an urgent record the reserve serves takes no permit of
+// the shared limiter besides: one permit per record, even when no other
+// record is there to take a shared permit asked for it.
+func TestFairnessUrgentRecordServedByTheReserveTakesNoSharedPermit(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	var sharedGrants, reserveGrants grantCounter
+	shared, reserve := observed(t, 100, time.Hour, &sharedGrants), observed(t, 100, time.Hour, &reserveGrants)
+	var mu sync.Mutex
+	handled := 0
+	handle := func(context.Context, *kgo.Record) error {
+		mu.Lock()
+		handled++
+		mu.Unlock()
+		return nil
+	}
+	c, err := consumer.New(handle, shared, append(base(kc, "g", "in"),
+		consumer.WithFairness(tenantOfKey, consumer.Urgent(func(*kgo.Record) bool { return true }, 0.5), consumer.UrgentReserve(reserve)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	const n = 5
+	for i := range n {
+		produce(t, kc, "in", 1, 1, func(int32, int) string { return fmt.Sprintf("U-%d", i) })
+		waitFor(t, 20*time.Second, "the urgent record handled", func() bool { mu.Lock(); defer mu.Unlock(); return handled == i+1 })
+	}
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, int64(n), reserveGrants.count(), "the reserve served every urgent record")
+	assert.Zero(t, sharedGrants.count(), "no shared permit was taken for a record the reserve served")
+}
+
+// UrgentReserve: a reserve that refuses every time (its part spent) loses
+// no urgent record: each one, refused, takes a shared permit, also when
+// it is the only record there.
+func TestFairnessUrgentRecordsTakeSharedPermitsWhileTheReserveRefuses(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	var sharedGrants, reserveGrants grantCounter
+	shared, reserve := observed(t, 100, time.Hour, &sharedGrants), observed(t, 1, time.Hour, &reserveGrants)
+	require.NoError(t, reserve.Acquire(context.Background(), 0)) // the reserve's part is spent
+	h := newHandled(0)
+	c, err := consumer.New(h.handler("c"), shared, append(base(kc, "g", "in"),
+		consumer.WithFairness(tenantOfKey, consumer.Urgent(func(*kgo.Record) bool { return true }, 0.5), consumer.UrgentReserve(reserve)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	const n = 3
+	for i := range n {
+		produce(t, kc, "in", 1, 1, func(int32, int) string { return fmt.Sprintf("U-%d", i) })
+		waitFor(t, 20*time.Second, "the urgent record handled", func() bool { return len(h.snapshot()) == i+1 })
+	}
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, int64(n), sharedGrants.count(), "each record took a shared permit")
+	assert.Equal(t, int64(1), reserveGrants.count(), "the reserve granted none but the one taken before")
+}
+
+// UrgentReserve with no Limiter given to New is refused: the urgent
+// records would take no permit but the reserve's (none at all without
+// WithConcurrency), and the handler's calls, taking their own, would be
+// charged twice for each reserve permit.
+func TestUrgentReserveRefusesANilLimiterGivenToNew(t *testing.T) {
+	isUrgent := func(*kgo.Record) bool { return true }
+	slots, err := throttle.NewLocalSlots(1)
+	require.NoError(t, err)
+	for name, opts := range map[string][]consumer.Option{
+		"alone":                nil,
+		"with WithConcurrency": {consumer.WithConcurrency(slots)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := consumer.New(func(context.Context, *kgo.Record) error { return nil }, nil,
+				append(opts, consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5), consumer.UrgentReserve(limiter(t, 1, time.Second))),
+					consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in")))...)
+			require.ErrorIs(t, err, throttle.ErrInvalid)
+			assert.Contains(t, err.Error(), "UrgentReserve")
+		})
+	}
+}
+
+// hungBucket is a bucket whose store never answers: Take returns a store
+// failure only when its context ends.
+type hungBucket struct{}
+
+func (hungBucket) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (throttle.Decision, error) {
+	<-ctx.Done()
+	return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: ctx.Err()}
+}
+
+// UrgentReserve: a reserve whose store hangs (each answer cut by its
+// store timeout, then refused by its failure policy) holds up the
+// urgent records for no longer than its answers: each takes a shared
+// permit, and the consumer stops with no goroutine left (goleak).
+func TestFairnessUrgentRecordsTakeSharedPermitsWhileTheReservesStoreHangs(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 2))
+	var sharedGrants grantCounter
+	shared := observed(t, 100, time.Hour, &sharedGrants)
+	reserve := throttle.New(hungBucket{}, throttle.WithFailurePolicy(throttle.FailClosed), throttle.WithLogger(testLogger()))
+	h := newHandled(20)
+	isUrgent := func(r *kgo.Record) bool { return tenantOfKey(r) == "U" }
+	c, err := consumer.New(h.handler("c"), shared, append(base(kc, "g", "in"),
+		consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5), consumer.UrgentReserve(reserve)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	produce(t, kc, "in", 2, 10, func(p int32, i int) string { return fmt.Sprintf("%s-%d-%d", []string{"U", "A"}[i%2], p, i) })
+	h.waitFull(t, 30*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.Equal(t, int64(20), sharedGrants.count(), "each record took a shared permit")
+}
+
+// warnCounter is a slog.Handler that counts the warnings whose message
+// holds a word.
+type warnCounter struct {
+	word string
+	mu   *sync.Mutex
+	n    *int
+}
+
+func (w warnCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w warnCounter) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, w.word) {
+		w.mu.Lock()
+		*w.n++
+		w.mu.Unlock()
+	}
+	return nil
+}
+func (w warnCounter) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w warnCounter) WithGroup(string) slog.Handler      { return w }
+
+// UrgentReserve: a reserve that fails (here a Limiter misconfigured, whose
+// every call is refused as invalid) is no silent loss of the urgent
+// records' part: the consumer warns, once while it keeps failing, and the
+// urgent records take shared permits.
+func TestFairnessWarnsOnceWhileTheReserveFails(t *testing.T) {
+	t.Parallel()
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	var mu sync.Mutex
+	warned := 0
+	log := slog.New(warnCounter{word: "UrgentReserve", mu: &mu, n: &warned})
+	b, err := throttle.NewLocal(100, time.Hour)
+	require.NoError(t, err)
+	reserve := throttle.New(b, throttle.WithFailurePolicy(throttle.FailurePolicy(99)), throttle.WithLogger(testLogger()))
+	h := newHandled(10)
+	c, err := consumer.New(h.handler("c"), limiter(t, 100, time.Hour), append(base(kc, "g", "in"), consumer.WithLogger(log),
+		consumer.WithFairness(tenantOfKey, consumer.Urgent(func(*kgo.Record) bool { return true }, 0.5), consumer.UrgentReserve(reserve)))...)
+	require.NoError(t, err)
+	r := start(t, c)
+	produce(t, kc, "in", 1, 10, func(_ int32, i int) string { return fmt.Sprintf("U-%d", i) })
+	h.waitFull(t, 20*time.Second)
+	require.NoError(t, r.stop(t))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, 1, warned, "one warning while the reserve fails")
 }

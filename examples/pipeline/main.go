@@ -138,7 +138,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.tenants, "tenants", "", "records of several tenants instead of -records: name:count[@rate/s][*weight][!] separated by commas, e.g. A:2000,B:20@2/s (A's 2,000 at once, then B's 20 at 2 a second once the group has settled; '*2' weighs 2, '!' marks urgent); prints each tenant's wait from produce to handler")
 	fs.BoolVar(&c.fair, "fair", true, "with -tenants: share the permits among tenants (consumer.WithFairness); false shows the wait without it")
 	fs.Float64Var(&c.share, "urgent-share", 0.2, "with -tenants: the most of the permits urgent records take while others wait (consumer.Urgent)")
-	fs.Int64Var(&c.reserve, "urgent-reserve", 0, "with -tenants and an urgent tenant: this many of -limit's calls per interval are the urgent records' own, in a token bucket of their own (consumer.UrgentReserve); the shared bucket keeps the rest")
+	fs.Int64Var(&c.reserve, "urgent-reserve", 0, "with -tenants, an urgent tenant, -fair and -permits both: this many of -limit's calls per interval are the urgent records' own, in a token bucket of their own (consumer.UrgentReserve); the shared bucket keeps the rest")
 	fs.StringVar(&c.permits, "permits", "both", "who takes permits: both (one Limiter given to the consumer and the Transport: one permit per call, the consumer's) or transport (the consumer gets no Limiter)")
 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -199,6 +199,14 @@ func (c config) check() error {
 	}
 	if c.reserve != 0 && (c.tenants == "" || c.reserve < 0 || c.reserve >= c.limit) {
 		return fmt.Errorf("-urgent-reserve %d: want a part of -limit (%d), at least 1 and below it, with -tenants", c.reserve, c.limit)
+	}
+	switch {
+	case c.reserve != 0 && c.permits == "transport":
+		// The consumer would take no permit for a record: the reserve's
+		// would go unused, and the shared bucket keep only the rest.
+		return fmt.Errorf("-urgent-reserve %d with -permits transport: the urgent records take the reserve's permits in the consumer; use -permits both", c.reserve)
+	case c.reserve != 0 && !c.fair:
+		return fmt.Errorf("-urgent-reserve %d with -fair=false: the reserve is the fair scheduler's (consumer.WithFairness); the shared bucket would keep only the rest", c.reserve)
 	}
 	if c.target != "" {
 		if u, err := url.Parse(c.target); err != nil || (u.Scheme != "http" && u.Scheme != "https") {

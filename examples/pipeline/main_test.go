@@ -87,6 +87,10 @@ func TestPipelineRefusesBadFlags(t *testing.T) {
 		{"urgent-reserve", func(c *config) { c.tenants, c.share, c.reserve = "A:1,U:1!", 0.2, 1 }, "-urgent-reserve 1: want a part of -limit (1)"},
 		{"urgent-reserve without -tenants", func(c *config) { c.limit, c.reserve = 10, 1 }, "-urgent-reserve 1: want a part of -limit (10), at least 1 and below it, with -tenants"},
 		{"urgent-reserve without an urgent tenant", func(c *config) { c.limit, c.tenants, c.share, c.reserve = 10, "A:1", 0.2, 1 }, "no tenant is urgent"},
+		{"urgent-reserve with -permits transport", func(c *config) {
+			c.limit, c.tenants, c.share, c.reserve, c.permits = 10, "A:1,U:1!", 0.2, 1, "transport"
+		}, "-urgent-reserve 1 with -permits transport"},
+		{"urgent-reserve with -fair=false", func(c *config) { c.limit, c.tenants, c.share, c.reserve, c.fair = 10, "A:1,U:1!", 0.2, 1, false }, "-urgent-reserve 1 with -fair=false"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -185,4 +189,23 @@ func TestPipelineUrgentReserveKeepsTheLimitWithOnePermitPerCall(t *testing.T) {
 	require.Len(t, s.Tenants, 2)
 	assert.Equal(t, 5, s.Tenants[1].Calls)
 	assert.Contains(t, out.String(), "and one of 5 for urgent records (consumer.UrgentReserve)")
+}
+
+// -urgent-reserve with urgent records alone: each call takes one permit,
+// the reserve's, none of the shared bucket's besides (no other record is
+// there to take a shared permit asked for an urgent record).
+func TestPipelineUrgentReserveAloneTakesOnePermitPerCall(t *testing.T) {
+	var out, logs bytes.Buffer
+	c := config{limit: 50, interval: 250 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-reserve-alone",
+		latency: 5 * time.Millisecond, keys: 50, tenants: "U:20@20/s!", fair: true, share: 0.2, reserve: 25}
+	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
+		}
+	})
+	require.NoError(t, err, out.String())
+	assert.Equal(t, int64(20), s.Handled)
+	assert.Zero(t, s.Lost)
+	assert.Equal(t, s.ProviderCalls, s.Permits, "permits used, one per call at the provider")
 }
