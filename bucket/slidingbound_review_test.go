@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/headway-go/headway/internal/guarantee"
 	"github.com/headway-go/headway/internal/redisenv"
 )
@@ -136,4 +138,84 @@ func TestTokenBucketFleetKeepsSlidingBoundWhileTokensKeyIsDeleted(t *testing.T) 
 			}
 		})
 	}
+}
+
+// TestTokenBucketRefillCountsEarlierGrantsWhenRedisDropsTheProfileAtOnce:
+// the refill keeps the profile of the grants still in the window until
+// the latest of them leaves it, so its expiry can be 1 ms away, and Redis
+// judges a new expiry on its own clock, read inside PEXPIRE: when that
+// clock has reached it (a millisecond boundary passing inside the
+// command, measured on redis-server 7.0 in 13 of 113,150 calls of
+// PEXPIRE 1; or a server stalled there), the key is deleted at once,
+// though the script's time (TIME, read at its start) still has those
+// grants in the window. The take that refilled must count them all the
+// same: here ten granted, the period cut short (its tokens key deleted),
+// then a take of ten less than an interval later; every PEXPIRE of the
+// profile to at most one interval finds its expiry come (the script is
+// run with redis.call wrapped to delete the key instead). Before, the
+// refill's take read the deleted profile, found no earlier grant and got
+// all ten: 20 in one interval (the fleet test's rare failure, seen with
+// an event log: a refill 18 ms after the period's last grants, held 0).
+func TestTokenBucketRefillCountsEarlierGrantsWhenRedisDropsTheProfileAtOnce(t *testing.T) {
+	srv := redisenv.New(t)
+	retryWhenSlow(t, func(attempt int) (slow bool) {
+		return refillCountsEarlierGrantsWhenProfileDropped(t, srv, attempt)
+	})
+}
+
+// dueAtOnce is tb_take.lua with redis.call wrapped so that a PEXPIRE of
+// the grant profile (KEYS[7]) to at most ARGV[3] ms (one interval) finds
+// its expiry already come, as Redis finds it when its clock reaches the
+// new expiry inside the command: the key is deleted.
+var dueAtOnce = redis.NewScript(`local call = redis.call
+local redis = setmetatable({call = function(...)
+  local a = {...}
+  if a[1] == 'PEXPIRE' and a[2] == KEYS[7] and tonumber(a[3]) <= tonumber(ARGV[3]) then
+    return call('DEL', a[2])
+  end
+  return call(...)
+end}, {__index = redis})
+` + srcTBTake)
+
+// refillCountsEarlierGrantsWhenProfileDropped is one attempt of
+// TestTokenBucketRefillCountsEarlierGrantsWhenRedisDropsTheProfileAtOnce
+// on a fresh key; slow reports that the machine was too slow for its
+// timing.
+func refillCountsEarlierGrantsWhenProfileDropped(t *testing.T, srv *redisenv.Server, attempt int) (slow bool) {
+	ctx := context.Background()
+	const limit, period = 10, 19 // ms
+	_, _, keys := caseBucket(t, srv.Client(), fmt.Sprintf("slide-due-%d", attempt), period*time.Millisecond, 0)
+	rdb := srv.Client()
+	take := func(n int64) []int64 {
+		t.Helper()
+		r, err := dueAtOnce.Run(ctx, rdb, keys, n, limit, period, 0, 0, 0).Int64Slice()
+		if err != nil {
+			t.Fatalf("take %d: %v", n, err)
+		}
+		return r
+	}
+	r := take(limit)
+	if r[0] != 1 || r[5] != limit {
+		t.Fatalf("first take: %v, want %d granted", r, limit)
+	}
+	first := r[6]
+	// The operator deletes the tokens key: the next take refills.
+	if err := rdb.Del(ctx, keys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r = take(limit)
+	if r[6] >= first+period {
+		t.Logf("attempt %d: the refill came %d ms after the first grants, past their interval: too slow to check", attempt, r[6]-first)
+		return true
+	}
+	if r[0] == 1 {
+		t.Fatalf("the refill %d ms after %d grants granted %d more: %d in one interval, limit %d", r[6]-first, limit, r[5], limit+r[5], limit)
+	}
+	if r[1] <= 0 {
+		t.Fatalf("refused take told to wait %d ms, want > 0", r[1])
+	}
+	if n, err := rdb.Exists(ctx, keys[6]).Result(); err != nil || n != 0 {
+		t.Fatalf("the profile after the refused refill: exists %d (%v), want deleted by the wrapped PEXPIRE: the fault was not injected", n, err)
+	}
+	return false
 }

@@ -192,9 +192,18 @@ local function field(prefix, k)
   return prefix .. string.format('%d', k)
 end
 -- shift makes the running period's profile the previous one: the refill.
+-- It returns how many grants it kept: all lie in (now - period, now], so
+-- that is what held() would read now, but the refilling take must not
+-- read it back: the expiry set here is when the latest kept grant leaves
+-- the window, as little as 1 ms away, and Redis judges a new expiry on
+-- its own clock read inside PEXPIRE (later than TIME above): when that
+-- clock has reached it (a millisecond boundary passing inside the
+-- command is enough), the key is deleted at once, while this script's
+-- window still holds those grants. Later takes read TIME after that
+-- clock, so for them the kept grants have left.
 local function shift()
   local all = redis.call('HGETALL', KEYS[7])
-  if #all == 0 then return end
+  if #all == 0 then return 0 end
   redis.call('DEL', KEYS[7]) -- the previous period's profile goes too
   local count, last, sums, prev = {}, {}, {}, {}
   local lo, hi, top
@@ -231,7 +240,7 @@ local function shift()
       if top == nil or t > top then top = t end
     end
   end
-  if lo == nil then return end
+  if lo == nil then return 0 end
   local args, sum = {}, 0
   for k = hi, lo, -1 do
     local t = last[k]
@@ -251,6 +260,7 @@ local function shift()
   args[#args + 1] = sum
   redis.call('HSET', KEYS[7], unpack(args))
   redis.call('PEXPIRE', KEYS[7], top + period - now)
+  return sum
 end
 -- held is how many of the previous period's grants may still lie in
 -- (now - period, now].
@@ -288,7 +298,9 @@ if pause > 0 then
   return {0, pause, -1, pause, 0, 0, now}
 end
 local ttl = redis.call('PTTL', KEYS[1])
-local left, cap
+-- prior: the previous period's grants that may lie in (now - period,
+-- now], read before this script sets an expiry on KEYS[7] (see shift).
+local left, cap, prior
 if ttl < 0 then
   if redis.call('EXISTS', KEYS[3]) == 1 then
     return {3, 0, 0, 0, 0, 0, now}
@@ -318,11 +330,12 @@ if ttl < 0 then
   end
   redis.call('SET', KEYS[4], cap, 'PX', ttl + HOLD)
   redis.call('SET', KEYS[1], cap, 'PX', ttl)
-  shift()
+  prior = shift()
   left = cap -- the refilling caller's tokens are taken below
 else
   left = tonumber(redis.call('GET', KEYS[1])) or 0
   cap = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
+  if left > 0 then prior = held() end
   if aware then
     local longer = tonumber(redis.call('GET', KEYS[6]) or '')
     if longer then
@@ -336,7 +349,7 @@ else
 end
 -- What the sliding bound leaves of the period's tokens.
 local free = left
-if left > 0 then free = left - held() end
+if left > 0 then free = left - prior end
 local take = n
 if upTo and free < n then take = free end
 if take >= 1 and free >= take then
