@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -128,11 +129,30 @@ func TestFairnessServesUrgentRecordsFirst(t *testing.T) {
 	h := newHandled(total)
 	g := newGrantLog()
 	isUrgent := func(r *kgo.Record) bool { return tenantOfKey(r) == "U" }
-	c, err := consumer.New(g.handler(h), limiter(t, 10, 50*time.Millisecond),
+	// The limiter's clock is a fake one, its first period spent: no
+	// permit comes until every record has been fetched, so the urgent
+	// records' places in the calls depend on the scheduler alone, not on
+	// when Kafka delivered the second partition (a loaded machine once
+	// delivered it 50 calls late).
+	clock := clockwork.NewFakeClock()
+	b, err := throttle.NewLocal(10, 50*time.Millisecond, throttle.WithClock(clock))
+	require.NoError(t, err)
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLogger(testLogger()))
+	require.NoError(t, lim.AcquireN(context.Background(), 10, 0))
+	c, err := consumer.New(g.handler(h), lim,
 		append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5)))...)
 	require.NoError(t, err)
 	r := start(t, c)
-	h.waitFull(t, 30*time.Second)
+	waitFor(t, 30*time.Second, "every record fetched", func() bool { return c.Stats().Buffered == total })
+	waitFor(t, 30*time.Second, "every record handled", func() bool {
+		select {
+		case <-h.full:
+			return true
+		default:
+			clock.Advance(5 * time.Millisecond)
+			return false
+		}
+	})
 	require.NoError(t, r.stop(t))
 	us := g.positions("U-")
 	require.Len(t, us, parts)
