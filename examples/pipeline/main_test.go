@@ -17,14 +17,8 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestPipelineLosesNothingAndStaysUnderTheLimit(t *testing.T) {
-	var out, logs bytes.Buffer
 	c := config{records: 400, limit: 80, interval: 200 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-test", latency: 20 * time.Millisecond, keys: 1000}
-	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
-	t.Cleanup(func() {
-		if t.Failed() { // what the demo printed and logged, to tell why
-			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
-		}
-	})
+	s, out, err := runLogged(t, c)
 	require.NoError(t, err, out.String())
 	assert.Equal(t, int64(400), s.Produced)
 	assert.Equal(t, int64(400), s.Handled)
@@ -43,6 +37,20 @@ func TestPipelineLosesNothingAndStaysUnderTheLimit(t *testing.T) {
 	assert.Equal(t, s.ProviderCalls, s.Permits, "permits used, one per call at the provider")
 	assert.Equal(t, s.Attempts, s.ProviderCalls, "handler calls, one provider call each")
 	assert.GreaterOrEqual(t, s.Attempts, int64(400))
+}
+
+// runLogged runs the demo with c, and shows what it printed and logged
+// if the test fails, to tell why.
+func runLogged(t *testing.T, c config) (summary, *bytes.Buffer, error) {
+	t.Helper()
+	var out, logs bytes.Buffer
+	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
+		}
+	})
+	return s, &out, err
 }
 
 func TestSteadySeconds(t *testing.T) {
@@ -146,15 +154,9 @@ func TestParseTenants(t *testing.T) {
 // backlog is handled while the backlog lasts, not after it, every record
 // is handled once, and each tenant's waits are printed.
 func TestPipelineTenantsShareTheLimit(t *testing.T) {
-	var out, logs bytes.Buffer
 	c := config{limit: 50, interval: 250 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-tenants",
 		latency: 5 * time.Millisecond, keys: 50, tenants: "A:600,B:5@10/s", fair: true, share: 0.2}
-	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
-		}
-	})
+	s, out, err := runLogged(t, c)
 	require.NoError(t, err, out.String())
 	assert.Equal(t, int64(605), s.Handled)
 	assert.Zero(t, s.Lost)
@@ -170,15 +172,9 @@ func TestPipelineTenantsShareTheLimit(t *testing.T) {
 // provider, each call takes one permit (a reserve permit serves the
 // Transport's request too), and every record is handled once.
 func TestPipelineUrgentReserveKeepsTheLimitWithOnePermitPerCall(t *testing.T) {
-	var out, logs bytes.Buffer
 	c := config{limit: 50, interval: 250 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-reserve",
 		latency: 5 * time.Millisecond, keys: 50, tenants: "A:600,U:5@10/s!", fair: true, share: 0.2, reserve: 5}
-	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
-		}
-	})
+	s, out, err := runLogged(t, c)
 	require.NoError(t, err, out.String())
 	assert.Equal(t, int64(605), s.Handled)
 	assert.Zero(t, s.Lost)
@@ -195,15 +191,9 @@ func TestPipelineUrgentReserveKeepsTheLimitWithOnePermitPerCall(t *testing.T) {
 // the reserve's, none of the shared bucket's besides (no other record is
 // there to take a shared permit asked for an urgent record).
 func TestPipelineUrgentReserveAloneTakesOnePermitPerCall(t *testing.T) {
-	var out, logs bytes.Buffer
 	c := config{limit: 50, interval: 250 * time.Millisecond, instances: 2, partitions: 4, timeout: time.Minute, topic: "pipeline-reserve-alone",
 		latency: 5 * time.Millisecond, keys: 50, tenants: "U:20@20/s!", fair: true, share: 0.2, reserve: 25}
-	s, err := run(context.Background(), c, &out, slog.New(slog.NewTextHandler(&logs, nil)))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
-		}
-	})
+	s, out, err := runLogged(t, c)
 	require.NoError(t, err, out.String())
 	assert.Equal(t, int64(20), s.Handled)
 	assert.Zero(t, s.Lost)
