@@ -42,7 +42,6 @@ func TestConstructorsRefuseBadInput(t *testing.T) {
 		{"sub-ms interval", tb(rdb, "k", 1, time.Microsecond), "interval"},
 		{"empty prefix", tb(rdb, "k", 1, sec, WithPrefix("")), "prefix"},
 		{"brace prefix", tb(rdb, "k", 1, sec, WithPrefix("a{b")), "prefix"},
-		{"zero retry", tb(rdb, "k", 1, sec, WithRetry(0)), "retry"},
 		{"fw zero limit", func() error { _, err := NewFixedWindow(rdb, "k", 0, sec); return err }(), "limit"},
 		{"fw zero interval", func() error { _, err := NewFixedWindow(rdb, "k", 1, 0); return err }(), "interval"},
 		{"fw nil client", func() error { _, err := NewFixedWindow(nil, "k", 1, sec); return err }(), "rdb"},

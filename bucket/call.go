@@ -235,7 +235,7 @@ func bounded(ctx context.Context, c *common, key string, f func(context.Context)
 // fallback is the constructor's limit per interval (that of every key
 // without a live limit of its own, see [TokenBucket.SetLimit]), and the live instances last counted.
 func (b *TokenBucket) fallback() (int64, time.Duration, int64) {
-	return b.limit, ms(b.periodMs), b.calls.instances()
+	return b.limit, us(b.intervalUs), b.calls.instances()
 }
 
 // fallback is the limit per interval, and the live instances last

@@ -40,7 +40,6 @@ func (b *TokenBucket) capabilities() capability.Set {
 		Pauser:        capability.PauseFunc(b.pause),
 		Fallbacker:    capability.FallbackFunc(b.fallback),
 		AdaptiveStore: b.adaptiveStore(),
-		Periodic:      true, // a period's tokens are all there at its start
 	}
 }
 

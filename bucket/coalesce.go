@@ -40,16 +40,19 @@ import (
 // gives up mid-call; the bucket counts it (see stranded).
 
 // upTo is one coalesced call's answer: the first got callers are granted
-// (with step > 0, caller i's Delay is max(first + i·step, floor, 0):
-// GCRA's reserved slots; buckets that never reserve leave step 0); the
-// others get rest. An all-or-nothing take's answer is granted alone.
+// (caller i's Delay is delays[i] when set: the token bucket's places; with
+// step > 0, max(first + i·step, floor, 0): GCRA's reserved slots; else
+// granted's); the others get rest. An all-or-nothing take's answer is
+// granted alone.
 type upTo struct {
 	granted throttle.Decision // for caller 0; Remaining counts after all got
 	got     int64
+	delays  []time.Duration
 	first   time.Duration
 	step    time.Duration
 	floor   time.Duration
 	rest    throttle.Decision // for callers beyond got: not granted
+	at      int64             // when the store decided, µs on its clock (the token bucket's; 0 unknown)
 }
 
 // forCaller is the Decision of caller i (0-based) of a batch.
@@ -62,7 +65,10 @@ func (u *upTo) forCaller(i int64) throttle.Decision {
 	if d.Limit > 0 {
 		d.Remaining = min(d.Remaining, d.Limit)
 	}
-	if u.step > 0 {
+	switch {
+	case u.delays != nil:
+		d.Delay = u.delays[i]
+	case u.step > 0:
 		d.Delay = max(u.first+time.Duration(i)*u.step, u.floor, 0)
 	}
 	return d

@@ -173,7 +173,7 @@ func FuzzBucketLimits(f *testing.F) {
 			ctrOpts = append(ctrOpts, WithLeaderLease(time.Duration(lease)))
 		}
 		if retry != 0 {
-			tbOpts = append(tbOpts, WithRetry(time.Duration(retry)))
+			tbOpts = append(tbOpts, WithArrivalMargin(time.Duration(retry)))
 			ctrOpts = append(ctrOpts, WithRetry(time.Duration(retry)))
 		}
 		tiers := []throttle.Tier{{Limit: limit, Period: iv}, {Limit: limit, Period: time.Duration(period2)}}

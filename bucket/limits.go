@@ -71,10 +71,9 @@ func exceeds(name string, n, limit int64) error {
 
 // SetLimit changes the limit of key's budget ("" for the constructor's key)
 // for every instance sharing the bucket, until [TokenBucket.ClearLimit].
-// It applies from the next refill, at most one interval away: the running
-// period keeps the tokens it was given, so lowering the limit never lets
-// more than the old limit through in that period, and raising it gives the
-// new limit at the next refill.
+// It applies from the next take: the permits placed before it count
+// against the new limit as they counted against the old, so lowering it
+// holds the new limit in any span of one interval from the change on.
 //
 // limit must be between 1 and [MaxLimit]. A Take may still ask for at most
 // the constructor's limit at once; one asking more than a lowered limit
@@ -87,7 +86,7 @@ func (b *TokenBucket) SetLimit(ctx context.Context, key string, limit int64) err
 }
 
 // ClearLimit removes the limit SetLimit stored for key's budget: the
-// constructor's limit applies again from the next refill. Clearing a
+// constructor's limit applies again from the next take. Clearing a
 // budget without one does nothing.
 func (b *TokenBucket) ClearLimit(ctx context.Context, key string) error {
 	return b.clearLimit(ctx, key, ":tb")

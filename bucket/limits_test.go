@@ -67,9 +67,10 @@ func mustTake(t *testing.T, b throttle.Bucket, key string, n int64) throttle.Dec
 	return d
 }
 
-// TestTokenBucketLiveLimit: a live limit applies from the next refill, per
-// budget; the running period keeps its tokens; Decision.Limit and State
-// report the period's limit; ClearLimit goes back to the default.
+// TestTokenBucketLiveLimit: a live limit applies from the next take, per
+// budget, the permits placed before it counting; Decision.Limit and State
+// report it; ClearLimit goes back to the default; another instance sees
+// it.
 func TestTokenBucketLiveLimit(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
@@ -78,17 +79,13 @@ func TestTokenBucketLiveLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	endPeriod := func(key string) { // what the period's expiry does, an hour on
+	forget := func(key string) { // what an hour does: nothing counts any more
 		t.Helper()
 		tag, _ := b.ks.tag(b.name, key)
-		// An hour on, the period's grants are also out of the sliding
-		// window: its grant profile goes with the tokens.
-		if err := rdb.Del(ctx, tag+":tb", tag+":tb:slide").Err(); err != nil {
+		if err := rdb.Del(ctx, tag+":tb").Err(); err != nil {
 			t.Fatal(err)
 		}
-		// ... on the server and in this instance, which would otherwise
-		// take the tokens key's absence for a lost period and hold it.
-		b.ends.mu.Lock()
+		b.ends.mu.Lock() // ... nor does this instance remember a place
 		delete(b.ends.m, key)
 		b.ends.mu.Unlock()
 	}
@@ -98,48 +95,33 @@ func TestTokenBucketLiveLimit(t *testing.T) {
 	if err := b.SetLimit(ctx, "", 2); err != nil {
 		t.Fatal(err)
 	}
-	// Lowered mid-period: the period keeps its 5 (no more than the old limit).
-	if d := mustTake(t, b, "", 1); !d.Granted || d.Limit != 5 || d.Remaining != 3 {
-		t.Fatalf("take after lowering: %+v, want granted from the running period (limit 5, remaining 3)", d)
+	if d := mustTake(t, b, "", 1); !d.Granted || d.Limit != 2 || d.Remaining != 0 {
+		t.Fatalf("take after lowering to 2, one placed before: %+v, want granted, limit 2, remaining 0", d)
+	}
+	if d := mustTake(t, b, "", 1); d.Granted || d.Limit != 2 {
+		t.Fatalf("third take under a limit of 2: %+v, want refused", d)
 	}
 	st, err := b.State(ctx, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Limit != 2 || !st.Live || st.Default != 5 || st.Current != 5 || st.Used != 2 || st.Remaining != 3 || !st.Running || st.Reset <= 59*time.Minute || st.Interval != time.Hour {
+	if st.Limit != 2 || !st.Live || st.Default != 5 || st.Current != 2 || st.Used != 2 || st.Remaining != 0 || !st.Running || st.Reset <= 59*time.Minute || st.Interval != time.Hour {
 		t.Fatalf("State = %+v", st)
 	}
 	// Other budgets keep the default.
 	if d := mustTake(t, b, "tenant", 1); d.Limit != 5 || d.Remaining != 4 {
 		t.Fatalf("tenant: %+v, want the constructor's limit 5", d)
 	}
-	endPeriod("")
-	for i, want := range []int64{1, 0} {
-		if d := mustTake(t, b, "", 1); !d.Granted || d.Limit != 2 || d.Remaining != want {
-			t.Fatalf("take %d of the new period: %+v, want granted, limit 2, remaining %d", i, d, want)
-		}
-	}
-	if d := mustTake(t, b, "", 1); d.Granted || d.Limit != 2 {
-		t.Fatalf("third take of a period of 2: %+v, want refused", d)
-	}
 	// n above the lowered limit can never be granted.
 	if _, err := b.Take(ctx, "", 3, 0); !errors.Is(err, throttle.ErrExceedsLimit) {
 		t.Fatalf("n=3 over a live limit of 2: err = %v, want ErrExceedsLimit", err)
-	}
-	endPeriod("")
-	if _, err := b.Take(ctx, "", 3, 0); !errors.Is(err, throttle.ErrExceedsLimit) {
-		t.Fatalf("n=3 refilling with a live limit of 2: err = %v, want ErrExceedsLimit", err)
-	}
-	if d := mustTake(t, b, "", 2); !d.Granted || d.Limit != 2 {
-		t.Fatalf("the refill that refused n=3 started a period of 2: %+v", d)
 	}
 	// Raised above the constructor's limit.
 	if err := b.SetLimit(ctx, "", 50); err != nil {
 		t.Fatal(err)
 	}
-	endPeriod("")
-	if d := mustTake(t, b, "", 5); !d.Granted || d.Limit != 50 || d.Remaining != 45 {
-		t.Fatalf("raised to 50: %+v", d)
+	if d := mustTake(t, b, "", 5); !d.Granted || d.Limit != 50 || d.Remaining != 43 {
+		t.Fatalf("raised to 50, 2 placed before: %+v", d)
 	}
 	// Fallback reports the limit of keys without a live one of their own:
 	// the constructor's. The live limit of "" is in its decisions.
@@ -149,12 +131,12 @@ func TestTokenBucketLiveLimit(t *testing.T) {
 	if err := b.ClearLimit(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := b.State(ctx, ""); err != nil || st.Live || st.Limit != 5 || st.Current != 50 {
-		t.Fatalf("after ClearLimit: %+v, %v; want limit 5 (default), the running period's 50", st, err)
+	if st, err := b.State(ctx, ""); err != nil || st.Live || st.Limit != 5 || st.Current != 5 {
+		t.Fatalf("after ClearLimit: %+v, %v; want limit 5 (default)", st, err)
 	}
-	endPeriod("")
+	forget("")
 	if d := mustTake(t, b, "", 1); d.Limit != 5 || d.Remaining != 4 {
-		t.Fatalf("after ClearLimit and a refill: %+v, want limit 5", d)
+		t.Fatalf("after ClearLimit, nothing counting: %+v, want limit 5", d)
 	}
 	// Another instance (another client, another TokenBucket) sees it too.
 	other, err := NewTokenBucket(srv.Client(), "live", 5, time.Hour)
@@ -164,9 +146,8 @@ func TestTokenBucketLiveLimit(t *testing.T) {
 	if err := other.SetLimit(ctx, "tenant", 7); err != nil {
 		t.Fatal(err)
 	}
-	endPeriod("tenant")
-	if d := mustTake(t, b, "tenant", 1); d.Limit != 7 || d.Remaining != 6 {
-		t.Fatalf("tenant after another instance set 7: %+v", d)
+	if d := mustTake(t, b, "tenant", 1); d.Limit != 7 || d.Remaining != 5 {
+		t.Fatalf("tenant after another instance set 7, one placed before: %+v", d)
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 // option is ignored.
 
 // TokenBucketOption configures [NewTokenBucket]: [WithPrefix],
-// [WithHeartbeat], [WithRetry].
+// [WithHeartbeat], [WithArrivalMargin].
 type TokenBucketOption interface {
 	apply(*config)
 	tokenBucketOption()
@@ -84,11 +84,17 @@ type LoggerOption interface {
 	ConcurrencyOption
 }
 
-// RetryOption configures the buckets that may ask a caller to retry
-// shortly, [NewTokenBucket] and [NewCounter]: [WithRetry].
+// RetryOption configures the bucket that may ask a caller to retry
+// shortly, [NewCounter]: [WithRetry].
 type RetryOption interface {
-	TokenBucketOption
 	CounterOption
+}
+
+// ArrivalMarginOption is [WithArrivalMargin]'s type: it configures
+// [NewTokenBucket] and [NewSlidingLog].
+type ArrivalMarginOption interface {
+	TokenBucketOption
+	SlidingLogOption
 }
 
 type commonOption func(*config)
@@ -128,14 +134,14 @@ func (loggerOption) concurrencyOption() {}
 
 type retryOption func(*config)
 
-func (f retryOption) apply(c *config)  { f(c) }
-func (retryOption) tokenBucketOption() {}
-func (retryOption) counterOption()     {}
+func (f retryOption) apply(c *config) { f(c) }
+func (retryOption) counterOption()    {}
 
-type slidingLogOnly func(*config)
+type marginOption func(*config)
 
-func (f slidingLogOnly) apply(c *config) { f(c) }
-func (slidingLogOnly) slidingLogOption() {}
+func (f marginOption) apply(c *config)  { f(c) }
+func (marginOption) tokenBucketOption() {}
+func (marginOption) slidingLogOption()  {}
 
 type gcraOnly func(*config)
 
@@ -222,15 +228,22 @@ func WithRetry(d time.Duration) RetryOption {
 	return retryOption(func(c *config) { c.retry = d })
 }
 
-// WithArrivalMargin makes a [SlidingLog] keep each window d longer than its
-// Period, so that a provider counting the calls by their arrival sees at
-// most Limit in any span of Period even when calls granted together reach
-// it up to d apart (network and scheduling jitter between a grant and its
-// call). Default: 0. It costs throughput: at most Period/(Period+d) of the
-// limit is used (16 ms on a 1 s window: 1.6 %). Set it to the measured
-// delay between a grant and the provider's arrival at a high percentile
-// (the loadtest reports record_late_p99_ms). It must be at least 0 and
-// below every window's Period.
-func WithArrivalMargin(d time.Duration) SlidingLogOption {
-	return slidingLogOnly(func(c *config) { c.margin = d })
+// WithArrivalMargin sets how late a permit's call may reach the provider
+// and still be counted within the limit: network and scheduling delay
+// between a permit's time and its call's arrival, including the store's
+// answer on its way back. The buckets keep each window d longer than its
+// interval, so that calls arriving up to d after their permits' times are
+// at most the limit in any span of one interval.
+//
+// [NewTokenBucket]: the margin of every permit (Decision.Margin); a
+// Limiter that cannot hand a permit to its caller within it takes another.
+// Default: [DefaultArrivalMargin]. [NewSlidingLog]: default 0.
+//
+// It costs throughput: at most interval/(interval+d) of the limit is used
+// (10 ms on a 1 s interval: 1 %). Set it above the store's round trip and
+// the delay between a permit and the provider's arrival at a high
+// percentile. It must be at least 0 and below the interval (every
+// window's Period, for a SlidingLog).
+func WithArrivalMargin(d time.Duration) ArrivalMarginOption {
+	return marginOption(func(c *config) { c.margin = d })
 }

@@ -23,23 +23,25 @@ type State struct {
 	Interval time.Duration
 
 	// Running reports whether a period or window has started and not ended:
-	// TokenBucket, a refilled period; FixedWindow, a window with a grant;
-	// GCRA, a bucket not full (some permits taken recently).
+	// TokenBucket, permits that still count; FixedWindow, a window with a
+	// grant; GCRA, a bucket not full (some permits taken recently).
 	Running bool
-	// Current is the limit in force now: the running period's or window's
-	// (TokenBucket, FixedWindow: the limit at its start, which a live
-	// change does not alter), or the live rate (GCRA). When nothing runs,
-	// the limit the next period or window will start with.
+	// Current is the limit in force now: the running window's
+	// (FixedWindow: the limit at its start, which a live change does not
+	// alter), or Limit (TokenBucket, GCRA). When nothing runs, the limit
+	// the next window will start with.
 	Current int64
-	// Used is the permits granted in the running period or window; for
-	// GCRA, the permits still counted against the burst.
+	// Used is the permits that count now: TokenBucket, those granted
+	// within the last interval (and its margin) or placed ahead; the
+	// running window's; for GCRA, the permits still counted against the
+	// burst.
 	Used int64
 	// Remaining is the permits that could be had at once now, pause aside.
 	Remaining int64
-	// Reset is the time until the running period ends (TokenBucket: the
-	// next refill is due; 0 when no period runs), the current aligned
-	// window ends (FixedWindow: windows run whether used or not), or the
-	// bucket is full again (GCRA; 0 when full).
+	// Reset is the time until the last permit that counts stops counting
+	// (TokenBucket; 0 when none does), the current aligned window ends
+	// (FixedWindow: windows run whether used or not), or the bucket is full
+	// again (GCRA; 0 when full).
 	Reset time.Duration
 	// Paused is the time left of a pause set with Pause; 0 when none.
 	Paused time.Duration
@@ -67,6 +69,7 @@ type snapshot struct {
 	pttl  []int64
 	str   []string            // string values ("" otherwise)
 	hash  []map[string]string // hash values (nil otherwise)
+	list  [][]string          // list values, or a hash's flat field/value list
 	found []bool
 }
 
@@ -94,19 +97,23 @@ func (c *common) snapshot(ctx context.Context, keys []string) (snapshot, error) 
 		s.found = append(s.found, p != -2)
 		var str string
 		var h map[string]string
+		var l []string
 		switch v := raw[3+2*i].(type) {
 		case string:
 			str = v
 		case []any:
-			h = make(map[string]string, len(v)/2)
-			for j := 0; j+1 < len(v); j += 2 {
-				k, _ := v[j].(string)
-				val, _ := v[j+1].(string)
-				h[k] = val
+			for _, e := range v {
+				es, _ := e.(string)
+				l = append(l, es)
+			}
+			h = make(map[string]string, len(l)/2)
+			for j := 0; j+1 < len(l); j += 2 {
+				h[l[j]] = l[j+1]
 			}
 		}
 		s.str = append(s.str, str)
 		s.hash = append(s.hash, h)
+		s.list = append(s.list, l)
 	}
 	return s, nil
 }
@@ -150,37 +157,39 @@ func (s snapshot) base(def int64, interval time.Duration, limitIdx, pauseIdx int
 }
 
 // State reads key's budget ("" for the constructor's key): the limit
-// configured and the running period's, the tokens used and left, the time
-// until the next refill is due, the pause left and the live instances. It
-// takes two round trips (the budget's keys, then the instances) and
-// changes nothing. A lost period held to its end (see [TokenBucket])
-// reads as a running period with every token used; right after Redis
-// restarted empty, before any take, as no period running, although the
-// next take from an instance that knew the lost one holds it.
+// configured, the permits that count now (granted within the last interval
+// and its margin, or placed ahead), the permits that could be had at
+// once, the time until the last of them stops counting, the pause left and
+// the live instances. It takes two round trips (the budget's keys, then
+// the instances) and changes nothing.
 func (b *TokenBucket) State(ctx context.Context, key string) (State, error) {
 	tag, err := b.ks.tag(b.name+".State", key)
 	if err != nil {
 		return State{}, err
 	}
-	s, err := b.snapshot(ctx, []string{tag + ":tb", tag + ":tb:cap", tag + ":tb:limit", tag + ":pause"})
+	keys := tbKeys(tag)
+	s, err := b.snapshot(ctx, keys)
 	if err != nil {
 		return State{}, err
 	}
-	st := s.base(b.limit, ms(b.periodMs), 2, 3)
+	st := s.base(b.limit, us(b.intervalUs), 2, 1)
 	if st.Instances, err = b.instances(ctx, s.now); err != nil {
 		return State{}, err
 	}
-	st.Current, st.Remaining = st.Limit, st.Limit
-	if left, ok := s.int(0); ok && s.pttl[0] >= 0 {
-		st.Running = true
-		st.Remaining = max(left, 0)
-		if c, ok := s.int(1); ok && c > 0 {
-			st.Current = c
-		} else {
-			st.Current = b.limit // a period refilled before live limits existed
+	st.Current = st.Limit
+	var last int64
+	for i, e := range s.list[0] {
+		var end, n int64
+		if _, err := fmt.Sscanf(e, "%d %d", &end, &n); i == 0 || err != nil || end+b.intervalUs <= s.now {
+			continue // the header, or an entry that no longer counts
 		}
-		st.Used = max(st.Current-left, 0)
-		st.Reset = ms(s.pttl[0] + 1) // the key expires 1 ms after PTTL reads 0
+		st.Used += n
+		last = max(last, end)
+	}
+	st.Running = st.Used > 0
+	st.Remaining = max(st.Current-st.Used, 0)
+	if st.Running {
+		st.Reset = us(last + b.intervalUs - s.now)
 	}
 	return st, nil
 }

@@ -29,10 +29,6 @@ import (
 //	// FailLocal and the adaptive rate (Limiter.Report); it must not
 //	// block: it is called while the store is down.
 //	Fallback() (limit int64, interval time.Duration, instances int64)
-//	// Periodic reports that the bucket grants up to its limit afresh in
-//	// each period (Decision.Reset is the time to the period's end), so
-//	// that the Limiter spreads a crowd's grants over it.
-//	Periodic() bool
 //	// Immediate reports that Take decides at once, with no store that
 //	// could fail or hang: no store timeout, no FailurePolicy.
 //	Immediate() bool
@@ -41,8 +37,8 @@ import (
 //
 // The buckets of package bucket offer these (and the fleet-wide adaptive
 // rate) to a Limiter through a registry internal to this module, not
-// through methods a user would see; [Local] and [Smooth] offer them too. A bucket
-// that wraps another (to count its calls, say) keeps them all by adding a
+// through methods a user would see; [Local] offers them too. A bucket that
+// wraps another (to count its calls, say) keeps them all by adding a
 // method
 //
 //	Unwrap() Bucket
@@ -80,19 +76,26 @@ type Bucket interface {
 
 // Decision is a bucket's answer to [Bucket.Take].
 //
-// Granted with Delay == 0: the permits are the caller's now. Granted with
-// Delay > 0: the permits are reserved for the caller from Delay on (the
-// Limiter sleeps that long before returning). Not granted: Delay is the
-// earliest time after which asking again can succeed (a refill, a window's
-// end, the end of a pause); the Limiter sleeps until then, or fails at once
-// when that is beyond the caller's wait.
+// Granted: the permits have a time, Delay from when the bucket decided
+// (0: now), from which the caller may use them, and, when Margin is set,
+// until Margin after it; the Limiter sleeps until that time before it
+// returns. Not granted: Delay is the earliest time after which asking
+// again can succeed (the end of a window or a pause); the Limiter sleeps
+// until then, or fails at once when that is beyond the caller's wait.
 type Decision struct {
-	// Granted reports whether the permits were granted or reserved.
+	// Granted reports whether the permits were granted.
 	Granted bool
-	// Delay is the time to wait: before using reserved permits when
-	// Granted, before asking again when not. A bucket that cannot tell
-	// leaves it 0 and the Limiter retries after a short pause (1 ms).
+	// Delay is the time to wait: until the permits' time when Granted,
+	// before asking again when not. A bucket that cannot tell leaves it 0
+	// and the Limiter retries after a short pause (1 ms).
 	Delay time.Duration
+	// Margin, when positive, is how long after their time granted
+	// permits may still be used: the delay between a permit's time and
+	// its call's arrival at the provider that the bucket's guarantee
+	// absorbs. A Limiter that cannot hand the permits to its caller
+	// within it (the store's answer came late, the process stalled) asks
+	// for others instead. 0: no bound.
+	Margin time.Duration
 	// Limit is the bucket's capacity per interval for this key, for
 	// rate-limit headers. 0 if unknown.
 	Limit int64
@@ -138,19 +141,16 @@ func findCap[T any](b Bucket) (T, bool) {
 				return t, true
 			}
 		}
-		if own, ok := b.(interface{ capabilities() capability.Set }); ok { // Local, Smooth
+		if own, ok := b.(interface{ capabilities() capability.Set }); ok { // Local
 			if t, ok := capability.Find[T](own.capabilities()); ok {
 				return t, true
 			}
 		}
-		switch u := b.(type) {
-		case interface{ Unwrap() Bucket }:
-			b = u.Unwrap()
-		case interface{ unwrap() Bucket }: // Smooth
-			b = u.unwrap()
-		default:
+		u, ok := b.(interface{ Unwrap() Bucket })
+		if !ok {
 			return *new(T), false
 		}
+		b = u.Unwrap()
 	}
 	var zero T
 	return zero, false

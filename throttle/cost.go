@@ -51,7 +51,7 @@ type CostBucket interface {
 //
 // The bucket should be a [CostBucket] (package bucket's Budget), found as
 // the Limiter finds the other optional interfaces (along Unwrap: a wrapper
-// such as [Smooth] is passed by). Any other bucket keeps one dimension: c
+// is passed by). Any other bucket keeps one dimension: c
 // must then name exactly one with an amount above 0, and AcquireCost is
 // [Limiter.AcquireN] of that amount.
 //

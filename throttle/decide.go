@@ -13,7 +13,7 @@ import (
 // CostBucket (cost.go). The decision is one value (decision) that the
 // bucket call's answer becomes and that the stages after it read and
 // refine in order: the lease's refill, FailLocal's accounting
-// (afterShared), the gate, the spread, the outcome (wait.go).
+// (afterShared), the gate, the outcome (wait.go).
 
 // source says where a decision came from.
 type source uint8
@@ -40,10 +40,9 @@ type decision struct {
 	// reserved n+want in (0: none).
 	sent, debt, reserved int64
 	// The gate's reading of a refusal (waiter.leaveGate): ask again in
-	// retryIn, after gap; shared: the refusal holds for every caller of
-	// the key.
-	retryIn, gap time.Duration
-	shared       bool
+	// retryIn; shared: the refusal holds for every caller of the key.
+	retryIn time.Duration
+	shared  bool
 }
 
 // decide is the decision stage of w's round for st's key.

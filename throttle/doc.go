@@ -18,10 +18,16 @@
 // Buckets: [Local] limits one process, in memory. Package
 // github.com/headway-go/headway/bucket has the Redis-backed buckets that
 // a whole fleet shares (token bucket, fixed window, counter with resetter,
-// sliding log, GCRA, tiers); each states the guarantee it keeps. [Smooth]
-// spaces any bucket's permits evenly through the interval, and a Limiter
-// built [WithLeasing] takes permits in batches sized by demand and hands
-// them out from memory (far fewer round trips).
+// sliding log, GCRA, tiers); each states the guarantee it keeps. A
+// Limiter built [WithLeasing] takes permits in batches sized by demand and
+// hands them out from memory (far fewer round trips).
+//
+// The limit holds where the provider counts it, when the calls arrive: a
+// bucket may give its permits a time (Decision.Delay) and a margin
+// (Decision.Margin), and the Limiter returns at that time, within the
+// margin, whatever the caller's wait; package bucket's TokenBucket places
+// every permit so that at most the limit is sent in any span of one
+// interval.
 //
 // Per key: [Limiter.Key] gives each tenant or endpoint its own budget in
 // one bucket.
@@ -56,9 +62,9 @@
 // OpenTelemetry.
 //
 // Options: each constructor has its own option type ([LimiterOption] for
-// [New], [LocalOption] for [NewLocal], [SmoothOption] for [NewSmooth]);
-// [WithClock], read by all three, implements all three, and an option
-// given to a constructor that does not read it does not compile.
+// [New], [LocalOption] for [NewLocal]); [WithClock], read by both,
+// implements both, and an option given to a constructor that does not
+// read it does not compile.
 //
 // Guarantees of this package:
 //   - A Limiter never polls: when a bucket refuses it names when to come

@@ -46,9 +46,8 @@ func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
 }
 
 // leaveGate is the gate's reading of a round's decision c (of permits of
-// st's key): when to ask again after a refusal (c.retryIn), after which
-// gap (c.gap: after the period's end, for the callers that can wait for
-// it, spread.go), and whether the refusal holds for every caller of the
+// st's key): when to ask again after a refusal (c.retryIn), and whether
+// the refusal holds for every caller of the
 // key (c.shared): only one that says something about one permit from the
 // shared bucket, not one of the failure policy (the bucket may answer at
 // the next call), nor one for n > 1 (a single permit may come sooner).
@@ -61,15 +60,12 @@ func (w *waiter) leaveGate(st *keyState, c *decision, gated bool) {
 		if c.retryIn <= 0 {
 			c.retryIn = retryFloor
 		}
-		if st != nil && c.src == fromStore && w.l.spreads() {
-			c.gap = w.l.periodGap(c.Decision)
-		}
 	}
 	c.shared = st != nil && c.src != fromPolicy && w.n == 1
 	if gated {
-		st.gate.leave(refused && c.shared, c.retryIn, c.gap)
+		st.gate.leave(refused && c.shared, c.retryIn)
 	} else if refused && c.shared {
-		st.gate.closeFor(c.retryIn, c.gap)
+		st.gate.closeFor(c.retryIn)
 	}
 }
 
@@ -86,11 +82,7 @@ type gate struct {
 	closedUntil atomic.Int64
 	queued      atomic.Int32
 
-	mu sync.Mutex
-	// slack is the last part of the closing time that callers wait only
-	// within their wait (the period gap, periodGap): one whose deadline
-	// comes in it is let in at the time the bucket named, not turned away.
-	slack   time.Duration
+	mu      sync.Mutex
 	q       []*gateWaiter // FIFO
 	active  int           // admitted callers whose bucket call is in flight
 	timer   clockwork.Timer
@@ -118,19 +110,16 @@ func (g *gate) open() bool {
 	return until == 0 || until <= g.tb.now()
 }
 
-// closeFor records a refusal: asking again is useless for d, and callers
-// that can wait for it wait slack more.
-func (g *gate) closeFor(d, slack time.Duration) {
+// closeFor records a refusal: asking again is useless for d.
+func (g *gate) closeFor(d time.Duration) {
 	g.mu.Lock()
-	g.closeLocked(d, slack)
+	g.closeLocked(d)
 	g.admitLocked()
 	g.mu.Unlock()
 }
 
-func (g *gate) closeLocked(d, slack time.Duration) {
-	// Added in two steps: d+slack overflows for a d near Forever.
-	g.closedUntil.Store(addSat(addSat(g.tb.now(), d), slack))
-	g.slack = slack
+func (g *gate) closeLocked(d time.Duration) {
+	g.closedUntil.Store(addSat(g.tb.now(), d))
 }
 
 // enter queues the caller (first in line if retry, as it was already
@@ -140,7 +129,7 @@ func (g *gate) closeLocked(d, slack time.Duration) {
 func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb timeoutBound) error {
 	g.mu.Lock()
 	now := g.tb.now()
-	if wait := time.Duration(g.closedUntil.Load()-now) - g.slack; wait > 0 && wait > left {
+	if wait := time.Duration(g.closedUntil.Load() - now); wait > 0 && wait > left {
 		g.mu.Unlock()
 		return tb.err(wait)
 	}
@@ -207,13 +196,12 @@ func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb tim
 	return err
 }
 
-// leave ends an admission. A refusal closes the gate for d, and slack
-// more for the callers that can wait for it.
-func (g *gate) leave(refused bool, d, slack time.Duration) {
+// leave ends an admission. A refusal closes the gate for d.
+func (g *gate) leave(refused bool, d time.Duration) {
 	g.mu.Lock()
 	g.active--
 	if refused {
-		g.closeLocked(d, slack)
+		g.closeLocked(d)
 	}
 	g.admitLocked()
 	g.mu.Unlock()
@@ -221,53 +209,31 @@ func (g *gate) leave(refused bool, d, slack time.Duration) {
 
 // admitLocked admits queued callers while the gate is open and fewer than
 // admitWave are in flight. While it is closed, it turns away the callers
-// whose deadline comes before the time the bucket named (the closing time
-// less its slack); once that time has come, it lets in those whose
-// deadline comes within the slack, with every caller queued ahead of them
-// (else callers with short waits, coming each period, would pass them
-// over period after period); and it arms the timer that reopens it (or
-// lets them in).
+// whose deadline comes before it reopens, and arms the timer that reopens
+// it.
 func (g *gate) admitLocked() {
 	now := g.tb.now()
 	until := g.closedUntil.Load()
 	if until > now {
-		named := until - int64(g.slack)
 		kept := g.q[:0]
-		last := -1 // the last kept caller that cannot wait for the slack
 		for _, w := range g.q {
-			if w.deadline < named {
-				w.err = w.timeout.err(time.Duration(named - now))
+			if w.deadline < until {
+				w.err = w.timeout.err(time.Duration(until - now))
 				w.ready <- struct{}{}
 				g.queued.Add(-1)
 				continue
-			}
-			if w.deadline < until {
-				last = len(kept)
 			}
 			kept = append(kept, w)
 		}
 		clear(g.q[len(kept):])
 		g.q = kept
-		if last >= 0 && named <= now {
-			i := 0
-			for ; i <= last && g.active < admitWave; i++ {
-				g.admitOne(g.q[i])
-				g.q[i] = nil
-			}
-			g.q = g.q[i:]
-			last -= i
-		}
-		at := until
-		if last >= 0 && named > now {
-			at = named
-		}
-		if len(g.q) > 0 && g.timer != nil && at < g.timerAt {
+		if len(g.q) > 0 && g.timer != nil && until < g.timerAt {
 			// Reopens sooner than the timer was set for: set it again.
 			g.timer.Stop()
 			g.timer = nil
 		}
 		if len(g.q) > 0 && g.timer == nil {
-			g.timer, g.timerAt = g.tb.clock.AfterFunc(time.Duration(at-now), g.reopen), at
+			g.timer, g.timerAt = g.tb.clock.AfterFunc(time.Duration(until-now), g.reopen), until
 		}
 		return
 	}

@@ -43,7 +43,7 @@ func (v internalView) Capabilities() capability.Set {
 	s.DimensionPauser, _ = findCap[capability.DimensionPauser](b)
 	s.Fallbacker, _ = findCap[capability.Fallbacker](b)
 	s.AdaptiveStore, _ = findCap[capability.AdaptiveStore](b)
-	s.Periodic, s.Immediate = v.l.caps.periodic, v.l.caps.immediate
+	s.Immediate = v.l.caps.immediate
 	return s
 }
 

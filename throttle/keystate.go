@@ -57,9 +57,20 @@ type keyState struct {
 	limit atomic.Int64
 	// pausedUntil is the end of the latest pause reported for the key
 	// through this Limiter (Report with a retry time), on the Limiter's
-	// time base; 0 none. Callers waiting for their place in the period
-	// read it when their place comes (spread.go).
+	// time base; 0 none. Callers waiting for their grant's time read it
+	// when the time comes (waiter.usable).
 	pausedUntil atomic.Int64
+}
+
+// notePause records a pause of the key until until (on the Limiter's time
+// base), for the callers waiting for their grant's time.
+func (st *keyState) notePause(until int64) {
+	for {
+		old := st.pausedUntil.Load()
+		if old >= until || st.pausedUntil.CompareAndSwap(old, until) {
+			return
+		}
+	}
 }
 
 // holds reports whether st keeps something that must outlive an idle

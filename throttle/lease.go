@@ -31,15 +31,20 @@ import (
 //
 // A lease is valid until the earlier of t0 + Reset of the grant and t0 +
 // TTL, t0 being this instance's clock just before the refill was sent
-// (before the bucket decided). So for buckets whose Reset is the end of
-// their period (token bucket, fixed window, counter), every permit is
-// handed out within the period it was taken in, and the bucket's
-// guarantee holds exactly. For GCRA and [Local] (Reset is the time until
-// full), a permit held for h shifts its grant by up to h: "≤ burst +
-// rate·t in any span t" becomes "≤ burst + rate·(t+h)"; set TTL to bound
-// h. For a sliding log of window W, TTL h keeps at most limit in any
-// window of W−h. A bucket that reports no Reset, with no TTL, leases
-// nothing.
+// (before the bucket decided); a batch whose permits have a margin
+// (Decision.Margin: package bucket's TokenBucket) is valid only until t0
+// plus the margin, so that every leased permit is used within the margin
+// of the time the bucket gave the batch, and the bucket's guarantee holds
+// for the calls exactly as without leasing (a TokenBucket's margin is
+// then the span over which a batch is used: set it with
+// bucket.WithArrivalMargin). For buckets whose Reset is the end of their
+// period (fixed window, counter), every permit is handed out within the
+// period it was taken in, and the bucket's guarantee holds exactly. For
+// GCRA and [Local] (Reset is the time until full), a permit held for h
+// shifts its grant by up to h: "≤ burst + rate·t in any span t" becomes
+// "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding log of window
+// W, TTL h keeps at most limit in any window of W−h. A bucket that
+// reports no Reset, with no TTL, leases nothing.
 //
 // With the failure policy: permits leased before an outage are the
 // store's already, and are handed out during it first (they owe the store
@@ -140,6 +145,7 @@ type leaseBatch struct {
 	expires  int64
 	limit    int64 // Decision.Limit
 	periodic bool  // expires with the bucket's period (Reset)
+	margin   int64 // expires with its permits' margin (Decision.Margin), ns; 0 none
 }
 
 // leaseFill is a refill in progress, for the callers that wait on it.
@@ -236,6 +242,11 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 		// The next batch most likely belongs to the same period: take no
 		// more than this demand can use before the period ends.
 		w = min(w, math.Ceil(ls.rate*float64(prev.expires-now)))
+	}
+	if prev.margin > 0 {
+		// The next batch lives its permits' margin: take no more than the
+		// demand uses in it, or the rest is lost to the whole fleet.
+		w = min(w, math.Ceil(ls.rate*float64(prev.margin)))
 	}
 	if c.ttl > 0 {
 		// A batch lives at most TTL: take no more than the demand uses
@@ -417,11 +428,17 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		c.Decision = Decision{Delay: c.Delay, Limit: c.Limit, Remaining: max(c.Remaining, 0), Reset: c.Reset}
 		return c, false
 	}
-	life, periodic := l.leasing.ttl, false
-	if r := int64(c.Reset); r > 0 && (life == 0 || r < life) {
+	life, periodic, margin := l.leasing.ttl, false, int64(0)
+	switch r := int64(c.Reset); {
+	case c.Margin > 0:
+		margin, life = int64(c.Margin), int64(c.Margin)
+		if l.leasing.ttl > 0 {
+			life = min(margin, l.leasing.ttl)
+		}
+	case r > 0 && (life == 0 || r < life):
 		life, periodic = r, true
 	}
-	b := &leaseBatch{size: need + c.got, start: t0, expires: addSat(t0, time.Duration(life)), limit: c.Limit, periodic: periodic}
+	b := &leaseBatch{size: need + c.got, start: t0, expires: addSat(t0, time.Duration(life)), limit: c.Limit, periodic: periodic, margin: margin}
 	if expired {
 		b.left.Store(need + c.got) // the held permits expired: the caller's come from here
 	} else {

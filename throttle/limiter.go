@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/headway-go/headway/internal/capability"
@@ -53,6 +54,8 @@ type Limiter struct {
 	leasing *leaseConfig // nil: no leasing
 	bg      background
 	gives   giveBacks
+	// lateWarned is when a late grant was last warned of (lateGrant).
+	lateWarned atomic.Int64
 }
 
 // capabilities are what the bucket offers beyond Take, each found on the
@@ -64,7 +67,6 @@ type capabilities struct {
 	adaptive   capability.AdaptiveStore
 	checker    capability.Checker
 	immediate  bool
-	periodic   bool
 }
 
 func findCapabilities(b Bucket) capabilities {
@@ -76,9 +78,6 @@ func findCapabilities(b Bucket) capabilities {
 	c.checker, _ = findCap[capability.Checker](b)
 	if im, ok := findCap[capability.Immediate](b); ok {
 		c.immediate = im.Immediate()
-	}
-	if p, ok := findCap[capability.Periodic](b); ok {
-		c.periodic = p.Periodic()
 	}
 	return c
 }
@@ -196,17 +195,12 @@ func (l *Limiter) release(st *keyState) {
 // background ([Limiter.Close] waits for it), unless 64 already do (a
 // store that slow keeps each caller for its give-back, up to a second).
 //
-// Over a periodic bucket (the token bucket, fixed window and counter of
-// package bucket), a crowd does not take a period all at its start: each
-// grant waits for its place in the period (the k-th of a limit of N, k/N
-// of 95 % of the interval in), so that a provider counting a sliding window sees
-// the limit's even pace rather than two periods' bursts in one window.
-// That holds for callers whose wait is at least the interval (two
-// intervals when ctx's deadline bounds it); those with shorter waits get
-// their permits as the bucket grants them. A caller refused for the rest
-// of a period asks again a hundredth of the interval after its end (at
-// most 10 ms), so that a call delayed on its way by less than that does
-// not meet the previous period's calls in the provider's window.
+// When the bucket gives permits a time (package bucket's TokenBucket
+// places each permit so that the limit holds when the calls are sent),
+// Acquire returns at that time, within the permit's margin
+// (Decision.Margin); a permit it could not hand over by then (a stalled
+// process) is not used: Acquire asks for another within what is left of
+// the wait.
 //
 // A stop given to ctx with [ContextWithWaitStop] ends the wait as ctx's
 // end would, without ending ctx.

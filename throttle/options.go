@@ -9,9 +9,8 @@ import (
 
 // Each constructor has its own option type, so that an option given to a
 // constructor that does not read it fails to compile: [LimiterOption] for
-// [New], [LocalOption] for [NewLocal], [SmoothOption] for [NewSmooth].
-// [WithClock], read by all three, returns a [ClockOption], which is each of
-// them. A nil option is ignored.
+// [New], [LocalOption] for [NewLocal]. [WithClock], read by both, returns
+// a [ClockOption], which is each of them. A nil option is ignored.
 
 // LimiterOption configures [New]: [WithClock], [WithLogger],
 // [WithObserver], [WithFailurePolicy], [WithStoreTimeout], [WithLeasing].
@@ -26,22 +25,15 @@ type LocalOption interface {
 	localOption()
 }
 
-// SmoothOption configures [NewSmooth]: [WithClock], [WithSmoothInstances].
-type SmoothOption interface {
-	apply(*config)
-	smoothOption()
-}
-
-// ClockOption is [WithClock]'s option: a [LimiterOption], a [LocalOption]
-// and a [SmoothOption] at once.
+// ClockOption is [WithClock]'s option: a [LimiterOption] and a
+// [LocalOption] at once.
 type ClockOption interface {
 	LimiterOption
 	LocalOption
-	SmoothOption
 }
 
-// config holds every setting the options of New, NewLocal and NewSmooth
-// can change, with its default.
+// config holds every setting the options of New and NewLocal can change,
+// with its default.
 type config struct {
 	// clock: clockwork.NewRealClock(). Limiters sleep on it; Local buckets
 	// read it.
@@ -75,7 +67,6 @@ type clockOption func(*config)
 func (f clockOption) apply(c *config) { f(c) }
 func (clockOption) limiterOption()    {}
 func (clockOption) localOption()      {}
-func (clockOption) smoothOption()     {}
 
 // limiterOnly is read by New only.
 type limiterOnly func(*config)
@@ -98,8 +89,8 @@ func (localOnly) localOption()      {}
 // whose wall clock steps (NTP, a VM resumed) changes nothing.
 //
 // With a fake clock over a Redis bucket, every wait the bucket names (a
-// refill, a grant's place in its period, see [Limiter.Acquire]) is slept
-// on the fake clock: a test advances it, or asks with maxWait 0.
+// grant's time, the end of a window or a pause, see [Limiter.Acquire]) is
+// slept on the fake clock: a test advances it, or asks with maxWait 0.
 func WithClock(c clockwork.Clock) ClockOption {
 	return clockOption(func(cfg *config) {
 		if c != nil {

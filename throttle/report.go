@@ -170,14 +170,13 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 // leasing), and the bucket, for the whole fleet, when it pauses.
 func (l *Limiter) pause(ctx context.Context, key string, d time.Duration) error {
 	p := l.caps.pauser
-	if l.leasing != nil || p != nil && l.caps.periodic {
+	if l.leasing != nil || p != nil {
 		st := l.state(key)
 		until := addSat(l.tb.now(), d)
 		if l.leasing != nil {
 			st.lease.pause(until)
-		} else {
-			st.notePause(until) // for callers waiting for their place (spread.go)
 		}
+		st.notePause(until) // for callers waiting for their grant's time (waiter.usable)
 		l.release(st)
 	}
 	if p == nil {

@@ -24,13 +24,13 @@ import (
 //  4. the decision (decide.go): from the key's lease (lease.go), the
 //     bucket, or the failure policy (failure.go, degraded.go); for a Cost,
 //     the CostBucket or the failure policy (cost.go);
-//  5. the grant's place in its period (spread.go), for a periodic bucket;
-//  6. the outcome (here): granted now; a reservation slept out (and given
-//     back if the caller leaves, giveback.go); a refusal slept out, then
-//     another round.
+//  5. the outcome (here): a grant's time slept out (a bucket that places
+//     its permits names it, Decision.Delay), and the permits handed over
+//     if still within their margin, else given back and asked anew; a
+//     refusal slept out, then another round.
 //
-// A cost passes by the gate, the pace, the lease and the spread: those
-// count permits of one dimension.
+// A cost passes by the gate, the pace and the lease: those count permits
+// of one dimension.
 
 // demand is what one wait asks for: n permits of key, or a Cost of a
 // CostBucket.
@@ -122,15 +122,10 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			}
 			if err := w.pace(st); err != nil {
 				if gated {
-					st.gate.leave(false, 0, 0)
+					st.gate.leave(false, 0)
 				}
 				return decision{}, err
 			}
-		}
-		var asked int64 // when the bucket was asked, for a grant's place
-		spread := permits && l.spreads() && w.canSpread(time.Duration(l.interval))
-		if spread {
-			asked = l.tb.now()
 		}
 		c := w.decide(st)
 		left := w.left()
@@ -138,54 +133,64 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 		switch {
 		case c.err != nil:
 			return c, w.failed(c.err)
-		case c.Granted && c.Delay <= 0:
-			if err := w.keep(&c, false); err != nil {
-				return c, err // answered after the wait's end
+		case c.Granted:
+			if c.Delay > 0 {
+				if err := w.sleepReservation(&c, left); err != nil {
+					return c, err
+				}
 			}
-			if !spread || c.src != fromStore {
+			if err := w.keep(&c, c.Delay > 0); err != nil {
+				return c, err // answered, or its time came, after the wait's end
+			}
+			if w.usable(st, &c) {
 				return c, nil
 			}
-			again, err := w.placeInPeriod(st, &c, asked, left)
-			if !again {
-				return c, err
-			}
-		case c.Granted:
-			if err := w.sleepReservation(&c, left); err != nil {
-				return c, err
-			}
-			return c, w.keep(&c, true)
 		case c.retryIn > left:
 			return c, w.tb.err(c.retryIn)
 		case !c.shared:
 			// No herd to protect the store from here: sleep out the
-			// delay privately (and the gap, if the wait allows), then
-			// ask (or probe) again.
-			delay := c.retryIn
-			if c.gap <= left-delay { // delay <= left here; delay+gap may overflow
-				delay += c.gap
-			}
-			if err := l.sleep(w.ctx, delay); err != nil {
+			// delay privately, then ask (or probe) again.
+			if err := l.sleep(w.ctx, c.retryIn); err != nil {
 				return c, err
 			}
 		}
 	}
 }
 
-// placeInPeriod is the spread's stage (spread.go) for a grant c of st's
-// key, asked for at asked, with left of the wait when it came: it waits
-// for the grant's place in its period, unless that place lies beyond
-// left (the caller goes at once). again reports that a pause came first:
-// the grant was given back, and the caller asks anew.
-func (w *waiter) placeInPeriod(st *keyState, c *decision, asked int64, left time.Duration) (again bool, err error) {
+// lateGrant notes a grant whose time passed more than its margin ago
+// (late, on the Limiter's clock) before its caller could have it. Now and
+// then it is a stalled process; often, a store whose round trip is longer
+// than the margin, and each such grant is wasted: warned of at most once a
+// minute.
+func (l *Limiter) lateGrant(late int64) {
+	now := l.tb.now()
+	last := l.lateWarned.Load()
+	if last != 0 && now-last < int64(time.Minute) || !l.lateWarned.CompareAndSwap(last, now) {
+		return
+	}
+	l.cfg.logger.Warn("throttle: a permit came later than its margin allows and was not used; if this repeats, the bucket's margin (bucket.WithArrivalMargin) is shorter than the store's round trip or this process stalls", "late", time.Duration(late))
+}
+
+// usable reports whether the caller may use the grant c now, at its time:
+// within its margin (Decision.Margin), and with no pause of st's key
+// reported meanwhile (Report with a retry time: the caller must not call
+// the provider in the pause it asked for). Else it gives the grant back
+// and the caller asks anew. A grant past its margin is one whose store
+// answer came late or whose caller woke late (a stalled process): used
+// now, its call could meet the calls of permits placed an interval after
+// its own time in one of the provider's windows.
+func (w *waiter) usable(st *keyState, c *decision) bool {
 	l := w.l
-	s := l.spreadDelay(w.n, c.Decision, time.Duration(l.tb.now()-asked))
-	if s <= 0 || s >= left {
-		return false, nil
+	now := l.tb.now()
+	switch {
+	case c.Margin > 0 && c.sent != 0 && now > addSat(addSat(c.sent, c.Delay), c.Margin):
+		l.lateGrant(now - c.sent - int64(c.Delay))
+	case st != nil && st.pausedUntil.Load() > now:
+	default:
+		return true
 	}
-	if again, err := l.spreadOut(w.ctx, st, w.n, s, w.giveBackBound); again || err != nil {
-		return again, err
-	}
-	return false, w.keep(c, true)
+	w.giveBack(c)
+	return false
 }
 
 // waiter is one wait: what it asks for, its deadline, and how much of it
@@ -401,19 +406,6 @@ func (w *waiter) ranOut(what string) error {
 // noWait reports that the caller allowed no wait at all (maxWait 0).
 func (w *waiter) noWait() bool { return w.budget == 0 }
 
-// canSpread reports whether the caller's wait is long enough to wait for
-// its place in a period of interval (spread.go): a whole interval, or two
-// when its context's deadline bounds it, so that the call made with that
-// context still has time. A caller with a shorter wait is not spread: had
-// it to go at once whenever its place lay beyond its wait, a period's
-// spread grants would meet the next period's burst.
-func (w *waiter) canSpread(interval time.Duration) bool {
-	if w.tb.ctxBound {
-		return w.budget >= 2*interval
-	}
-	return w.budget >= interval
-}
-
 // failed maps a decision's error to Acquire's: a deadline that passed
 // while the bucket was asked is a wait that ran out (ErrTimeout).
 func (w *waiter) failed(err error) error {
@@ -472,8 +464,8 @@ func (l *Limiter) cancelWithin(ctx context.Context, bound time.Duration, key str
 }
 
 // sleep waits d on the limiter's clock, or until ctx ends. Every sleep of
-// a wait is for the bucket's pace (a place in the period, a reservation,
-// a refusal's retry time, the adaptive pace): ctx's PaceNote learns it.
+// a wait is for the bucket's pace (a grant's time, a refusal's retry
+// time, the adaptive pace): ctx's PaceNote learns it.
 func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
 	capability.NotePaced(ctx)
 	t := l.cfg.clock.NewTimer(d)

@@ -18,21 +18,19 @@ func main() {
 	local, _ := throttle.NewLocal(10, time.Second, throttle.WithClock(nil), throttle.WithLocalBurst(2))
 	lim := throttle.New(local, throttle.WithClock(nil), throttle.WithFailurePolicy(throttle.FailOpen), throttle.WithStoreTimeout(time.Second))
 	_ = throttle.New(local, throttle.WithLeasing(throttle.Leasing{Share: 0.5}), throttle.WithLogger(nil), throttle.WithStoreTimeout(time.Second))
-	_, _ = throttle.NewSmooth(local, 10, time.Second, throttle.WithSmoothInstances(2), throttle.WithClock(nil))
 
-	_, _ = throttle.NewLocal(10, time.Second, throttle.WithFailurePolicy(throttle.FailOpen))          // want "throttle.LimiterOption does not implement throttle.LocalOption"
-	_, _ = throttle.NewLocal(10, time.Second, throttle.WithLeasing(throttle.Leasing{}))               // want "throttle.LimiterOption does not implement throttle.LocalOption"
-	_, _ = throttle.NewLocal(10, time.Second, throttle.WithLogger(nil))                               // want "throttle.LimiterOption does not implement throttle.LocalOption"
-	_ = throttle.New(local, throttle.WithLocalBurst(1))                                               // want "throttle.LocalOption does not implement throttle.LimiterOption"
-	_ = throttle.New(local, throttle.WithSmoothInstances(3))                                          // want "throttle.SmoothOption does not implement throttle.LimiterOption"
-	_, _ = throttle.NewSmooth(local, 10, time.Second, throttle.WithStoreTimeout(time.Second))         // want "throttle.LimiterOption does not implement throttle.SmoothOption"
-	_, _ = throttle.NewSmooth(local, 10, time.Second, throttle.WithLeasing(throttle.Leasing{TTL: 1})) // want "throttle.LimiterOption does not implement throttle.SmoothOption"
+	_, _ = throttle.NewLocal(10, time.Second, throttle.WithFailurePolicy(throttle.FailOpen)) // want "throttle.LimiterOption does not implement throttle.LocalOption"
+	_, _ = throttle.NewLocal(10, time.Second, throttle.WithLeasing(throttle.Leasing{}))      // want "throttle.LimiterOption does not implement throttle.LocalOption"
+	_, _ = throttle.NewLocal(10, time.Second, throttle.WithLogger(nil))                      // want "throttle.LimiterOption does not implement throttle.LocalOption"
+	_ = throttle.New(local, throttle.WithLocalBurst(1))                                      // want "throttle.LocalOption does not implement throttle.LimiterOption"
 
 	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithBurst(0))                // want "bucket.GCRAOption does not implement bucket.TokenBucketOption"
 	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithLeaderLease(time.Hour))  // want "bucket.LeaderOption does not implement bucket.TokenBucketOption"
 	_, _ = bucket.NewFixedWindow(nil, "k", 10, time.Second, bucket.WithRetry(time.Millisecond)) // want "bucket.RetryOption does not implement bucket.CommonOption"
+	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithRetry(time.Millisecond)) // want "bucket.RetryOption does not implement bucket.TokenBucketOption"
+	_, _ = bucket.NewFixedWindow(nil, "k", 10, time.Second, bucket.WithArrivalMargin(0))        // want "bucket.ArrivalMarginOption does not implement bucket.CommonOption"
 	_, _ = bucket.NewGCRA(nil, "k", 10, time.Second, bucket.WithRetry(time.Millisecond))        // want "bucket.RetryOption does not implement bucket.GCRAOption"
-	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithPrefix("p"), bucket.WithRetry(time.Millisecond))
+	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithPrefix("p"), bucket.WithArrivalMargin(time.Millisecond))
 	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithLease(time.Second)) // want "bucket.ConcurrencyOption does not implement bucket.TokenBucketOption"
 	_, _ = bucket.NewConcurrency(nil, "k", 2, bucket.WithHeartbeat(time.Second))           // want "bucket.CommonOption does not implement bucket.ConcurrencyOption"
 	_, _ = bucket.NewConcurrency(nil, "k", 2, bucket.WithPrefix("p"), bucket.WithLease(time.Second))

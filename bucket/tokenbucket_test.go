@@ -1,0 +1,310 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/internal/guarantee"
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
+)
+
+// A token bucket's guarantee is judged on the places tb_take.lua gives,
+// exactly, on the Redis server's clock: the reply names the server's time
+// and each permit's delay from it. The places are computed at once, so
+// these tests take no time waiting for them.
+
+// placed is the places of one take: one per permit, µs on the server's
+// clock, and the take's wait.
+type placed struct {
+	places  []int64
+	maxWait time.Duration
+	asked   int64 // the server's clock when it decided
+}
+
+// takePlaces is one round trip of tb_take.lua through b (n < 0: up to -n),
+// with the places it gave.
+func takePlaces(t testing.TB, b *TokenBucket, key string, n int64, maxWait time.Duration) placed {
+	t.Helper()
+	u, err := b.run(context.Background(), key, n, maxWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := placed{maxWait: maxWait, asked: u.at}
+	for i := range u.got {
+		d := u.forCaller(i)
+		reps := int64(1)
+		if n > 0 {
+			reps = n // one place for all n
+		}
+		for range reps {
+			p.places = append(p.places, u.at+d.Delay.Microseconds())
+		}
+	}
+	return p
+}
+
+// judgePlaces fails t unless places holds at most limit in any span of
+// window (µs on the server's clock).
+func judgePlaces(t testing.TB, places []int64, limit int64, window time.Duration) {
+	t.Helper()
+	times := make([]time.Time, len(places))
+	for i, p := range places {
+		times[i] = time.UnixMicro(p)
+	}
+	if r := guarantee.Sliding(times, limit, window, 0); r.Violations > 0 {
+		t.Fatalf("%d places: %s", len(places), r.Detail)
+	}
+}
+
+func newTB(t testing.TB, rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...TokenBucketOption) *TokenBucket {
+	t.Helper()
+	b, err := NewTokenBucket(rdb, key, limit, interval, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestTokenBucketPlacesAtMostTheLimitInAnySpanOfAnIntervalAndItsMargin:
+// three instances (each its own client, as processes would have) take
+// from one key with mixed waits (none, short, long, Forever), one permit
+// or several, all or up to k; every place given lies within its take's
+// wait, and the places hold at most the limit in any span of the interval
+// plus the margin, exactly.
+func TestTokenBucketPlacesAtMostTheLimitInAnySpanOfAnIntervalAndItsMargin(t *testing.T) {
+	srv := redisenv.New(t)
+	const limit, interval, margin = 10, 200 * time.Millisecond, 5 * time.Millisecond
+	var buckets []*TokenBucket
+	for range 3 {
+		buckets = append(buckets, newTB(t, srv.Client(), "places", limit, interval, WithArrivalMargin(margin)))
+	}
+	waits := []time.Duration{0, 20 * time.Millisecond, 150 * time.Millisecond, time.Second, throttle.Forever}
+	var mu sync.Mutex
+	var all []int64
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for range 40 {
+				n := int64(1 + rng.IntN(3))
+				if rng.IntN(3) == 0 {
+					n = -n // up to
+				}
+				wait := waits[rng.IntN(len(waits))]
+				p := takePlaces(t, buckets[g%3], "", n, wait)
+				for _, at := range p.places {
+					if wait != throttle.Forever && at-p.asked > wait.Microseconds() {
+						t.Errorf("a place %v after the take, beyond its wait %v", time.Duration(at-p.asked)*time.Microsecond, wait)
+					}
+				}
+				mu.Lock()
+				all = append(all, p.places...)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(all) < 3*limit {
+		t.Fatalf("only %d permits placed", len(all))
+	}
+	judgePlaces(t, all, limit, interval+margin)
+}
+
+// TestTokenBucketGrantsABurstAtAnIdleKeyAtOnce: callers that cannot wait
+// get the whole limit at an idle key at once, and the next is refused,
+// told the earliest time one permit can have: an interval and the margin
+// after the burst.
+func TestTokenBucketGrantsABurstAtAnIdleKeyAtOnce(t *testing.T) {
+	srv := redisenv.New(t)
+	const limit, interval, margin = 5, time.Second, 10 * time.Millisecond
+	b := newTB(t, srv.Client(), "burst", limit, interval, WithArrivalMargin(margin))
+	ctx := context.Background()
+	for i := range limit {
+		d, err := b.Take(ctx, "", 1, 0)
+		if err != nil || !d.Granted || d.Delay != 0 || d.Margin != margin {
+			t.Fatalf("take %d at an idle key: %+v, %v", i, d, err)
+		}
+	}
+	d, err := b.Take(ctx, "", 1, 0)
+	if err != nil || d.Granted {
+		t.Fatalf("take beyond the limit with no wait: %+v, %v", d, err)
+	}
+	if d.Delay < interval || d.Delay > interval+margin {
+		t.Fatalf("refused until %v, want an interval and the margin after the burst (%v)", d.Delay, interval+margin)
+	}
+}
+
+// TestTokenBucketPacesCallersThatCanWait: a crowd that can wait is placed
+// at the limit's even pace, interval/limit apart, not all at once.
+func TestTokenBucketPacesCallersThatCanWait(t *testing.T) {
+	srv := redisenv.New(t)
+	const limit, interval = 10, time.Second
+	b := newTB(t, srv.Client(), "paced", limit, interval)
+	var places []int64
+	for range limit / 2 {
+		places = append(places, takePlaces(t, b, "", 1, throttle.Forever).places...)
+	}
+	pace := (interval / limit).Microseconds()
+	for i := 1; i < len(places); i++ {
+		if gap := places[i] - places[i-1]; gap < pace || gap > pace+1_000 {
+			t.Fatalf("places %d and %d are %v apart, want the pace %v: %v", i-1, i, time.Duration(gap)*time.Microsecond, interval/limit, places)
+		}
+	}
+	// A caller that cannot wait still gets what the limit leaves now,
+	// the places ahead counted.
+	for range limit / 2 {
+		if p := takePlaces(t, b, "", 1, 0); len(p.places) != 1 || p.places[0] != p.asked {
+			t.Fatalf("a caller that cannot wait, with the limit not reached: %+v", p)
+		}
+	}
+	if p := takePlaces(t, b, "", 1, 0); len(p.places) != 0 {
+		t.Fatalf("a caller that cannot wait, with the limit placed: %+v", p)
+	}
+}
+
+// TestTokenBucketRefusedTakeTakesNothing: a take whose earliest place is
+// beyond its wait leaves the schedule as it was.
+func TestTokenBucketRefusedTakeTakesNothing(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	b := newTB(t, rdb, "refused", 3, time.Minute)
+	for range 3 {
+		takePlaces(t, b, "", 1, 0)
+	}
+	before, err := rdb.LRange(context.Background(), b.rootKeys[0], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int64{1, 2, -3} {
+		if p := takePlaces(t, b, "", n, time.Second); len(p.places) != 0 {
+			t.Fatalf("take of %d placed %v with the key full for a minute", n, p.places)
+		}
+	}
+	after, err := rdb.LRange(context.Background(), b.rootKeys[0], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(before, after) {
+		t.Fatalf("refused takes changed the schedule: %q, then %q", before, after)
+	}
+}
+
+// TestTokenBucketCountsALostScheduleFull: after Redis loses a key's
+// schedule (an empty restart, a failover, the key deleted), an instance
+// that was given permits there counts the limit at the latest end it
+// knows, so the key's next places come an interval after it: the lost
+// permits and the new ones never exceed the limit in one span.
+func TestTokenBucketCountsALostScheduleFull(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval, margin = 4, 300 * time.Millisecond, 5 * time.Millisecond
+	b := newTB(t, rdb, "lost", limit, interval, WithArrivalMargin(margin))
+	var all []int64
+	for range limit {
+		all = append(all, takePlaces(t, b, "", 1, throttle.Forever).places...)
+	}
+	if err := rdb.Del(context.Background(), b.rootKeys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 * limit {
+		all = append(all, takePlaces(t, b, "", 1, throttle.Forever).places...)
+	}
+	judgePlaces(t, all, limit, interval+margin)
+}
+
+// TestTokenBucketKeepsTheBoundWhenRedeployedWithAnotherLimitOrInterval:
+// a fleet redeployed on a used key with a shorter interval or a lower
+// limit keeps the new bound from its first take, counting the permits the
+// old fleet placed.
+func TestTokenBucketKeepsTheBoundWhenRedeployedWithAnotherLimitOrInterval(t *testing.T) {
+	srv := redisenv.New(t)
+	margin := 5 * time.Millisecond
+	for _, c := range []struct {
+		name                 string
+		oldLimit, newLimit   int64
+		oldPeriod, newPeriod time.Duration
+	}{
+		{"shorter interval", 10, 10, 2 * time.Second, time.Second},
+		{"lower limit", 10, 4, time.Second, time.Second},
+		{"both", 20, 5, 2 * time.Second, 500 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			old := newTB(t, srv.Client(), "redeploy-"+c.name, c.oldLimit, c.oldPeriod, WithArrivalMargin(margin))
+			var all []int64
+			for range 2 * c.oldLimit {
+				all = append(all, takePlaces(t, old, "", 1, throttle.Forever).places...)
+			}
+			next := newTB(t, srv.Client(), "redeploy-"+c.name, c.newLimit, c.newPeriod, WithArrivalMargin(margin))
+			var fresh []int64
+			for range 3 * c.newLimit {
+				fresh = append(fresh, takePlaces(t, next, "", 1, throttle.Forever).places...)
+			}
+			// The new bound holds for the new places with every old place
+			// still counting when they come.
+			from := slices.Min(fresh) - (c.newPeriod + margin).Microseconds()
+			for _, p := range all {
+				if p > from {
+					fresh = append(fresh, p)
+				}
+			}
+			judgePlaces(t, fresh, c.newLimit, c.newPeriod+margin)
+		})
+	}
+}
+
+// TestTokenBucketLiveLimitAppliesToTheNextTake: a limit lowered live holds
+// from the next take on, the permits placed before it counting.
+func TestTokenBucketLiveLimitAppliesToTheNextTake(t *testing.T) {
+	srv := redisenv.New(t)
+	const interval, margin = time.Second, 5 * time.Millisecond
+	b := newTB(t, srv.Client(), "live", 10, interval, WithArrivalMargin(margin))
+	var all []int64
+	for range 6 {
+		all = append(all, takePlaces(t, b, "", 1, throttle.Forever).places...)
+	}
+	if err := b.SetLimit(context.Background(), "", 3); err != nil {
+		t.Fatal(err)
+	}
+	var after []int64
+	for range 6 {
+		after = append(after, takePlaces(t, b, "", 1, throttle.Forever).places...)
+	}
+	first := slices.Min(after)
+	for _, p := range all {
+		if p > first-(interval+margin).Microseconds() {
+			after = append(after, p)
+		}
+	}
+	judgePlaces(t, after, 3, interval+margin)
+	if _, err := b.Take(context.Background(), "", 4, throttle.Forever); !errors.Is(err, throttle.ErrExceedsLimit) {
+		t.Fatalf("4 permits at once under a live limit of 3: %v, want ErrExceedsLimit", err)
+	}
+}
+
+// TestTokenBucketHugeLimitAndIntervalKeepExactArithmetic: the largest
+// limit and interval a constructor accepts place permits exactly.
+func TestTokenBucketHugeLimitAndIntervalKeepExactArithmetic(t *testing.T) {
+	srv := redisenv.New(t)
+	b := newTB(t, srv.Client(), "huge", maxRateLimit, MaxInterval)
+	ctx := context.Background()
+	half := int64(maxRateLimit / 2)
+	if d, err := b.Take(ctx, "", half, 0); err != nil || !d.Granted || d.Delay != 0 {
+		t.Fatalf("half of a 2^50 limit at once: %+v, %v", d, err)
+	}
+	if d, err := b.Take(ctx, "", half+1, 0); err != nil || d.Granted {
+		t.Fatalf("one permit more than the limit at once: %+v, %v", d, err)
+	}
+	if d, err := b.Take(ctx, "", half, 0); err != nil || !d.Granted {
+		t.Fatalf("the other half of the limit: %+v, %v", d, err)
+	}
+}
