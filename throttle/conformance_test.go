@@ -41,30 +41,3 @@ func TestLocalConformance(t *testing.T) {
 		})
 	}
 }
-
-// TestSmoothConformance runs the conformance suite on Smooth over a Local
-// of the same rate: the Local's guarantee holds, and Smooth's own for
-// takes of one permit (at most 1.5 + limit·t/interval in any span t,
-// checked as a burst of 2).
-func TestSmoothConformance(t *testing.T) {
-	const limit, interval = 10, time.Second
-	clock := clockwork.NewFakeClock()
-	buckettest.Run(t, buckettest.Spec{
-		New: func(t *testing.T) throttle.Bucket {
-			inner, err := throttle.NewLocal(limit, interval, throttle.WithClock(clock))
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := throttle.NewSmooth(inner, limit, interval, throttle.WithClock(clock))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		},
-		Limit:     limit,
-		Interval:  interval,
-		Guarantee: buckettest.Rate,
-		Also:      []buckettest.Guarantee{{Kind: buckettest.Rate, Limit: limit, Period: interval, Burst: 2, OnePermit: true}},
-		Clock:     clock,
-	})
-}

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -121,25 +120,11 @@ func (p *periodBucket) Take(_ context.Context, _ string, n int64, _ time.Duratio
 
 // TestPauseForeverDoesNotOverflow: a pause of throttle.Forever (or any
 // duration that overflows the clock's arithmetic) is clamped, never a
-// no-op: by a Smooth bucket, and by a leasing Limiter's report.
+// no-op, by a leasing Limiter's report.
 func TestPauseForeverDoesNotOverflow(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	smooth, err := throttle.NewSmooth(newLocal(t, clock, 10, time.Second), 10, time.Second, throttle.WithClock(clock))
-	require.NoError(t, err)
 	ctx := context.Background()
 	clock.Advance(time.Hour) // some time after the buckets' epoch
-	// The pause a Limiter (and the Transport of throttle/httpclient) finds
-	// on the Smooth.
-	slim := throttle.New(smooth, throttle.WithClock(clock))
-	defer slim.Close()
-	pauser := capability.KeyedLimiter(slim.Key("k")).Capabilities().Pauser
-	for _, d := range []time.Duration{throttle.Forever, throttle.Forever - time.Second, 1<<63 - 1<<40} {
-		require.NoError(t, pauser.Pause(ctx, "k", d))
-		dec, err := smooth.Take(ctx, "k", 1, 0)
-		require.NoError(t, err)
-		assert.False(t, dec.Granted, "Smooth: Take granted after Pause(%v)", d)
-		assert.GreaterOrEqual(t, dec.Delay, 24*time.Hour, "Smooth: paused for %v", dec.Delay)
-	}
 	lim := throttle.New(newLocal(t, clock, 10, time.Second), throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{TTL: time.Second}))
 	defer lim.Close()
 	require.NoError(t, lim.Key("k").Acquire(ctx, 0))

@@ -76,34 +76,19 @@ func FuzzLocalLimits(f *testing.F) {
 	})
 }
 
-// FuzzWrapperLimits checks the constructors of the wrapping buckets
-// (Smooth) and the Limiter's leasing on any limit, interval and option value: no panic, and
-// every refusal matches ErrInvalid.
-func FuzzWrapperLimits(f *testing.F) {
-	f.Add(int64(10), int64(time.Second), 1, 0.1, int64(time.Second), int64(time.Minute))
-	f.Add(int64(0), int64(0), 0, 0.0, int64(0), int64(0))
-	f.Add(int64(-1), int64(-1), -1, -1.0, int64(-1), int64(-1))
-	f.Add(int64(1), int64(1), 1<<30, math.NaN(), int64(1), int64(1))
-	f.Add(int64(math.MaxInt64), int64(math.MaxInt64), math.MaxInt, math.Inf(1), int64(math.MaxInt64), int64(math.MaxInt64))
-	f.Add(int64(3), int64(time.Millisecond), 2, 1.0, int64(time.Millisecond), int64(time.Hour))
-	f.Fuzz(func(t *testing.T, limit, interval int64, instances int, share float64, horizon, ttl int64) {
+// FuzzLeasingOptions checks the Limiter's leasing on any option value: no
+// panic, and every refusal matches ErrInvalid.
+func FuzzLeasingOptions(f *testing.F) {
+	f.Add(0.1, int64(time.Second), int64(time.Minute))
+	f.Add(0.0, int64(0), int64(0))
+	f.Add(-1.0, int64(-1), int64(-1))
+	f.Add(math.NaN(), int64(1), int64(1))
+	f.Add(math.Inf(1), int64(math.MaxInt64), int64(math.MaxInt64))
+	f.Add(1.0, int64(time.Millisecond), int64(time.Hour))
+	f.Fuzz(func(t *testing.T, share float64, horizon, ttl int64) {
 		inner, err := throttle.NewLocal(100, time.Second)
 		if err != nil {
 			t.Fatal(err)
-		}
-		s, err := throttle.NewSmooth(inner, limit, time.Duration(interval), throttle.WithSmoothInstances(instances))
-		if err != nil {
-			checkRefusal(t, "NewSmooth", err)
-		} else {
-			if limit < 1 || interval < 1 || instances < 1 {
-				t.Fatalf("NewSmooth(%d, %d, instances %d) accepted", limit, interval, instances)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-			d, err := s.Take(ctx, "", 1, 0)
-			cancel()
-			if err == nil && d.Delay < 0 {
-				t.Fatalf("Smooth Take: negative delay %v", d.Delay)
-			}
 		}
 		lim := throttle.New(inner, throttle.WithLeasing(throttle.Leasing{Share: share, Horizon: time.Duration(horizon), TTL: time.Duration(ttl)}))
 		err = lim.Acquire(context.Background(), 0)

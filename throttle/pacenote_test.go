@@ -16,8 +16,8 @@ import (
 // A wait that waits for the bucket's pace tells the PaceNote its context
 // carries (the consumer's fairness scheduler keeps one permit request
 // outstanding while the Limiter paces, more only while grants come at
-// once); a grant that comes at once does not. Paced: a grant's place in
-// its period (spread), a reservation slept out, a refusal's retry time.
+// once); a grant that comes at once does not. Paced: a grant's time slept
+// out, a refusal's retry time.
 func TestAcquireTellsThePaceNoteWhetherItWaitedForThePace(t *testing.T) {
 	acquire := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter, advance time.Duration) bool {
 		t.Helper()
@@ -34,13 +34,6 @@ func TestAcquireTellsThePaceNoteWhetherItWaitedForThePace(t *testing.T) {
 		require.NoError(t, <-done)
 		return note.Paced()
 	}
-	t.Run("place in the period", func(t *testing.T) {
-		clock := clockwork.NewFakeClock()
-		lim := throttle.New(newOnDemandBucket(clock, 10, time.Second), throttle.WithClock(clock))
-		defer lim.Close()
-		assert.False(t, acquire(t, clock, lim, 0), "the period's first grant goes at once")
-		assert.True(t, acquire(t, clock, lim, 95*time.Millisecond), "the second waits for its place, 95 ms on")
-	})
 	t.Run("reservation", func(t *testing.T) {
 		clock := clockwork.NewFakeClock()
 		loc, err := throttle.NewLocal(1, 100*time.Millisecond, throttle.WithClock(clock))
@@ -52,11 +45,10 @@ func TestAcquireTellsThePaceNoteWhetherItWaitedForThePace(t *testing.T) {
 	})
 	t.Run("refusal", func(t *testing.T) {
 		clock := clockwork.NewFakeClock()
-		b := newOnDemandBucket(clock, 1, 100*time.Millisecond)
-		b.periodic = false // refuses until the period ends, and spreads nothing
+		b := &placingBucket{clock: clock, decisions: []throttle.Decision{{Granted: true}, {Delay: 100 * time.Millisecond}, {Granted: true}}}
 		lim := throttle.New(b, throttle.WithClock(clock))
 		defer lim.Close()
 		assert.False(t, acquire(t, clock, lim, 0))
-		assert.True(t, acquire(t, clock, lim, 100*time.Millisecond), "refused until the period's end")
+		assert.True(t, acquire(t, clock, lim, 100*time.Millisecond), "refused for 100 ms")
 	})
 }

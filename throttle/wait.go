@@ -172,9 +172,9 @@ func (l *Limiter) lateGrant(late int64) {
 }
 
 // usable reports whether the caller may use the grant c now, at its time:
-// within its margin (Decision.Margin), and with no pause of st's key
-// reported meanwhile (Report with a retry time: the caller must not call
-// the provider in the pause it asked for). Else it gives the grant back
+// within its margin (Decision.Margin), and, when it waited for its time,
+// with no pause of st's key reported meanwhile (Report with a retry time:
+// the caller must not call the provider in the pause it asked for). Else it gives the grant back
 // and the caller asks anew. A grant past its margin is one whose store
 // answer came late or whose caller woke late (a stalled process): used
 // now, its call could meet the calls of permits placed an interval after
@@ -185,7 +185,7 @@ func (w *waiter) usable(st *keyState, c *decision) bool {
 	switch {
 	case c.Margin > 0 && c.sent != 0 && now > addSat(addSat(c.sent, c.Delay), c.Margin):
 		l.lateGrant(now - c.sent - int64(c.Delay))
-	case st != nil && st.pausedUntil.Load() > now:
+	case st != nil && c.Delay > 0 && st.pausedUntil.Load() > now:
 	default:
 		return true
 	}

@@ -145,10 +145,10 @@ func TestLeavingCallerIsNotKeptForItsGiveBack(t *testing.T) {
 	}
 }
 
-// pausedPeriod is a periodic bucket of 10 permits per second whose first
-// Take grants the period's last permit (its place is near the period's
-// end), and whose later Takes refuse for an hour; its Refund does not
-// answer (it ends with its context, and then closes refunded).
+// pausedPeriod is a bucket of 10 permits per second whose first Take
+// grants a permit whose time is 900 ms away, and whose later Takes refuse
+// for an hour; its Refund does not answer (it ends with its context, and
+// then closes refunded).
 type pausedPeriod struct {
 	takes    atomic.Int64
 	taken    chan struct{} // closed at the first Take
@@ -158,7 +158,7 @@ type pausedPeriod struct {
 func (b *pausedPeriod) Take(context.Context, string, int64, time.Duration) (Decision, error) {
 	if b.takes.Add(1) == 1 {
 		close(b.taken)
-		return Decision{Granted: true, Limit: 10, Remaining: 0, Reset: time.Second}, nil
+		return Decision{Granted: true, Delay: 900 * time.Millisecond, Limit: 10, Remaining: 0, Reset: time.Second}, nil
 	}
 	return Decision{Delay: time.Hour, Limit: 10, Reset: time.Hour}, nil
 }
@@ -169,16 +169,14 @@ func (b *pausedPeriod) Refund(ctx context.Context, _ string, _ int64) error {
 	return ctx.Err()
 }
 
-func (b *pausedPeriod) Periodic() bool { return true }
-
 func (b *pausedPeriod) Fallback() (int64, time.Duration, int64) { return 10, time.Second, 1 }
 
-// TestSpreadGiveBackOnAPauseEndsByTheWaitsEnd: a grant given back because
-// a pause came while the caller waited for its place in the period is
-// given back within what is left of the caller's wait, as every give-back
+// TestGiveBackOnAPauseEndsByTheWaitsEnd: a grant given back because a
+// pause came while the caller waited for its time is given back within
+// what is left of the caller's wait, as every give-back
 // of a wait is: a store that does not answer the refund does not keep the
 // caller past its wait's end (it was kept the whole store timeout).
-func TestSpreadGiveBackOnAPauseEndsByTheWaitsEnd(t *testing.T) {
+func TestGiveBackOnAPauseEndsByTheWaitsEnd(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	b := &pausedPeriod{taken: make(chan struct{}), refunded: make(chan struct{})}
 	// A store timeout longer than a give-back's whole second.
@@ -187,7 +185,7 @@ func TestSpreadGiveBackOnAPauseEndsByTheWaitsEnd(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- lim.Acquire(ctx, time.Second) }()
 	<-b.taken
-	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // waiting for its place, 0.9 s on
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // waiting for its time, 0.9 s on
 	lim.root.notePause(lim.tb.now() + int64(time.Hour))
 	clock.Advance(900 * time.Millisecond)
 	err := <-done

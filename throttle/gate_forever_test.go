@@ -14,8 +14,7 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// neverBucket is a periodic bucket that refuses every call with a delay
-// of Forever (it will not grant again), naming a period that ends in a
+// neverBucket is a bucket that refuses every call with a delay of Forever (it will not grant again), naming a period that ends in a
 // second. It fails every call after the first, so that a caller that asks
 // again at once ends with that error.
 type neverBucket struct {
@@ -32,12 +31,11 @@ func (b *neverBucket) Take(_ context.Context, _ string, _ int64, _ time.Duration
 }
 
 func (b *neverBucket) Fallback() (int64, time.Duration, int64) { return 1, time.Second, 1 }
-func (b *neverBucket) Periodic() bool                          { return true }
 
-// A refusal whose delay is Forever keeps the key's gate closed: the period
-// gap added to it must not wrap the closing time into the past, which
-// would let the caller (and every other) ask again at once, in a loop.
-func TestARefusalForeverKeepsTheGateClosedDespiteThePeriodGap(t *testing.T) {
+// A refusal whose delay is Forever keeps the key's gate closed: the
+// closing time must not wrap into the past, which would let the caller
+// (and every other) ask again at once, in a loop.
+func TestARefusalForeverKeepsTheGateClosed(t *testing.T) {
 	for _, n := range []int64{1, 2} { // 1: through the gate; 2: a private sleep
 		t.Run(strconv.FormatInt(n, 10), func(t *testing.T) {
 			clock := clockwork.NewFakeClock()

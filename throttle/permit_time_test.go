@@ -1,0 +1,228 @@
+package throttle_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/headway-go/headway/throttle"
+)
+
+// placingBucket gives its permits a time and a margin, as package bucket's
+// TokenBucket does: each Take answers the next of its decisions (the last
+// one again when they run out), after advancing the clock by answerTakes
+// (a store whose answer comes that late). It counts the Takes and the
+// permits given back, and can be paused.
+type placingBucket struct {
+	clock       *clockwork.FakeClock
+	answerTakes time.Duration
+
+	mu        sync.Mutex
+	decisions []throttle.Decision
+	takes     int
+	waits     []time.Duration // the maxWait of each Take
+	cancelled int
+	paused    time.Duration
+}
+
+func (b *placingBucket) Take(_ context.Context, _ string, _ int64, maxWait time.Duration) (throttle.Decision, error) {
+	b.mu.Lock()
+	b.takes++
+	b.waits = append(b.waits, maxWait)
+	d := b.decisions[min(b.takes, len(b.decisions))-1]
+	late := b.answerTakes
+	b.answerTakes = 0 // only the first answer comes late
+	b.mu.Unlock()
+	if late > 0 {
+		b.clock.Advance(late)
+	}
+	if d.Granted {
+		d.Cancel = func(context.Context) error {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.cancelled++
+			return nil
+		}
+	}
+	return d, nil
+}
+
+func (b *placingBucket) Pause(_ context.Context, _ string, d time.Duration) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.paused = d
+	return nil
+}
+
+func (b *placingBucket) Fallback() (int64, time.Duration, int64) { return 10, time.Second, 1 }
+
+func (b *placingBucket) counts() (takes, cancelled int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.takes, b.cancelled
+}
+
+// acquireAsync runs lim.Acquire(ctx, maxWait) and returns its result's
+// channel once the caller sleeps on the clock (or has returned).
+func acquireAsync(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter, ctx context.Context, maxWait time.Duration) chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- lim.Acquire(ctx, maxWait) }()
+	bctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	blocked := make(chan error, 1)
+	go func() { blocked <- clock.BlockUntilContext(bctx, 1) }()
+	select {
+	case err := <-blocked:
+		require.NoError(t, err, "the caller sleeps for its permit's time")
+	case err := <-done:
+		done <- err // returned without sleeping
+	}
+	return done
+}
+
+func notYet(t *testing.T, done chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("%s: Acquire returned %v", what, err)
+	default:
+	}
+}
+
+func outcome(t *testing.T, done chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal("Acquire did not return")
+		return nil
+	}
+}
+
+// TestAcquireReturnsAtItsPermitsTime: a permit whose time is ahead is the
+// caller's at that time, not before; the bucket was asked to place it
+// within the caller's wait.
+func TestAcquireReturnsAtItsPermitsTime(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{{Granted: true, Delay: 300 * time.Millisecond, Margin: 10 * time.Millisecond}}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	done := acquireAsync(t, clock, lim, context.Background(), time.Second)
+	clock.Advance(299 * time.Millisecond)
+	notYet(t, done, "a millisecond before the permit's time")
+	clock.Advance(time.Millisecond)
+	require.NoError(t, outcome(t, done))
+	takes, cancelled := b.counts()
+	assert.Equal(t, 1, takes)
+	assert.Zero(t, cancelled)
+	assert.Equal(t, time.Second, b.waits[0], "the bucket may place the permit within the whole wait")
+}
+
+// TestAPermitAnsweredLaterThanItsMarginIsNotUsed: a store whose answer
+// comes back later than the permit's margin (a stalled store) gives a
+// permit whose call could no longer arrive within the bucket's bound: the
+// Limiter gives it back and takes another.
+func TestAPermitAnsweredLaterThanItsMarginIsNotUsed(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &placingBucket{clock: clock, answerTakes: 20 * time.Millisecond,
+		decisions: []throttle.Decision{{Granted: true, Margin: 10 * time.Millisecond}}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	require.NoError(t, lim.Acquire(context.Background(), time.Second))
+	takes, cancelled := b.counts()
+	assert.Equal(t, 2, takes, "the late permit is replaced")
+	assert.Equal(t, 1, cancelled, "the late permit is given back")
+}
+
+// TestAPermitWhoseCallerWokeLateIsNotUsed: a caller that wakes for its
+// permit more than the margin after the permit's time (a stalled process)
+// does not use it: it takes another within what is left of its wait.
+func TestAPermitWhoseCallerWokeLateIsNotUsed(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{
+		{Granted: true, Delay: 100 * time.Millisecond, Margin: 5 * time.Millisecond},
+		{Granted: true, Margin: 5 * time.Millisecond},
+	}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	done := acquireAsync(t, clock, lim, context.Background(), time.Second)
+	clock.Advance(110 * time.Millisecond) // woken 10 ms after the time, 5 ms past the margin
+	require.NoError(t, outcome(t, done))
+	takes, cancelled := b.counts()
+	assert.Equal(t, 2, takes, "the late permit is replaced")
+	assert.Equal(t, 1, cancelled, "the late permit is given back")
+}
+
+// TestAPermitWithoutAMarginIsUsedHoweverLate: a bucket that sets no
+// margin bounds nothing after a permit's time.
+func TestAPermitWithoutAMarginIsUsedHoweverLate(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{{Granted: true, Delay: 100 * time.Millisecond}}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	done := acquireAsync(t, clock, lim, context.Background(), time.Second)
+	clock.Advance(time.Second)
+	require.NoError(t, outcome(t, done))
+	takes, _ := b.counts()
+	assert.Equal(t, 1, takes)
+}
+
+// TestACallerWaitingForItsTimeDoesNotGoInAPauseReportedMeanwhile: a
+// provider's pause reported while a caller waits for its permit's time
+// holds that caller: it gives the permit back and asks anew (refused for
+// the pause, beyond its wait).
+func TestACallerWaitingForItsTimeDoesNotGoInAPauseReportedMeanwhile(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{
+		{Granted: true, Delay: 500 * time.Millisecond, Margin: 10 * time.Millisecond},
+		{Delay: time.Second},
+	}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	done := acquireAsync(t, clock, lim, ctx, 600*time.Millisecond)
+	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: time.Second}))
+	clock.Advance(500 * time.Millisecond)
+	require.ErrorIs(t, outcome(t, done), throttle.ErrTimeout)
+	takes, cancelled := b.counts()
+	assert.Equal(t, 2, takes, "asked anew after the pause")
+	assert.Equal(t, 1, cancelled, "the permit of the paused time is given back")
+}
+
+// TestACallerThatLeavesBeforeItsTimeGivesItsPermitBack: a caller whose
+// context ends while it waits for its permit's time returns the context's
+// error and gives the permit back.
+func TestACallerThatLeavesBeforeItsTimeGivesItsPermitBack(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{{Granted: true, Delay: time.Minute, Margin: 10 * time.Millisecond}}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := acquireAsync(t, clock, lim, ctx, throttle.Forever)
+	cancel()
+	require.ErrorIs(t, outcome(t, done), context.Canceled)
+	require.NoError(t, lim.Close()) // waits for the give-back
+	_, cancelled := b.counts()
+	assert.Equal(t, 1, cancelled)
+}
+
+// TestAPermitBeyondTheWaitIsRefusedAtOnce: a permit whose time lies beyond
+// the caller's wait (a bucket that placed it there) is given back, and
+// Acquire fails at once, without sleeping.
+func TestAPermitBeyondTheWaitIsRefusedAtOnce(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{{Granted: true, Delay: 2 * time.Second, Margin: 10 * time.Millisecond}}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	require.ErrorIs(t, lim.Acquire(context.Background(), time.Second), throttle.ErrTimeout)
+	require.NoError(t, lim.Close())
+	_, cancelled := b.counts()
+	assert.Equal(t, 1, cancelled)
+}
