@@ -10,9 +10,8 @@ import (
 // shows no method users never call): a fleet-wide pause (a provider's Retry-After,
 // through the Transport of throttle/httpclient), its limit and the live
 // instances (for throttle.FailLocal and the adaptive rate), the adaptive
-// rate's state kept in Redis for the whole fleet, and for some a refund,
-// a pause per dimension, or the mark of a periodic bucket (whose grants
-// the Limiter spreads over the period).
+// rate's state kept in Redis for the whole fleet, and for some a refund
+// or a pause per dimension.
 
 // adaptiveStore is c's store of the adaptive rate.
 func (c *common) adaptiveStore() capability.AdaptiveFuncs {
@@ -24,7 +23,7 @@ func init() { capability.Register(capabilitiesOf) }
 // capabilitiesOf returns the capabilities of b if b is a bucket of this
 // package: what a throttle.Limiter finds there beyond Take (a fleet-wide
 // pause, its limit for the failure policy, the adaptive rate's shared
-// store, a period the Limiter spreads grants over). It asks for the
+// store). It asks for the
 // unexported method rather than the concrete type, so that a user's
 // wrapper that embeds a bucket of this package keeps its capabilities, as
 // it kept its exported methods when they were the capabilities.
@@ -56,7 +55,6 @@ func (b *FixedWindow) capabilities() capability.Set {
 		Pauser:        capability.PauseFunc(b.pause),
 		Fallbacker:    capability.FallbackFunc(b.fallback),
 		AdaptiveStore: b.w.adaptiveStore(),
-		Periodic:      true, // a window's permits are all there at its start
 	}
 }
 
@@ -81,7 +79,6 @@ func (b *Counter) capabilities() capability.Set {
 		Pauser:        capability.PauseFunc(b.pause),
 		Fallbacker:    capability.FallbackFunc(b.fallback),
 		AdaptiveStore: b.adaptiveStore(),
-		Periodic:      true, // a period's calls may all come at its start
 	}
 }
 

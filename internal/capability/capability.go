@@ -86,23 +86,6 @@ type Immediate interface {
 	Immediate() bool
 }
 
-// Periodic is implemented by buckets that grant up to their limit afresh
-// in each period, at any pace within it: a token bucket refilled at once,
-// a fixed window, a counter reset every period. Their Decisions count one
-// period each: Limit is the period's limit, Remaining what is left of it
-// after the decision, Reset the time until it ends; the period's length is
-// the interval [Fallbacker] reports.
-//
-// Such a bucket lets the end of one period's grants and the start of the
-// next period's meet within one interval: up to twice the limit, which a
-// provider counting a sliding window (or periods of its own) refuses. A
-// Limiter spreads a crowd's grants over the period instead (see
-// throttle.Limiter.Acquire). Periodic returns false for a wrapper whose
-// Decisions do not count periods that way.
-type Periodic interface {
-	Periodic() bool
-}
-
 // Checker is implemented by buckets that can check their store cheaply
 // (the Redis buckets: one round trip), for throttle.Limiter.Check.
 type Checker interface {
@@ -234,9 +217,7 @@ type Set struct {
 	DimensionPauser DimensionPauser
 	Fallbacker      Fallbacker
 	AdaptiveStore   AdaptiveStore
-	// Periodic and Immediate answer Periodic.Periodic and
-	// Immediate.Immediate.
-	Periodic  bool
+	// Immediate answers Immediate.Immediate.
 	Immediate bool
 }
 
@@ -277,17 +258,14 @@ func RegisterKeyed(f func(k any) Limiter) { keyedLimiter = f }
 func KeyedLimiter(k any) Limiter { return keyedLimiter(k) }
 
 // Find returns what of s implements T (one of this package's interfaces),
-// if s has it. Periodic and Immediate are found only when true: false
-// leaves the question to the next bucket of a chain.
+// if s has it. Immediate is found only when true: false leaves the
+// question to the next bucket of a chain.
 func Find[T any](s Set) (T, bool) {
-	var periodic, immediate any
-	if s.Periodic {
-		periodic = periodicFlag{}
-	}
+	var immediate any
 	if s.Immediate {
 		immediate = immediateFlag{}
 	}
-	for _, c := range [...]any{s.Refunder, s.Pauser, s.DimensionPauser, s.Fallbacker, s.AdaptiveStore, periodic, immediate} {
+	for _, c := range [...]any{s.Refunder, s.Pauser, s.DimensionPauser, s.Fallbacker, s.AdaptiveStore, immediate} {
 		if t, ok := c.(T); ok {
 			return t, true
 		}
@@ -317,13 +295,9 @@ type Limiter interface {
 	None() bool
 }
 
-// periodicFlag and immediateFlag answer Periodic and Immediate: true.
-type (
-	periodicFlag  struct{}
-	immediateFlag struct{}
-)
+// immediateFlag answers Immediate: true.
+type immediateFlag struct{}
 
-func (periodicFlag) Periodic() bool   { return true }
 func (immediateFlag) Immediate() bool { return true }
 
 // Funcs for the buckets that build a Set from their own methods.

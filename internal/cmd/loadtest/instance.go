@@ -15,7 +15,7 @@ import (
 )
 
 // instance is one member of the fleet: its own Redis client, its own
-// bucket on it (wrapped in its own Smooth layer when asked), its own
+// bucket on it, its own
 // Limiter (leasing when asked), and, for the counter, its own Resetter.
 type instance struct {
 	rdb      *redis.Client
@@ -90,17 +90,9 @@ func newInstance(c loadConfig, i int, hook redis.Hook, t *tally) (*instance, err
 	return in, nil
 }
 
-// wrap puts the layers c asks for around the instance's bucket b (Smooth,
-// then timedBucket) and builds the Limiter on top, leasing when asked.
+// wrap puts timedBucket around the instance's bucket b and builds the
+// Limiter on top, leasing when asked.
 func (in *instance) wrap(c loadConfig, b throttle.Bucket, t *tally) error {
-	if c.Smooth {
-		s, err := throttle.NewSmooth(b, c.Limit, c.Interval, throttle.WithSmoothInstances(c.Instances))
-		if err != nil {
-			in.close()
-			return err
-		}
-		b = s
-	}
 	opts := []throttle.LimiterOption{throttle.WithFailurePolicy(failurePolicies[c.Fail]), throttle.WithObserver(degradedCounter{t})}
 	if c.Lease {
 		opts = append(opts, throttle.WithLeasing(throttle.Leasing{TTL: c.leaseTTL(), Horizon: c.LeaseHorizon}))

@@ -45,9 +45,6 @@ type loadConfig struct {
 	// LeaseHorizon, 0 meaning throttle's default of 50 ms).
 	Lease        bool
 	LeaseHorizon time.Duration
-	// Smooth wraps each instance's bucket in
-	// throttle.NewSmooth(b, Limit, Interval, WithSmoothInstances(Instances)).
-	Smooth bool
 	// Demand paces the workers' asks open-loop at Demand × Limit per
 	// Interval for the whole fleet; 0 means closed loop: every worker asks
 	// again as soon as its Acquire returns.
@@ -192,7 +189,6 @@ type loadResult struct {
 	StoppedEarly   bool   `json:"stopped_early"` // MaxGrants was reached
 
 	Lease  bool    `json:"lease"`
-	Smooth bool    `json:"smooth"`
 	Skew   float64 `json:"skew"`
 	Demand float64 `json:"demand"` // offered load ÷ the limit, paced; 0: closed loop
 	RampS  float64 `json:"ramp_s"` // workers' start spread over this many seconds
@@ -612,7 +608,6 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		FirstError:     t.firstError,
 		StoppedEarly:   grants >= c.MaxGrants,
 		Lease:          c.Lease,
-		Smooth:         c.Smooth,
 		Skew:           c.Skew,
 		Demand:         c.Demand,
 		RampS:          c.Ramp.Seconds(),

@@ -27,10 +27,6 @@
 //     expire with the period); for gcra, slidinglog and local it needs a
 //     lease TTL and loosens the guarantee by that TTL, which loadtest sets
 //     to the lease horizon and adds to the check's tolerance.
-//   - -smooth wraps each instance's bucket in throttle.NewSmooth, paced at
-//     limit/instances per interval each (under -lease, per batch); the
-//     result's max_tenth (most grants in any tenth of an interval) is what
-//     it keeps near limit/10.
 //   - -demand X paces the fleet's asks open-loop at X times the limit
 //     instead of letting every worker ask again at once (closed loop).
 //   - -skew F gives instance 0 the share F of all the workers and of the
@@ -146,7 +142,6 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.MaxGrants, "max-grants", 0, "stop after this many grants (0: ten times what the limit allows)")
 	fs.BoolVar(&c.Lease, "lease", false, "lease permits from each instance's bucket (throttle.WithLeasing): permits leased in demand-sized batches, served from memory")
 	fs.DurationVar(&c.LeaseHorizon, "lease-horizon", 0, "with -lease: how far ahead an instance leases (0: throttle's default, 50ms)")
-	fs.BoolVar(&c.Smooth, "smooth", false, "wrap each instance's bucket in throttle.NewSmooth, pacing each at limit/instances per interval")
 	fs.Float64Var(&c.Demand, "demand", 0, "pace the fleet's asks at this multiple of the limit (0: closed loop, every worker asks again at once)")
 	fs.Float64Var(&c.Skew, "skew", 0, "give instance 0 this share (0 to 1) of all workers and of the demand; the rest is split evenly (sets -demand 2 if not given)")
 	fs.DurationVar(&c.Ramp, "ramp", 0, "start the workers spread evenly over this time instead of all at once")
@@ -270,9 +265,6 @@ func summarize(w io.Writer, r loadResult) {
 	var layers []string
 	if r.Lease {
 		layers = append(layers, "leased")
-	}
-	if r.Smooth {
-		layers = append(layers, "smooth")
 	}
 	name := strings.Join(append(layers, r.Bucket), " over ")
 	fmt.Fprintf(w, "%s: %d per %v, %d instances × %d workers, %.1fs, redis: %s\n",
