@@ -7,10 +7,14 @@ import (
 )
 
 // The Lua scripts, one per file under lua/, each with a header comment
-// giving its KEYS/ARGV contract and its guarantee. They run with EVALSHA;
-// go-redis's Script.Run falls back to EVAL (which loads the script) when the
-// server answers NOSCRIPT, as it does after a restart or a failover.
+// giving its KEYS/ARGV contract and its guarantee; a script built on a
+// library file (schedule.lua) is that file and its own, in that order
+// (uses). They run with EVALSHA; go-redis's Script.Run falls back to EVAL
+// (which loads the script) when the server answers NOSCRIPT, as it does
+// after a restart or a failover.
 var (
+	//go:embed lua/schedule.lua
+	srcSchedule string
 	//go:embed lua/pause.lua
 	srcPause string
 	//go:embed lua/tb_take.lua
@@ -31,7 +35,7 @@ var (
 	srcBudget string
 
 	scriptPause        = redis.NewScript(srcPause)
-	scriptTBTake       = redis.NewScript(srcTBTake)
+	scriptTBTake       = redis.NewScript(srcSchedule + srcTBTake)
 	scriptWindow       = redis.NewScript(srcWindow)
 	scriptSliding      = redis.NewScript(srcSliding)
 	scriptGCRA         = redis.NewScript(srcGCRA)
@@ -40,6 +44,12 @@ var (
 	scriptState        = redis.NewScript(srcState)
 	scriptBudget       = redis.NewScript(srcBudget)
 )
+
+// uses lists the library files each script built on one is made of,
+// before its own, for tests.
+var uses = map[string][]string{
+	"tb_take.lua": {"schedule.lua"},
+}
 
 // scripts lists every script by file name, for tests.
 var scripts = map[string]*redis.Script{

@@ -1,0 +1,144 @@
+-- schedule.lua: a key's schedule of permits, the functions tb_take.lua and
+-- budget.lua share (the Go side puts this file before each of them).
+--
+-- Every permit has a place, a time on this server's clock (µs) at which
+-- its caller may send, and may still send until MARGIN after it; it
+-- counts from its place until INTERVAL after its end (place + MARGIN). A
+-- place t is given only while the permits counting at t leave room for
+-- it, so a schedule holds at most LIMIT places in any span of INTERVAL +
+-- MARGIN, and the sends, each within MARGIN of its place, at most LIMIT in
+-- any span of INTERVAL: what a provider counting arrivals sees, whatever
+-- the callers' waits, processes or leases.
+--
+-- A schedule is one list. Element 0: "count tat cur before": count, the
+-- permits its entries hold; tat, the pace's next place (µs); cur and
+-- before, where the last search stopped (an entry's index, the permits in
+-- the entries before it: the next search starts there). Elements 1..:
+-- entries "end count", a count of permits whose ends are at most end,
+-- in order of end; an entry holds the ends of one slot of INTERVAL/256.
+-- The list expires when its last entry stops counting.
+
+local Schedule = {}
+Schedule.__index = Schedule
+
+-- openSchedule reads the schedule under key at now (µs) for a limit of
+-- interval (µs): entries that stopped counting go (up to 64 a call;
+-- each call adds at most one for every permit it places).
+local function openSchedule(key, interval, now)
+  local s = setmetatable({key = key, interval = interval, now = now,
+    count = 0, tat = 0, cur = 1, before = 0, stored = {}, added = {}}, Schedule)
+  s.head = redis.call('LINDEX', key, 0)
+  if s.head then
+    local a, b, c, d = string.match(s.head, '(%S+) (%S+) (%S+) (%S+)')
+    s.count, s.tat, s.cur, s.before = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+  end
+  s.len = math.max(redis.call('LLEN', key) - 1, 0)
+  local gone, dropped = 0, 0
+  while gone < 64 do
+    local e = s:entry(gone + 1)
+    if e == nil or e[1] + interval > now then break end
+    gone, dropped = gone + 1, dropped + e[2]
+  end
+  s.gone, s.count = gone, s.count - dropped
+  if s.cur <= gone then s.cur, s.before = gone + 1, 0 else s.before = s.before - dropped end
+  s.last = s:entry(s.len) -- the tail: the latest end (nil when empty)
+  if s.last and s.len <= gone then s.last = nil end
+  return s
+end
+
+-- entry is {end, count} of entry i (stored ones first, then those this
+-- call added), nil past the last.
+function Schedule:entry(i)
+  if i > self.len then return self.added[i - self.len] end
+  if self.stored[i] == nil then
+    local r = redis.call('LRANGE', self.key, i, i + 3)
+    for j, v in ipairs(r) do
+      local e, c = string.match(v, '(%S+) (%S+)')
+      self.stored[i + j - 1] = {tonumber(e), tonumber(c)}
+    end
+  end
+  return self.stored[i]
+end
+
+-- add counts c permits ending at e, merged into the tail's slot.
+function Schedule:add(e, c)
+  local grid = math.max(math.floor(self.interval / 256), 1)
+  local last = self.last
+  self.count = self.count + c
+  if last and e <= last[1] then e = last[1] end
+  if last and math.floor(e / grid) == math.floor(last[1] / grid) then
+    last[1], last[2], last.dirty = e, last[2] + c, true
+  else
+    self.last = {e, c}
+    self.added[#self.added + 1] = self.last
+  end
+end
+
+-- earliest is the first time at which need more permits fit under limit:
+-- when enough of the counted permits have stopped counting; nil if they
+-- never do.
+function Schedule:earliest(need, limit)
+  local excess = self.count + need - limit
+  if excess <= 0 then return self.now end
+  if self.before >= excess then self.cur, self.before = self.gone + 1, 0 end
+  local restarted = false
+  while true do
+    local e = self:entry(self.cur)
+    if e == nil then
+      if restarted then return nil end
+      self.cur, self.before, restarted = self.gone + 1, 0, true -- a stale cursor
+    elseif self.before + e[2] >= excess then
+      return math.max(self.now, e[1] + self.interval)
+    else
+      self.before, self.cur = self.before + e[2], self.cur + 1
+    end
+  end
+end
+
+-- lost counts limit permits ending at known (µs), the latest end a
+-- caller's instance was given, when the schedule lacks it: Redis lost it
+-- (an empty restart, a failover, the key deleted), and the permits that
+-- end may belong to are unknown.
+function Schedule:lost(known, limit)
+  if known > 0 and known + self.interval > self.now and (self.last == nil or known > self.last[1]) then
+    self:add(known, limit)
+  end
+end
+
+-- changed reports whether the schedule needs writing back.
+function Schedule:changed()
+  return self.gone > 0 or #self.added > 0 or (self.last ~= nil and self.last.dirty == true)
+end
+
+-- save writes back what changed (the popped entries, the tail, the new
+-- ones, the header) and the expiry.
+function Schedule:save()
+  local key = self.key
+  local hdr = string.format('%d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before)
+  local last = self.last
+  if last and last.dirty and self.len > self.gone and last == self:entry(self.len) then
+    redis.call('LSET', key, -1, string.format('%d %d', last[1], last[2]))
+  end
+  for _, e in ipairs(self.added) do
+    redis.call('RPUSH', key, string.format('%d %d', e[1], e[2]))
+  end
+  if not self.head then
+    redis.call('LPUSH', key, hdr)
+  elseif self.gone > 0 then
+    redis.call('LTRIM', key, self.gone + 1, -1)
+    redis.call('LPUSH', key, hdr)
+  else
+    redis.call('LSET', key, 0, hdr)
+  end
+  if last then
+    redis.call('PEXPIRE', key, math.floor((last[1] + self.interval - self.now) / 1000) + 1)
+  else
+    redis.call('DEL', key) -- nothing counts any more
+  end
+end
+
+-- reset is the time until the schedule's last permit stops counting.
+function Schedule:reset()
+  if self.last == nil then return 0 end
+  return self.last[1] + self.interval - self.now
+end
