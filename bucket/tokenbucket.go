@@ -211,7 +211,12 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	if maxWait != throttle.Forever && maxWait < time.Duration(1<<52)*time.Microsecond {
 		wait = int64(maxWait / time.Microsecond)
 	}
+	sent := time.Now()
 	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs, wait, b.ends.get(key))
+	// The script decided while the call was under way: the permits' time
+	// may be this much earlier than Take's return says, so that much of
+	// the margin is gone (at least 1 ns: a margin of 0 bounds nothing).
+	margin := max(us(b.marginUs)-time.Since(sent), 1)
 	if err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}
@@ -228,7 +233,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 		return upTo{granted: refused, rest: refused, at: now}, nil
 	}
 	b.ends.note(key, now+places[len(places)-1]+b.marginUs, now-b.intervalUs)
-	granted := throttle.Decision{Granted: true, Delay: us(places[0]), Margin: us(b.marginUs), Limit: limit, Remaining: remaining, Reset: reset}
+	granted := throttle.Decision{Granted: true, Delay: us(places[0]), Margin: margin, Limit: limit, Remaining: remaining, Reset: reset}
 	refused.Remaining = 0
 	u := upTo{granted: granted, got: int64(len(places)), rest: refused, at: now}
 	if len(places) > 1 {

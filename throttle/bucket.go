@@ -76,10 +76,9 @@ type Bucket interface {
 
 // Decision is a bucket's answer to [Bucket.Take].
 //
-// Granted: the permits have a time, Delay from when the bucket decided
-// (0: now), from which the caller may use them, and, when Margin is set,
-// until Margin after it; the Limiter sleeps until that time before it
-// returns. Not granted: Delay is the earliest time after which asking
+// Granted: the permits have a time, Delay from when Take returns (0:
+// now), from which the caller may use them, and, when Margin is set, until
+// Margin after it; the Limiter sleeps until that time before it returns. Not granted: Delay is the earliest time after which asking
 // again can succeed (the end of a window or a pause); the Limiter sleeps
 // until then, or fails at once when that is beyond the caller's wait.
 type Decision struct {
@@ -92,9 +91,11 @@ type Decision struct {
 	// Margin, when positive, is how long after their time granted
 	// permits may still be used: the delay between a permit's time and
 	// its call's arrival at the provider that the bucket's guarantee
-	// absorbs. A Limiter that cannot hand the permits to its caller
-	// within it (the store's answer came late, the process stalled) asks
-	// for others instead. 0: no bound.
+	// absorbs, less what the store's answer took to come back (a bucket
+	// whose store decided before Take returned: its permits' time may
+	// have been that much earlier). A Limiter that cannot hand the
+	// permits to its caller within it (a store that answered late, a
+	// stalled process) asks for others instead. 0: no bound.
 	Margin time.Duration
 	// Limit is the bucket's capacity per interval for this key, for
 	// rate-limit headers. 0 if unknown.

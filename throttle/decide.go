@@ -39,6 +39,9 @@ type decision struct {
 	// debt it carried, and the end of the first-back cap's period it
 	// reserved n+want in (0: none).
 	sent, debt, reserved int64
+	// answered is when the bucket's answer came back (0: not from the
+	// store), from which a grant's Delay and Margin count.
+	answered int64
 	// The gate's reading of a refusal (waiter.leaveGate): ask again in
 	// retryIn; shared: the refusal holds for every caller of the key.
 	retryIn time.Duration
@@ -64,6 +67,7 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 	c := decision{n: n, want: want}
 	if l.caps.immediate {
 		c.Decision, c.err = l.take(w.ctx, st.key, n+want, l.bookAhead(w.left()))
+		c.answered = l.tb.now()
 		if c.err == nil {
 			st.noteLimit(c.Decision)
 			if c.Granted {
@@ -105,6 +109,7 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 		st.out.mu.Unlock()
 	}
 	cut, err := c.call(w, st)
+	c.answered = l.tb.now()
 	if err == nil {
 		if o.end() {
 			l.cfg.logger.Info("throttle: bucket store answers again; shared limit resumed", "policy", l.cfg.policy.String())

@@ -32,8 +32,9 @@ import (
 // A lease is valid until the earlier of t0 + Reset of the grant and t0 +
 // TTL, t0 being this instance's clock just before the refill was sent
 // (before the bucket decided); a batch whose permits have a margin
-// (Decision.Margin: package bucket's TokenBucket) is valid only until t0
-// plus the margin, so that every leased permit is used within the margin
+// (Decision.Margin: package bucket's TokenBucket) is valid only until the
+// margin after the answer came back, so that every leased permit is used
+// within the margin
 // of the time the bucket gave the batch, and the bucket's guarantee holds
 // for the calls exactly as without leasing (a TokenBucket's margin is
 // then the span over which a batch is used: set it with
@@ -438,7 +439,11 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	case r > 0 && (life == 0 || r < life):
 		life, periodic = r, true
 	}
-	b := &leaseBatch{size: need + c.got, start: t0, expires: addSat(t0, time.Duration(life)), limit: c.Limit, periodic: periodic, margin: margin}
+	from := t0 // a margin counts from the answer
+	if margin > 0 {
+		from = t1
+	}
+	b := &leaseBatch{size: need + c.got, start: t0, expires: addSat(from, time.Duration(life)), limit: c.Limit, periodic: periodic, margin: margin}
 	if expired {
 		b.left.Store(need + c.got) // the held permits expired: the caller's come from here
 	} else {

@@ -183,8 +183,8 @@ func (w *waiter) usable(st *keyState, c *decision) bool {
 	l := w.l
 	now := l.tb.now()
 	switch {
-	case c.Margin > 0 && c.sent != 0 && now > addSat(addSat(c.sent, c.Delay), c.Margin):
-		l.lateGrant(now - c.sent - int64(c.Delay))
+	case c.Margin > 0 && c.answered != 0 && now > addSat(addSat(c.answered, c.Delay), c.Margin):
+		l.lateGrant(now - c.answered - int64(c.Delay))
 	case st != nil && c.Delay > 0 && st.pausedUntil.Load() > now:
 	default:
 		return true
