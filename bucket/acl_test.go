@@ -29,6 +29,7 @@ var redisCommands = []string{
 	// Inside the scripts, and the few direct calls.
 	"time", "get", "set", "del", "exists", "type", "incr", "incrby", "decrby",
 	"pexpire", "pttl", "hget", "hgetall", "hmget", "hset", "hincrby",
+	"lindex", "llen", "lpush", "lrange", "lset", "ltrim", "rpush",
 	"zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebyscore", "zrem",
 	"zremrangebyscore", "zscore",
 	// The Concurrency cap's wake-ups: PUBLISH (scripts, Check), its

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -131,7 +132,7 @@ func TestTokenBucketGrantsABurstAtAnIdleKeyAtOnce(t *testing.T) {
 	ctx := context.Background()
 	for i := range limit {
 		d, err := b.Take(ctx, "", 1, 0)
-		if err != nil || !d.Granted || d.Delay != 0 || d.Margin != margin {
+		if err != nil || !d.Granted || d.Delay != 0 || d.Margin <= 0 || d.Margin > margin {
 			t.Fatalf("take %d at an idle key: %+v, %v", i, d, err)
 		}
 	}
@@ -306,5 +307,49 @@ func TestTokenBucketHugeLimitAndIntervalKeepExactArithmetic(t *testing.T) {
 	}
 	if d, err := b.Take(ctx, "", half, 0); err != nil || !d.Granted {
 		t.Fatalf("the other half of the limit: %+v, %v", d, err)
+	}
+}
+
+// TestTokenBucketScheduleCountsEveryPermitPlaced: whatever mix of takes
+// (one permit, several at one place, up to k, waits short and long), the
+// schedule's entries hold every permit placed and its header says as
+// much, its entries in order of end, one a slot.
+func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval = 500, time.Minute // nothing stops counting during the test
+	b := newTB(t, rdb, "counted", limit, interval)
+	rng := rand.New(rand.NewPCG(3, 4))
+	waits := []time.Duration{0, time.Millisecond, 100 * time.Millisecond, 10 * time.Second, throttle.Forever}
+	placedN := 0
+	for range 300 {
+		n := int64(1 + rng.IntN(4))
+		if rng.IntN(2) == 0 {
+			n = -n
+		}
+		placedN += len(takePlaces(t, b, "", n, waits[rng.IntN(len(waits))]).places)
+	}
+	list, err := rdb.LRange(context.Background(), b.rootKeys[0], 0, -1).Result()
+	if err != nil || len(list) < 2 {
+		t.Fatalf("schedule %q, %v", list, err)
+	}
+	var count, tat, cur, before int64
+	if _, err := fmt.Sscanf(list[0], "%d %d %d %d", &count, &tat, &cur, &before); err != nil {
+		t.Fatalf("header %q: %v", list[0], err)
+	}
+	var sum, last int64
+	grid := interval.Microseconds() / 256
+	for _, e := range list[1:] {
+		var end, n int64
+		if _, err := fmt.Sscanf(e, "%d %d", &end, &n); err != nil {
+			t.Fatalf("entry %q: %v", e, err)
+		}
+		if end < last || last != 0 && end/grid == last/grid {
+			t.Fatalf("entry %q after one ending at %d: entries must be in order of end, one a slot: %q", e, last, list)
+		}
+		sum, last = sum+n, end
+	}
+	if sum != count || count != int64(placedN) {
+		t.Fatalf("%d permits placed; the entries hold %d, the header says %d", placedN, sum, count)
 	}
 }

@@ -41,8 +41,8 @@ local function openSchedule(key, interval, now)
   end
   s.gone, s.count = gone, s.count - dropped
   if s.cur <= gone then s.cur, s.before = gone + 1, 0 else s.before = s.before - dropped end
-  s.last = s:entry(s.len) -- the tail: the latest end (nil when empty)
-  if s.last and s.len <= gone then s.last = nil end
+  if s.len > gone then s.tail = s:entry(s.len) end -- the stored tail
+  s.last = s.tail -- the latest end (nil when empty)
   return s
 end
 
@@ -107,7 +107,7 @@ end
 
 -- changed reports whether the schedule needs writing back.
 function Schedule:changed()
-  return self.gone > 0 or #self.added > 0 or (self.last ~= nil and self.last.dirty == true)
+  return self.gone > 0 or #self.added > 0 or (self.tail ~= nil and self.tail.dirty == true)
 end
 
 -- save writes back what changed (the popped entries, the tail, the new
@@ -115,9 +115,9 @@ end
 function Schedule:save()
   local key = self.key
   local hdr = string.format('%d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before)
-  local last = self.last
-  if last and last.dirty and self.len > self.gone and last == self:entry(self.len) then
-    redis.call('LSET', key, -1, string.format('%d %d', last[1], last[2]))
+  local tail, last = self.tail, self.last
+  if tail and tail.dirty then
+    redis.call('LSET', key, -1, string.format('%d %d', tail[1], tail[2]))
   end
   for _, e in ipairs(self.added) do
     redis.call('RPUSH', key, string.format('%d %d', e[1], e[2]))
