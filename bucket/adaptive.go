@@ -57,7 +57,8 @@ func (c *common) paceAdaptive(ctx context.Context, key string, n int64, interval
 	// running (and writing) in bounded's goroutine.
 	var res atomic.Pointer[capability.AdaptivePace]
 	_, err = bounded(ctx, c, key, func(ctx context.Context) (throttle.Decision, error) {
-		r, err := c.evalNoRetry(ctx, scriptAdaptPace, keys, []any{n, max(ceilUs(interval), 1), max(int64(horizon/time.Microsecond), 0)}).Int64Slice()
+		cmd, _ := c.evalNoRetry(ctx, scriptAdaptPace, keys, []any{n, max(ceilUs(interval), 1), max(int64(horizon/time.Microsecond), 0)})
+		r, err := cmd.Int64Slice()
 		if err != nil {
 			return throttle.Decision{}, backend("pace", keys[0], err)
 		}
@@ -88,7 +89,8 @@ func (c *common) swapAdaptive(ctx context.Context, key string, old, next capabil
 		args := []any{old.Version, max(ceilMs(ttl), 1),
 			milli(next.Rate), milli(next.Ceiling), milli(next.Peak), milli(next.Step),
 			micros(next.Decreased), micros(next.Increased), micros(next.Refused)}
-		r, err := c.evalNoRetry(ctx, scriptAdaptSwap, keys[:1], args).Int64Slice()
+		cmd, _ := c.evalNoRetry(ctx, scriptAdaptSwap, keys[:1], args)
+		r, err := cmd.Int64Slice()
 		if err != nil {
 			return throttle.Decision{}, backend("adapt", keys[0], err)
 		}

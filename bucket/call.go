@@ -143,9 +143,20 @@ func (s *calls) noteLive(n int64) {
 // command that go-redis must not resend, and a heartbeat pipelined with it
 // when one is due.
 func (c *common) eval(ctx context.Context, s *redis.Script, keys []string, args ...any) ([]int64, error) {
+	r, _, err := c.evalAt(ctx, s, keys, args...)
+	return r, err
+}
+
+// evalAt is eval, and also when the attempt that ran the script was sent
+// (after a NOSCRIPT, the second): the script decided between then and the
+// return.
+func (c *common) evalAt(ctx context.Context, s *redis.Script, keys []string, args ...any) ([]int64, time.Time, error) {
 	if !c.calls.beatDue() {
-		return c.evalNoRetry(ctx, s, keys, args).Int64Slice()
+		cmd, sent := c.evalNoRetry(ctx, s, keys, args)
+		r, err := cmd.Int64Slice()
+		return r, sent, err
 	}
+	sent := time.Now()
 	pipe := c.rdb.Pipeline()
 	// EVAL, not EVALSHA: the heartbeat is tiny and rare, and never hits
 	// NOSCRIPT after a restart.
@@ -160,26 +171,31 @@ func (c *common) eval(ctx context.Context, s *redis.Script, keys []string, args 
 	}
 	r, err := take.Int64Slice()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return c.evalNoRetry(ctx, s, keys, args).Int64Slice() // loads it
+		cmd, sent := c.evalNoRetry(ctx, s, keys, args) // loads it
+		r, err := cmd.Int64Slice()
+		return r, sent, err
 	}
-	return r, err
+	return r, sent, err
 }
 
 // evalNoRetry sends EVALSHA as a command go-redis must not resend, and
 // after NOSCRIPT (the script did not run: the server restarted or flushed
-// its scripts) loads the script and sends it once more.
-func (c *common) evalNoRetry(ctx context.Context, s *redis.Script, keys []string, args []any) *redis.Cmd {
+// its scripts) loads the script and sends it once more. It returns when
+// the last attempt was sent.
+func (c *common) evalNoRetry(ctx context.Context, s *redis.Script, keys []string, args []any) (*redis.Cmd, time.Time) {
 	cmd := evalSHA(ctx, s, keys, args)
+	sent := time.Now()
 	_ = c.rdb.Process(ctx, cmd)
 	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		if err := s.Load(ctx, c.rdb).Err(); err != nil {
 			cmd.SetErr(err)
-			return cmd.Cmd
+			return cmd.Cmd, sent
 		}
 		cmd = evalSHA(ctx, s, keys, args)
+		sent = time.Now()
 		_ = c.rdb.Process(ctx, cmd)
 	}
-	return cmd.Cmd
+	return cmd.Cmd, sent
 }
 
 // noRetry is a command go-redis must not resend after it may have reached

@@ -230,10 +230,12 @@ func TestCoalescedWaiterCancelledInFlight(t *testing.T) {
 	}
 }
 
-// TestCoalescedTakeCrossesPeriodEnd: a coalesced call that reaches Redis
-// after the period ended refills in the same script and grants at most one
-// period's limit, in arrival order; the rest wait for the next period.
-func TestCoalescedTakeCrossesPeriodEnd(t *testing.T) {
+// TestCoalescedTakeGrantsTheLimitInArrivalOrder: a coalesced call of
+// callers that cannot wait, reaching Redis once the last limit's permits
+// have stopped counting, grants the limit, in arrival order; the rest are
+// told when the first of those stops counting, an interval and the margin
+// on.
+func TestCoalescedTakeGrantsTheLimitInArrivalOrder(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
 	ctx := context.Background()
@@ -247,17 +249,12 @@ func TestCoalescedTakeCrossesPeriodEnd(t *testing.T) {
 			t.Fatalf("%+v, %v", d, err)
 		}
 	}
-	// The grants were made on the server before this, on the same clock
-	// (loopback): an interval after it they have left the sliding window.
-	granted := time.Now()
 	h := coalescingOf(t, b, "")
 	h.c.co.beforeBatch = func(int64) {
-		// The period ends on the server while the batch is on its way,
-		// and its grants leave the window (the period's end alone comes
-		// a few ms before the last of them is an interval old: the next
-		// period's tokens would wait for it).
+		// The permits stop counting while the batch is on its way: the
+		// schedule expires with the last of them.
 		deadline := time.Now().Add(5 * time.Second)
-		for (rdb.Exists(ctx, b.rootKeys[0]).Val() != 0 || time.Since(granted) < period) && time.Now().Before(deadline) {
+		for rdb.Exists(ctx, b.rootKeys[0]).Val() != 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond) // polls the server's clock, bounded
 		}
 	}
@@ -272,8 +269,8 @@ func TestCoalescedTakeCrossesPeriodEnd(t *testing.T) {
 		if r.err != nil || r.d.Granted != (i < limit) {
 			t.Fatalf("caller %d: %+v, %v; want the first %d granted", i, r.d, r.err, limit)
 		}
-		if !r.d.Granted && (r.d.Delay <= period/2 || r.d.Delay > period+time.Millisecond) {
-			t.Fatalf("caller %d: delay %v, want the new period's end (about %v)", i, r.d.Delay, period)
+		if most := period + DefaultArrivalMargin(period); !r.d.Granted && (r.d.Delay <= period/2 || r.d.Delay > most) {
+			t.Fatalf("caller %d: delay %v, want when the first grant stops counting (about %v)", i, r.d.Delay, most)
 		}
 	}
 	waitInflight(t, h.c)

@@ -124,36 +124,33 @@ func steadyUtilization(times []time.Time, limit int64, interval time.Duration) f
 	return float64(n) / float64(k*limit)
 }
 
-// TestLeasedFleetOverTokenBucket: four instances, each with its own Leased
-// and Redis client over one Redis token bucket, all asking for more than
-// the limit. Counted independently, no period gets more than the limit,
-// the limit is nearly all used, and Redis sees far fewer calls than grants.
+// TestLeasedFleetOverTokenBucket: four instances, each with its own
+// Limiter leasing and Redis client over one Redis token bucket, all asking
+// for more than the limit. Counted independently when the permits are
+// handed out, no span of one interval holds more than the limit, and
+// Redis sees far fewer calls than grants. (How much of the limit a leased
+// fleet uses is the load harness's figure: go run ./internal/cmd/loadtest
+// -lease.)
 func TestLeasedFleetOverTokenBucket(t *testing.T) {
 	const limit, interval = 1000, 200 * time.Millisecond // 5000/s
 	times, calls := leaseFleet(t, limit, interval, []float64{4000, 4000, 4000, 4000}, 3*time.Second)
-	r := guarantee.Periods(times, limit, interval, 5*time.Millisecond)
+	r := guarantee.Sliding(times, limit, interval, 5*time.Millisecond)
 	u := steadyUtilization(times, limit, interval)
 	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f", r, u, float64(calls)/float64(len(times)))
 	assert.Zero(t, r.Violations, r.Detail)
-	if u < 0.95 {
-		redisenv.Shortfall(t, "steady utilization %.3f, want ≥ 0.95", u)
-	}
 	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
 }
 
 // TestLeasedFleetSkewed: one instance has 90% of the demand. Leases follow
-// demand, so the fleet still uses the limit (≥ 95%) without breaking it.
+// demand, and the fleet never breaks the limit.
 func TestLeasedFleetSkewed(t *testing.T) {
 	const limit, interval = 1000, 200 * time.Millisecond // 5000/s
 	total := 1.5 * 5000.0
 	demand := []float64{0.9 * total, 0.1 * total / 3, 0.1 * total / 3, 0.1 * total / 3}
 	times, calls := leaseFleet(t, limit, interval, demand, 3*time.Second)
-	r := guarantee.Periods(times, limit, interval, 5*time.Millisecond)
+	r := guarantee.Sliding(times, limit, interval, 5*time.Millisecond)
 	u := steadyUtilization(times, limit, interval)
 	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f", r, u, float64(calls)/float64(len(times)))
 	assert.Zero(t, r.Violations, r.Detail)
-	if u < 0.95 {
-		redisenv.Shortfall(t, "steady utilization %.3f, want ≥ 0.95", u)
-	}
 	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
 }

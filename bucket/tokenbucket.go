@@ -211,8 +211,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	if maxWait != throttle.Forever && maxWait < time.Duration(1<<52)*time.Microsecond {
 		wait = int64(maxWait / time.Microsecond)
 	}
-	sent := time.Now()
-	r, err := b.eval(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs, wait, b.ends.get(key))
+	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs, wait, b.ends.get(key))
 	// The script decided while the call was under way: the permits' time
 	// may be this much earlier than Take's return says, so that much of
 	// the margin is gone (at least 1 ns: a margin of 0 bounds nothing).

@@ -435,7 +435,11 @@ func (w *waiter) sleepReservation(c *decision, left time.Duration) error {
 		w.giveBack(c)
 		return w.tb.err(c.Delay)
 	}
-	if err := w.l.sleep(w.ctx, c.Delay); err != nil {
+	d := c.Delay // from when the answer came
+	if c.answered != 0 {
+		d -= time.Duration(w.l.tb.now() - c.answered)
+	}
+	if err := w.l.sleep(w.ctx, max(d, 0)); err != nil {
 		w.giveBack(c)
 		return err
 	}
