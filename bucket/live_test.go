@@ -58,19 +58,19 @@ func TestLiveLimitChange(t *testing.T) {
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewTokenBucket(rdb, "live-change", low, iv)
 			},
-			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Sliding(ts, l, iv, tol) },},
+			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Sliding(ts, l, iv, tol) }},
 		{"FixedWindow",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewFixedWindow(rdb, "live-change", low, iv)
 			},
-			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Aligned(ts, l, iv, 0, tol) },},
+			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Aligned(ts, l, iv, 0, tol) }},
 		{"GCRA",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewGCRA(rdb, "live-change", low, iv)
 			},
 			func(ts []time.Time, l int64) guarantee.Report {
 				return guarantee.GCRA(ts, float64(l)/iv.Seconds(), l, tol)
-			},},
+			}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
