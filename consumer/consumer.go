@@ -100,6 +100,7 @@ type Consumer struct {
 	handled, retried, deadLettered atomic.Int64
 	parked                         atomic.Int64
 	permitTimeouts, limiterErrors  atomic.Int64
+	permitsStale                   atomic.Int64
 	refused, restoredSkips         atomic.Int64
 	waitingRecords, inFlight       atomic.Int64
 	active                         atomic.Int64

@@ -357,6 +357,15 @@ type grant struct {
 	k       throttle.Keyed
 	release func() // gives back the concurrency slot, if any
 	err     error
+	// useBy is until when the permit may be used, on its limiter's clock
+	// (its time and the bucket's margin); zero: no bound.
+	useBy time.Time
+}
+
+// stale reports whether g's permit can no longer be used: its margin has
+// passed (a call made now could arrive beyond the bucket's guarantee).
+func (g *grant) stale() bool {
+	return !g.useBy.IsZero() && capability.KeyedLimiter(g.k).Clock().Now().After(g.useBy)
 }
 
 func newFair(c *Consumer, cfg *fairConfig) *fair {
@@ -855,6 +864,14 @@ func (f *fair) give(g grant, reserved bool) {
 			} else {
 				delete(f.holdingFor, g.k)
 			}
+			if g.stale() {
+				// Held past its margin: used now, its call could come
+				// late. Its seeker asks again.
+				f.c.permitsStale.Add(1)
+				g.release()
+				f.kick()
+				return
+			}
 			continue
 		case cd == nil:
 			g.release() // its record went away: the permit is not used
@@ -904,12 +921,27 @@ func (f *fair) take(ctx context.Context, k, from throttle.Keyed, wait time.Durat
 		}
 	}
 	if !capability.KeyedLimiter(from).None() {
-		if err := from.Acquire(ctx, wait); err != nil {
+		var err error
+		if g.useBy, err = acquireUseBy(ctx, from, wait); err != nil {
 			g.release()
 			g.release, g.err = noRelease, err
 		}
 	}
 	return g
+}
+
+// acquireUseBy acquires a permit of k, waiting at most wait, and returns
+// until when it may be used (zero: no bound).
+func acquireUseBy(ctx context.Context, k throttle.Keyed, wait time.Duration) (time.Time, error) {
+	n := capability.NoteOf(ctx)
+	if n == nil {
+		n = new(capability.PaceNote)
+		ctx = capability.WithPaceNote(ctx, n)
+	}
+	if err := k.Acquire(ctx, wait); err != nil {
+		return time.Time{}, err
+	}
+	return n.UseBy(), nil
 }
 
 // pick removes and returns the candidate the next permit of budget k goes

@@ -23,6 +23,13 @@ type Stats struct {
 	// calls that returned an error matching throttle.ErrTimeout under
 	// TimeoutRetry.
 	PermitTimeouts int64
+	// PermitsStale counts permits not used because their time's margin
+	// (throttle.Decision.Margin) had passed before their record's call
+	// could be made: held for want of a worker, or a worker that came
+	// late. The record took another permit. A count that grows steadily
+	// says the instance cannot keep up with its permits' times (too few
+	// workers for the limiter's pace, a starved process).
+	PermitsStale int64
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.
 	LimiterErrors int64
@@ -100,6 +107,7 @@ func (c *Consumer) Stats() Stats {
 		DeadLettered:      c.deadLettered.Load(),
 		Parked:            c.parked.Load(),
 		PermitTimeouts:    c.permitTimeouts.Load(),
+		PermitsStale:      c.permitsStale.Load(),
 		LimiterErrors:     c.limiterErrors.Load(),
 		Refused:           c.refused.Load(),
 		Restored:          c.restoredSkips.Load(),

@@ -96,12 +96,18 @@ func (p *partition) process(w *worker, s *slot) outcome {
 			}
 		}
 		first = false
-		k, release, now, err := p.acquire(w, s, wait)
+		k, release, now, useBy, err := p.acquire(w, s, wait)
 		switch {
+		case err == nil && !useBy.IsZero() && capability.KeyedLimiter(k).Clock().Now().After(useBy):
+			// The permit's margin passed before its call: made now, the
+			// call could arrive beyond the bucket's guarantee. Another.
+			release()
+			c.permitsStale.Add(1)
+			continue
 		case err == nil:
 			delays = 0
 			attempts++
-			lastErr = p.call(w, rec, k, now)
+			lastErr = p.call(w, rec, k, now, useBy)
 			release()
 			if lastErr == nil {
 				c.handled.Add(1)
@@ -219,16 +225,16 @@ func (p *partition) waitUnparked(s *slot) bool {
 // is held. With WithFairness, the permit w was handed with serves the
 // record's first attempt, and the record waits for the others in the
 // scheduler's queue, with the other tenants' records.
-func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (throttle.Keyed, func(), time.Time, error) {
+func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (k throttle.Keyed, release func(), now, useBy time.Time, err error) {
 	c := p.c
 	if g := w.pre; g != nil {
 		w.pre = nil
-		return g.k, g.release, time.Now(), g.err
+		return g.k, g.release, time.Now(), g.useBy, g.err
 	}
 	rec := &s.rec
-	k, err := c.limiterOf(rec)
+	k, err = c.limiterOf(rec)
 	if err != nil || capability.KeyedLimiter(k).None() && c.cfg.slots == nil {
-		return k, noRelease, time.Now(), err
+		return k, noRelease, time.Now(), time.Time{}, err
 	}
 	if f := c.fair; f != nil && wait > 0 {
 		p.waiting.Add(1)
@@ -244,7 +250,7 @@ func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (throttle.Ke
 		c.permitWait.Add(int64(now.Sub(start)))
 		c.waitingRecords.Add(-1)
 		p.waiting.Add(-1)
-		return g.k, g.release, now, g.err
+		return g.k, g.release, now, g.useBy, g.err
 	}
 	p.waiting.Add(1)
 	c.waitingRecords.Add(1)
@@ -253,26 +259,26 @@ func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (throttle.Ke
 		p.waiting.Add(-1)
 	}()
 	start := time.Now()
-	release := noRelease
+	release = noRelease
 	if c.cfg.slots != nil {
 		if release, err = c.cfg.slots.Hold(p.soft, k.Key(), wait); err != nil {
-			return k, noRelease, time.Now(), fmt.Errorf("concurrency slot: %w", err)
+			return k, noRelease, time.Now(), time.Time{}, fmt.Errorf("concurrency slot: %w", err)
 		}
 		if wait != throttle.Forever {
 			wait = max(wait-time.Since(start), 0)
 		}
 	}
 	if capability.KeyedLimiter(k).None() {
-		return k, release, time.Now(), nil
+		return k, release, time.Now(), time.Time{}, nil
 	}
-	err = k.Acquire(p.soft, wait)
-	now := time.Now()
+	useBy, err = acquireUseBy(p.soft, k, wait)
+	now = time.Now()
 	c.permitWait.Add(int64(now.Sub(start)))
 	if err != nil {
 		release()
-		return k, noRelease, now, err
+		return k, noRelease, now, time.Time{}, err
 	}
-	return k, release, now, nil
+	return k, release, now, useBy, nil
 }
 
 func noRelease() {}
@@ -285,7 +291,7 @@ func noRelease() {}
 // revoked, and the record goes to the next owner. Work the handler leaves
 // behind (a goroutine on a detached context) waits as any caller does
 // once the call has returned.
-func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.Time) error {
+func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now, useBy time.Time) error {
 	c := p.c
 	call := newCallCtx(c.base, p, now, c.cfg.handlerTimeout)
 	w.call.Store(call)
@@ -299,7 +305,7 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now time.
 	stop := &call.stop
 	stop.soft = p.soft
 	defer stop.disarm()
-	ctx := k.ContextWithPermit(throttle.ContextWithWaitStop(call, stop), 1)
+	ctx := k.ContextWithPermit(capability.WithUseBy(throttle.ContextWithWaitStop(call, stop), useBy), 1)
 	// The permit is the attempt's: a call made after the handler returned
 	// (from a goroutine with a context detached from call's end) takes
 	// its own. Deferred after the cancel above, it runs before it.

@@ -4,6 +4,9 @@ import (
 	"context"
 	"reflect"
 	"sync/atomic"
+	"time"
+
+	"github.com/headway-go/headway/internal/capability"
 )
 
 // ContextWithPermit returns a copy of ctx that carries n permits the
@@ -23,12 +26,16 @@ import (
 // makes after a provider's pause, takes a permit of its own.
 //
 // Held permits are used at most once, however many goroutines share the
-// context. n < 1, or a zero Keyed, holds nothing and returns ctx.
+// context, and only until their time's margin has passed when the bucket
+// gives them one (Decision.Margin: the consumer passes that bound with
+// the attempt's permit; a call made after it takes a permit of its own,
+// whose time is its own). n < 1, or a zero Keyed, holds nothing and
+// returns ctx.
 func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
 	if k.l == nil || n < 1 {
 		return ctx
 	}
-	h := &heldPermits{l: k.l, key: k.key}
+	h := &heldPermits{l: k.l, key: k.key, until: capability.UseByOf(ctx)}
 	h.left.Store(n)
 	h.outer, _ = ctx.Value(heldKey{}).(*heldPermits)
 	return context.WithValue(ctx, heldKey{}, h)
@@ -62,6 +69,7 @@ type heldPermits struct {
 	l     *Limiter
 	key   string
 	left  atomic.Int64
+	until time.Time // zero: no bound
 	outer *heldPermits
 }
 
@@ -72,6 +80,9 @@ func (l *Limiter) useHeld(ctx context.Context, key string, n int64) bool {
 	for ; h != nil; h = h.outer {
 		if h.key != key || h.l != l && !sameBucket(h.l.bucket, l.bucket) {
 			continue
+		}
+		if !h.until.IsZero() && l.cfg.clock.Now().After(h.until) {
+			continue // past their margin: a call now would come late
 		}
 		for {
 			left := h.left.Load()

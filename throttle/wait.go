@@ -143,6 +143,9 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 				return c, err // answered, or its time came, after the wait's end
 			}
 			if w.usable(st, &c) {
+				if c.Margin > 0 && c.answered != 0 {
+					capability.NoteUseBy(w.ctx, l.tb.wall(addSat(addSat(c.answered, c.Delay), c.Margin)))
+				}
 				return c, nil
 			}
 		case c.retryIn > left:

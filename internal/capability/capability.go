@@ -374,17 +374,43 @@ func Of[T any](b any) (T, bool) {
 // permit requests outstanding only while grants come that fast (more
 // requests then make more permits), and one while the Limiter paces them
 // (more would only take places in a row). Safe for concurrent use.
-type PaceNote struct{ paced atomic.Bool }
+//
+// It also learns until when the permit the wait handed over may be used
+// (UseBy): its time plus the bucket's margin (throttle.Decision.Margin),
+// so that a holder of a permit it cannot use at once (the scheduler,
+// waiting for a worker) drops it rather than send late.
+type PaceNote struct {
+	paced atomic.Bool
+	useBy atomic.Int64 // Unix ns; 0: no bound
+}
 
 // Paced reports whether a wait under the note's context waited for the
 // bucket's pace since the note was made or last Reset.
 func (n *PaceNote) Paced() bool { return n.paced.Load() }
 
+// UseBy is until when the permit of the last wait under the note's
+// context may be used; zero when its bucket bounds nothing.
+func (n *PaceNote) UseBy() time.Time {
+	if ns := n.useBy.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
 // Reset forgets what the note learned, for the next wait under its
 // context.
-func (n *PaceNote) Reset() { n.paced.Store(false) }
+func (n *PaceNote) Reset() {
+	n.paced.Store(false)
+	n.useBy.Store(0)
+}
 
 type paceNoteKey struct{}
+
+// NoteOf returns the PaceNote ctx carries, nil if none.
+func NoteOf(ctx context.Context) *PaceNote {
+	n, _ := ctx.Value(paceNoteKey{}).(*PaceNote)
+	return n
+}
 
 // WithPaceNote returns ctx carrying n.
 func WithPaceNote(ctx context.Context, n *PaceNote) context.Context {
@@ -397,4 +423,31 @@ func NotePaced(ctx context.Context) {
 	if n, ok := ctx.Value(paceNoteKey{}).(*PaceNote); ok {
 		n.paced.Store(true)
 	}
+}
+
+// NoteUseBy tells the PaceNote ctx carries, if any, until when the permit
+// its wait hands over may be used; the Limiter calls it as it returns.
+func NoteUseBy(ctx context.Context, t time.Time) {
+	if n, ok := ctx.Value(paceNoteKey{}).(*PaceNote); ok {
+		n.useBy.Store(t.UnixNano())
+	}
+}
+
+type useByKey struct{}
+
+// WithUseBy returns ctx carrying t, until when the permits a
+// throttle.Keyed.ContextWithPermit made with it (or a context derived
+// from it) hold may be used: the consumer hands its attempt's permit to
+// the handler that way, and a call made later takes one of its own.
+func WithUseBy(ctx context.Context, t time.Time) context.Context {
+	if t.IsZero() {
+		return ctx
+	}
+	return context.WithValue(ctx, useByKey{}, t)
+}
+
+// UseByOf returns the time WithUseBy put in ctx, zero if none.
+func UseByOf(ctx context.Context) time.Time {
+	t, _ := ctx.Value(useByKey{}).(time.Time)
+	return t
 }
