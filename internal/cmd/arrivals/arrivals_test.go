@@ -111,7 +111,7 @@ func TestCountReportsUseDipsAndSenders(t *testing.T) {
 		for i := range n {
 			a := arrival{At: t0.Add(time.Duration(k)*interval + time.Duration(i)*10*time.Millisecond), Process: 0, Class: classNone}
 			if k == 6 && i >= 5 {
-				a.Process, a.Class, a.Began = 1, classShort, a.At.Add(-20*time.Millisecond)
+				a.Process, a.Class, a.Began, a.Sent = 1, classShort, a.At.Add(-20*time.Millisecond), a.At.Add(-time.Millisecond)
 			}
 			arr = append(arr, a)
 		}
@@ -121,12 +121,15 @@ func TestCountReportsUseDipsAndSenders(t *testing.T) {
 	f := count(arr, 5, interval, t0.Add(10*interval))
 	assert.Equal(t, 49, f.Arrivals)
 	assert.Equal(t, 7, f.Most)
+	assert.Equal(t, 7, f.MostAfter)
 	assert.InDelta(t, 1.4, f.Multiple, 1e-9)
 	assert.InDelta(t, 0.6, f.MostAtS, 1e-9)
 	assert.Equal(t, map[string]int{"p0": 5, "p1": 2, classNone: 5, classShort: 2}, f.MostBy)
 	assert.Equal(t, 2, f.Over)
 	assert.Equal(t, map[string]int{"p1": 2, classShort: 2}, f.OverBy)
-	assert.InDelta(t, 20, f.OverWaitedMs, 1e-9)
+	assert.InDelta(t, 19, f.OverWaitedMs, 1e-9)
+	assert.InDelta(t, 1, f.OverWayMs, 1e-9)
+	assert.InDelta(t, 1, f.WayMaxMs, 1e-9)
 	assert.Equal(t, []int{5, 5, 5, 5, 2, 5, 7, 5, 5, 5}, f.PerInterval)
 	assert.Equal(t, 2, f.Fewest)
 	// Used: 44 arrivals from t0+100ms to the end, where 45 are allowed.
@@ -173,8 +176,9 @@ func TestEndToEnd(t *testing.T) {
 	var out, errs bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	dump := t.TempDir() + "/arrivals.jsonl"
 	code := command(ctx, []string{"-processes=1", "-workers=2", "-limit=5", "-interval=100ms", "-duration=1s",
-		"-stop=0:400ms:30ms", "-json"}, &out, &errs)
+		"-stop=0:400ms:30ms", "-trace", "-dump=" + dump, "-json"}, &out, &errs)
 	require.Contains(t, []int{cli.ExitOK, cli.ExitFailed}, code, "stderr: %s", errs.String())
 	if code == cli.ExitFailed {
 		require.Contains(t, errs.String(), "the limit was broken at the provider", "a failure other than the limit's:\n%s", errs.String())
@@ -197,4 +201,41 @@ func TestEndToEnd(t *testing.T) {
 	assert.Zero(t, r.Errors, "first error: %s", r.FirstError)
 	assert.Greater(t, r.Used, 0.3, "%+v", r)
 	assert.Contains(t, errs.String(), "arrivals: started")
+
+	// The dump has every arrival, each with its call's times.
+	raw, err := os.ReadFile(dump)
+	require.NoError(t, err)
+	lines = strings.Split(strings.TrimSpace(string(raw)), "\n")
+	require.Len(t, lines, r.Arrivals)
+	traced := 0
+	for _, l := range lines {
+		var d dumped
+		require.NoError(t, json.Unmarshal([]byte(l), &d))
+		require.True(t, d.Began > 0 && d.Began <= d.Sent && d.Sent <= d.At, "%s", l)
+		if d.Decided > 0 {
+			traced++
+		}
+	}
+	assert.Greater(t, traced, len(lines)/2, "grants the bucket was seen to make")
+}
+
+func TestNoteRoundTrips(t *testing.T) {
+	n := &callNote{began: t0}
+	n.decided = t0.Add(time.Millisecond)
+	n.d.Delay, n.d.Reset, n.d.Remaining = 2*time.Millisecond, 90*time.Millisecond, 3
+	a := arrival{Remaining: -1}
+	decode(n.encode(t0.Add(5*time.Millisecond)), &a)
+	assert.True(t, a.Began.Equal(t0))
+	assert.True(t, a.Sent.Equal(t0.Add(5*time.Millisecond)))
+	assert.True(t, a.Decided.Equal(t0.Add(time.Millisecond)))
+	assert.Equal(t, 2*time.Millisecond, a.Delay)
+	assert.Equal(t, 90*time.Millisecond, a.Reset)
+	assert.Equal(t, int64(3), a.Remaining)
+
+	a = arrival{Remaining: -1}
+	decode((&callNote{began: t0}).encode(t0), &a) // no grant seen
+	assert.True(t, a.Decided.IsZero())
+	assert.Equal(t, int64(-1), a.Remaining)
+	decode("garbage", &a)
+	assert.True(t, a.Sent.Equal(t0))
 }

@@ -46,6 +46,8 @@ type childConfig struct {
 	Workers  int           `json:"workers"`
 	Waits    string        `json:"waits"`
 	URL      string        `json:"url"`
+	// Trace wraps the bucket in a tracedBucket.
+	Trace bool `json:"trace,omitempty"`
 }
 
 // childResult is what a child tells its parent at the end, on the last
@@ -65,8 +67,14 @@ type childResult struct {
 	Deadline  int64 `json:"deadline"`
 	Errors    int64 `json:"errors"`
 	// RefusedBy is Refused per wait class.
-	RefusedBy  map[string]int64 `json:"refused_by"`
-	FirstError string           `json:"first_error,omitempty"`
+	RefusedBy map[string]int64 `json:"refused_by"`
+	// StoreErrors is the bucket calls that failed (the Limiter's store
+	// timeout, Redis unreachable); Degraded the permits the Limiter's
+	// failure policy granted meanwhile, without the shared bucket (its
+	// Observer's counts).
+	StoreErrors int64  `json:"store_errors"`
+	Degraded    int64  `json:"degraded"`
+	FirstError  string `json:"first_error,omitempty"`
 	// Stuck is the workers that had not returned within stopBound of the
 	// stop.
 	Stuck int `json:"stuck,omitempty"`
@@ -131,7 +139,14 @@ func runChild(c childConfig, stdin io.Reader, stdout io.Writer) (childResult, er
 	if err != nil {
 		return childResult{}, err
 	}
-	var opts []throttle.LimiterOption
+	if c.Trace {
+		b = tracedBucket{b}
+	}
+	t := &childTally{refusedBy: map[string]*atomic.Int64{}}
+	for _, cl := range classes {
+		t.refusedBy[cl] = new(atomic.Int64)
+	}
+	opts := []throttle.LimiterOption{throttle.WithObserver(observer{t})}
 	if c.Lease {
 		opts = append(opts, throttle.WithLeasing(throttle.Leasing{}))
 	}
@@ -142,8 +157,9 @@ func runChild(c childConfig, stdin io.Reader, stdout io.Writer) (childResult, er
 	base := &http.Transport{MaxIdleConns: c.Workers, MaxIdleConnsPerHost: c.Workers}
 	defer base.CloseIdleConnections()
 	// The Transport's own maxWait is its default (throttle.Forever): each
-	// call's context deadline, or none, bounds its wait.
-	ht, err := httpclient.NewTransport(lim, httpclient.WithBase(base))
+	// call's context deadline, or none, bounds its wait. Under it, stamp
+	// notes when each request leaves.
+	ht, err := httpclient.NewTransport(lim, httpclient.WithBase(stamp{base}))
 	if err != nil {
 		return childResult{}, err
 	}
@@ -162,10 +178,6 @@ func runChild(c childConfig, stdin io.Reader, stdout io.Writer) (childResult, er
 		stop()
 	}()
 
-	t := &childTally{refusedBy: map[string]*atomic.Int64{}}
-	for _, cl := range classes {
-		t.refusedBy[cl] = new(atomic.Int64)
-	}
 	var (
 		wg      sync.WaitGroup
 		running atomic.Int64
@@ -254,6 +266,7 @@ func deadline(class string, rng *rand.Rand) time.Duration {
 // childTally holds a child's counts.
 type childTally struct {
 	calls, ok, s429, refused, deadline, errors atomic.Int64
+	storeErrors, degraded                      atomic.Int64
 	refusedBy                                  map[string]*atomic.Int64
 	firstErr                                   sync.Once
 	firstError                                 string
@@ -268,7 +281,25 @@ func (t *childTally) fill(r *childResult) {
 			r.RefusedBy[cl] = v
 		}
 	}
+	r.StoreErrors, r.Degraded = t.storeErrors.Load(), t.degraded.Load()
 	r.FirstError = t.firstError
+}
+
+// observer counts what the Limiter did without the shared bucket.
+type observer struct{ t *childTally }
+
+func (observer) Acquired(string, int64, time.Duration, error) {}
+
+func (o observer) BucketCall(_ string, _ throttle.Decision, _ time.Duration, err error) {
+	if err != nil {
+		o.t.storeErrors.Add(1)
+	}
+}
+
+func (o observer) Degraded(_ string, _ string, granted bool, _ error) {
+	if granted {
+		o.t.degraded.Add(1)
+	}
 }
 
 func (t *childTally) fail(err error) {
@@ -279,8 +310,8 @@ func (t *childTally) fail(err error) {
 // work is one worker: a closed loop of calls to the provider through the
 // Transport, each with a wait drawn from c.Waits, until ctx ends. The
 // call's query tells the provider who sent it, in which class, and when
-// the call began, so that the parent can say which callers the arrivals
-// over the limit came from.
+// the call began and was sent (trace.go), so that the parent can say
+// which callers the arrivals over the limit came from.
 func work(ctx context.Context, c childConfig, client *http.Client, rng *rand.Rand, seq *atomic.Int64, t *childTally) {
 	for ctx.Err() == nil {
 		class := draw(c.Waits, rng)
@@ -288,13 +319,12 @@ func work(ctx context.Context, c childConfig, client *http.Client, rng *rand.Ran
 		if d := deadline(class, rng); d > 0 {
 			cctx, cancel = context.WithTimeout(ctx, d)
 		}
-		began := time.Now()
 		q := url.Values{
 			"topic":     {class},
 			"partition": {strconv.Itoa(c.Process)},
 			"offset":    {strconv.FormatInt(seq.Add(1), 10)},
-			"key":       {strconv.FormatInt(began.UnixNano(), 10)},
 		}
+		cctx = withNote(cctx, &callNote{began: time.Now()})
 		req, err := http.NewRequestWithContext(cctx, http.MethodGet, c.URL+"/call?"+q.Encode(), nil)
 		if err != nil {
 			cancel()

@@ -12,22 +12,39 @@ import (
 // provider's handler read, timed under its lock.
 
 // arrival is one request as the provider saw it: when it arrived and, from
-// its query, which process sent it, in which class of wait, and when the
-// call began.
+// its query (see trace.go), which process sent it, in which class of wait,
+// when the call began and when it was sent, and with -trace when its
+// permit was granted and what the grant said.
 type arrival struct {
 	At      time.Time
 	Process int    // the child that sent it; -1 when unknown (a refusal)
 	Class   string // the call's wait class (short, long, none); "" when unknown
 	Began   time.Time
+	Sent    time.Time
+	// With -trace: when the bucket's granting Take returned (zero if not
+	// seen), and its decision's Delay, Reset and Remaining.
+	Decided   time.Time
+	Delay     time.Duration
+	Reset     time.Duration
+	Remaining int64
 }
 
-// waited is how long the call waited between its start and its arrival
-// (its permit, and the way to the provider); 0 when unknown.
+// waited is how long the call waited between its start and its send: for
+// its permit, and for the permit's place; 0 when unknown.
 func (a arrival) waited() time.Duration {
-	if a.Began.IsZero() {
+	if a.Began.IsZero() || a.Sent.IsZero() {
 		return 0
 	}
-	return a.At.Sub(a.Began)
+	return a.Sent.Sub(a.Began)
+}
+
+// way is how long the request took from its send to its arrival (the
+// machine's scheduling, a stopped process); -1 when unknown.
+func (a arrival) way() time.Duration {
+	if a.Sent.IsZero() {
+		return -1
+	}
+	return a.At.Sub(a.Sent)
 }
 
 // sortArrivals sorts a by arrival time (stable, so that the provider's
@@ -137,14 +154,23 @@ type figures struct {
 	// MostBy breaks the fullest span down by sender: "p0", "p1", ... per
 	// process and "short", "long", "none" per wait class.
 	MostBy map[string]int `json:"most_by"`
+	// MostAfter is Most among the arrivals from one interval after the
+	// first on: the steady state, the fleet's start left out.
+	MostAfter int `json:"most_in_interval_after_first"`
 	// Over is the fewest arrivals that must be set aside for the rest to
 	// hold the limit in every span of one interval (what a provider
 	// enforcing a sliding window would refuse); OverBy breaks them down
-	// as MostBy does, and OverWaitedMs is the median wait (call start to
-	// arrival) of those arrivals.
+	// as MostBy does; OverWaitedMs is their median wait (the call's start
+	// to its send) and OverWayMs their median way (the send to the
+	// arrival).
 	Over         int            `json:"over_limit"`
 	OverBy       map[string]int `json:"over_by,omitempty"`
 	OverWaitedMs float64        `json:"over_waited_ms_p50,omitempty"`
+	OverWayMs    float64        `json:"over_way_ms_p50,omitempty"`
+	// WayP99Ms and WayMaxMs: how long requests took from their send to
+	// their arrival, over all arrivals.
+	WayP99Ms float64 `json:"way_ms_p99"`
+	WayMaxMs float64 `json:"way_ms_max"`
 	// Used is the arrivals from one interval after the first to the end
 	// of the round over what the limit allows in that span.
 	Used float64 `json:"used"`
@@ -178,27 +204,48 @@ func count(arr []arrival, limit int64, interval time.Duration, end time.Time) fi
 	for _, a := range arr[at : at+f.Most] {
 		by(f.MostBy, a)
 	}
+	after, _ := slices.BinarySearchFunc(ts, ts[0].Add(interval), time.Time.Compare)
+	f.MostAfter, _ = fullest(ts[after:], interval)
 	if over := overLimit(ts, int(min(limit, math.MaxInt32)), interval); len(over) > 0 {
 		f.Over = len(over)
 		f.OverBy = map[string]int{}
-		var waits []time.Duration
+		var waits, ways []time.Duration
 		for _, i := range over {
 			by(f.OverBy, arr[i])
 			if w := arr[i].waited(); w > 0 {
 				waits = append(waits, w)
 			}
+			if w := arr[i].way(); w >= 0 {
+				ways = append(ways, w)
+			}
 		}
-		if len(waits) > 0 {
-			slices.Sort(waits)
-			f.OverWaitedMs = float64(waits[len(waits)/2]) / float64(time.Millisecond)
+		f.OverWaitedMs = quantileMs(waits, 0.5)
+		f.OverWayMs = quantileMs(ways, 0.5)
+	}
+	var ways []time.Duration
+	for _, a := range arr {
+		if w := a.way(); w >= 0 {
+			ways = append(ways, w)
 		}
 	}
+	f.WayP99Ms, f.WayMaxMs = quantileMs(ways, 0.99), quantileMs(ways, 1)
 	f.Used = used(ts, end, limit, interval)
 	f.PerInterval = intervals(ts, ts[0], end, interval)
 	if len(f.PerInterval) > 1 {
 		f.Fewest = slices.Min(f.PerInterval[1:])
 	}
 	return f
+}
+
+// quantileMs is the q-quantile of d (sorted here), in milliseconds; 0
+// for none.
+func quantileMs(d []time.Duration, q float64) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	i := min(int(q*float64(len(d))), len(d)-1)
+	return float64(d[i]) / float64(time.Millisecond)
 }
 
 // by counts a under its process and its class (a refusal of the

@@ -46,6 +46,9 @@ type scenario struct {
 	ProviderLimit  int64         `json:"provider_limit,omitempty"`
 	ProviderPolicy string        `json:"provider_policy,omitempty"`
 	Latency        time.Duration `json:"latency,omitempty"`
+	// Trace wraps each child's bucket to note when it granted each call's
+	// permit (-trace).
+	Trace bool `json:"trace,omitempty"`
 }
 
 // stopSpec stops (SIGSTOP) child Process for For, every Every.
@@ -98,6 +101,11 @@ type roundResult struct {
 	Deadline   int64            `json:"deadline"`
 	Errors     int64            `json:"errors"`
 	FirstError string           `json:"first_error,omitempty"`
+	// StoreErrors and Degraded: the bucket calls that failed, and the
+	// permits the Limiters' failure policy granted without the shared
+	// bucket meanwhile (childResult).
+	StoreErrors int64 `json:"store_errors"`
+	Degraded    int64 `json:"degraded"`
 	// Stops is the SIGSTOPs sent; Killed the children that had not
 	// exited within the bound after the stop (killed, and their counts
 	// lost); Stuck their workers that had not returned.
@@ -107,6 +115,8 @@ type roundResult struct {
 	// Load is the machine's one-minute load average at the round's end
 	// (-1 unknown): figures from a loaded machine read with it.
 	Load float64 `json:"load"`
+
+	arrivals []arrival // for -dump
 }
 
 // child is one running child process.
@@ -154,7 +164,7 @@ func runRound(ctx context.Context, sc scenario, redis, exe string, round int, st
 	for i := range sc.Processes {
 		spec, _ := json.Marshal(childConfig{
 			Process: i, Redis: redis, Key: key, Bucket: sc.Bucket, Limit: sc.Limit, Interval: sc.Interval,
-			Lease: sc.Lease, Workers: sc.Workers, Waits: sc.Waits, URL: prov.URL(),
+			Lease: sc.Lease, Workers: sc.Workers, Waits: sc.Waits, URL: prov.URL(), Trace: sc.Trace,
 		})
 		k, err := startChild(exe, i, string(spec), &prefixed{mu: &mu, w: stderr, prefix: fmt.Sprintf("arrivals: process %d: ", i)})
 		if err != nil {
@@ -208,6 +218,8 @@ func runRound(ctx context.Context, sc scenario, redis, exe string, round int, st
 		res.Deadline += r.Deadline
 		res.Errors += r.Errors
 		res.Stuck += r.Stuck
+		res.StoreErrors += r.StoreErrors
+		res.Degraded += r.Degraded
 		for cl, n := range r.RefusedBy {
 			res.RefusedBy[cl] += n
 		}
@@ -215,7 +227,8 @@ func runRound(ctx context.Context, sc scenario, redis, exe string, round int, st
 			res.FirstError = r.FirstError
 		}
 	}
-	res.figures = count(arrivalsOf(prov), sc.Limit, sc.Interval, end)
+	res.arrivals = arrivalsOf(prov)
+	res.figures = count(res.arrivals, sc.Limit, sc.Interval, end)
 	res.Load = loadAverage()
 	return res, nil
 }
@@ -225,14 +238,12 @@ func runRound(ctx context.Context, sc scenario, redis, exe string, round int, st
 func arrivalsOf(p *provider.Provider) []arrival {
 	var out []arrival
 	for _, c := range p.Calls() {
-		a := arrival{At: c.At, Process: int(c.Partition), Class: c.Topic}
-		if ns, err := strconv.ParseInt(c.Key, 10, 64); err == nil {
-			a.Began = time.Unix(0, ns)
-		}
+		a := arrival{At: c.At, Process: int(c.Partition), Class: c.Topic, Remaining: -1}
+		decode(c.Key, &a)
 		out = append(out, a)
 	}
 	for _, t := range p.Refusals() {
-		out = append(out, arrival{At: t, Process: -1})
+		out = append(out, arrival{At: t, Process: -1, Remaining: -1})
 	}
 	return out
 }

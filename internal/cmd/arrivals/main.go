@@ -76,6 +76,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -145,6 +146,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		rounds   int
 		scen     string
 		only     string
+		dump     string
 		asJSON   bool
 	)
 	fs.StringVar(&sc.Bucket, "bucket", "tokenbucket", "bucket each process builds on the shared key: "+strings.Join(bucketKinds, ", "))
@@ -162,6 +164,8 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&sc.Latency, "latency", 0, "how long the provider takes to answer an accepted call")
 	fs.StringVar(&scen, "scenario", "", "run a preset table instead of one configuration: issue41")
 	fs.StringVar(&only, "only", "", "with -scenario: run only the rows whose name matches this regular expression")
+	fs.BoolVar(&sc.Trace, "trace", false, "wrap each process's bucket to note when it granted each call's permit and what the grant said (for -dump); Unwrap keeps what the bucket offers the Limiter")
+	fs.StringVar(&dump, "dump", "", "write every arrival of every round to this file, one JSON object a line, for a closer look")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object on standard output (progress on stderr)")
 
 	var runs []scenario
@@ -208,7 +212,18 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return nil
 	}
 	return cmd.Run(ctx, args, stdout, stderr, validate, func(ctx context.Context) error {
-		return run(ctx, runs, rounds, asJSON, stdout, stderr)
+		var dumpTo io.Writer
+		if dump != "" {
+			f, err := os.Create(dump)
+			if err != nil {
+				return cli.Usagef("dump: %w", err)
+			}
+			defer f.Close()
+			bw := bufio.NewWriter(f)
+			defer bw.Flush()
+			dumpTo = bw
+		}
+		return run(ctx, runs, rounds, asJSON, dumpTo, stdout, stderr)
 	})
 }
 
@@ -302,6 +317,44 @@ type outcome struct {
 	Summary  summary       `json:"summary"`
 }
 
+// dumped is one arrival in -dump's file. Times are Unix nanoseconds (0:
+// unknown); TMs is the arrival's time from the round's first, in ms.
+type dumped struct {
+	Scenario  string  `json:"scenario"`
+	Round     int     `json:"round"`
+	TMs       float64 `json:"t_ms"`
+	At        int64   `json:"at"`
+	Process   int     `json:"process"`
+	Class     string  `json:"class"`
+	Began     int64   `json:"began"`
+	Sent      int64   `json:"sent"`
+	Decided   int64   `json:"decided,omitempty"`
+	Delay     int64   `json:"delay,omitempty"`
+	Reset     int64   `json:"reset,omitempty"`
+	Remaining int64   `json:"remaining"`
+}
+
+func dumpRound(w io.Writer, name string, r roundResult) error {
+	arr := slices.Clone(r.arrivals)
+	sortArrivals(arr)
+	enc := json.NewEncoder(w)
+	ns := func(t time.Time) int64 {
+		if t.IsZero() {
+			return 0
+		}
+		return t.UnixNano()
+	}
+	for _, a := range arr {
+		d := dumped{Scenario: name, Round: r.Round, TMs: float64(a.At.Sub(arr[0].At)) / float64(time.Millisecond),
+			At: ns(a.At), Process: a.Process, Class: a.Class, Began: ns(a.Began), Sent: ns(a.Sent), Decided: ns(a.Decided),
+			Delay: int64(a.Delay), Reset: int64(a.Reset), Remaining: a.Remaining}
+		if err := enc.Encode(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // errBroken reports that some round had more than the limit in a span of
 // one interval.
 type errBroken struct{ rounds, of int }
@@ -310,7 +363,7 @@ func (e errBroken) Error() string {
 	return fmt.Sprintf("the limit was broken at the provider in %d of %d rounds", e.rounds, e.of)
 }
 
-func run(ctx context.Context, runs []scenario, rounds int, asJSON bool, stdout, stderr io.Writer) error {
+func run(ctx context.Context, runs []scenario, rounds int, asJSON bool, dump io.Writer, stdout, stderr io.Writer) error {
 	srv, err := redisenv.Start()
 	if err != nil {
 		return cli.Usagef("%w", err)
@@ -337,7 +390,7 @@ func run(ctx context.Context, runs []scenario, rounds int, asJSON bool, stdout, 
 scenarios:
 	for _, sc := range runs {
 		o := outcome{Scenario: sc}
-		fmt.Fprintf(progress, "%s: %s, %d workers × %d processes, %v per round\n", sc.Name, sc.Bucket, sc.Workers, sc.Processes, sc.Duration)
+		fmt.Fprintf(progress, "%s: %s, %d processes × %d workers, %v per round\n", sc.Name, sc.Bucket, sc.Processes, sc.Workers, sc.Duration)
 		for r := 1; r <= rounds; r++ {
 			if ctx.Err() != nil {
 				break
@@ -352,6 +405,11 @@ scenarios:
 				break scenarios
 			}
 			fmt.Fprintf(progress, "  %s\n", res.line(sc.Limit))
+			if dump != nil {
+				if err := dumpRound(dump, sc.Name, res); err != nil {
+					return fmt.Errorf("dump: %w", err)
+				}
+			}
 			o.Rounds = append(o.Rounds, res)
 			total++
 			if res.Most > int(sc.Limit) {

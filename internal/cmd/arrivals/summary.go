@@ -37,13 +37,13 @@ func statOf(v []float64) stat {
 }
 
 // format writes s with prec decimals: "7 [6–8]", or "7" when every round
-// gave the same.
+// gave the same at that precision.
 func (s stat) format(prec int) string {
 	if math.IsNaN(s.Median) {
 		return "-"
 	}
 	f := func(x float64) string { return strconv.FormatFloat(x, 'f', prec, 64) }
-	if s.Min == s.Max {
+	if f(s.Min) == f(s.Max) {
 		return f(s.Median)
 	}
 	return f(s.Median) + " [" + f(s.Min) + "–" + f(s.Max) + "]"
@@ -56,6 +56,7 @@ type summary struct {
 	// interval.
 	Broken    int  `json:"rounds_broken"`
 	Most      stat `json:"most_in_interval"`
+	MostAfter stat `json:"most_in_interval_after_first"`
 	Multiple  stat `json:"most_times_limit"`
 	Over      stat `json:"over_limit"`
 	Used      stat `json:"used"`
@@ -65,6 +66,7 @@ type summary struct {
 	Deadline  stat `json:"deadline"`
 	Errors    stat `json:"errors"`
 	Status429 stat `json:"status_429"`
+	Degraded  stat `json:"degraded"`
 	Load      stat `json:"load"`
 }
 
@@ -83,6 +85,7 @@ func summarize(rs []roundResult, limit int64) summary {
 		}
 	}
 	s.Most = of(func(r roundResult) float64 { return float64(r.Most) })
+	s.MostAfter = of(func(r roundResult) float64 { return float64(r.MostAfter) })
 	s.Multiple = of(func(r roundResult) float64 { return r.Multiple })
 	s.Over = of(func(r roundResult) float64 { return float64(r.Over) })
 	s.Used = of(func(r roundResult) float64 { return r.Used })
@@ -92,6 +95,7 @@ func summarize(rs []roundResult, limit int64) summary {
 	s.Deadline = of(func(r roundResult) float64 { return float64(r.Deadline) })
 	s.Errors = of(func(r roundResult) float64 { return float64(r.Errors) })
 	s.Status429 = of(func(r roundResult) float64 { return float64(r.Status429) })
+	s.Degraded = of(func(r roundResult) float64 { return float64(r.Degraded) })
 	s.Load = of(func(r roundResult) float64 { return r.Load })
 	return s
 }
@@ -101,12 +105,14 @@ func (s summary) print(w io.Writer) {
 	fmt.Fprintf(w, "over %d rounds, median [range]:\n", s.Rounds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "  most in one interval\t%s\t(%s× the limit)\n", s.Most.format(0), s.Multiple.format(2))
+	fmt.Fprintf(tw, "  the same, after the first\t%s\t(the fleet's start left out)\n", s.MostAfter.format(0))
 	fmt.Fprintf(tw, "  over the limit\t%s\t(arrivals a sliding window of the limit would refuse)\n", s.Over.format(0))
 	fmt.Fprintf(tw, "  used\t%s\t\n", s.Used.format(3))
 	fmt.Fprintf(tw, "  fewest in an interval\t%s\t\n", s.Fewest.format(0))
 	fmt.Fprintf(tw, "  arrivals\t%s\t\n", s.Arrivals.format(0))
 	fmt.Fprintf(tw, "  refused by the limiter\t%s\t\n", s.Refused.format(0))
 	fmt.Fprintf(tw, "  deadline, errors, 429\t%s, %s, %s\t\n", s.Deadline.format(0), s.Errors.format(0), s.Status429.format(0))
+	fmt.Fprintf(tw, "  failure-policy grants\t%s\t(the shared bucket's store failed)\n", s.Degraded.format(0))
 	fmt.Fprintf(tw, "  load average\t%s\t\n", s.Load.format(1))
 	tw.Flush()
 	if s.Broken > 0 {
@@ -119,9 +125,9 @@ func (s summary) print(w io.Writer) {
 // line is one round on one line.
 func (r roundResult) line(limit int64) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "round %d: most %d (%.2f× %d) at %.2fs [%s]", r.Round, r.Most, r.Multiple, limit, r.MostAtS, byString(r.MostBy))
+	fmt.Fprintf(&b, "round %d: most %d (%.2f× %d) at %.2fs [%s], %d after the first interval", r.Round, r.Most, r.Multiple, limit, r.MostAtS, byString(r.MostBy), r.MostAfter)
 	if r.Over > 0 {
-		fmt.Fprintf(&b, "; over %d [%s; waited p50 %.0fms]", r.Over, byString(r.OverBy), r.OverWaitedMs)
+		fmt.Fprintf(&b, "; over %d [%s; waited p50 %.0fms, on the way p50 %.1fms]", r.Over, byString(r.OverBy), r.OverWaitedMs, r.OverWayMs)
 	} else {
 		b.WriteString("; over 0")
 	}
@@ -133,6 +139,9 @@ func (r roundResult) line(limit int64) string {
 	if r.FirstError != "" {
 		fmt.Fprintf(&b, " (first error: %s)", r.FirstError)
 	}
+	if r.StoreErrors+r.Degraded > 0 {
+		fmt.Fprintf(&b, "; %d store errors, %d failure-policy grants", r.StoreErrors, r.Degraded)
+	}
 	if r.Stops > 0 {
 		fmt.Fprintf(&b, "; %d stops", r.Stops)
 	}
@@ -142,7 +151,7 @@ func (r roundResult) line(limit int64) string {
 	if r.Stuck > 0 {
 		fmt.Fprintf(&b, "; %d workers stuck at the stop", r.Stuck)
 	}
-	fmt.Fprintf(&b, "; load %.1f", r.Load)
+	fmt.Fprintf(&b, "; send to arrival p99 %.1fms, max %.1fms; load %.1f", r.WayP99Ms, r.WayMaxMs, r.Load)
 	return b.String()
 }
 
@@ -199,12 +208,12 @@ func table(w io.Writer, outs []outcome) {
 	}
 	fmt.Fprintf(w, "\nmedian [range] over %d rounds of %v each; most: the most arrivals in any span of one interval\n", outs[0].Summary.Rounds, outs[0].Scenario.Duration)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\tworkers\tmost\t× limit\tover\tused\tfewest\trefused\tbroken\tload\t")
+	fmt.Fprintln(tw, "scenario\tworkers\tmost\t× limit\tafter 1st\tover\tused\tfewest\trefused\tfail-policy\tbroken\tload\t")
 	for _, o := range outs {
 		s, sc := o.Summary, o.Scenario
-		fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t\n", sc.Name, sc.Processes, sc.Workers,
-			s.Most.format(0), s.Multiple.format(2), s.Over.format(0), s.Used.format(3), s.Fewest.format(0),
-			s.Refused.format(0), s.Broken, s.Rounds, s.Load.format(1))
+		fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t\n", sc.Name, sc.Processes, sc.Workers,
+			s.Most.format(0), s.Multiple.format(2), s.MostAfter.format(0), s.Over.format(0), s.Used.format(3), s.Fewest.format(0),
+			s.Refused.format(0), s.Degraded.format(0), s.Broken, s.Rounds, s.Load.format(1))
 	}
 	tw.Flush()
 }
