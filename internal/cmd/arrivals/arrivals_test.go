@@ -122,6 +122,7 @@ func TestCountReportsUseDipsAndSenders(t *testing.T) {
 	assert.Equal(t, 49, f.Arrivals)
 	assert.Equal(t, 7, f.Most)
 	assert.Equal(t, 7, f.MostAfter)
+	assert.Equal(t, 2, f.MostSent, "by send time: only p1's calls say when they were sent")
 	assert.InDelta(t, 1.4, f.Multiple, 1e-9)
 	assert.InDelta(t, 0.6, f.MostAtS, 1e-9)
 	assert.Equal(t, map[string]int{"p0": 5, "p1": 2, classNone: 5, classShort: 2}, f.MostBy)

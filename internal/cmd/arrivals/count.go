@@ -157,6 +157,11 @@ type figures struct {
 	// MostAfter is Most among the arrivals from one interval after the
 	// first on: the steady state, the fleet's start left out.
 	MostAfter int `json:"most_in_interval_after_first"`
+	// MostSent is Most by the requests' send times (the children's
+	// clocks, the same machine's) instead of their arrivals: the fleet's
+	// own pace. Most well above it means the requests bunched on the way
+	// (a loaded machine, a stalled provider), not at the Limiters.
+	MostSent int `json:"most_in_interval_by_send"`
 	// Over is the fewest arrivals that must be set aside for the rest to
 	// hold the limit in every span of one interval (what a provider
 	// enforcing a sliding window would refuse); OverBy breaks them down
@@ -222,12 +227,18 @@ func count(arr []arrival, limit int64, interval time.Duration, end time.Time) fi
 		f.OverWaitedMs = quantileMs(waits, 0.5)
 		f.OverWayMs = quantileMs(ways, 0.5)
 	}
-	var ways []time.Duration
+	var (
+		ways []time.Duration
+		sent []time.Time
+	)
 	for _, a := range arr {
 		if w := a.way(); w >= 0 {
 			ways = append(ways, w)
+			sent = append(sent, a.Sent)
 		}
 	}
+	slices.SortFunc(sent, time.Time.Compare)
+	f.MostSent, _ = fullest(sent, interval)
 	f.WayP99Ms, f.WayMaxMs = quantileMs(ways, 0.99), quantileMs(ways, 1)
 	f.Used = used(ts, end, limit, interval)
 	f.PerInterval = intervals(ts, ts[0], end, interval)

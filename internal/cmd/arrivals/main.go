@@ -43,17 +43,32 @@
 //
 //   - most: the most arrivals in any half-open span of one interval, exact
 //     (two pointers), and as a multiple of the limit; where it starts, and
-//     who sent its arrivals (per process p0, p1, ... and wait class);
+//     who sent its arrivals (per process p0, p1, ... and wait class); the
+//     same from one interval after the first arrival on (the fleet's start
+//     left out), and by the requests' send times (each call notes when its
+//     Transport sent it: far fewer by send than by arrival means the
+//     requests bunched on the way, a loaded machine or a stalled
+//     provider, not at the Limiters);
 //   - over: the fewest arrivals to set aside for the rest to hold the limit
 //     in every span of one interval (what a provider enforcing a sliding
-//     window would refuse), by sender, and their median wait;
+//     window would refuse), by sender, their median wait (the call's start
+//     to its send) and median way (its send to its arrival);
 //   - used: the arrivals from one interval after the first to the end of
 //     the round over what the limit allows in that span;
 //   - fewest: the fewest arrivals in a whole interval laid end to end from
 //     the first arrival, the first one left out (dips);
 //   - arrivals; the children's calls: answered, refused by the limiter
 //     (ErrTimeout, per class), cut by their deadline otherwise, errors,
-//     429s; the machine's load average.
+//     429s; the bucket calls that failed and the permits the Limiters'
+//     failure policy granted meanwhile; the way's p99 and maximum; the
+//     machine's load average.
+//
+// -trace wraps each child's bucket (keeping what it offers the Limiter,
+// through Unwrap) to note when it granted each call's permit and what the
+// grant said (the period's end, the permits left); -dump file writes
+// every arrival of every round, one JSON object a line, with those times:
+// the way to see, arrival by arrival, which mechanism let a span hold
+// more than the limit.
 //
 // -rounds R runs the same configuration R times and prints each round and
 // then each figure's median and range.
@@ -262,6 +277,13 @@ func (s *scenario) check() error {
 	return nil
 }
 
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
 func knownPolicy(p string) bool {
 	_, ok := policies[p]
 	return ok
@@ -390,7 +412,7 @@ func run(ctx context.Context, runs []scenario, rounds int, asJSON bool, dump io.
 scenarios:
 	for _, sc := range runs {
 		o := outcome{Scenario: sc}
-		fmt.Fprintf(progress, "%s: %s, %d processes × %d workers, %v per round\n", sc.Name, sc.Bucket, sc.Processes, sc.Workers, sc.Duration)
+		fmt.Fprintf(progress, "%s: %s, %s × %d workers, %v per round\n", sc.Name, sc.Bucket, plural(sc.Processes, "process", "processes"), sc.Workers, sc.Duration)
 		for r := 1; r <= rounds; r++ {
 			if ctx.Err() != nil {
 				break

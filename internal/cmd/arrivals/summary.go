@@ -57,6 +57,7 @@ type summary struct {
 	Broken    int  `json:"rounds_broken"`
 	Most      stat `json:"most_in_interval"`
 	MostAfter stat `json:"most_in_interval_after_first"`
+	MostSent  stat `json:"most_in_interval_by_send"`
 	Multiple  stat `json:"most_times_limit"`
 	Over      stat `json:"over_limit"`
 	Used      stat `json:"used"`
@@ -86,6 +87,7 @@ func summarize(rs []roundResult, limit int64) summary {
 	}
 	s.Most = of(func(r roundResult) float64 { return float64(r.Most) })
 	s.MostAfter = of(func(r roundResult) float64 { return float64(r.MostAfter) })
+	s.MostSent = of(func(r roundResult) float64 { return float64(r.MostSent) })
 	s.Multiple = of(func(r roundResult) float64 { return r.Multiple })
 	s.Over = of(func(r roundResult) float64 { return float64(r.Over) })
 	s.Used = of(func(r roundResult) float64 { return r.Used })
@@ -106,6 +108,7 @@ func (s summary) print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "  most in one interval\t%s\t(%s× the limit)\n", s.Most.format(0), s.Multiple.format(2))
 	fmt.Fprintf(tw, "  the same, after the first\t%s\t(the fleet's start left out)\n", s.MostAfter.format(0))
+	fmt.Fprintf(tw, "  the same, by send time\t%s\t(the fleet's own pace, before the way to the provider)\n", s.MostSent.format(0))
 	fmt.Fprintf(tw, "  over the limit\t%s\t(arrivals a sliding window of the limit would refuse)\n", s.Over.format(0))
 	fmt.Fprintf(tw, "  used\t%s\t\n", s.Used.format(3))
 	fmt.Fprintf(tw, "  fewest in an interval\t%s\t\n", s.Fewest.format(0))
@@ -125,7 +128,7 @@ func (s summary) print(w io.Writer) {
 // line is one round on one line.
 func (r roundResult) line(limit int64) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "round %d: most %d (%.2f× %d) at %.2fs [%s], %d after the first interval", r.Round, r.Most, r.Multiple, limit, r.MostAtS, byString(r.MostBy), r.MostAfter)
+	fmt.Fprintf(&b, "round %d: most %d (%.2f× %d) at %.2fs [%s], %d after the first interval, %d by send time", r.Round, r.Most, r.Multiple, limit, r.MostAtS, byString(r.MostBy), r.MostAfter, r.MostSent)
 	if r.Over > 0 {
 		fmt.Fprintf(&b, "; over %d [%s; waited p50 %.0fms, on the way p50 %.1fms]", r.Over, byString(r.OverBy), r.OverWaitedMs, r.OverWayMs)
 	} else {
@@ -208,11 +211,11 @@ func table(w io.Writer, outs []outcome) {
 	}
 	fmt.Fprintf(w, "\nmedian [range] over %d rounds of %v each; most: the most arrivals in any span of one interval\n", outs[0].Summary.Rounds, outs[0].Scenario.Duration)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\tworkers\tmost\t× limit\tafter 1st\tover\tused\tfewest\trefused\tfail-policy\tbroken\tload\t")
+	fmt.Fprintln(tw, "scenario\tworkers\tmost\t× limit\tafter 1st\tby send\tover\tused\tfewest\trefused\tfail-policy\tbroken\tload\t")
 	for _, o := range outs {
 		s, sc := o.Summary, o.Scenario
-		fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t\n", sc.Name, sc.Processes, sc.Workers,
-			s.Most.format(0), s.Multiple.format(2), s.MostAfter.format(0), s.Over.format(0), s.Used.format(3), s.Fewest.format(0),
+		fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t\n", sc.Name, sc.Processes, sc.Workers,
+			s.Most.format(0), s.Multiple.format(2), s.MostAfter.format(0), s.MostSent.format(0), s.Over.format(0), s.Used.format(3), s.Fewest.format(0),
 			s.Refused.format(0), s.Degraded.format(0), s.Broken, s.Rounds, s.Load.format(1))
 	}
 	tw.Flush()
