@@ -99,6 +99,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -405,9 +406,9 @@ func run(ctx context.Context, runs []scenario, rounds int, asJSON bool, dump io.
 		progress = stderr
 	}
 	var (
-		outs          []outcome
-		broken, total int
-		failure       error
+		outs                  []outcome
+		broken, total, loaded int
+		failure               error
 	)
 scenarios:
 	for _, sc := range runs {
@@ -434,6 +435,9 @@ scenarios:
 			}
 			o.Rounds = append(o.Rounds, res)
 			total++
+			if res.Load > float64(runtime.NumCPU()) {
+				loaded++
+			}
 			if res.Most > int(sc.Limit) {
 				broken++
 			}
@@ -459,6 +463,9 @@ scenarios:
 		fmt.Fprintf(stdout, "%s\n", b)
 	} else if len(runs) > 1 {
 		table(stdout, outs)
+	}
+	if loaded > 0 {
+		fmt.Fprintf(stderr, "arrivals: %d of %d rounds ended with a load average above the machine's %d CPUs: late timers and descheduled processes (requests sent late, bunched) count in their figures\n", loaded, total, runtime.NumCPU())
 	}
 	switch {
 	case failure != nil:
