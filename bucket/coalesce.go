@@ -53,6 +53,8 @@ type upTo struct {
 	floor   time.Duration
 	rest    throttle.Decision // for callers beyond got: not granted
 	at      int64             // when the store decided, µs on its clock (the token bucket's; 0 unknown)
+	// cancel, when set, is caller i's Decision.Cancel.
+	cancel func(i int64) func(context.Context) error
 }
 
 // forCaller is the Decision of caller i (0-based) of a batch.
@@ -70,6 +72,9 @@ func (u *upTo) forCaller(i int64) throttle.Decision {
 		d.Delay = u.delays[i]
 	case u.step > 0:
 		d.Delay = max(u.first+time.Duration(i)*u.step, u.floor, 0)
+	}
+	if u.cancel != nil {
+		d.Cancel = u.cancel(i)
 	}
 	return d
 }

@@ -19,6 +19,8 @@ var (
 	srcPause string
 	//go:embed lua/tb_take.lua
 	srcTBTake string
+	//go:embed lua/tb_giveback.lua
+	srcTBGiveBack string
 	//go:embed lua/window.lua
 	srcWindow string
 	//go:embed lua/sliding.lua
@@ -36,6 +38,7 @@ var (
 
 	scriptPause        = redis.NewScript(srcPause)
 	scriptTBTake       = redis.NewScript(srcSchedule + srcTBTake)
+	scriptTBGiveBack   = redis.NewScript(srcSchedule + srcTBGiveBack)
 	scriptWindow       = redis.NewScript(srcWindow)
 	scriptSliding      = redis.NewScript(srcSliding)
 	scriptGCRA         = redis.NewScript(srcGCRA)
@@ -48,13 +51,15 @@ var (
 // uses lists the library files each script built on one is made of,
 // before its own, for tests.
 var uses = map[string][]string{
-	"tb_take.lua": {"schedule.lua"},
+	"tb_take.lua":     {"schedule.lua"},
+	"tb_giveback.lua": {"schedule.lua"},
 }
 
 // scripts lists every script by file name, for tests.
 var scripts = map[string]*redis.Script{
 	"pause.lua":         scriptPause,
 	"tb_take.lua":       scriptTBTake,
+	"tb_giveback.lua":   scriptTBGiveBack,
 	"window.lua":        scriptWindow,
 	"sliding.lua":       scriptSliding,
 	"gcra.lua":          scriptGCRA,

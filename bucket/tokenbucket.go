@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/headway-go/headway/internal/errs"
@@ -51,8 +52,10 @@ import (
 // Its limit can be changed live, for the whole fleet, with
 // [TokenBucket.SetLimit]; the change applies from the next take. A Limiter
 // can pause a TokenBucket for the whole fleet (a provider's Retry-After).
-// It takes no refunds: a permit given back stays counted until its time
-// has passed. It is safe for concurrent use.
+// A granted permit that will not be sent (its caller left before its
+// time, or woke too late to use it) is given back exactly, by its
+// Decision.Cancel; there is no other refund. It is safe for concurrent
+// use.
 type TokenBucket struct {
 	common
 	limit      int64
@@ -60,6 +63,27 @@ type TokenBucket struct {
 	marginUs   int64
 	rootKeys   []string // tbKeys of key "", built once: the hot path
 	ends       latestEnds
+	rtt        atomic.Int64 // µs: the recent round trips of takes (noteRTT)
+}
+
+// noteRTT folds a take's round trip into rtt: at once when it is longer
+// (a loaded machine, a store that slows), by a sixteenth of the
+// difference when shorter, so that a permit's count covers the round
+// trips of the moment without keeping a spike's for long. A round trip
+// longer than the interval (a stalled store) is not kept: its permits
+// come late whatever they count.
+func (b *TokenBucket) noteRTT(d time.Duration) {
+	v := min(int64(d/time.Microsecond), b.intervalUs)
+	for {
+		old := b.rtt.Load()
+		next := v
+		if v < old {
+			next = old - (old-v+15)/16
+		}
+		if next == old || b.rtt.CompareAndSwap(old, next) {
+			return
+		}
+	}
 }
 
 // latestEnds remembers, per key, the end (place plus margin) of the latest
@@ -211,11 +235,17 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	if maxWait != throttle.Forever && maxWait < time.Duration(1<<52)*time.Microsecond {
 		wait = int64(maxWait / time.Microsecond)
 	}
-	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs, wait, b.ends.get(key))
-	// The script decided while the call was under way: the permits' time
-	// may be this much earlier than Take's return says, so that much of
-	// the margin is gone (at least 1 ns: a margin of 0 bounds nothing).
-	margin := max(us(b.marginUs)-time.Since(sent), 1)
+	// Each permit counts for its margin and for the round trip that
+	// places it: the script decides while the call is under way, so the
+	// permit's time may be that much earlier than Take's return says. The
+	// round trip is not known before the answer: the recent ones stand for
+	// it (rtt), and what the answer took beyond them comes off the margin
+	// (at least 1 ns: a margin of 0 bounds nothing).
+	extra := b.rtt.Load()
+	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs+extra, wait, b.ends.get(key))
+	took := time.Since(sent)
+	b.noteRTT(took)
+	margin := max(us(b.marginUs+extra)-took, 1)
 	if err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}
@@ -223,7 +253,10 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
 	}
 	status, limit, remaining, reset, now := r[0], liveOr(r, 1, b.limit), r[2], us(r[3]), r[4]
-	next, places := us(r[5]), r[6:]
+	next, places, ends := us(r[5]), r[6:], []int64(nil)
+	if k := len(places) / 2; len(places) == 2*k {
+		places, ends = places[:k], places[k:]
+	}
 	refused := throttle.Decision{Delay: next, Limit: limit, Remaining: max(remaining, 0), Reset: reset}
 	switch {
 	case status == 4:
@@ -231,10 +264,23 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	case status == 0 || len(places) == 0:
 		return upTo{granted: refused, rest: refused, at: now}, nil
 	}
-	b.ends.note(key, now+places[len(places)-1]+b.marginUs, now-b.intervalUs)
+	b.ends.note(key, now+places[len(places)-1]+b.marginUs+extra, now-b.intervalUs)
 	granted := throttle.Decision{Granted: true, Delay: us(places[0]), Margin: margin, Limit: limit, Remaining: remaining, Reset: reset}
 	refused.Remaining = 0
 	u := upTo{granted: granted, got: int64(len(places)), rest: refused, at: now}
+	if len(ends) == len(places) {
+		each := max(n, 1) // all n at one place, or one each
+		u.cancel = func(i int64) func(context.Context) error {
+			end, once := ends[i], new(atomic.Bool)
+			return func(ctx context.Context) error {
+				if !once.CompareAndSwap(false, true) {
+					return nil // given back already: the entry holds other callers' permits too
+				}
+				return b.giveBack(ctx, keys[0], end, each)
+			}
+		}
+		u.granted.Cancel = u.cancel(0)
+	}
 	if len(places) > 1 {
 		u.delays = make([]time.Duration, len(places))
 		for i, p := range places {
@@ -242,4 +288,15 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 		}
 	}
 	return u, nil
+}
+
+// giveBack takes n permits that will not be sent, recorded under end, off
+// the schedule under key (tb_giveback.lua): a caller that left before its
+// place, or could no longer use it.
+func (b *TokenBucket) giveBack(ctx context.Context, key string, end, n int64) error {
+	cmd, _ := b.evalNoRetry(ctx, scriptTBGiveBack, []string{key}, []any{b.intervalUs, end, n}) // never twice
+	if err := cmd.Err(); err != nil {
+		return backend("give back", key, err)
+	}
+	return nil
 }

@@ -187,13 +187,15 @@ func (w *waiter) usable(st *keyState, c *decision) bool {
 	now := l.tb.now()
 	switch {
 	case c.Margin > 0 && c.answered != 0 && now > addSat(addSat(c.answered, c.Delay), c.Margin):
+		// Not given back: a process late for its permits is short of
+		// time already, and a give-back is one more round trip each.
 		l.lateGrant(now - c.answered - int64(c.Delay))
+		return false
 	case st != nil && c.Delay > 0 && st.pausedUntil.Load() > now:
-	default:
-		return true
+		w.giveBack(c)
+		return false
 	}
-	w.giveBack(c)
-	return false
+	return true
 }
 
 // waiter is one wait: what it asks for, its deadline, and how much of it

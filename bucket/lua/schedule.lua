@@ -60,7 +60,9 @@ function Schedule:entry(i)
   return self.stored[i]
 end
 
--- add counts c permits ending at e, merged into the tail's slot.
+-- add counts c permits ending at e, merged into the tail's slot, and
+-- returns the end they are recorded under (the tail's, when e is before
+-- it: see giveBack).
 function Schedule:add(e, c)
   local grid = math.max(math.floor(self.interval / 256), 1)
   local last = self.last
@@ -72,6 +74,7 @@ function Schedule:add(e, c)
     self.last = {e, c}
     self.added[#self.added + 1] = self.last
   end
+  return e
 end
 
 -- earliest is the first time at which need more permits fit under limit:
@@ -141,4 +144,29 @@ end
 function Schedule:reset()
   if self.last == nil then return 0 end
   return self.last[1] + self.interval - self.now
+end
+
+-- giveBack takes c permits that will not be sent off the entry they were
+-- counted in: the one of the slot of e, their recorded end (never below
+-- 0). The permits of a place that has passed unused can be given back
+-- without harm: no call was made for them. It returns how many it took
+-- off (0 when the entry has stopped counting).
+function Schedule:giveBack(e, c)
+  local grid = math.max(math.floor(self.interval / 256), 1)
+  local slot = math.floor(e / grid)
+  for i = self.len, self.gone + 1, -1 do
+    local x = self:entry(i)
+    local s = math.floor(x[1] / grid)
+    if s < slot then return 0 end
+    if s == slot then
+      local took = math.min(c, x[2])
+      if took <= 0 then return 0 end
+      x[2], x.dirty = x[2] - took, true
+      self.count = self.count - took
+      if i < self.cur then self.before = self.before - took end
+      redis.call('LSET', self.key, i, string.format('%d %d', x[1], x[2]))
+      return took
+    end
+  end
+  return 0
 end

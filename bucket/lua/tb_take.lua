@@ -24,8 +24,10 @@
 -- ARGV[6]  the latest end this caller's instance was given for the key,
 --          µs; 0 for none (see Schedule:lost)
 --
--- Returns {status, limit, remaining, reset, now, later, d1, d2, ...} (µs):
---   status 1: granted; d_i is permit i's place less now (one place for n).
+-- Returns {status, limit, remaining, reset, now, later, d1, ..., dk, e1,
+-- ..., ek} (µs):
+--   status 1: granted; d_i is permit i's place less now (one place for
+--             n), e_i the end it is recorded under (for tb_giveback.lua).
 --   status 0: refused, no place within the wait (or a pause).
 --   status 4: n is above the limit and can never be granted.
 -- later: for a refusal, or the permits of an up-to take left without a
@@ -62,19 +64,19 @@ local function place(c)
   else
     return nil, w
   end
-  s:add(p + margin, c)
-  return p, w
+  return p, w, s:add(p + margin, c)
 end
-local out, later = {}, -1
+local out, ends, later = {}, {}, -1
 for _ = 1, upTo and n or 1 do
-  local p, w = place(upTo and 1 or n)
+  local p, w, e = place(upTo and 1 or n)
   if p == nil then
     later = (w or now + interval) - now
     break
   end
-  out[#out + 1] = p - now
+  out[#out + 1], ends[#ends + 1] = p - now, e
 end
 if s:changed() then s:save() end
 local res = {#out > 0 and 1 or 0, limit, math.max(limit - s.count, 0), s:reset(), now, later}
 for _, d in ipairs(out) do res[#res + 1] = d end
+for _, e in ipairs(ends) do res[#res + 1] = e end
 return res

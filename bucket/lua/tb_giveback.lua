@@ -1,0 +1,20 @@
+-- tb_giveback.lua: give back permits of a token bucket that will not be
+-- sent (after schedule.lua): a caller that left before its place, or woke
+-- too late to use it.
+--
+-- Guarantee: the schedule loses only permits no call was made for, so
+-- schedule.lua's bound holds for the calls; it takes off at most what the
+-- entry holds.
+--
+-- KEYS[1]  the key's schedule (schedule.lua)
+-- ARGV[1]  interval, µs
+-- ARGV[2]  the permits' recorded end, µs (tb_take.lua's reply)
+-- ARGV[3]  how many (integer ≥ 1)
+--
+-- Returns how many were given back.
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local s = openSchedule(KEYS[1], tonumber(ARGV[1]), now)
+local took = s:giveBack(tonumber(ARGV[2]), tonumber(ARGV[3]))
+if took > 0 or s:changed() then s:save() end
+return took
