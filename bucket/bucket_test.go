@@ -383,7 +383,7 @@ func TestKeyEscaping(t *testing.T) {
 			t.Fatalf("key %q: tag %q holds a brace", key, tag)
 		}
 		want := rdb.ClusterKeySlot(ctx, inner).Val()
-		for _, kind := range []string{":tb", ":tb:lock", ":pause", ":tier:1000000"} {
+		for _, kind := range []string{":tb", ":tb:limit", ":pause", ":tier:1000000"} {
 			if got := rdb.ClusterKeySlot(ctx, tag+kind).Val(); got != want {
 				t.Errorf("key %q: %s is in slot %d, want %d (its tag's)", key, tag+kind, got, want)
 			}

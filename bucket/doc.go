@@ -82,10 +82,9 @@
 //	<prefix>:{<key>}:<kind>           the constructor's key (Take key "")
 //	<prefix>:{<key>/<tenant>}:<kind>  a per-call key
 //
-// kind is tb, tb:lock, tb:cap, tb:limit, tb:phase and tb:slide
-// (TokenBucket; tb:cap lives a minute past its period, for the phase after
-// an outage; tb:slide, the grant profiles of the running and the previous
-// period, an interval past the period's end), fw:<µs> and
+// kind is tb and tb:limit (TokenBucket: tb is the schedule of its
+// permits' places, which expires when the last of them stops counting),
+// fw:<µs> and
 // fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog), gcra
 // and gcra:limit (GCRA), ctr and ctr:lock (Counter), budget (Budget: one
 // hash for every dimension), slots, slots-queue, slots-waiting,

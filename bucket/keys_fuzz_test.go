@@ -62,7 +62,7 @@ func TestKeySlotMatchesRedis(t *testing.T) {
 func keySlotWhole(s string) int { return int(crc16(s) % 16384) }
 
 // kinds are the suffixes the buckets append to a budget's tag.
-var kinds = []string{":tb", ":tb:lock", ":pause", ":win:1000000", ":gcra", ":log"}
+var kinds = []string{":tb", ":tb:limit", ":pause", ":win:1000000", ":gcra", ":log"}
 
 // FuzzKeys checks the key layout for any prefix, bucket key and per-call
 // keys: constructors accept exactly the valid prefix and key and refuse the

@@ -70,10 +70,10 @@ const (
 	redisMemSlack = 2 << 20 // bytes
 	dbSizeSlack   = 100     // keys
 	// maxKeysPerKey is the most Redis keys one limiter key holds at once,
-	// whatever the bucket (a token bucket's tokens, its period's limit,
-	// its grant profile and the phase owed after an outage; a lock or a
-	// pause), besides the set of live instances.
-	maxKeysPerKey = 4
+	// whatever the bucket (a token bucket's schedule, its live limit and a
+	// pause; a GCRA's state, its live rate and a pause), besides the set
+	// of live instances.
+	maxKeysPerKey = 3
 )
 
 // goroutineSlack is how many more goroutines the last third may hold than
