@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -28,8 +29,9 @@ type State struct {
 	Running bool
 	// Current is the limit in force now: the running window's
 	// (FixedWindow: the limit at its start, which a live change does not
-	// alter), or Limit (TokenBucket, GCRA). When nothing runs, the limit
-	// the next window will start with.
+	// alter), the live limit or the limit of the fleet's last take
+	// (TokenBucket: known without the constructor's), or Limit (GCRA).
+	// When nothing runs, the limit the next window will start with.
 	Current int64
 	// Used is the permits that count now: TokenBucket, those granted
 	// within the last interval (and its margin) or placed ahead; the
@@ -180,8 +182,15 @@ func (b *TokenBucket) State(ctx context.Context, key string) (State, error) {
 	var last int64
 	for i, e := range s.list[0] {
 		var end, n int64
-		if _, err := fmt.Sscanf(e, "%d %d", &end, &n); i == 0 || err != nil || end+b.intervalUs <= s.now {
-			continue // the header, or an entry that no longer counts
+		if i == 0 { // the header: its last take's limit ends it
+			f := strings.Fields(e)
+			if v, err := strconv.ParseInt(f[len(f)-1], 10, 64); len(f) == 5 && err == nil && v > 0 && !st.Live {
+				st.Current = v
+			}
+			continue
+		}
+		if _, err := fmt.Sscanf(e, "%d %d", &end, &n); err != nil || end+b.intervalUs <= s.now {
+			continue // an entry that no longer counts
 		}
 		st.Used += n
 		last = max(last, end)

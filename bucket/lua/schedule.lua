@@ -10,10 +10,11 @@
 -- any span of INTERVAL: what a provider counting arrivals sees, whatever
 -- the callers' waits, processes or leases.
 --
--- A schedule is one list. Element 0: "count tat cur before": count, the
--- permits its entries hold; tat, the pace's next place (µs); cur and
+-- A schedule is one list. Element 0: "count tat cur before limit": count,
+-- the permits its entries hold; tat, the pace's next place (µs); cur and
 -- before, where the last search stopped (an entry's index, the permits in
--- the entries before it: the next search starts there). Elements 1..:
+-- the entries before it: the next search starts there); limit, the limit
+-- of the last write (for State). Elements 1..:
 -- entries "end count", a count of permits whose ends are at most end,
 -- in order of end; an entry holds the ends of one slot of INTERVAL/256.
 -- The list expires when its last entry stops counting.
@@ -32,6 +33,7 @@ local function openSchedule(key, interval, now)
     local a, b, c, d = string.match(s.head, '(%S+) (%S+) (%S+) (%S+)')
     s.count, s.tat, s.cur, s.before = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
   end
+  s.limit = 0
   s.len = math.max(redis.call('LLEN', key) - 1, 0)
   local gone, dropped = 0, 0
   while gone < 64 do
@@ -117,7 +119,7 @@ end
 -- ones, the header) and the expiry.
 function Schedule:save()
   local key = self.key
-  local hdr = string.format('%d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before)
+  local hdr = string.format('%d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before, self.limit)
   local tail, last = self.tail, self.last
   if tail and tail.dirty then
     redis.call('LSET', key, -1, string.format('%d %d', tail[1], tail[2]))

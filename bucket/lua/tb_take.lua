@@ -47,6 +47,7 @@ local pause = redis.call('PTTL', KEYS[2])
 if pause > 0 then return {0, limit, -1, pause * 1000, now, pause * 1000} end
 
 local s = openSchedule(KEYS[1], interval, now)
+s.limit = limit
 s:lost(known, limit)
 local pace = interval / limit
 -- place puts c permits at the paced place when the wait allows, else at

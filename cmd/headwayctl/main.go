@@ -69,9 +69,10 @@ Usage:
   headwayctl [-redis addr] [-cluster] [-prefix p] [-timeout d] <command> [flags]
 
 Commands:
-  show         print a budget's state: limit (live or default), the running
-               period's or window's limit, used and left, next refill or
-               reset, pause left, live instances
+  show         print a budget's state: limit (live or default), the permits
+               counting (token bucket) or the running window's, left, when
+               they stop counting or the window ends, pause left, live
+               instances
   set-limit    change a budget's limit live (-limit N); every instance
                applies it within one interval
   clear-limit  remove a live limit: the fleet's constructor limit applies again
@@ -293,7 +294,7 @@ func describe(t target) string {
 func applies(kind string) string {
 	switch kind {
 	case "tokenbucket":
-		return "every instance applies it from the next refill (within one interval)"
+		return "every instance applies it from its next take"
 	case "fixedwindow":
 		return "every instance applies it from the next window (within one interval)"
 	}
@@ -320,18 +321,18 @@ func printState(w io.Writer, t target, st bucket.State) {
 	default:
 		fmt.Fprintf(tw, "limit\tnone set live: the fleet's constructor limit applies\n")
 	}
-	word := map[string]string{"tokenbucket": "period", "fixedwindow": "window", "gcra": "bucket"}[t.kind]
+	word := map[string]string{"tokenbucket": "now", "fixedwindow": "window", "gcra": "bucket"}[t.kind]
 	switch {
 	case st.Running && t.kind == "gcra" && !known:
 		fmt.Fprintf(tw, "%s\tfull again in %v (pass -default to see the permits left)\n", word, st.Reset.Round(time.Millisecond))
 	case st.Running && t.kind == "gcra":
 		fmt.Fprintf(tw, "%s\t%d left now, %d counted against the burst, full again in %v\n", word, st.Remaining, st.Used, st.Reset.Round(time.Millisecond))
 	case st.Running && t.kind == "tokenbucket":
-		fmt.Fprintf(tw, "%s\tlimit %d, %d used, %d left; next refill in %v\n", word, st.Current, st.Used, st.Remaining, st.Reset.Round(time.Millisecond))
+		fmt.Fprintf(tw, "%s\tlimit %d, %d counting, %d left; the last stops counting in %v\n", word, st.Current, st.Used, st.Remaining, st.Reset.Round(time.Millisecond))
 	case st.Running:
 		fmt.Fprintf(tw, "%s\tlimit %d, %d used, %d left; next window in %v\n", word, st.Current, st.Used, st.Remaining, st.Reset.Round(time.Millisecond))
 	case t.kind == "tokenbucket":
-		fmt.Fprintf(tw, "%s\tnone running: the next take refills it%s\n", word, withLimit(known, st.Current))
+		fmt.Fprintf(tw, "%s\tno permit counting: the whole limit is free%s\n", word, withLimit(known, st.Current))
 	case t.kind == "fixedwindow":
 		fmt.Fprintf(tw, "%s\tno grant yet in this one%s; next window in %v\n", word, withLimit(known, st.Current), st.Reset.Round(time.Millisecond))
 	default:

@@ -45,19 +45,19 @@ func TestSetLimitShowClear(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("show: exit %d, %s", code, errs)
 	}
-	for _, want := range []string{"tokenbucket mparticle", "none set live", "limit 100, 1 used, 99 left; next refill in ", "paused     no", "instances  1 live"} {
+	for _, want := range []string{"tokenbucket mparticle", "none set live", "limit 100, 1 counting, 99 left; the last stops counting in ", "paused     no", "instances  1 live"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("show: want %q in\n%s", want, out)
 		}
 	}
 
 	code, out, errs = ctl(t, srv.Addr(), "set-limit", "-key", "mparticle", "-limit", "300")
-	if code != 0 || !strings.Contains(out, "limit set to 300") || !strings.Contains(out, "next refill") {
+	if code != 0 || !strings.Contains(out, "limit set to 300") || !strings.Contains(out, "next take") {
 		t.Fatalf("set-limit: exit %d, out %q, err %q", code, out, errs)
 	}
-	// The fleet sees it from its next period; Decision.Limit says so.
+	// The fleet applies it from its next take; State says so.
 	st, err := b.State(ctx, "")
-	if err != nil || !st.Live || st.Limit != 300 || st.Current != 100 {
+	if err != nil || !st.Live || st.Limit != 300 || st.Current != 300 {
 		t.Fatalf("State after set-limit: %+v, %v", st, err)
 	}
 	code, out, _ = ctl(t, srv.Addr(), "show", "-key", "mparticle", "-default", "100")
@@ -70,7 +70,7 @@ func TestSetLimitShowClear(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &js); code != 0 || err != nil {
 		t.Fatalf("show -json: exit %d, %v\n%s", code, err, out)
 	}
-	if js["limit"] != 300.0 || js["live"] != true || js["current"] != 100.0 || js["used"] != 1.0 || js["remaining"] != 99.0 || js["instances"] != 1.0 {
+	if js["limit"] != 300.0 || js["live"] != true || js["current"] != 300.0 || js["used"] != 1.0 || js["remaining"] != 299.0 || js["instances"] != 1.0 {
 		t.Fatalf("show -json: %s", out)
 	}
 

@@ -157,9 +157,12 @@ func TestCommandLine(t *testing.T) {
 	srv := redisenv.New(t)
 	short := []string{"-redis", srv.Addr(), "-provider", "leaky", "-limit", "40", "-interval", "200ms", "-quiet"}
 	cli.Check(t, command, append(cli.Conventions("adaptive", "-provider=nope", "-bucket=nope", "-limit=0", "-rounds=0", "-duration=1ms", "-min-use=2", "-workers=0"),
-		// Without adaptation the token bucket's bursts are refused in
-		// every interval: with no refusal allowed, it never converges.
-		cli.Case{Name: "not converged", Args: append(short, "-duration", "600ms", "-adaptive=false", "-max-refused", "0"), Code: cli.ExitFailed, Stdout: "converged at interval -1"},
+		// Without adaptation, calls paced at the limit's rate meet a
+		// leaky provider without burst (each call an emission interval
+		// after the last, to the microsecond): the jitter of their way
+		// is refused in every interval, and with no refusal allowed the
+		// run never converges.
+		cli.Case{Name: "not converged", Args: append(short, "-duration", "600ms", "-burst", "1", "-adaptive=false", "-max-refused", "0"), Code: cli.ExitFailed, Stdout: "converged at interval -1"},
 	))
 	cli.Terminate(t, command, append(short, "-duration", "1m"), "adaptive: running", "converged at interval", cli.ExitOK)
 }

@@ -256,9 +256,11 @@ type summary struct {
 	// Permits is how many permits the Limiters' callers got (counted by
 	// an Observer of each Limiter), Attempts how many times a handler was
 	// called, and ProviderCalls how many requests reached the provider,
-	// accepted or refused: one permit per call is Permits ==
-	// ProviderCalls (a permit held through a pause is given up: one more).
-	Permits, Attempts, ProviderCalls int64
+	// accepted or refused; Stale how many permits the consumers dropped
+	// unsent, their time's margin passed (consumer.Stats.PermitsStale):
+	// one permit per call is Permits == ProviderCalls + Stale (a permit
+	// held through a pause is given up: one more).
+	Permits, Attempts, ProviderCalls, Stale int64
 	// AcceptedPerSecond is the calls the provider accepted per second,
 	// from the first accepted call to the last.
 	AcceptedPerSecond float64
@@ -562,7 +564,9 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 
 	s := summary{Produced: produced.Load(), Elapsed: elapsed, Provider429: got429.Load(), Permits: grants.n.Load(), Attempts: attempts.Load()}
 	for _, cons := range consumers {
-		s.PeakInFlight = max(s.PeakInFlight, cons.Stats().PeakInFlight)
+		st := cons.Stats()
+		s.PeakInFlight = max(s.PeakInFlight, st.PeakInFlight)
+		s.Stale += st.PermitsStale
 	}
 	if prov != nil {
 		ps := prov.Stats()
@@ -599,7 +603,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		if accepted := s.ProviderCalls - s.Provider429; accepted > 0 {
 			share = 100 * float64(s.Provider429) / float64(accepted)
 		}
-		fmt.Fprintf(out, "calls at the provider %d (429s %.1f%% of accepted calls), permits used %d, handler calls %d\n", s.ProviderCalls, share, s.Permits, s.Attempts)
+		fmt.Fprintf(out, "calls at the provider %d (429s %.1f%% of accepted calls), permits used %d (%d dropped unsent, past their margin), handler calls %d\n", s.ProviderCalls, share, s.Permits, s.Stale, s.Attempts)
 		fmt.Fprintf(out, "accepted calls per second, first to last: %.1f (%.1f%% of the limit)\n", s.AcceptedPerSecond, 100*s.AcceptedPerSecond/perSecond)
 		if len(s.Steady) > 0 {
 			list := ""

@@ -101,10 +101,16 @@ func (in *instance) wrap(c loadConfig, b throttle.Bucket, t *tally) error {
 	return nil
 }
 
-// degradedCounter counts the grants of a Limiter's failure policy.
+// degradedCounter counts the grants of a Limiter's failure policy, and
+// the permits its Acquire calls handed over.
 type degradedCounter struct{ t *tally }
 
-func (degradedCounter) Acquired(string, int64, time.Duration, error)               {}
+func (o degradedCounter) Acquired(_ string, n int64, _ time.Duration, err error) {
+	if err == nil {
+		o.t.handed.Add(n)
+	}
+}
+
 func (degradedCounter) BucketCall(string, throttle.Decision, time.Duration, error) {}
 func (o degradedCounter) Degraded(_ string, _ string, granted bool, _ error) {
 	if granted {

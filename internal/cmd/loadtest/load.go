@@ -221,6 +221,10 @@ type loadResult struct {
 	// run's cut, not the Limiter, left unsent.
 	GrantsUnsent   int64 `json:"grants_unsent"`
 	GrantsCutAtEnd int64 `json:"grants_cut_at_end"`
+	// Handed is the permits the Limiters' Acquire calls handed over:
+	// Grants less those the Limiters did not use because they came later
+	// than their margin allows (a stalled or starved process).
+	Handed int64 `json:"handed"`
 
 	// What the counting provider (-provider) saw, by arrival time:
 	// requests it accepted and refused (429), the most that arrived in any
@@ -383,6 +387,7 @@ type tally struct {
 	targetOK, target429, targetErr atomic.Int64
 	pastWait                       atomic.Int64 // the most any Acquire returned past its maxWait, ns
 	unsent, cutAtEnd               atomic.Int64 // -transport: grants of calls that failed, during the run and at its end
+	handed                         atomic.Int64 // permits Acquire handed over (fewer than granted: a permit come too late is not)
 	firstErr                       sync.Once
 	firstError                     string
 }
@@ -618,6 +623,7 @@ func runLoad(ctx context.Context, c loadConfig) (loadResult, error) {
 		TargetErrors:   t.targetErr.Load(),
 		GrantsUnsent:   t.unsent.Load(),
 		GrantsCutAtEnd: t.cutAtEnd.Load(),
+		Handed:         t.handed.Load(),
 	}
 	if len(waits) > 0 {
 		res.AcquireMaxUs = micros(waits[len(waits)-1])

@@ -185,15 +185,16 @@ func TestRunLoadLayers(t *testing.T) {
 			assert.Equal(t, c.Lease, res.Lease)
 			assert.Len(t, res.InstanceGrants, c.Instances)
 			if c.Lease && c.Bucket == "tokenbucket" {
-				// A token bucket's whole period can be leased at once:
-				// few round trips per grant. Over a GCRA, which frees one
-				// slot at a time, what can be leased at once is small,
-				// and refused asks cost round trips too: 0.7 to 1.4 per
-				// grant measured (less without -race, more on a loaded
-				// machine, about as with coalesced takes and no lease).
-				// That is a figure for the loadtest to report, not a
-				// property for a unit test to assert.
-				assert.Less(t, res.RedisCmdsPerGrant, 0.2, "leasing a token bucket's periods saves round trips")
+				// A lease of a token bucket lives its permits' margin
+				// (5 ms here), and a batch serves what the demand uses in
+				// it: fewer round trips than grants. Over a GCRA, which
+				// frees one slot at a time, what can be leased at once is
+				// small, and refused asks cost round trips too: 0.7 to 1.4
+				// per grant measured (less without -race, more on a
+				// loaded machine, about as with coalesced takes and no
+				// lease). That is a figure for the loadtest to report,
+				// not a property for a unit test to assert.
+				assert.Less(t, res.RedisCmdsPerGrant, 0.5, "leasing a token bucket saves round trips")
 			}
 			if c.Skew > 0 {
 				assert.Equal(t, 2.0, res.Demand, "skew paces the demand")
@@ -330,10 +331,14 @@ func TestRunLoadTransport(t *testing.T) {
 	assert.True(t, res.Report, "the Transport reports its answers")
 	assert.Positive(t, res.Grants)
 	// A permit taken may not become a call (a caller that could not wait
-	// for its slot, the run's end); no call goes without one.
-	assert.LessOrEqual(t, res.ProviderAccepted+res.ProviderRefused, res.Grants)
-	assert.Equal(t, int64(res.Grants), int64(res.ProviderAccepted+res.ProviderRefused)+res.GrantsUnsent+res.GrantsCutAtEnd,
-		"every grant is sent, or counted unsent during the run or cut at its end")
+	// for its slot, the run's end, a permit come too late to use); no
+	// call goes without one.
+	// Every grant is sent, or counted unsent during the run or cut at
+	// its end, or was not handed over (come too late to use): between
+	// the permits handed over and the grants.
+	accounted := int64(res.ProviderAccepted+res.ProviderRefused) + res.GrantsUnsent + res.GrantsCutAtEnd
+	assert.LessOrEqual(t, accounted, int64(res.Grants), "grants sent, unsent or cut")
+	assert.LessOrEqual(t, res.Handed, accounted, "every permit handed over is sent, or counted unsent or cut")
 	assert.Positive(t, res.ProviderAccepted)
 	assert.Zero(t, res.Errors, res.FirstError)
 }
