@@ -46,12 +46,10 @@ func (g guarantee) check(times []int64, tol time.Duration) (violations int, allo
 	}
 	span := float64(times[len(times)-1] - times[0])
 	if g.periods {
-		return checkPeriods(times, g.limit, int64(g.interval-tol)),
-			float64(g.limit) * (math.Floor(span/float64(g.interval)) + 1)
+		return checkPeriods(times, g.limit, int64(g.interval-tol)), windowAllowed(times, g.limit, g.interval)
 	}
 	if g.sliding {
-		return checkSliding(times, g.limit, int64(g.interval-tol)),
-			float64(g.limit) * (math.Floor(span/float64(g.interval)) + 1)
+		return checkSliding(times, g.limit, int64(g.interval-tol)), windowAllowed(times, g.limit, g.interval)
 	}
 	return checkGCRA(times, g.limit, g.interval, g.burst, tol),
 		float64(g.burst) + float64(g.limit)*span/float64(g.interval)
@@ -130,4 +128,29 @@ func checkSliding(t []int64, limit, window int64) (violations int) {
 		kept = append(kept, ti)
 	}
 	return violations
+}
+
+// windowAllowed returns the most grants that "at most limit in any window
+// of interval" allows between the first and the last of sorted times t:
+// limit for every whole interval the span holds, and limit more.
+func windowAllowed(t []int64, limit int64, interval time.Duration) float64 {
+	if len(t) == 0 {
+		return 0
+	}
+	span := t[len(t)-1] - t[0]
+	return float64(limit) * float64(span/int64(interval)+1)
+}
+
+// maxInWindow returns the most of sorted times t in any window [s, s+w):
+// what a provider counting a sliding window of w sees at its worst. Such
+// a window holds the most when it opens at one of the times.
+func maxInWindow(t []int64, w int64) int {
+	most, j := 0, 0
+	for i := range t {
+		for j < len(t) && t[j]-t[i] < w {
+			j++
+		}
+		most = max(most, j-i)
+	}
+	return most
 }

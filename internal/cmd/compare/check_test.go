@@ -92,3 +92,67 @@ func TestCheckSliding(t *testing.T) {
 		}
 	}
 }
+
+func TestMaxInWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		times []int64
+		want  int
+	}{
+		{"none", nil, 0},
+		{"one", secs(0.5), 1},
+		{"all in one window", secs(0, 0.3, 0.9), 3},
+		// The window is half open: a grant exactly one interval on is
+		// in the next.
+		{"exactly one interval apart", secs(0, 1), 1},
+		{"a period's end and the next's start", secs(0, 0.1, 0.8, 0.9, 1.05, 1.1, 1.2), 5},
+		{"bunched either side of a reset", secs(0.5, 0.99, 0.99, 1.0, 1.0, 1.01), 6},
+	} {
+		if got := maxInWindow(tc.times, int64(time.Second)); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestWindowAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		times []int64
+		want  float64
+	}{
+		{nil, 0},
+		{secs(3), 100},
+		{secs(0, 0.999), 100},
+		{secs(0, 1), 200},
+		{secs(0.5, 3.4), 300},
+	} {
+		if got := windowAllowed(tc.times, 100, time.Second); got != tc.want {
+			t.Errorf("windowAllowed(%v) = %v, want %v", tc.times, got, tc.want)
+		}
+	}
+}
+
+func TestPacer(t *testing.T) {
+	if p := newPacer(time.Now(), time.Second, 100, 0); p != nil {
+		t.Fatal("demand 0 paces")
+	}
+	if _, ok := (*pacer)(nil).next(); ok {
+		t.Fatal("no pacer gives times")
+	}
+	start := time.Unix(0, 0)
+	p := newPacer(start, time.Second, 100, 4) // 400 per second: one every 2.5 ms
+	for i := range 3 {
+		at, ok := p.next()
+		if want := start.Add(time.Duration(i) * 2500 * time.Microsecond); !ok || !at.Equal(want) {
+			t.Errorf("ask %d at %v, want %v", i, at.Sub(start), want.Sub(start))
+		}
+	}
+	if got := callers(64, 0, 100); got != 64 {
+		t.Errorf("callers without demand = %d, want 64", got)
+	}
+	if got := callers(64, 4, 100); got != 500 {
+		t.Errorf("callers for 4 × 100 = %d, want 500 (a quarter over the most waiting at once)", got)
+	}
+	if got := callers(1000, 4, 100); got != 1000 {
+		t.Errorf("callers = %d, want -goroutines when that is more", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
+	"github.com/gubernator-io/gubernator/v2"
 	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
@@ -30,6 +31,7 @@ type setup struct {
 	limit     int64
 	interval  time.Duration
 	lockRetry time.Duration
+	calls     *counter // a contender not on Redis counts its store calls here
 }
 
 // An acquirer hands out permits the way its library's users wait for one.
@@ -40,7 +42,9 @@ type acquirer interface {
 	// the earliest moment the grant can have been decided (for a
 	// reservation, plus the reservation's delay).
 	acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error)
-	close()
+	// close releases what the contender holds; it returns within a
+	// bounded time, with an error for what it could not release.
+	close() error
 }
 
 func periods(limit int64, interval time.Duration) guarantee {
@@ -118,6 +122,21 @@ var contenders = []contender{
 			return &xrate{lim: rate.NewLimiter(r, int(s.limit))}, nil
 		},
 	},
+	gubernatorContender("gubernator",
+		"Gubernator v2 (gubernator-io), 1 daemon in this process, TOKEN_BUCKET, default settings, asked over gRPC; refused callers sleep until reset_time and ask again",
+		gubernatorOpts{nodes: 1, algorithm: gubernator.Algorithm_TOKEN_BUCKET}),
+	gubernatorContender("gubernator-leaky",
+		"the same daemon with LEAKY_BUCKET (burst = limit, its default)",
+		gubernatorOpts{nodes: 1, algorithm: gubernator.Algorithm_LEAKY_BUCKET}),
+	gubernatorContender("gubernator-batching",
+		"3 daemons, peers of each other, TOKEN_BUCKET with BATCHING (the default behaviour): a daemon that does not own the key forwards to its owner in batches; calls round robin over the 3",
+		gubernatorOpts{nodes: 3, algorithm: gubernator.Algorithm_TOKEN_BUCKET, behavior: gubernator.Behavior_BATCHING}),
+	gubernatorContender("gubernator-global",
+		"3 daemons, TOKEN_BUCKET with GLOBAL: every daemon answers from its own copy and sends hits to the owner, which broadcasts its state, every 100 ms (GlobalSyncWait, default)",
+		gubernatorOpts{nodes: 3, algorithm: gubernator.Algorithm_TOKEN_BUCKET, behavior: gubernator.Behavior_GLOBAL}),
+	gubernatorContender("gubernator-global-leaky",
+		"3 daemons, LEAKY_BUCKET with GLOBAL",
+		gubernatorOpts{nodes: 3, algorithm: gubernator.Algorithm_LEAKY_BUCKET, behavior: gubernator.Behavior_GLOBAL}),
 }
 
 // headway acquires through a throttle.Limiter. A timed layer directly
@@ -252,10 +271,10 @@ func (x *xrate) acquire(ctx context.Context, maxWait time.Duration, decided *tim
 	return true, nil
 }
 
-func (h *headway) close()    { _ = h.closer() }
-func (*redisRate) close()    {}
-func (*lockAcquirer) close() {}
-func (*xrate) close()        {}
+func (h *headway) close() error    { return h.closer() }
+func (*redisRate) close() error    { return nil }
+func (*lockAcquirer) close() error { return nil }
+func (*xrate) close() error        { return nil }
 
 // sleep waits d or until ctx ends, reporting whether d passed.
 func sleep(ctx context.Context, d time.Duration) bool {

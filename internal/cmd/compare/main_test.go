@@ -14,8 +14,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // internal/cli): usage on -h, exit 2 with one line for bad usage before
 // any redis-server starts, and the summary so far on SIGTERM.
 func TestCommandLine(t *testing.T) {
-	cli.Check(t, command, append(cli.Conventions("compare", "-mode=nonsense", "-goroutines=0", "-only=nobody", "-duration=x"),
+	cli.Check(t, command, append(cli.Conventions("compare", "-mode=nonsense", "-goroutines=0", "-only=nobody", "-duration=x",
+		"-base=nobody", "-demand=-1", "-demand=NaN"),
+		cli.Case{Name: "demand needing too many goroutines", Args: []string{"-limit", "5000", "-demand", "4"}, Code: cli.ExitUsage, Stderr: "25000 goroutines"},
 		cli.Case{Name: "ok", Args: []string{"-only", "x/time/rate", "-mode", "limit", "-duration", "200ms", "-goroutines", "4"}, Code: cli.ExitOK, Stdout: "x/time/rate"},
+		// A Gubernator daemon in the process, asks paced at twice the
+		// limit, ratios to the first contender that runs.
+		cli.Case{Name: "gubernator", Args: []string{"-only", "x/time/rate,gubernator", "-mode", "limit", "-limit", "10", "-demand", "2", "-duration", "300ms", "-goroutines", "4"},
+			Code: cli.ExitOK, Stdout: "| gubernator "},
 	))
 	cli.Terminate(t, command, []string{"-only", "x/time/rate", "-mode", "limit", "-duration", "1m", "-goroutines", "4"}, "limit mode, round 1: x/time/rate", "| x/time/rate", cli.ExitOK)
 }
