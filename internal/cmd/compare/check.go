@@ -141,12 +141,17 @@ func windowAllowed(t []int64, limit int64, interval time.Duration) float64 {
 	return float64(limit) * float64(span/int64(interval)+1)
 }
 
-// maxInWindow returns the most of sorted times t in any window [s, s+w):
-// what a provider counting a sliding window of w sees at its worst. Such
-// a window holds the most when it opens at one of the times.
-func maxInWindow(t []int64, w int64) int {
+// maxInWindow returns the most of sorted times t in any window [s, s+w)
+// with s ≥ from: what a provider counting a sliding window of w sees at
+// its worst (from math.MinInt64), or once the first windows are past.
+// Such a window holds the most when it opens at one of the times.
+func maxInWindow(t []int64, w, from int64) int {
 	most, j := 0, 0
 	for i := range t {
+		if t[i] < from {
+			continue
+		}
+		j = max(j, i)
 		for j < len(t) && t[j]-t[i] < w {
 			j++
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -108,9 +109,16 @@ func TestMaxInWindow(t *testing.T) {
 		{"a period's end and the next's start", secs(0, 0.1, 0.8, 0.9, 1.05, 1.1, 1.2), 5},
 		{"bunched either side of a reset", secs(0.5, 0.99, 0.99, 1.0, 1.0, 1.01), 6},
 	} {
-		if got := maxInWindow(tc.times, int64(time.Second)); got != tc.want {
+		if got := maxInWindow(tc.times, int64(time.Second), math.MinInt64); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
+	}
+	// From the second interval on: the windows that open at 1 s or later.
+	if got := maxInWindow(secs(0.2, 0.5, 0.9, 1.0, 1.1, 1.2, 2.5), int64(time.Second), int64(time.Second)); got != 3 {
+		t.Errorf("from 1s: %d, want 3", got)
+	}
+	if got := maxInWindow(secs(0.2, 0.5), int64(time.Second), int64(time.Second)); got != 0 {
+		t.Errorf("no window opens after 1s: %d, want 0", got)
 	}
 }
 

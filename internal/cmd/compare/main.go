@@ -36,9 +36,10 @@
 // checked on the times the goroutines saw the grants (see check.go),
 // allowing as tolerance the most any grant was seen late; in limit mode,
 // as a provider counts (at the times the calls are made, no tolerance),
-// the most grants in any window of one interval over the limit, and the
-// grants over the most that window allows between the first and the
-// last; refused and failed acquires; and grants/s, p99 and CPU as
+// the most grants in any window of one interval over the limit (and in
+// any that opens an interval or more after the first grant: past the
+// start's edge), and the grants over the most that window allows between
+// the first and the last; refused and failed acquires; and grants/s, p99 and CPU as
 // multiples of -base's (redis_rate by default; the first contender that
 // runs when it does not). With -rounds, every round runs each contender
 // in turn, and a table of medians with their ranges follows.
@@ -282,12 +283,15 @@ type result struct {
 	cpuOK bool
 	// Limit mode, counted as a provider counts the calls (at the times
 	// the callers were granted, no tolerance): the most grants in any
-	// window of one interval, and the most any sliding window of the
-	// limit allows between the first and the last grant.
-	limit     int64
-	maxWindow int
-	allowed   float64
-	closeErr  string // what the contender's close could not release
+	// window of one interval, and in any that opens an interval or more
+	// after the first grant (past the start's edge); and the most any
+	// sliding window of the limit allows between the first and the last
+	// grant.
+	limit          int64
+	maxWindow      int
+	maxWindowLater int
+	allowed        float64
+	closeErr       string // what the contender's close could not release
 }
 
 func (r result) perSec() float64 { return float64(r.grants) / r.elapsed.Seconds() }
@@ -413,8 +417,11 @@ func runOne(ctx context.Context, c config, ct contender, limit int64, interval t
 		cmds: cmds, refused: refused.Load(), errors: failed.Load(),
 		violations: viol, tol: late, guarantee: g,
 		cpu: cpu1 - cpu0, cpuOK: cpuOK && cpuOK1,
-		limit: limit, maxWindow: maxInWindow(times, int64(interval)),
+		limit: limit, maxWindow: maxInWindow(times, int64(interval), math.MinInt64),
 		allowed: windowAllowed(times, limit, interval),
+	}
+	if len(times) > 0 {
+		r.maxWindowLater = maxInWindow(times, int64(interval), times[0]+int64(interval))
 	}
 	if allowed > 0 {
 		r.util = float64(len(times)) / allowed
@@ -514,7 +521,7 @@ func table(w io.Writer, rs []result, base string, limitMode bool) {
 	b := slices.IndexFunc(rs, func(r result) bool { return r.name == base })
 	head := []string{"contender", "grants/s", "×" + base, "p50", "p99", "p99 ×" + base,
 		"CPU/1k grants", "CPU ×" + base, "calls/grant", "utilization", "violations",
-		"max in a window ×limit", "total ×allowed", "refused", "errors"}
+		"max in a window ×limit", "after the 1st interval", "total ×allowed", "refused", "errors"}
 	rows := [][]string{head}
 	for _, r := range rs {
 		ratio, p99ratio, cpuRatio := "—", "—", "—"
@@ -529,11 +536,12 @@ func table(w io.Writer, rs []result, base string, limitMode bool) {
 		if c, ok := r.cpuPer1k(); ok {
 			cpu = dur(c)
 		}
-		util, window, total := "—", "—", "—"
+		util, window, later, total := "—", "—", "—", "—"
 		if limitMode {
 			util = fmt.Sprintf("%.3f", r.util)
 			if r.grants > 0 {
 				window = fmt.Sprintf("%.2f", float64(r.maxWindow)/float64(r.limit))
+				later = fmt.Sprintf("%.2f", float64(r.maxWindowLater)/float64(r.limit))
 				total = fmt.Sprintf("%.3f", float64(r.grants)/r.allowed)
 			}
 		}
@@ -543,7 +551,7 @@ func table(w io.Writer, rs []result, base string, limitMode bool) {
 		}
 		rows = append(rows, []string{
 			r.name, fmt.Sprintf("%.0f", r.perSec()), ratio, dur(r.p50), dur(r.p99), p99ratio,
-			cpu, cpuRatio, cmds, util, fmt.Sprint(r.violations), window, total,
+			cpu, cpuRatio, cmds, util, fmt.Sprint(r.violations), window, later, total,
 			fmt.Sprint(r.refused), fmt.Sprint(r.errors),
 		})
 	}
@@ -623,13 +631,13 @@ func summary(w io.Writer, rounds [][]result, base string, limitMode bool) {
 	head := "| contender | grants/s | ×%[1]s | p50 | p99 | p99 ×%[1]s | CPU/1k grants | CPU ×%[1]s | calls/grant |"
 	rule := "|---|---|---|---|---|---|---|---|---|"
 	if limitMode {
-		head += " max in a window ×limit | total ×allowed |"
-		rule += "---|---|"
+		head += " max in a window ×limit | after the 1st interval | total ×allowed |"
+		rule += "---|---|---|"
 	}
 	fmt.Fprintf(w, head+" violations (sum) |\n", base)
 	fmt.Fprintln(w, rule+"---|")
 	for i := range rounds[0] {
-		var perSec, ratio, p50, p99, p99ratio, cpu, cpuRatio, cmds, window, total []float64
+		var perSec, ratio, p50, p99, p99ratio, cpu, cpuRatio, cmds, window, later, total []float64
 		viol := 0
 		for _, round := range rounds {
 			r := round[i]
@@ -642,6 +650,7 @@ func summary(w io.Writer, rounds [][]result, base string, limitMode bool) {
 			p99 = append(p99, float64(r.p99))
 			cmds = append(cmds, float64(r.cmds)/float64(r.grants))
 			window = append(window, float64(r.maxWindow)/float64(r.limit))
+			later = append(later, float64(r.maxWindowLater)/float64(r.limit))
 			total = append(total, float64(r.grants)/r.allowed)
 			c, ok := r.cpuPer1k()
 			if ok {
@@ -662,7 +671,7 @@ func summary(w io.Writer, rounds [][]result, base string, limitMode bool) {
 			spread(perSec, "%.0f"), spread(ratio, "%.3g"), spreadDur(p50), spreadDur(p99), spread(p99ratio, "%.2g"),
 			spreadDur(cpu), spread(cpuRatio, "%.2g"), spread(cmds, "%.3g"))
 		if limitMode {
-			fmt.Fprintf(w, " %s | %s |", spread(window, "%.2f"), spread(total, "%.3f"))
+			fmt.Fprintf(w, " %s | %s | %s |", spread(window, "%.2f"), spread(later, "%.2f"), spread(total, "%.3f"))
 		}
 		fmt.Fprintf(w, " %d |\n", viol)
 	}
