@@ -668,8 +668,8 @@ func summary(w io.Writer, rounds [][]result, base string, limitMode bool) {
 			}
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |", rounds[0][i].name,
-			spread(perSec, "%.0f"), spread(ratio, "%.3g"), spreadDur(p50), spreadDur(p99), spread(p99ratio, "%.2g"),
-			spreadDur(cpu), spread(cpuRatio, "%.2g"), spread(cmds, "%.3g"))
+			spread(perSec, "%.0f"), spread(ratio, "%.3g"), spreadDur(p50), spreadDur(p99), spread(p99ratio, "%.3g"),
+			spreadDur(cpu), spread(cpuRatio, "%.3g"), spread(cmds, "%.3g"))
 		if limitMode {
 			fmt.Fprintf(w, " %s | %s | %s |", spread(window, "%.2f"), spread(later, "%.2f"), spread(total, "%.3f"))
 		}
