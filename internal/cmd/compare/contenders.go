@@ -177,11 +177,19 @@ func (b timed) Take(ctx context.Context, key string, n int64, maxWait time.Durat
 	begin := time.Now()
 	d, err := b.Bucket.Take(ctx, key, n, maxWait)
 	if err == nil && d.Granted {
-		if p, ok := ctx.Value(decidedKey{}).(*time.Time); ok {
-			*p = begin.Add(d.Delay)
-		}
+		noteDecision(ctx, begin.Add(d.Delay), time.Now().Add(d.Delay))
 	}
 	return d, err
+}
+
+// noteDecision records, in the decision that ctx carries under
+// decidedKey, that a grant was decided at the earliest at (the start of
+// the store call that made it) and at the latest by (its answer); a
+// reservation's delay is added to both.
+func noteDecision(ctx context.Context, at, by time.Time) {
+	if p, ok := ctx.Value(decidedKey{}).(*time.Time); ok {
+		*p = at
+	}
 }
 
 // Unwrap returns the bucket b times, so that the Limiter finds what it
