@@ -7,7 +7,9 @@ import (
 )
 
 // A guarantee is what a contender promises about its grants, checked on
-// the times its callers saw them, never on the limiter's own numbers. It
+// the times the callers' store calls that got them began (the start of
+// the granting call, timed by the caller; a permit from a lease, when it
+// was handed out), never on the limiter's own numbers. It
 // is a small stand-in for headway's internal/guarantee package, which a
 // separate module may not import.
 type guarantee struct {
@@ -39,7 +41,8 @@ func (g guarantee) String() string {
 // (scanning in time order, setting each such grant aside) and how many
 // grants it allows at most between the first and the last grant. times
 // are sorted nanosecond offsets; tol relaxes each time comparison by at
-// most tol (grant times are recorded a little late).
+// most tol (a grant was decided somewhere within its store call: tol is
+// the longest granting call, never the time a grant was held after it).
 func (g guarantee) check(times []int64, tol time.Duration) (violations int, allowed float64) {
 	if len(times) == 0 {
 		return 0, 0

@@ -177,7 +177,7 @@ type held struct {
 	n     atomic.Int64
 }
 
-func (h *held) acquire(ctx context.Context, _ time.Duration, _ *time.Time) (bool, error) {
+func (h *held) acquire(ctx context.Context, _ time.Duration, _ *decision) (bool, error) {
 	n := h.n.Add(1)
 	if n > 2*h.limit {
 		sleep(ctx, 5*time.Millisecond)

@@ -37,15 +37,24 @@ type setup struct {
 // An acquirer hands out permits the way its library's users wait for one.
 type acquirer interface {
 	// acquire waits at most maxWait for one permit. ctx carries decided
-	// under decidedKey. It returns whether it
-	// was granted and, in decided, the start of the attempt that got it:
-	// the earliest moment the grant can have been decided (for a
-	// reservation, plus the reservation's delay).
-	acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error)
+	// under decidedKey. It returns whether it was granted and, in
+	// decided, when the grant was decided: at the earliest decided.at,
+	// the start of the attempt that got it, at the latest decided.by, its
+	// answer (zero: when acquire returns); for a reservation, plus the
+	// reservation's delay. A grant held after its answer (headway's
+	// Limiter holds a crowd's grants for their places in the period) was
+	// decided before it was held.
+	acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error)
 	// close releases what the contender holds; it returns within a
 	// bounded time, with an error for what it could not release.
 	close() error
 }
+
+// A decision is when a grant was decided: at the earliest at, at the
+// latest by (zero: when its acquire returned). Zero: not known (a permit
+// handed out from a lease made no store call), taken as when its acquire
+// returned.
+type decision struct{ at, by time.Time }
 
 func periods(limit int64, interval time.Duration) guarantee {
 	return guarantee{periods: true, limit: limit, interval: interval}
@@ -156,7 +165,7 @@ func newHeadway(b throttle.Bucket, closer func() error, opts ...throttle.Limiter
 
 // acquire calls Acquire; the timed layer sets the *time.Time that ctx
 // carries under decidedKey (the caller's decided).
-func (h *headway) acquire(ctx context.Context, maxWait time.Duration, _ *time.Time) (bool, error) {
+func (h *headway) acquire(ctx context.Context, maxWait time.Duration, _ *decision) (bool, error) {
 	err := h.lim.Acquire(ctx, maxWait)
 	switch {
 	case err == nil:
@@ -167,8 +176,9 @@ func (h *headway) acquire(ctx context.Context, maxWait time.Duration, _ *time.Ti
 	return false, err
 }
 
-// timed passes Takes on and records, in the *time.Time the context
-// carries, when a granting Take began (plus a reservation's delay).
+// timed passes Takes on and records, in the *decision the context
+// carries, when a granting Take began and when it was answered (plus a
+// reservation's delay).
 type timed struct{ throttle.Bucket }
 
 type decidedKey struct{}
@@ -187,8 +197,8 @@ func (b timed) Take(ctx context.Context, key string, n int64, maxWait time.Durat
 // the store call that made it) and at the latest by (its answer); a
 // reservation's delay is added to both.
 func noteDecision(ctx context.Context, at, by time.Time) {
-	if p, ok := ctx.Value(decidedKey{}).(*time.Time); ok {
-		*p = at
+	if p, ok := ctx.Value(decidedKey{}).(*decision); ok {
+		*p = decision{at: at, by: by}
 	}
 }
 
@@ -205,7 +215,7 @@ type redisRate struct {
 	limit redis_rate.Limit
 }
 
-func (r *redisRate) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+func (r *redisRate) acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error) {
 	deadline := time.Now().Add(maxWait)
 	for {
 		at := time.Now()
@@ -214,7 +224,7 @@ func (r *redisRate) acquire(ctx context.Context, maxWait time.Duration, decided 
 			return false, err
 		}
 		if res.Allowed > 0 {
-			*decided = at
+			decided.at = at
 			return true, nil
 		}
 		if res.RetryAfter < 0 || time.Now().Add(res.RetryAfter).After(deadline) {
@@ -233,7 +243,7 @@ type lockAcquirer struct{ b *lockPerCall }
 // lockPoll is how long a refused lock-per-call caller sleeps.
 const lockPoll = time.Millisecond
 
-func (l *lockAcquirer) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+func (l *lockAcquirer) acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error) {
 	deadline := time.Now().Add(maxWait)
 	for {
 		at := time.Now()
@@ -241,7 +251,7 @@ func (l *lockAcquirer) acquire(ctx context.Context, maxWait time.Duration, decid
 		ok, err := l.b.take(lctx)
 		cancel()
 		if ok {
-			*decided = at
+			decided.at = at
 			return true, nil
 		}
 		if err != nil {
@@ -263,7 +273,7 @@ func (l *lockAcquirer) acquire(ctx context.Context, maxWait time.Duration, decid
 // give the reservation back if it is beyond the wait, else sleep until it.
 type xrate struct{ lim *rate.Limiter }
 
-func (x *xrate) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+func (x *xrate) acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error) {
 	now := time.Now()
 	r := x.lim.ReserveN(now, 1)
 	d := r.DelayFrom(now)
@@ -275,7 +285,7 @@ func (x *xrate) acquire(ctx context.Context, maxWait time.Duration, decided *tim
 		r.Cancel()
 		return false, ctx.Err()
 	}
-	*decided = now.Add(d)
+	decided.at = now.Add(d)
 	return true, nil
 }
 

@@ -226,7 +226,7 @@ type gubernatorAcq struct {
 	next    atomic.Uint32
 }
 
-func (g *gubernatorAcq) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+func (g *gubernatorAcq) acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error) {
 	deadline := time.Now().Add(maxWait)
 	for {
 		cl := g.cluster.clients[int(g.next.Add(1))%len(g.cluster.clients)]
@@ -253,7 +253,7 @@ func (g *gubernatorAcq) acquire(ctx context.Context, maxWait time.Duration, deci
 			return false, fmt.Errorf("gubernator: %s", r.Error)
 		}
 		if r.Status == gubernator.Status_UNDER_LIMIT {
-			*decided = at
+			decided.at = at
 			return true, nil
 		}
 		wait := max(time.Until(time.UnixMilli(r.ResetTime)), time.Millisecond)

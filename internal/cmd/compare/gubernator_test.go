@@ -62,7 +62,7 @@ func TestGubernatorOneDaemon(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var decided time.Time
+	var decided decision
 	for i := range 4 {
 		ok, err := acq.acquire(ctx, 0, &decided)
 		if err != nil {

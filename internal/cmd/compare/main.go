@@ -33,8 +33,11 @@
 // counting one; for Gubernator, its gRPC calls); utilization, the grants
 // over the most the contender's guarantee allows between the first and
 // the last grant; violations, grants the guarantee cannot account for,
-// checked on the times the goroutines saw the grants (see check.go),
-// allowing as tolerance the most any grant was seen late; in limit mode,
+// checked on when the grants were decided (the start of the store call
+// that made each, timed by the caller; see check.go), allowing as
+// tolerance the longest such call: a grant the Limiter held after its
+// answer, for its place in the period, is checked when it was decided,
+// and the hold widens nothing; in limit mode,
 // as a provider counts (at the times the calls are made, no tolerance),
 // the most grants in any window of one interval over the limit (and in
 // any that opens an interval or more after the first grant: past the
@@ -307,10 +310,11 @@ func (r result) cpuPer1k() (time.Duration, bool) {
 
 // worker is what one goroutine saw.
 type worker struct {
-	times []int64 // grant times, ns since the start
-	lats  []int64 // granted acquires' latency, ns
-	late  time.Duration
-	asks  int64
+	times   []int64 // grant times (when acquire returned), ns since the start
+	decided []int64 // when each grant was decided at the earliest, ns since the start
+	lats    []int64 // granted acquires' latency, ns
+	late    time.Duration
+	asks    int64
 }
 
 // runOne runs one contender for d under limit per interval. With demand
@@ -357,7 +361,7 @@ func runOne(ctx context.Context, c config, ct contender, limit int64, interval t
 	for i := range workers {
 		w := &workers[i]
 		wg.Go(func() {
-			var decided time.Time
+			var decided decision
 			wctx := context.WithValue(run, decidedKey{}, &decided)
 			for run.Err() == nil && len(w.times) < perWorkerMaxHits {
 				if at, ok := pace.next(); ok {
@@ -366,7 +370,7 @@ func runOne(ctx context.Context, c config, ct contender, limit int64, interval t
 					}
 				}
 				begin := time.Now()
-				decided = time.Time{}
+				decided = decision{}
 				w.asks++
 				ok, err := acq.acquire(wctx, interval, &decided)
 				now := time.Now()
@@ -374,11 +378,22 @@ func runOne(ctx context.Context, c config, ct contender, limit int64, interval t
 				case ok:
 					w.times = append(w.times, int64(now.Sub(start)))
 					w.lats = append(w.lats, int64(now.Sub(begin)))
-					if !decided.IsZero() {
-						// (A permit handed out from a lease made no
-						// bucket call: it widens no tolerance.)
-						w.late = max(w.late, now.Sub(decided))
+					at := now
+					if !decided.at.IsZero() {
+						// The decision's own span is the tolerance;
+						// the time the grant was held after its
+						// answer is not. (A permit handed out from a
+						// lease made no bucket call: it is checked
+						// when it was handed out, and widens no
+						// tolerance.)
+						by := decided.by
+						if by.IsZero() {
+							by = now
+						}
+						at = decided.at
+						w.late = max(w.late, by.Sub(at))
 					}
+					w.decided = append(w.decided, int64(at.Sub(start)))
 				case run.Err() != nil:
 					// The run ended while it waited.
 				case err == nil:
@@ -398,19 +413,21 @@ func runOne(ctx context.Context, c config, ct contender, limit int64, interval t
 	cmds := hook.n.Load()
 	closeErr := acq.close()
 
-	var times, lats []int64
+	var times, decided, lats []int64
 	var late time.Duration
 	var asks int64
 	for _, w := range workers {
 		times = append(times, w.times...)
+		decided = append(decided, w.decided...)
 		lats = append(lats, w.lats...)
 		late = max(late, w.late)
 		asks += w.asks
 	}
 	slices.Sort(times)
+	slices.Sort(decided)
 	slices.Sort(lats)
 	g := ct.guarantee(limit, interval)
-	viol, allowed := g.check(times, late)
+	viol, allowed := g.check(decided, late)
 	r := result{
 		name: ct.name, grants: len(times), asks: asks, elapsed: elapsed,
 		p50: pct(lats, 0.50), p99: pct(lats, 0.99),
