@@ -52,7 +52,9 @@
 // 127.0.0.1; each run is bounded in time, so the whole program takes
 // about -duration per contender plus a second or two each (a Gubernator
 // daemon whose Close hangs, as after GLOBAL traffic, is given up on after
-// 5 s and reported).
+// 5 s and reported). SIGINT or SIGTERM ends the contender running, and no
+// other starts: the tables show the rounds complete by then (or the first
+// as far as it went), and the program exits 0.
 package main
 
 import (
@@ -160,25 +162,19 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "# %d goroutines per contender, %v per mode; %s\n\n",
 		c.goroutines, c.duration/time.Duration(len(c.modes)), machine(ctx, c.redis, c.selected()))
 	for _, mode := range c.modes {
+		if ctx.Err() != nil {
+			break // stopped by a signal: what ran is printed
+		}
 		limit, interval, demand := c.limit, c.interval, c.demand
 		if mode == "capacity" {
 			limit, interval, demand = capacityLimit, capacityInterval, 0
 		}
-		var rounds [][]result
-		for round := range c.rounds {
-			var results []result
-			for _, ct := range c.selected() {
-				fmt.Fprintf(stderr, "compare: %s mode, round %d: %s...\n", mode, round+1, ct.name)
-				r, err := runOne(ctx, c, ct, limit, interval, demand, c.duration/time.Duration(len(c.modes)))
-				if err != nil {
-					return fmt.Errorf("%s, %s mode: %w", ct.name, mode, err)
-				}
-				if r.closeErr != "" {
-					fmt.Fprintf(stderr, "compare: %s mode, round %d: %s: %s\n", mode, round+1, ct.name, r.closeErr)
-				}
-				results = append(results, r)
-			}
-			rounds = append(rounds, results)
+		rounds, err := runRounds(ctx, c, mode, limit, interval, demand, stderr)
+		if err != nil {
+			return err
+		}
+		if len(rounds) == 0 {
+			break
 		}
 		results := medianRound(rounds)
 		switch {
@@ -202,6 +198,41 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "- %s: %s\n", ct.name, ct.note)
 	}
 	return nil
+}
+
+// runRounds runs -rounds rounds of every selected contender in turn, in
+// one mode. A signal (ctx ending) stops it before the next contender
+// starts: it returns the rounds complete by then, or the first round as
+// far as it went when none is.
+func runRounds(ctx context.Context, c config, mode string, limit int64, interval time.Duration, demand float64, stderr io.Writer) ([][]result, error) {
+	var rounds [][]result
+	for round := range c.rounds {
+		var results []result
+		for _, ct := range c.selected() {
+			if ctx.Err() != nil {
+				break
+			}
+			fmt.Fprintf(stderr, "compare: %s mode, round %d: %s...\n", mode, round+1, ct.name)
+			r, err := runOne(ctx, c, ct, limit, interval, demand, c.duration/time.Duration(len(c.modes)))
+			if err != nil {
+				if ctx.Err() != nil {
+					break // its start was cut short by the signal
+				}
+				return nil, fmt.Errorf("%s, %s mode: %w", ct.name, mode, err)
+			}
+			if r.closeErr != "" {
+				fmt.Fprintf(stderr, "compare: %s mode, round %d: %s: %s\n", mode, round+1, ct.name, r.closeErr)
+			}
+			results = append(results, r)
+		}
+		if len(results) == len(c.selected()) || len(rounds) == 0 && len(results) > 0 {
+			rounds = append(rounds, results)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return rounds, nil
 }
 
 func (c *config) check() error {
@@ -333,7 +364,12 @@ func runOne(ctx context.Context, c config, ct contender, limit int64, interval t
 		s.rdb = redis.NewClient(&redis.Options{Addr: c.redis, PoolSize: n + 8, ContextTimeoutEnabled: true})
 		defer s.rdb.Close()
 		s.rdb.AddHook(hook)
-		if err := warmUp(ctx, s.rdb, n); err != nil {
+		// Setting up is not cut short by a signal: a contender that was
+		// announced runs, for as long as is left, and is in the table.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := warmUp(wctx, s.rdb, n)
+		cancel()
+		if err != nil {
 			return result{}, err
 		}
 	}
