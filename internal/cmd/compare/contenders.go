@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
-	"github.com/gubernator-io/gubernator/v2"
 	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
@@ -18,6 +17,8 @@ type contender struct {
 	name  string
 	note  string
 	redis bool // needs Redis (and gets a client of its own)
+	// gubernator: runs Gubernator (built with -tags gubernator only).
+	gubernator bool
 	// guarantee returns what the contender promises for limit per interval.
 	guarantee func(limit int64, interval time.Duration) guarantee
 	// build makes a fresh limiter for one run.
@@ -133,19 +134,19 @@ var contenders = []contender{
 	},
 	gubernatorContender("gubernator",
 		"Gubernator v2 (gubernator-io), 1 daemon in this process, TOKEN_BUCKET, default settings, asked over gRPC; refused callers sleep until reset_time and ask again",
-		gubernatorOpts{nodes: 1, algorithm: gubernator.Algorithm_TOKEN_BUCKET}),
+		gubernatorOpts{nodes: 1}),
 	gubernatorContender("gubernator-leaky",
 		"the same daemon with LEAKY_BUCKET (burst = limit, its default)",
-		gubernatorOpts{nodes: 1, algorithm: gubernator.Algorithm_LEAKY_BUCKET}),
+		gubernatorOpts{nodes: 1, leaky: true}),
 	gubernatorContender("gubernator-batching",
 		"3 daemons, peers of each other, TOKEN_BUCKET with BATCHING (the default behaviour): a daemon that does not own the key forwards to its owner in batches; calls round robin over the 3",
-		gubernatorOpts{nodes: 3, algorithm: gubernator.Algorithm_TOKEN_BUCKET, behavior: gubernator.Behavior_BATCHING}),
+		gubernatorOpts{nodes: 3}),
 	gubernatorContender("gubernator-global",
 		"3 daemons, TOKEN_BUCKET with GLOBAL: every daemon answers from its own copy and sends hits to the owner, which broadcasts its state, every 100 ms (GlobalSyncWait, default)",
-		gubernatorOpts{nodes: 3, algorithm: gubernator.Algorithm_TOKEN_BUCKET, behavior: gubernator.Behavior_GLOBAL}),
+		gubernatorOpts{nodes: 3, global: true}),
 	gubernatorContender("gubernator-global-leaky",
 		"3 daemons, LEAKY_BUCKET with GLOBAL",
-		gubernatorOpts{nodes: 3, algorithm: gubernator.Algorithm_LEAKY_BUCKET, behavior: gubernator.Behavior_GLOBAL}),
+		gubernatorOpts{nodes: 3, leaky: true, global: true}),
 }
 
 // headway acquires through a throttle.Limiter. A timed layer directly

@@ -1,13 +1,12 @@
+//go:build gubernator
+
 package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,39 +17,34 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// gubernatorOpts says how a Gubernator contender is run: how many daemons
-// form its cluster, which algorithm, which behaviour.
-type gubernatorOpts struct {
-	nodes     int
-	algorithm gubernator.Algorithm
-	behavior  gubernator.Behavior
-}
+// gubernatorBuilt: this program was built with -tags gubernator, and
+// runs Gubernator's contenders itself.
+const gubernatorBuilt = true
 
-// gubernatorContender builds a contender that runs Gubernator daemons in
-// this process, with their default settings, and asks them through their
-// gRPC client, as a service written in any language would.
-func gubernatorContender(name, note string, o gubernatorOpts) contender {
-	g := periods
-	if o.algorithm == gubernator.Algorithm_LEAKY_BUCKET {
-		g = gcra // burst = limit, its default
+// buildGubernator starts the daemons of a contender run as o says, with
+// their default settings, and returns an acquirer that asks them through
+// their gRPC client, as a service written in any language would.
+func buildGubernator(o gubernatorOpts, s setup) (acquirer, error) {
+	c, err := startGubernator(context.Background(), o.nodes)
+	if err != nil {
+		return nil, err
 	}
-	return contender{
-		name: name, note: note, guarantee: g,
-		build: func(s setup) (acquirer, error) {
-			c, err := startGubernator(context.Background(), o.nodes)
-			if err != nil {
-				return nil, err
-			}
-			return &gubernatorAcq{
-				cluster: c,
-				calls:   s.calls,
-				key:     s.key,
-				limit:   s.limit,
-				period:  s.interval,
-				opts:    o,
-			}, nil
-		},
+	algorithm, behavior := gubernator.Algorithm_TOKEN_BUCKET, gubernator.Behavior_BATCHING
+	if o.leaky {
+		algorithm = gubernator.Algorithm_LEAKY_BUCKET
 	}
+	if o.global {
+		behavior = gubernator.Behavior_GLOBAL
+	}
+	return &gubernatorAcq{
+		cluster:   c,
+		calls:     s.calls,
+		key:       s.key,
+		limit:     s.limit,
+		period:    s.interval,
+		algorithm: algorithm,
+		behavior:  behavior,
+	}, nil
 }
 
 // gubernatorCluster is n Gubernator daemons on loopback ports that know
@@ -142,37 +136,6 @@ func freeAddr() (string, error) {
 	return addr, ln.Close()
 }
 
-// daemonCloseWait bounds the close of one run's daemons.
-const daemonCloseWait = 5 * time.Second
-
-// errCloseTimeout reports a close that did not return in time.
-var errCloseTimeout = errors.New("did not return in time; left running")
-
-// closeWithin runs fn and waits at most d for it to return.
-//
-// Gubernator v2.13.0's Daemon.Close can block forever after GLOBAL
-// traffic: closing stops its global manager, whose loop stops its sync
-// timer (an Interval) and waits for the timer's goroutine, and that
-// goroutine can be stuck sending a tick into a full channel that only the
-// stopped loop reads. A harness that waited would hang; this one gives up
-// after d and reports it, leaving that goroutine and whatever it holds
-// behind (a leak until the process exits, which it then does).
-func closeWithin(d time.Duration, fn func()) error {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn()
-	}()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-		return nil
-	case <-t.C:
-		return fmt.Errorf("%w (%v)", errCloseTimeout, d)
-	}
-}
-
 // close closes the clients, then every daemon at once, waiting at most d
 // in all; it names the daemons whose Close did not return.
 func (c *gubernatorCluster) close(d time.Duration) error {
@@ -186,44 +149,20 @@ func (c *gubernatorCluster) close(d time.Duration) error {
 	return closeAll(d, closes)
 }
 
-// closeAll runs every close at once, each bounded by d (see closeWithin),
-// and names, by index, those that did not return.
-func closeAll(d time.Duration, closes []func()) error {
-	errs := make([]error, len(closes))
-	var wg sync.WaitGroup
-	for i, fn := range closes {
-		wg.Go(func() {
-			if err := closeWithin(d, fn); err != nil {
-				errs[i] = fmt.Errorf("gubernator daemon %d: Close %w", i, err)
-			}
-		})
-	}
-	wg.Wait()
-	var msgs []string
-	for _, err := range errs {
-		if err != nil {
-			msgs = append(msgs, err.Error())
-		}
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	return errors.New(strings.Join(msgs, "; "))
-}
-
 // gubernatorAcq asks Gubernator for one hit at a time. Gubernator has no
 // wait of its own: a refused caller sleeps until the reset_time it was
 // told (at least 1 ms, so that a reset already past does not spin) and
 // asks again, and gives up at once when that is beyond its wait. Calls go
 // round robin over the cluster's daemons, as behind a load balancer.
 type gubernatorAcq struct {
-	cluster *gubernatorCluster
-	key     string
-	limit   int64
-	period  time.Duration
-	opts    gubernatorOpts
-	calls   *counter
-	next    atomic.Uint32
+	cluster   *gubernatorCluster
+	key       string
+	limit     int64
+	period    time.Duration
+	algorithm gubernator.Algorithm
+	behavior  gubernator.Behavior
+	calls     *counter
+	next      atomic.Uint32
 }
 
 func (g *gubernatorAcq) acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error) {
@@ -236,8 +175,8 @@ func (g *gubernatorAcq) acquire(ctx context.Context, maxWait time.Duration, deci
 			Hits:      1,
 			Limit:     g.limit,
 			Duration:  g.period.Milliseconds(),
-			Algorithm: g.opts.algorithm,
-			Behavior:  g.opts.behavior,
+			Algorithm: g.algorithm,
+			Behavior:  g.behavior,
 		}
 		at := time.Now()
 		g.calls.n.Add(1)

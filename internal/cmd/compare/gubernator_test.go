@@ -1,61 +1,23 @@
+//go:build gubernator
+
 package main
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
-	"github.com/gubernator-io/gubernator/v2"
 	"go.uber.org/goleak"
+
+	"github.com/headway-go/headway/internal/cli"
 )
-
-// TestCloseWithinReturnsWhenCloseBlocks is the harness's guard against
-// Gubernator's Daemon.Close blocking forever after GLOBAL traffic: a close
-// that never returns is reported after the deadline, not waited for.
-func TestCloseWithinReturnsWhenCloseBlocks(t *testing.T) {
-	if err := closeWithin(time.Second, func() {}); err != nil {
-		t.Errorf("a close that returns at once: %v", err)
-	}
-	release := make(chan struct{})
-	defer close(release) // lets the stuck close end, for goleak
-	start := time.Now()
-	err := closeWithin(50*time.Millisecond, func() { <-release })
-	if !errors.Is(err, errCloseTimeout) {
-		t.Errorf("a close that blocks: err = %v, want errCloseTimeout", err)
-	}
-	if took := time.Since(start); took > time.Second {
-		t.Errorf("closeWithin returned after %v, its deadline was 50ms", took)
-	}
-}
-
-// TestClusterCloseNamesTheStuckDaemons: a cluster's close waits for every
-// daemon at once, one deadline in all, and names those that did not return.
-func TestClusterCloseNamesTheStuckDaemons(t *testing.T) {
-	release := make(chan struct{})
-	defer close(release)
-	start := time.Now()
-	err := closeAll(50*time.Millisecond, []func(){
-		func() {},
-		func() { <-release },
-		func() { <-release },
-	})
-	if took := time.Since(start); took > time.Second {
-		t.Errorf("closeAll returned after %v, its deadline was 50ms", took)
-	}
-	want := "gubernator daemon 1: Close did not return in time; left running (50ms); " +
-		"gubernator daemon 2: Close did not return in time; left running (50ms)"
-	if err == nil || err.Error() != want {
-		t.Errorf("err = %v, want %q", err, want)
-	}
-}
 
 // TestGubernatorOneDaemon runs the real thing briefly: one daemon on a
 // loopback port, asked over gRPC until it refuses, then closed, leaving
 // no goroutine behind.
 func TestGubernatorOneDaemon(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	ct := gubernatorContender("g", "", gubernatorOpts{nodes: 1, algorithm: gubernator.Algorithm_TOKEN_BUCKET})
+	ct := gubernatorContender("g", "", gubernatorOpts{nodes: 1})
 	acq, err := ct.build(setup{key: "k", limit: 3, interval: time.Minute, calls: &counter{}})
 	if err != nil {
 		t.Fatal(err)
@@ -75,4 +37,13 @@ func TestGubernatorOneDaemon(t *testing.T) {
 	if err := acq.close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
+}
+
+// TestGubernatorCommandLine: a Gubernator daemon in the process, asks
+// paced at twice the limit, ratios to the first contender that runs.
+func TestGubernatorCommandLine(t *testing.T) {
+	cli.Check(t, command, []cli.Case{
+		{Name: "gubernator", Args: []string{"-only", "x/time/rate,gubernator", "-mode", "limit", "-limit", "10", "-demand", "2", "-duration", "300ms", "-goroutines", "4"},
+			Code: cli.ExitOK, Stdout: "| gubernator "},
+	})
 }

@@ -5,7 +5,11 @@
 // token bucket (written here as the baseline), golang.org/x/time/rate (in
 // memory, the local baseline), and Gubernator v2 (one daemon, and a
 // cluster of three with BATCHING or GLOBAL; token and leaky bucket),
-// whose daemons run in this process and are asked over gRPC.
+// whose daemons run in this process and are asked over gRPC. Gubernator's
+// code is built only when one of its contenders is selected: this program
+// then builds itself with -tags gubernator and runs that build in its
+// place (see gubernator_contenders.go), so that vetting and testing this
+// module need none of Gubernator's dependencies.
 //
 //	cd internal/cmd/compare && go run . -goroutines 64 -duration 10s
 //
@@ -138,6 +142,9 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return c.check()
 	}
 	return cmd.Run(ctx, args, stdout, stderr, read, func(ctx context.Context) error {
+		if c.needsGubernatorBuild() {
+			return runWithGubernator(ctx, args, stdout, stderr)
+		}
 		return run(ctx, c, stdout, stderr)
 	})
 }
@@ -753,7 +760,7 @@ func spreadDur(xs []float64) string {
 // library that runs.
 func machine(ctx context.Context, addr string, cts []contender) string {
 	s := fmt.Sprintf("%s, %s/%s, %d CPUs (GOMAXPROCS %d)", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0))
-	if slices.ContainsFunc(cts, func(ct contender) bool { return strings.HasPrefix(ct.name, "gubernator") }) {
+	if slices.ContainsFunc(cts, func(ct contender) bool { return ct.gubernator }) {
 		s += ", gubernator " + moduleVersion("github.com/gubernator-io/gubernator/v2")
 	}
 	if addr == "" {

@@ -20,10 +20,6 @@ func TestCommandLine(t *testing.T) {
 		"-base=nobody", "-demand=-1", "-demand=NaN"),
 		cli.Case{Name: "demand needing too many goroutines", Args: []string{"-limit", "5000", "-demand", "4"}, Code: cli.ExitUsage, Stderr: "25000 goroutines"},
 		cli.Case{Name: "ok", Args: []string{"-only", "x/time/rate", "-mode", "limit", "-duration", "200ms", "-goroutines", "4"}, Code: cli.ExitOK, Stdout: "x/time/rate"},
-		// A Gubernator daemon in the process, asks paced at twice the
-		// limit, ratios to the first contender that runs.
-		cli.Case{Name: "gubernator", Args: []string{"-only", "x/time/rate,gubernator", "-mode", "limit", "-limit", "10", "-demand", "2", "-duration", "300ms", "-goroutines", "4"},
-			Code: cli.ExitOK, Stdout: "| gubernator "},
 	))
 	cli.Terminate(t, command, []string{"-only", "x/time/rate", "-mode", "limit", "-duration", "1m", "-goroutines", "4"}, "limit mode, round 1: x/time/rate", "| x/time/rate", cli.ExitOK)
 }
