@@ -94,17 +94,17 @@ func runWithGubernator(ctx context.Context, args []string, stdout, stderr io.Wri
 		}
 		return err
 	}
-	if ctx.Err() != nil {
-		return nil
-	}
 
-	// Registered before the build starts, so that no SIGTERM in between
-	// is lost (cli stops catching signals once the first came; while
-	// this is registered, a second SIGTERM is passed on too, and the
-	// build, which gets it as its second, ends at once).
+	// Registered before ctx is looked at and the build started, so that
+	// no SIGTERM in between is lost (cli stops catching signals once the
+	// first came; while this is registered, a second SIGTERM is passed on
+	// too, and the build, which gets it as its second, ends at once).
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 	defer signal.Stop(term)
+	if ctx.Err() != nil {
+		return nil
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Start(); err != nil {
