@@ -7,7 +7,9 @@ import (
 )
 
 // A guarantee is what a contender promises about its grants, checked on
-// the times its callers saw them, never on the limiter's own numbers. It
+// the times the callers' store calls that got them began (the start of
+// the granting call, timed by the caller; a permit from a lease, when it
+// was handed out), never on the limiter's own numbers. It
 // is a small stand-in for headway's internal/guarantee package, which a
 // separate module may not import.
 type guarantee struct {
@@ -39,19 +41,18 @@ func (g guarantee) String() string {
 // (scanning in time order, setting each such grant aside) and how many
 // grants it allows at most between the first and the last grant. times
 // are sorted nanosecond offsets; tol relaxes each time comparison by at
-// most tol (grant times are recorded a little late).
+// most tol (a grant was decided somewhere within its store call: tol is
+// the longest granting call, never the time a grant was held after it).
 func (g guarantee) check(times []int64, tol time.Duration) (violations int, allowed float64) {
 	if len(times) == 0 {
 		return 0, 0
 	}
 	span := float64(times[len(times)-1] - times[0])
 	if g.periods {
-		return checkPeriods(times, g.limit, int64(g.interval-tol)),
-			float64(g.limit) * (math.Floor(span/float64(g.interval)) + 1)
+		return checkPeriods(times, g.limit, int64(g.interval-tol)), windowAllowed(times, g.limit, g.interval)
 	}
 	if g.sliding {
-		return checkSliding(times, g.limit, int64(g.interval-tol)),
-			float64(g.limit) * (math.Floor(span/float64(g.interval)) + 1)
+		return checkSliding(times, g.limit, int64(g.interval-tol)), windowAllowed(times, g.limit, g.interval)
 	}
 	return checkGCRA(times, g.limit, g.interval, g.burst, tol),
 		float64(g.burst) + float64(g.limit)*span/float64(g.interval)
@@ -130,4 +131,34 @@ func checkSliding(t []int64, limit, window int64) (violations int) {
 		kept = append(kept, ti)
 	}
 	return violations
+}
+
+// windowAllowed returns the most grants that "at most limit in any window
+// of interval" allows between the first and the last of sorted times t:
+// limit for every whole interval the span holds, and limit more.
+func windowAllowed(t []int64, limit int64, interval time.Duration) float64 {
+	if len(t) == 0 {
+		return 0
+	}
+	span := t[len(t)-1] - t[0]
+	return float64(limit) * float64(span/int64(interval)+1)
+}
+
+// maxInWindow returns the most of sorted times t in any window [s, s+w)
+// with s ≥ from: what a provider counting a sliding window of w sees at
+// its worst (from math.MinInt64), or once the first windows are past.
+// Such a window holds the most when it opens at one of the times.
+func maxInWindow(t []int64, w, from int64) int {
+	most, j := 0, 0
+	for i := range t {
+		if t[i] < from {
+			continue
+		}
+		j = max(j, i)
+		for j < len(t) && t[j]-t[i] < w {
+			j++
+		}
+		most = max(most, j-i)
+	}
+	return most
 }

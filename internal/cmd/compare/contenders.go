@@ -17,6 +17,8 @@ type contender struct {
 	name  string
 	note  string
 	redis bool // needs Redis (and gets a client of its own)
+	// gubernator: runs Gubernator (built with -tags gubernator only).
+	gubernator bool
 	// guarantee returns what the contender promises for limit per interval.
 	guarantee func(limit int64, interval time.Duration) guarantee
 	// build makes a fresh limiter for one run.
@@ -30,18 +32,30 @@ type setup struct {
 	limit     int64
 	interval  time.Duration
 	lockRetry time.Duration
+	calls     *counter // a contender not on Redis counts its store calls here
 }
 
 // An acquirer hands out permits the way its library's users wait for one.
 type acquirer interface {
 	// acquire waits at most maxWait for one permit. ctx carries decided
-	// under decidedKey. It returns whether it
-	// was granted and, in decided, the start of the attempt that got it:
-	// the earliest moment the grant can have been decided (for a
-	// reservation, plus the reservation's delay).
-	acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error)
-	close()
+	// under decidedKey. It returns whether it was granted and, in
+	// decided, when the grant was decided: at the earliest decided.at,
+	// the start of the attempt that got it, at the latest decided.by, its
+	// answer (zero: when acquire returns); for a reservation, plus the
+	// reservation's delay. A grant held after its answer (headway's
+	// Limiter holds a crowd's grants for their places in the period) was
+	// decided before it was held.
+	acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error)
+	// close releases what the contender holds; it returns within a
+	// bounded time, with an error for what it could not release.
+	close() error
 }
+
+// A decision is when a grant was decided: at the earliest at, at the
+// latest by (zero: when its acquire returned). Zero: not known (a permit
+// handed out from a lease made no store call), taken as when its acquire
+// returned.
+type decision struct{ at, by time.Time }
 
 func periods(limit int64, interval time.Duration) guarantee {
 	return guarantee{periods: true, limit: limit, interval: interval}
@@ -118,6 +132,21 @@ var contenders = []contender{
 			return &xrate{lim: rate.NewLimiter(r, int(s.limit))}, nil
 		},
 	},
+	gubernatorContender("gubernator",
+		"Gubernator v2 (gubernator-io), 1 daemon in this process, TOKEN_BUCKET, default settings, asked over gRPC; refused callers sleep until reset_time and ask again",
+		gubernatorOpts{nodes: 1}),
+	gubernatorContender("gubernator-leaky",
+		"the same daemon with LEAKY_BUCKET (burst = limit, its default)",
+		gubernatorOpts{nodes: 1, leaky: true}),
+	gubernatorContender("gubernator-batching",
+		"3 daemons, peers of each other, TOKEN_BUCKET with BATCHING (the default behaviour): a daemon that does not own the key forwards to its owner in batches; calls round robin over the 3",
+		gubernatorOpts{nodes: 3}),
+	gubernatorContender("gubernator-global",
+		"3 daemons, TOKEN_BUCKET with GLOBAL: every daemon answers from its own copy and sends hits to the owner, which broadcasts its state, every 100 ms (GlobalSyncWait, default)",
+		gubernatorOpts{nodes: 3, global: true}),
+	gubernatorContender("gubernator-global-leaky",
+		"3 daemons, LEAKY_BUCKET with GLOBAL",
+		gubernatorOpts{nodes: 3, leaky: true, global: true}),
 }
 
 // headway acquires through a throttle.Limiter. A timed layer directly
@@ -137,7 +166,7 @@ func newHeadway(b throttle.Bucket, closer func() error, opts ...throttle.Limiter
 
 // acquire calls Acquire; the timed layer sets the *time.Time that ctx
 // carries under decidedKey (the caller's decided).
-func (h *headway) acquire(ctx context.Context, maxWait time.Duration, _ *time.Time) (bool, error) {
+func (h *headway) acquire(ctx context.Context, maxWait time.Duration, _ *decision) (bool, error) {
 	err := h.lim.Acquire(ctx, maxWait)
 	switch {
 	case err == nil:
@@ -148,8 +177,9 @@ func (h *headway) acquire(ctx context.Context, maxWait time.Duration, _ *time.Ti
 	return false, err
 }
 
-// timed passes Takes on and records, in the *time.Time the context
-// carries, when a granting Take began (plus a reservation's delay).
+// timed passes Takes on and records, in the *decision the context
+// carries, when a granting Take began and when it was answered (plus a
+// reservation's delay).
 type timed struct{ throttle.Bucket }
 
 type decidedKey struct{}
@@ -158,11 +188,19 @@ func (b timed) Take(ctx context.Context, key string, n int64, maxWait time.Durat
 	begin := time.Now()
 	d, err := b.Bucket.Take(ctx, key, n, maxWait)
 	if err == nil && d.Granted {
-		if p, ok := ctx.Value(decidedKey{}).(*time.Time); ok {
-			*p = begin.Add(d.Delay)
-		}
+		noteDecision(ctx, begin.Add(d.Delay), time.Now().Add(d.Delay))
 	}
 	return d, err
+}
+
+// noteDecision records, in the decision that ctx carries under
+// decidedKey, that a grant was decided at the earliest at (the start of
+// the store call that made it) and at the latest by (its answer); a
+// reservation's delay is added to both.
+func noteDecision(ctx context.Context, at, by time.Time) {
+	if p, ok := ctx.Value(decidedKey{}).(*decision); ok {
+		*p = decision{at: at, by: by}
+	}
 }
 
 // Unwrap returns the bucket b times, so that the Limiter finds what it
@@ -178,7 +216,7 @@ type redisRate struct {
 	limit redis_rate.Limit
 }
 
-func (r *redisRate) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+func (r *redisRate) acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error) {
 	deadline := time.Now().Add(maxWait)
 	for {
 		at := time.Now()
@@ -187,7 +225,7 @@ func (r *redisRate) acquire(ctx context.Context, maxWait time.Duration, decided 
 			return false, err
 		}
 		if res.Allowed > 0 {
-			*decided = at
+			decided.at = at
 			return true, nil
 		}
 		if res.RetryAfter < 0 || time.Now().Add(res.RetryAfter).After(deadline) {
@@ -206,7 +244,7 @@ type lockAcquirer struct{ b *lockPerCall }
 // lockPoll is how long a refused lock-per-call caller sleeps.
 const lockPoll = time.Millisecond
 
-func (l *lockAcquirer) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+func (l *lockAcquirer) acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error) {
 	deadline := time.Now().Add(maxWait)
 	for {
 		at := time.Now()
@@ -214,7 +252,7 @@ func (l *lockAcquirer) acquire(ctx context.Context, maxWait time.Duration, decid
 		ok, err := l.b.take(lctx)
 		cancel()
 		if ok {
-			*decided = at
+			decided.at = at
 			return true, nil
 		}
 		if err != nil {
@@ -236,7 +274,7 @@ func (l *lockAcquirer) acquire(ctx context.Context, maxWait time.Duration, decid
 // give the reservation back if it is beyond the wait, else sleep until it.
 type xrate struct{ lim *rate.Limiter }
 
-func (x *xrate) acquire(ctx context.Context, maxWait time.Duration, decided *time.Time) (bool, error) {
+func (x *xrate) acquire(ctx context.Context, maxWait time.Duration, decided *decision) (bool, error) {
 	now := time.Now()
 	r := x.lim.ReserveN(now, 1)
 	d := r.DelayFrom(now)
@@ -248,14 +286,14 @@ func (x *xrate) acquire(ctx context.Context, maxWait time.Duration, decided *tim
 		r.Cancel()
 		return false, ctx.Err()
 	}
-	*decided = now.Add(d)
+	decided.at = now.Add(d)
 	return true, nil
 }
 
-func (h *headway) close()    { _ = h.closer() }
-func (*redisRate) close()    {}
-func (*lockAcquirer) close() {}
-func (*xrate) close()        {}
+func (h *headway) close() error    { return h.closer() }
+func (*redisRate) close() error    { return nil }
+func (*lockAcquirer) close() error { return nil }
+func (*xrate) close() error        { return nil }
 
 // sleep waits d or until ctx ends, reporting whether d passed.
 func sleep(ctx context.Context, d time.Duration) bool {
