@@ -2,8 +2,6 @@ package httpserver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -48,10 +46,6 @@ type SLA struct {
 	Tiers []throttle.Tier
 }
 
-// maxTenantLen is the longest tenant used in a key as it is; longer ones
-// are replaced by their SHA-256.
-const maxTenantLen = 128
-
 // TenantHeader returns a tenant function that reads the tenant from the
 // request header name. Use it only for a header your own infrastructure
 // sets after authenticating the caller (an API gateway's), never for one
@@ -86,7 +80,10 @@ func TenantPathSegment(i int) func(*http.Request) string {
 
 // BucketFactory builds the bucket that enforces one SLA: every tier of
 // it, all-or-nothing, per key. [NewMiddleware] calls it once per SLA and
-// takes one permit per matching request under the key "<ID>:<tenant>".
+// takes one permit per matching request under the key "<ID>:<tenant>",
+// where <tenant> is the tenant as it is, or "sha256:" and the hex SHA-256
+// of its bytes (see [NewMiddleware]): at most 128 bytes of printable
+// UTF-8 without '{' or '}', whatever the tenant.
 //
 // [LocalWindows] is the in-memory factory. For a fleet, wire a Redis
 // bucket from package github.com/headway-go/headway/bucket (its Tiers
@@ -226,8 +223,15 @@ func WithStoreTimeout(d time.Duration) Option {
 // tenant the client chooses freely (an unchecked header) gives a client
 // that changes it a fresh budget with every request, and the store an
 // unbounded number of keys. Requests whose tenant is "" share one budget.
-// A tenant longer than 128 bytes is counted under its SHA-256, so that
-// keys stay short.
+//
+// Distinct tenants never share a budget, whatever their names. A tenant
+// is counted under its name as it is when that is at most 128 bytes of
+// printable UTF-8 ([unicode.IsPrint]: no control or format characters,
+// no space but ' ') without '{' or '}' and does not begin with
+// "sha256:"; any other tenant (a long one, one in another encoding, one
+// that could be taken for a digest) under "sha256:" and the hex SHA-256
+// of its bytes. Keys stay short, printable and free of Redis
+// Cluster hash-tag braces, and a name never lands on another's digest.
 //
 // It refuses, with an error matching [throttle.ErrInvalid] that names the SLA and
 // the field: an empty or malformed or repeated ID, no tiers, a period
@@ -348,12 +352,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		tenant := rl.tenant(r)
-		if len(tenant) > maxTenantLen {
-			// Keep keys short for every store; a digest keeps tenants apart.
-			sum := sha256.Sum256([]byte(tenant))
-			tenant = "sha256:" + hex.EncodeToString(sum[:])
-		}
+		tenant := tenantKey(rl.tenant(r))
 		// Bounded like a Limiter's call that may not wait, so that a hung
 		// store delays a request by at most the store timeout.
 		tctx, cancel := r.Context(), context.CancelFunc(func() {})

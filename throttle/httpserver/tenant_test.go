@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jonboulle/clockwork"
 
@@ -69,4 +71,72 @@ func TestMiddlewareKeepsTenantsApartWhenANameLooksLikeADigest(t *testing.T) {
 			}
 		}
 	}
+}
+
+// FuzzTenantKeyKeepsTenantsApart sends calls of two tenants, and of the
+// names that would forge their digests, through a Middleware whose
+// bucket records the keys it is asked for: distinct tenants never share
+// a key, a key is at most the SLA's ID, ':' and 128 bytes of printable
+// UTF-8 without '{' or '}', and a short printable name is its own key.
+// The seeds are names that could be taken for another form: long ones,
+// digests and their prefix, empty, invalid UTF-8, control and format
+// characters, hash-tag braces, escapes.
+func FuzzTenantKeyKeepsTenantsApart(f *testing.F) {
+	long := strings.Repeat("tenant-", 29) + "x"
+	for _, s := range [][2]string{
+		{long, forged(long)},
+		{"acme", "ACME"},
+		{"", " "},
+		{"sha256:", "sha256"},
+		{forged("acme"), "acme"},
+		{"sha256:" + strings.Repeat("0", 64), strings.Repeat("0", 64)},
+		{strings.Repeat("a", 128), strings.Repeat("a", 129)},
+		{"\xff", "\ufffd"},
+		{"a\x00b", "a b"},
+		{"a\u200bb", "ab"},
+		{"{acme}", "%7Bacme%7D"},
+		{"}{", "a{b}c"},
+		{"acme:1", "acme%3A1"},
+		{"é", "e\u0301"},
+		{string(make([]byte, 300)), string(make([]byte, 301))},
+	} {
+		f.Add(s[0], s[1])
+	}
+	const id = "get-product"
+	f.Fuzz(func(t *testing.T, a, b string) {
+		rec := &keyRecorder{}
+		m, err := httpserver.NewMiddleware([]httpserver.SLA{{ID: id, Tiers: []throttle.Tier{{Period: time.Minute, Limit: 1}}}},
+			func(httpserver.SLA) (throttle.Bucket, error) { return rec, nil }, tenantFromContext)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := m.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		tenants := []string{a, b, forged(a), forged(b), "sha256:" + a, a + b}
+		for _, tenant := range tenants {
+			callAs(h, tenant)
+		}
+		if len(rec.keys) != len(tenants) {
+			t.Fatalf("%d keys taken for %d calls", len(rec.keys), len(tenants))
+		}
+		owner := make(map[string]string, len(tenants))
+		for i, key := range rec.keys {
+			tenant := tenants[i]
+			if other, ok := owner[key]; ok && other != tenant {
+				t.Fatalf("tenants %q and %q share the key %q", other, tenant, key)
+			}
+			owner[key] = tenant
+			name, ok := strings.CutPrefix(key, id+":")
+			if !ok {
+				t.Fatalf("key %q for tenant %q does not begin with the SLA's ID", key, tenant)
+			}
+			if len(name) > 128 || !utf8.ValidString(name) || strings.ContainsAny(name, "{}") || strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+				t.Fatalf("tenant %q has the key %q: want at most 128 bytes of printable UTF-8 without braces", tenant, key)
+			}
+			plain := len(tenant) <= 128 && utf8.ValidString(tenant) && !strings.ContainsAny(tenant, "{}") &&
+				strings.IndexFunc(tenant, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 && !strings.HasPrefix(tenant, "sha256:")
+			if plain && name != tenant {
+				t.Fatalf("the plain tenant %q has the key %q, want %q", tenant, key, id+":"+tenant)
+			}
+		}
+	})
 }
