@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/headway-go/headway/consumer"
 	"github.com/headway-go/headway/internal/kafkaenv"
@@ -330,4 +332,79 @@ func TestBrokerRefusingTheMapGetsTheCommitWithoutIt(t *testing.T) {
 	require.NoError(t, ra.stop(t))
 	assert.NotZero(t, refused.Load(), "a commit with the map was refused")
 	assert.Equal(t, []int64{stuckAt}, committed(t, kc, "g", "in", 1), "the watermark committed without the map")
+}
+
+// An offset map is validated against the partition as fetched: another
+// client that commits for the group, at offset 5, a map whose range runs
+// far past the partition's end cannot make the group skip records not
+// yet written. The map is ignored with a warning naming the partition;
+// the records from offset 5 on are handled, and so are the 20 produced
+// after the consumer started, none of them counted as restored.
+func TestForgedOffsetMapDoesNotSkipRecordsNotYetWritten(t *testing.T) {
+	t.Parallel()
+	const before, after, at = 10, 20, 5
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, before, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	// "5:0.zzzzzzzzzz": from offset 5, 36^10-1 offsets finished.
+	commitMetadata(t, kc, "g", "in", 0, at, "headway.om1:5:0.zzzzzzzzzz")
+
+	var early, later atomic.Int64
+	logs := &logCapture{}
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		if rec.Offset < before {
+			early.Add(1)
+		} else {
+			later.Add(1)
+		}
+		return nil
+	}, nil, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the records from the committed offset on taken", func() bool {
+		s := c.Stats()
+		return s.Handled+s.Restored == before-at
+	})
+	produce(t, kc, "in", 1, after, func(_ int32, i int) string { return fmt.Sprint("later", i) })
+	for deadline := time.Now().Add(10 * time.Second); later.Load() != after; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("of the %d records produced after the start, %d handled within 10s; %d records counted as restored", after, later.Load(), c.Stats().Restored)
+		}
+	}
+	require.NoError(t, r.stop(t))
+	assert.EqualValues(t, before-at, early.Load(), "records handled from the committed offset to the end as it was")
+	assert.Zero(t, c.Stats().Restored, "records counted as restored")
+	assert.Equal(t, []int64{before + after}, committed(t, kc, "g", "in", 1))
+	warned := false
+	for _, w := range logs.find("offset map") {
+		warned = warned || w["level"] == slog.LevelWarn.String() && w["topic"] == "in" && w["partition"] == "0"
+	}
+	assert.True(t, warned, "a warning names the partition whose map was ignored")
+}
+
+// commitMetadata commits offset with metadata for group's partition of
+// topic, as any client may, outside the group's generation (by topic
+// name: a request version before topic IDs).
+func commitMetadata(t *testing.T, kc *kafkaenv.Cluster, group, topic string, partition int32, offset int64, metadata string) {
+	t.Helper()
+	cl, err := kc.Client(kgo.MaxVersions(kversion.V3_5_0()))
+	require.NoError(t, err)
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation = group, -1
+	rt := kmsg.NewOffsetCommitRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewOffsetCommitRequestTopicPartition()
+	rp.Partition, rp.Offset, rp.Metadata = partition, offset, kmsg.StringPtr(metadata)
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	for _, t2 := range resp.Topics {
+		for _, p := range t2.Partitions {
+			require.NoError(t, kerr.ErrorForCode(p.ErrorCode), "committing the map")
+		}
+	}
+	require.Equal(t, []int64{offset}, committed(t, kc, group, topic, partition+1)[partition:])
 }
