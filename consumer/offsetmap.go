@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -25,6 +26,15 @@ import (
 // again without maps. Commits of the running consumer (kgo's autocommit)
 // carry no map: after a crash, the records past the watermark are handled
 // again.
+//
+// A map is read from outside: any client may commit for the group. It is
+// trusted as far as a committed offset is, no further: its ranges must
+// lie below the end of the partition as its first fetch found it (the
+// high watermark; no owner can have finished a record not yet written),
+// its offset must be the committed one, and it must parse. A map that
+// does not is ignored whole, with a warning, and the records past the
+// committed offset are handled: at least once holds whatever another
+// client wrote.
 
 // offsetMapPrefix starts the metadata of a commit that carries a map.
 const offsetMapPrefix = "headway.om1:"
@@ -83,8 +93,8 @@ func encodeOffsetMap(base int64, runs []offRun) string {
 // restores nothing.
 func decodeOffsetMap(s string) (base int64, runs []offRun, ok bool) {
 	rest, found := strings.CutPrefix(s, offsetMapPrefix)
-	if !found {
-		return 0, nil, false
+	if !found || len(s) > maxOffsetMap {
+		return 0, nil, false // encodeOffsetMap writes no more
 	}
 	head, list, found := strings.Cut(rest, ":")
 	if !found {
@@ -113,6 +123,18 @@ func decodeOffsetMap(s string) (base int64, runs []offRun, ok bool) {
 		next = r.last + 1
 	}
 	return base, runs, true
+}
+
+// beyond returns why m cannot have been written by an owner of its
+// partition, whose end (the offset after the last record it holds, as
+// fetched) is end: a range that reaches end or beyond names records not
+// yet written, which no owner can have finished. It returns "" for a
+// map that fits.
+func (m offsetMap) beyond(end int64) string {
+	if n := len(m.runs); n > 0 && m.runs[n-1].last >= end {
+		return fmt.Sprintf("its ranges run to offset %d, past the partition's end at %d (the high watermark): no owner can have finished records not yet written", m.runs[n-1].last, end)
+	}
+	return ""
 }
 
 // offsetMap returns the map of p, stopped, for the commit that follows
@@ -272,6 +294,7 @@ func mapTooLarge(err error) bool { return errors.Is(err, kerr.OffsetMetadataTooL
 // maps of the committed offsets just read, for the partitions' first
 // records, then calls the user's callback, if any.
 func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
+	var bad []badMap
 	c.mu.Lock()
 	for _, t := range resp.Topics {
 		for _, pr := range t.Partitions {
@@ -281,14 +304,36 @@ func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *k
 				continue
 			}
 			base, runs, ok := decodeOffsetMap(*pr.Metadata)
-			if ok && base == pr.Offset && len(runs) > 0 {
+			switch {
+			case !ok && strings.HasPrefix(*pr.Metadata, offsetMapPrefix):
+				bad = append(bad, badMap{tp, pr.Offset, fmt.Sprintf("it does not parse as a map of at most %d bytes", maxOffsetMap)})
+			case ok && base != pr.Offset:
+				bad = append(bad, badMap{tp, pr.Offset, fmt.Sprintf("it was written for offset %d, not the committed one", base)})
+			case ok && len(runs) > 0:
 				c.restored[tp] = offsetMap{tp: tp, base: base, runs: runs}
 			}
 		}
 	}
 	c.mu.Unlock()
+	for _, b := range bad {
+		c.warnMap(b)
+	}
 	if c.userOnFetched != nil {
 		return c.userOnFetched(ctx, cl, resp)
 	}
 	return nil
+}
+
+// badMap is an offset map ignored: its partition, the committed offset
+// it came with, and what was wrong with it.
+type badMap struct {
+	tp        topicPartition
+	committed int64
+	why       string
+}
+
+// warnMap says that the map b was ignored, and what follows.
+func (c *Consumer) warnMap(b badMap) {
+	c.log.Warn("consumer: ignoring the offset map committed for a partition; its records past the committed offset will be handled, including any handled before",
+		"topic", b.tp.topic, "partition", b.tp.partition, "committed", b.committed, "reason", b.why)
 }
