@@ -408,3 +408,40 @@ func commitMetadata(t *testing.T, kc *kafkaenv.Cluster, group, topic string, par
 	}
 	require.Equal(t, []int64{offset}, committed(t, kc, group, topic, partition+1)[partition:])
 }
+
+// A forged map is checked against the partition's end when it is read,
+// not when the first records come: at the committed offset 5, the end of
+// the partition then, a map of the next 100 offsets names records not
+// yet written, though a first fetch that brings 200 records at once ends
+// past them. All 200 are handled.
+func TestForgedOffsetMapIsCheckedWhenItIsRead(t *testing.T) {
+	t.Parallel()
+	const before, after = 5, 200
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, before, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	commitMetadata(t, kc, "g", "in", 0, before, "headway.om1:5:0.2s") // 0.2s: offsets 5 to 104
+
+	var handled, fetched atomic.Int64
+	logs := &logCapture{}
+	c, err := consumer.New(func(context.Context, *kgo.Record) error { handled.Add(1); return nil }, nil,
+		kafka(kc, "g", "in", kgo.OnOffsetsFetched(func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error {
+			fetched.Add(1)
+			return nil
+		})), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the committed offsets and the map read", func() bool { return fetched.Load() > 0 })
+	produce(t, kc, "in", 1, after, func(_ int32, i int) string { return fmt.Sprint("later", i) })
+	for deadline := time.Now().Add(10 * time.Second); handled.Load() != after; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("of the %d records produced after the map was read, %d handled within 10s; %d records counted as restored", after, handled.Load(), c.Stats().Restored)
+		}
+	}
+	require.NoError(t, r.stop(t))
+	assert.Zero(t, c.Stats().Restored, "records counted as restored")
+	warned := false
+	for _, w := range logs.find("offset map") {
+		warned = warned || w["level"] == slog.LevelWarn.String() && w["partition"] == "0"
+	}
+	assert.True(t, warned, "a warning names the partition whose map was ignored")
+}
