@@ -490,31 +490,21 @@ func (c *Consumer) dispatch(cl *kgo.Client, fetches kgo.Fetches) {
 		}
 		tp := topicPartition{fp.Topic, fp.Partition}
 		var skip []offRun
-		var bad *badMap
 		c.mu.Lock()
 		p := c.parts[tp]
 		if p != nil && !p.skipChecked {
 			// The first records of this ownership: after the committed
-			// offsets were read (kgo fetches only then). A fetch that
-			// starts before the map's offset (kgo.AdjustFetchOffsetsFn
-			// rewound it) reads records again on purpose. A map that
-			// runs past the partition's end, as this fetch found it, is
-			// not an owner's: it is ignored (offsetmap.go).
+			// offsets were read, and their maps checked (kgo fetches
+			// only then). A fetch that starts before the map's offset
+			// (kgo.AdjustFetchOffsetsFn rewound it) reads records again
+			// on purpose.
 			p.skipChecked = true
 			if m, ok := c.restored[tp]; ok && fp.Records[0].Offset >= m.base {
-				end := max(fp.HighWatermark, fp.Records[len(fp.Records)-1].Offset+1)
-				if why := m.beyond(end); why != "" {
-					bad = &badMap{tp, m.base, why}
-				} else {
-					skip = m.runs
-				}
+				skip = m.runs
 			}
 			delete(c.restored, tp)
 		}
 		c.mu.Unlock()
-		if bad != nil {
-			c.warnMap(*bad)
-		}
 		if p == nil {
 			// Not ours (any more): nothing was marked for these
 			// records, so whoever owns the partition reads them.

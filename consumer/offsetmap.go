@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -29,9 +30,10 @@ import (
 //
 // A map is read from outside: any client may commit for the group. It is
 // trusted as far as a committed offset is, no further: its ranges must
-// lie below the end of the partition as its first fetch found it (the
-// high watermark; no owner can have finished a record not yet written),
-// its offset must be the committed one, and it must parse. A map that
+// lie below the end of the partition when the map is read (the high
+// watermark, asked of the partition's leader then: no owner can have
+// finished a record not yet written), its offset must be the committed
+// one, and it must parse. A map that
 // does not is ignored whole, with a warning, and the records past the
 // committed offset are handled: at least once holds whatever another
 // client wrote.
@@ -126,10 +128,9 @@ func decodeOffsetMap(s string) (base int64, runs []offRun, ok bool) {
 }
 
 // beyond returns why m cannot have been written by an owner of its
-// partition, whose end (the offset after the last record it holds, as
-// fetched) is end: a range that reaches end or beyond names records not
-// yet written, which no owner can have finished. It returns "" for a
-// map that fits.
+// partition, whose end (the offset after the last record it holds) is
+// end: a range that reaches end or beyond names records not yet written,
+// which no owner can have finished. It returns "" for a map that fits.
 func (m offsetMap) beyond(end int64) string {
 	if n := len(m.runs); n > 0 && m.runs[n-1].last >= end {
 		return fmt.Sprintf("its ranges run to offset %d, past the partition's end at %d (the high watermark): no owner can have finished records not yet written", m.runs[n-1].last, end)
@@ -291,15 +292,19 @@ func commitWithMaps(ctx context.Context, cl *kgo.Client, maps map[topicPartition
 func mapTooLarge(err error) bool { return errors.Is(err, kerr.OffsetMetadataTooLarge) }
 
 // onOffsetsFetched is the kgo.OnOffsetsFetched callback: it keeps the
-// maps of the committed offsets just read, for the partitions' first
-// records, then calls the user's callback, if any.
+// maps of the committed offsets just read that fit their partitions (see
+// checkEnds), for the partitions' first records, warns of the others,
+// then calls the user's callback, if any.
 func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
-	var bad []badMap
-	c.mu.Lock()
+	var (
+		read []topicPartition
+		bad  []badMap
+	)
+	maps := make(map[topicPartition]offsetMap)
 	for _, t := range resp.Topics {
 		for _, pr := range t.Partitions {
 			tp := topicPartition{t.Topic, pr.Partition}
-			delete(c.restored, tp)
+			read = append(read, tp)
 			if pr.ErrorCode != 0 || pr.Metadata == nil {
 				continue
 			}
@@ -310,9 +315,21 @@ func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *k
 			case ok && base != pr.Offset:
 				bad = append(bad, badMap{tp, pr.Offset, fmt.Sprintf("it was written for offset %d, not the committed one", base)})
 			case ok && len(runs) > 0:
-				c.restored[tp] = offsetMap{tp: tp, base: base, runs: runs}
+				maps[tp] = offsetMap{tp: tp, base: base, runs: runs}
 			}
 		}
+	}
+	if len(maps) > 0 {
+		// kgo fetches these partitions only once this callback returns:
+		// no record of theirs is dispatched meanwhile.
+		bad = append(bad, c.checkEnds(ctx, cl, maps)...)
+	}
+	c.mu.Lock()
+	for _, tp := range read {
+		delete(c.restored, tp)
+	}
+	for tp, m := range maps {
+		c.restored[tp] = m
 	}
 	c.mu.Unlock()
 	for _, b := range bad {
@@ -322,6 +339,95 @@ func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *k
 		return c.userOnFetched(ctx, cl, resp)
 	}
 	return nil
+}
+
+// checkEnds removes from maps, and returns, the maps whose ranges reach
+// their partition's end as its leader knows it now, when the map has just
+// been read: no owner can have finished a record not yet written. A
+// partition whose end cannot be learned (the request fails, or times out
+// after the commit timeout) has its map removed too: without one, its
+// records are handled again, which is always safe.
+func (c *Consumer) checkEnds(ctx context.Context, cl *kgo.Client, maps map[topicPartition]offsetMap) []badMap {
+	tps := make([]topicPartition, 0, len(maps))
+	for tp := range maps {
+		tps = append(tps, tp)
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Duration(c.commitTimeout.Load()))
+	defer cancel()
+	ends, failed := partitionEnds(lctx, cl, tps)
+	var bad []badMap
+	for tp, m := range maps {
+		why := ""
+		if end, ok := ends[tp]; ok {
+			why = m.beyond(end)
+		} else {
+			why = fmt.Sprintf("the partition's end, to check it against, could not be learned: %v", failed[tp])
+		}
+		if why != "" {
+			delete(maps, tp)
+			bad = append(bad, badMap{tp, m.base, why})
+		}
+	}
+	return bad
+}
+
+// partitionEnds asks the partitions' leaders for the end of each of tps:
+// the offset after its last record (the high watermark). A partition
+// whose end did not come has its error in failed instead.
+func partitionEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition) (ends map[topicPartition]int64, failed map[topicPartition]error) {
+	ends = make(map[topicPartition]int64, len(tps))
+	failed = make(map[topicPartition]error)
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.ReplicaID = -1
+	req.IsolationLevel = 0 // read uncommitted: the high watermark
+	at := make(map[string]int)
+	for _, tp := range tps {
+		i, ok := at[tp.topic]
+		if !ok {
+			i = len(req.Topics)
+			at[tp.topic] = i
+			rt := kmsg.NewListOffsetsRequestTopic()
+			rt.Topic = tp.topic
+			req.Topics = append(req.Topics, rt)
+		}
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition, rp.CurrentLeaderEpoch, rp.Timestamp = tp.partition, -1, -1 // -1: the latest offset
+		req.Topics[i].Partitions = append(req.Topics[i].Partitions, rp)
+		failed[tp] = errors.New("no answer for the partition") // until one comes
+	}
+	for _, shard := range cl.RequestSharded(ctx, req) {
+		if shard.Err != nil {
+			sreq, _ := shard.Req.(*kmsg.ListOffsetsRequest)
+			if sreq == nil {
+				continue
+			}
+			for _, rt := range sreq.Topics {
+				for _, rp := range rt.Partitions {
+					failed[topicPartition{rt.Topic, rp.Partition}] = shard.Err
+				}
+			}
+			continue
+		}
+		resp, _ := shard.Resp.(*kmsg.ListOffsetsResponse)
+		if resp == nil {
+			continue
+		}
+		for _, rt := range resp.Topics {
+			for _, rp := range rt.Partitions {
+				tp := topicPartition{rt.Topic, rp.Partition}
+				if _, asked := failed[tp]; !asked {
+					continue
+				}
+				if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+					failed[tp] = err
+					continue
+				}
+				ends[tp] = rp.Offset
+				delete(failed, tp)
+			}
+		}
+	}
+	return ends, failed
 }
 
 // badMap is an offset map ignored: its partition, the committed offset
@@ -334,6 +440,6 @@ type badMap struct {
 
 // warnMap says that the map b was ignored, and what follows.
 func (c *Consumer) warnMap(b badMap) {
-	c.log.Warn("consumer: ignoring the offset map committed for a partition; its records past the committed offset will be handled, including any handled before",
+	c.log.Warn("consumer: ignoring the offset map committed for a partition: its records from the committed offset on are handled, some perhaps a second time",
 		"topic", b.tp.topic, "partition", b.tp.partition, "committed", b.committed, "reason", b.why)
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/headway-go/headway/internal/kafkaenv"
 )
 
 // A map reads back as written; one too long for maxOffsetMap keeps the
@@ -69,54 +71,70 @@ func FuzzDecodeOffsetMap(f *testing.F) {
 	})
 }
 
-// A map is kept only when no owner could have failed to write it so: it
-// parses, it is for the committed offset; the others are warned of,
-// naming the partition, and restore nothing. Metadata that is not a map
-// (kgo's, another program's) is left alone without a word.
+// A map is kept only when an owner could have written it: it parses, it
+// is for the committed offset, and its ranges end before the partition's
+// end when it is read; the others are warned of, naming the partition
+// and what was wrong, and restore nothing. Metadata that is not a map
+// (kgo's, another program's) is left alone without a word. Partition 0
+// of "in" holds 10 records; "gone" does not exist.
 func TestOffsetMapFromTheCommitIsCheckedBeforeItIsKept(t *testing.T) {
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	cl, err := kc.Client()
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	recs := make([]*kgo.Record, 10)
+	for i := range recs {
+		recs[i] = &kgo.Record{Topic: "in", Value: []byte("v")}
+	}
+	require.NoError(t, cl.ProduceSync(context.Background(), recs...).FirstErr())
+
 	var logs bytes.Buffer
 	c, err := New(func(context.Context, *kgo.Record) error { return nil }, nil,
-		WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in")),
+		WithKafka(kgo.SeedBrokers(kc.Addrs()...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in")),
 		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.NoError(t, err)
 	tests := []struct {
+		topic    string
 		metadata string
 		offset   int64
 		kept     bool
 		warn     string // in the warning's reason; "" for none
 	}{
-		{"", 5, false, ""},
-		{"member-1", 5, false, ""},
-		{encodeOffsetMap(5, []offRun{{6, 9}}), 5, true, ""},
-		{encodeOffsetMap(5, nil), 5, false, ""}, // nothing to restore
-		{offsetMapPrefix + "5:0.z,", 5, false, "does not parse"},
-		{offsetMapPrefix + "5:" + strings.Repeat("0.1,", maxOffsetMap/4) + "0.1", 5, false, "does not parse"},
-		{encodeOffsetMap(5, []offRun{{6, 9}}), 3, false, "written for offset 5"},
+		{"in", "", 5, false, ""},
+		{"in", "member-1", 5, false, ""},
+		{"in", encodeOffsetMap(5, []offRun{{6, 9}}), 5, true, ""},
+		{"in", encodeOffsetMap(5, nil), 5, false, ""}, // nothing to restore
+		{"in", offsetMapPrefix + "5:0.z,", 5, false, "does not parse"},
+		{"in", offsetMapPrefix + "5:" + strings.Repeat("0.1,", maxOffsetMap/4) + "0.1", 5, false, "does not parse"},
+		{"in", encodeOffsetMap(5, []offRun{{6, 9}}), 3, false, "written for offset 5"},
+		{"in", encodeOffsetMap(5, []offRun{{6, 10}}), 5, false, "past the partition's end at 10"},
+		{"in", offsetMapPrefix + "5:0.zzzzzzzzzz", 5, false, "past the partition's end at 10"},
+		{"gone", encodeOffsetMap(5, []offRun{{6, 9}}), 5, false, "could not be learned"},
 	}
-	for i, tt := range tests {
+	for _, tt := range tests {
 		logs.Reset()
 		resp := kmsg.NewPtrOffsetFetchResponse()
 		rt := kmsg.NewOffsetFetchResponseTopic()
-		rt.Topic = "in"
+		rt.Topic = tt.topic
 		rp := kmsg.NewOffsetFetchResponseTopicPartition()
-		rp.Partition, rp.Offset, rp.Metadata = int32(i), tt.offset, kmsg.StringPtr(tt.metadata)
+		rp.Partition, rp.Offset, rp.Metadata = 0, tt.offset, kmsg.StringPtr(tt.metadata)
 		rt.Partitions = append(rt.Partitions, rp)
 		resp.Topics = append(resp.Topics, rt)
-		require.NoError(t, c.onOffsetsFetched(context.Background(), nil, resp))
-		_, kept := c.restored[topicPartition{"in", int32(i)}]
-		assert.Equal(t, tt.kept, kept, "%.40q at %d: kept", tt.metadata, tt.offset)
+		require.NoError(t, c.onOffsetsFetched(context.Background(), cl, resp))
+		_, kept := c.restored[topicPartition{tt.topic, 0}]
+		assert.Equal(t, tt.kept, kept, "%s: %.40q at %d: kept", tt.topic, tt.metadata, tt.offset)
 		if tt.warn == "" {
-			assert.Empty(t, logs.String(), "%.40q at %d", tt.metadata, tt.offset)
+			assert.Empty(t, logs.String(), "%s: %.40q at %d", tt.topic, tt.metadata, tt.offset)
 			continue
 		}
-		for _, want := range []string{"level=WARN", "offset map", "topic=in", "partition=" + string(rune('0'+i)), tt.warn} {
-			assert.Contains(t, logs.String(), want, "%.40q at %d", tt.metadata, tt.offset)
+		for _, want := range []string{"level=WARN", "offset map", "topic=" + tt.topic, "partition=0", tt.warn} {
+			assert.Contains(t, logs.String(), want, "%s: %.40q at %d", tt.topic, tt.metadata, tt.offset)
 		}
 	}
 }
 
-// A map's ranges must end before the partition's end as fetched: one
-// that reaches it names a record not yet written.
+// A map's ranges must end before the partition's end: one that reaches
+// it names a record not yet written.
 func TestOffsetMapBeyondThePartitionsEnd(t *testing.T) {
 	m := offsetMap{base: 5, runs: []offRun{{6, 6}, {8, 9}}}
 	assert.Empty(t, m.beyond(10))
