@@ -363,8 +363,11 @@ func (c *Consumer) checkEnds(ctx context.Context, cl *kgo.Client, maps map[topic
 		} else {
 			why = fmt.Sprintf("the partition's end, to check it against, could not be learned: %v", failed[tp])
 		}
-		if why != "" {
-			delete(maps, tp)
+		if why == "" {
+			continue
+		}
+		delete(maps, tp)
+		if ctx.Err() == nil { // else the session ends: the next reads the map again
 			bad = append(bad, badMap{tp, m.base, why})
 		}
 	}
