@@ -140,3 +140,37 @@ func FuzzTenantKeyKeepsTenantsApart(f *testing.F) {
 		}
 	})
 }
+
+// TestTenantPathSegmentIsTheSegmentTheHandlerServes: the tenant read
+// from a path segment is the wildcard net/http's ServeMux gives the
+// handler, escaped slashes included: "/v1/organizations/acme%2Fx/..." is
+// served for the organization "acme/x", and must be counted for it, not
+// for "acme", whose budget it spent.
+func TestTenantPathSegmentIsTheSegmentTheHandlerServes(t *testing.T) {
+	tenantOf := httpserver.TenantPathSegment(2)
+	var served, counted string
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/organizations/{org}/product/{id}", func(w http.ResponseWriter, r *http.Request) {
+		served, counted = r.PathValue("org"), tenantOf(r)
+	})
+	for _, p := range []string{
+		"/v1/organizations/acme/product/7",
+		"/v1/organizations/acme%2Fx/product/7",
+		"/v1/organizations/acme%2fx%2F..%2F/product/7",
+		"/v1/organizations/%61cme/product/7",
+		"/v1/organizations/a%20b/product/7",
+		"/v1/organizations/acme%252Fx/product/7",
+		"/v1/organizations/%7Bacme%7D/product/7",
+	} {
+		served, counted = "", ""
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest("GET", p, nil))
+		if w.Code != http.StatusOK {
+			t.Errorf("GET %s: status %d", p, w.Code)
+			continue
+		}
+		if counted != served {
+			t.Errorf("GET %s: served for the organization %q, counted for %q", p, served, counted)
+		}
+	}
+}
