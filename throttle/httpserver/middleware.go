@@ -48,8 +48,9 @@ type SLA struct {
 
 // TenantHeader returns a tenant function that reads the tenant from the
 // request header name. Use it only for a header your own infrastructure
-// sets after authenticating the caller (an API gateway's), never for one
-// the client may set: see [NewMiddleware].
+// sets after authenticating the caller (an API gateway's, which replaces
+// any value the client sent), never for one the client may set: see
+// [NewMiddleware].
 func TenantHeader(name string) func(*http.Request) string {
 	return func(r *http.Request) string { return r.Header.Get(name) }
 }
@@ -57,15 +58,22 @@ func TenantHeader(name string) func(*http.Request) string {
 // TenantPathSegment returns a tenant function that reads the tenant from
 // the i-th segment of the request's cleaned URL path, counting from 0
 // after the leading slash: in "/v1/organizations/acme/product/7", segment
-// 2 is "acme". A path too short (or a negative i) gives "". Use it only
-// when the handler checks that the caller belongs to that tenant: see
-// [NewMiddleware].
+// 2 is "acme". Segments are cut as net/http's ServeMux cuts them for a
+// wildcard such as {org}: at the slashes of the escaped path, each then
+// unescaped, so that "/v1/organizations/acme%2Fx/product/7" counts for
+// "acme/x", the organization the handler serves, not for "acme". A path
+// too short (or a negative i) gives "".
+//
+// Anyone can name any tenant in a path: use it only behind a layer that
+// checks, before the Middleware counts the request, that the caller
+// belongs to that tenant (a check in the handler comes too late: the
+// request has spent the tenant's budget by then). See [NewMiddleware].
 func TenantPathSegment(i int) func(*http.Request) string {
 	return func(r *http.Request) string {
 		if i < 0 {
 			return ""
 		}
-		p := strings.TrimPrefix(cleanPath(r.URL.Path), "/")
+		p := strings.TrimPrefix(cleanPath(r.URL.EscapedPath()), "/")
 		for j := 0; j < i; j++ {
 			_, rest, ok := strings.Cut(p, "/")
 			if !ok {
@@ -74,6 +82,9 @@ func TenantPathSegment(i int) func(*http.Request) string {
 			p = rest
 		}
 		seg, _, _ := strings.Cut(p, "/")
+		if v, err := url.PathUnescape(seg); err == nil {
+			return v
+		}
 		return seg
 	}
 }
