@@ -326,3 +326,21 @@ func TestCallTimeBoundsTheRetrysWaitForAPermit(t *testing.T) {
 	assert.NoError(t, ctx.Err(), "it did not wait for the deadline")
 	assert.EqualValues(t, 1, calls.Load(), "calls that reached the provider")
 }
+
+// TestCallTimeOfForeverSendsNothing: a call time no deadline can hold
+// (throttle.Forever) sends nothing, with time left or with the deadline
+// already past: the room before the deadline does not overflow.
+func TestCallTimeOfForeverSendsNothing(t *testing.T) {
+	base := &callBase{}
+	tr := mustTransport(t, fastLimiter(t), httpclient.WithBase(base), httpclient.WithCallTime(throttle.Forever))
+	for _, left := range []time.Duration{time.Hour, -time.Hour} {
+		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(left))
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://provider.test/", nil)
+		require.NoError(t, err)
+		_, err = tr.RoundTrip(req)
+		cancel()
+		assert.ErrorIs(t, err, throttle.ErrTimeout, "%v left", left)
+		assert.ErrorIs(t, err, context.DeadlineExceeded, "%v left", left)
+	}
+	assert.Zero(t, base.sent.Load(), "nothing sent")
+}
