@@ -440,7 +440,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// every send: a retry's too, after what the sends before it took.
 		call := t.callTime(clock.Now())
 		byCall := false // the call's time bounds this attempt's wait
-		if room, ok := roomFor(ctx, call); ok {
+		if room, ok := roomFor(ctx, call); ok && call > 0 {
 			if room <= 0 {
 				return fail(noRoom(ctx, call))
 			}
@@ -917,31 +917,33 @@ func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []
 
 // fits reports whether a retry after pause stays within the request's wait:
 // maxWait (of which waited is used) and its context's deadline, less the
-// call's time (WithCallTime; 0 for none), which the retry's send needs.
+// call's time (WithCallTime; 0 for none), which the retry's send needs. A
+// pause that ends at the deadline does not fit.
 func fits(ctx context.Context, pause, maxWait, waited, call time.Duration) bool {
 	if maxWait != throttle.Forever && pause > maxWait-waited {
 		return false
 	}
-	if dl, ok := ctx.Deadline(); ok && pause >= time.Until(dl)-call {
+	if room, ok := roomFor(ctx, call); ok && pause >= room {
 		return false
 	}
 	return ctx.Err() == nil
 }
 
 // roomFor is how long a send of a request with ctx may still wait for its
-// slot and permit so as to leave a call of call its time before ctx's
-// deadline (WithCallTime, WithCallTimeLearned); ok is false when nothing
-// bounds it so (no call time, or no deadline). RoundTrip checks it
-// before every send, so that it counts what the sends before took.
+// slot, permit or pause so as to leave a call of call (0: none) its time
+// before ctx's deadline (WithCallTime, WithCallTimeLearned), now; 0 when
+// none is left; ok is false when ctx has no deadline. RoundTrip checks
+// it before every send, so that it counts what the sends before took.
 func roomFor(ctx context.Context, call time.Duration) (room time.Duration, ok bool) {
-	if call <= 0 {
-		return 0, false
-	}
 	dl, ok := ctx.Deadline()
 	if !ok {
 		return 0, false
 	}
-	return time.Until(dl) - call, true
+	left := time.Until(dl)
+	if left <= call {
+		return 0, true // also for a call time that left - call would overflow
+	}
+	return left - call, true
 }
 
 // noRoom is the error of a send with less than the call's time left
