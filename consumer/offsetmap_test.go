@@ -445,3 +445,79 @@ func TestForgedOffsetMapIsCheckedWhenItIsRead(t *testing.T) {
 	}
 	assert.True(t, warned, "a warning names the partition whose map was ignored")
 }
+
+// refuseEnds makes kc answer the ListOffsets requests that ask for the
+// end of a partition of topic (timestamp -1, as a consumer) with code,
+// as a leader just elected answers until it knows its high watermark
+// (OFFSET_NOT_AVAILABLE, KIP-207), while refusing returns true. Other
+// requests are answered as usual. It returns the number of requests
+// refused.
+func refuseEnds(kc *kafkaenv.Cluster, topic string, code int16, refusing func() bool) *atomic.Int64 {
+	var n atomic.Int64
+	kc.Fake().ControlKey(int16(kmsg.ListOffsets), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		kc.Fake().KeepControl()
+		req := kreq.(*kmsg.ListOffsetsRequest)
+		asks := false
+		for _, rt := range req.Topics {
+			for _, rp := range rt.Partitions {
+				asks = asks || rt.Topic == topic && rp.Timestamp == -1 && req.ReplicaID == -1
+			}
+		}
+		if !asks || !refusing() {
+			return nil, nil, false
+		}
+		n.Add(1)
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	return &n
+}
+
+// A legitimate map is kept when the partition's leader cannot tell its
+// end at first: a leader just elected answers ListOffsets with
+// OFFSET_NOT_AVAILABLE until it knows its high watermark (KIP-207), an
+// error kgo does not retry by itself, and a broker restart that moves
+// leaders often comes with a rebalance. The map of the previous owner
+// (committed offset 5, offsets 6 to 9 finished) restores 6 to 9, with no
+// warning; offset 5 alone is handled.
+func TestOffsetMapKeptWhileANewLeaderDoesNotKnowItsEnd(t *testing.T) {
+	t.Parallel()
+	const n, at = 10, 5
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	commitMetadata(t, kc, "g", "in", 0, at, "headway.om1:5:1.4") // 1.4: offsets 6 to 9
+	var first atomic.Bool
+	first.Store(true)
+	refused := refuseEnds(kc, "in", kerr.OffsetNotAvailable.Code, func() bool { return first.Swap(false) })
+
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	logs := &logCapture{}
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		calls[rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}, nil, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "every record from the committed offset on handled or restored", func() bool {
+		return handled.Load()+c.Stats().Restored == n-at
+	})
+	require.NoError(t, r.stop(t))
+	require.EqualValues(t, 1, refused.Load(), "ListOffsets answered OFFSET_NOT_AVAILABLE")
+	assert.EqualValues(t, n-at-1, c.Stats().Restored, "records restored from the map")
+	assert.EqualValues(t, 1, handled.Load(), "records handled")
+	assert.EqualValues(t, 1, calls[at].Load(), "the committed offset's record handled")
+	assert.Empty(t, logs.find("offset map"), "warnings of an ignored map")
+}
