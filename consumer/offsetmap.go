@@ -344,9 +344,10 @@ func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *k
 // checkEnds removes from maps, and returns, the maps whose ranges reach
 // their partition's end as its leader knows it now, when the map has just
 // been read: no owner can have finished a record not yet written. A
-// partition whose end cannot be learned (the request fails, or times out
-// after the commit timeout) has its map removed too: without one, its
-// records are handled again, which is always safe.
+// partition whose end cannot be learned (the request fails, or its
+// leader cannot tell it yet and still cannot when the commit timeout
+// ends) has its map removed too: without one, its records are handled
+// again, which is always safe.
 func (c *Consumer) checkEnds(ctx context.Context, cl *kgo.Client, maps map[topicPartition]offsetMap) []badMap {
 	tps := make([]topicPartition, 0, len(maps))
 	for tp := range maps {
@@ -374,12 +375,67 @@ func (c *Consumer) checkEnds(ctx context.Context, cl *kgo.Client, maps map[topic
 	return bad
 }
 
+// How long partitionEnds waits before asking again for the ends a
+// leader could not give yet: endRetryFirst, doubled each time up to
+// endRetryMost, for as long as its context lasts.
+const (
+	endRetryFirst = 50 * time.Millisecond
+	endRetryMost  = time.Second
+)
+
 // partitionEnds asks the partitions' leaders for the end of each of tps:
 // the offset after its last record (the high watermark). A partition
-// whose end did not come has its error in failed instead.
+// whose end did not come has its error in failed instead. A leader that
+// cannot tell yet (a retriable error such as OFFSET_NOT_AVAILABLE, which
+// a leader just elected answers until it knows its high watermark, and
+// which kgo does not retry) is asked again, after a pause, until ctx
+// ends.
 func partitionEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition) (ends map[topicPartition]int64, failed map[topicPartition]error) {
 	ends = make(map[topicPartition]int64, len(tps))
 	failed = make(map[topicPartition]error)
+	for _, tp := range tps {
+		failed[tp] = errors.New("no answer for the partition") // until one comes
+	}
+	ask := tps
+	for pause := endRetryFirst; ; pause = min(2*pause, endRetryMost) {
+		askEnds(ctx, cl, ask, ends, failed)
+		var again []topicPartition
+		for _, tp := range ask {
+			if err, ok := failed[tp]; ok && endRetriable(err) {
+				again = append(again, tp)
+			}
+		}
+		if len(again) == 0 || !sleepCtx(ctx, pause) {
+			return ends, failed
+		}
+		ask = again
+	}
+}
+
+// endRetriable reports whether a partition's end that failed with err
+// may come if asked again: a retriable error of the partition's leader.
+// An unknown topic or partition is not: kgo has retried it already, as
+// long as its metadata policy asks.
+func endRetriable(err error) bool {
+	return kerr.IsRetriable(err) && !errors.Is(err, kerr.UnknownTopicOrPartition)
+}
+
+// sleepCtx waits d, and reports whether ctx is still alive then.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return ctx.Err() == nil
+	}
+}
+
+// askEnds sends one ListOffsets request, sharded by leader, for the ends
+// of tps, and records each answer in ends (deleting it from failed) or
+// its error in failed.
+func askEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition, ends map[topicPartition]int64, failed map[topicPartition]error) {
 	req := kmsg.NewPtrListOffsetsRequest()
 	req.ReplicaID = -1
 	req.IsolationLevel = 0 // read uncommitted: the high watermark
@@ -396,7 +452,6 @@ func partitionEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition) (e
 		rp := kmsg.NewListOffsetsRequestTopicPartition()
 		rp.Partition, rp.CurrentLeaderEpoch, rp.Timestamp = tp.partition, -1, -1 // -1: the latest offset
 		req.Topics[i].Partitions = append(req.Topics[i].Partitions, rp)
-		failed[tp] = errors.New("no answer for the partition") // until one comes
 	}
 	for _, shard := range cl.RequestSharded(ctx, req) {
 		if shard.Err != nil {
@@ -430,7 +485,6 @@ func partitionEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition) (e
 			}
 		}
 	}
-	return ends, failed
 }
 
 // badMap is an offset map ignored: its partition, the committed offset
