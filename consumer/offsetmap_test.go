@@ -521,3 +521,65 @@ func TestOffsetMapKeptWhileANewLeaderDoesNotKnowItsEnd(t *testing.T) {
 	assert.EqualValues(t, 1, calls[at].Load(), "the committed offset's record handled")
 	assert.Empty(t, logs.find("offset map"), "warnings of an ignored map")
 }
+
+// A map whose check the group session cut short is read again by the
+// next session, not dropped: the session's end (a member joining) cancels
+// the check while the leader cannot tell the partition's end yet. kgo,
+// told nothing of it, would give the member its partitions at the
+// committed offsets, and under the cooperative balancer (kgo's default)
+// a partition it keeps is not fetched again: its map lost, its records
+// handled again, with no warning. Two partitions, each committed at 5
+// with offsets 6 to 9 finished; A starts alone, B joins while A checks.
+// Offset 5 of each partition is handled, 6 to 9 restored, no warning.
+func TestOffsetMapCheckCutShortBySessionEndIsDoneAgain(t *testing.T) {
+	t.Parallel()
+	const n, at, parts = 10, 5, 2
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	produce(t, kc, "in", parts, n, func(p int32, i int) string { return fmt.Sprint("k", p, "-", i) })
+	for p := range int32(parts) {
+		commitMetadata(t, kc, "g", "in", p, at, "headway.om1:5:1.4") // 1.4: offsets 6 to 9
+	}
+	var balanced atomic.Bool
+	refused := refuseEnds(kc, "in", kerr.OffsetNotAvailable.Code, func() bool { return !balanced.Load() })
+
+	var calls [parts][n]atomic.Int32
+	var handled atomic.Int64
+	h := func(_ context.Context, rec *kgo.Record) error {
+		calls[rec.Partition][rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}
+	logs := &logCapture{}
+	member := func() *consumer.Consumer {
+		// A rebalance timeout long enough for the check (the commit
+		// timeout, 10 s) to outlast B's joining.
+		c, err := consumer.New(h, nil, kafka(kc, "g", "in", kgo.RebalanceTimeout(20*time.Second)),
+			consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+		require.NoError(t, err)
+		return c
+	}
+	a := member()
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A checking its maps", func() bool { return refused.Load() > 0 })
+	b := member()
+	rb := start(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := kc.WaitGroupBalanced(ctx, "g", 2)
+	require.NoError(t, err)
+	balanced.Store(true)
+	restored := func() int64 { return a.Stats().Restored + b.Stats().Restored }
+	waitFor(t, 10*time.Second, "every record from the committed offsets on handled or restored", func() bool {
+		return handled.Load()+restored() == parts*(n-at)
+	})
+	require.NoError(t, ra.stop(t))
+	require.NoError(t, rb.stop(t))
+	assert.EqualValues(t, parts, handled.Load(), "records handled")
+	assert.EqualValues(t, parts*(n-at-1), restored(), "records restored from the maps")
+	for p := range parts {
+		for o := at + 1; o < n; o++ {
+			assert.Zero(t, calls[p][o].Load(), "partition %d, offset %d: handled though finished", p, o)
+		}
+	}
+	assert.Empty(t, logs.find("offset map"), "warnings of an ignored map")
+}
