@@ -294,7 +294,10 @@ func mapTooLarge(err error) bool { return errors.Is(err, kerr.OffsetMetadataTooL
 // onOffsetsFetched is the kgo.OnOffsetsFetched callback: it keeps the
 // maps of the committed offsets just read that fit their partitions (see
 // checkEnds), for the partitions' first records, warns of the others,
-// then calls the user's callback, if any.
+// then calls the user's callback, if any. When ctx (the group session)
+// ends while maps are checked, it returns ctx's error instead, keeping
+// and warning of nothing: kgo then reads the offsets again in the next
+// session.
 func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
 	var (
 		read []topicPartition
@@ -319,7 +322,8 @@ func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *k
 			}
 		}
 	}
-	if len(maps) > 0 {
+	checked := len(maps) > 0
+	if checked {
 		// kgo fetches these partitions only once this callback returns:
 		// no record of theirs is dispatched meanwhile.
 		bad = append(bad, c.checkEnds(ctx, cl, maps)...)
@@ -327,6 +331,16 @@ func (c *Consumer) onOffsetsFetched(ctx context.Context, cl *kgo.Client, resp *k
 	c.mu.Lock()
 	for _, tp := range read {
 		delete(c.restored, tp)
+	}
+	if checked && ctx.Err() != nil {
+		// The session began revoking during the check, and maps may have
+		// been dropped unchecked. Returned nil, kgo would give these
+		// partitions out at their committed offsets, and a cooperative
+		// session keeps those it does not lose without reading their
+		// offsets again: fail the fetch, as kgo's own does when its
+		// context ends, so that the next session reads the maps again.
+		c.mu.Unlock()
+		return fmt.Errorf("consumer: offset maps not checked, the group session ended: %w", ctx.Err())
 	}
 	for tp, m := range maps {
 		c.restored[tp] = m
@@ -368,7 +382,7 @@ func (c *Consumer) checkEnds(ctx context.Context, cl *kgo.Client, maps map[topic
 			continue
 		}
 		delete(maps, tp)
-		if ctx.Err() == nil { // else the session ends: the next reads the map again
+		if ctx.Err() == nil { // else the session ends: onOffsetsFetched has the next read the map again
 			bad = append(bad, badMap{tp, m.base, why})
 		}
 	}
