@@ -583,3 +583,59 @@ func TestOffsetMapCheckCutShortBySessionEndIsDoneAgain(t *testing.T) {
 	}
 	assert.Empty(t, logs.find("offset map"), "warnings of an ignored map")
 }
+
+// Under read_committed, a map is checked against the partition's end as
+// the consumer fetches it: the last stable offset, not the high
+// watermark. Records of a transaction still open lie between the two;
+// no owner has fetched them, so none can have finished them. Offsets 0 to
+// 9 are committed records, 10 to 14 an open transaction; another client
+// commits offset 5 with a map of 6 to 14. The map is ignored with a
+// warning, and once the transaction commits, offsets 5 to 14 are all
+// handled, none restored.
+func TestOffsetMapUnderReadCommittedEndsBeforeAnOpenTransaction(t *testing.T) {
+	t.Parallel()
+	const n, open, at = 10, 5, 5
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	tx, err := kc.Client(kgo.TransactionalID("open"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	require.NoError(t, err)
+	defer tx.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, tx.BeginTransaction())
+	for i := range open {
+		tx.Produce(ctx, &kgo.Record{Topic: "in", Key: fmt.Append(nil, "t", i), Value: []byte("v")}, nil)
+	}
+	require.NoError(t, tx.Flush(ctx))
+	commitMetadata(t, kc, "g", "in", 0, at, "headway.om1:5:1.9") // 1.9: offsets 6 to 14
+
+	var calls [n + open]atomic.Int32
+	var handled, fetched atomic.Int64
+	logs := &logCapture{}
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		calls[rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}, nil, kafka(kc, "g", "in", kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.OnOffsetsFetched(func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error {
+			fetched.Add(1)
+			return nil
+		})), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the committed offsets and the map read", func() bool { return fetched.Load() > 0 })
+	require.NoError(t, tx.EndTransaction(ctx, kgo.TryCommit))
+	waitFor(t, 10*time.Second, "every record from the committed offset on handled or restored", func() bool {
+		return handled.Load()+c.Stats().Restored == n+open-at
+	})
+	require.NoError(t, r.stop(t))
+	assert.Zero(t, c.Stats().Restored, "records counted as restored")
+	for o := at; o < n+open; o++ {
+		assert.EqualValues(t, 1, calls[o].Load(), "offset %d: times handled", o)
+	}
+	warned := false
+	for _, w := range logs.find("offset map") {
+		warned = warned || w["level"] == slog.LevelWarn.String() && w["partition"] == "0" && strings.Contains(w["reason"], "last stable offset")
+	}
+	assert.True(t, warned, "a warning names the partition and its end, the last stable offset")
+}
