@@ -30,13 +30,13 @@ import (
 //
 // A map is read from outside: any client may commit for the group. It is
 // trusted as far as a committed offset is, no further: its ranges must
-// lie below the end of the partition when the map is read (the high
-// watermark, asked of the partition's leader then: no owner can have
-// finished a record not yet written), its offset must be the committed
-// one, and it must parse. A map that
-// does not is ignored whole, with a warning, and the records past the
-// committed offset are handled: at least once holds whatever another
-// client wrote.
+// lie below the end of the partition as the consumer fetches it when the
+// map is read (the high watermark, or the last stable offset under
+// read_committed, asked of the partition's leader then: no owner can
+// have finished a record not fetched yet), its offset must be the
+// committed one, and it must parse. A map that does not is ignored
+// whole, with a warning, and the records past the committed offset are
+// handled: at least once holds whatever another client wrote.
 
 // offsetMapPrefix starts the metadata of a commit that carries a map.
 const offsetMapPrefix = "headway.om1:"
@@ -128,12 +128,14 @@ func decodeOffsetMap(s string) (base int64, runs []offRun, ok bool) {
 }
 
 // beyond returns why m cannot have been written by an owner of its
-// partition, whose end (the offset after the last record it holds) is
-// end: a range that reaches end or beyond names records not yet written,
-// which no owner can have finished. It returns "" for a map that fits.
-func (m offsetMap) beyond(end int64) string {
+// partition, whose end as the consumer fetches it is end (the offset
+// after the last record a fetch can return; named endName: the high
+// watermark, or the last stable offset under read_committed): a range
+// that reaches end or beyond names records not fetched yet, which no
+// owner can have finished. It returns "" for a map that fits.
+func (m offsetMap) beyond(end int64, endName string) string {
 	if n := len(m.runs); n > 0 && m.runs[n-1].last >= end {
-		return fmt.Sprintf("its ranges run to offset %d, past the partition's end at %d (the high watermark): no owner can have finished records not yet written", m.runs[n-1].last, end)
+		return fmt.Sprintf("its ranges run to offset %d, past the partition's end at %d (%s): no owner can have finished records not fetched yet", m.runs[n-1].last, end, endName)
 	}
 	return ""
 }
@@ -369,12 +371,17 @@ func (c *Consumer) checkEnds(ctx context.Context, cl *kgo.Client, maps map[topic
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Duration(c.commitTimeout.Load()))
 	defer cancel()
-	ends, failed := partitionEnds(lctx, cl, tps)
+	committed := readCommitted(cl)
+	endName := "the high watermark"
+	if committed {
+		endName = "the last stable offset, read_committed"
+	}
+	ends, failed := partitionEnds(lctx, cl, tps, committed)
 	var bad []badMap
 	for tp, m := range maps {
 		why := ""
 		if end, ok := ends[tp]; ok {
-			why = m.beyond(end)
+			why = m.beyond(end, endName)
 		} else {
 			why = fmt.Sprintf("the partition's end, to check it against, could not be learned: %v", failed[tp])
 		}
@@ -397,14 +404,17 @@ const (
 	endRetryMost  = time.Second
 )
 
-// partitionEnds asks the partitions' leaders for the end of each of tps:
-// the offset after its last record (the high watermark). A partition
+// partitionEnds asks the partitions' leaders for the end of each of tps
+// as a consumer fetches it: the offset after its last record (the high
+// watermark) or, with committed (read_committed), the offset of the
+// first record of a transaction still open (the last stable offset,
+// which is the high watermark when none is open). A partition
 // whose end did not come has its error in failed instead. A leader that
 // cannot tell yet (a retriable error such as OFFSET_NOT_AVAILABLE, which
 // a leader just elected answers until it knows its high watermark, and
 // which kgo does not retry) is asked again, after a pause, until ctx
 // ends.
-func partitionEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition) (ends map[topicPartition]int64, failed map[topicPartition]error) {
+func partitionEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition, committed bool) (ends map[topicPartition]int64, failed map[topicPartition]error) {
 	ends = make(map[topicPartition]int64, len(tps))
 	failed = make(map[topicPartition]error)
 	for _, tp := range tps {
@@ -412,7 +422,7 @@ func partitionEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition) (e
 	}
 	ask := tps
 	for pause := endRetryFirst; ; pause = min(2*pause, endRetryMost) {
-		askEnds(ctx, cl, ask, ends, failed)
+		askEnds(ctx, cl, ask, committed, ends, failed)
 		var again []topicPartition
 		for _, tp := range ask {
 			if err, ok := failed[tp]; ok && endRetriable(err) {
@@ -424,6 +434,13 @@ func partitionEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition) (e
 		}
 		ask = again
 	}
+}
+
+// readCommitted reports whether cl fetches at the read_committed
+// isolation level (kgo.FetchIsolationLevel(kgo.ReadCommitted())).
+func readCommitted(cl *kgo.Client) bool {
+	level, _ := asInt(cl.OptValue(kgo.FetchIsolationLevel))
+	return level == 1
 }
 
 // endRetriable reports whether a partition's end that failed with err
@@ -447,12 +464,15 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 // askEnds sends one ListOffsets request, sharded by leader, for the ends
-// of tps, and records each answer in ends (deleting it from failed) or
-// its error in failed.
-func askEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition, ends map[topicPartition]int64, failed map[topicPartition]error) {
+// of tps (the last stable offsets with committed), and records each
+// answer in ends (deleting it from failed) or its error in failed.
+func askEnds(ctx context.Context, cl *kgo.Client, tps []topicPartition, committed bool, ends map[topicPartition]int64, failed map[topicPartition]error) {
 	req := kmsg.NewPtrListOffsetsRequest()
-	req.ReplicaID = -1
+	req.ReplicaID = -1     // a consumer: the isolation level applies
 	req.IsolationLevel = 0 // read uncommitted: the high watermark
+	if committed {
+		req.IsolationLevel = 1 // read committed: the last stable offset
+	}
 	at := make(map[string]int)
 	for _, tp := range tps {
 		i, ok := at[tp.topic]

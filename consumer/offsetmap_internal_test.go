@@ -137,9 +137,10 @@ func TestOffsetMapFromTheCommitIsCheckedBeforeItIsKept(t *testing.T) {
 // it names a record not yet written.
 func TestOffsetMapBeyondThePartitionsEnd(t *testing.T) {
 	m := offsetMap{base: 5, runs: []offRun{{6, 6}, {8, 9}}}
-	assert.Empty(t, m.beyond(10))
-	assert.Empty(t, m.beyond(1<<62))
-	assert.Contains(t, m.beyond(9), "past the partition's end at 9")
-	assert.Contains(t, m.beyond(0), "run to offset 9")
-	assert.Empty(t, offsetMap{base: 5}.beyond(0), "no ranges: nothing to skip")
+	const hw = "the high watermark"
+	assert.Empty(t, m.beyond(10, hw))
+	assert.Empty(t, m.beyond(1<<62, hw))
+	assert.Contains(t, m.beyond(9, hw), "past the partition's end at 9 (the high watermark)")
+	assert.Contains(t, m.beyond(0, hw), "run to offset 9")
+	assert.Empty(t, offsetMap{base: 5}.beyond(0, hw), "no ranges: nothing to skip")
 }
