@@ -174,3 +174,42 @@ func TestTenantPathSegmentIsTheSegmentTheHandlerServes(t *testing.T) {
 		}
 	}
 }
+
+// keyOf returns the key a Middleware asks its bucket for when tenant
+// calls an SLA with the ID "get-product".
+func keyOf(t *testing.T, tenant string) string {
+	t.Helper()
+	rec := &keyRecorder{}
+	m, err := httpserver.NewMiddleware([]httpserver.SLA{{ID: "get-product", Tiers: []throttle.Tier{{Period: time.Minute, Limit: 1}}}},
+		func(httpserver.SLA) (throttle.Bucket, error) { return rec, nil }, tenantFromContext)
+	if err != nil {
+		t.Fatal(err)
+	}
+	callAs(m.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})), tenant)
+	if len(rec.keys) != 1 {
+		t.Fatalf("%d keys taken for one call", len(rec.keys))
+	}
+	return rec.keys[0]
+}
+
+// TestMiddlewareKeyDoesNotDependOnGosUnicodeTables: instances that share
+// a store count a tenant under one key whatever Go built them. Whether a
+// name is kept as it is must not hang on the Unicode version of the
+// build's tables (unicode.IsPrint): a character that a later Unicode
+// assigns (U+1FAE9, an emoji of Unicode 16.0; U+0378, unassigned) would
+// otherwise be digested by one build and kept by the next, and the
+// tenant counted twice, with two budgets, by a fleet of both. A name is
+// kept when its characters are not controls, whatever the tables say of
+// them; a name with a control character is digested.
+func TestMiddlewareKeyDoesNotDependOnGosUnicodeTables(t *testing.T) {
+	for _, tenant := range []string{"team \U0001FAE9", "x\u0378y", "acme", "é", "東京", "a b"} {
+		if got, want := keyOf(t, tenant), "get-product:"+tenant; got != want {
+			t.Errorf("tenant %+q (Go's Unicode %s) has the key %+q, want %+q", tenant, unicode.Version, got, want)
+		}
+	}
+	for _, tenant := range []string{"a\x00b", "a\nb", "a\x7fb", "a\u0085b", "a\u009fb"} {
+		if got := keyOf(t, tenant); got != "get-product:"+forged(tenant) {
+			t.Errorf("tenant %+q, with a control character, has the key %+q, want its digest", tenant, got)
+		}
+	}
+}
