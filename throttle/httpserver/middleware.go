@@ -93,8 +93,8 @@ func TenantPathSegment(i int) func(*http.Request) string {
 // it, all-or-nothing, per key. [NewMiddleware] calls it once per SLA and
 // takes one permit per matching request under the key "<ID>:<tenant>",
 // where <tenant> is the tenant as it is, or "sha256:" and the hex SHA-256
-// of its bytes (see [NewMiddleware]): at most 128 bytes of printable
-// UTF-8 without '{' or '}', whatever the tenant.
+// of its bytes (see [NewMiddleware]): at most 128 bytes of UTF-8 without
+// control characters, '{' or '}', whatever the tenant.
 //
 // [LocalWindows] is the in-memory factory. For a fleet, wire a Redis
 // bucket from package github.com/headway-go/headway/bucket (its Tiers
@@ -237,12 +237,14 @@ func WithStoreTimeout(d time.Duration) Option {
 //
 // Distinct tenants never share a budget, whatever their names. A tenant
 // is counted under its name as it is when that is at most 128 bytes of
-// printable UTF-8 ([unicode.IsPrint]: no control or format characters,
-// no space but ' ') without '{' or '}' and does not begin with
-// "sha256:"; any other tenant (a long one, one in another encoding, one
-// that could be taken for a digest) under "sha256:" and the hex SHA-256
-// of its bytes. Keys stay short, printable and free of Redis
-// Cluster hash-tag braces, and a name never lands on another's digest.
+// UTF-8 without control characters (U+0000 to U+001F, U+007F to U+009F),
+// '{' or '}' and does not begin with "sha256:"; any other tenant (a long
+// one, one in another encoding, one that could be taken for a digest)
+// under "sha256:" and the hex SHA-256 of its bytes. Keys stay short,
+// free of control characters and of Redis Cluster hash-tag braces, a
+// name never lands on another's digest, and every instance computes the
+// same key for a tenant whatever Go built it (the rule is by code point,
+// not by the Unicode tables of the build).
 //
 // It refuses, with an error matching [throttle.ErrInvalid] that names the SLA and
 // the field: an empty or malformed or repeated ID, no tiers, a period

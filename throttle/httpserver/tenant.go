@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 )
 
@@ -36,17 +35,22 @@ func tenantKey(tenant string) string {
 }
 
 // keptAsIs reports whether tenant can be a key as it is: at most
-// maxTenantLen bytes of printable UTF-8 (unicode.IsPrint: no control or
-// format characters, no space but ' ', so that a log line or redis-cli
-// shows the key as it is), without '{' or '}' (a Redis Cluster hash tag,
-// in a bucket of the user's own that does not escape them), and not
-// beginning with digestPrefix (the form of the others).
+// maxTenantLen bytes of UTF-8 without control characters (C0, DEL, C1:
+// no line break or terminal escape in a key) and without '{' or '}' (a
+// Redis Cluster hash tag, in a bucket of the user's own that does not
+// escape them), and not beginning with digestPrefix (the form of the
+// others).
+//
+// The test is by code point, not by Unicode category (unicode.IsPrint):
+// instances that share a store must agree on every tenant's key whatever
+// Go built them, and a category changes when a Unicode version assigns
+// a character that an older Go's tables do not know.
 func keptAsIs(tenant string) bool {
 	if len(tenant) > maxTenantLen || strings.HasPrefix(tenant, digestPrefix) || !utf8.ValidString(tenant) {
 		return false
 	}
 	for _, r := range tenant {
-		if r == '{' || r == '}' || !unicode.IsPrint(r) {
+		if r < 0x20 || 0x7f <= r && r <= 0x9f || r == '{' || r == '}' {
 			return false
 		}
 	}
