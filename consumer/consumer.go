@@ -495,9 +495,10 @@ func (c *Consumer) dispatch(cl *kgo.Client, fetches kgo.Fetches) {
 		p := c.parts[tp]
 		if p != nil && !p.skipChecked {
 			// The first records of this ownership: after the committed
-			// offsets were read (kgo fetches only then). A fetch that
-			// starts before the map's offset (kgo.AdjustFetchOffsetsFn
-			// rewound it) reads records again on purpose.
+			// offsets were read, and their maps checked (kgo fetches
+			// only then). A fetch that starts before the map's offset
+			// (kgo.AdjustFetchOffsetsFn rewound it) reads records again
+			// on purpose.
 			p.skipChecked = true
 			if m, ok := c.restored[tp]; ok && fp.Records[0].Offset >= m.base {
 				skip = m.runs

@@ -104,7 +104,11 @@
 // again. A revocation or shutdown commits the watermark first, with the
 // offsets finished past it in the commit's metadata (at most 4,000 bytes
 // of ranges; what does not fit is handled again): the next owner does not
-// handle those again.
+// handle those again. A map that does not parse, is not for the committed
+// offset, or names offsets at or past the partition's end when the next
+// owner reads it (no owner can have finished a record not yet written)
+// is ignored with a warning: any client may commit for the group, and at
+// least once holds whatever it wrote.
 //
 // # Revocation and shutdown
 //

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/headway-go/headway/consumer"
 	"github.com/headway-go/headway/internal/kafkaenv"
@@ -330,4 +332,310 @@ func TestBrokerRefusingTheMapGetsTheCommitWithoutIt(t *testing.T) {
 	require.NoError(t, ra.stop(t))
 	assert.NotZero(t, refused.Load(), "a commit with the map was refused")
 	assert.Equal(t, []int64{stuckAt}, committed(t, kc, "g", "in", 1), "the watermark committed without the map")
+}
+
+// An offset map is validated against the partition as fetched: another
+// client that commits for the group, at offset 5, a map whose range runs
+// far past the partition's end cannot make the group skip records not
+// yet written. The map is ignored with a warning naming the partition;
+// the records from offset 5 on are handled, and so are the 20 produced
+// after the consumer started, none of them counted as restored.
+func TestForgedOffsetMapDoesNotSkipRecordsNotYetWritten(t *testing.T) {
+	t.Parallel()
+	const before, after, at = 10, 20, 5
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, before, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	// "5:0.zzzzzzzzzz": from offset 5, 36^10-1 offsets finished.
+	commitMetadata(t, kc, "g", "in", 0, at, "headway.om1:5:0.zzzzzzzzzz")
+
+	var early, later atomic.Int64
+	logs := &logCapture{}
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		if rec.Offset < before {
+			early.Add(1)
+		} else {
+			later.Add(1)
+		}
+		return nil
+	}, nil, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the records from the committed offset on taken", func() bool {
+		s := c.Stats()
+		return s.Handled+s.Restored == before-at
+	})
+	produce(t, kc, "in", 1, after, func(_ int32, i int) string { return fmt.Sprint("later", i) })
+	for deadline := time.Now().Add(10 * time.Second); later.Load() != after; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("of the %d records produced after the start, %d handled within 10s; %d records counted as restored", after, later.Load(), c.Stats().Restored)
+		}
+	}
+	require.NoError(t, r.stop(t))
+	assert.EqualValues(t, before-at, early.Load(), "records handled from the committed offset to the end as it was")
+	assert.Zero(t, c.Stats().Restored, "records counted as restored")
+	assert.Equal(t, []int64{before + after}, committed(t, kc, "g", "in", 1))
+	warned := false
+	for _, w := range logs.find("offset map") {
+		warned = warned || w["level"] == slog.LevelWarn.String() && w["topic"] == "in" && w["partition"] == "0"
+	}
+	assert.True(t, warned, "a warning names the partition whose map was ignored")
+}
+
+// commitMetadata commits offset with metadata for group's partition of
+// topic, as any client may, outside the group's generation (by topic
+// name: a request version before topic IDs).
+func commitMetadata(t *testing.T, kc *kafkaenv.Cluster, group, topic string, partition int32, offset int64, metadata string) {
+	t.Helper()
+	cl, err := kc.Client(kgo.MaxVersions(kversion.V3_5_0()))
+	require.NoError(t, err)
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation = group, -1
+	rt := kmsg.NewOffsetCommitRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewOffsetCommitRequestTopicPartition()
+	rp.Partition, rp.Offset, rp.Metadata = partition, offset, kmsg.StringPtr(metadata)
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	for _, t2 := range resp.Topics {
+		for _, p := range t2.Partitions {
+			require.NoError(t, kerr.ErrorForCode(p.ErrorCode), "committing the map")
+		}
+	}
+	require.Equal(t, []int64{offset}, committed(t, kc, group, topic, partition+1)[partition:])
+}
+
+// A forged map is checked against the partition's end when it is read,
+// not when the first records come: at the committed offset 5, the end of
+// the partition then, a map of the next 100 offsets names records not
+// yet written, though a first fetch that brings 200 records at once ends
+// past them. All 200 are handled.
+func TestForgedOffsetMapIsCheckedWhenItIsRead(t *testing.T) {
+	t.Parallel()
+	const before, after = 5, 200
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, before, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	commitMetadata(t, kc, "g", "in", 0, before, "headway.om1:5:0.2s") // 0.2s: offsets 5 to 104
+
+	var handled, fetched atomic.Int64
+	logs := &logCapture{}
+	c, err := consumer.New(func(context.Context, *kgo.Record) error { handled.Add(1); return nil }, nil,
+		kafka(kc, "g", "in", kgo.OnOffsetsFetched(func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error {
+			fetched.Add(1)
+			return nil
+		})), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the committed offsets and the map read", func() bool { return fetched.Load() > 0 })
+	produce(t, kc, "in", 1, after, func(_ int32, i int) string { return fmt.Sprint("later", i) })
+	for deadline := time.Now().Add(10 * time.Second); handled.Load() != after; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("of the %d records produced after the map was read, %d handled within 10s; %d records counted as restored", after, handled.Load(), c.Stats().Restored)
+		}
+	}
+	require.NoError(t, r.stop(t))
+	assert.Zero(t, c.Stats().Restored, "records counted as restored")
+	warned := false
+	for _, w := range logs.find("offset map") {
+		warned = warned || w["level"] == slog.LevelWarn.String() && w["partition"] == "0"
+	}
+	assert.True(t, warned, "a warning names the partition whose map was ignored")
+}
+
+// refuseEnds makes kc answer the ListOffsets requests that ask for the
+// end of a partition of topic (timestamp -1, as a consumer) with code,
+// as a leader just elected answers until it knows its high watermark
+// (OFFSET_NOT_AVAILABLE, KIP-207), while refusing returns true. Other
+// requests are answered as usual. It returns the number of requests
+// refused.
+func refuseEnds(kc *kafkaenv.Cluster, topic string, code int16, refusing func() bool) *atomic.Int64 {
+	var n atomic.Int64
+	kc.Fake().ControlKey(int16(kmsg.ListOffsets), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		kc.Fake().KeepControl()
+		req := kreq.(*kmsg.ListOffsetsRequest)
+		asks := false
+		for _, rt := range req.Topics {
+			for _, rp := range rt.Partitions {
+				asks = asks || rt.Topic == topic && rp.Timestamp == -1 && req.ReplicaID == -1
+			}
+		}
+		if !asks || !refusing() {
+			return nil, nil, false
+		}
+		n.Add(1)
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	return &n
+}
+
+// A legitimate map is kept when the partition's leader cannot tell its
+// end at first: a leader just elected answers ListOffsets with
+// OFFSET_NOT_AVAILABLE until it knows its high watermark (KIP-207), an
+// error kgo does not retry by itself, and a broker restart that moves
+// leaders often comes with a rebalance. The map of the previous owner
+// (committed offset 5, offsets 6 to 9 finished) restores 6 to 9, with no
+// warning; offset 5 alone is handled.
+func TestOffsetMapKeptWhileANewLeaderDoesNotKnowItsEnd(t *testing.T) {
+	t.Parallel()
+	const n, at = 10, 5
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	commitMetadata(t, kc, "g", "in", 0, at, "headway.om1:5:1.4") // 1.4: offsets 6 to 9
+	var first atomic.Bool
+	first.Store(true)
+	refused := refuseEnds(kc, "in", kerr.OffsetNotAvailable.Code, func() bool { return first.Swap(false) })
+
+	var calls [n]atomic.Int32
+	var handled atomic.Int64
+	logs := &logCapture{}
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		calls[rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}, nil, kafka(kc, "g", "in"), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "every record from the committed offset on handled or restored", func() bool {
+		return handled.Load()+c.Stats().Restored == n-at
+	})
+	require.NoError(t, r.stop(t))
+	require.EqualValues(t, 1, refused.Load(), "ListOffsets answered OFFSET_NOT_AVAILABLE")
+	assert.EqualValues(t, n-at-1, c.Stats().Restored, "records restored from the map")
+	assert.EqualValues(t, 1, handled.Load(), "records handled")
+	assert.EqualValues(t, 1, calls[at].Load(), "the committed offset's record handled")
+	assert.Empty(t, logs.find("offset map"), "warnings of an ignored map")
+}
+
+// A map whose check the group session cut short is read again by the
+// next session, not dropped: the session's end (a member joining) cancels
+// the check while the leader cannot tell the partition's end yet. kgo,
+// told nothing of it, would give the member its partitions at the
+// committed offsets, and under the cooperative balancer (kgo's default)
+// a partition it keeps is not fetched again: its map lost, its records
+// handled again, with no warning. Two partitions, each committed at 5
+// with offsets 6 to 9 finished; A starts alone, B joins while A checks.
+// Offset 5 of each partition is handled, 6 to 9 restored, no warning.
+func TestOffsetMapCheckCutShortBySessionEndIsDoneAgain(t *testing.T) {
+	t.Parallel()
+	const n, at, parts = 10, 5, 2
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", parts))
+	produce(t, kc, "in", parts, n, func(p int32, i int) string { return fmt.Sprint("k", p, "-", i) })
+	for p := range int32(parts) {
+		commitMetadata(t, kc, "g", "in", p, at, "headway.om1:5:1.4") // 1.4: offsets 6 to 9
+	}
+	var balanced atomic.Bool
+	refused := refuseEnds(kc, "in", kerr.OffsetNotAvailable.Code, func() bool { return !balanced.Load() })
+
+	var calls [parts][n]atomic.Int32
+	var handled atomic.Int64
+	h := func(_ context.Context, rec *kgo.Record) error {
+		calls[rec.Partition][rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}
+	logs := &logCapture{}
+	member := func() *consumer.Consumer {
+		// A rebalance timeout long enough for the check (the commit
+		// timeout, 10 s) to outlast B's joining.
+		c, err := consumer.New(h, nil, kafka(kc, "g", "in", kgo.RebalanceTimeout(20*time.Second)),
+			consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+		require.NoError(t, err)
+		return c
+	}
+	a := member()
+	ra := start(t, a)
+	waitFor(t, 10*time.Second, "A checking its maps", func() bool { return refused.Load() > 0 })
+	b := member()
+	rb := start(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := kc.WaitGroupBalanced(ctx, "g", 2)
+	require.NoError(t, err)
+	balanced.Store(true)
+	restored := func() int64 { return a.Stats().Restored + b.Stats().Restored }
+	waitFor(t, 10*time.Second, "every record from the committed offsets on handled or restored", func() bool {
+		return handled.Load()+restored() == parts*(n-at)
+	})
+	require.NoError(t, ra.stop(t))
+	require.NoError(t, rb.stop(t))
+	assert.EqualValues(t, parts, handled.Load(), "records handled")
+	assert.EqualValues(t, parts*(n-at-1), restored(), "records restored from the maps")
+	for p := range parts {
+		for o := at + 1; o < n; o++ {
+			assert.Zero(t, calls[p][o].Load(), "partition %d, offset %d: handled though finished", p, o)
+		}
+	}
+	assert.Empty(t, logs.find("offset map"), "warnings of an ignored map")
+}
+
+// Under read_committed, a map is checked against the partition's end as
+// the consumer fetches it: the last stable offset, not the high
+// watermark. Records of a transaction still open lie between the two;
+// no owner has fetched them, so none can have finished them. Offsets 0 to
+// 9 are committed records, 10 to 14 an open transaction; another client
+// commits offset 5 with a map of 6 to 14. The map is ignored with a
+// warning, and once the transaction commits, offsets 5 to 14 are all
+// handled, none restored.
+func TestOffsetMapUnderReadCommittedEndsBeforeAnOpenTransaction(t *testing.T) {
+	t.Parallel()
+	const n, open, at = 10, 5, 5
+	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1))
+	produce(t, kc, "in", 1, n, func(_ int32, i int) string { return fmt.Sprint("k", i) })
+	tx, err := kc.Client(kgo.TransactionalID("open"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	require.NoError(t, err)
+	defer tx.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, tx.BeginTransaction())
+	for i := range open {
+		tx.Produce(ctx, &kgo.Record{Topic: "in", Key: fmt.Append(nil, "t", i), Value: []byte("v")}, nil)
+	}
+	require.NoError(t, tx.Flush(ctx))
+	commitMetadata(t, kc, "g", "in", 0, at, "headway.om1:5:1.9") // 1.9: offsets 6 to 14
+
+	var calls [n + open]atomic.Int32
+	var handled, fetched atomic.Int64
+	logs := &logCapture{}
+	c, err := consumer.New(func(_ context.Context, rec *kgo.Record) error {
+		calls[rec.Offset].Add(1)
+		handled.Add(1)
+		return nil
+	}, nil, kafka(kc, "g", "in", kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.OnOffsetsFetched(func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error {
+			fetched.Add(1)
+			return nil
+		})), consumer.WithHandlerTimeout(time.Second), consumer.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	r := start(t, c)
+	waitFor(t, 10*time.Second, "the committed offsets and the map read", func() bool { return fetched.Load() > 0 })
+	require.NoError(t, tx.EndTransaction(ctx, kgo.TryCommit))
+	waitFor(t, 10*time.Second, "every record from the committed offset on handled or restored", func() bool {
+		return handled.Load()+c.Stats().Restored == n+open-at
+	})
+	require.NoError(t, r.stop(t))
+	assert.Zero(t, c.Stats().Restored, "records counted as restored")
+	for o := at; o < n+open; o++ {
+		assert.EqualValues(t, 1, calls[o].Load(), "offset %d: times handled", o)
+	}
+	warned := false
+	for _, w := range logs.find("offset map") {
+		warned = warned || w["level"] == slog.LevelWarn.String() && w["partition"] == "0" && strings.Contains(w["reason"], "last stable offset")
+	}
+	assert.True(t, warned, "a warning names the partition and its end, the last stable offset")
 }

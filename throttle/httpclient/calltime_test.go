@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -242,4 +243,104 @@ func TestCallTimeLearnedForgetsOldCalls(t *testing.T) {
 	require.ErrorIs(t, do(1500*time.Millisecond), throttle.ErrTimeout, "the calls of 2 s are recent yet")
 	clk.Advance(time.Minute)
 	require.NoError(t, do(1500*time.Millisecond), "5 minutes on, the slow calls are forgotten: the floor applies")
+}
+
+// limitedFirst is a provider on loopback whose first call is answered,
+// once less than left is left before deadline, with 429 and
+// Retry-After-Ms: 100; every later call with 200. It counts the calls
+// that reach it.
+func limitedFirst(t *testing.T, deadline time.Time, left time.Duration) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) > 1 {
+			return
+		}
+		// The first call takes its time at the provider: until less
+		// than left is left before the caller's deadline.
+		select {
+		case <-time.After(time.Until(deadline.Add(-left)) + time.Millisecond):
+		case <-r.Context().Done():
+		}
+		w.Header().Set("Retry-After-Ms", "100")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &calls
+}
+
+// TestCallTimeHoldsForTheTransportsRetry: a call time is left before the
+// deadline at every send of a call, the Transport's own retry included.
+// Deadline 2 s, call time 1 s: the first send is answered 429 with
+// Retry-After-Ms: 100 after less than 1 s is left; the retry would go
+// with less than the call's time left, a second permit for a call the
+// deadline will cut. It is not sent: the provider's answer is returned,
+// as for any pause the request's wait cannot hold.
+func TestCallTimeHoldsForTheTransportsRetry(t *testing.T) {
+	const call = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 2*call)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	srv, calls := limitedFirst(t, deadline, call)
+	tr := mustTransport(t, fastLimiter(t), httpclient.WithCallTime(call))
+	t.Cleanup(tr.CloseIdleConnections)
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "the provider's answer, not sent again")
+	assert.Equal(t, "100", resp.Header.Get("Retry-After-Ms"))
+	assert.EqualValues(t, 1, calls.Load(), "calls that reached the provider")
+}
+
+// TestCallTimeBoundsTheRetrysWaitForAPermit: a retry waits for its
+// permit only until the call's time before the deadline, counting the
+// time the first call took at the provider. Deadline 3 s, call time 1 s,
+// one permit per 2.2 s: the first send is answered 429 with
+// Retry-After-Ms: 100 when less than 2.4 s is left; the next permit comes
+// 2.2 s after the first, when less than 0.8 s is left. The retry fails at
+// once with ErrTimeout, nothing sent.
+func TestCallTimeBoundsTheRetrysWaitForAPermit(t *testing.T) {
+	const call = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 3*call)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	srv, calls := limitedFirst(t, deadline, 2400*time.Millisecond)
+	b, err := throttle.NewLocal(1, 2200*time.Millisecond)
+	require.NoError(t, err)
+	tr := mustTransport(t, throttle.New(b), httpclient.WithCallTime(call))
+	t.Cleanup(tr.CloseIdleConnections)
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("status %d after %d calls at the provider; want ErrTimeout: the retry's permit comes with less than the call's time left", resp.StatusCode, calls.Load())
+	}
+	assert.ErrorIs(t, err, throttle.ErrTimeout)
+	assert.Contains(t, err.Error(), "call's time")
+	assert.NoError(t, ctx.Err(), "it did not wait for the deadline")
+	assert.EqualValues(t, 1, calls.Load(), "calls that reached the provider")
+}
+
+// TestCallTimeOfForeverSendsNothing: a call time no deadline can hold
+// (throttle.Forever) sends nothing, with time left or with the deadline
+// already past: the room before the deadline does not overflow.
+func TestCallTimeOfForeverSendsNothing(t *testing.T) {
+	base := &callBase{}
+	tr := mustTransport(t, fastLimiter(t), httpclient.WithBase(base), httpclient.WithCallTime(throttle.Forever))
+	for _, left := range []time.Duration{time.Hour, -time.Hour} {
+		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(left))
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://provider.test/", nil)
+		require.NoError(t, err)
+		_, err = tr.RoundTrip(req)
+		cancel()
+		assert.ErrorIs(t, err, throttle.ErrTimeout, "%v left", left)
+		assert.ErrorIs(t, err, context.DeadlineExceeded, "%v left", left)
+	}
+	assert.Zero(t, base.sent.Load(), "nothing sent")
 }

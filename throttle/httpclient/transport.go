@@ -2,6 +2,7 @@ package httpclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -59,7 +60,8 @@ const maxPause = time.Hour
 //
 // Retrying. The request is sent again after the pause, at most n times
 // ([WithRetries]; default 2), when the pause ends within the request's wait
-// and the request is safe to repeat by net/http's rule (its body can be
+// (with [WithCallTime], the call's time before the deadline, counted
+// after the sends so far) and the request is safe to repeat by net/http's rule (its body can be
 // had again, and its method is idempotent or it carries an
 // Idempotency-Key); [WithRetryAnyMethod] also resends POST, PATCH, PUT and
 // DELETE. Otherwise the limit response itself is returned. The bodies of
@@ -263,7 +265,11 @@ func WithConcurrency(s throttle.Slots) Option {
 //     [throttle.ErrTimeout] and context.DeadlineExceeded. A handler of
 //     package consumer then gets a permit timeout, and is called again,
 //     instead of sending a call its deadline would cut while the provider
-//     runs it on.
+//     runs it on. This holds at every send of the request, the
+//     Transport's own retries included, counting the time the sends
+//     before took: a retry whose pause would end with less than d left is
+//     not sent (the limit response is returned, see [Transport]), and a
+//     retry's wait for its slot and permit ends d before the deadline.
 //   - A call abandoned after it was sent (its context ended before the
 //     send returned, or before its body was closed) keeps its slot until
 //     d after it was sent, when the provider can be assumed done with it,
@@ -413,19 +419,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
 	}
 	clock := capability.KeyedLimiter(k).Clock()
-	if call := t.callTime(clock.Now()); call > 0 {
-		// Leave the call its room before the deadline (WithCallTime).
-		if dl, ok := ctx.Deadline(); ok {
-			room := time.Until(dl) - call
-			if room <= 0 {
-				return fail(fmt.Errorf("%w: %v left before the context's deadline, less than the call's time %v (%w)",
-					throttle.ErrTimeout, max(time.Until(dl), 0).Round(time.Millisecond), call, context.DeadlineExceeded))
-			}
-			if maxWait == throttle.Forever || room < maxWait {
-				maxWait = room
-			}
-		}
-	}
 	var est throttle.Cost // WithCost: taken before each send, instead of a permit
 	if t.cost != nil {
 		var err error
@@ -442,6 +435,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		left := throttle.Forever
 		if maxWait != throttle.Forever {
 			left = max(maxWait-waited, 0)
+		}
+		// Leave the call its time before the deadline (WithCallTime), at
+		// every send: a retry's too, after what the sends before it took.
+		call := t.callTime(clock.Now())
+		byCall := false // the call's time bounds this attempt's wait
+		if room, ok := roomFor(ctx, call); ok && call > 0 {
+			if room <= 0 {
+				return fail(noRoom(ctx, call))
+			}
+			if room < left {
+				left, byCall = room, true
+			}
 		}
 		start := clock.Now()
 		release, err := t.hold(ctx, k, left)
@@ -461,6 +466,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		waited += clock.Since(start)
 		if err != nil {
+			if byCall && errors.Is(err, throttle.ErrTimeout) {
+				err = fmt.Errorf("%w (the wait ends the call's time, %v, before the context's deadline: WithCallTime)", err, call)
+			}
 			return fail(err)
 		}
 		sent := clock.Now()
@@ -488,7 +496,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if !hinted {
 			return answer()
 		}
-		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited) {
+		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited, t.callTime(clock.Now())) {
 			return answer()
 		}
 		next, err := rewind(req)
@@ -908,15 +916,43 @@ func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []
 }
 
 // fits reports whether a retry after pause stays within the request's wait:
-// maxWait (of which waited is used) and its context's deadline.
-func fits(ctx context.Context, pause, maxWait, waited time.Duration) bool {
+// maxWait (of which waited is used) and its context's deadline, less the
+// call's time (WithCallTime; 0 for none), which the retry's send needs. A
+// pause that ends at the deadline does not fit.
+func fits(ctx context.Context, pause, maxWait, waited, call time.Duration) bool {
 	if maxWait != throttle.Forever && pause > maxWait-waited {
 		return false
 	}
-	if dl, ok := ctx.Deadline(); ok && pause >= time.Until(dl) {
+	if room, ok := roomFor(ctx, call); ok && pause >= room {
 		return false
 	}
 	return ctx.Err() == nil
+}
+
+// roomFor is how long a send of a request with ctx may still wait for its
+// slot, permit or pause so as to leave a call of call (0: none) its time
+// before ctx's deadline (WithCallTime, WithCallTimeLearned), now; 0 when
+// none is left; ok is false when ctx has no deadline. RoundTrip checks
+// it before every send, so that it counts what the sends before took.
+func roomFor(ctx context.Context, call time.Duration) (room time.Duration, ok bool) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0, false
+	}
+	left := time.Until(dl)
+	if left <= call {
+		return 0, true // also for a call time that left - call would overflow
+	}
+	return left - call, true
+}
+
+// noRoom is the error of a send with less than the call's time left
+// before its context's deadline: it matches throttle.ErrTimeout and
+// context.DeadlineExceeded.
+func noRoom(ctx context.Context, call time.Duration) error {
+	dl, _ := ctx.Deadline()
+	return fmt.Errorf("%w: %v left before the context's deadline, less than the call's time %v (%w)",
+		throttle.ErrTimeout, max(time.Until(dl), 0).Round(time.Millisecond), call, context.DeadlineExceeded)
 }
 
 // replayable reports whether req may be sent again after the provider

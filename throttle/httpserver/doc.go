@@ -44,8 +44,10 @@
 //	httpserver: limits limits.yaml: line 12: slas[1].tiers[0].period: must be a whole number of seconds from 1 to 31622400, got "-3"
 //
 // A tenant header or path segment in the file is trusted as it is: name
-// one only when your infrastructure sets or checks it after
-// authentication (see [NewMiddleware]).
+// one only when your infrastructure sets it after authentication, or
+// checks, before the Middleware counts the request, that the caller
+// belongs to the tenant it names (see [NewMiddleware] and
+// [TenantPathSegment]).
 //
 // Unknown fields, repeated fields and repeated ids are refused too, and so
 // are YAML anchors and aliases (a limits file has no use for them).

@@ -2,8 +2,6 @@ package httpserver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -48,14 +46,11 @@ type SLA struct {
 	Tiers []throttle.Tier
 }
 
-// maxTenantLen is the longest tenant used in a key as it is; longer ones
-// are replaced by their SHA-256.
-const maxTenantLen = 128
-
 // TenantHeader returns a tenant function that reads the tenant from the
 // request header name. Use it only for a header your own infrastructure
-// sets after authenticating the caller (an API gateway's), never for one
-// the client may set: see [NewMiddleware].
+// sets after authenticating the caller (an API gateway's, which replaces
+// any value the client sent), never for one the client may set: see
+// [NewMiddleware].
 func TenantHeader(name string) func(*http.Request) string {
 	return func(r *http.Request) string { return r.Header.Get(name) }
 }
@@ -63,15 +58,22 @@ func TenantHeader(name string) func(*http.Request) string {
 // TenantPathSegment returns a tenant function that reads the tenant from
 // the i-th segment of the request's cleaned URL path, counting from 0
 // after the leading slash: in "/v1/organizations/acme/product/7", segment
-// 2 is "acme". A path too short (or a negative i) gives "". Use it only
-// when the handler checks that the caller belongs to that tenant: see
-// [NewMiddleware].
+// 2 is "acme". Segments are cut as net/http's ServeMux cuts them for a
+// wildcard such as {org}: at the slashes of the escaped path, each then
+// unescaped, so that "/v1/organizations/acme%2Fx/product/7" counts for
+// "acme/x", the organization the handler serves, not for "acme". A path
+// too short (or a negative i) gives "".
+//
+// Anyone can name any tenant in a path: use it only behind a layer that
+// checks, before the Middleware counts the request, that the caller
+// belongs to that tenant (a check in the handler comes too late: the
+// request has spent the tenant's budget by then). See [NewMiddleware].
 func TenantPathSegment(i int) func(*http.Request) string {
 	return func(r *http.Request) string {
 		if i < 0 {
 			return ""
 		}
-		p := strings.TrimPrefix(cleanPath(r.URL.Path), "/")
+		p := strings.TrimPrefix(cleanPath(r.URL.EscapedPath()), "/")
 		for j := 0; j < i; j++ {
 			_, rest, ok := strings.Cut(p, "/")
 			if !ok {
@@ -80,13 +82,19 @@ func TenantPathSegment(i int) func(*http.Request) string {
 			p = rest
 		}
 		seg, _, _ := strings.Cut(p, "/")
+		if v, err := url.PathUnescape(seg); err == nil {
+			return v
+		}
 		return seg
 	}
 }
 
 // BucketFactory builds the bucket that enforces one SLA: every tier of
 // it, all-or-nothing, per key. [NewMiddleware] calls it once per SLA and
-// takes one permit per matching request under the key "<ID>:<tenant>".
+// takes one permit per matching request under the key "<ID>:<tenant>",
+// where <tenant> is the tenant as it is, or "sha256:" and the hex SHA-256
+// of its bytes (see [NewMiddleware]): at most 128 bytes of UTF-8 without
+// control characters, '{' or '}', whatever the tenant.
 //
 // [LocalWindows] is the in-memory factory. For a fleet, wire a Redis
 // bucket from package github.com/headway-go/headway/bucket (its Tiers
@@ -226,8 +234,17 @@ func WithStoreTimeout(d time.Duration) Option {
 // tenant the client chooses freely (an unchecked header) gives a client
 // that changes it a fresh budget with every request, and the store an
 // unbounded number of keys. Requests whose tenant is "" share one budget.
-// A tenant longer than 128 bytes is counted under its SHA-256, so that
-// keys stay short.
+//
+// Distinct tenants never share a budget, whatever their names. A tenant
+// is counted under its name as it is when that is at most 128 bytes of
+// UTF-8 without control characters (U+0000 to U+001F, U+007F to U+009F),
+// '{' or '}' and does not begin with "sha256:"; any other tenant (a long
+// one, one in another encoding, one that could be taken for a digest)
+// under "sha256:" and the hex SHA-256 of its bytes. Keys stay short,
+// free of control characters and of Redis Cluster hash-tag braces, a
+// name never lands on another's digest, and every instance computes the
+// same key for a tenant whatever Go built it (the rule is by code point,
+// not by the Unicode tables of the build).
 //
 // It refuses, with an error matching [throttle.ErrInvalid] that names the SLA and
 // the field: an empty or malformed or repeated ID, no tiers, a period
@@ -348,12 +365,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		tenant := rl.tenant(r)
-		if len(tenant) > maxTenantLen {
-			// Keep keys short for every store; a digest keeps tenants apart.
-			sum := sha256.Sum256([]byte(tenant))
-			tenant = "sha256:" + hex.EncodeToString(sum[:])
-		}
+		tenant := tenantKey(rl.tenant(r))
 		// Bounded like a Limiter's call that may not wait, so that a hung
 		// store delays a request by at most the store timeout.
 		tctx, cancel := r.Context(), context.CancelFunc(func() {})

@@ -275,7 +275,8 @@ func (k *keyRecorder) Take(_ context.Context, key string, _ int64, _ time.Durati
 }
 
 // TestMiddlewareKeys: the key is "<ID>:<tenant>"; a long tenant is
-// replaced by its digest, and two long tenants stay apart.
+// replaced by its digest, and two long tenants stay apart. (The names
+// that could be taken for a digest: FuzzTenantKeyKeepsTenantsApart.)
 func TestMiddlewareKeys(t *testing.T) {
 	rec := &keyRecorder{}
 	m, err := httpserver.NewMiddleware([]httpserver.SLA{getProduct(throttle.Tier{Period: time.Second, Limit: 1})},
