@@ -85,9 +85,10 @@ func TestTokenBucketLiveLimit(t *testing.T) {
 		if err := rdb.Del(ctx, tag+":tb").Err(); err != nil {
 			t.Fatal(err)
 		}
-		b.ends.mu.Lock() // ... nor does this instance remember a place
-		delete(b.ends.m, key)
-		b.ends.mu.Unlock()
+		sh := b.ends.shard(key) // ... nor does this instance remember a place
+		sh.mu.Lock()
+		delete(sh.m, key)
+		sh.mu.Unlock()
 	}
 	if d := mustTake(t, b, "", 1); !d.Granted || d.Limit != 5 || d.Remaining != 4 {
 		t.Fatalf("first take: %+v, want granted, limit 5, remaining 4", d)
@@ -131,8 +132,8 @@ func TestTokenBucketLiveLimit(t *testing.T) {
 	if err := b.ClearLimit(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := b.State(ctx, ""); err != nil || st.Live || st.Limit != 5 || st.Current != 5 {
-		t.Fatalf("after ClearLimit: %+v, %v; want limit 5 (default)", st, err)
+	if st, err := b.State(ctx, ""); err != nil || st.Live || st.Limit != 5 || st.Current != 50 {
+		t.Fatalf("after ClearLimit: %+v, %v; want limit 5 (default), the last take's 50 in force until the next", st, err)
 	}
 	forget("")
 	if d := mustTake(t, b, "", 1); d.Limit != 5 || d.Remaining != 4 {

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,39 +92,53 @@ func (b *TokenBucket) noteRTT(d time.Duration) {
 // that gave it, so that a take can tell tb_take.lua of a schedule the
 // server has lost. No clock of this machine is involved. An entry is
 // useless once its permit has stopped counting (an interval after its
-// end); entries are swept when the map has doubled since the last sweep,
-// so it holds about the keys taken from in the last interval.
+// end); each shard is swept when it has doubled since its last sweep, so
+// the map holds about the keys taken from in the last interval. Sharded
+// by key, so that takes of many keys do not queue on one lock.
 type latestEnds struct {
+	seed   maphash.Seed
+	shards [endShards]endShard
+}
+
+const endShards = 32
+
+type endShard struct {
 	mu    sync.Mutex
 	m     map[string]int64 // key → end, µs on the server's clock
 	swept int              // len(m) after the last sweep
 }
 
+func (p *latestEnds) shard(key string) *endShard {
+	return &p.shards[maphash.String(p.seed, key)%endShards]
+}
+
 // get returns key's latest end, 0 when none is known.
 func (p *latestEnds) get(key string) int64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.m[key]
+	s := p.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[key]
 }
 
 // note records that key had a permit ending at end; stale is the server's
 // clock of the same answer less one interval, for sweeping (µs).
 func (p *latestEnds) note(key string, end, stale int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.m == nil {
-		p.m = make(map[string]int64)
+	s := p.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = make(map[string]int64)
 	}
-	if end > p.m[key] {
-		p.m[key] = end
+	if end > s.m[key] {
+		s.m[key] = end
 	}
-	if len(p.m) >= 2*max(p.swept, 64) {
-		for k, e := range p.m {
+	if len(s.m) >= 2*max(s.swept, 64) {
+		for k, e := range s.m {
 			if e <= stale {
-				delete(p.m, k)
+				delete(s.m, k)
 			}
 		}
-		p.swept = len(p.m)
+		s.swept = len(s.m)
 	}
 }
 
@@ -158,6 +173,7 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 		intervalUs: ceilUs(interval),
 		marginUs:   ceilUs(margin),
 		rootKeys:   tbKeys(c.ks.root),
+		ends:       latestEnds{seed: maphash.MakeSeed()},
 	}, nil
 }
 

@@ -29,12 +29,12 @@ local function openSchedule(key, interval, now)
   local s = setmetatable({key = key, interval = interval, now = now,
     count = 0, tat = 0, cur = 1, before = 0, stored = {}, added = {}}, Schedule)
   s.head = redis.call('LINDEX', key, 0)
+  s.limit, s.len = 0, 0
   if s.head then
     local a, b, c, d = string.match(s.head, '(%S+) (%S+) (%S+) (%S+)')
     s.count, s.tat, s.cur, s.before = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+    s.len = redis.call('LLEN', key) - 1
   end
-  s.limit = 0
-  s.len = math.max(redis.call('LLEN', key) - 1, 0)
   local gone, dropped = 0, 0
   while gone < 64 do
     local e = s:entry(gone + 1)
@@ -124,11 +124,14 @@ function Schedule:save()
   if tail and tail.dirty then
     redis.call('LSET', key, -1, string.format('%d %d', tail[1], tail[2]))
   end
+  local push = {}
+  if not self.head then push[1] = hdr end
   for _, e in ipairs(self.added) do
-    redis.call('RPUSH', key, string.format('%d %d', e[1], e[2]))
+    push[#push + 1] = string.format('%d %d', e[1], e[2])
   end
+  if #push > 0 then redis.call('RPUSH', key, unpack(push)) end
   if not self.head then
-    redis.call('LPUSH', key, hdr)
+    -- the header went first, with the entries
   elseif self.gone > 0 then
     redis.call('LTRIM', key, self.gone + 1, -1)
     redis.call('LPUSH', key, hdr)

@@ -46,6 +46,15 @@ if not upTo and n > limit then return {4, limit, 0, 0, now, -1} end
 local pause = redis.call('PTTL', KEYS[2])
 if pause > 0 then return {0, limit, -1, pause * 1000, now, pause * 1000} end
 
+-- An idle key (no schedule) gives one place now: nothing to read.
+local one = upTo and 1 or n
+if known == 0 and (not upTo or n == 1) and redis.call('EXISTS', KEYS[1]) == 0 then
+  local e = now + margin
+  redis.call('RPUSH', KEYS[1], string.format('%d %d 1 0 %d', one, math.ceil(now + one * interval / limit), limit),
+    string.format('%d %d', e, one))
+  redis.call('PEXPIRE', KEYS[1], math.floor((e + interval - now) / 1000) + 1)
+  return {1, limit, limit - one, e + interval - now, now, -1, 0, e}
+end
 local s = openSchedule(KEYS[1], interval, now)
 s.limit = limit
 s:lost(known, limit)
