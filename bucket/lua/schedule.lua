@@ -26,6 +26,7 @@ Schedule.__index = Schedule
 -- each call adds at most one for every permit it places).
 local function openSchedule(key, interval, now)
   local s = setmetatable({key = key, interval = interval, now = now,
+    grid = math.max(math.floor(interval / 256), 1),
     count = 0, tat = 0, cur = 1, before = 0, stored = {}, added = {}}, Schedule)
   s.head = redis.call('LINDEX', key, 0)
   if s.head then
@@ -62,7 +63,7 @@ end
 
 -- add counts c permits ending at e, merged into the tail's slot.
 function Schedule:add(e, c)
-  local grid = math.max(math.floor(self.interval / 256), 1)
+  local grid = self.grid
   local last = self.last
   self.count = self.count + c
   if last and e <= last[1] then e = last[1] end
@@ -72,6 +73,36 @@ function Schedule:add(e, c)
     self.last = {e, c}
     self.added[#self.added + 1] = self.last
   end
+end
+
+-- find returns the index and the entry {end, count} that counts the
+-- permits ending at e (µs) were counted in, the entry of slot
+-- floor(e/grid) (entries merge only within a slot, and an entry's end only
+-- grows within it); nil when no entry still counting holds that slot.
+function Schedule:find(e)
+  local slot = math.floor(e / self.grid)
+  local lo, hi = self.gone + 1, self.len + #self.added
+  while lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local x = self:entry(mid)
+    local k = math.floor(x[1] / self.grid)
+    if k == slot then
+      if x[1] + self.interval <= self.now then return nil end
+      return mid, x
+    elseif k < slot then
+      lo = mid + 1
+    else
+      hi = mid - 1
+    end
+  end
+  return nil
+end
+
+-- change adds d (negative: takes) to the count of entry x, index i.
+function Schedule:change(i, x, d)
+  x[2], x.dirty, self.dirty = x[2] + d, true, true
+  self.count = self.count + d
+  if i < self.cur then self.before = self.before + d end
 end
 
 -- earliest is the first time at which need more permits fit under limit:
@@ -107,17 +138,19 @@ end
 
 -- changed reports whether the schedule needs writing back.
 function Schedule:changed()
-  return self.gone > 0 or #self.added > 0 or (self.last ~= nil and self.last.dirty == true)
+  return self.gone > 0 or #self.added > 0 or self.dirty or (self.last ~= nil and self.last.dirty == true)
 end
 
--- save writes back what changed (the popped entries, the tail, the new
--- ones, the header) and the expiry.
+-- save writes back what changed (the popped entries, the entries
+-- changed, the new ones, the header) and the expiry.
 function Schedule:save()
   local key = self.key
   local hdr = string.format('%d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before)
   local last = self.last
-  if last and last.dirty and self.len > self.gone and last == self:entry(self.len) then
-    redis.call('LSET', key, -1, string.format('%d %d', last[1], last[2]))
+  for i, x in pairs(self.stored) do
+    if x.dirty and i > self.gone then
+      redis.call('LSET', key, i, string.format('%d %d', x[1], x[2]))
+    end
   end
   for _, e in ipairs(self.added) do
     redis.call('RPUSH', key, string.format('%d %d', e[1], e[2]))
