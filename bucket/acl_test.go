@@ -31,6 +31,8 @@ var redisCommands = []string{
 	"pexpire", "pttl", "hget", "hgetall", "hmget", "hset", "hincrby",
 	"zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebyscore", "zrem",
 	"zremrangebyscore", "zscore",
+	// The schedules of the TokenBucket and the Budget (schedule.lua).
+	"lindex", "llen", "lrange", "lset", "lpush", "rpush", "ltrim",
 	// The Concurrency cap's wake-ups: PUBLISH (scripts, Check), its
 	// subscription and the subscription's health check.
 	"publish", "subscribe", "ping",
