@@ -42,13 +42,14 @@ var (
 	scriptCounterTake  = redis.NewScript(srcCounterTake)
 	scriptCounterReset = redis.NewScript(srcCounterReset)
 	scriptState        = redis.NewScript(srcState)
-	scriptBudget       = redis.NewScript(srcBudget)
+	scriptBudget       = redis.NewScript(srcSchedule + srcBudget)
 )
 
 // uses lists the library files each script built on one is made of,
 // before its own, for tests.
 var uses = map[string][]string{
 	"tb_take.lua": {"schedule.lua"},
+	"budget.lua":  {"schedule.lua"},
 }
 
 // scripts lists every script by file name, for tests.
