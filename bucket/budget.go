@@ -63,9 +63,10 @@ const maxDimensions = 16
 //
 // Settling: a grant's Decision.Settle corrects it in those entries after
 // the call. A negative amount (the call used less) is taken back from the
-// grant's entry while it still counts, never below 0, so an over-estimate
-// does not idle the budget; once the entry has stopped counting, a
-// give-back does nothing (given to later calls, it would count twice). A
+// grant's entry while it still counts, never below 0, and its share of the
+// pace with it, so an over-estimate neither idles the budget nor slows
+// its pace; once the entry has stopped counting, a give-back does nothing
+// (given to later calls, it would count twice). A
 // positive amount (the call used more) is added to the grant's entry while
 // it counts, else counted from now. Over all its calls, a grant's Settle
 // gives back at most what the grant took of a dimension plus what it was

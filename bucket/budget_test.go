@@ -188,8 +188,9 @@ func TestBudgetPlacesWhereEveryDimensionHasRoom(t *testing.T) {
 
 // TestBudgetPacesCallersThatCanWait: callers that can wait are placed at
 // each dimension's even pace (Interval/Limit per unit after its previous
-// paced place), the cost's dimensions together; one that cannot wait gets
-// what the limits leave now.
+// paced place), the cost's dimensions together; a give-back gives its
+// units' pace back too (an over-estimate does not slow the pace); one that
+// cannot wait gets what the limits leave now.
 func TestBudgetPacesCallersThatCanWait(t *testing.T) {
 	srv := redisenv.New(t)
 	const iv = 10 * time.Second // a request every second, a token every 10 ms
@@ -198,7 +199,9 @@ func TestBudgetPacesCallersThatCanWait(t *testing.T) {
 	p1 := placeCost(t, b, "", throttle.Cost{"requests": 1}, throttle.Forever)
 	p2 := placeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 300}, throttle.Forever)
 	p3 := placeCost(t, b, "", throttle.Cost{"tokens": 50}, throttle.Forever)
-	p4 := placeCost(t, b, "", throttle.Cost{"requests": 1}, throttle.Forever)
+	settle(t, p2.d, throttle.Cost{"tokens": -200}) // used 100 of 300
+	p4 := placeCost(t, b, "", throttle.Cost{"tokens": 50}, throttle.Forever)
+	p5 := placeCost(t, b, "", throttle.Cost{"requests": 1}, throttle.Forever)
 	for i, c := range []struct {
 		p    costPlace
 		want int64
@@ -206,7 +209,8 @@ func TestBudgetPacesCallersThatCanWait(t *testing.T) {
 		{p1, p1.now},
 		{p2, p1.at + sec},
 		{p3, p2.at + 300*ms10}, // the tokens' pace
-		{p4, p2.at + sec},      // the requests' pace, before p3
+		{p4, p3.at + 50*ms10 - 200*ms10},
+		{p5, p2.at + sec}, // the requests' pace, before p3
 	} {
 		if !c.p.d.Granted || c.p.at != c.want {
 			t.Fatalf("take %d = %+v, want placed at %d", i+1, c.p, c.want)

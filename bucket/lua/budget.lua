@@ -7,11 +7,11 @@
 -- amount, paced besides by each one's tat (INTERVAL/LIMIT per unit) when
 -- the wait allows, else the earliest within the wait; each records its
 -- amount ending at the place plus MARGIN. A settle corrects a grant in the
--- entry it was recorded in (the take returns its end): a give-back takes
--- from it while it counts, never below 0, else does nothing; a charge adds
--- to it while it counts, else counts from now. A pause of a dimension
--- refuses the takes that name it until its end; a shorter never shortens
--- a longer.
+-- entry it was recorded in (the take returns its end), while that counts:
+-- a give-back takes from it, never below 0, and moves the tat back (not
+-- before now); a charge adds to it. Once it has stopped counting, a
+-- give-back does nothing and a charge counts from now. A pause of a
+-- dimension holds the takes naming it; a shorter never shortens a longer.
 --
 -- Guarantee: schedule.lua's, per dimension: at most LIMIT placed in any
 -- span of INTERVAL + MARGIN, net of give-backs; charges come on top, and
@@ -48,6 +48,7 @@ for i = 1, #KEYS - 2 do
   names[i], ends[i] = ARGV[b], 0
   dims[i] = {limit = tonumber(ARGV[b + 1]), interval = tonumber(ARGV[b + 2]), amount = tonumber(ARGV[b + 3]),
     known = tonumber(ARGV[b + 4]), at = tonumber(ARGV[b + 5])}
+  dims[i].pace = dims[i].interval / dims[i].limit -- per unit
 end
 local function reply(status, delay, dim, remaining, reset)
   return {status, delay, now, dim, remaining, reset, unpack(ends)}
@@ -87,8 +88,10 @@ if mode == 'settle' then
     local k, x
     if d.s and d.at > 0 then k, x = d.s:find(d.at) end
     if x and d.amount ~= 0 then
-      d.s:change(k, x, math.max(d.amount, -x[2])) -- never below 0
+      local c = math.max(d.amount, -x[2]) -- never below 0
+      d.s:change(k, x, c)
       if d.amount > 0 then ends[i] = x[1] end
+      if c < 0 and d.s.tat > now then d.s.tat = math.max(d.s.tat + c * d.pace, now) end
     elseif d.amount > 0 then
       d.s:add(now, d.amount)
       ends[i] = d.s.last[1]
@@ -131,7 +134,7 @@ end
 local best, least = 0, math.huge
 for i, d in ipairs(dims) do
   if d.s then
-    d.s.tat = math.max(d.s.tat, p + d.amount * d.interval / d.limit)
+    d.s.tat = math.max(d.s.tat, p + d.amount * d.pace)
     d.s:add(p + margin, d.amount)
     ends[i] = d.s.last[1]
     local left = (d.limit - d.s.count) / d.limit
