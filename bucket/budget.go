@@ -103,7 +103,6 @@ type Budget struct {
 	takes    int   // the dimension Take charges
 	marginUs int64 // every grant's margin
 	longest  int64 // the longest Interval, µs
-	args     []any // per dimension: name, limit, interval (µs)
 	rootKeys []string
 	ends     latestEnds    // per key and dimension (endsKey)
 	script   *redis.Script // budget.lua (tests: on a clock of their own)
@@ -146,7 +145,6 @@ func NewBudget(rdb redis.UniversalClient, key string, dims []Dimension, opts ...
 			return nil, err
 		}
 		b.index[d.Name] = i
-		b.args = append(b.args, d.Name, d.Limit, ceilUs(d.Interval))
 		shortest = min(shortest, d.Interval)
 		b.longest = max(b.longest, ceilUs(d.Interval))
 	}
@@ -258,18 +256,18 @@ type budgetReply struct {
 }
 
 // run is one round trip of budget.lua on key's keys: mode ("take",
-// "settle", "pause") with amt per dimension, at the ends a grant recorded (at, for a settle; nil: none),
-// a take waiting at most wait µs (-1: no bound). It notes the ends the
-// answer gives.
-func (b *Budget) run(ctx context.Context, mode, key string, keys []string, wait int64, amt, at []int64) (budgetReply, error) {
+// "settle", "pause") with amt per dimension; a take waits at most wait µs
+// (-1: no bound), a settle corrects the grant recorded at ends (nil:
+// unknown). It notes the ends the answer gives.
+func (b *Budget) run(ctx context.Context, mode, key string, keys []string, wait int64, amt, ends []int64) (budgetReply, error) {
 	args := make([]any, 0, 3+6*len(b.dims))
 	args = append(args, mode, b.marginUs, wait)
-	for i := range b.dims {
-		var a int64
-		if at != nil {
-			a = at[i]
+	for i, d := range b.dims {
+		var at int64
+		if ends != nil {
+			at = ends[i]
 		}
-		args = append(args, b.args[3*i], b.args[3*i+1], b.args[3*i+2], amt[i], b.ends.get(endsKey(key, i)), a)
+		args = append(args, d.Name, d.Limit, ceilUs(d.Interval), amt[i], b.ends.get(endsKey(key, i)), at)
 	}
 	r, err := b.eval(ctx, b.script, keys, args...)
 	if err != nil {
