@@ -72,7 +72,9 @@ const maxDimensions = 16
 // gives back at most what the grant took of a dimension plus what it was
 // charged since (a second Settle, or a give-back beyond the take, is cut
 // to that). A settle-up above ten times a dimension's Limit is refused as
-// an error in the caller's units (ErrInvalid), nothing charged. A grant's
+// an error in the caller's units (ErrInvalid), nothing charged. A grant
+// placed ahead holds its whole amount from its take: an estimate above the
+// real cost holds the excess while its caller waits too. A grant's
 // Decision.Cancel gives all it holds back the same way (a Limiter's, for a
 // grant its caller cannot use).
 //
