@@ -29,9 +29,10 @@ var redisCommands = []string{
 	// Inside the scripts, and the few direct calls.
 	"time", "get", "set", "del", "exists", "type", "incr", "incrby", "decrby",
 	"pexpire", "pttl", "hget", "hgetall", "hmget", "hset", "hincrby",
-	"lindex", "llen", "lpush", "lrange", "lset", "ltrim", "rpush",
 	"zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebyscore", "zrem",
 	"zremrangebyscore", "zscore",
+	// The schedules of the TokenBucket and the Budget (schedule.lua).
+	"lindex", "llen", "lrange", "lset", "lpush", "rpush", "ltrim",
 	// The Concurrency cap's wake-ups: PUBLISH (scripts, Check), its
 	// subscription and the subscription's health check.
 	"publish", "subscribe", "ping",

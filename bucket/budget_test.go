@@ -3,35 +3,41 @@ package bucket
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 )
 
+// A Budget's guarantee is judged, where it can be, on the places
+// budget.lua gives, exactly, on the Redis server's clock (as a
+// TokenBucket's in tokenbucket_test.go): a take's reply names the server's
+// time, and Decision.Delay the place from it.
+
 // llmDims are an LLM API's limits: requests and tokens per interval.
 func llmDims(requests, tokens int64, iv time.Duration) []Dimension {
 	return []Dimension{{Name: "requests", Limit: requests, Interval: iv}, {Name: "tokens", Limit: tokens, Interval: iv}}
 }
 
-func newBudget(t *testing.T, rdb redis.UniversalClient, key string, dims []Dimension) *Budget {
+func newBudget(t testing.TB, rdb redis.UniversalClient, key string, dims []Dimension, opts ...BudgetOption) *Budget {
 	t.Helper()
-	b, err := NewBudget(rdb, key, dims)
+	b, err := NewBudget(rdb, key, dims, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
 }
 
-func takeCost(t *testing.T, b *Budget, key string, c throttle.Cost) throttle.Decision {
+func takeCost(t testing.TB, b *Budget, key string, c throttle.Cost) throttle.Decision {
 	t.Helper()
 	d, err := b.TakeCost(context.Background(), key, c, 0)
 	if err != nil {
@@ -41,13 +47,57 @@ func takeCost(t *testing.T, b *Budget, key string, c throttle.Cost) throttle.Dec
 }
 
 // settle corrects the grant d by c.
-func settle(t *testing.T, d throttle.Decision, c throttle.Cost) {
+func settle(t testing.TB, d throttle.Decision, c throttle.Cost) {
 	t.Helper()
 	if d.Settle == nil {
 		t.Fatalf("Settle(%v) of %+v: the decision has no Settle", c, d)
 	}
 	if err := d.Settle(context.Background(), c); err != nil {
 		t.Fatalf("Settle(%v) = %v", c, err)
+	}
+}
+
+// costPlace is one take of a cost: its decision, its place (µs on the
+// server's clock; refused, the earliest place it could have had or the
+// end of a pause), the server's clock when it was decided, and where
+// each dimension recorded it (the end of its entry; 0: not taken).
+type costPlace struct {
+	d       throttle.Decision
+	at, now int64
+	ends    []int64
+}
+
+// placeCost takes c under key through b within maxWait.
+func placeCost(t testing.TB, b *Budget, key string, c throttle.Cost, maxWait time.Duration) costPlace {
+	t.Helper()
+	d, u, err := b.take(context.Background(), key, c, maxWait)
+	if err != nil {
+		t.Fatalf("TakeCost(%v, %v) = %v", c, maxWait, err)
+	}
+	return costPlace{d: d, at: u.now + d.Delay.Microseconds(), now: u.now, ends: u.ends}
+}
+
+// unit is what one grant holds of one dimension at its place (µs on the
+// server's clock): its take net of what it gave back.
+type unit struct{ at, n int64 }
+
+// judgeUnits fails t unless units hold at most limit in any span of
+// window.
+func judgeUnits(t testing.TB, what string, units []unit, limit int64, window time.Duration) {
+	t.Helper()
+	u := slices.Clone(units)
+	slices.SortFunc(u, func(a, b unit) int { return int(a.at - b.at) })
+	w := window.Microseconds()
+	sum, j := int64(0), 0
+	for i, x := range u {
+		sum += x.n
+		for x.at-u[j].at >= w {
+			sum -= u[j].n
+			j++
+		}
+		if sum > limit {
+			t.Fatalf("%s: %d in the %v from %d to %d (places %d to %d of %d), limit %d", what, sum, window, u[j].at, x.at, j, i, len(u), limit)
+		}
 	}
 }
 
@@ -73,23 +123,26 @@ func (h *budgetCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 
 // TestBudgetAllOrNothing: a cost one dimension cannot pay takes nothing
-// from the other, and the refusal names the short dimension's refill.
+// from the other, and the refusal names the earliest place, when the
+// short dimension has room.
 func TestBudgetAllOrNothing(t *testing.T) {
 	srv := redisenv.New(t)
-	b := newBudget(t, srv.Client(), "aon", llmDims(10, 100, time.Minute))
-	if d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 80}); !d.Granted || d.Remaining != 20 || d.Limit != 100 {
-		t.Fatalf("first take = %+v, want granted, tokens binding with 20 left of 100", d)
+	const margin = 10 * time.Millisecond
+	b := newBudget(t, srv.Client(), "aon", llmDims(10, 100, time.Minute), WithArrivalMargin(margin))
+	first := placeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 80}, 0)
+	if d := first.d; !d.Granted || d.Delay != 0 || d.Margin != margin || d.Remaining != 20 || d.Limit != 100 {
+		t.Fatalf("first take = %+v, want granted now, tokens binding with 20 left of 100", d)
 	}
-	d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 30})
-	if d.Granted || d.Delay < 59*time.Second || d.Delay > time.Minute || d.Limit != 100 || d.Remaining != 20 {
-		t.Fatalf("take beyond the tokens = %+v, want refused until the period's end (~1m), tokens binding with 20 left", d)
+	r := placeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 30}, 0)
+	if d := r.d; d.Granted || r.at != first.at+(time.Minute+margin).Microseconds() || d.Limit != 100 || d.Remaining != 20 {
+		t.Fatalf("take beyond the tokens = %+v, want refused until the first take's place plus the interval and the margin, tokens binding with 20 left", d)
 	}
 	// The refused take charged no request: 9 are left, all of them.
 	if d := takeCost(t, b, "", throttle.Cost{"requests": 9}); !d.Granted || d.Remaining != 0 {
 		t.Fatalf("take of the 9 requests left = %+v, want granted with 0 left", d)
 	}
-	if d := takeCost(t, b, "", throttle.Cost{"requests": 1}); d.Granted {
-		t.Fatalf("an 11th request was granted: %+v", d)
+	if d := takeCost(t, b, "", throttle.Cost{"requests": 1}); d.Granted || d.Limit != 10 {
+		t.Fatalf("an 11th request = %+v, want refused, the requests binding", d)
 	}
 	// A cost that does not name the tokens does not check them.
 	if d := takeCost(t, b, "other", throttle.Cost{"requests": 1}); !d.Granted || d.Limit != 10 {
@@ -97,42 +150,187 @@ func TestBudgetAllOrNothing(t *testing.T) {
 	}
 }
 
-// TestBudgetSettleUpDelaysNextGrant: a charge beyond what is left is a
-// debt; the next grant waits for the refills that pay it (one limit per
-// period), no longer.
+// TestBudgetPlacesWhereEveryDimensionHasRoom: a cost is placed at the
+// earliest time at which every dimension it names has room for its
+// amount; the dimensions bind in turn, each refusal naming the one that
+// binds and the place it leaves, exactly on the server's clock.
+func TestBudgetPlacesWhereEveryDimensionHasRoom(t *testing.T) {
+	srv := redisenv.New(t)
+	const iv, margin = time.Second, 10 * time.Millisecond
+	b := newBudget(t, srv.Client(), "room", llmDims(2, 100, iv), WithArrivalMargin(margin))
+	span := (iv + margin).Microseconds()
+	first := placeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 90}, 0)
+	if !first.d.Granted || first.at != first.now {
+		t.Fatalf("first take = %+v, want granted now", first)
+	}
+	// The tokens bind: 20 more fit once the 90 stop counting.
+	second := placeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 20}, throttle.Forever)
+	if !second.d.Granted || second.at != first.at+span || second.d.Margin != margin {
+		t.Fatalf("second take = %+v, want placed an interval and the margin after the first (%d)", second, first.at+span)
+	}
+	// Then the requests: both taken until the second stops counting.
+	if r := placeCost(t, b, "", throttle.Cost{"requests": 2, "tokens": 1}, 0); r.d.Granted || r.d.Limit != 2 || r.at != second.at+span {
+		t.Fatalf("2 requests with none free = %+v, want refused until %d, the requests binding", r, second.at+span)
+	}
+	if r := placeCost(t, b, "", throttle.Cost{"tokens": 95}, 0); r.d.Granted || r.d.Limit != 100 || r.at != second.at+span {
+		t.Fatalf("95 tokens with 110 placed = %+v, want refused until %d, the tokens binding", r, second.at+span)
+	}
+	if r := placeCost(t, b, "", throttle.Cost{"tokens": 10}, 500*time.Millisecond); r.d.Granted || r.d.Limit != 100 || r.at != first.at+span {
+		t.Fatalf("10 tokens with 110 placed = %+v, want refused until %d, when the first's 90 stop counting", r, first.at+span)
+	}
+	third := placeCost(t, b, "", throttle.Cost{"requests": 2, "tokens": 1}, throttle.Forever)
+	if !third.d.Granted || third.at != second.at+span {
+		t.Fatalf("third take = %+v, want placed when the second stops counting (%d)", third, second.at+span)
+	}
+	judgeUnits(t, "requests", []unit{{first.at, 1}, {second.at, 1}, {third.at, 2}}, 2, iv+margin)
+	judgeUnits(t, "tokens", []unit{{first.at, 90}, {second.at, 20}, {third.at, 1}}, 100, iv+margin)
+}
+
+// TestBudgetPacesCallersThatCanWait: callers that can wait are placed at
+// each dimension's even pace (Interval/Limit per unit after its previous
+// paced place), the cost's dimensions together; a give-back gives its
+// units' pace back too (an over-estimate does not slow the pace); one that
+// cannot wait gets what the limits leave now.
+func TestBudgetPacesCallersThatCanWait(t *testing.T) {
+	srv := redisenv.New(t)
+	const iv = 10 * time.Second // a request every second, a token every 10 ms
+	b := newBudget(t, srv.Client(), "paced", llmDims(10, 1000, iv))
+	sec, ms10 := time.Second.Microseconds(), (10 * time.Millisecond).Microseconds()
+	p1 := placeCost(t, b, "", throttle.Cost{"requests": 1}, throttle.Forever)
+	p2 := placeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 300}, throttle.Forever)
+	p3 := placeCost(t, b, "", throttle.Cost{"tokens": 50}, throttle.Forever)
+	settle(t, p2.d, throttle.Cost{"tokens": -200}) // used 100 of 300
+	p4 := placeCost(t, b, "", throttle.Cost{"tokens": 50}, throttle.Forever)
+	p5 := placeCost(t, b, "", throttle.Cost{"requests": 1}, throttle.Forever)
+	for i, c := range []struct {
+		p    costPlace
+		want int64
+	}{
+		{p1, p1.now},
+		{p2, p1.at + sec},
+		{p3, p2.at + 300*ms10}, // the tokens' pace
+		{p4, p3.at + 50*ms10 - 200*ms10},
+		{p5, p2.at + sec}, // the requests' pace, before p3
+	} {
+		if !c.p.d.Granted || c.p.at != c.want {
+			t.Fatalf("take %d = %+v, want placed at %d", i+1, c.p, c.want)
+		}
+	}
+	if now := placeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 10}, 0); !now.d.Granted || now.at != now.now {
+		t.Fatalf("a caller that cannot wait, the limits not reached: %+v, want placed now", now)
+	}
+}
+
+// TestBudgetPlacesAtMostEachLimitInAnySpan: three instances (each its own
+// client, as processes would have) take costs of one key with mixed waits
+// (none, short, long, Forever), the requests binding at times and the
+// tokens at others (their intervals differ), and settle many of their
+// grants at once: giving back part of the tokens or the request, or
+// charging more tokens. Every place lies within its take's wait, and in
+// each dimension the places hold at most the limit, net of what their
+// grants gave back, in any span of its interval plus the margin, exactly;
+// the charges come on top.
+func TestBudgetPlacesAtMostEachLimitInAnySpan(t *testing.T) {
+	srv := redisenv.New(t)
+	const margin = 5 * time.Millisecond
+	dims := []Dimension{{Name: "requests", Limit: 10, Interval: 200 * time.Millisecond}, {Name: "tokens", Limit: 100, Interval: 300 * time.Millisecond}}
+	var budgets []*Budget
+	for range 3 {
+		budgets = append(budgets, newBudget(t, srv.Client(), "places", dims, WithArrivalMargin(margin)))
+	}
+	waits := []time.Duration{0, 20 * time.Millisecond, 150 * time.Millisecond, time.Second, throttle.Forever}
+	var mu sync.Mutex
+	var reqs, toks []unit
+	bound := map[int64]int{} // refusals by the limit that bound
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for range 40 {
+				c := throttle.Cost{"requests": 1, "tokens": rng.Int64N(31)}
+				if rng.IntN(5) == 0 {
+					c = throttle.Cost{"tokens": 1 + rng.Int64N(60)}
+				}
+				wait := waits[rng.IntN(len(waits))]
+				p := placeCost(t, budgets[g%3], "", c, wait)
+				if !p.d.Granted {
+					mu.Lock()
+					bound[p.d.Limit]++
+					mu.Unlock()
+					continue
+				}
+				if wait != throttle.Forever && p.at-p.now > wait.Microseconds() {
+					t.Errorf("a place %v after the take, beyond its wait %v", time.Duration(p.at-p.now)*time.Microsecond, wait)
+				}
+				back := throttle.Cost{}
+				switch rng.IntN(6) {
+				case 0, 1:
+					back["tokens"] = -rng.Int64N(c["tokens"] + 1)
+				case 2:
+					back["tokens"] = 1 + rng.Int64N(10) // charged: on top
+				case 3:
+					back["requests"] = -c["requests"]
+				}
+				if len(back) > 0 {
+					settle(t, p.d, back)
+				}
+				mu.Lock()
+				if n := c["requests"] + min(back["requests"], 0); c["requests"] > 0 {
+					reqs = append(reqs, unit{p.at, n})
+				}
+				toks = append(toks, unit{p.at, c["tokens"] + min(back["tokens"], 0)})
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(reqs) < 30 || bound[10] == 0 || bound[100] == 0 {
+		t.Fatalf("%d costs placed, refusals by the limit that bound %v: the test asked too little to judge both dimensions", len(toks), bound)
+	}
+	judgeUnits(t, "requests", reqs, 10, dims[0].Interval+margin)
+	judgeUnits(t, "tokens", toks, 100, dims[1].Interval+margin)
+}
+
+// TestBudgetSettleUpDelaysNextGrant: a charge beyond the estimate counts
+// in its grant's entry: the next place waits until that entry stops
+// counting, an interval and the margin after the grant's place (however
+// large the charge, one interval: a provider counting a window of the
+// interval sees it leave then). A Limiter's caller that can wait is
+// placed there at once: one script call, no refusal asked again.
 func TestBudgetSettleUpDelaysNextGrant(t *testing.T) {
 	srv := redisenv.New(t)
-	b := newBudget(t, srv.Client(), "debt", llmDims(10, 100, time.Second))
-	d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
-	settle(t, d, throttle.Cost{"tokens": 150}) // used 250: 150 owed
-	// Tokens at -150: the refill at the period's end brings -50, the next
-	// one 50, so a grant of 1 comes one period after the period's end.
-	d = takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 1})
-	if d.Granted || d.Delay <= time.Second || d.Delay > 2*time.Second {
-		t.Fatalf("take after a debt of 150 = %+v, want refused for (1s, 2s]", d)
-	}
-	// Idle periods pay a debt too: at 250 owed and 100 per period, a grant
-	// of 60 comes three periods after the period's end, at the first
-	// call then, with no call in between to start those periods.
 	rdb := srv.Client()
+	const iv, margin = time.Second, 10 * time.Millisecond
+	b := newBudget(t, rdb, "debt", llmDims(10, 100, iv), WithArrivalMargin(margin))
+	g := placeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100}, 0)
+	settle(t, g.d, throttle.Cost{"tokens": 150}) // used 250
+	if r := placeCost(t, b, "", throttle.Cost{"tokens": 1}, 0); r.d.Granted || r.d.Remaining != 0 || r.at != g.at+(iv+margin).Microseconds() {
+		t.Fatalf("a token after a charge of 150 = %+v, want refused until %d, 0 left", r, g.at+(iv+margin).Microseconds())
+	}
+	next := placeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 1}, throttle.Forever)
+	if !next.d.Granted || next.at != g.at+(iv+margin).Microseconds() {
+		t.Fatalf("take after a charge of 150 = %+v, want placed when the charged entry stops counting (%d)", next, g.at+(iv+margin).Microseconds())
+	}
 	calls := &budgetCalls{}
 	rdb.AddHook(calls)
-	b2 := newBudget(t, rdb, "debt-idle", llmDims(10, 100, 100*time.Millisecond))
+	// A margin wide enough for a loaded machine's wake-up after the sleep.
+	b2 := newBudget(t, rdb, "debt-wait", llmDims(10, 100, 100*time.Millisecond), WithArrivalMargin(50*time.Millisecond))
 	settle(t, takeCost(t, b2, "", throttle.Cost{"tokens": 100}), throttle.Cost{"tokens": 250})
 	lim := throttle.New(b2)
 	t.Cleanup(func() { lim.Close() })
 	before := calls.n.Load()
 	if _, err := lim.AcquireCost(context.Background(), throttle.Cost{"tokens": 60}, 2*time.Second); err != nil {
-		t.Fatalf("AcquireCost after the debt's refills = %v", err)
+		t.Fatalf("AcquireCost after the charge = %v", err)
 	}
-	if n := calls.n.Load() - before; n != 2 {
-		t.Fatalf("AcquireCost made %d script calls, want 2 (refused with the debt's end, then granted)", n)
+	if n := calls.n.Load() - before; n != 1 {
+		t.Fatalf("AcquireCost made %d script calls, want 1 (placed after the charge, then slept out)", n)
 	}
 }
 
-// TestBudgetSettleDownGivesBackInPeriod: what an over-estimate did not
-// use is granted again in the same period, never above the limit.
-func TestBudgetSettleDownGivesBackInPeriod(t *testing.T) {
+// TestBudgetSettleDownGivesBackToItsEntry: what an over-estimate did not
+// use can be taken again at once while its grant still counts, never
+// above the limit.
+func TestBudgetSettleDownGivesBackToItsEntry(t *testing.T) {
 	srv := redisenv.New(t)
 	b := newBudget(t, srv.Client(), "down", llmDims(10, 100, time.Minute))
 	first := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
@@ -173,6 +371,318 @@ func TestBudgetSettleDownGivesBackInPeriod(t *testing.T) {
 	}
 	if _, err := k.AcquireCost(ctx, throttle.Cost{"tokens": 1}, 0); !errors.Is(err, throttle.ErrTimeout) {
 		t.Fatalf("AcquireCost beyond = %v, want ErrTimeout", err)
+	}
+}
+
+// TestBudgetClusterOneSlotPerKey: a budget's keys share one slot, and
+// takes and settles run on a real cluster without CROSSSLOT.
+func TestBudgetClusterOneSlotPerKey(t *testing.T) {
+	cl := redisenv.NewCluster(t)
+	rdb := cl.Client()
+	ctx := context.Background()
+	b := newBudget(t, rdb, "cluster{x}", llmDims(5, 50, time.Minute))
+	for _, key := range []string{"", "tenant-1", "tenant-2", "{t}"} {
+		keys, err := b.keys(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys[1:] {
+			if s0, s := rdb.ClusterKeySlot(ctx, keys[0]).Val(), rdb.ClusterKeySlot(ctx, k).Val(); s0 != s {
+				t.Errorf("key %q: %s in slot %d, %s in slot %d", key, keys[0], s0, k, s)
+			}
+		}
+		d := takeCost(t, b, key, throttle.Cost{"requests": 5, "tokens": 50})
+		if !d.Granted {
+			t.Fatalf("key %q: take = %+v", key, d)
+		}
+		settle(t, d, throttle.Cost{"tokens": -10})
+		if d := takeCost(t, b, key, throttle.Cost{"requests": 1}); d.Granted {
+			t.Errorf("key %q: a 6th request was granted", key)
+		}
+	}
+}
+
+// TestBudgetRefusesBadInput: bad dimensions, costs and deltas are refused
+// with an error naming the field, before anything is sent.
+func TestBudgetRefusesBadInput(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	calls := &budgetCalls{}
+	rdb.AddHook(calls)
+	sec := time.Second
+	nb := func(dims []Dimension, opts ...BudgetOption) error {
+		_, err := NewBudget(rdb, "bad", dims, opts...)
+		return err
+	}
+	b := newBudget(t, rdb, "bad", llmDims(5, 50, sec))
+	ctx := context.Background()
+	take := func(c throttle.Cost) error { _, err := b.TakeCost(ctx, "", c, 0); return err }
+	many := make([]Dimension, maxDimensions+1)
+	for i := range many {
+		many[i] = Dimension{Name: strings.Repeat("d", i+1), Limit: 1, Interval: sec}
+	}
+	tests := []struct {
+		name  string
+		err   error
+		field string
+	}{
+		{"no dimensions", nb(nil), "dims"},
+		{"too many", nb(many), "dims"},
+		{"empty name", nb([]Dimension{{Name: "", Limit: 1, Interval: sec}}), "dims[0].Name"},
+		{"long name", nb([]Dimension{{Name: strings.Repeat("n", 65), Limit: 1, Interval: sec}}), "dims[0].Name"},
+		{"duplicate name", nb([]Dimension{{Name: "a", Limit: 1, Interval: sec}, {Name: "a", Limit: 2, Interval: sec}}), "dims[1].Name"},
+		{"zero limit", nb([]Dimension{{Name: "a", Limit: 0, Interval: sec}}), "dims[0].Limit"},
+		{"huge limit", nb([]Dimension{{Name: "a", Limit: 1 << 51, Interval: sec}}), "dims[0].Limit"},
+		{"zero interval", nb([]Dimension{{Name: "a", Limit: 1, Interval: 0}}), "dims[0].Interval"},
+		{"Forever interval", nb([]Dimension{{Name: "a", Limit: 1, Interval: throttle.Forever}}), "dims[0].Interval"},
+		{"margin not below the shortest interval", nb([]Dimension{{Name: "a", Limit: 1, Interval: sec}, {Name: "b", Limit: 1, Interval: 10 * time.Millisecond}}, WithArrivalMargin(10*time.Millisecond)), "WithArrivalMargin"},
+		{"negative margin", nb(llmDims(1, 1, sec), WithArrivalMargin(-time.Millisecond)), "WithArrivalMargin"},
+		{"empty cost", take(throttle.Cost{}), "cost"},
+		{"zero cost", take(throttle.Cost{"tokens": 0}), "cost"},
+		{"negative amount", take(throttle.Cost{"tokens": -1, "requests": 1}), `cost["tokens"]`},
+		{"unknown dimension", take(throttle.Cost{"tokenz": 1}), `cost["tokenz"]`},
+		{"unknown in settle", b.settle(ctx, "", nil, throttle.Cost{"tokenz": 1}), `delta["tokenz"]`},
+		{"huge settle", b.settle(ctx, "", nil, throttle.Cost{"tokens": 1 << 51}), `delta["tokens"]`},
+		{"settle-up of more than ten limits", b.settle(ctx, "", nil, throttle.Cost{"tokens": 501}), `delta["tokens"]`},
+		{"long key", func() error {
+			_, err := b.TakeCost(ctx, strings.Repeat("k", MaxKeyLen+1), throttle.Cost{"tokens": 1}, 0)
+			return err
+		}(), "key"},
+		{"Take of 0", func() error { _, err := b.Take(ctx, "", 0, 0); return err }(), "n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if !errors.Is(tt.err, throttle.ErrInvalid) {
+				t.Fatalf("err = %v, want one wrapping throttle.ErrInvalid", tt.err)
+			}
+			if !strings.Contains(tt.err.Error(), tt.field+" = ") {
+				t.Fatalf("err = %q, want it to name %q", tt.err, tt.field)
+			}
+		})
+	}
+	if err := take(throttle.Cost{"tokens": 51}); !errors.Is(err, throttle.ErrExceedsLimit) || !strings.Contains(err.Error(), `"tokens"`) {
+		t.Errorf("take above a limit = %v, want ErrExceedsLimit naming the dimension", err)
+	}
+	if err := b.settle(ctx, "", nil, throttle.Cost{"tokens": 0}); err != nil {
+		t.Errorf("Settle of nothing = %v", err)
+	}
+	if n := calls.n.Load(); n != 0 {
+		t.Errorf("%d script calls sent for bad input, want 0", n)
+	}
+}
+
+// TestBudgetRefusedTakeTakesNothing: a take whose earliest place is
+// beyond its wait leaves every dimension's schedule as it was.
+func TestBudgetRefusedTakeTakesNothing(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	b := newBudget(t, rdb, "refused", llmDims(3, 100, time.Minute))
+	for range 3 {
+		takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 10})
+	}
+	lists := func() [][]string {
+		var out [][]string
+		for _, k := range b.rootKeys[2:] {
+			l, err := rdb.LRange(ctx, k, 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, l)
+		}
+		return out
+	}
+	before := lists()
+	for _, c := range []throttle.Cost{{"requests": 1}, {"requests": 1, "tokens": 1}, {"tokens": 71}} {
+		if p := placeCost(t, b, "", c, time.Second); p.d.Granted {
+			t.Fatalf("take of %v placed at %d with the key full for a minute", c, p.at)
+		}
+	}
+	if after := lists(); !slices.EqualFunc(before, after, slices.Equal) {
+		t.Fatalf("refused takes changed the schedules: %q, then %q", before, after)
+	}
+}
+
+// TestBudgetAcquireCostSleepsWithoutPolling: a caller that can wait is
+// placed at once and sleeps on the Limiter's clock until its place, with
+// no script call in between; one whose wait ends first fails at once.
+func TestBudgetAcquireCostSleepsWithoutPolling(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	// Loaded first, so that no NOSCRIPT reload adds to the count.
+	if err := scriptBudget.Load(context.Background(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := &budgetCalls{}
+	rdb.AddHook(calls)
+	const margin = 10 * time.Millisecond
+	b := newBudget(t, rdb, "nopoll", llmDims(1, 100, time.Minute), WithArrivalMargin(margin))
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(b, throttle.WithClock(clock))
+	t.Cleanup(func() { lim.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cost := throttle.Cost{"requests": 1, "tokens": 10}
+	if _, err := lim.AcquireCost(ctx, cost, 0); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	// No deadline on this one: Forever waits on the Limiter's clock alone.
+	go func() { _, err := lim.AcquireCost(context.Background(), cost, throttle.Forever); done <- err }()
+	if err := clock.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.n.Load(); n != 2 {
+		t.Fatalf("%d script calls before the sleep, want 2", n)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("AcquireCost returned %v before its place", err)
+	default:
+	}
+	clock.Advance(time.Minute + margin) // its place: the first's, an interval and the margin on
+	if err := <-done; err != nil {
+		t.Fatalf("AcquireCost at its place = %v", err)
+	}
+	if n := calls.n.Load(); n != 2 {
+		t.Fatalf("%d script calls in all, want 2 (a take, a place)", n)
+	}
+	// Beyond the wait: ErrTimeout at once, without sleeping.
+	if _, err := lim.AcquireCost(ctx, cost, time.Second); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("AcquireCost with a wait shorter than the place = %v, want ErrTimeout", err)
+	}
+}
+
+// TestBudgetFailurePolicy: with the store down, AcquireCost grants under
+// FailOpen, refuses under FailClosed and FailLocal, saying why.
+func TestBudgetFailurePolicy(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	b := newBudget(t, rdb, "dead", llmDims(10, 100, time.Minute))
+	ctx := context.Background()
+	cost := throttle.Cost{"requests": 1, "tokens": 10}
+	for _, tc := range []struct {
+		policy throttle.FailurePolicy
+		says   string
+	}{{throttle.FailOpen, ""}, {throttle.FailClosed, "FailClosed"}, {throttle.FailLocal, "FailLocal"}} {
+		lim := throttle.New(b, throttle.WithFailurePolicy(tc.policy))
+		g, err := lim.AcquireCost(ctx, cost, time.Second)
+		if err == nil {
+			// A FailOpen grant charged nothing: its Settle does nothing.
+			if serr := g.Settle(ctx, throttle.Cost{"tokens": 1}); serr != nil {
+				t.Errorf("%v: Settle of a grant of the failure policy = %v, want nil", tc.policy, serr)
+			}
+		}
+		lim.Close()
+		var be *throttle.BackendError
+		switch {
+		case tc.says == "" && err != nil:
+			t.Errorf("%v: AcquireCost = %v, want granted", tc.policy, err)
+		case tc.says != "" && (!errors.As(err, &be) || !strings.Contains(err.Error(), tc.says)):
+			t.Errorf("%v: AcquireCost = %v, want a refusal wrapping the BackendError and naming %s", tc.policy, err, tc.says)
+		}
+	}
+	var be *throttle.BackendError
+	if _, err := b.TakeCost(ctx, "", cost, 0); !errors.As(err, &be) || be.Op != "take" || !strings.HasSuffix(be.Key, ":budget:requests") {
+		t.Errorf("TakeCost with the store down = %v, want a *throttle.BackendError of op take on the budget's key", err)
+	}
+	if err := b.settle(ctx, "", nil, throttle.Cost{"tokens": 5}); !errors.As(err, &be) || be.Op != "settle" {
+		t.Errorf("Settle with the store down = %v, want a *throttle.BackendError of op settle", err)
+	}
+}
+
+// TestBudgetTakeChargesRequests: Take, the plain Bucket's method, uses the
+// dimension named "requests", else the first; its grant's Decision.Cancel
+// gives it back (what a Limiter calls for a grant its caller cannot use).
+// The Budget takes no refunds: a refund does not say which grant it gives
+// back.
+func TestBudgetTakeChargesRequests(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b := newBudget(t, srv.Client(), "plain", []Dimension{{Name: "tokens", Limit: 100, Interval: time.Minute}, {Name: "requests", Limit: 5, Interval: time.Minute}})
+	if d, err := b.Take(ctx, "", 3, 0); err != nil || !d.Granted || d.Limit != 5 || d.Remaining != 2 {
+		t.Fatalf("Take(3) = %+v, %v; want 3 of the 5 requests", d, err)
+	}
+	d, err := b.Take(ctx, "", 2, 0)
+	if err != nil || !d.Granted || d.Remaining != 0 || d.Cancel == nil {
+		t.Fatalf("Take(2) = %+v, %v; want the last 2 requests, with a Cancel", d, err)
+	}
+	if err := d.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := capability.Of[capability.Refunder](b); ok {
+		t.Fatal("the Budget offers refunds")
+	}
+	lim := throttle.New(b)
+	t.Cleanup(func() { lim.Close() })
+	if err := lim.AcquireN(ctx, 3, 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("AcquireN(3) with 2 left = %v, want ErrTimeout", err)
+	}
+	if err := lim.AcquireN(ctx, 2, 0); err != nil {
+		t.Fatalf("AcquireN(2) of the 2 cancelled = %v", err)
+	}
+	if err := lim.Acquire(ctx, 0); !errors.Is(err, throttle.ErrTimeout) {
+		t.Fatalf("a 6th request = %v, want ErrTimeout", err)
+	}
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 100}); !d.Granted {
+		t.Fatalf("the tokens were charged by Take: %+v", d)
+	}
+	first := newBudget(t, srv.Client(), "plain-first", []Dimension{{Name: "points", Limit: 7, Interval: time.Minute}, {Name: "cost", Limit: 100, Interval: time.Minute}})
+	if d, err := first.Take(ctx, "", 1, 0); err != nil || d.Limit != 7 || d.Remaining != 6 {
+		t.Fatalf("Take(1) without a requests dimension = %+v, %v; want the first dimension's", d, err)
+	}
+	if _, err := b.Take(ctx, "", 6, 0); !errors.Is(err, throttle.ErrExceedsLimit) {
+		t.Fatalf("Take(6) of 5 requests = %v, want ErrExceedsLimit", err)
+	}
+}
+
+// TestBudgetCountsALostScheduleFull: after Redis loses a key's schedules
+// (FLUSHALL, what an empty restart leaves), or one dimension's alone (its
+// key deleted), an instance that was given places there counts each lost
+// dimension's limit at the latest end it knows, so the key's next places
+// in it come an interval after it: the lost places and the new ones never
+// exceed a limit in one span.
+func TestBudgetCountsALostScheduleFull(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const iv, margin = 300 * time.Millisecond, 5 * time.Millisecond
+	b := newBudget(t, rdb, "lost", llmDims(4, 100, iv), WithArrivalMargin(margin))
+	var reqs, toks []unit
+	take := func(c throttle.Cost) costPlace {
+		t.Helper()
+		p := placeCost(t, b, "", c, throttle.Forever)
+		if !p.d.Granted {
+			t.Fatalf("take of %v with no bound on the wait: %+v", c, p)
+		}
+		reqs = append(reqs, unit{p.at, c["requests"]})
+		toks = append(toks, unit{p.at, c["tokens"]})
+		return p
+	}
+	for range 4 {
+		take(throttle.Cost{"requests": 1, "tokens": 10})
+	}
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 8 {
+		take(throttle.Cost{"requests": 1, "tokens": 10})
+	}
+	// The tokens' schedule alone lost: the tokens are held, not the
+	// requests.
+	last := take(throttle.Cost{"tokens": 90})
+	if err := rdb.Del(ctx, b.rootKeys[3]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if p := take(throttle.Cost{"tokens": 1}); p.at != last.at+(iv+margin).Microseconds() {
+		t.Fatalf("a token after its schedule was lost = %+v, want placed when the known end stops counting (%d)", p, last.at+(iv+margin).Microseconds())
+	}
+	judgeUnits(t, "requests", reqs, 4, iv+margin)
+	judgeUnits(t, "tokens", toks, 100, iv+margin)
+	// Another instance, which knew nothing, finds the tokens held too.
+	other := newBudget(t, rdb, "lost", llmDims(4, 100, iv), WithArrivalMargin(margin))
+	if p := placeCost(t, other, "", throttle.Cost{"tokens": 1}, 0); p.d.Granted {
+		t.Fatalf("another instance was granted a token in the held span: %+v", p)
 	}
 }
 
@@ -226,151 +736,6 @@ func TestBudgetConcurrentTakersStayWithinLimits(t *testing.T) {
 	}
 }
 
-// TestBudgetClusterOneSlotPerKey: a budget's keys share one slot, and
-// takes and settles run on a real cluster without CROSSSLOT.
-func TestBudgetClusterOneSlotPerKey(t *testing.T) {
-	cl := redisenv.NewCluster(t)
-	rdb := cl.Client()
-	ctx := context.Background()
-	b := newBudget(t, rdb, "cluster{x}", llmDims(5, 50, time.Minute))
-	for _, key := range []string{"", "tenant-1", "tenant-2", "{t}"} {
-		keys, err := b.keys(key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s0, s1 := rdb.ClusterKeySlot(ctx, keys[0]).Val(), rdb.ClusterKeySlot(ctx, keys[1]).Val(); s0 != s1 {
-			t.Errorf("key %q: state in slot %d, pause in slot %d", key, s0, s1)
-		}
-		d := takeCost(t, b, key, throttle.Cost{"requests": 5, "tokens": 50})
-		if !d.Granted {
-			t.Fatalf("key %q: take = %+v", key, d)
-		}
-		settle(t, d, throttle.Cost{"tokens": -10})
-		if d := takeCost(t, b, key, throttle.Cost{"requests": 1}); d.Granted {
-			t.Errorf("key %q: a 6th request was granted", key)
-		}
-	}
-}
-
-// TestBudgetRefusesBadInput: bad dimensions, costs and deltas are refused
-// with an error naming the field, before anything is sent.
-func TestBudgetRefusesBadInput(t *testing.T) {
-	srv := redisenv.New(t)
-	rdb := srv.Client()
-	calls := &budgetCalls{}
-	rdb.AddHook(calls)
-	sec := time.Second
-	nb := func(dims []Dimension) error { _, err := NewBudget(rdb, "bad", dims); return err }
-	b := newBudget(t, rdb, "bad", llmDims(5, 50, sec))
-	ctx := context.Background()
-	take := func(c throttle.Cost) error { _, err := b.TakeCost(ctx, "", c, 0); return err }
-	many := make([]Dimension, maxDimensions+1)
-	for i := range many {
-		many[i] = Dimension{Name: strings.Repeat("d", i+1), Limit: 1, Interval: sec}
-	}
-	tests := []struct {
-		name  string
-		err   error
-		field string
-	}{
-		{"no dimensions", nb(nil), "dims"},
-		{"too many", nb(many), "dims"},
-		{"empty name", nb([]Dimension{{Name: "", Limit: 1, Interval: sec}}), "dims[0].Name"},
-		{"long name", nb([]Dimension{{Name: strings.Repeat("n", 65), Limit: 1, Interval: sec}}), "dims[0].Name"},
-		{"duplicate name", nb([]Dimension{{Name: "a", Limit: 1, Interval: sec}, {Name: "a", Limit: 2, Interval: sec}}), "dims[1].Name"},
-		{"zero limit", nb([]Dimension{{Name: "a", Limit: 0, Interval: sec}}), "dims[0].Limit"},
-		{"huge limit", nb([]Dimension{{Name: "a", Limit: 1 << 51, Interval: sec}}), "dims[0].Limit"},
-		{"zero interval", nb([]Dimension{{Name: "a", Limit: 1, Interval: 0}}), "dims[0].Interval"},
-		{"Forever interval", nb([]Dimension{{Name: "a", Limit: 1, Interval: throttle.Forever}}), "dims[0].Interval"},
-		{"empty cost", take(throttle.Cost{}), "cost"},
-		{"zero cost", take(throttle.Cost{"tokens": 0}), "cost"},
-		{"negative amount", take(throttle.Cost{"tokens": -1, "requests": 1}), `cost["tokens"]`},
-		{"unknown dimension", take(throttle.Cost{"tokenz": 1}), `cost["tokenz"]`},
-		{"unknown in settle", b.settle(ctx, "", 1, throttle.Cost{"tokenz": 1}), `delta["tokenz"]`},
-		{"huge settle", b.settle(ctx, "", 1, throttle.Cost{"tokens": 1 << 51}), `delta["tokens"]`},
-		{"settle-up of more than ten periods' limits", b.settle(ctx, "", 1, throttle.Cost{"tokens": 501}), `delta["tokens"]`},
-		{"long key", func() error {
-			_, err := b.TakeCost(ctx, strings.Repeat("k", MaxKeyLen+1), throttle.Cost{"tokens": 1}, 0)
-			return err
-		}(), "key"},
-		{"Take of 0", func() error { _, err := b.Take(ctx, "", 0, 0); return err }(), "n"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if !errors.Is(tt.err, throttle.ErrInvalid) {
-				t.Fatalf("err = %v, want one wrapping throttle.ErrInvalid", tt.err)
-			}
-			if !strings.Contains(tt.err.Error(), tt.field+" = ") {
-				t.Fatalf("err = %q, want it to name %q", tt.err, tt.field)
-			}
-		})
-	}
-	if err := take(throttle.Cost{"tokens": 51}); !errors.Is(err, throttle.ErrExceedsLimit) || !strings.Contains(err.Error(), `"tokens"`) {
-		t.Errorf("take above a limit = %v, want ErrExceedsLimit naming the dimension", err)
-	}
-	if err := b.settle(ctx, "", 1, throttle.Cost{"tokens": 0}); err != nil {
-		t.Errorf("Settle of nothing = %v", err)
-	}
-	if n := calls.n.Load(); n != 0 {
-		t.Errorf("%d script calls sent for bad input, want 0", n)
-	}
-}
-
-// TestBudgetAcquireCostSleepsWithoutPolling: refused, AcquireCost sleeps
-// on the Limiter's clock until the time the budget named, and asks once
-// more then; no script call in between.
-func TestBudgetAcquireCostSleepsWithoutPolling(t *testing.T) {
-	srv := redisenv.New(t)
-	rdb := srv.Client()
-	// Loaded first, so that no NOSCRIPT reload adds to the count.
-	if err := scriptBudget.Load(context.Background(), rdb).Err(); err != nil {
-		t.Fatal(err)
-	}
-	calls := &budgetCalls{}
-	rdb.AddHook(calls)
-	b := newBudget(t, rdb, "nopoll", llmDims(1, 100, time.Minute))
-	clock := clockwork.NewFakeClock()
-	lim := throttle.New(b, throttle.WithClock(clock))
-	t.Cleanup(func() { lim.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cost := throttle.Cost{"requests": 1, "tokens": 10}
-	g, err := lim.AcquireCost(ctx, cost, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	// No deadline on this one: Forever waits on the Limiter's clock alone.
-	go func() { _, err := lim.AcquireCost(context.Background(), cost, throttle.Forever); done <- err }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	if n := calls.n.Load(); n != 2 {
-		t.Fatalf("%d script calls before the sleep, want 2", n)
-	}
-	select {
-	case err := <-done:
-		t.Fatalf("AcquireCost returned %v while the budget was spent", err)
-	default:
-	}
-	// Give the request back, then let the Limiter's clock reach the end
-	// it was told: one more call, granted.
-	if err := g.Settle(ctx, throttle.Cost{"requests": 0, "tokens": 0}); err != nil {
-		t.Fatal(err)
-	}
-	clock.Advance(time.Minute)
-	if err := <-done; err != nil {
-		t.Fatalf("AcquireCost after the wait = %v", err)
-	}
-	if n := calls.n.Load(); n != 4 {
-		t.Fatalf("%d script calls in all, want 4 (take, refusal, settle, grant)", n)
-	}
-	// Beyond the wait: ErrTimeout at once, without sleeping.
-	if _, err := lim.AcquireCost(ctx, cost, time.Second); !errors.Is(err, throttle.ErrTimeout) {
-		t.Fatalf("AcquireCost with a wait shorter than the refill = %v, want ErrTimeout", err)
-	}
-}
-
 // TestBudgetPauseHoldsEveryDimension: a pause refuses every cost of the
 // key until it ends, and AcquireCost waits it out.
 func TestBudgetPauseHoldsEveryDimension(t *testing.T) {
@@ -394,110 +759,43 @@ func TestBudgetPauseHoldsEveryDimension(t *testing.T) {
 	}
 }
 
-// TestBudgetFailurePolicy: with the store down, AcquireCost grants under
-// FailOpen, refuses under FailClosed and FailLocal, saying why.
-func TestBudgetFailurePolicy(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
-	t.Cleanup(func() { rdb.Close() })
-	b := newBudget(t, rdb, "dead", llmDims(10, 100, time.Minute))
-	ctx := context.Background()
-	cost := throttle.Cost{"requests": 1, "tokens": 10}
-	for _, tc := range []struct {
-		policy throttle.FailurePolicy
-		says   string
-	}{{throttle.FailOpen, ""}, {throttle.FailClosed, "FailClosed"}, {throttle.FailLocal, "FailLocal"}} {
-		lim := throttle.New(b, throttle.WithFailurePolicy(tc.policy))
-		g, err := lim.AcquireCost(ctx, cost, time.Second)
-		if err == nil {
-			// A FailOpen grant charged nothing: its Settle does nothing.
-			if serr := g.Settle(ctx, throttle.Cost{"tokens": 1}); serr != nil {
-				t.Errorf("%v: Settle of a grant of the failure policy = %v, want nil", tc.policy, serr)
-			}
-		}
-		lim.Close()
-		var be *throttle.BackendError
-		switch {
-		case tc.says == "" && err != nil:
-			t.Errorf("%v: AcquireCost = %v, want granted", tc.policy, err)
-		case tc.says != "" && (!errors.As(err, &be) || !strings.Contains(err.Error(), tc.says)):
-			t.Errorf("%v: AcquireCost = %v, want a refusal wrapping the BackendError and naming %s", tc.policy, err, tc.says)
-		}
-	}
-	var be *throttle.BackendError
-	if _, err := b.TakeCost(ctx, "", cost, 0); !errors.As(err, &be) || be.Op != "take" || !strings.HasSuffix(be.Key, ":budget") {
-		t.Errorf("TakeCost with the store down = %v, want a *throttle.BackendError of op take on the budget's key", err)
-	}
-	if err := b.settle(ctx, "", 1, throttle.Cost{"tokens": 5}); !errors.As(err, &be) || be.Op != "settle" {
-		t.Errorf("Settle with the store down = %v, want a *throttle.BackendError of op settle", err)
-	}
-}
-
-// TestBudgetTakeChargesRequests: Take and Refund, the plain Bucket's
-// methods, use the dimension named "requests", else the first.
-func TestBudgetTakeChargesRequests(t *testing.T) {
+// TestBudgetPauseDimensionsHoldsOnlyThoseNamed: a pause of one dimension
+// refuses the costs that need it, until its own end, and leaves the
+// others alone; a dimension the budget does not know pauses the whole
+// key (the provider's limit is not kept here: hold everything).
+func TestBudgetPauseDimensionsHoldsOnlyThoseNamed(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
-	b := newBudget(t, srv.Client(), "plain", []Dimension{{Name: "tokens", Limit: 100, Interval: time.Minute}, {Name: "requests", Limit: 5, Interval: time.Minute}})
-	if d, err := b.Take(ctx, "", 3, 0); err != nil || !d.Granted || d.Limit != 5 || d.Remaining != 2 {
-		t.Fatalf("Take(3) = %+v, %v; want 3 of the 5 requests", d, err)
-	}
-	// Refund does not know the grant's period: it only lessens an
-	// inherited debt (there is none), so the period still has 2.
-	if err := b.refund(ctx, "", 1); err != nil {
+	b := newBudget(t, srv.Client(), "dimpause", llmDims(10, 100, time.Minute))
+	if err := b.pauseDimensions(ctx, "", []capability.Exhausted{{Dimension: "tokens", RetryAfter: 5 * time.Second}}); err != nil {
 		t.Fatal(err)
 	}
-	lim := throttle.New(b)
-	t.Cleanup(func() { lim.Close() })
-	if err := lim.AcquireN(ctx, 3, 0); !errors.Is(err, throttle.ErrTimeout) {
-		t.Fatalf("AcquireN(3) after a refund of 1 = %v, want ErrTimeout: a refund of an unknown period adds nothing to this one", err)
+	if d := takeCost(t, b, "", throttle.Cost{"requests": 1}); !d.Granted {
+		t.Fatalf("a tokens pause held requests: %+v", d)
 	}
-	if err := lim.AcquireN(ctx, 2, 0); err != nil {
-		t.Fatalf("AcquireN(2) = %v", err)
+	d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 1})
+	if d.Granted || d.Delay < 4*time.Second || d.Delay > 5*time.Second {
+		t.Fatalf("a cost needing tokens during their pause = %+v, want refused for ~5s", d)
 	}
-	if err := lim.Acquire(ctx, 0); !errors.Is(err, throttle.ErrTimeout) {
-		t.Fatalf("a 6th request = %v, want ErrTimeout", err)
-	}
-	if d := takeCost(t, b, "", throttle.Cost{"tokens": 100}); !d.Granted {
-		t.Fatalf("the tokens were charged by Take: %+v", d)
-	}
-	first := newBudget(t, srv.Client(), "plain-first", []Dimension{{Name: "points", Limit: 7, Interval: time.Minute}, {Name: "cost", Limit: 100, Interval: time.Minute}})
-	if d, err := first.Take(ctx, "", 1, 0); err != nil || d.Limit != 7 || d.Remaining != 6 {
-		t.Fatalf("Take(1) without a requests dimension = %+v, %v; want the first dimension's", d, err)
-	}
-	if _, err := b.Take(ctx, "", 6, 0); !errors.Is(err, throttle.ErrExceedsLimit) {
-		t.Fatalf("Take(6) of 5 requests = %v, want ErrExceedsLimit", err)
-	}
-}
-
-// TestBudgetGiveBackAfterThePeriodOnlyPaysDebt: once a period has ended,
-// a give-back reduces what is owed and adds nothing to the next period.
-func TestBudgetGiveBackAfterThePeriodOnlyPaysDebt(t *testing.T) {
-	srv := redisenv.New(t)
-	ctx := context.Background()
-	b := newBudget(t, srv.Client(), "late", []Dimension{{Name: "requests", Limit: 1, Interval: time.Second}, {Name: "tokens", Limit: 100, Interval: time.Second}})
-	first := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
-	settle(t, first, throttle.Cost{"tokens": 50}) // 50 owed
-	// Wait for the end of both periods (they began together): the next
-	// request comes then, and takes no token.
-	lim := throttle.New(b)
-	t.Cleanup(func() { lim.Close() })
-	if _, err := lim.AcquireCost(ctx, throttle.Cost{"requests": 1}, 2*time.Second); err != nil {
+	// A shorter pause does not shorten it.
+	if err := b.pauseDimensions(ctx, "", []capability.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}}); err != nil {
 		t.Fatal(err)
 	}
-	settle(t, first, throttle.Cost{"tokens": -30}) // 20 owed
-	// The refill brings 100 less the 20 owed.
-	d := takeCost(t, b, "", throttle.Cost{"tokens": 80})
-	if !d.Granted || d.Remaining != 0 {
-		t.Fatalf("take of 80 after the debt was reduced to 20 = %+v, want granted with 0 left", d)
+	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted || d.Delay < 4*time.Second {
+		t.Fatalf("a shorter pause shortened the longer: %+v", d)
 	}
-	// A give-back in the running period is capped at its limit less the
-	// debt it inherited.
-	settle(t, d, throttle.Cost{"tokens": -1000})
-	if d := takeCost(t, b, "", throttle.Cost{"tokens": 80}); !d.Granted || d.Remaining != 0 {
-		t.Fatalf("take of the limit less the debt = %+v, want granted with 0 left", d)
+	if err := b.pauseDimensions(ctx, "other", []capability.Exhausted{{Dimension: "input-tokens", RetryAfter: 5 * time.Second}}); err != nil {
+		t.Fatal(err)
 	}
-	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted {
-		t.Fatalf("a token beyond the limit less the debt was granted: %+v", d)
+	if d := takeCost(t, b, "other", throttle.Cost{"requests": 1}); d.Granted || d.Delay < 4*time.Second {
+		t.Fatalf("a pause of a dimension the budget does not know = %+v, want the whole key paused", d)
+	}
+	if err := b.pauseDimensions(ctx, "", []capability.Exhausted{{Dimension: "tokens", RetryAfter: -time.Second}}); err != nil {
+		t.Fatalf("a pause of 0 or less = %v, want nothing done", err)
+	}
+	var bad error = b.pauseDimensions(ctx, string(make([]byte, 600)), []capability.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}})
+	if !errors.Is(bad, throttle.ErrInvalid) {
+		t.Fatalf("PauseDimensions with a bad key = %v, want ErrInvalid", bad)
 	}
 }
 
@@ -624,176 +922,6 @@ func TestAcquireCostNearItsDeadlineIsATimeout(t *testing.T) {
 		if !errors.Is(err, throttle.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("%v: AcquireCost whose deadline ends during the store call = %v, want ErrTimeout matching context.DeadlineExceeded", policy, err)
 		}
-	}
-}
-
-// TestBudgetLateGiveBackStaysInItsPeriod: a call granted in one period
-// that settles down after the next began gives nothing to the next: its
-// unused estimate belonged to the period that ended. (It gave 100 tokens
-// back into the next period, which then granted 200 against 100.)
-func TestBudgetLateGiveBackStaysInItsPeriod(t *testing.T) {
-	srv := redisenv.New(t)
-	ctx := context.Background()
-	b := newBudget(t, srv.Client(), "lategive", llmDims(10, 100, time.Second))
-	lim := throttle.New(b)
-	t.Cleanup(func() { lim.Close() })
-	est := throttle.Cost{"requests": 1, "tokens": 100}
-	g, err := lim.AcquireCost(ctx, est, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The next period: a call waits for it, and is granted in it.
-	if _, err := lim.AcquireCost(ctx, throttle.Cost{"tokens": 1}, 3*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	granted := int64(1)
-	take := func(n int64) {
-		if d := takeCost(t, b, "", throttle.Cost{"tokens": n}); d.Granted {
-			granted += n
-		}
-	}
-	take(99)
-	// The first call ends now, having used nothing.
-	if err := g.Settle(ctx, throttle.Cost{"requests": 1, "tokens": 0}); err != nil {
-		t.Fatal(err)
-	}
-	take(50)
-	take(50)
-	if granted > 100 {
-		t.Fatalf("%d tokens granted in the second period, limit 100: the late give-back went to it", granted)
-	}
-}
-
-// TestBudgetRestartedEmptyHoldsThePeriod: after FLUSHALL (what a restart
-// without persistence leaves), the period the fleet was told of is held
-// at 0 until its end: no refill with no period on record grants a second
-// limit inside it. The next period starts where the lost one ended.
-func TestBudgetRestartedEmptyHoldsThePeriod(t *testing.T) {
-	srv := redisenv.New(t)
-	rdb := srv.Client()
-	ctx := context.Background()
-	const period = time.Second
-	b := newBudget(t, rdb, "flushed", llmDims(10, 100, period))
-	d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
-	end := time.Now().Add(d.Reset)
-	if err := rdb.FlushAll(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	d = takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 100})
-	if d.Granted {
-		t.Fatalf("after the flush, a second limit of tokens was granted in the lost period: %+v", d)
-	}
-	if until := time.Until(end); d.Delay > until+5*time.Millisecond || d.Delay < until-250*time.Millisecond {
-		t.Fatalf("refused for %v, but the lost period ends in %v", d.Delay, until)
-	}
-	// Every instance, knowing nothing, finds the period held.
-	other := newBudget(t, rdb, "flushed", llmDims(10, 100, period))
-	if d := takeCost(t, other, "", throttle.Cost{"tokens": 1}); d.Granted {
-		t.Fatalf("another instance was granted in the held period: %+v", d)
-	}
-	time.Sleep(d.Delay) // the server's clock: the held period must end
-	var granted throttle.Decision
-	for range 50 { // a retry or two if the sleep ended an instant early
-		if granted = takeCost(t, b, "", throttle.Cost{"tokens": 100}); granted.Granted {
-			break
-		}
-		time.Sleep(granted.Delay)
-	}
-	if !granted.Granted {
-		t.Fatalf("after the lost period: %+v; want a fresh period", granted)
-	}
-	if got := time.Until(end.Add(period)) - granted.Reset; got < -50*time.Millisecond || got > 30*time.Millisecond {
-		t.Fatalf("the new period ends %v off the lost period's phase", got)
-	}
-}
-
-// TestBudgetKeepsALostPeriod: a call from an instance that was told of a
-// period still running on the server's clock, meeting a record without
-// it, holds the dimension at 0 until that end, for every instance (or,
-// when the record's period started inside the lost one, until the
-// record's end); a charge holds it too, as a debt. Without a loss (the record has the
-// period, or the end the call carries has passed: it was delayed on its
-// way) nothing is held. The instance's knowledge and the record are set
-// by hand, on the server's clock, so no case waits on it.
-func TestBudgetKeepsALostPeriod(t *testing.T) {
-	srv := redisenv.New(t)
-	rdb := srv.Client()
-	ctx := context.Background()
-	const period = time.Second
-	const none = time.Duration(-1 << 62)
-	cases := []struct {
-		name     string
-		known    time.Duration // the end the instance knows, from the server's now; 0: none
-		recorded time.Duration // the end on record, from now; none: no record
-		hold     time.Duration // 0: a usual refill
-	}{
-		{"restarted empty", 600 * time.Millisecond, none, 600 * time.Millisecond},
-		{"refill lost", 700 * time.Millisecond, -300 * time.Millisecond, 700 * time.Millisecond},
-		{"a call delayed past the end it knew", -20 * time.Millisecond, -20 * time.Millisecond, 0},
-		{"a call delayed past the end, restarted empty", -20 * time.Millisecond, none, 0},
-		{"the known end within the clock's rounding", time.Millisecond, none, 0},
-		{"the record within half a period of the known end", 400 * time.Millisecond, -90 * time.Millisecond, 0},
-		{"nothing known", 0, none, 0},
-		{"an end further ahead than any period", time.Hour, none, period},
-		// An instance that knew nothing refilled after the loss: its
-		// period started inside the lost one, and grants nothing more.
-		{"a period started inside the lost one", 600 * time.Millisecond, 900 * time.Millisecond, 900 * time.Millisecond},
-	}
-	for i, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			b := newBudget(t, rdb, fmt.Sprintf("lost-%d", i), llmDims(10, 100, period))
-			keys, err := b.keys("")
-			if err != nil {
-				t.Fatal(err)
-			}
-			now, err := rdb.Time(ctx).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			at := now.UnixMilli()
-			if tc.recorded != none {
-				end := at + tc.recorded.Milliseconds()
-				if err := rdb.HSet(ctx, keys[0], "t:requests", 3, "e:requests", end, "t:tokens", 30, "e:tokens", end).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if tc.known != 0 {
-				end := at + tc.known.Milliseconds()
-				b.ends.note("", []int64{end, end}, at)
-			}
-			d := takeCost(t, b, "", throttle.Cost{"requests": 1, "tokens": 20})
-			if tc.hold == 0 {
-				if !d.Granted || d.Remaining != 80 || d.Reset < period-50*time.Millisecond {
-					t.Fatalf("want a usual refill (granted, 80 tokens left, a whole period), got %+v", d)
-				}
-				return
-			}
-			// The server's clock moved on since it was read.
-			if d.Granted || d.Remaining != 0 || d.Delay > tc.hold+time.Millisecond || d.Delay < tc.hold-250*time.Millisecond {
-				t.Fatalf("want a refusal until the lost period's end (%v), got %+v", tc.hold, d)
-			}
-			// Every instance, knowing nothing, finds the period held.
-			other := newBudget(t, rdb, fmt.Sprintf("lost-%d", i), llmDims(10, 100, period))
-			if d := takeCost(t, other, "", throttle.Cost{"requests": 1}); d.Granted {
-				t.Fatalf("another instance: %+v; want a refusal", d)
-			}
-		})
-	}
-	// A charge (a late settle-up) meeting a lost period holds it, and
-	// its debt comes on top: paid by the next period's refill.
-	b := newBudget(t, rdb, "lost-charge", llmDims(10, 100, period))
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := now.UnixMilli()
-	b.ends.note("", []int64{at + 500, at + 500}, at)
-	if err := b.settle(ctx, "", at-100, throttle.Cost{"tokens": 40}); err != nil {
-		t.Fatal(err)
-	}
-	d := takeCost(t, b, "", throttle.Cost{"tokens": 61})
-	if d.Granted || d.Delay < period || d.Delay > period+500*time.Millisecond {
-		t.Fatalf("61 tokens after a charge of 40 in a lost period = %+v, want refused until the refill after the next (it brings 60)", d)
 	}
 }
 

@@ -10,8 +10,8 @@ import (
 // shows no method users never call): a fleet-wide pause (a provider's Retry-After,
 // through the Transport of throttle/httpclient), its limit and the live
 // instances (for throttle.FailLocal and the adaptive rate), the adaptive
-// rate's state kept in Redis for the whole fleet, and for some a refund
-// or a pause per dimension.
+// rate's state kept in Redis for the whole fleet, and for the Budget a
+// pause per dimension.
 
 // adaptiveStore is c's store of the adaptive rate.
 func (c *common) adaptiveStore() capability.AdaptiveFuncs {
@@ -82,12 +82,10 @@ func (b *Counter) capabilities() capability.Set {
 	}
 }
 
-// A Budget also takes back permits (a settle-down, leased permits handed
-// back) and pauses some of a key's dimensions (a provider's accounting
+// A Budget also pauses some of a key's dimensions (a provider's accounting
 // headers naming one exhausted).
 func (b *Budget) capabilities() capability.Set {
 	return capability.Set{
-		Refunder:        capability.RefundFunc(b.refund),
 		Pauser:          capability.PauseFunc(b.pause),
 		DimensionPauser: capability.PauseDimensionsFunc(b.pauseDimensions),
 		Fallbacker:      capability.FallbackFunc(b.fallback),

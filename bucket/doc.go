@@ -20,9 +20,10 @@
 //	GCRA         smooth rate with a burst             ≤ burst + rate·t in any span t      1
 //	Counter      N per period, reset by a leader      ≤ limit per reset, resets           1
 //	 + Resetter                                       ≥ period apart
-//	Budget       several dimensions (requests and     each dimension a TokenBucket;       1
-//	             tokens per minute), cost settled     all-or-nothing; Settle up is a
-//	             after the call                       debt paid by the next refills
+//	Budget       several dimensions (requests and     each dimension ≤ limit in any       1
+//	             tokens per minute), cost settled     span of its interval, at send
+//	             after the call                       time; all-or-nothing; Settle up
+//	                                                  counts on top
 //
 // Besides rates, [Concurrency] caps the calls in flight per key across
 // the fleet ([throttle.Slots]): at most N at once, a dead holder's slot
@@ -157,8 +158,8 @@
 //
 // A [throttle.Limiter] finds on each bucket of this package what it uses
 // beyond Take: the fleet-wide pause, the limit and live instances for
-// FailLocal, the adaptive rate's store, and for a [Budget] refunds and
-// pauses of single dimensions. It finds them through a registry internal
+// FailLocal, the adaptive rate's store, and for a [Budget] pauses of
+// single dimensions. It finds them through a registry internal
 // to this module, not through methods of these types: a user never calls
 // them. A wrapper of your own keeps them by offering Unwrap (see
 // [throttle.Bucket]).

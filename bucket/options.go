@@ -17,6 +17,13 @@ type TokenBucketOption interface {
 	tokenBucketOption()
 }
 
+// BudgetOption configures [NewBudget]: [WithPrefix], [WithHeartbeat],
+// [WithArrivalMargin].
+type BudgetOption interface {
+	apply(*config)
+	budgetOption()
+}
+
 // GCRAOption configures [NewGCRA]: [WithPrefix], [WithHeartbeat],
 // [WithBurst].
 type GCRAOption interface {
@@ -65,6 +72,7 @@ type PrefixOption interface {
 // no other options.
 type CommonOption interface {
 	TokenBucketOption
+	BudgetOption
 	GCRAOption
 	CounterOption
 	SlidingLogOption
@@ -91,9 +99,10 @@ type RetryOption interface {
 }
 
 // ArrivalMarginOption is [WithArrivalMargin]'s type: it configures
-// [NewTokenBucket] and [NewSlidingLog].
+// [NewTokenBucket], [NewBudget] and [NewSlidingLog].
 type ArrivalMarginOption interface {
 	TokenBucketOption
+	BudgetOption
 	SlidingLogOption
 }
 
@@ -101,6 +110,7 @@ type commonOption func(*config)
 
 func (f commonOption) apply(c *config)  { f(c) }
 func (commonOption) tokenBucketOption() {}
+func (commonOption) budgetOption()      {}
 func (commonOption) gcraOption()        {}
 func (commonOption) counterOption()     {}
 func (commonOption) slidingLogOption()  {}
@@ -109,6 +119,7 @@ type prefixOption func(*config)
 
 func (f prefixOption) apply(c *config)  { f(c) }
 func (prefixOption) tokenBucketOption() {}
+func (prefixOption) budgetOption()      {}
 func (prefixOption) gcraOption()        {}
 func (prefixOption) counterOption()     {}
 func (prefixOption) slidingLogOption()  {}
@@ -141,6 +152,7 @@ type marginOption func(*config)
 
 func (f marginOption) apply(c *config)  { f(c) }
 func (marginOption) tokenBucketOption() {}
+func (marginOption) budgetOption()      {}
 func (marginOption) slidingLogOption()  {}
 
 type gcraOnly func(*config)
@@ -235,15 +247,18 @@ func WithRetry(d time.Duration) RetryOption {
 // interval, so that calls arriving up to d after their permits' times are
 // at most the limit in any span of one interval.
 //
-// [NewTokenBucket]: the margin of every permit (Decision.Margin); a
-// Limiter that cannot hand a permit to its caller within it takes another.
-// Default: [DefaultArrivalMargin]. [NewSlidingLog]: default 0.
+// [NewTokenBucket], [NewBudget]: the margin of every permit
+// (Decision.Margin); a Limiter that cannot hand a permit to its caller
+// within it takes another. Default: [DefaultArrivalMargin] (of the
+// shortest dimension's Interval, for a Budget). [NewSlidingLog]: default
+// 0.
 //
 // It costs throughput: at most interval/(interval+d) of the limit is used
 // (10 ms on a 1 s interval: 1 %). Set it above the store's round trip and
 // the delay between a permit and the provider's arrival at a high
 // percentile. It must be at least 0 and below the interval (every
-// window's Period, for a SlidingLog).
+// window's Period, for a SlidingLog; every dimension's Interval, for a
+// Budget).
 func WithArrivalMargin(d time.Duration) ArrivalMarginOption {
 	return marginOption(func(c *config) { c.margin = d })
 }

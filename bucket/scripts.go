@@ -45,7 +45,7 @@ var (
 	scriptCounterTake  = redis.NewScript(srcCounterTake)
 	scriptCounterReset = redis.NewScript(srcCounterReset)
 	scriptState        = redis.NewScript(srcState)
-	scriptBudget       = redis.NewScript(srcBudget)
+	scriptBudget       = redis.NewScript(srcSchedule + srcBudget)
 )
 
 // uses lists the library files each script built on one is made of,
@@ -53,6 +53,7 @@ var (
 var uses = map[string][]string{
 	"tb_take.lua":     {"schedule.lua"},
 	"tb_giveback.lua": {"schedule.lua"},
+	"budget.lua":      {"schedule.lua"},
 }
 
 // scripts lists every script by file name, for tests.

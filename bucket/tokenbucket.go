@@ -3,7 +3,6 @@ package bucket
 import (
 	"context"
 	"errors"
-	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,8 +94,8 @@ func (b *TokenBucket) noteRTT(d time.Duration) {
 // end); each shard is swept when it has doubled since its last sweep, so
 // the map holds about the keys taken from in the last interval. Sharded
 // by key, so that takes of many keys do not queue on one lock.
+// The zero latestEnds is ready to use.
 type latestEnds struct {
-	seed   maphash.Seed
 	shards [endShards]endShard
 }
 
@@ -109,7 +108,11 @@ type endShard struct {
 }
 
 func (p *latestEnds) shard(key string) *endShard {
-	return &p.shards[maphash.String(p.seed, key)%endShards]
+	h := uint32(2166136261) // FNV-1a: keys spread over the shards
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint32(key[i])) * 16777619
+	}
+	return &p.shards[h%endShards]
 }
 
 // get returns key's latest end, 0 when none is known.
@@ -173,7 +176,6 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 		intervalUs: ceilUs(interval),
 		marginUs:   ceilUs(margin),
 		rootKeys:   tbKeys(c.ks.root),
-		ends:       latestEnds{seed: maphash.MakeSeed()},
 	}, nil
 }
 

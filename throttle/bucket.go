@@ -118,11 +118,11 @@ type Decision struct {
 	// Settle, set on a grant of a [CostBucket] (TakeCost), corrects the
 	// grant once the call's real cost is known: delta holds, per
 	// dimension, the real cost less what was taken. A positive amount is
-	// charged at once, even beyond what is left (a debt the next refills
-	// pay first); a negative one is given back only to the period the
-	// grant was taken from, while it runs (once it has ended, it can only
-	// lessen a debt): never to a later period, which would grant it a
-	// second time. [CostGrant.Settle] calls it at most once.
+	// charged at once, even beyond what is left (later grants wait until
+	// it stops counting); a negative one is given back only where the
+	// grant was counted, while it still counts: never to later grants,
+	// which would then count it twice. [CostGrant.Settle] calls it at
+	// most once.
 	Settle func(ctx context.Context, delta Cost) error
 }
 

@@ -44,7 +44,7 @@ type CostBucket interface {
 // AcquireCost takes the cost c from the Limiter's budget, all dimensions
 // together or none, waiting for it at most maxWait as [Limiter.Acquire]
 // does: it sleeps, on the Limiter's clock, exactly until the time the
-// bucket names (a refill, the end of a debt or of a pause), never polling,
+// bucket names (the cost's place, or the end of a pause), never polling,
 // and returns an error matching [ErrTimeout] at once when that time is
 // beyond the wait. Give an estimate when the real cost is known only after
 // the call, and correct it with the grant's [CostGrant.Settle].
@@ -101,20 +101,19 @@ type CostGrant struct {
 // (an error matching [ErrInvalid]) changed nothing and does not count:
 // settle again with the corrected cost.
 //
-// A dimension the call used less of than estimated is given back to the
-// period the grant was taken from, while that period runs, so that an
-// over-estimate does not idle the budget. Once that period has ended the
-// unused part can no longer be granted in it, and it is never given to a
-// later period (which would then grant it twice: a call of seconds
-// against a one-minute period straddles the period's end often); it only
-// lessens a debt that the later period inherited. A dimension the call
-// used more of is charged even beyond what is left, a debt that delays
-// the next grants until the refills have paid it. A charge of more than
-// ten times a dimension's limit is refused by bucket.Budget, with an
-// error matching [ErrInvalid], and nothing is charged: a real call can
-// cost more than one period's limit (the provider counts it, and so must
-// the budget), but ten periods' worth is a caller's mistake (the wrong
-// units), and charging it would lock the key for as long.
+// A dimension the call used less of than estimated is given back where
+// the grant was counted, while it still counts (bucket.Budget: until an
+// interval and the margin after the grant's time), so that an
+// over-estimate does not idle the budget. Once it has stopped counting,
+// the unused part is given to no later grant (which would then count it
+// twice: a call of seconds against a one-minute window often outlasts
+// its grant's count). A dimension the call used more of is charged even
+// beyond what is left, and later grants wait until it stops counting. A
+// charge of more than ten times a dimension's limit is refused by
+// bucket.Budget, with an error matching [ErrInvalid], and nothing is
+// charged: a real call can cost more than one interval's limit (the
+// provider counts it, and so must the budget), but ten limits' worth is a
+// caller's mistake (the wrong units).
 //
 // With a bucket that is not a [CostBucket] (one dimension), a give-back
 // goes through the bucket's Refund (nothing happens without one), and

@@ -50,7 +50,8 @@
 // Costs: a call that spends several things at once (one request and 800
 // tokens of an LLM API), known only after it, takes an estimated [Cost]
 // with [Limiter.AcquireCost] and corrects it with the grant's
-// [CostGrant.Settle] (a give-back only to the period it was taken from),
+// [CostGrant.Settle] (a give-back only where the grant was counted, while
+// it counts),
 // from a [CostBucket] (package bucket's Budget) that takes every
 // dimension or none.
 //

@@ -27,6 +27,7 @@ Schedule.__index = Schedule
 -- each call adds at most one for every permit it places).
 local function openSchedule(key, interval, now)
   local s = setmetatable({key = key, interval = interval, now = now,
+    grid = math.max(math.floor(interval / 256), 1),
     count = 0, tat = 0, cur = 1, before = 0, stored = {}, added = {}}, Schedule)
   s.head = redis.call('LINDEX', key, 0)
   s.limit, s.len = 0, 0
@@ -66,7 +67,7 @@ end
 -- returns the end they are recorded under (the tail's, when e is before
 -- it: see giveBack).
 function Schedule:add(e, c)
-  local grid = math.max(math.floor(self.interval / 256), 1)
+  local grid = self.grid
   local last = self.last
   self.count = self.count + c
   if last and e <= last[1] then e = last[1] end
@@ -77,6 +78,36 @@ function Schedule:add(e, c)
     self.added[#self.added + 1] = self.last
   end
   return e
+end
+
+-- find returns the index and the entry {end, count} that counts the
+-- permits ending at e (µs) were counted in, the entry of slot
+-- floor(e/grid) (entries merge only within a slot, and an entry's end only
+-- grows within it); nil when no entry still counting holds that slot.
+function Schedule:find(e)
+  local slot = math.floor(e / self.grid)
+  local lo, hi = self.gone + 1, self.len + #self.added
+  while lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local x = self:entry(mid)
+    local k = math.floor(x[1] / self.grid)
+    if k == slot then
+      if x[1] + self.interval <= self.now then return nil end
+      return mid, x
+    elseif k < slot then
+      lo = mid + 1
+    else
+      hi = mid - 1
+    end
+  end
+  return nil
+end
+
+-- change adds d (negative: takes) to the count of entry x, index i.
+function Schedule:change(i, x, d)
+  x[2], x.dirty, self.dirty = x[2] + d, true, true
+  self.count = self.count + d
+  if i < self.cur then self.before = self.before + d end
 end
 
 -- earliest is the first time at which need more permits fit under limit:
@@ -112,17 +143,19 @@ end
 
 -- changed reports whether the schedule needs writing back.
 function Schedule:changed()
-  return self.gone > 0 or #self.added > 0 or (self.tail ~= nil and self.tail.dirty == true)
+  return self.gone > 0 or #self.added > 0 or self.dirty == true or (self.tail ~= nil and self.tail.dirty == true)
 end
 
--- save writes back what changed (the popped entries, the tail, the new
--- ones, the header) and the expiry.
+-- save writes back what changed (the popped entries, the entries
+-- changed, the new ones, the header) and the expiry.
 function Schedule:save()
   local key = self.key
   local hdr = string.format('%d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before, self.limit)
-  local tail, last = self.tail, self.last
-  if tail and tail.dirty then
-    redis.call('LSET', key, -1, string.format('%d %d', tail[1], tail[2]))
+  local last = self.last
+  for i, x in pairs(self.stored) do -- before the trim below: indices as read
+    if x.dirty and i > self.gone then
+      redis.call('LSET', key, i, string.format('%d %d', x[1], x[2]))
+    end
   end
   local push = {}
   if not self.head then push[1] = hdr end
@@ -152,26 +185,14 @@ function Schedule:reset()
 end
 
 -- giveBack takes c permits that will not be sent off the entry they were
--- counted in: the one of the slot of e, their recorded end (never below
--- 0). The permits of a place that has passed unused can be given back
--- without harm: no call was made for them. It returns how many it took
--- off (0 when the entry has stopped counting).
+-- counted in (find: the one of the slot of e, their recorded end), never
+-- below 0. The permits of a place that has passed unused can be given
+-- back without harm: no call was made for them. It returns how many it
+-- took off (0 when the entry has stopped counting).
 function Schedule:giveBack(e, c)
-  local grid = math.max(math.floor(self.interval / 256), 1)
-  local slot = math.floor(e / grid)
-  for i = self.len, self.gone + 1, -1 do
-    local x = self:entry(i)
-    local s = math.floor(x[1] / grid)
-    if s < slot then return 0 end
-    if s == slot then
-      local took = math.min(c, x[2])
-      if took <= 0 then return 0 end
-      x[2], x.dirty = x[2] - took, true
-      self.count = self.count - took
-      if i < self.cur then self.before = self.before - took end
-      redis.call('LSET', self.key, i, string.format('%d %d', x[1], x[2]))
-      return took
-    end
-  end
-  return 0
+  local i, x = self:find(e)
+  if i == nil then return 0 end
+  local took = math.min(c, x[2])
+  if took > 0 then self:change(i, x, -took) end
+  return math.max(took, 0)
 end

@@ -14,13 +14,12 @@
 //     answer's body is closed;
 //   - httpclient.WithCost: an estimate of the call's cost, one request and
 //     -estimate tokens, taken from a budget of two dimensions
-//     (bucket.NewBudget), both or none, before the send, each counted
-//     over a sliding window (bucket.Dimension.Sliding; -budget periods
-//     for refills once a window instead); settled with the
+//     (bucket.NewBudget), both or none, before the send, at most the
+//     limits in any span of one window at send time; settled with the
 //     usage the answer reports when its body is closed (an estimate too
-//     high is given back to the grant's period, if it still runs; one too
-//     low is a debt the next periods pay); a refusal settled at once, its
-//     tokens given back;
+//     high is given back to the grant's place while it still counts; one
+//     too low is charged there, and later calls wait for it); a refusal
+//     settled at once, its tokens given back;
 //   - httpclient.WithCallTime: no slot or cost is taken when less than
 //     -call-time is left before the handler's deadline (the consumer
 //     calls the handler again), and a call abandoned after its send keeps
@@ -91,7 +90,6 @@ type config struct {
 	jitter                         time.Duration
 	minTokens, maxTokens, estimate int64
 	target, redisAddr, provider    string
-	budget                         string
 	killAt, timeout                time.Duration
 	handlerTimeout, callTime       time.Duration
 	seed                           uint64
@@ -121,7 +119,6 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.handlerTimeout, "handler-timeout", 10*time.Second, "each handler call's deadline (consumer.WithHandlerTimeout)")
 	fs.DurationVar(&c.callTime, "call-time", time.Second, "how long a call takes: a call waits for its slot and cost at most -handler-timeout less this, and one abandoned after its send keeps its slot this long (httpclient.WithCallTime; 0: neither)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the built-in provider's token costs")
-	fs.StringVar(&c.budget, "budget", "sliding", "how the fleet's budget counts -rpm and -tpm: sliding (at most the limits in any span of one window: bucket.Dimension.Sliding) or periods (refilled at most once a window)")
 	fs.StringVar(&c.provider, "provider", "continuous", "how the built-in provider counts -rpm and -tpm: continuous (buckets refilled continuously, as Anthropic documents), sliding (at most the limits in any span of one window) or fixed (at most the limits in each window from the provider's start)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -151,8 +148,6 @@ func (c config) check() error {
 		return errors.New("-window and -lease must be positive, -latency not negative")
 	case c.jitter < 0 || c.jitter > c.latency:
 		return errors.New("-jitter must be between 0 and -latency")
-	case c.budget != "" && c.budget != "sliding" && c.budget != "periods":
-		return fmt.Errorf("-budget %q: must be sliding or periods", c.budget)
 	case c.minTokens < 1 || c.maxTokens < c.minTokens:
 		return errors.New("-min-tokens must be at least 1 and at most -max-tokens")
 	case c.estimate < 1 || c.estimate > c.tpm:
@@ -234,13 +229,8 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	} else {
 		fmt.Fprintf(out, "provider: %s\n", target)
 	}
-	sliding := c.budget != "periods"
-	budgetKind := "periods"
-	if sliding {
-		budgetKind = "sliding window"
-	}
-	fmt.Fprintf(out, "fleet:    %d instances; one budget of %d requests and %d tokens per %v (%s), %d slots (lease %v), in Redis; %d tokens taken per call, settled after it\n\n",
-		c.instances, c.rpm, c.tpm, c.window, budgetKind, c.concurrency, c.lease, c.estimate)
+	fmt.Fprintf(out, "fleet:    %d instances; one budget of %d requests and %d tokens per %v, %d slots (lease %v), in Redis; %d tokens taken per call, settled after it\n\n",
+		c.instances, c.rpm, c.tpm, c.window, c.concurrency, c.lease, c.estimate)
 
 	produced := make(chan error, 1)
 	go func() { produced <- produce(ctx, seeds, c.records, c.partitions) }()
@@ -270,8 +260,8 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		defer budgetRDB.Close()
 		defer slotsRDB.Close()
 		budget, err := bucket.NewBudget(budgetRDB, "llm-demo", []bucket.Dimension{
-			{Name: "requests", Limit: c.rpm, Interval: c.window, Sliding: sliding},
-			{Name: "tokens", Limit: c.tpm, Interval: c.window, Sliding: sliding},
+			{Name: "requests", Limit: c.rpm, Interval: c.window},
+			{Name: "tokens", Limit: c.tpm, Interval: c.window},
 		})
 		if err != nil {
 			return summary{}, err

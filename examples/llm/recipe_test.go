@@ -25,12 +25,14 @@ import (
 
 // The recipe of docs/limits.md, scaled down: a consumer whose handler is
 // a plain client.Do, the Transport taking each call's cost (WithCost) and
-// slot (WithConcurrency). Records beyond a period's budget wait for the
-// next period, which comes after the handler's deadline: the Transport's
-// ErrTimeout is a permit timeout, retried without using up the record's
-// attempts, and the consumer keeps running until every record is
+// slot (WithConcurrency). Records beyond the budget's requests wait for
+// room, an interval after the first ones, which comes after the
+// handler's deadline (the budget's pace, interval/limit, is longer than
+// that deadline too: each record is placed as soon as there is room): the
+// Transport's ErrTimeout is a permit timeout, retried without using up the
+// record's attempts, and the consumer keeps running until every record is
 // handled, each with one call.
-func TestRecipeConsumerWaitsForTheNextPeriodInsteadOfStopping(t *testing.T) {
+func TestRecipeConsumerWaitsForRoomInsteadOfStopping(t *testing.T) {
 	const requests, records = 5, 8
 	srv := redisenv.New(t)
 	kc := kafkaenv.New(t, kafkaenv.Topic("recipe", 1))
@@ -83,7 +85,7 @@ func TestRecipeConsumerWaitsForTheNextPeriodInsteadOfStopping(t *testing.T) {
 		return nil
 	}
 	c, err := consumer.New(handler, nil,
-		consumer.WithHandlerTimeout(time.Second), // shorter than the period, as a minute's budget is than the default 10 s
+		consumer.WithHandlerTimeout(300*time.Millisecond), // shorter than the interval and the pace, as a minute's budget is than the default 10 s
 		consumer.WithKafka(append(kafkaenv.FastClientOpts(),
 			kgo.SeedBrokers(kc.Addrs()...), kgo.ConsumerGroup("recipe"), kgo.ConsumeTopics("recipe"),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -100,7 +102,7 @@ func TestRecipeConsumerWaitsForTheNextPeriodInsteadOfStopping(t *testing.T) {
 		case err := <-ran:
 			var herr *consumer.HandlerError
 			if errors.As(err, &herr) {
-				t.Fatalf("the consumer stopped %d attempts into a record the next period would grant: %v", herr.Attempts, err)
+				t.Fatalf("the consumer stopped %d attempts into a record the budget would grant later: %v", herr.Attempts, err)
 			}
 			t.Fatalf("the consumer stopped: %v", err)
 		case <-ctx.Done():
@@ -111,7 +113,7 @@ func TestRecipeConsumerWaitsForTheNextPeriodInsteadOfStopping(t *testing.T) {
 	s := prov.Stats()
 	assert.EqualValues(t, records, s.Accepted, "one call per record")
 	assert.EqualValues(t, records, s.Records)
-	assert.NotZero(t, c.Stats().PermitTimeouts, "records beyond the first period met the handler's deadline")
+	assert.NotZero(t, c.Stats().PermitTimeouts, "records beyond the budget's requests met the handler's deadline")
 	stop()
 	require.NoError(t, <-ran)
 }

@@ -147,8 +147,8 @@ func (g Guarantee) String() string {
 // as a subtest of t. Checks for optional behaviour run only when the
 // bucket has it: the pause checks for a bucket with a Pause method, the
 // refund check for one with a Refund method (see [throttle.Bucket]; the
-// buckets of package bucket all pause, and Budget refunds, through what
-// they offer a Limiter). A Spec that is incomplete or inconsistent fails
+// buckets of package bucket all pause, through what they offer a Limiter,
+// and none takes refunds). A Spec that is incomplete or inconsistent fails
 // t at once.
 func Run(t *testing.T, spec Spec) {
 	t.Helper()

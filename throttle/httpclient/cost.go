@@ -74,8 +74,8 @@ type Usage struct {
 //     request may have reached the provider.
 //
 // A dimension actual does not name stays as estimated; an actual cost
-// above the estimate is charged as a debt that the budget's next refills
-// pay. Settling, on Close, waits for the store at most the Limiter's
+// above the estimate is charged even beyond what is left, and later calls
+// wait until it stops counting. Settling, on Close, waits for the store at most the Limiter's
 // store timeout; its error is logged ([WithLogger]), not returned.
 //
 // estimate is called once per RoundTrip, concurrently; it must not

@@ -33,6 +33,10 @@ func main() {
 	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithPrefix("p"), bucket.WithArrivalMargin(time.Millisecond))
 	_, _ = bucket.NewTokenBucket(nil, "k", 10, time.Second, bucket.WithLease(time.Second)) // want "bucket.ConcurrencyOption does not implement bucket.TokenBucketOption"
 	_, _ = bucket.NewConcurrency(nil, "k", 2, bucket.WithHeartbeat(time.Second))           // want "bucket.CommonOption does not implement bucket.ConcurrencyOption"
+	_, _ = bucket.NewBudget(nil, "k", nil, bucket.WithBurst(2))                            // want "bucket.GCRAOption does not implement bucket.BudgetOption"
+	_, _ = bucket.NewBudget(nil, "k", nil, bucket.WithRetry(time.Millisecond))             // want "bucket.RetryOption does not implement bucket.BudgetOption"
+	_, _ = bucket.NewBudget(nil, "k", nil, bucket.WithLease(time.Second))                  // want "bucket.ConcurrencyOption does not implement bucket.BudgetOption"
+	_, _ = bucket.NewBudget(nil, "k", nil, bucket.WithPrefix("p"), bucket.WithHeartbeat(time.Second), bucket.WithArrivalMargin(time.Millisecond))
 	_, _ = bucket.NewConcurrency(nil, "k", 2, bucket.WithPrefix("p"), bucket.WithLease(time.Second))
 
 	_, _ = httpserver.NewMiddleware(nil, httpserver.LocalWindows(nil), httpserver.TenantHeader("X-Org-Id"), throttle.WithFailurePolicy(throttle.FailClosed)) // want "throttle.LimiterOption does not implement httpserver.Option"
