@@ -56,25 +56,28 @@ const maxDimensions = 16
 // How: each dimension of a key is a schedule of its own, as a
 // TokenBucket's (a Redis list under the key's hash tag). A take places
 // the call at one time for every dimension its cost names: the earliest at
-// which each has room for its amount, paced besides (Interval/Limit per
-// unit, per dimension) when the caller can wait for it; one script, one
-// round trip, all or nothing. Each dimension records the amount in its
-// entry of the place plus the margin.
+// which each has room for its amount, when that is within the caller's
+// wait and at most the margin ahead; one script, one round trip, all or
+// nothing. Each dimension records the amount in its entry of the place
+// plus the margin. A call whose time is farther ahead is refused, told
+// that time: its caller waits and asks again then, and is placed with what
+// the calls settled meanwhile (placed ahead, it would hold its whole
+// estimate while it waits). Costs are not paced: paced by estimates above
+// the real costs, a fleet would go slower than its limits (80–89 % of the
+// tokens limit used in examples/llm, against 95–99 % unpaced).
 //
 // Settling: a grant's Decision.Settle corrects it in those entries after
 // the call. A negative amount (the call used less) is taken back from the
-// grant's entry while it still counts, never below 0, and its share of the
-// pace with it, so an over-estimate neither idles the budget nor slows
-// its pace; once the entry has stopped counting, a give-back does nothing
+// grant's entry while it still counts, never below 0, so an over-estimate
+// does not idle the budget; once the entry has stopped counting, a
+// give-back does nothing
 // (given to later calls, it would count twice). A
 // positive amount (the call used more) is added to the grant's entry while
 // it counts, else counted from now. Over all its calls, a grant's Settle
 // gives back at most what the grant took of a dimension plus what it was
 // charged since (a second Settle, or a give-back beyond the take, is cut
 // to that). A settle-up above ten times a dimension's Limit is refused as
-// an error in the caller's units (ErrInvalid), nothing charged. A grant
-// placed ahead holds its whole amount from its take: an estimate above the
-// real cost holds the excess while its caller waits too. A grant's
+// an error in the caller's units (ErrInvalid), nothing charged. A grant's
 // Decision.Cancel gives all it holds back the same way (a Limiter's, for a
 // grant its caller cannot use).
 //

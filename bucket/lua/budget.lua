@@ -4,12 +4,15 @@
 --
 -- Each dimension is a schedule. A take places the call at one time for
 -- every dimension it names: the earliest at which each has room for its
--- amount, paced besides by each one's tat (INTERVAL/LIMIT per unit) when
--- the wait allows, else the earliest within the wait; each records its
--- amount ending at the place plus MARGIN. A settle corrects a grant in the
--- entry it was recorded in (the take returns its end), while that counts:
--- a give-back takes from it, never below 0, and moves the tat back (not
--- before now); a charge adds to it. Once it has stopped counting, a
+-- amount, when that is within the wait and at most MARGIN ahead (a call
+-- that would come later waits in its caller and asks again then, to be
+-- placed with what the calls settled meanwhile: placed ahead, it would
+-- hold its whole estimate until then); each records its amount ending at
+-- the place plus MARGIN. Costs are not paced: paced by their estimates, a
+-- fleet whose calls spend less than estimated would go slower than its
+-- limits. A settle corrects a grant in the entry it was recorded in (the
+-- take returns its end), while that counts: a give-back takes from it,
+-- never below 0; a charge adds to it. Once it has stopped counting, a
 -- give-back does nothing and a charge counts from now. A pause of a
 -- dimension holds the takes naming it; a shorter never shortens a longer.
 --
@@ -48,7 +51,6 @@ for i = 1, #KEYS - 2 do
   names[i], ends[i] = ARGV[b], 0
   dims[i] = {limit = tonumber(ARGV[b + 1]), interval = tonumber(ARGV[b + 2]), amount = tonumber(ARGV[b + 3]),
     known = tonumber(ARGV[b + 4]), at = tonumber(ARGV[b + 5])}
-  dims[i].pace = dims[i].interval / dims[i].limit -- per unit
 end
 local function reply(status, delay, dim, remaining, reset)
   return {status, delay, now, dim, remaining, reset, unpack(ends)}
@@ -91,7 +93,6 @@ if mode == 'settle' then
       local c = math.max(d.amount, -x[2]) -- never below 0
       d.s:change(k, x, c)
       if d.amount > 0 then ends[i] = x[1] end
-      if c < 0 and d.s.tat > now then d.s.tat = math.max(d.s.tat + c * d.pace, now) end
     elseif d.amount > 0 then
       d.s:add(now, d.amount)
       ends[i] = d.s.last[1]
@@ -111,30 +112,25 @@ for i, d in ipairs(dims) do
 end
 if held > 0 then return reply(0, held, worst, -1, held) end
 
--- The earliest place at which every dimension has room (w), the paced one
--- (p) if the wait allows, else w if it does.
+-- The earliest place at which every dimension has room (p): taken when
+-- within the wait and at most MARGIN ahead, else refused, told p.
 open()
-local w, tat = now, 0
+local p = now
 for i, d in ipairs(dims) do
   if d.s then
     local e = d.s:earliest(d.amount, d.limit) or math.huge
-    if e > w or worst == 0 then w, worst = math.max(w, e), i end
-    tat = math.max(tat, d.s.tat)
+    if e > p or worst == 0 then p, worst = math.max(p, e), i end
   end
 end
-local function within(x) return maxWait < 0 or x - now <= maxWait end
-local p = math.ceil(math.max(w, tat))
-if not within(p) then p = w end
-if w == math.huge or not within(p) then
+if p == math.huge or p - now > margin or maxWait >= 0 and p - now > maxWait then
   local d = dims[worst]
-  if w == math.huge then w = now + d.interval + margin end
+  if p == math.huge then p = now + d.interval + margin end
   save()
-  return reply(0, w - now, worst, math.max(d.limit - d.s.count, 0), d.s:reset())
+  return reply(0, p - now, worst, math.max(d.limit - d.s.count, 0), d.s:reset())
 end
 local best, least = 0, math.huge
 for i, d in ipairs(dims) do
   if d.s then
-    d.s.tat = math.max(d.s.tat, p + d.amount * d.pace)
     d.s:add(p + margin, d.amount)
     ends[i] = d.s.last[1]
     local left = (d.limit - d.s.count) / d.limit
