@@ -272,7 +272,10 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	}
 	status, limit, remaining, reset, now := r[0], liveOr(r, 1, b.limit), r[2], us(r[3]), r[4]
 	next, places, ends := us(r[5]), r[6:], []int64(nil)
-	if k := len(places) / 2; len(places) == 2*k {
+	shared := int64(1) // permits per place: k of an up-to take may share one
+	if len(places) == 3 && places[0] < 0 {
+		shared, places, ends = -places[0], places[1:2], places[2:3]
+	} else if k := len(places) / 2; len(places) == 2*k {
 		places, ends = places[:k], places[k:]
 	}
 	refused := throttle.Decision{Delay: next, Limit: limit, Remaining: max(remaining, 0), Reset: reset}
@@ -285,11 +288,11 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	b.ends.note(key, now+places[len(places)-1]+b.marginUs+extra, now-b.intervalUs)
 	granted := throttle.Decision{Granted: true, Delay: us(places[0]), Margin: margin, Limit: limit, Remaining: remaining, Reset: reset}
 	refused.Remaining = 0
-	u := upTo{granted: granted, got: int64(len(places)), rest: refused, at: now}
+	u := upTo{granted: granted, got: int64(len(places)) * shared, rest: refused, at: now}
 	if len(ends) == len(places) {
 		each := max(n, 1) // all n at one place, or one each
 		u.cancel = func(i int64) func(context.Context) error {
-			end, once := ends[i], new(atomic.Bool)
+			end, once := ends[i/shared], new(atomic.Bool)
 			return func(ctx context.Context) error {
 				if !once.CompareAndSwap(false, true) {
 					return nil // given back already: the entry holds other callers' permits too

@@ -25,7 +25,8 @@
 --          µs; 0 for none (see Schedule:lost)
 --
 -- Returns {status, limit, remaining, reset, now, later, d1, ..., dk, e1,
--- ..., ek} (µs):
+-- ..., ek} (µs), or {..., later, -k, d, e} when k permits of an up-to
+-- take share one place:
 --   status 1: granted; d_i is permit i's place less now (one place for
 --             n), e_i the end it is recorded under (for tb_giveback.lua).
 --   status 0: refused, no place within the wait (or a pause).
@@ -58,7 +59,11 @@ end
 local s = openSchedule(KEYS[1], interval, now)
 s.limit = limit
 s:lost(known, limit)
+-- The pace: none below a millisecond a permit (above 1,000 permits a
+-- second): no provider tells it from a burst, and each place would cost
+-- its caller a timer.
 local pace = interval / limit
+if pace < 1000 then pace = 0 end
 -- place puts c permits at the paced place when the wait allows, else at
 -- the earliest place within the wait; it returns nil when there is none,
 -- and the earliest place in any case.
@@ -77,6 +82,18 @@ local function place(c)
   return p, w, s:add(p + margin, c)
 end
 local out, ends, later = {}, {}, -1
+if upTo and n > 1 and pace == 0 then
+  -- Unpaced, an up-to take's permits that fit at once share one place.
+  local c = math.min(n, limit - s.count)
+  local p, w, e
+  if c > 0 then p, w, e = place(c) end
+  if p then
+    if c < n then later = (s:earliest(1, limit) or now + interval) - now end
+    if s:changed() then s:save() end
+    return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, -c, p - now, e}
+  end
+  n = 1 -- none fit at once: one permit's earliest place, as below
+end
 for _ = 1, upTo and n or 1 do
   local p, w, e = place(upTo and 1 or n)
   if p == nil then
