@@ -226,6 +226,45 @@ func TestTokenBucketCountsALostScheduleFull(t *testing.T) {
 	judgePlaces(t, all, limit, interval+margin)
 }
 
+// TestTokenBucketRemembersTheLatestEndOfAnUpToTake: the permits of an
+// up-to take need not come in order of place (the last one at once after
+// a paced one), and a lost schedule must be counted full at the latest
+// end the instance was given, not at the end of the take's last permit.
+func TestTokenBucketRemembersTheLatestEndOfAnUpToTake(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval, margin = 10, 500 * time.Millisecond, 5 * time.Millisecond
+	b := newTB(t, rdb, "latest-end", limit, interval, WithArrivalMargin(margin))
+	// An idle key: the first at once, the second paced (interval/limit =
+	// 50 ms on), the third beyond the wait's pace, at once.
+	p := takePlaces(t, b, "", -3, 75*time.Millisecond)
+	if len(p.places) != 3 || p.places[1] <= p.places[2] {
+		t.Fatalf("places %v, want the second after the third", p.places)
+	}
+	all := p.places
+	if err := rdb.Del(context.Background(), b.rootKeys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Once the instance's last permit stops counting, the whole limit at
+	// once: still counting, the paced permit must hold one of them back.
+	ctx := context.Background()
+	for {
+		u, err := b.run(ctx, "", -limit, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.got == 0 {
+			time.Sleep(time.Duration(max(u.rest.Delay, time.Millisecond)))
+			continue
+		}
+		for i := range u.got {
+			all = append(all, u.at+u.forCaller(i).Delay.Microseconds())
+		}
+		break
+	}
+	judgePlaces(t, all, limit, interval+margin)
+}
+
 // TestTokenBucketKeepsTheBoundWhenRedeployedWithAnotherLimitOrInterval:
 // a fleet redeployed on a used key with a shorter interval or a lower
 // limit keeps the new bound from its first take, counting the permits the
