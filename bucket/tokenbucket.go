@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -280,7 +281,14 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	case status == 0 || len(places) == 0:
 		return upTo{granted: refused, rest: refused, at: now}, nil
 	}
-	b.ends.note(key, now+places[len(places)-1]+b.marginUs+extra, now-b.intervalUs)
+	// The latest end given: the permits of an up-to take need not come in
+	// order of place (one at once after one paced), but the ends they are
+	// recorded under do, the last the latest.
+	latest := slices.Max(places) + now + b.marginUs + extra
+	if len(ends) > 0 {
+		latest = max(latest, ends[len(ends)-1])
+	}
+	b.ends.note(key, latest, now-b.intervalUs)
 	granted := throttle.Decision{Granted: true, Delay: us(places[0]), Margin: margin, Limit: limit, Remaining: remaining, Reset: reset}
 	refused.Remaining = 0
 	u := upTo{granted: granted, got: int64(len(places)), rest: refused, at: now}
