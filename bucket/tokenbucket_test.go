@@ -226,6 +226,32 @@ func TestTokenBucketCountsALostScheduleFull(t *testing.T) {
 	judgePlaces(t, all, limit, interval+margin)
 }
 
+// TestTokenBucketCountsALostScheduleFullWhenAnotherInstanceStartedItAgain:
+// after Redis loses a key's schedule, an instance that knew nothing of it
+// (just started) may take first and start a schedule anew, with permits
+// that end after the latest end an instance that knew was given. That
+// instance's lost permits still count at its next take: the schedule it
+// finds is not the one that held them.
+func TestTokenBucketCountsALostScheduleFullWhenAnotherInstanceStartedItAgain(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval, margin = 10, time.Minute, 5 * time.Millisecond
+	knew := newTB(t, rdb, "lost-restarted", limit, interval, WithArrivalMargin(margin))
+	if p := takePlaces(t, knew, "", -limit, 0); len(p.places) != limit {
+		t.Fatalf("%d of the limit at an idle key", len(p.places))
+	}
+	if err := rdb.Del(context.Background(), knew.rootKeys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newTB(t, srv.Client(), "lost-restarted", limit, interval, WithArrivalMargin(margin))
+	if p := takePlaces(t, fresh, "", 1, 0); len(p.places) != 1 {
+		t.Fatal("an instance that knew nothing of the key cannot tell it was lost: granted")
+	}
+	if p := takePlaces(t, knew, "", -limit, 0); len(p.places) != 0 {
+		t.Fatalf("%d more at once by the instance given the whole limit a moment before the loss", len(p.places))
+	}
+}
+
 // TestTokenBucketRemembersTheLatestEndOfAnUpToTake: the permits of an
 // up-to take need not come in order of place (the last one at once after
 // a paced one), and a lost schedule must be counted full at the latest
