@@ -89,9 +89,11 @@ func (b *TokenBucket) noteRTT(d time.Duration) {
 }
 
 // latestEnds remembers, per key, the end (place plus margin) of the latest
-// permit this instance was given, in µs on the clock of the Redis server
-// that gave it, so that a take can tell tb_take.lua of a schedule the
-// server has lost. No clock of this machine is involved. An entry is
+// permit this instance was given, and when the schedule that holds it was
+// born, in µs on the clock of the Redis server that gave it, so that a
+// take can tell tb_take.lua of a schedule the server has lost (one that
+// ends before it, or was born since). No clock of this machine is
+// involved. An entry is
 // useless once its permit has stopped counting (an interval after its
 // end); each shard is swept when it has doubled since its last sweep, so
 // the map holds about the keys taken from in the last interval. Sharded
@@ -105,37 +107,45 @@ const endShards = 32
 
 type endShard struct {
 	mu    sync.Mutex
-	m     map[string]int64 // key → end, µs on the server's clock
-	swept int              // len(m) after the last sweep
+	m     map[string]latestEnd
+	swept int // len(m) after the last sweep
 }
+
+// latestEnd is a key's latest end and its schedule's birth, µs on the
+// server's clock.
+type latestEnd struct{ end, born int64 }
 
 func (p *latestEnds) shard(key string) *endShard {
 	return &p.shards[maphash.String(p.seed, key)%endShards]
 }
 
-// get returns key's latest end, 0 when none is known.
-func (p *latestEnds) get(key string) int64 {
+// get returns key's latest end and its schedule's birth, zero when none
+// is known.
+func (p *latestEnds) get(key string) latestEnd {
 	s := p.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m[key]
 }
 
-// note records that key had a permit ending at end; stale is the server's
-// clock of the same answer less one interval, for sweeping (µs).
-func (p *latestEnds) note(key string, end, stale int64) {
+// note records that key had a permit ending at end in the schedule born
+// at born; stale is the server's clock of the same answer less one
+// interval, for sweeping (µs). A later schedule's end replaces an earlier
+// one's (the take that saw the later one counted what the earlier one
+// lost), whatever order the answers come in.
+func (p *latestEnds) note(key string, end, born, stale int64) {
 	s := p.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
-		s.m = make(map[string]int64)
+		s.m = make(map[string]latestEnd)
 	}
-	if end > s.m[key] {
-		s.m[key] = end
+	if old := s.m[key]; born > old.born || born == old.born && end > old.end {
+		s.m[key] = latestEnd{end: end, born: born}
 	}
 	if len(s.m) >= 2*max(s.swept, 64) {
 		for k, e := range s.m {
-			if e <= stale {
+			if e.end <= stale {
 				delete(s.m, k)
 			}
 		}
@@ -259,18 +269,19 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	// it (rtt), and what the answer took beyond them comes off the margin
 	// (at least 1 ns: a margin of 0 bounds nothing).
 	extra := b.rtt.Load()
-	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs+extra, wait, b.ends.get(key))
+	known := b.ends.get(key)
+	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs+extra, wait, known.end, known.born)
 	took := time.Since(sent)
 	b.noteRTT(took)
 	margin := max(us(b.marginUs+extra)-took, 1)
 	if err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}
-	if len(r) < 6 {
+	if len(r) < 7 {
 		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
 	}
 	status, limit, remaining, reset, now := r[0], liveOr(r, 1, b.limit), r[2], us(r[3]), r[4]
-	next, places, ends := us(r[5]), r[6:], []int64(nil)
+	next, born, places, ends := us(r[5]), r[6], r[7:], []int64(nil)
 	if k := len(places) / 2; len(places) == 2*k {
 		places, ends = places[:k], places[k:]
 	}
@@ -288,7 +299,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	if len(ends) > 0 {
 		latest = max(latest, ends[len(ends)-1])
 	}
-	b.ends.note(key, latest, now-b.intervalUs)
+	b.ends.note(key, latest, born, now-b.intervalUs)
 	granted := throttle.Decision{Granted: true, Delay: us(places[0]), Margin: margin, Limit: limit, Remaining: remaining, Reset: reset}
 	refused.Remaining = 0
 	u := upTo{granted: granted, got: int64(len(places)), rest: refused, at: now}

@@ -10,11 +10,12 @@
 -- any span of INTERVAL: what a provider counting arrivals sees, whatever
 -- the callers' waits, processes or leases.
 --
--- A schedule is one list. Element 0: "count tat cur before limit": count,
--- the permits its entries hold; tat, the pace's next place (µs); cur and
--- before, where the last search stopped (an entry's index, the permits in
--- the entries before it: the next search starts there); limit, the limit
--- of the last write (for State). Elements 1..:
+-- A schedule is one list. Element 0: "count tat cur before limit born":
+-- count, the permits its entries hold; tat, the pace's next place (µs);
+-- cur and before, where the last search stopped (an entry's index, the
+-- permits in the entries before it: the next search starts there); limit,
+-- the limit of the last write (for State); born, when the schedule began
+-- (µs: one started again after Redis lost it has another). Elements 1..:
 -- entries "end count", a count of permits whose ends are at most end,
 -- in order of end; an entry holds the ends of one slot of INTERVAL/256.
 -- The list expires when its last entry stops counting.
@@ -33,8 +34,10 @@ local function openSchedule(key, interval, now)
   if s.head then
     local a, b, c, d = string.match(s.head, '(%S+) (%S+) (%S+) (%S+)')
     s.count, s.tat, s.cur, s.before = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+    s.born = tonumber(string.match(s.head, '^%S+ %S+ %S+ %S+ %S+ (%S+)') or '')
     s.len = redis.call('LLEN', key) - 1
   end
+  if s.born == nil or s.born <= 0 then s.born = now end -- begun now (or by an older version)
   local gone, dropped = 0, 0
   while gone < 64 do
     local e = s:entry(gone + 1)
@@ -101,11 +104,14 @@ function Schedule:earliest(need, limit)
 end
 
 -- lost counts limit permits ending at known (µs), the latest end a
--- caller's instance was given, when the schedule lacks it: Redis lost it
--- (an empty restart, a failover, the key deleted), and the permits that
--- end may belong to are unknown.
-function Schedule:lost(known, limit)
-  if known > 0 and known + self.interval > self.now and (self.last == nil or known > self.last[1]) then
+-- caller's instance was given, in the schedule born at born (0: unknown),
+-- when the schedule lacks it: Redis lost it (an empty restart, a
+-- failover, the key deleted), and the permits that end may belong to are
+-- unknown. The schedule lacks it when it ends before known, or was born
+-- since (begun again by an instance that knew nothing of the loss).
+function Schedule:lost(known, born, limit)
+  if known <= 0 or known + self.interval <= self.now then return end
+  if self.last == nil or known > self.last[1] or born > 0 and born ~= self.born then
     self:add(known, limit)
   end
 end
@@ -119,7 +125,7 @@ end
 -- ones, the header) and the expiry.
 function Schedule:save()
   local key = self.key
-  local hdr = string.format('%d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before, self.limit)
+  local hdr = string.format('%d %d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before, self.limit, self.born)
   local tail, last = self.tail, self.last
   if tail and tail.dirty then
     redis.call('LSET', key, -1, string.format('%d %d', tail[1], tail[2]))
