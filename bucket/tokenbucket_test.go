@@ -252,6 +252,36 @@ func TestTokenBucketCountsALostScheduleFullWhenAnotherInstanceStartedItAgain(t *
 	}
 }
 
+// TestTokenBucketCountsAKeyOfThePreviousVersionFull: the token bucket
+// before issue 41 kept a period's tokens under the same key, a string.
+// Met during an upgrade, that key is neither an error at every take (the
+// failure policy deciding for the fleet until the old instances stop) nor
+// forgotten (the whole limit again on top of the old period's grants):
+// its grants are counted full, ending with its period (the previous
+// version's Limiter spread them over it), and the key becomes the
+// schedule.
+func TestTokenBucketCountsAKeyOfThePreviousVersionFull(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval, margin = 5, 200 * time.Millisecond, 5 * time.Millisecond
+	b := newTB(t, rdb, "upgraded", limit, interval, WithArrivalMargin(margin))
+	ctx := context.Background()
+	if err := rdb.Set(ctx, b.rootKeys[0], "2", interval/2).Err(); err != nil { // 3 of 5 taken, half the period left
+		t.Fatal(err)
+	}
+	d, err := b.Take(ctx, "", 1, 0)
+	if err != nil || d.Granted {
+		t.Fatalf("a take meeting the previous version's key: %+v, %v; want refused, the old period's grants counting", d, err)
+	}
+	if want := interval/2 + interval; d.Delay < want-10*time.Millisecond || d.Delay > want+margin+10*time.Millisecond {
+		t.Fatalf("refused for %v, want about an interval after the old period's end (%v)", d.Delay, want)
+	}
+	time.Sleep(d.Delay)
+	if d, err := b.Take(ctx, "", limit, 10*time.Millisecond); err != nil || !d.Granted {
+		t.Fatalf("the limit once the old grants stopped counting: %+v, %v", d, err)
+	}
+}
+
 // TestTokenBucketRemembersTheLatestEndOfAnUpToTake: the permits of an
 // up-to take need not come in order of place (the last one at once after
 // a paced one), and a lost schedule must be counted full at the latest
