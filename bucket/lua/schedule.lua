@@ -29,7 +29,15 @@ Schedule.__index = Schedule
 local function openSchedule(key, interval, now)
   local s = setmetatable({key = key, interval = interval, now = now,
     count = 0, tat = 0, cur = 1, before = 0, stored = {}, added = {}}, Schedule)
-  s.head = redis.call('LINDEX', key, 0)
+  s.head = redis.pcall('LINDEX', key, 0)
+  if type(s.head) == 'table' then
+    -- Not a list: the previous version's key (the token bucket's tokens
+    -- before issue 41, a string expiring at its period's end), met during
+    -- an upgrade. Read as no schedule; older is until when its grants may
+    -- still be sent (its Limiters spread them over the period), for the
+    -- caller to count; save replaces the key.
+    s.head, s.older = nil, now + math.max(redis.call('PTTL', key), 0) * 1000
+  end
   s.limit, s.len = 0, 0
   if s.head then
     local a, b, c, d = string.match(s.head, '(%S+) (%S+) (%S+) (%S+)')
@@ -125,6 +133,7 @@ end
 -- ones, the header) and the expiry.
 function Schedule:save()
   local key = self.key
+  if self.older then redis.call('DEL', key) end
   local hdr = string.format('%d %d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before, self.limit, self.born)
   local tail, last = self.tail, self.last
   if tail and tail.dirty then

@@ -15,6 +15,7 @@
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local s = openSchedule(KEYS[1], tonumber(ARGV[1]), now)
+if s.older then return 0 end -- the previous version's key: nothing of ours to give back
 local took = s:giveBack(tonumber(ARGV[2]), tonumber(ARGV[3]))
 if took > 0 or s:changed() then s:save() end
 return took

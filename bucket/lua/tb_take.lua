@@ -61,6 +61,7 @@ end
 local s = openSchedule(KEYS[1], interval, now)
 s.limit = limit
 s:lost(known, born, limit)
+if s.older then s:add(s.older, limit) end -- the previous version's period: its grants unknown
 local pace = interval / limit
 -- place puts c permits at the paced place when the wait allows, else at
 -- the earliest place within the wait; it returns nil when there is none,
