@@ -97,8 +97,10 @@ type coalescer struct {
 	// stallAfter: see the constant; tests that hold a line set it longer.
 	stallAfter time.Duration
 	// beforeBatch, when set (tests only), runs before each coalesced
-	// call with its k.
+	// call with its k; afterBatch after its answer came, before it is
+	// handed out (a runner descheduled then, on a busy machine).
 	beforeBatch func(k int64)
+	afterBatch  func()
 }
 
 type shard struct {
@@ -282,6 +284,9 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many tak
 		b.co.beforeBatch(k)
 	}
 	u, err := many(ctx, key, k, maxWait)
+	if b.co.afterBatch != nil {
+		b.co.afterBatch()
+	}
 	if err != nil {
 		for _, w := range batch {
 			w.send(answer{err: err})

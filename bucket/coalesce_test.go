@@ -503,3 +503,38 @@ func TestCrowdOnOneKey(t *testing.T) {
 	}
 	waitInflight(t, &b.common)
 }
+
+// TestCoalescedGrantCountsFromWhenTakeReturns: a grant's Delay and Margin
+// count from when Take returns (throttle.Decision), so the time a
+// coalesced answer takes to reach its caller (a runner descheduled on a
+// busy machine, a stalled process) is taken from them, as the round trip
+// is: a permit handed over later than its margin allows must say so, for
+// the Limiter to take another instead of sending late.
+func TestCoalescedGrantCountsFromWhenTakeReturns(t *testing.T) {
+	srv := redisenv.New(t)
+	const margin, late = 10 * time.Millisecond, 30 * time.Millisecond
+	b, err := NewTokenBucket(srv.Client(), "handed-late", 100, time.Minute, WithArrivalMargin(margin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	h := coalescingOf(t, b, "")
+	h.c.co.afterBatch = func() { time.Sleep(late) }
+	h.hold()
+	var res []<-chan takeResult
+	for range 3 {
+		res = append(res, h.queue(ctx, b, 0)) // placed at once: the key is idle
+	}
+	h.release()
+	for i, ch := range res {
+		r := <-ch
+		if r.err != nil || !r.d.Granted {
+			t.Fatalf("caller %d: %+v, %v", i, r.d, r.err)
+		}
+		if r.d.Delay+r.d.Margin > time.Millisecond {
+			t.Errorf("caller %d: handed its permit %v after the answer came, with delay %v and margin %v left: its time and margin had passed", i, late, r.d.Delay, r.d.Margin)
+		}
+	}
+	waitInflight(t, h.c)
+	h.c.co.afterBatch = nil
+}
