@@ -223,25 +223,21 @@ func bounded(ctx context.Context, c *common, key string, f func(context.Context)
 	if ctx.Done() == nil || c.calls.ctxOK {
 		return f(ctx)
 	}
-	type result struct {
-		d   throttle.Decision
-		err error
-	}
-	ch := make(chan result, 1)
+	ch := make(chan answer, 1)
 	c.calls.inflight.Add(1)
 	go func() {
 		defer c.calls.inflight.Add(-1)
 		d, err := f(ctx)
-		ch <- result{d, err}
+		ch <- answer{d, err, time.Now()}
 	}()
 	select {
 	case r := <-ch:
-		return r.d, r.err
+		return fresh(r.d, r.at), r.err
 	case <-ctx.Done():
 	}
 	select {
 	case r := <-ch: // both ready: the answer wins
-		return r.d, r.err
+		return fresh(r.d, r.at), r.err
 	default:
 	}
 	tag, _ := c.ks.tag(c.name, key)

@@ -141,6 +141,25 @@ const stallAfter = 50 * time.Millisecond
 type answer struct {
 	d   throttle.Decision
 	err error
+	at  time.Time // when the store's answer came (see fresh)
+}
+
+// fresh returns d, a decision of the store's answer that came at at, as of
+// now: a grant's time and margin count from when Take returns
+// ([throttle.Decision]), so the time the answer took to reach its caller
+// (a runner or a caller descheduled on a busy machine, a process stalled)
+// comes off them, as the round trip does. A refusal's Delay counts from
+// then too.
+func fresh(d throttle.Decision, at time.Time) throttle.Decision {
+	age := time.Since(at)
+	if at.IsZero() || age <= 0 {
+		return d
+	}
+	if late := age - d.Delay; d.Granted && d.Margin > 0 && late > 0 {
+		d.Margin = max(d.Margin-late, 1) // 0 would bound nothing
+	}
+	d.Delay = max(d.Delay-age, 0)
+	return d
 }
 
 func newCoalescer() *coalescer {
@@ -190,7 +209,7 @@ func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duratio
 	for {
 		select {
 		case a := <-w.ch:
-			return a.d, a.err
+			return fresh(a.d, a.at), a.err
 		case <-t.C:
 			s.mu.Lock()
 			if !ln.bypassing && time.Since(ln.since) >= c.stallAfter && w.state.CompareAndSwap(waiting, gone) {
@@ -211,7 +230,7 @@ func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duratio
 	}
 	if !w.state.CompareAndSwap(waiting, gone) && !w.state.CompareAndSwap(batched, gone) {
 		a := <-w.ch // answered as we gave up: the answer wins
-		return a.d, a.err
+		return fresh(a.d, a.at), a.err
 	}
 	tag, _ := b.ks.tag(b.name, key)
 	return throttle.Decision{}, backend("take", tag, fmt.Errorf("no reply from redis before the context ended: %w", ctx.Err()))
@@ -284,6 +303,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many tak
 		b.co.beforeBatch(k)
 	}
 	u, err := many(ctx, key, k, maxWait)
+	at := time.Now()
 	if b.co.afterBatch != nil {
 		b.co.afterBatch()
 	}
@@ -296,7 +316,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many tak
 	var i int64
 	for _, w := range batch {
 		// One that gave up is skipped: its permit goes to the next.
-		if w.send(answer{d: u.forCaller(i)}) {
+		if w.send(answer{d: u.forCaller(i), at: at}) {
 			i++
 		}
 	}
@@ -310,7 +330,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many tak
 	for _, w := range ln.q {
 		if i < u.got && w.state.Load() == waiting {
 			d := u.forCaller(i)
-			if d.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: d}) {
+			if d.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: d, at: at}) {
 				i++
 				continue
 			}
