@@ -487,6 +487,36 @@ func TestTokenBucketGivesBackAPermitThatWillNotBeSent(t *testing.T) {
 	}
 }
 
+// TestTokenBucketGiveBackAfterALostScheduleTakesNothingOfTheNewOne: a
+// permit given back after Redis lost the schedule it was placed in (an
+// empty restart, a failover) is not in the schedule begun since; taking it
+// off an entry there, of the same slot, would uncount another instance's
+// permit, and the key would place one more than the limit.
+func TestTokenBucketGiveBackAfterALostScheduleTakesNothingOfTheNewOne(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval = 2, time.Minute // a slot of 234 ms: the two instances' ends share one
+	ctx := context.Background()
+	a := newTB(t, rdb, "giveback-lost", limit, interval)
+	d, err := a.Take(ctx, "", 1, 0)
+	if err != nil || !d.Granted || d.Cancel == nil {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	if err := rdb.Del(ctx, a.rootKeys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := newTB(t, srv.Client(), "giveback-lost", limit, interval)
+	if d, err := b.Take(ctx, "", limit, 0); err != nil || !d.Granted {
+		t.Fatalf("the whole limit at the schedule begun again: %+v, %v", d, err)
+	}
+	if err := d.Cancel(ctx); err != nil { // a's caller leaves before its time
+		t.Fatal(err)
+	}
+	if d, err := b.Take(ctx, "", 1, 0); err != nil || d.Granted {
+		t.Fatalf("a third permit within the minute, limit %d: %+v, %v", limit, d, err)
+	}
+}
+
 // TestTokenBucketMarginLosesTheRoundTripAndCoversTheNextOnes: a permit's
 // margin counts from when Take returns, less what the answer took beyond
 // the round trips counted in its place: a store that answers later than
