@@ -311,7 +311,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 				if !once.CompareAndSwap(false, true) {
 					return nil // given back already: the entry holds other callers' permits too
 				}
-				return b.giveBack(ctx, keys[0], end, each)
+				return b.giveBack(ctx, keys[0], end, born, each)
 			}
 		}
 		u.granted.Cancel = u.cancel(0)
@@ -325,11 +325,11 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	return u, nil
 }
 
-// giveBack takes n permits that will not be sent, recorded under end, off
-// the schedule under key (tb_giveback.lua): a caller that left before its
-// place, or could no longer use it.
-func (b *TokenBucket) giveBack(ctx context.Context, key string, end, n int64) error {
-	cmd, _ := b.evalNoRetry(ctx, scriptTBGiveBack, []string{key}, []any{b.intervalUs, end, n}) // never twice
+// giveBack takes n permits that will not be sent, recorded under end in
+// the schedule born at born, off the schedule under key (tb_giveback.lua):
+// a caller that left before its place, or could no longer use it.
+func (b *TokenBucket) giveBack(ctx context.Context, key string, end, born, n int64) error {
+	cmd, _ := b.evalNoRetry(ctx, scriptTBGiveBack, []string{key}, []any{b.intervalUs, end, n, born}) // never twice
 	if err := cmd.Err(); err != nil {
 		return backend("give back", key, err)
 	}
