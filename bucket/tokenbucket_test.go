@@ -548,3 +548,24 @@ func TestTokenBucketMarginLosesTheRoundTripAndCoversTheNextOnes(t *testing.T) {
 		t.Fatalf("the next take, its place counting the round trip: %+v, %v; want most of the margin", d, err)
 	}
 }
+
+// TestTokenBucketNoteRTT: the recent round trips follow a longer one at
+// once and a shorter one by a sixteenth of the difference; a round trip
+// longer than the interval (a stalled store) is not kept, as noteRTT's
+// doc says: its permits come late whatever they count, and kept, it would
+// make every following permit count an interval more.
+func TestTokenBucketNoteRTT(t *testing.T) {
+	b := &TokenBucket{intervalUs: time.Second.Microseconds()}
+	b.noteRTT(2 * time.Millisecond)
+	if got := b.rtt.Load(); got != 2000 {
+		t.Fatalf("after 2 ms: %d µs", got)
+	}
+	b.noteRTT(400 * time.Microsecond)
+	if got := b.rtt.Load(); got != 2000-1600/16 {
+		t.Fatalf("after 0.4 ms: %d µs, want a sixteenth of the way down", got)
+	}
+	b.noteRTT(3 * time.Second)
+	if got := b.rtt.Load(); got != 1900 {
+		t.Fatalf("after a round trip of 3 s on a 1 s interval: %d µs, want it not kept (1900)", got)
+	}
+}
