@@ -75,7 +75,10 @@ type TokenBucket struct {
 // longer than the interval (a stalled store) is not kept: its permits
 // come late whatever they count.
 func (b *TokenBucket) noteRTT(d time.Duration) {
-	v := min(int64(d/time.Microsecond), b.intervalUs)
+	v := int64(d / time.Microsecond)
+	if v > b.intervalUs {
+		return
+	}
 	for {
 		old := b.rtt.Load()
 		next := v
