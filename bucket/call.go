@@ -22,8 +22,8 @@ import (
 // its round trips in a goroutine and returns at the deadline with a
 // [*throttle.BackendError] wrapping the context's error. That goroutine
 // ends when go-redis gives up on its own: after the client's ReadTimeout
-// (default 3 s) per round trip for a server that stopped answering (a
-// TokenBucket refill makes up to four), at once for a closed connection;
+// (default 3 s) per round trip for a server that stopped answering, at
+// once for a closed connection;
 // go-redis does not retry once the context has ended. With a ReadTimeout
 // of -1 (no timeout) it lasts as long as the server stalls. A client with
 // ContextTimeoutEnabled needs no goroutine and none is started: that is the
