@@ -569,3 +569,80 @@ func TestTokenBucketNoteRTT(t *testing.T) {
 		t.Fatalf("after a round trip of 3 s on a 1 s interval: %d µs, want it not kept (1900)", got)
 	}
 }
+
+// TestTokenBucketKeepsTheBoundThroughGiveBacksAndPruning: several
+// instances on one key, mixed takes (one permit, several at one place, up
+// to k) and waits, a third of the permits given back at once (not sent:
+// their places are not judged), on short intervals and margins up to
+// nearly the interval, so that entries are pruned, merged and given back
+// while the searches' cursors point past them: the places kept hold at
+// most the limit in any span of the interval and the margin.
+func TestTokenBucketKeepsTheBoundThroughGiveBacksAndPruning(t *testing.T) {
+	srv := redisenv.New(t)
+	for _, c := range []struct {
+		limit    int64
+		interval time.Duration
+		margin   time.Duration
+	}{
+		{5, 50 * time.Millisecond, 2 * time.Millisecond},
+		{20, 100 * time.Millisecond, 5 * time.Millisecond},
+		{3, 20 * time.Millisecond, 19 * time.Millisecond},
+		{1, 10 * time.Millisecond, time.Millisecond},
+	} {
+		key := "givebacks-" + c.interval.String()
+		var buckets []*TokenBucket
+		for range 3 {
+			buckets = append(buckets, newTB(t, srv.Client(), key, c.limit, c.interval, WithArrivalMargin(c.margin)))
+		}
+		waits := []time.Duration{0, time.Millisecond, c.interval / 3, c.interval, 3 * c.interval, throttle.Forever}
+		var mu sync.Mutex
+		var all []int64
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(g), 41))
+				b := buckets[g%3]
+				for range 200 {
+					n := int64(1 + rng.IntN(int(min(c.limit, 3))))
+					if rng.IntN(2) == 0 {
+						n = -(1 + rng.Int64N(5))
+					}
+					wait := waits[rng.IntN(len(waits))]
+					u, err := b.run(context.Background(), "", n, wait)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					var kept []int64
+					for i := range u.got {
+						d := u.forCaller(i)
+						reps := int64(1)
+						if n > 0 {
+							reps = n
+						}
+						if rng.IntN(3) == 0 && d.Cancel != nil {
+							if err := d.Cancel(context.Background()); err != nil {
+								t.Error(err)
+							}
+							continue
+						}
+						for range reps {
+							kept = append(kept, u.at+d.Delay.Microseconds())
+						}
+					}
+					mu.Lock()
+					all = append(all, kept...)
+					mu.Unlock()
+					if rng.IntN(4) == 0 {
+						time.Sleep(time.Duration(rng.IntN(int(c.interval / 2))))
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		t.Logf("%d/%v: %d places", c.limit, c.interval, len(all))
+		judgePlaces(t, all, c.limit, c.interval+c.margin)
+	}
+}
