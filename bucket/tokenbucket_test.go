@@ -588,6 +588,7 @@ func TestTokenBucketKeepsTheBoundThroughGiveBacksAndPruning(t *testing.T) {
 		{20, 100 * time.Millisecond, 5 * time.Millisecond},
 		{3, 20 * time.Millisecond, 19 * time.Millisecond},
 		{1, 10 * time.Millisecond, time.Millisecond},
+		{3, time.Millisecond, 500 * time.Microsecond},
 	} {
 		key := "givebacks-" + c.interval.String()
 		var buckets []*TokenBucket
