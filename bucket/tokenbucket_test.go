@@ -282,6 +282,40 @@ func TestTokenBucketCountsAKeyOfThePreviousVersionFull(t *testing.T) {
 	}
 }
 
+// TestTokenBucketCountsALostScheduleOncePerInstance: an instance counts
+// its lost permits in the schedule begun again once, not at each of its
+// takes: refused (its callers cannot wait), it is given no permit whose
+// schedule it would remember, and counting the limit again at every take,
+// at the schedule's tail, pushed the other instances' places an interval
+// further each time.
+func TestTokenBucketCountsALostScheduleOncePerInstance(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval = 5, 200 * time.Millisecond
+	knew := newTB(t, rdb, "lost-once", limit, interval)
+	if p := takePlaces(t, knew, "", -limit, 0); len(p.places) != limit {
+		t.Fatalf("%d of the limit at an idle key", len(p.places))
+	}
+	if err := rdb.Del(context.Background(), knew.rootKeys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newTB(t, srv.Client(), "lost-once", limit, interval)
+	start := takePlaces(t, fresh, "", 1, 0).asked
+	var last int64
+	for range 2 * limit {
+		if p := takePlaces(t, knew, "", 1, 0); len(p.places) != 0 {
+			t.Fatalf("the instance whose permits were lost, at once: %v", p.places)
+		}
+		p := takePlaces(t, fresh, "", 1, throttle.Forever)
+		last = p.places[0]
+	}
+	// The lost permits hold the key an interval (and a margin) after the
+	// loss; then 2·limit permits at the pace: two intervals more.
+	if most := (4*interval + 50*time.Millisecond).Microseconds(); last-start > most {
+		t.Fatalf("the last of %d permits placed %v after the first, want at most %v", 2*limit, time.Duration(last-start)*time.Microsecond, time.Duration(most)*time.Microsecond)
+	}
+}
+
 // TestTokenBucketRemembersTheLatestEndOfAnUpToTake: the permits of an
 // up-to take need not come in order of place (the last one at once after
 // a paced one), and a lost schedule must be counted full at the latest
