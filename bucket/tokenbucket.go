@@ -131,21 +131,26 @@ func (p *latestEnds) get(key string) latestEnd {
 	return s.m[key]
 }
 
-// note records that key had a permit ending at end in the schedule born
-// at born; stale is the server's clock of the same answer less one
-// interval, for sweeping (µs). A later schedule's end replaces an earlier
-// one's (the take that saw the later one counted what the earlier one
-// lost), whatever order the answers come in.
+// note records that an answer of the schedule born at born gave key a
+// permit ending at end (0: none, a refusal); stale is the server's clock of
+// the same answer less one interval, for sweeping (µs). The end kept is
+// the latest given; the birth, the answer's: the take that found a
+// schedule born since the one the latest end was given in counted that
+// end's permits there (Schedule:lost), refused or not, so that the next
+// takes must not count them again (each would, at the schedule's tail,
+// pushing every place an interval on).
 func (p *latestEnds) note(key string, end, born, stale int64) {
 	s := p.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	old, ok := s.m[key]
+	if born == 0 || !ok && end <= 0 {
+		return // nothing given, nothing known
+	}
 	if s.m == nil {
 		s.m = make(map[string]latestEnd)
 	}
-	if old := s.m[key]; born > old.born || born == old.born && end > old.end {
-		s.m[key] = latestEnd{end: end, born: born}
-	}
+	s.m[key] = latestEnd{end: max(old.end, end), born: born}
 	if len(s.m) >= 2*max(s.swept, 64) {
 		for k, e := range s.m {
 			if e.end <= stale {
@@ -293,6 +298,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	case status == 4:
 		return upTo{}, exceeds(b.name, max(n, -n), limit)
 	case status == 0 || len(places) == 0:
+		b.ends.note(key, 0, born, now-b.intervalUs) // the schedule it found: see note
 		return upTo{granted: refused, rest: refused, at: now}, nil
 	}
 	// The latest end given: the permits of an up-to take need not come in
