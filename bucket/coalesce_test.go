@@ -542,3 +542,20 @@ func TestCoalescedGrantCountsFromWhenTakeReturns(t *testing.T) {
 	waitInflight(t, h.c)
 	h.c.co.afterBatch = nil
 }
+
+// TestFreshKeepsARefusalsDelay: the time a coalesced answer took to reach
+// its caller comes off a grant's time, never off a refusal's Delay: a
+// refusal must name a positive time after which asking again can succeed
+// (buckettest's "refusal without a delay"; the stand-in's slow answers
+// made GCRA's refusals come with none), and naming it a little late only
+// makes the caller ask a little later.
+func TestFreshKeepsARefusalsDelay(t *testing.T) {
+	late := time.Now().Add(-10 * time.Millisecond)
+	if d := fresh(throttle.Decision{Delay: 5 * time.Millisecond}, late); d.Delay != 5*time.Millisecond {
+		t.Fatalf("a refusal's delay of 5 ms, handed 10 ms late: %v", d.Delay)
+	}
+	d := fresh(throttle.Decision{Granted: true, Delay: 4 * time.Millisecond, Margin: 10 * time.Millisecond}, late)
+	if d.Delay != 0 || d.Margin > 4*time.Millisecond {
+		t.Fatalf("a grant 4 ms ahead with a 10 ms margin, handed 10 ms late: %+v; want its time passed, at most 4 ms of margin left", d)
+	}
+}
