@@ -148,11 +148,12 @@ type answer struct {
 // now: a grant's time and margin count from when Take returns
 // ([throttle.Decision]), so the time the answer took to reach its caller
 // (a runner or a caller descheduled on a busy machine, a process stalled)
-// comes off them, as the round trip does. A refusal's Delay counts from
-// then too.
+// comes off them, as the round trip does. A refusal is left as it is: its
+// Delay must stay positive, and named a little late it only makes the
+// caller ask a little later.
 func fresh(d throttle.Decision, at time.Time) throttle.Decision {
 	age := time.Since(at)
-	if at.IsZero() || age <= 0 {
+	if !d.Granted || at.IsZero() || age <= 0 {
 		return d
 	}
 	if late := age - d.Delay; d.Granted && d.Margin > 0 && late > 0 {
