@@ -272,7 +272,7 @@ func (b *Budget) run(ctx context.Context, mode, key string, keys []string, wait 
 		if ends != nil {
 			at = ends[i]
 		}
-		args = append(args, d.Name, d.Limit, ceilUs(d.Interval), amt[i], b.ends.get(endsKey(key, i)), at)
+		args = append(args, d.Name, d.Limit, ceilUs(d.Interval), amt[i], b.ends.get(endsKey(key, i)).end, at)
 	}
 	r, err := b.eval(ctx, b.script, keys, args...)
 	if err != nil {
@@ -284,7 +284,7 @@ func (b *Budget) run(ctx context.Context, mode, key string, keys []string, wait 
 	u := budgetReply{granted: r[0] == 1, delay: r[1], now: r[2], dim: int(r[3]), remaining: r[4], reset: r[5], ends: r[6:]}
 	for i, e := range u.ends {
 		if e > 0 {
-			b.ends.note(endsKey(key, i), e, u.now-b.longest)
+			b.ends.note(endsKey(key, i), e, 0, u.now-b.longest)
 		}
 	}
 	return u, nil

@@ -285,7 +285,7 @@ func TestBudgetLostSchedule(t *testing.T) {
 			}
 			b.ends = latestEnds{} // what the instance knows is set below
 			if tc.known != 0 {
-				b.ends.note(endsKey("", 1), start+tc.known, 0)
+				b.ends.note(endsKey("", 1), start+tc.known, 0, 0)
 			}
 			if tc.lost {
 				if err := rdb.Del(ctx, b.rootKeys[3]).Err(); err != nil {

@@ -22,8 +22,8 @@ import (
 // its round trips in a goroutine and returns at the deadline with a
 // [*throttle.BackendError] wrapping the context's error. That goroutine
 // ends when go-redis gives up on its own: after the client's ReadTimeout
-// (default 3 s) per round trip for a server that stopped answering (a
-// TokenBucket refill makes up to four), at once for a closed connection;
+// (default 3 s) per round trip for a server that stopped answering, at
+// once for a closed connection;
 // go-redis does not retry once the context has ended. With a ReadTimeout
 // of -1 (no timeout) it lasts as long as the server stalls. A client with
 // ContextTimeoutEnabled needs no goroutine and none is started: that is the
@@ -223,25 +223,21 @@ func bounded(ctx context.Context, c *common, key string, f func(context.Context)
 	if ctx.Done() == nil || c.calls.ctxOK {
 		return f(ctx)
 	}
-	type result struct {
-		d   throttle.Decision
-		err error
-	}
-	ch := make(chan result, 1)
+	ch := make(chan answer, 1)
 	c.calls.inflight.Add(1)
 	go func() {
 		defer c.calls.inflight.Add(-1)
 		d, err := f(ctx)
-		ch <- result{d, err}
+		ch <- answer{d, err, time.Now()}
 	}()
 	select {
 	case r := <-ch:
-		return r.d, r.err
+		return fresh(r.d, r.at), r.err
 	case <-ctx.Done():
 	}
 	select {
 	case r := <-ch: // both ready: the answer wins
-		return r.d, r.err
+		return fresh(r.d, r.at), r.err
 	default:
 	}
 	tag, _ := c.ks.tag(c.name, key)

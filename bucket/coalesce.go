@@ -97,8 +97,10 @@ type coalescer struct {
 	// stallAfter: see the constant; tests that hold a line set it longer.
 	stallAfter time.Duration
 	// beforeBatch, when set (tests only), runs before each coalesced
-	// call with its k.
+	// call with its k; afterBatch after its answer came, before it is
+	// handed out (a runner descheduled then, on a busy machine).
 	beforeBatch func(k int64)
+	afterBatch  func()
 }
 
 type shard struct {
@@ -139,6 +141,26 @@ const stallAfter = 50 * time.Millisecond
 type answer struct {
 	d   throttle.Decision
 	err error
+	at  time.Time // when the store's answer came (see fresh)
+}
+
+// fresh returns d, a decision of the store's answer that came at at, as of
+// now: a grant's time and margin count from when Take returns
+// ([throttle.Decision]), so the time the answer took to reach its caller
+// (a runner or a caller descheduled on a busy machine, a process stalled)
+// comes off them, as the round trip does. A refusal is left as it is: its
+// Delay must stay positive, and named a little late it only makes the
+// caller ask a little later.
+func fresh(d throttle.Decision, at time.Time) throttle.Decision {
+	age := time.Since(at)
+	if !d.Granted || at.IsZero() || age <= 0 {
+		return d
+	}
+	if late := age - d.Delay; d.Granted && d.Margin > 0 && late > 0 {
+		d.Margin = max(d.Margin-late, 1) // 0 would bound nothing
+	}
+	d.Delay = max(d.Delay-age, 0)
+	return d
 }
 
 func newCoalescer() *coalescer {
@@ -188,7 +210,7 @@ func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duratio
 	for {
 		select {
 		case a := <-w.ch:
-			return a.d, a.err
+			return fresh(a.d, a.at), a.err
 		case <-t.C:
 			s.mu.Lock()
 			if !ln.bypassing && time.Since(ln.since) >= c.stallAfter && w.state.CompareAndSwap(waiting, gone) {
@@ -209,7 +231,7 @@ func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duratio
 	}
 	if !w.state.CompareAndSwap(waiting, gone) && !w.state.CompareAndSwap(batched, gone) {
 		a := <-w.ch // answered as we gave up: the answer wins
-		return a.d, a.err
+		return fresh(a.d, a.at), a.err
 	}
 	tag, _ := b.ks.tag(b.name, key)
 	return throttle.Decision{}, backend("take", tag, fmt.Errorf("no reply from redis before the context ended: %w", ctx.Err()))
@@ -282,6 +304,10 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many tak
 		b.co.beforeBatch(k)
 	}
 	u, err := many(ctx, key, k, maxWait)
+	at := time.Now()
+	if b.co.afterBatch != nil {
+		b.co.afterBatch()
+	}
 	if err != nil {
 		for _, w := range batch {
 			w.send(answer{err: err})
@@ -291,7 +317,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many tak
 	var i int64
 	for _, w := range batch {
 		// One that gave up is skipped: its permit goes to the next.
-		if w.send(answer{d: u.forCaller(i)}) {
+		if w.send(answer{d: u.forCaller(i), at: at}) {
 			i++
 		}
 	}
@@ -305,7 +331,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many tak
 	for _, w := range ln.q {
 		if i < u.got && w.state.Load() == waiting {
 			d := u.forCaller(i)
-			if d.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: d}) {
+			if d.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: d, at: at}) {
 				i++
 				continue
 			}

@@ -12,8 +12,8 @@
 // Pick the bucket that matches how the provider counts:
 //
 //	bucket       provider policy                      guarantee                           trips/grant
-//	TokenBucket  N per period, then wait (default)    ≤ limit per refill, refills         ≤ 1
-//	                                                  ≥ interval apart
+//	TokenBucket  N per interval, however counted      ≤ limit in any span of one          ≤ 1
+//	             (default)                            interval, at send time
 //	FixedWindow  wall-clock-aligned windows           ≤ limit per aligned window          1
 //	Tiers        several aligned windows at once      each tier's own, all-or-nothing     1
 //	SlidingLog   sliding window(s)                    ≤ limit in any span of the window   1
@@ -33,15 +33,15 @@
 //   - decides on the Redis server's clock (TIME inside scripts, or key
 //     expiry), never on the caller's, so instances with skewed clocks agree;
 //   - takes at most one round trip per decision: one Lua script, run with
-//     EVALSHA and reloaded after NOSCRIPT (a restart, a failover); the
-//     TokenBucket's refill is part of its take script;
+//     EVALSHA and reloaded after NOSCRIPT (a restart, a failover);
 //   - coalesces concurrent takes of one permit for the same key in one
 //     process into one round trip (see Coalesced takes below), but
 //     [Budget], whose costs differ call by call;
 //   - charges nothing for a denied call, and grants n permits all or none;
 //   - names, when it refuses, the time after which asking again can succeed
-//     (Decision.Delay), so a Limiter sleeps instead of polling; [GCRA] even
-//     reserves a future slot up to the caller's maxWait;
+//     (Decision.Delay), so a Limiter sleeps instead of polling; the
+//     [TokenBucket] places a permit, and [GCRA] reserves a future slot, up
+//     to the caller's maxWait ahead;
 //   - fills Decision.Limit, Remaining and Reset, for X-RateLimit headers;
 //   - keeps an independent budget per key passed to Take (a tenant, an
 //     endpoint), and can be paused by a Limiter for the whole fleet: one
@@ -116,13 +116,14 @@
 // governs that tenant only; tenants without one keep the constructor's.
 // It has no expiry. When it applies:
 //
-//	TokenBucket  from the next refill (≤ one interval): the running period keeps its tokens
+//	TokenBucket  from the next take: the permits placed before it count against the new limit
 //	FixedWindow  from the next window (≤ one interval): a window's limit is fixed by its first grant
 //	GCRA         at once; slots already reserved keep their times
 //
 // So lowering a limit never lets more than the old limit through in the
-// running period or window, and Decision.Limit reports the limit in force
-// (the running period's or window's). State reads a budget's limit,
+// running window (a TokenBucket: more than the new one in any span of one
+// interval from the next take on), and Decision.Limit reports the limit
+// in force (the running window's). State reads a budget's limit,
 // usage, reset and pause in one round trip; cmd/headwayctl does both
 // from a shell.
 //

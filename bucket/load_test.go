@@ -111,13 +111,28 @@ func bucketCases() []bucketCase {
 }
 
 // recorder wraps a bucket and notes, on the test's clock, when each
-// granted permit was decided.
+// granted permit was decided, and which were given back (Decision.Cancel:
+// their callers left before their time, and sent nothing).
 type recorder struct {
 	throttle.Bucket
 	mu       sync.Mutex
 	grants   []grant
+	back     map[int]bool // indexes in grants given back
 	errs     atomic.Int64
 	firstErr atomic.Value
+}
+
+// sent returns the grants not given back.
+func (r *recorder) sent() []grant {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var gs []grant
+	for i, g := range r.grants {
+		if !r.back[i] {
+			gs = append(gs, g)
+		}
+	}
+	return gs
 }
 
 func (r *recorder) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
@@ -136,19 +151,34 @@ func (r *recorder) Take(ctx context.Context, key string, n int64, maxWait time.D
 	if err == nil && d.Granted {
 		delay := d.Delay.Microseconds()
 		r.mu.Lock()
+		first := len(r.grants)
 		for range n {
 			r.grants = append(r.grants, grant{lo: lo + delay, hi: hi + delay, decided: hi})
 		}
 		r.mu.Unlock()
+		if cancel := d.Cancel; cancel != nil {
+			d.Cancel = func(ctx context.Context) error {
+				r.mu.Lock()
+				if r.back == nil {
+					r.back = make(map[int]bool)
+				}
+				for i := first; i < first+int(n); i++ {
+					r.back[i] = true
+				}
+				r.mu.Unlock()
+				return cancel(ctx)
+			}
+		}
 	}
 	return d, err
 }
 
 // loadResult is what one run saw.
 type loadResult struct {
-	grants     []grant
-	start, end int64 // µs: the load's run, for utilization
-	origin     int64 // µs: before any instance existed, for the checks
+	grants     []grant // those not given back: sent
+	placed     int64   // every grant, given back or not
+	start, end int64   // µs: the load's run, for utilization
+	origin     int64   // µs: before any instance existed, for the checks
 	errs       int64
 }
 
@@ -216,9 +246,15 @@ func runLoad(t *testing.T, c bucketCase, clients []redis.UniversalClient, key st
 	}
 	wg.Wait()
 	end := time.Now()
+	for _, lim := range lims {
+		_ = lim.Close() // its give-backs done
+	}
 	res := loadResult{origin: origin, start: start.UnixMicro(), end: min(end.UnixMicro(), start.Add(loadRun).UnixMicro())}
 	for _, r := range recs {
-		res.grants = append(res.grants, r.grants...)
+		res.grants = append(res.grants, r.sent()...)
+		r.mu.Lock()
+		res.placed += int64(len(r.grants))
+		r.mu.Unlock()
 		res.errs += r.errs.Load()
 		if e := r.firstErr.Load(); e != nil {
 			t.Logf("first error: %v", e)
@@ -317,7 +353,7 @@ func TestRestart(t *testing.T) {
 			// by the new one, whose grants must keep the guarantee on
 			// their own (its data started empty).
 			var pre, post []grant
-			inFlight := 0
+			inFlight, placedAfter := 0, 0
 			for _, g := range res.grants {
 				switch {
 				case g.decided < before:
@@ -328,15 +364,21 @@ func TestRestart(t *testing.T) {
 					inFlight++
 				}
 			}
-			t.Logf("%d grants before the restart, %d after, %d in flight, %d errors; restart took %v",
-				len(pre), len(post), inFlight, res.errs, time.Duration(after-before)*time.Microsecond)
+			placedAfter = int(res.placed) - len(res.grants) + len(post) // those given back came after
+			t.Logf("%d grants before the restart, %d after (%d with those given back at the run's end), %d in flight, %d errors; restart took %v",
+				len(pre), len(post), placedAfter, inFlight, res.errs, time.Duration(after-before)*time.Microsecond)
 			if err := c.check(pre, res.origin); err != nil {
 				t.Errorf("before the restart: %v", err)
 			}
 			if err := c.check(post, before); err != nil {
 				t.Errorf("after the restart: %v", err)
 			}
-			if len(post) == 0 {
+			// A token bucket holds the key until an interval after the
+			// latest end an instance knew of (its crowd placed ahead
+			// before the restart sends then): its first grants after the
+			// restart may come too late to be sent in the run, and are
+			// given back when it ends; they count as recovery.
+			if placedAfter == 0 {
 				t.Errorf("no grant after the restart: the bucket did not recover")
 			}
 		})

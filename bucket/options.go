@@ -233,9 +233,8 @@ func WithLeaderLease(d time.Duration) LeaderOption {
 }
 
 // WithRetry sets how long a caller is told to wait (Decision.Delay) in the
-// rare moments when the bucket cannot name a time: another instance is
-// refilling a [TokenBucket] right now, or a [Counter]'s reset is due but its
-// Resetter has not run yet. Default: 1 ms. It must be between 100 µs and 1 s.
+// rare moments when the bucket cannot name a time: a [Counter]'s reset is
+// due but its Resetter has not run yet. Default: 1 ms. It must be between 100 µs and 1 s.
 func WithRetry(d time.Duration) RetryOption {
 	return retryOption(func(c *config) { c.retry = d })
 }
@@ -258,7 +257,8 @@ func WithRetry(d time.Duration) RetryOption {
 // the delay between a permit and the provider's arrival at a high
 // percentile. It must be at least 0 and below the interval (every
 // window's Period, for a SlidingLog; every dimension's Interval, for a
-// Budget).
+// Budget); for a TokenBucket and a Budget, 0 is the default (a margin of
+// 0 would leave a permit no time to be used in).
 func WithArrivalMargin(d time.Duration) ArrivalMarginOption {
 	return marginOption(func(c *config) { c.margin = d })
 }

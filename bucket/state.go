@@ -182,9 +182,12 @@ func (b *TokenBucket) State(ctx context.Context, key string) (State, error) {
 	var last int64
 	for i, e := range s.list[0] {
 		var end, n int64
-		if i == 0 { // the header: its last take's limit ends it
+		if i == 0 { // the header: its fifth field is the last take's limit
 			f := strings.Fields(e)
-			if v, err := strconv.ParseInt(f[len(f)-1], 10, 64); len(f) == 5 && err == nil && v > 0 && !st.Live {
+			if len(f) < 5 {
+				continue // a header of an older version: no limit
+			}
+			if v, err := strconv.ParseInt(f[4], 10, 64); err == nil && v > 0 && !st.Live {
 				st.Current = v
 			}
 			continue

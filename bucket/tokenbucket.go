@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,7 +74,10 @@ type TokenBucket struct {
 // longer than the interval (a stalled store) is not kept: its permits
 // come late whatever they count.
 func (b *TokenBucket) noteRTT(d time.Duration) {
-	v := min(int64(d/time.Microsecond), b.intervalUs)
+	v := int64(d / time.Microsecond)
+	if v > b.intervalUs {
+		return
+	}
 	for {
 		old := b.rtt.Load()
 		next := v
@@ -87,9 +91,11 @@ func (b *TokenBucket) noteRTT(d time.Duration) {
 }
 
 // latestEnds remembers, per key, the end (place plus margin) of the latest
-// permit this instance was given, in µs on the clock of the Redis server
-// that gave it, so that a take can tell tb_take.lua of a schedule the
-// server has lost. No clock of this machine is involved. An entry is
+// permit this instance was given, and when the schedule that holds it was
+// born, in µs on the clock of the Redis server that gave it, so that a
+// take can tell tb_take.lua of a schedule the server has lost (one that
+// ends before it, or was born since). No clock of this machine is
+// involved. An entry is
 // useless once its permit has stopped counting (an interval after its
 // end); each shard is swept when it has doubled since its last sweep, so
 // the map holds about the keys taken from in the last interval. Sharded
@@ -103,9 +109,13 @@ const endShards = 32
 
 type endShard struct {
 	mu    sync.Mutex
-	m     map[string]int64 // key → end, µs on the server's clock
-	swept int              // len(m) after the last sweep
+	m     map[string]latestEnd
+	swept int // len(m) after the last sweep
 }
+
+// latestEnd is a key's latest end and its schedule's birth, µs on the
+// server's clock.
+type latestEnd struct{ end, born int64 }
 
 func (p *latestEnds) shard(key string) *endShard {
 	h := uint32(2166136261) // FNV-1a: keys spread over the shards
@@ -115,29 +125,41 @@ func (p *latestEnds) shard(key string) *endShard {
 	return &p.shards[h%endShards]
 }
 
-// get returns key's latest end, 0 when none is known.
-func (p *latestEnds) get(key string) int64 {
+// get returns key's latest end and its schedule's birth, zero when none
+// is known.
+func (p *latestEnds) get(key string) latestEnd {
 	s := p.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m[key]
 }
 
-// note records that key had a permit ending at end; stale is the server's
-// clock of the same answer less one interval, for sweeping (µs).
-func (p *latestEnds) note(key string, end, stale int64) {
+// note records that an answer of the schedule born at born (0: not told)
+// gave key a permit ending at end (0: none, a refusal); stale is the server's clock of
+// the same answer less one interval, for sweeping (µs). The end kept is
+// the latest given; the birth, the answer's: the take that found a
+// schedule born since the one the latest end was given in counted that
+// end's permits there (Schedule:lost), refused or not, so that the next
+// takes must not count them again (each would, at the schedule's tail,
+// pushing every place an interval on).
+func (p *latestEnds) note(key string, end, born, stale int64) {
 	s := p.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	old, ok := s.m[key]
+	if !ok && end <= 0 {
+		return // nothing given, nothing known
+	}
+	if born == 0 {
+		born = old.born // not told (a Budget's schedules): keep what is known
+	}
 	if s.m == nil {
-		s.m = make(map[string]int64)
+		s.m = make(map[string]latestEnd)
 	}
-	if end > s.m[key] {
-		s.m[key] = end
-	}
+	s.m[key] = latestEnd{end: max(old.end, end), born: born}
 	if len(s.m) >= 2*max(s.swept, 64) {
 		for k, e := range s.m {
-			if e <= stale {
+			if e.end <= stale {
 				delete(s.m, k)
 			}
 		}
@@ -260,18 +282,19 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	// it (rtt), and what the answer took beyond them comes off the margin
 	// (at least 1 ns: a margin of 0 bounds nothing).
 	extra := b.rtt.Load()
-	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs+extra, wait, b.ends.get(key))
+	known := b.ends.get(key)
+	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs+extra, wait, known.end, known.born)
 	took := time.Since(sent)
 	b.noteRTT(took)
 	margin := max(us(b.marginUs+extra)-took, 1)
 	if err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}
-	if len(r) < 6 {
+	if len(r) < 7 {
 		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
 	}
 	status, limit, remaining, reset, now := r[0], liveOr(r, 1, b.limit), r[2], us(r[3]), r[4]
-	next, places, ends := us(r[5]), r[6:], []int64(nil)
+	next, born, places, ends := us(r[5]), r[6], r[7:], []int64(nil)
 	shared := int64(1) // permits per place: k of an up-to take may share one
 	if len(places) == 3 && places[0] < 0 {
 		shared, places, ends = -places[0], places[1:2], places[2:3]
@@ -283,9 +306,17 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	case status == 4:
 		return upTo{}, exceeds(b.name, max(n, -n), limit)
 	case status == 0 || len(places) == 0:
+		b.ends.note(key, 0, born, now-b.intervalUs) // the schedule it found: see note
 		return upTo{granted: refused, rest: refused, at: now}, nil
 	}
-	b.ends.note(key, now+places[len(places)-1]+b.marginUs+extra, now-b.intervalUs)
+	// The latest end given: the permits of an up-to take need not come in
+	// order of place (one at once after one paced), but the ends they are
+	// recorded under do, the last the latest.
+	latest := slices.Max(places) + now + b.marginUs + extra
+	if len(ends) > 0 {
+		latest = max(latest, ends[len(ends)-1])
+	}
+	b.ends.note(key, latest, born, now-b.intervalUs)
 	granted := throttle.Decision{Granted: true, Delay: us(places[0]), Margin: margin, Limit: limit, Remaining: remaining, Reset: reset}
 	refused.Remaining = 0
 	u := upTo{granted: granted, got: int64(len(places)) * shared, rest: refused, at: now}
@@ -297,7 +328,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 				if !once.CompareAndSwap(false, true) {
 					return nil // given back already: the entry holds other callers' permits too
 				}
-				return b.giveBack(ctx, keys[0], end, each)
+				return b.giveBack(ctx, keys[0], end, born, each)
 			}
 		}
 		u.granted.Cancel = u.cancel(0)
@@ -311,11 +342,11 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	return u, nil
 }
 
-// giveBack takes n permits that will not be sent, recorded under end, off
-// the schedule under key (tb_giveback.lua): a caller that left before its
-// place, or could no longer use it.
-func (b *TokenBucket) giveBack(ctx context.Context, key string, end, n int64) error {
-	cmd, _ := b.evalNoRetry(ctx, scriptTBGiveBack, []string{key}, []any{b.intervalUs, end, n}) // never twice
+// giveBack takes n permits that will not be sent, recorded under end in
+// the schedule born at born, off the schedule under key (tb_giveback.lua):
+// a caller that left before its place, or could no longer use it.
+func (b *TokenBucket) giveBack(ctx context.Context, key string, end, born, n int64) error {
+	cmd, _ := b.evalNoRetry(ctx, scriptTBGiveBack, []string{key}, []any{b.intervalUs, end, n, born}) // never twice
 	if err := cmd.Err(); err != nil {
 		return backend("give back", key, err)
 	}

@@ -132,6 +132,7 @@ func TestTokenBucketGrantsABurstAtAnIdleKeyAtOnce(t *testing.T) {
 	b := newTB(t, srv.Client(), "burst", limit, interval, WithArrivalMargin(margin))
 	ctx := context.Background()
 	var trips time.Duration // the most round trips a permit counted
+	began := time.Now()
 	for i := range limit {
 		trips = max(trips, us(b.rtt.Load()))
 		d, err := b.Take(ctx, "", 1, 0)
@@ -140,10 +141,11 @@ func TestTokenBucketGrantsABurstAtAnIdleKeyAtOnce(t *testing.T) {
 		}
 	}
 	d, err := b.Take(ctx, "", 1, 0)
+	took := time.Since(began) // the burst's first permit was placed that long before the refusal, at most
 	if err != nil || d.Granted {
 		t.Fatalf("take beyond the limit with no wait: %+v, %v", d, err)
 	}
-	if d.Delay < interval || d.Delay > interval+margin+trips {
+	if d.Delay < interval+margin-took || d.Delay > interval+margin+trips {
 		t.Fatalf("refused until %v, want an interval, the margin and the round trips after the burst (%v)", d.Delay, interval+margin+trips)
 	}
 }
@@ -222,6 +224,135 @@ func TestTokenBucketCountsALostScheduleFull(t *testing.T) {
 	}
 	for range 2 * limit {
 		all = append(all, takePlaces(t, b, "", 1, throttle.Forever).places...)
+	}
+	judgePlaces(t, all, limit, interval+margin)
+}
+
+// TestTokenBucketCountsALostScheduleFullWhenAnotherInstanceStartedItAgain:
+// after Redis loses a key's schedule, an instance that knew nothing of it
+// (just started) may take first and start a schedule anew, with permits
+// that end after the latest end an instance that knew was given. That
+// instance's lost permits still count at its next take: the schedule it
+// finds is not the one that held them.
+func TestTokenBucketCountsALostScheduleFullWhenAnotherInstanceStartedItAgain(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval, margin = 10, time.Minute, 5 * time.Millisecond
+	knew := newTB(t, rdb, "lost-restarted", limit, interval, WithArrivalMargin(margin))
+	if p := takePlaces(t, knew, "", -limit, 0); len(p.places) != limit {
+		t.Fatalf("%d of the limit at an idle key", len(p.places))
+	}
+	if err := rdb.Del(context.Background(), knew.rootKeys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newTB(t, srv.Client(), "lost-restarted", limit, interval, WithArrivalMargin(margin))
+	if p := takePlaces(t, fresh, "", 1, 0); len(p.places) != 1 {
+		t.Fatal("an instance that knew nothing of the key cannot tell it was lost: granted")
+	}
+	if p := takePlaces(t, knew, "", -limit, 0); len(p.places) != 0 {
+		t.Fatalf("%d more at once by the instance given the whole limit a moment before the loss", len(p.places))
+	}
+}
+
+// TestTokenBucketCountsAKeyOfThePreviousVersionFull: the token bucket
+// before issue 41 kept a period's tokens under the same key, a string.
+// Met during an upgrade, that key is neither an error at every take (the
+// failure policy deciding for the fleet until the old instances stop) nor
+// forgotten (the whole limit again on top of the old period's grants):
+// its grants are counted full, ending with its period (the previous
+// version's Limiter spread them over it), and the key becomes the
+// schedule.
+func TestTokenBucketCountsAKeyOfThePreviousVersionFull(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval, margin = 5, 200 * time.Millisecond, 5 * time.Millisecond
+	b := newTB(t, rdb, "upgraded", limit, interval, WithArrivalMargin(margin))
+	ctx := context.Background()
+	if err := rdb.Set(ctx, b.rootKeys[0], "2", interval/2).Err(); err != nil { // 3 of 5 taken, half the period left
+		t.Fatal(err)
+	}
+	d, err := b.Take(ctx, "", 1, 0)
+	if err != nil || d.Granted {
+		t.Fatalf("a take meeting the previous version's key: %+v, %v; want refused, the old period's grants counting", d, err)
+	}
+	if want := interval/2 + interval; d.Delay < interval || d.Delay > want+margin+10*time.Millisecond {
+		t.Fatalf("refused for %v, want about an interval after the old period's end (%v)", d.Delay, want)
+	}
+	time.Sleep(d.Delay)
+	if d, err := b.Take(ctx, "", limit, 10*time.Millisecond); err != nil || !d.Granted {
+		t.Fatalf("the limit once the old grants stopped counting: %+v, %v", d, err)
+	}
+}
+
+// TestTokenBucketCountsALostScheduleOncePerInstance: an instance counts
+// its lost permits in the schedule begun again once, not at each of its
+// takes: refused (its callers cannot wait), it is given no permit whose
+// schedule it would remember, and counting the limit again at every take,
+// at the schedule's tail, pushed the other instances' places an interval
+// further each time.
+func TestTokenBucketCountsALostScheduleOncePerInstance(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval = 5, 200 * time.Millisecond
+	knew := newTB(t, rdb, "lost-once", limit, interval)
+	if p := takePlaces(t, knew, "", -limit, 0); len(p.places) != limit {
+		t.Fatalf("%d of the limit at an idle key", len(p.places))
+	}
+	if err := rdb.Del(context.Background(), knew.rootKeys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newTB(t, srv.Client(), "lost-once", limit, interval)
+	start := takePlaces(t, fresh, "", 1, 0).asked
+	var last int64
+	for range 2 * limit {
+		if p := takePlaces(t, knew, "", 1, 0); len(p.places) != 0 {
+			t.Fatalf("the instance whose permits were lost, at once: %v", p.places)
+		}
+		p := takePlaces(t, fresh, "", 1, throttle.Forever)
+		last = p.places[0]
+	}
+	// The lost permits hold the key an interval (and a margin) after the
+	// loss; then 2·limit permits at the pace: two intervals more.
+	if most := (4*interval + 50*time.Millisecond).Microseconds(); last-start > most {
+		t.Fatalf("the last of %d permits placed %v after the first, want at most %v", 2*limit, time.Duration(last-start)*time.Microsecond, time.Duration(most)*time.Microsecond)
+	}
+}
+
+// TestTokenBucketRemembersTheLatestEndOfAnUpToTake: the permits of an
+// up-to take need not come in order of place (the last one at once after
+// a paced one), and a lost schedule must be counted full at the latest
+// end the instance was given, not at the end of the take's last permit.
+func TestTokenBucketRemembersTheLatestEndOfAnUpToTake(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval, margin = 10, 500 * time.Millisecond, 5 * time.Millisecond
+	b := newTB(t, rdb, "latest-end", limit, interval, WithArrivalMargin(margin))
+	// An idle key: the first at once, the second paced (interval/limit =
+	// 50 ms on), the third beyond the wait's pace, at once.
+	p := takePlaces(t, b, "", -3, 75*time.Millisecond)
+	if len(p.places) != 3 || p.places[1] <= p.places[2] {
+		t.Fatalf("places %v, want the second after the third", p.places)
+	}
+	all := p.places
+	if err := rdb.Del(context.Background(), b.rootKeys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Once the instance's last permit stops counting, the whole limit at
+	// once: still counting, the paced permit must hold one of them back.
+	ctx := context.Background()
+	for {
+		u, err := b.run(ctx, "", -limit, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.got == 0 {
+			time.Sleep(time.Duration(max(u.rest.Delay, time.Millisecond)))
+			continue
+		}
+		for i := range u.got {
+			all = append(all, u.at+u.forCaller(i).Delay.Microseconds())
+		}
+		break
 	}
 	judgePlaces(t, all, limit, interval+margin)
 }
@@ -392,6 +523,36 @@ func TestTokenBucketGivesBackAPermitThatWillNotBeSent(t *testing.T) {
 	}
 }
 
+// TestTokenBucketGiveBackAfterALostScheduleTakesNothingOfTheNewOne: a
+// permit given back after Redis lost the schedule it was placed in (an
+// empty restart, a failover) is not in the schedule begun since; taking it
+// off an entry there, of the same slot, would uncount another instance's
+// permit, and the key would place one more than the limit.
+func TestTokenBucketGiveBackAfterALostScheduleTakesNothingOfTheNewOne(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval = 2, time.Minute // a slot of 234 ms: the two instances' ends share one
+	ctx := context.Background()
+	a := newTB(t, rdb, "giveback-lost", limit, interval)
+	d, err := a.Take(ctx, "", 1, 0)
+	if err != nil || !d.Granted || d.Cancel == nil {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	if err := rdb.Del(ctx, a.rootKeys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := newTB(t, srv.Client(), "giveback-lost", limit, interval)
+	if d, err := b.Take(ctx, "", limit, 0); err != nil || !d.Granted {
+		t.Fatalf("the whole limit at the schedule begun again: %+v, %v", d, err)
+	}
+	if err := d.Cancel(ctx); err != nil { // a's caller leaves before its time
+		t.Fatal(err)
+	}
+	if d, err := b.Take(ctx, "", 1, 0); err != nil || d.Granted {
+		t.Fatalf("a third permit within the minute, limit %d: %+v, %v", limit, d, err)
+	}
+}
+
 // TestTokenBucketMarginLosesTheRoundTripAndCoversTheNextOnes: a permit's
 // margin counts from when Take returns, less what the answer took beyond
 // the round trips counted in its place: a store that answers later than
@@ -421,5 +582,104 @@ func TestTokenBucketMarginLosesTheRoundTripAndCoversTheNextOnes(t *testing.T) {
 	d, err = b.Take(ctx, "", 1, 0)
 	if err != nil || !d.Granted || d.Margin < margin/2 {
 		t.Fatalf("the next take, its place counting the round trip: %+v, %v; want most of the margin", d, err)
+	}
+}
+
+// TestTokenBucketNoteRTT: the recent round trips follow a longer one at
+// once and a shorter one by a sixteenth of the difference; a round trip
+// longer than the interval (a stalled store) is not kept, as noteRTT's
+// doc says: its permits come late whatever they count, and kept, it would
+// make every following permit count an interval more.
+func TestTokenBucketNoteRTT(t *testing.T) {
+	b := &TokenBucket{intervalUs: time.Second.Microseconds()}
+	b.noteRTT(2 * time.Millisecond)
+	if got := b.rtt.Load(); got != 2000 {
+		t.Fatalf("after 2 ms: %d µs", got)
+	}
+	b.noteRTT(400 * time.Microsecond)
+	if got := b.rtt.Load(); got != 2000-1600/16 {
+		t.Fatalf("after 0.4 ms: %d µs, want a sixteenth of the way down", got)
+	}
+	b.noteRTT(3 * time.Second)
+	if got := b.rtt.Load(); got != 1900 {
+		t.Fatalf("after a round trip of 3 s on a 1 s interval: %d µs, want it not kept (1900)", got)
+	}
+}
+
+// TestTokenBucketKeepsTheBoundThroughGiveBacksAndPruning: several
+// instances on one key, mixed takes (one permit, several at one place, up
+// to k) and waits, a third of the permits given back at once (not sent:
+// their places are not judged), on short intervals and margins up to
+// nearly the interval, so that entries are pruned, merged and given back
+// while the searches' cursors point past them: the places kept hold at
+// most the limit in any span of the interval and the margin.
+func TestTokenBucketKeepsTheBoundThroughGiveBacksAndPruning(t *testing.T) {
+	srv := redisenv.New(t)
+	for _, c := range []struct {
+		limit    int64
+		interval time.Duration
+		margin   time.Duration
+	}{
+		{5, 50 * time.Millisecond, 2 * time.Millisecond},
+		{20, 100 * time.Millisecond, 5 * time.Millisecond},
+		{3, 20 * time.Millisecond, 19 * time.Millisecond},
+		{1, 10 * time.Millisecond, time.Millisecond},
+		{3, time.Millisecond, 500 * time.Microsecond},
+	} {
+		key := "givebacks-" + c.interval.String()
+		var buckets []*TokenBucket
+		for range 3 {
+			buckets = append(buckets, newTB(t, srv.Client(), key, c.limit, c.interval, WithArrivalMargin(c.margin)))
+		}
+		waits := []time.Duration{0, time.Millisecond, c.interval / 3, c.interval, 3 * c.interval, throttle.Forever}
+		var mu sync.Mutex
+		var all []int64
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(g), 41))
+				b := buckets[g%3]
+				for range 200 {
+					n := int64(1 + rng.IntN(int(min(c.limit, 3))))
+					if rng.IntN(2) == 0 {
+						n = -(1 + rng.Int64N(5))
+					}
+					wait := waits[rng.IntN(len(waits))]
+					u, err := b.run(context.Background(), "", n, wait)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					var kept []int64
+					for i := range u.got {
+						d := u.forCaller(i)
+						reps := int64(1)
+						if n > 0 {
+							reps = n
+						}
+						if rng.IntN(3) == 0 && d.Cancel != nil {
+							if err := d.Cancel(context.Background()); err != nil {
+								t.Error(err)
+							}
+							continue
+						}
+						for range reps {
+							kept = append(kept, u.at+d.Delay.Microseconds())
+						}
+					}
+					mu.Lock()
+					all = append(all, kept...)
+					mu.Unlock()
+					if rng.IntN(4) == 0 {
+						time.Sleep(time.Duration(rng.IntN(int(c.interval / 2))))
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		t.Logf("%d/%v: %d places", c.limit, c.interval, len(all))
+		judgePlaces(t, all, c.limit, c.interval+c.margin)
 	}
 }

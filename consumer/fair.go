@@ -185,8 +185,8 @@ func Urgent(urgent func(*kgo.Record) bool, share float64) FairOption {
 // the Limiter given to [New] keeps the rest (95), so that together they
 // keep the provider's limit. An urgent record takes one of reserve's
 // permits when reserve has one at once; it then waits for no grant of
-// the shared limiter, whose grants are spread over each period and pause
-// at its end (about 70 ms a second: see [throttle.SpreadSpan]). When
+// the shared limiter, whose grants come at the limit's pace once a crowd
+// waits for them. When
 // reserve has none at once (its part spent), the record waits for the
 // next permit of its budget, as [Urgent] says.
 //
@@ -797,9 +797,8 @@ func (f *fair) noteReserve(ctx context.Context, err error) {
 // reserveNext returns the oldest urgent candidate the reserve has not
 // been asked for that can take a permit now: a waiter, or a fresh record
 // while a worker is free for it (a permit held for want of a worker
-// waits for the handlers in work, and one of a periodic bucket used in a
-// later period would come on top of that period's); nil if none. f.mu is
-// held.
+// waits for the handlers in work, and past its time's margin it is not
+// used at all); nil if none. f.mu is held.
 func (f *fair) reserveNext() *cand {
 	if f.untried == 0 {
 		return nil

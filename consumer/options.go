@@ -475,7 +475,8 @@ func WithOrdering(o Ordering) Option {
 //
 // To reach a limit of R calls per second with handlers that take L, the
 // fleet needs about R·L slots in all (500/s at 100 ms: 50), more when
-// permits come in bursts (a token bucket refills at once); the default
+// permits come in bursts (a token bucket at an idle key grants its whole
+// limit at once); the default
 // leaves room for a few hundred calls per second per instance at 100 ms
 // to 500 ms of latency. A partition's records in flight are also bounded
 // by [WithQueueSize].

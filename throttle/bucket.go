@@ -107,12 +107,14 @@ type Decision struct {
 	// full again. 0 if unknown.
 	Reset time.Duration
 
-	// Cancel, when set on a reservation (Granted with Delay > 0), gives
-	// the reservation back exactly, as if it had never been made, if the
-	// bucket still can (nothing booked after it, its slot not begun);
-	// otherwise it does nothing. A Limiter calls it at most once, when its
-	// caller gives up the wait. A bucket that cannot cancel exactly leaves
-	// it nil, and the Limiter hands the permits back through its Refund.
+	// Cancel, when set on a grant, gives the permits back exactly, as if
+	// they had never been granted, if the bucket still can (GCRA: nothing
+	// booked after the slot, the slot not begun; TokenBucket: while they
+	// still count); otherwise it does nothing. A Limiter calls it at most
+	// once, when the permits will not be used: its caller gave up the wait
+	// before their time, or a pause was reported meanwhile. A bucket that
+	// cannot cancel exactly leaves it nil, and the Limiter hands the
+	// permits back through its Refund.
 	Cancel func(ctx context.Context) error
 
 	// Settle, set on a grant of a [CostBucket] (TakeCost), corrects the

@@ -39,8 +39,9 @@ type decision struct {
 	// debt it carried, and the end of the first-back cap's period it
 	// reserved n+want in (0: none).
 	sent, debt, reserved int64
-	// answered is when the bucket's answer came back (0: not from the
-	// store), from which a grant's Delay and Margin count.
+	// answered is when the bucket's answer came back, or when the key's
+	// lease served the grant (0: neither), from which a grant's Delay and
+	// Margin count.
 	answered int64
 	// The gate's reading of a refusal (waiter.leaveGate): ask again in
 	// retryIn; shared: the refusal holds for every caller of the key.

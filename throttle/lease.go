@@ -166,8 +166,16 @@ func (b *leaseBatch) take(n int64) (int64, bool) {
 	}
 }
 
+// granted is the Decision of a grant from b at now, left permits left in
+// it. A batch that lives its permits' margin says how long its permits may
+// still be used (Margin, counted from now), so that a holder of one (the
+// consumer's scheduler, a handler's held permit) does not send it later.
 func (b *leaseBatch) granted(left, now int64) Decision {
-	return Decision{Granted: true, Limit: b.limit, Remaining: left, Reset: time.Duration(max(b.expires-now, 0))}
+	d := Decision{Granted: true, Limit: b.limit, Remaining: left, Reset: time.Duration(max(b.expires-now, 0))}
+	if b.margin > 0 {
+		d.Margin = time.Duration(max(b.expires-now, 1))
+	}
+	return d
 }
 
 // serve takes n permits from the lease at now: a grant, or a refusal while
@@ -270,8 +278,9 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 // lease.
 func (l *Limiter) leased(w *waiter, st *keyState) decision {
 	ls, n := &st.lease, w.n
-	if d, ok := ls.serve(n, l.tb.now()); ok {
-		return decision{Decision: d, src: fromLease, n: n}
+	now := l.tb.now()
+	if d, ok := ls.serve(n, now); ok {
+		return decision{Decision: d, src: fromLease, n: n, answered: now}
 	}
 	for pass := 0; ; pass++ {
 		if pass > 0 && w.measured && w.left() <= 0 {
@@ -283,7 +292,7 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 		now := l.tb.now()
 		if d, ok := ls.serve(n, now); ok {
 			st.lease.mu.Unlock()
-			return decision{Decision: d, src: fromLease, n: n}
+			return decision{Decision: d, src: fromLease, n: n, answered: now}
 		}
 		if f := ls.fill; f != nil {
 			st.lease.mu.Unlock()

@@ -26,11 +26,12 @@ import (
 // makes after a provider's pause, takes a permit of its own.
 //
 // Held permits are used at most once, however many goroutines share the
-// context, and only until their time's margin has passed when the bucket
-// gives them one (Decision.Margin: the consumer passes that bound with
-// the attempt's permit; a call made after it takes a permit of its own,
-// whose time is its own). n < 1, or a zero Keyed, holds nothing and
-// returns ctx.
+// context. The consumer passes with its attempt's permit the end of that
+// permit's margin (Decision.Margin), after which the permit is not used:
+// a call made then takes a permit of its own, whose time is its own.
+// Permits held from an Acquire of the caller's own carry no such bound:
+// hand them on at once, for a call made at once. n < 1, or a zero Keyed,
+// holds nothing and returns ctx.
 func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
 	if k.l == nil || n < 1 {
 		return ctx

@@ -74,7 +74,7 @@ local function open()
   for i, d in ipairs(dims) do
     if d.amount ~= 0 then
       d.s = openSchedule(KEYS[2 + i], d.interval, now)
-      d.s:lost(d.known, d.limit)
+      d.s:lost(d.known, 0, d.limit)
     end
   end
 end

@@ -10,11 +10,12 @@
 -- any span of INTERVAL: what a provider counting arrivals sees, whatever
 -- the callers' waits, processes or leases.
 --
--- A schedule is one list. Element 0: "count tat cur before limit": count,
--- the permits its entries hold; tat, the pace's next place (µs); cur and
--- before, where the last search stopped (an entry's index, the permits in
--- the entries before it: the next search starts there); limit, the limit
--- of the last write (for State). Elements 1..:
+-- A schedule is one list. Element 0: "count tat cur before limit born":
+-- count, the permits its entries hold; tat, the pace's next place (µs);
+-- cur and before, where the last search stopped (an entry's index, the
+-- permits in the entries before it: the next search starts there); limit,
+-- the limit of the last write (for State); born, when the schedule began
+-- (µs: one started again after Redis lost it has another). Elements 1..:
 -- entries "end count", a count of permits whose ends are at most end,
 -- in order of end; an entry holds the ends of one slot of INTERVAL/256.
 -- The list expires when its last entry stops counting.
@@ -29,13 +30,23 @@ local function openSchedule(key, interval, now)
   local s = setmetatable({key = key, interval = interval, now = now,
     grid = math.max(math.floor(interval / 256), 1),
     count = 0, tat = 0, cur = 1, before = 0, stored = {}, added = {}}, Schedule)
-  s.head = redis.call('LINDEX', key, 0)
+  s.head = redis.pcall('LINDEX', key, 0)
+  if type(s.head) == 'table' then
+    -- Not a list: the previous version's key (the token bucket's tokens
+    -- before issue 41, a string expiring at its period's end), met during
+    -- an upgrade. Read as no schedule; older is until when its grants may
+    -- still be sent (its Limiters spread them over the period), for the
+    -- caller to count; save replaces the key.
+    s.head, s.older = nil, now + math.max(redis.call('PTTL', key), 0) * 1000
+  end
   s.limit, s.len = 0, 0
   if s.head then
     local a, b, c, d = string.match(s.head, '(%S+) (%S+) (%S+) (%S+)')
     s.count, s.tat, s.cur, s.before = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+    s.born = tonumber(string.match(s.head, '^%S+ %S+ %S+ %S+ %S+ (%S+)') or '')
     s.len = redis.call('LLEN', key) - 1
   end
+  if s.born == nil or s.born <= 0 then s.born = now end -- begun now (or by an older version)
   local gone, dropped = 0, 0
   while gone < 64 do
     local e = s:entry(gone + 1)
@@ -132,11 +143,14 @@ function Schedule:earliest(need, limit)
 end
 
 -- lost counts limit permits ending at known (µs), the latest end a
--- caller's instance was given, when the schedule lacks it: Redis lost it
--- (an empty restart, a failover, the key deleted), and the permits that
--- end may belong to are unknown.
-function Schedule:lost(known, limit)
-  if known > 0 and known + self.interval > self.now and (self.last == nil or known > self.last[1]) then
+-- caller's instance was given, in the schedule born at born (0: unknown),
+-- when the schedule lacks it: Redis lost it (an empty restart, a
+-- failover, the key deleted), and the permits that end may belong to are
+-- unknown. The schedule lacks it when it ends before known, or was born
+-- since (begun again by an instance that knew nothing of the loss).
+function Schedule:lost(known, born, limit)
+  if known <= 0 or known + self.interval <= self.now then return end
+  if self.last == nil or known > self.last[1] or born > 0 and born ~= self.born then
     self:add(known, limit)
   end
 end
@@ -150,7 +164,8 @@ end
 -- changed, the new ones, the header) and the expiry.
 function Schedule:save()
   local key = self.key
-  local hdr = string.format('%d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before, self.limit)
+  if self.older then redis.call('DEL', key) end
+  local hdr = string.format('%d %d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before, self.limit, self.born)
   local last = self.last
   for i, x in pairs(self.stored) do -- before the trim below: indices as read
     if x.dirty and i > self.gone then

@@ -10,11 +10,21 @@
 -- ARGV[1]  interval, µs
 -- ARGV[2]  the permits' recorded end, µs (tb_take.lua's reply)
 -- ARGV[3]  how many (integer ≥ 1)
+-- ARGV[4]  when the schedule they were placed in was born, µs (tb_take.lua's
+--          reply); 0 for unknown
 --
 -- Returns how many were given back.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local s = openSchedule(KEYS[1], tonumber(ARGV[1]), now)
+if s.older then return 0 end -- the previous version's key: nothing of ours to give back
+local born = tonumber(ARGV[4] or '0')
+if born > 0 and born ~= s.born then
+  -- Not the schedule they were placed in (Redis lost it): an entry of
+  -- the same slot here holds other permits.
+  if s:changed() then s:save() end
+  return 0
+end
 local took = s:giveBack(tonumber(ARGV[2]), tonumber(ARGV[3]))
 if took > 0 or s:changed() then s:save() end
 return took

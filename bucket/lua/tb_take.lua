@@ -23,9 +23,11 @@
 -- ARGV[5]  the longest wait for a place, µs; -1 for none
 -- ARGV[6]  the latest end this caller's instance was given for the key,
 --          µs; 0 for none (see Schedule:lost)
+-- ARGV[7]  when the schedule that end is in was born, µs (a reply's
+--          born); 0 for unknown
 --
--- Returns {status, limit, remaining, reset, now, later, d1, ..., dk, e1,
--- ..., ek} (µs), or {..., later, -k, d, e} when k permits of an up-to
+-- Returns {status, limit, remaining, reset, now, later, born, d1, ..., dk,
+-- e1, ..., ek} (µs), or {..., born, -k, d, e} when k permits of an up-to
 -- take share one place:
 --   status 1: granted; d_i is permit i's place less now (one place for
 --             n), e_i the end it is recorded under (for tb_giveback.lua).
@@ -34,31 +36,33 @@
 -- later: for a refusal, or the permits of an up-to take left without a
 -- place, the earliest place one more could have, less now; else -1.
 -- remaining: LIMIT less the permits counting at now, at least 0 (-1 in a
--- pause); reset: until the last of them stops counting.
+-- pause); reset: until the last of them stops counting; born: when the
+-- schedule was born (0 when not read).
 local interval, margin = tonumber(ARGV[3]), tonumber(ARGV[4])
-local maxWait, known = tonumber(ARGV[5]), tonumber(ARGV[6])
+local maxWait, known, born = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local limit = tonumber(redis.call('GET', KEYS[3]) or '') or tonumber(ARGV[2])
 local n = tonumber(ARGV[1])
 local upTo = n < 0
 if upTo then n = -n end
-if not upTo and n > limit then return {4, limit, 0, 0, now, -1} end
+if not upTo and n > limit then return {4, limit, 0, 0, now, -1, 0} end
 local pause = redis.call('PTTL', KEYS[2])
-if pause > 0 then return {0, limit, -1, pause * 1000, now, pause * 1000} end
+if pause > 0 then return {0, limit, -1, pause * 1000, now, pause * 1000, 0} end
 
 -- An idle key (no schedule) gives one place now: nothing to read.
 local one = upTo and 1 or n
 if known == 0 and (not upTo or n == 1) and redis.call('EXISTS', KEYS[1]) == 0 then
   local e = now + margin
-  redis.call('RPUSH', KEYS[1], string.format('%d %d 1 0 %d', one, math.ceil(now + one * interval / limit), limit),
+  redis.call('RPUSH', KEYS[1], string.format('%d %d 1 0 %d %d', one, math.ceil(now + one * interval / limit), limit, now),
     string.format('%d %d', e, one))
   redis.call('PEXPIRE', KEYS[1], math.floor((e + interval - now) / 1000) + 1)
-  return {1, limit, limit - one, e + interval - now, now, -1, 0, e}
+  return {1, limit, limit - one, e + interval - now, now, -1, now, 0, e}
 end
 local s = openSchedule(KEYS[1], interval, now)
 s.limit = limit
-s:lost(known, limit)
+s:lost(known, born, limit)
+if s.older then s:add(s.older, limit) end -- the previous version's period: its grants unknown
 -- The pace: none below a millisecond a permit (above 1,000 permits a
 -- second): no provider tells it from a burst, and each place would cost
 -- its caller a timer.
@@ -90,7 +94,7 @@ if upTo and n > 1 and pace == 0 then
   if p then
     if c < n then later = (s:earliest(1, limit) or now + interval) - now end
     if s:changed() then s:save() end
-    return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, -c, p - now, e}
+    return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -c, p - now, e}
   end
   n = 1 -- none fit at once: one permit's earliest place, as below
 end
@@ -103,7 +107,7 @@ for _ = 1, upTo and n or 1 do
   out[#out + 1], ends[#ends + 1] = p - now, e
 end
 if s:changed() then s:save() end
-local res = {#out > 0 and 1 or 0, limit, math.max(limit - s.count, 0), s:reset(), now, later}
+local res = {#out > 0 and 1 or 0, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born}
 for _, d in ipairs(out) do res[#res + 1] = d end
 for _, e in ipairs(ends) do res[#res + 1] = e end
 return res

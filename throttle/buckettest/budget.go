@@ -170,9 +170,9 @@ func (b *budget) checkDecision(key string, n int64, maxWait time.Duration, d thr
 	if !d.Granted && d.Remaining >= n {
 		b.violation("refused with enough remaining", "Take(%q, n=%d) refused while Remaining = %d says enough is left", key, n, d.Remaining)
 	}
-	// Twice the horizon: a bucket may lengthen a period a little (a
-	// token bucket keeping its phase after a slow reply); this rule is
-	// for delays out of all proportion.
+	// Twice the horizon: a bucket may count a permit a little longer
+	// than its interval (a token bucket's margin and round trips); this
+	// rule is for delays out of all proportion.
 	far := 2 * s.horizon
 	if !d.Granted && d.Delay > far {
 		b.violation("refusal delay beyond the horizon", "Take(%q, n=%d) refused with Delay %v, more than twice the longest a key takes to be full again (%v)", key, n, d.Delay, s.horizon)

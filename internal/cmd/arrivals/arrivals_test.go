@@ -201,7 +201,9 @@ func TestEndToEnd(t *testing.T) {
 	assert.Empty(t, r.Killed)
 	assert.Zero(t, r.Errors, "first error: %s", r.FirstError)
 	assert.Greater(t, r.Used, 0.3, "%+v", r)
-	assert.Contains(t, errs.String(), "arrivals: started")
+	// It says which Redis it runs on: one it started, or the stand-in
+	// (CI's fresh-machine step hides redis-server).
+	assert.Regexp(t, `arrivals: (started|WARNING: redis-server is not installed)`, errs.String())
 
 	// The dump has every arrival, each with its call's times.
 	raw, err := os.ReadFile(dump)
