@@ -214,7 +214,7 @@ type placing struct{ *Budget }
 func (p placing) TakeCost(ctx context.Context, key string, c throttle.Cost, maxWait time.Duration) (throttle.Decision, error) {
 	d, u, err := p.take(ctx, key, c, maxWait)
 	if at, ok := ctx.Value(placeKey{}).(*int64); ok && err == nil && d.Granted {
-		*at = u.now + d.Delay.Microseconds()
+		*at = u.now + u.delay // the place the script chose (d.Delay counts from Take's return)
 	}
 	return d, err
 }
