@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -1066,4 +1067,59 @@ func TestHandlerPermitTimeoutFollowsTheTimeoutPolicy(t *testing.T) {
 			assert.Equal(t, []int64{1}, committed(t, kc, "g", "in", 1))
 		})
 	}
+}
+
+// marginBucket grants as its inner bucket does, each grant usable for
+// margin after its time (throttle.Decision.Margin), as the Redis buckets'.
+type marginBucket struct {
+	throttle.Bucket
+	margin time.Duration
+	takes  atomic.Int64
+}
+
+func (m *marginBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	m.takes.Add(n)
+	d, err := m.Bucket.Take(ctx, key, n, maxWait)
+	if d.Granted {
+		d.Margin = m.margin
+	}
+	return d, err
+}
+
+// A handler whose client has not called when the attempt's permit's
+// margin passed does not spend it: the call takes a permit of its own,
+// and the stale one is counted in Stats.PermitsStale, so that the
+// permits taken are the calls made and the permits counted stale.
+func TestPermitStaleInTheHandlerIsCounted(t *testing.T) {
+	t.Parallel()
+	const records = 6
+	kc := kafkaenv.New(t, kafkaenv.Topic("slow", 1))
+	produce(t, kc, "slow", 1, records, nil)
+
+	local, err := throttle.NewLocal(1000, time.Second)
+	require.NoError(t, err)
+	b := &marginBucket{Bucket: local, margin: 10 * time.Millisecond}
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(b, throttle.WithClock(clock))
+	h := newHandled(records)
+	var calls atomic.Int64
+	handle := func(ctx context.Context, rec *kgo.Record) error {
+		if rec.Offset%2 == 1 {
+			clock.Advance(time.Second) // the handler was slow to call: the margin passed
+		}
+		if err := lim.Acquire(ctx, 0); err != nil {
+			return err
+		}
+		calls.Add(1)
+		h.add("a", rec)
+		return nil
+	}
+	c, err := consumer.New(handle, lim, base(kc, "g", "slow")...)
+	require.NoError(t, err)
+	r := start(t, c)
+	h.waitFull(t, 15*time.Second)
+	require.NoError(t, r.stop(t))
+	assert.EqualValues(t, records, calls.Load())
+	assert.EqualValues(t, records/2, c.Stats().PermitsStale, "the odd records' permits went stale in their handlers")
+	assert.EqualValues(t, calls.Load()+c.Stats().PermitsStale, b.takes.Load(), "permits taken: one per call, and the stale ones")
 }

@@ -308,8 +308,15 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now, useB
 	ctx := k.ContextWithPermit(capability.WithUseBy(throttle.ContextWithWaitStop(call, stop), useBy), 1)
 	// The permit is the attempt's: a call made after the handler returned
 	// (from a goroutine with a context detached from call's end) takes
-	// its own. Deferred after the cancel above, it runs before it.
-	defer capability.KeyedLimiter(k).Forfeit(ctx)
+	// its own. Deferred after the cancel above, it runs before it. Still
+	// held past its margin, it went stale in the handler: a client call
+	// made then took a permit of its own.
+	defer func() {
+		kl := capability.KeyedLimiter(k)
+		if kl.Forfeit(ctx) > 0 && !useBy.IsZero() && kl.Clock().Now().After(useBy) {
+			c.permitsStale.Add(1)
+		}
+	}()
 	c.notePeakInFlight(c.inFlight.Add(1))
 	defer c.inFlight.Add(-1)
 	return c.safeCall(ctx, rec)
