@@ -127,8 +127,9 @@ type topicPartition struct {
 // here: the handler's own calls take them.
 //
 // New refuses a nil h, a missing WithKafka, Kafka options without
-// brokers, group or topics, and bad option values with an error matching
-// [throttle.ErrInvalid] that names the culprit. A Consumer
+// brokers, group or topics, WithFairness with nothing to share (a nil lim
+// without WithLimiterFor or WithConcurrency), and bad option values with
+// an error matching [throttle.ErrInvalid] that names the culprit. A Consumer
 // holds no resources until Run.
 func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 	cfg := newConfig(opts)
@@ -149,6 +150,9 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 		case cfg.limiterFor != nil:
 			return nil, fmt.Errorf("consumer: WithFairness UrgentReserve with WithLimiterFor: %w: with a budget per record, give urgent records a budget of their own in WithLimiterFor's function instead", throttle.ErrInvalid)
 		}
+	}
+	if cfg.fair != nil && lim == nil && cfg.limiterFor == nil && cfg.slots == nil {
+		return nil, fmt.Errorf("consumer: WithFairness with a nil Limiter given to New: %w: the tenants share permits or calls in flight, and with neither every record goes at once, in its order; give New the Limiter of the provider's limit (or WithLimiterFor, or WithConcurrency)", throttle.ErrInvalid)
 	}
 	if cfg.limiterFor == nil {
 		root := lim.Key("") // the zero Keyed for a nil lim: no permits

@@ -103,7 +103,9 @@ const fairSeekers = 8
 // budget: a permit of one budget goes to a record of that budget; its
 // function is called for a record's first attempt when the record
 // becomes a candidate, from that same goroutine (for later attempts, from
-// the record's worker). A nil tenant is refused.
+// the record's worker). A nil tenant is refused, and so is fairness with
+// nothing to share: a nil Limiter given to [New] without WithLimiterFor
+// or [WithConcurrency].
 func WithFairness(tenant func(*kgo.Record) string, opts ...FairOption) Option {
 	return optionFunc(func(c *config) {
 		if tenant == nil {

@@ -737,3 +737,24 @@ func TestFairnessWarnsOnceWhileTheReserveFails(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, 1, warned, "one warning while the reserve fails")
 }
+
+// WithFairness shares permits or calls in flight among tenants: with
+// neither (a nil Limiter, no WithLimiterFor, no WithConcurrency) it would
+// do nothing, and New says so rather than run every record at once.
+func TestFairnessWithNothingToShareIsRefused(t *testing.T) {
+	kafka := consumer.WithKafka(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in"))
+	h := func(context.Context, *kgo.Record) error { return nil }
+	_, err := consumer.New(h, nil, kafka, consumer.WithFairness(tenantOfKey))
+	require.ErrorIs(t, err, throttle.ErrInvalid)
+	assert.Contains(t, err.Error(), "WithFairness")
+
+	slots, err := throttle.NewLocalSlots(1)
+	require.NoError(t, err)
+	c, err := consumer.New(h, nil, kafka, consumer.WithFairness(tenantOfKey), consumer.WithConcurrency(slots))
+	require.NoError(t, err, "calls in flight are shared")
+	require.NotNil(t, c)
+	c, err = consumer.New(h, nil, kafka, consumer.WithFairness(tenantOfKey),
+		consumer.WithLimiterFor(func(r *kgo.Record) throttle.Keyed { return limiter(t, 10, time.Second).Key("") }))
+	require.NoError(t, err, "permits of WithLimiterFor's budgets are shared")
+	require.NotNil(t, c)
+}

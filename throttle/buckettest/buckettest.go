@@ -126,9 +126,8 @@ type Guarantee struct {
 	// Burst is the burst of a Rate guarantee. Default: Limit.
 	Burst int64
 	// OnePermit limits the bound to takes of one permit: the suite
-	// judges it on runs that take one permit at a time only (a pacer such
-	// as throttle.Smooth spaces single permits but grants a weighted take
-	// at once).
+	// judges it on runs that take one permit at a time only (a pacer may
+	// space single permits but grant a weighted take at once).
 	OnePermit bool
 }
 
