@@ -51,13 +51,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,6 +65,7 @@ import (
 
 	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/consumer"
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/kafkaenv"
 	"github.com/headway-go/headway/internal/llmprovider"
 	"github.com/headway-go/headway/internal/redisenv"
@@ -77,9 +76,7 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	os.Exit(command(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(command(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
 type config struct {
@@ -97,8 +94,8 @@ type config struct {
 
 func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c config
-	fs := flag.NewFlagSet("llm", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	cmd := cli.New("llm", "llm runs a fleet of Kafka consumers calling an LLM-style provider through one\nshared Redis budget of requests, tokens and calls in flight, and checks that no\nrecord is lost and no limit is broken.")
+	fs := cmd.Flags
 	fs.IntVar(&c.instances, "instances", 3, "consumer instances in one group")
 	fs.IntVar(&c.partitions, "partitions", 6, "partitions of the topic")
 	fs.IntVar(&c.records, "records", 900, "records to send, one call each")
@@ -120,22 +117,23 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.callTime, "call-time", time.Second, "how long a call takes: a call waits for its slot and cost at most -handler-timeout less this, and one abandoned after its send keeps its slot this long (httpclient.WithCallTime; 0: neither)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the built-in provider's token costs")
 	fs.StringVar(&c.provider, "provider", "continuous", "how the built-in provider counts -rpm and -tpm: continuous (buckets refilled continuously, as Anthropic documents), sliding (at most the limits in any span of one window) or fixed (at most the limits in each window from the provider's start)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if c.estimate == 0 {
-		c.estimate = c.maxTokens
-	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := run(ctx, c, stdout, log)
-	if err != nil {
-		fmt.Fprintln(stderr, "llm:", err)
-		return 1
+	validate := func() error {
+		if c.estimate == 0 {
+			c.estimate = c.maxTokens
+		}
+		return c.check()
 	}
-	if s.lost > 0 {
-		return 1
-	}
-	return 0
+	return cmd.Run(ctx, args, stdout, stderr, validate, func(ctx context.Context) error {
+		s, err := run(ctx, c, stdout, log)
+		switch {
+		case err != nil:
+			return err
+		case s.lost > 0:
+			return cli.Failedf("%d records lost", s.lost)
+		}
+		return nil
+	})
 }
 
 func (c config) check() error {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headway-go/headway/internal/cli"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -136,7 +137,11 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-call-time", "10s"},
 	} {
 		var out, errs bytes.Buffer
-		assert.Equal(t, 1, command(context.Background(), args, &out, &errs), "%v", args)
+		assert.Equal(t, cli.ExitUsage, command(context.Background(), args, &out, &errs), "%v", args)
 		assert.Contains(t, errs.String(), "llm: -", "%v: the error names the flag", args)
 	}
+}
+
+func TestCommandLineConventions(t *testing.T) {
+	cli.Check(t, command, cli.Conventions("llm", "-records=0", "-provider=leaky", "-window=x"))
 }
