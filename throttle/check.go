@@ -3,7 +3,11 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"time"
 )
+
+// checkTimeout bounds [Limiter.Check] when its context has no deadline.
+const checkTimeout = 2 * time.Second
 
 // Check asks the bucket's store whether it answers, cheaply (the Redis
 // buckets: one round trip). Call it at start, before serving, and in a
@@ -15,7 +19,11 @@ import (
 //
 //	throttle: bucket store check failed; until it answers, FailLocal refuses: this instance has not reached the store since it started, so it does not know its share: ...
 //
-// A ctx without a deadline gets the store timeout ([WithStoreTimeout]).
+// A ctx without a deadline gets 2 s (or the store timeout
+// of [WithStoreTimeout] if that is longer): a check at start or from a
+// probe is one call, where a healthy store on a busy machine may take
+// longer than the store timeout that bounds every Acquire, and a check
+// that fails there would stop an app that could have run.
 // A check that succeeds ends an outage the Limiter saw, as a shared
 // decision does, and lets a Redis bucket count this instance among the
 // live ones: FailLocal then knows its share should the store fail later.
@@ -27,9 +35,9 @@ func (l *Limiter) Check(ctx context.Context) error {
 	if c == nil {
 		return nil
 	}
-	if _, ok := ctx.Deadline(); !ok && l.cfg.storeTimeout > 0 {
+	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, l.cfg.storeTimeout)
+		ctx, cancel = context.WithTimeout(ctx, max(checkTimeout, l.cfg.storeTimeout))
 		defer cancel()
 	}
 	if err := c.Check(ctx); err != nil {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -596,8 +597,9 @@ func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Durati
 	wctx, cancel := waitstop.Context(ctx)
 	defer cancel()
 	release, err := t.slots.Hold(wctx, k.Key(), left)
-	if err != nil && wctx.Err() != nil && context.Cause(wctx) != wctx.Err() {
-		return nil, fmt.Errorf("concurrency slot: %w (%w)", err, context.Cause(wctx))
+	if cause := context.Cause(wctx); err != nil && wctx.Err() != nil && cause != wctx.Err() && !strings.Contains(err.Error(), cause.Error()) {
+		// A Slots of the user's own may not name the stop; headway's do.
+		return nil, fmt.Errorf("concurrency slot: %w (%w)", err, cause)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("concurrency slot: %w", err)

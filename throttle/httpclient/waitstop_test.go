@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,6 +40,9 @@ func TestTransportSlotWaitStoppedNamesTheStopsCause(t *testing.T) {
 	_, err = client.Do(req)
 	if !errors.Is(err, context.Canceled) || !errors.Is(err, gone) {
 		t.Fatalf("request whose slot wait was stopped = %v, want context.Canceled naming the stop's cause", err)
+	}
+	if n := strings.Count(err.Error(), "permit waits stopped"); n != 1 {
+		t.Fatalf("request whose slot wait was stopped = %v: names the stop %d times, want once", err, n)
 	}
 	if got := srv.served.Load(); got != 1 {
 		t.Fatalf("served %d, want 1: the stopped request sent nothing", got)
