@@ -24,13 +24,14 @@ type Stats struct {
 	// TimeoutRetry.
 	PermitTimeouts int64
 	// PermitsStale counts permits not used because their time's margin
-	// (throttle.Decision.Margin) had passed before their record's call
-	// could be made: held for want of a worker, a worker that came late,
-	// or a handler whose client had not called when the margin passed
-	// (its call then took a permit of its own). The record took another
-	// permit. A count that grows steadily says the instance cannot keep
-	// up with its permits' times (too few workers for the limiter's pace,
-	// a starved process, a handler slow to make its call).
+	// (throttle.Decision.Margin) had passed: held for want of a worker, or
+	// a worker that came late (the record then takes another), and
+	// permits passed to a handler that had not used them when the margin
+	// passed (counted when the handler returns, whether or not it called
+	// later: a call made then takes a permit of its own). A count that
+	// grows steadily says the instance cannot keep up with its permits'
+	// times (too few workers for the limiter's pace, a starved process, a
+	// handler slow to make its call).
 	PermitsStale int64
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.

@@ -94,7 +94,7 @@ type config struct {
 
 func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c config
-	cmd := cli.New("llm", "llm runs a fleet of Kafka consumers calling an LLM-style provider through one\nshared Redis budget of requests, tokens and calls in flight, and checks that no\nrecord is lost and no limit is broken.")
+	cmd := cli.New("llm", "llm runs a fleet of Kafka consumers calling an LLM-style provider through one\nshared Redis budget of requests, tokens and calls in flight, checks that no\nrecord is lost, and prints what the provider counted in each window.")
 	fs := cmd.Flags
 	fs.IntVar(&c.instances, "instances", 3, "consumer instances in one group")
 	fs.IntVar(&c.partitions, "partitions", 6, "partitions of the topic")

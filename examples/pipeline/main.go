@@ -207,6 +207,9 @@ func (c config) check() error {
 		return fmt.Errorf("-urgent-reserve %d with -permits transport: the urgent records take the reserve's permits in the consumer; use -permits both", c.reserve)
 	case c.reserve != 0 && !c.fair:
 		return fmt.Errorf("-urgent-reserve %d with -fair=false: the reserve is the fair scheduler's (consumer.WithFairness); the shared bucket would keep only the rest", c.reserve)
+	case c.tenants != "" && c.fair && c.permits == "transport":
+		// consumer.New refuses fairness with nothing to share.
+		return errors.New("-tenants with -permits transport: the tenants share the consumer's permits (consumer.WithFairness), and with -permits transport it takes none; use -permits both, or -fair=false")
 	}
 	if c.target != "" {
 		if u, err := url.Parse(c.target); err != nil || (u.Scheme != "http" && u.Scheme != "https") {

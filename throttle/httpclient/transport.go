@@ -9,7 +9,6 @@ import (
 	"math"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -597,14 +596,24 @@ func (t *Transport) hold(ctx context.Context, k throttle.Keyed, left time.Durati
 	wctx, cancel := waitstop.Context(ctx)
 	defer cancel()
 	release, err := t.slots.Hold(wctx, k.Key(), left)
-	if cause := context.Cause(wctx); err != nil && wctx.Err() != nil && cause != wctx.Err() && !strings.Contains(err.Error(), cause.Error()) {
-		// A Slots of the user's own may not name the stop; headway's do.
+	if cause := context.Cause(wctx); err != nil && wctx.Err() != nil && cause != wctx.Err() && !namesStop(err, cause) {
 		return nil, fmt.Errorf("concurrency slot: %w (%w)", err, cause)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("concurrency slot: %w", err)
 	}
 	return release, nil
+}
+
+// namesStop reports whether err, a slot wait's error, names already the
+// stop that cause (waitstop's "permit waits stopped: <the stop's cause>")
+// reports: headway's Slots wrap the stop's cause themselves, a user's own
+// may not.
+func namesStop(err, cause error) bool {
+	if inner := errors.Unwrap(cause); inner != nil {
+		cause = inner
+	}
+	return errors.Is(err, cause)
 }
 
 // abandoned returns release made to keep the slot, when ctx has ended by
