@@ -98,7 +98,7 @@ func TestPipelineRefusesBadFlags(t *testing.T) {
 		{"urgent-reserve with -permits transport", func(c *config) {
 			c.limit, c.tenants, c.share, c.reserve, c.permits = 10, "A:1,U:1!", 0.2, 1, "transport"
 		}, "-urgent-reserve 1 with -permits transport"},
-		{"tenants with -permits transport", func(c *config) { c.tenants, c.share, c.permits = "A:1,B:1", 0.2, "transport" }, "-tenants with -permits transport"},
+		{"tenants with -permits transport", func(c *config) { c.tenants, c.share, c.fair, c.permits = "A:1,B:1", 0.2, true, "transport" }, "-tenants with -permits transport"},
 		{"urgent-reserve with -fair=false", func(c *config) { c.limit, c.tenants, c.share, c.reserve, c.fair = 10, "A:1,U:1!", 0.2, 1, false }, "-urgent-reserve 1 with -fair=false"},
 	}
 	for _, tt := range tests {
