@@ -101,6 +101,7 @@ type Consumer struct {
 	parked                         atomic.Int64
 	permitTimeouts, limiterErrors  atomic.Int64
 	permitsStale                   atomic.Int64
+	permitsUnused                  atomic.Int64 // stale ones included
 	refused, restoredSkips         atomic.Int64
 	waitingRecords, inFlight       atomic.Int64
 	active                         atomic.Int64

@@ -1086,11 +1086,12 @@ func (m *marginBucket) Take(ctx context.Context, key string, n int64, maxWait ti
 	return d, err
 }
 
-// A handler whose client has not called when the attempt's permit's
-// margin passed does not spend it: the call takes a permit of its own,
-// and the stale one is counted in Stats.PermitsStale, so that the
-// permits taken are the calls made and the permits counted stale.
-func TestPermitStaleInTheHandlerIsCounted(t *testing.T) {
+// The permits a consumer takes are its calls' and those no call used
+// (Stats.PermitsUnused): a handler that makes no call leaves its
+// attempt's permit unused, and one whose client had not called when the
+// permit's margin passed does not spend it (Stats.PermitsStale too): the
+// call takes a permit of its own.
+func TestPermitsNoCallUsedAreCounted(t *testing.T) {
 	t.Parallel()
 	const records = 6
 	kc := kafkaenv.New(t, kafkaenv.Topic("slow", 1))
@@ -1104,14 +1105,17 @@ func TestPermitStaleInTheHandlerIsCounted(t *testing.T) {
 	h := newHandled(records)
 	var calls atomic.Int64
 	handle := func(ctx context.Context, rec *kgo.Record) error {
-		if rec.Offset%2 == 1 {
+		defer h.add("a", rec)
+		switch rec.Offset % 3 {
+		case 0:
+			return nil // no call
+		case 1:
 			clock.Advance(time.Second) // the handler was slow to call: the margin passed
 		}
 		if err := lim.Acquire(ctx, 0); err != nil {
 			return err
 		}
 		calls.Add(1)
-		h.add("a", rec)
 		return nil
 	}
 	c, err := consumer.New(handle, lim, base(kc, "g", "slow")...)
@@ -1119,7 +1123,9 @@ func TestPermitStaleInTheHandlerIsCounted(t *testing.T) {
 	r := start(t, c)
 	h.waitFull(t, 15*time.Second)
 	require.NoError(t, r.stop(t))
-	assert.EqualValues(t, records, calls.Load())
-	assert.EqualValues(t, records/2, c.Stats().PermitsStale, "the odd records' permits went stale in their handlers")
-	assert.EqualValues(t, calls.Load()+c.Stats().PermitsStale, b.takes.Load(), "permits taken: one per call, and the stale ones")
+	s := c.Stats()
+	assert.EqualValues(t, 4, calls.Load())
+	assert.EqualValues(t, 2, s.PermitsStale, "the permits of offsets 1 and 4 went stale in their handlers")
+	assert.EqualValues(t, 4, s.PermitsUnused, "offsets 0 and 3 made no call, 1 and 4 called with permits of their own")
+	assert.EqualValues(t, calls.Load()+s.PermitsUnused, b.takes.Load(), "permits taken: one per call, and those no call used")
 }

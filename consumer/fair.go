@@ -359,9 +359,20 @@ type grant struct {
 	k       throttle.Keyed
 	release func() // gives back the concurrency slot, if any
 	err     error
+	permit  bool // a permit was taken (see drop)
 	// useBy is until when the permit may be used, on its limiter's clock
 	// (its time and the bucket's margin); zero: no bound.
 	useBy time.Time
+}
+
+// drop gives back g's concurrency slot, if any, and counts its permit,
+// if any, as unused (Stats.PermitsUnused): its record or its call went
+// away.
+func (g *grant) drop(c *Consumer) {
+	g.release()
+	if g.permit {
+		c.permitsUnused.Add(1)
+	}
 }
 
 // stale reports whether g's permit can no longer be used: its margin has
@@ -631,7 +642,7 @@ func (f *fair) hand(cd *cand, g *grant) {
 	if !f.c.sched.enqueueJob(job{p: cd.p, s: cd.s, g: g}) {
 		f.taken--
 		if g != nil {
-			g.release()
+			g.drop(f.c)
 		}
 	}
 }
@@ -843,7 +854,7 @@ func (f *fair) adapt(paced bool) {
 func (f *fair) give(g grant, reserved bool) {
 	for {
 		if f.quit {
-			g.release()
+			g.drop(f.c)
 			return
 		}
 		cd, needWorker := f.pick(g.k, f.taken < f.c.cfg.maxInFlight, reserved)
@@ -869,13 +880,13 @@ func (f *fair) give(g grant, reserved bool) {
 				// Held past its margin: used now, its call could come
 				// late. Its seeker asks again.
 				f.c.permitsStale.Add(1)
-				g.release()
+				g.drop(f.c)
 				f.kick()
 				return
 			}
 			continue
 		case cd == nil:
-			g.release() // its record went away: the permit is not used
+			g.drop(f.c) // its record went away: the permit is not used
 			if f.untried > 0 && !f.quit {
 				f.untriedC.Signal() // a worker it waited for may be free for an urgent record
 			}
@@ -926,6 +937,8 @@ func (f *fair) take(ctx context.Context, k, from throttle.Keyed, wait time.Durat
 		if g.useBy, err = acquireUseBy(ctx, from, wait); err != nil {
 			g.release()
 			g.release, g.err = noRelease, err
+		} else {
+			g.permit = true
 		}
 	}
 	return g
@@ -1106,7 +1119,7 @@ func (f *fair) wait(p *partition, s *slot, k throttle.Keyed, wait time.Duration)
 	f.mu.Unlock()
 	g := <-w.ch // given meanwhile
 	if p.soft.Err() != nil {
-		g.release() // the permit is not used
+		g.drop(p.c) // the permit is not used
 		return grant{k: k, release: noRelease, err: err}
 	}
 	return g

@@ -170,7 +170,7 @@ func (w *worker) runHanded(j job) {
 	defer c.fair.untake()
 	if !p.take(j.s) {
 		if j.g != nil {
-			j.g.release() // its partition stopped: the permit is not used
+			j.g.drop(c) // its partition stopped: the permit is not used
 		}
 		return
 	}
@@ -179,7 +179,7 @@ func (w *worker) runHanded(j job) {
 	out := p.process(w, j.s)
 	c.active.Add(-1)
 	if w.pre != nil {
-		w.pre.release() // not used (the record was parked)
+		w.pre.drop(c) // not used (the record was parked)
 		w.pre = nil
 	}
 	p.end(j.s, out)
@@ -206,7 +206,7 @@ func (s *sched) stop() {
 	s.quit = true
 	for _, j := range s.jobs {
 		if j.g != nil {
-			j.g.release() // never taken: its concurrency slot goes back
+			j.g.drop(s.c) // never taken: its concurrency slot goes back, its permit unused
 		}
 	}
 	s.jobs = nil

@@ -33,6 +33,16 @@ type Stats struct {
 	// times (too few workers for the limiter's pace, a starved process, a
 	// handler slow to make its call).
 	PermitsStale int64
+	// PermitsUnused counts permits the consumer took that no call used:
+	// PermitsStale's, and those whose record went away before its call
+	// (its partition revoked, the consumer stopping, the record parked),
+	// or whose handler returned without using it (a call cut by a
+	// revocation, a handler that made no call through the Limiter). Each
+	// counts at the bucket as a call does, and the provider never sees
+	// it: the permits a Limiter's Observer counts are the calls made
+	// through it plus these (plus, after a provider's pause, the permits
+	// the Transport gave up for it).
+	PermitsUnused int64
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.
 	LimiterErrors int64
@@ -111,6 +121,7 @@ func (c *Consumer) Stats() Stats {
 		Parked:            c.parked.Load(),
 		PermitTimeouts:    c.permitTimeouts.Load(),
 		PermitsStale:      c.permitsStale.Load(),
+		PermitsUnused:     c.permitsUnused.Load(),
 		LimiterErrors:     c.limiterErrors.Load(),
 		Refused:           c.refused.Load(),
 		Restored:          c.restoredSkips.Load(),

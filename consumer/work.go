@@ -103,6 +103,7 @@ func (p *partition) process(w *worker, s *slot) outcome {
 			// call could arrive beyond the bucket's guarantee. Another.
 			release()
 			c.permitsStale.Add(1)
+			c.permitsUnused.Add(1)
 			continue
 		case err == nil:
 			delays = 0
@@ -313,8 +314,11 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now, useB
 	// made then took a permit of its own.
 	defer func() {
 		kl := capability.KeyedLimiter(k)
-		if kl.Forfeit(ctx) > 0 && !useBy.IsZero() && kl.Clock().Now().After(useBy) {
-			c.permitsStale.Add(1)
+		if kl.Forfeit(ctx) > 0 {
+			c.permitsUnused.Add(1)
+			if !useBy.IsZero() && kl.Clock().Now().After(useBy) {
+				c.permitsStale.Add(1)
+			}
 		}
 	}()
 	c.notePeakInFlight(c.inFlight.Add(1))

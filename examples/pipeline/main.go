@@ -259,11 +259,12 @@ type summary struct {
 	// Permits is how many permits the Limiters' callers got (counted by
 	// an Observer of each Limiter), Attempts how many times a handler was
 	// called, and ProviderCalls how many requests reached the provider,
-	// accepted or refused; Stale how many permits the consumers dropped
-	// unsent, their time's margin passed (consumer.Stats.PermitsStale):
-	// one permit per call is Permits == ProviderCalls + Stale (a permit
-	// held through a pause is given up: one more).
-	Permits, Attempts, ProviderCalls, Stale int64
+	// accepted or refused; Unused how many permits the consumers took
+	// that no call used (consumer.Stats.PermitsUnused: past their margin,
+	// their record or their call gone), Stale those of them past their
+	// margin: one permit per call is Permits == ProviderCalls + Unused
+	// (a permit held through a provider's pause is given up: one more).
+	Permits, Attempts, ProviderCalls, Unused, Stale int64
 	// AcceptedPerSecond is the calls the provider accepted per second,
 	// from the first accepted call to the last.
 	AcceptedPerSecond float64
@@ -570,6 +571,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		st := cons.Stats()
 		s.PeakInFlight = max(s.PeakInFlight, st.PeakInFlight)
 		s.Stale += st.PermitsStale
+		s.Unused += st.PermitsUnused
 	}
 	if prov != nil {
 		ps := prov.Stats()
@@ -606,7 +608,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		if accepted := s.ProviderCalls - s.Provider429; accepted > 0 {
 			share = 100 * float64(s.Provider429) / float64(accepted)
 		}
-		fmt.Fprintf(out, "calls at the provider %d (429s %.1f%% of accepted calls), permits used %d (%d dropped unsent, past their margin), handler calls %d\n", s.ProviderCalls, share, s.Permits, s.Stale, s.Attempts)
+		fmt.Fprintf(out, "calls at the provider %d (429s %.1f%% of accepted calls), permits used %d (%d unused, %d of them past their margin), handler calls %d\n", s.ProviderCalls, share, s.Permits, s.Unused, s.Stale, s.Attempts)
 		fmt.Fprintf(out, "accepted calls per second, first to last: %.1f (%.1f%% of the limit)\n", s.AcceptedPerSecond, 100*s.AcceptedPerSecond/perSecond)
 		if len(s.Steady) > 0 {
 			list := ""
