@@ -971,15 +971,22 @@ func TestNilLimiterTakesNoPermits(t *testing.T) {
 	assert.Equal(t, []int64{20}, committed(t, kc, "g", "free", 1))
 }
 
-// countingBucket counts the permits asked of its inner bucket.
+// countingBucket counts the permits asked of its inner bucket; with a
+// margin, its grants are usable for that long after their time
+// (throttle.Decision.Margin), as the Redis buckets' are.
 type countingBucket struct {
 	throttle.Bucket
-	takes atomic.Int64
+	margin time.Duration
+	takes  atomic.Int64
 }
 
 func (c *countingBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	c.takes.Add(n)
-	return c.Bucket.Take(ctx, key, n, maxWait)
+	d, err := c.Bucket.Take(ctx, key, n, maxWait)
+	if d.Granted && c.margin > 0 {
+		d.Margin = c.margin
+	}
+	return d, err
 }
 
 // The attempt's permit is the attempt's: a goroutine the handler starts
@@ -1069,23 +1076,6 @@ func TestHandlerPermitTimeoutFollowsTheTimeoutPolicy(t *testing.T) {
 	}
 }
 
-// marginBucket grants as its inner bucket does, each grant usable for
-// margin after its time (throttle.Decision.Margin), as the Redis buckets'.
-type marginBucket struct {
-	throttle.Bucket
-	margin time.Duration
-	takes  atomic.Int64
-}
-
-func (m *marginBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
-	m.takes.Add(n)
-	d, err := m.Bucket.Take(ctx, key, n, maxWait)
-	if d.Granted {
-		d.Margin = m.margin
-	}
-	return d, err
-}
-
 // The permits a consumer takes are its calls' and those no call used
 // (Stats.PermitsUnused): a handler that makes no call leaves its
 // attempt's permit unused, and one whose client had not called when the
@@ -1099,7 +1089,7 @@ func TestPermitsNoCallUsedAreCounted(t *testing.T) {
 
 	local, err := throttle.NewLocal(1000, time.Second)
 	require.NoError(t, err)
-	b := &marginBucket{Bucket: local, margin: 10 * time.Millisecond}
+	b := &countingBucket{Bucket: local, margin: 10 * time.Millisecond}
 	clock := clockwork.NewFakeClock()
 	lim := throttle.New(b, throttle.WithClock(clock))
 	h := newHandled(records)
