@@ -310,8 +310,9 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now, useB
 	// The permit is the attempt's: a call made after the handler returned
 	// (from a goroutine with a context detached from call's end) takes
 	// its own. Deferred after the cancel above, it runs before it. Still
-	// held past its margin, it went stale in the handler: a client call
-	// made then took a permit of its own.
+	// held when the handler returns, the permit went unused
+	// (Stats.PermitsUnused); held past its margin, stale too: a client
+	// call made then took a permit of its own.
 	defer func() {
 		kl := capability.KeyedLimiter(k)
 		if kl.Forfeit(ctx) > 0 {
