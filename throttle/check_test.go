@@ -36,7 +36,9 @@ func TestCheckWaitsLongerThanTheStoreTimeout(t *testing.T) {
 	defer lim.Close()
 	require.NoError(t, lim.Check(context.Background()))
 
+	hung := throttle.New(slowStore{Bucket: local, delay: time.Hour})
+	defer hung.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), throttle.DefaultStoreTimeout)
 	defer cancel()
-	require.ErrorIs(t, lim.Check(ctx), context.DeadlineExceeded)
+	require.ErrorIs(t, hung.Check(ctx), context.DeadlineExceeded)
 }
