@@ -33,9 +33,11 @@ import (
 // group, each calling the provider through an httpclient.Transport, one
 // Redis token bucket, library defaults, and a provider that counts a
 // sliding window and answers 429 with Retry-After above it. Each call
-// costs one permit: the bucket's grants, the provider's arrivals and the
-// handlers' attempts (plus the Transport's retries after a pause, counted
-// at the provider) agree exactly.
+// costs one permit: the bucket's grants are the provider's arrivals (the
+// Transport's retries after a pause included) and the permits the
+// consumers took that no call used (consumer.Stats.PermitsUnused: past
+// their margin, or given up for a provider's pause), exactly; the
+// handlers' attempts agree with the arrivals.
 //
 // The provider allows a third of the bucket's limit, so that it refuses
 // the first period's calls for certain and the Transport's pause, retry
@@ -127,6 +129,7 @@ func journey(t *testing.T, shared bool) {
 
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, instances)
+	var fleet []*consumer.Consumer
 	for i := range instances {
 		// Each instance has its own Redis client, bucket, Limiter and
 		// Transport, as separate processes would.
@@ -152,6 +155,7 @@ func journey(t *testing.T, shared bool) {
 			consumer.WithLogger(slog.New(slog.DiscardHandler)),
 		)
 		require.NoError(t, err)
+		fleet = append(fleet, c)
 		go func() { done <- c.Run(runCtx) }()
 	}
 	began := time.Now()
@@ -169,11 +173,15 @@ func journey(t *testing.T, shared bool) {
 	}
 
 	arrivals, refused, retries := prov.counts()
-	t.Logf("provider: %d arrivals, %d refused, %d Transport retries; %d handler calls, %d of them cut before they sent; %d permits granted", arrivals, refused, retries, attempts.Load(), cut.Load(), grants.n.Load())
+	var unused int64 // permits the consumers took that no call used
+	for _, c := range fleet {
+		unused += c.Stats().PermitsUnused
+	}
+	t.Logf("provider: %d arrivals, %d refused, %d Transport retries; %d handler calls, %d of them cut before they sent; %d permits granted, %d of the consumers' unused", arrivals, refused, retries, attempts.Load(), cut.Load(), grants.n.Load(), unused)
 	assert.Equal(t, records, prov.records(), "every record accepted by the provider: none lost")
 	assert.Positive(t, refused, "a provider at a third of the bucket's limit refuses")
 	assert.EqualValues(t, arrivals, attempts.Load()-cut.Load()+int64(retries), "each handler call not cut before it sent sent one request, each Transport retry one more")
-	assert.EqualValues(t, arrivals, grants.n.Load(), "one permit per call at the provider")
+	assert.EqualValues(t, int64(arrivals)+unused, grants.n.Load(), "one permit per call at the provider, and those the consumers took that no call used (past their margin, given up for a provider's pause)")
 	assert.LessOrEqual(t, int64(arrivals), grants.granted.Load(), "no call without a permit the bucket granted")
 }
 

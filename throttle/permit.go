@@ -44,7 +44,9 @@ func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
 
 // forfeit gives up the permits of k's budget that ctx holds
 // ([Keyed.ContextWithPermit]), without returning them to the bucket, and
-// returns how many it gave up: later Acquire calls with ctx take new ones.
+// returns how many of them were never used (given up now, or by an
+// earlier forfeit: the consumer counts its attempt's permit unused once,
+// whoever gave it up): later Acquire calls with ctx take new ones.
 // A client that finds the budget paused by the provider calls it before
 // waiting out the pause: a permit taken before the pause belongs to the
 // time the provider refused, and spent after it, it would come on top of
@@ -56,7 +58,7 @@ func (k Keyed) forfeit(ctx context.Context) int64 {
 	var n int64
 	for h, _ := ctx.Value(heldKey{}).(*heldPermits); h != nil; h = h.outer {
 		if h.key == k.key && (h.l == k.l || sameBucket(h.l.bucket, k.l.bucket)) {
-			n += max(h.left.Swap(0), 0)
+			n += h.dropped.Add(max(h.left.Swap(0), 0))
 		}
 	}
 	return n
@@ -67,11 +69,13 @@ type heldKey struct{}
 // heldPermits are permits of one budget passed down a context; outer
 // holds those of the enclosing context, for other budgets.
 type heldPermits struct {
-	l     *Limiter
-	key   string
-	left  atomic.Int64
-	until time.Time // zero: no bound
-	outer *heldPermits
+	l    *Limiter
+	key  string
+	left atomic.Int64
+	// dropped counts the permits forfeit gave up, never used.
+	dropped atomic.Int64
+	until   time.Time // zero: no bound
+	outer   *heldPermits
 }
 
 // useHeld takes n permits of l's key from those ctx holds, if it holds

@@ -113,9 +113,12 @@ func TestForfeitedPermitIsNotUsed(t *testing.T) {
 
 	assert.Zero(t, capability.KeyedLimiter(lim.Key("c")).Forfeit(ctx), "another key holds nothing here")
 	assert.EqualValues(t, 2, capability.KeyedLimiter(other.Key("a")).Forfeit(ctx), "a Limiter over the same bucket gives up the budget's permits")
-	assert.Zero(t, capability.KeyedLimiter(lim.Key("a")).Forfeit(ctx), "once")
+	assert.EqualValues(t, 2, capability.KeyedLimiter(lim.Key("a")).Forfeit(ctx), "given up once: asked again, the same 2 never used")
 	require.NoError(t, lim.Key("a").Acquire(ctx, 0))
 	assert.EqualValues(t, 1, b.takes.Load(), "a forfeited permit is not used: the call takes its own")
+	require.NoError(t, lim.Key("b").Acquire(ctx, 0)) // the held one
+	assert.Zero(t, capability.KeyedLimiter(lim.Key("b")).Forfeit(ctx), "a permit used is not counted as never used")
+	ctx = lim.Key("b").ContextWithPermit(ctx, 1)
 	require.NoError(t, lim.Key("b").Acquire(ctx, 0))
 	assert.EqualValues(t, 1, b.takes.Load(), "the other budget's held permit is still there")
 	assert.Zero(t, capability.KeyedLimiter(throttle.Keyed{}).Forfeit(ctx), "a zero Keyed gives up nothing")
