@@ -37,11 +37,11 @@ type Stats struct {
 	// PermitsStale's, and those whose record went away before its call
 	// (its partition revoked, the consumer stopping, the record parked),
 	// or whose handler returned without using it (a call cut by a
-	// revocation, a handler that made no call through the Limiter). Each
-	// counts at the bucket as a call does, and the provider never sees
-	// it: the permits a Limiter's Observer counts are the calls made
-	// through it plus these (plus, after a provider's pause, the permits
-	// the Transport gave up for it).
+	// revocation, a handler that made no call through the Limiter, a
+	// Transport that gave it up for a provider's pause). Each counts at
+	// the bucket as a call does, and the provider never sees it: the
+	// permits a Limiter's Observer counts are the calls made through it
+	// plus these.
 	PermitsUnused int64
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.
