@@ -262,8 +262,7 @@ type summary struct {
 	// accepted or refused; Unused how many permits the consumers took
 	// that no call used (consumer.Stats.PermitsUnused: past their margin,
 	// their record or their call gone), Stale those of them past their
-	// margin: one permit per call is Permits == ProviderCalls + Unused
-	// (a permit held through a provider's pause is given up: one more).
+	// margin: one permit per call is Permits == ProviderCalls + Unused.
 	Permits, Attempts, ProviderCalls, Unused, Stale int64
 	// AcceptedPerSecond is the calls the provider accepted per second,
 	// from the first accepted call to the last.
