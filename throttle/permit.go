@@ -44,9 +44,10 @@ func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
 
 // forfeit gives up the permits of k's budget that ctx holds
 // ([Keyed.ContextWithPermit]), without returning them to the bucket, and
-// returns how many of them were never used (given up now, or by an
-// earlier forfeit: the consumer counts its attempt's permit unused once,
-// whoever gave it up): later Acquire calls with ctx take new ones.
+// returns how many of the innermost ones were never used (given up now,
+// or by an earlier forfeit: the consumer counts its attempt's permit
+// unused once, whoever gave it up, and never an enclosing context's):
+// later Acquire calls with ctx take new ones.
 // A client that finds the budget paused by the provider calls it before
 // waiting out the pause: a permit taken before the pause belongs to the
 // time the provider refused, and spent after it, it would come on top of
@@ -55,13 +56,15 @@ func (k Keyed) forfeit(ctx context.Context) int64 {
 	if k.l == nil {
 		return 0
 	}
-	var n int64
+	n := int64(-1)
 	for h, _ := ctx.Value(heldKey{}).(*heldPermits); h != nil; h = h.outer {
 		if h.key == k.key && (h.l == k.l || sameBucket(h.l.bucket, k.l.bucket)) {
-			n += h.dropped.Add(max(h.left.Swap(0), 0))
+			if d := h.dropped.Add(max(h.left.Swap(0), 0)); n < 0 {
+				n = d
+			}
 		}
 	}
-	return n
+	return max(n, 0)
 }
 
 type heldKey struct{}

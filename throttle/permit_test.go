@@ -194,3 +194,16 @@ func TestHeldPermitIsReportedAsGrantedOnce(t *testing.T) {
 	assert.EqualValues(t, 1, b.takes.Load())
 	assert.EqualValues(t, b.takes.Load(), o.granted.Load(), "permits reported granted: one call, one permit, as the bucket counts")
 }
+
+// Forfeit reports the innermost held permits of a budget: a call that
+// used its own permit, in a context whose enclosing one held a permit of
+// the same budget given up earlier, has none unused.
+func TestForfeitCountsOnlyTheInnermostPermits(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := throttle.New(newLocal(t, clock, 100, time.Second), throttle.WithClock(clock))
+	outer := lim.Key("a").ContextWithPermit(context.Background(), 1)
+	assert.EqualValues(t, 1, capability.KeyedLimiter(lim.Key("a")).Forfeit(outer), "the outer permit, never used")
+	inner := lim.Key("a").ContextWithPermit(outer, 1)
+	require.NoError(t, lim.Key("a").Acquire(inner, 0)) // the inner permit
+	assert.Zero(t, capability.KeyedLimiter(lim.Key("a")).Forfeit(inner), "the inner permit was used; the outer one is not counted again")
+}

@@ -285,8 +285,8 @@ type Limiter interface {
 	Capabilities() Set
 	// Forfeit gives up the permits of the key that ctx holds
 	// (throttle.Keyed.ContextWithPermit), so that a later Acquire takes
-	// new ones, and returns how many of them were never used: given up
-	// now, or by an earlier Forfeit.
+	// new ones, and returns how many of the innermost ones were never
+	// used: given up now, or by an earlier Forfeit.
 	Forfeit(ctx context.Context) int64
 	// AdaptiveState is the key's adaptive rate as the Limiter last knew
 	// it, read from the store when that view is stale.
