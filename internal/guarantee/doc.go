@@ -9,9 +9,11 @@
 // guarantee:
 //
 //	checker    guarantee                                             bucket
-//	Sliding    at most limit grants in any window of its length      SlidingLog; a provider's strict limit
+//	Sliding    at most limit grants in any window of its length      SlidingLog; TokenBucket's places (a
+//	                                                                 window of interval + margin); a
+//	                                                                 provider's strict limit
 //	Aligned    at most limit grants per epoch-aligned window         FixedWindow
-//	Periods    at most limit grants per refill, refills ≥ interval    TokenBucket (refilled on demand)
+//	Periods    at most limit grants per refill, refills ≥ interval    a provider refilled on demand
 //	           apart, the first refill at the first grant
 //	Resets     the same, the first reset at any time before           Counter + Resetter
 //	           the first grant

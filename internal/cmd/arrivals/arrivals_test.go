@@ -200,7 +200,7 @@ func TestEndToEnd(t *testing.T) {
 	assert.GreaterOrEqual(t, r.Stops, int64(1))
 	assert.Empty(t, r.Killed)
 	assert.Zero(t, r.Errors, "first error: %s", r.FirstError)
-	assert.Greater(t, r.Used, 0.3, "%+v", r)
+	assert.Positive(t, r.Used, "%+v", r) // how much: a figure of the machine's speed (RESULTS.md)
 	// It says which Redis it runs on: one it started, or the stand-in
 	// (CI's fresh-machine step hides redis-server).
 	assert.Regexp(t, `arrivals: (started|WARNING: redis-server is not installed)`, errs.String())

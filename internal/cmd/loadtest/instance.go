@@ -165,7 +165,9 @@ func (c loadConfig) guarantee(times []time.Time) guarantee.Report {
 	perSecond := func(limit int64) float64 { return float64(limit) / c.Interval.Seconds() }
 	switch c.Bucket {
 	case "tokenbucket":
-		return guarantee.Periods(times, c.Limit, msInterval, c.Tolerance)
+		// Its places: at most the limit in any span of one interval
+		// plus the permits' margin (bucket.TokenBucket's guarantee).
+		return guarantee.Sliding(times, c.Limit, c.Interval+bucket.DefaultArrivalMargin(c.Interval), c.Tolerance)
 	case "counter":
 		return guarantee.Resets(times, c.Limit, msInterval, c.Tolerance)
 	case "fixedwindow":
