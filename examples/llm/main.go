@@ -87,6 +87,7 @@ type config struct {
 	jitter                         time.Duration
 	minTokens, maxTokens, estimate int64
 	target, redisAddr, provider    string
+	headers                        string
 	killAt, timeout                time.Duration
 	handlerTimeout, callTime       time.Duration
 	seed                           uint64
@@ -116,6 +117,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.handlerTimeout, "handler-timeout", 10*time.Second, "each handler call's deadline (consumer.WithHandlerTimeout)")
 	fs.DurationVar(&c.callTime, "call-time", time.Second, "how long a call takes: a call waits for its slot and cost at most -handler-timeout less this, and one abandoned after its send keeps its slot this long (httpclient.WithCallTime; 0: neither)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the built-in provider's token costs")
+	fs.StringVar(&c.headers, "headers", "openai", "whose rate-limit headers the built-in provider answers with: openai (x-ratelimit-*, the reset a duration until the limit is fully restored) or anthropic (anthropic-ratelimit-*, the reset the time at which it is)")
 	fs.StringVar(&c.provider, "provider", "continuous", "how the built-in provider counts -rpm and -tpm: continuous (buckets refilled continuously, as Anthropic documents), sliding (at most the limits in any span of one window) or fixed (at most the limits in each window from the provider's start)")
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	validate := func() error {
@@ -156,6 +158,8 @@ func (c config) check() error {
 		return errors.New("-kill-instance-at needs at least 2 instances")
 	case c.handlerTimeout <= 0 || c.callTime < 0 || c.callTime >= c.handlerTimeout:
 		return errors.New("-handler-timeout must be positive, and -call-time at least 0 and less than it")
+	case c.headers != "openai" && c.headers != "anthropic":
+		return fmt.Errorf("-headers %q: must be openai or anthropic", c.headers)
 	case c.provider != "continuous" && c.provider != "sliding" && c.provider != "fixed":
 		return fmt.Errorf("-provider %q: must be continuous, sliding or fixed", c.provider)
 	}
@@ -206,6 +210,10 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 	var prov *llmprovider.Provider
 	target := c.target
 	if target == "" {
+		headers := llmprovider.OpenAI
+		if c.headers == "anthropic" {
+			headers = llmprovider.Anthropic
+		}
 		counting := llmprovider.Continuous
 		switch c.provider {
 		case "sliding":
@@ -216,14 +224,15 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		prov, err = llmprovider.Start(llmprovider.Config{
 			RPM: c.rpm, TPM: c.tpm, Concurrency: int(c.concurrency), Window: c.window, Counting: counting,
 			MinTokens: c.minTokens, MaxTokens: c.maxTokens, Seed: c.seed, Latency: c.latency, Jitter: c.jitter,
+			Headers: headers,
 		})
 		if err != nil {
 			return summary{}, err
 		}
 		defer prov.Close()
 		target = prov.URL() + "/v1/chat/completions"
-		fmt.Fprintf(out, "provider: %s: %d requests and %d tokens per %v (%s), %d in flight; each call %v ± %v, %d–%d tokens, known after it\n",
-			target, c.rpm, c.tpm, c.window, counting, c.concurrency, c.latency, c.jitter, c.minTokens, c.maxTokens)
+		fmt.Fprintf(out, "provider: %s: %d requests and %d tokens per %v (%s, %s's headers), %d in flight; each call %v ± %v, %d–%d tokens, known after it\n",
+			target, c.rpm, c.tpm, c.window, counting, headers, c.concurrency, c.latency, c.jitter, c.minTokens, c.maxTokens)
 	} else {
 		fmt.Fprintf(out, "provider: %s\n", target)
 	}

@@ -23,7 +23,7 @@ func small() config {
 		rpm: 40, tpm: 2400, concurrency: 3,
 		window: time.Second, latency: 50 * time.Millisecond, lease: 300 * time.Millisecond,
 		minTokens: 20, maxTokens: 100, estimate: 100,
-		timeout: time.Minute, seed: 7, provider: "continuous",
+		timeout: time.Minute, seed: 7, provider: "continuous", headers: "openai",
 		handlerTimeout: 10 * time.Second, callTime: time.Second,
 	}
 }

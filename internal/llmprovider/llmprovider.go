@@ -110,6 +110,30 @@ type Config struct {
 	// Clock is the provider's clock: arrivals, windows and latency.
 	// Default: the real clock.
 	Clock clockwork.Clock
+	// Headers says whose rate-limit headers every answer carries:
+	// OpenAI's (x-ratelimit-{limit,remaining,reset}-{requests,tokens},
+	// the reset a Go duration until the limit is fully restored) or
+	// Anthropic's (anthropic-ratelimit-{requests,tokens}-{limit,
+	// remaining,reset}, the reset an RFC 3339 time at which it is).
+	// Default: OpenAI.
+	Headers Headers
+}
+
+// Headers names a provider's rate-limit headers.
+type Headers int
+
+const (
+	// OpenAI's x-ratelimit-* headers.
+	OpenAI Headers = iota
+	// Anthropic's anthropic-ratelimit-* headers.
+	Anthropic
+)
+
+func (h Headers) String() string {
+	if h == Anthropic {
+		return "Anthropic"
+	}
+	return "OpenAI"
 }
 
 // Provider is a counting, limit-enforcing LLM-like HTTP server on
@@ -232,6 +256,8 @@ func Start(cfg Config) (*Provider, error) {
 		return nil, errs.Invalid(pkg, "Latency", cfg.Latency, "must not be negative")
 	case cfg.Jitter < 0 || cfg.Jitter > cfg.Latency:
 		return nil, errs.Invalid(pkg, "Jitter", cfg.Jitter, "must be between 0 and Latency")
+	case cfg.Headers != OpenAI && cfg.Headers != Anthropic:
+		return nil, errs.Invalid(pkg, "Headers", int(cfg.Headers), "must be OpenAI or Anthropic")
 	case cfg.Counting != Sliding && cfg.Counting != Continuous && cfg.Counting != Fixed:
 		return nil, errs.Invalid(pkg, "Counting", int(cfg.Counting), "must be Sliding, Continuous or Fixed")
 	}
@@ -311,7 +337,7 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	// go away (r.Context ends), as a provider's streaming answer would.
 	_, _ = io.Copy(io.Discard, r.Body)
 	d := p.arrive(r.Header.Get(RecordHeader))
-	p.headers(w.Header(), d)
+	p.headers(w.Header(), d, d.at)
 	if d.refusedBy != "" {
 		w.Header().Set(RefusedHeader, d.refusedBy)
 		if d.retry > 0 {
@@ -438,15 +464,16 @@ func (p *Provider) sliding(now time.Time, d *decision) {
 		}
 		p.stats.RefusedTokens++
 	}
-	// What remains, counting this call if admitted, and when the oldest
-	// counted call leaves the window (this one, if the window is empty).
+	// What remains, counting this call if admitted, and when the limits
+	// are fully restored, as OpenAI's reset means it: when the newest
+	// counted call leaves the window (this one, if admitted).
 	n, tok := int64(len(p.window)), p.inWindow
 	var reset time.Duration
 	switch {
-	case len(p.window) > 0:
-		reset = p.window[0].at.Add(c.Window).Sub(now)
 	case d.refusedBy == "":
 		reset = c.Window
+	case len(p.window) > 0:
+		reset = p.window[len(p.window)-1].at.Add(c.Window).Sub(now)
 	}
 	if d.refusedBy == "" {
 		n, tok = n+1, tok+d.tokens
@@ -532,19 +559,33 @@ func (p *Provider) leave() {
 	p.mu.Unlock()
 }
 
-// headers writes OpenAI's x-ratelimit-* headers for the limits set: the
-// limit, what remains of it in the window (after this call, when
-// admitted), and when some of it comes back (the oldest counted call
-// leaves the window), as a Go duration.
-func (p *Provider) headers(h http.Header, d decision) {
-	if d.reqLimited {
-		h.Set("X-Ratelimit-Limit-Requests", strconv.FormatInt(p.cfg.RPM, 10))
-		h.Set("X-Ratelimit-Remaining-Requests", strconv.FormatInt(d.remReq, 10))
-		h.Set("X-Ratelimit-Reset-Requests", d.resetReq.String())
+// headers writes the rate-limit headers of Config.Headers for the limits
+// set: the limit, what remains of it in the window (after this call, when
+// admitted), and when it is fully restored (OpenAI: as a Go duration
+// from now; Anthropic: as an RFC 3339 time, with the Date of the answer
+// beside it).
+func (p *Provider) headers(h http.Header, d decision, now time.Time) {
+	dims := []struct {
+		limited    bool
+		name       string
+		limit, rem int64
+		reset      time.Duration
+	}{
+		{d.reqLimited, "requests", p.cfg.RPM, d.remReq, d.resetReq},
+		{d.tokLimited, "tokens", p.cfg.TPM, d.remTok, d.resetTok},
 	}
-	if d.tokLimited {
-		h.Set("X-Ratelimit-Limit-Tokens", strconv.FormatInt(p.cfg.TPM, 10))
-		h.Set("X-Ratelimit-Remaining-Tokens", strconv.FormatInt(d.remTok, 10))
-		h.Set("X-Ratelimit-Reset-Tokens", d.resetTok.String())
+	for _, dim := range dims {
+		if !dim.limited {
+			continue
+		}
+		if p.cfg.Headers == Anthropic {
+			h.Set("Anthropic-Ratelimit-"+dim.name+"-Limit", strconv.FormatInt(dim.limit, 10))
+			h.Set("Anthropic-Ratelimit-"+dim.name+"-Remaining", strconv.FormatInt(max(dim.rem, 0), 10))
+			h.Set("Anthropic-Ratelimit-"+dim.name+"-Reset", now.Add(dim.reset).UTC().Format(time.RFC3339Nano))
+			continue
+		}
+		h.Set("X-Ratelimit-Limit-"+dim.name, strconv.FormatInt(dim.limit, 10))
+		h.Set("X-Ratelimit-Remaining-"+dim.name, strconv.FormatInt(max(dim.rem, 0), 10))
+		h.Set("X-Ratelimit-Reset-"+dim.name, dim.reset.String())
 	}
 }

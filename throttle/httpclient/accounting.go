@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // The accounting headers of LLM providers: several dimensions (requests,
@@ -43,36 +41,33 @@ var accountingDimensions = []dimension{
 // set (see ReadAnswer).
 const accountingWindow = time.Minute
 
-// accountingReset reads the accounting headers of h: when some dimension
-// has nothing remaining, the latest of those dimensions' resets (every
-// exhausted dimension must recover before a call can pass). The reset of
-// a dimension with some remaining says nothing, even on a 429: the
-// provider may have refused for a limit it does not report (concurrency,
-// a long request), and a pause until a window's end would idle the fleet
-// for nothing.
-func accountingReset(h http.Header, now time.Time) (time.Duration, bool) {
-	var (
-		latest    time.Duration
-		exhausted bool
-	)
-	for _, d := range accountingDimensions {
-		v := h.Get(d.reset)
-		if v == "" || !noneLeft(h, d.remaining) {
-			continue
-		}
-		if reset, ok := d.parse(v, now); ok {
-			latest, exhausted = max(latest, reset), true
-		}
-	}
-	return latest, exhausted
+// exhaustion is one dimension an answer's accounting headers name as
+// exhausted: nothing remaining, with a reset that parses.
+type exhaustion struct {
+	dim string
+	// reset is the provider's reset, capped at maxPause: OpenAI's is the
+	// time until the dimension is fully restored, Anthropic's the time
+	// at which it is.
+	reset time.Duration
+	// hold is how long the dimension is held back. On a refusal (any
+	// status but a success), the reset. On a success that names the
+	// dimension's limit, the reset's share of one unit, reset / limit
+	// (rounded up): the fleet used the last unit with that call, and a
+	// provider that restores the dimension as its calls age (a sliding
+	// window, a continuous refill) has one unit back by then, where the
+	// reset is when the window's last call leaves. A provider of aligned
+	// windows refuses a call sent then, and that refusal holds the
+	// dimension until its reset (the Transport remembers it: see
+	// Transport.holds).
+	hold time.Duration
 }
 
 // accountingExhausted lists the dimensions of h with nothing remaining
-// and a reset that parses, each with its reset (capped at maxPause), in
-// the order of accountingDimensions; a dimension both providers' headers
-// name is listed once, with the later reset.
-func accountingExhausted(h http.Header, now time.Time) []capability.Exhausted {
-	var out []capability.Exhausted
+// and a reset that parses, in the order of accountingDimensions; a
+// dimension both providers' headers name is listed once, with the later
+// reset and hold. success says the answer was a success (2xx).
+func accountingExhausted(h http.Header, now time.Time, success bool) []exhaustion {
+	var out []exhaustion
 	for _, d := range accountingDimensions {
 		v := h.Get(d.reset)
 		if v == "" || !noneLeft(h, d.remaining) {
@@ -83,14 +78,36 @@ func accountingExhausted(h http.Header, now time.Time) []capability.Exhausted {
 			continue
 		}
 		reset = min(reset, maxPause)
-		i := slices.IndexFunc(out, func(e capability.Exhausted) bool { return e.Dimension == d.name })
+		hold := reset
+		if limit, _, ok := parseDecimal(h.Get(d.limit), false); success && ok && limit > 1 {
+			hold = (reset + time.Duration(limit) - 1) / time.Duration(limit)
+		}
+		i := slices.IndexFunc(out, func(e exhaustion) bool { return e.dim == d.name })
 		if i < 0 {
-			out = append(out, capability.Exhausted{Dimension: d.name, RetryAfter: reset})
+			out = append(out, exhaustion{dim: d.name, reset: reset, hold: hold})
 		} else {
-			out[i].RetryAfter = max(out[i].RetryAfter, reset)
+			out[i].reset, out[i].hold = max(out[i].reset, reset), max(out[i].hold, hold)
 		}
 	}
 	return out
+}
+
+// accountingReset reads the accounting headers of h: when some dimension
+// has nothing remaining, the latest of those dimensions' holds (every
+// exhausted dimension must recover before a call can pass; see
+// exhaustion.hold). The reset of a dimension with some remaining says
+// nothing, even on a 429: the provider may have refused for a limit it
+// does not report (concurrency, a long request), and a pause until a
+// window's end would idle the fleet for nothing.
+func accountingReset(h http.Header, now time.Time, success bool) (time.Duration, bool) {
+	var (
+		latest    time.Duration
+		exhausted bool
+	)
+	for _, e := range accountingExhausted(h, now, success) {
+		latest, exhausted = max(latest, e.hold), true
+	}
+	return latest, exhausted
 }
 
 // accountingLimit is the smallest requests limit the accounting headers

@@ -6,15 +6,18 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/headway-go/headway/bucket"
 	"github.com/headway-go/headway/internal/redisenv"
@@ -44,9 +47,13 @@ func TestReadAnswerAccountingHeaders(t *testing.T) {
 		want   throttle.Answer
 	}{
 		{"OpenAI success within limits", 200, openAI("499", "120ms", "29000", "2s"), perMinute(throttle.Answer{}, 500)},
-		{"OpenAI tokens exhausted", 200, openAI("499", "120ms", "0", "6m0s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 6 * time.Minute}, 500)},
-		{"OpenAI requests exhausted", 200, openAI("0", "20ms", "100", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 20 * time.Millisecond}, 500)},
-		{"OpenAI both exhausted: the later reset", 200, openAI("0", "1m30.5s", "0", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 90*time.Second + 500*time.Millisecond}, 500)},
+		// A success that spends the last unit holds the dimension for a
+		// unit's share of the time until it is fully restored (reset /
+		// limit); a refusal for the whole reset.
+		{"OpenAI tokens exhausted: a token's share of the reset", 200, openAI("499", "120ms", "0", "6m0s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 12 * time.Millisecond}, 500)},
+		{"OpenAI requests exhausted: a request's share of the reset", 200, openAI("0", "20s", "100", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 40 * time.Millisecond}, 500)},
+		{"OpenAI 429, requests at 0: the whole reset", 429, openAI("0", "20s", "100", "1s"), perMinute(throttle.Answer{Refused: true, Retry: true, RetryAfter: 20 * time.Second}, 500)},
+		{"OpenAI both exhausted: the longer hold", 200, openAI("0", "1m30.5s", "0", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 181 * time.Millisecond}, 500)},
 		{"OpenAI 429 with retry-after", 429, map[string]string{"retry-after": "3", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "9s"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 3 * time.Second}},
 		{"OpenAI 429, none at 0: no pause", 429, openAI("3", "2s", "50", "7s"), perMinute(throttle.Answer{Refused: true}, 500)},
 		{"OpenAI retry-after-ms first", 429, map[string]string{"retry-after-ms": "1500.5", "retry-after": "2"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 1500*time.Millisecond + 500*time.Microsecond}},
@@ -66,7 +73,7 @@ func TestReadAnswerAccountingHeaders(t *testing.T) {
 		{"Anthropic output tokens exhausted", 200, map[string]string{
 			"anthropic-ratelimit-requests-limit": "50", "anthropic-ratelimit-requests-remaining": "49", "anthropic-ratelimit-requests-reset": "2026-03-01T12:00:01Z",
 			"anthropic-ratelimit-output-tokens-limit": "8000", "anthropic-ratelimit-output-tokens-remaining": "0", "anthropic-ratelimit-output-tokens-reset": "2026-03-01T12:00:12Z",
-		}, perMinute(throttle.Answer{Retry: true, RetryAfter: 12 * time.Second}, 50)},
+		}, perMinute(throttle.Answer{Retry: true, RetryAfter: 1500 * time.Microsecond}, 50)},
 		{"Anthropic input and tokens exhausted", 200, map[string]string{
 			"anthropic-ratelimit-input-tokens-remaining": "0", "anthropic-ratelimit-input-tokens-reset": "2026-03-01T12:00:05.5Z",
 			"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "2026-03-01T13:00:04+01:00",
@@ -145,19 +152,20 @@ func sprintf(format, s string) string {
 }
 
 // TestTransportPausesTheFleetWhenTokensRunOut: one instance's call is
-// answered 200 with x-ratelimit-remaining-tokens 0 and a reset in 1 s;
-// another instance (its own Transport, Limiter and Redis connection on one
-// Redis token bucket) can send nothing until the reset.
+// answered 200 with x-ratelimit-remaining-tokens 0 and a reset in 1 s,
+// naming no limit (so no token's share of the reset can be told); another
+// instance (its own Transport, Limiter and Redis connection on one Redis
+// token bucket) can send nothing until the reset.
 func TestTransportPausesTheFleetWhenTokensRunOut(t *testing.T) {
 	rs := redisenv.New(t)
 	var answered atomic.Int64 // UnixNano when the exhausted answer left
 	srv := newCountingServer(t, clockwork.NewRealClock(), func(n int, w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("x-ratelimit-limit-tokens", "1000")
 		if n == 1 {
 			w.Header().Set("x-ratelimit-remaining-tokens", "0")
 			w.Header().Set("x-ratelimit-reset-tokens", "1s")
 			answered.Store(time.Now().UnixNano())
 		} else {
+			w.Header().Set("x-ratelimit-limit-tokens", "1000")
 			w.Header().Set("x-ratelimit-remaining-tokens", "500")
 			w.Header().Set("x-ratelimit-reset-tokens", "500ms")
 		}
@@ -380,4 +388,89 @@ func getWithin(c *http.Client, url string, maxWait time.Duration) error {
 		drain(resp)
 	}
 	return err
+}
+
+// TestTransportLearnsAlignedWindowsFromARefusal: a success that spends the
+// last request of 600 per minute (reset 60 s: the window's last call
+// leaves then) holds the key back for one request's share of the reset,
+// 100 ms, not the whole minute; a refusal that comes before that minute is
+// over shows a provider that restores its requests only at its window's
+// end, and from then on a success with none remaining holds the key until
+// its reset. Judged on the Limiter's fake clock.
+func TestTransportLearnsAlignedWindowsFromARefusal(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	srv := newCountingServer(t, clk, func(n int, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("x-ratelimit-limit-requests", "600")
+		w.Header().Set("x-ratelimit-remaining-requests", "0")
+		if n == 2 { // refused: the window is not restored yet
+			w.Header().Set("x-ratelimit-reset-requests", "59.85s")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.Header().Set("x-ratelimit-reset-requests", "60s")
+	})
+	loc, err := throttle.NewLocal(1000, time.Second, throttle.WithClock(clk))
+	require.NoError(t, err)
+	lim := throttle.New(&pausingLocal{Local: loc, clock: clk}, throttle.WithClock(clk))
+	t.Cleanup(func() { _ = lim.Close() })
+	var logs bytes.Buffer
+	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport),
+		httpclient.WithRetries(0), httpclient.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))}
+	get := func() (int, error) {
+		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), 0), http.MethodGet, srv.URL, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		drain(resp)
+		return resp.StatusCode, nil
+	}
+
+	status, err := get()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status)
+	clk.Advance(50 * time.Millisecond)
+	_, err = get()
+	assert.ErrorIs(t, err, throttle.ErrTimeout, "50 ms after the last request was spent: held for a request's share of the reset")
+	clk.Advance(100 * time.Millisecond)
+	status, err = get()
+	require.NoError(t, err, "150 ms after: a request's share (100 ms) is over, not the whole reset")
+	require.Equal(t, http.StatusTooManyRequests, status)
+	assert.Contains(t, logs.String(), "only at its window's end")
+
+	clk.Advance(time.Minute) // past the refusal's reset
+	status, err = get()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status)
+	clk.Advance(500 * time.Millisecond)
+	_, err = get()
+	assert.ErrorIs(t, err, throttle.ErrTimeout, "once windows are known to be aligned, a success with none remaining holds until its reset")
+	assert.Equal(t, 3, srv.count(), "calls that reached the provider")
+}
+
+// pausingLocal is a throttle.Local that a Limiter can pause (a bucket's
+// Pause method, found by a type assertion), on its clock: a take before
+// the pause's end is refused until then.
+type pausingLocal struct {
+	*throttle.Local
+	clock clockwork.Clock
+	mu    sync.Mutex
+	until time.Time
+}
+
+func (b *pausingLocal) Pause(_ context.Context, _ string, d time.Duration) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.until = b.clock.Now().Add(d)
+	return nil
+}
+
+func (b *pausingLocal) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	b.mu.Lock()
+	left := b.until.Sub(b.clock.Now())
+	b.mu.Unlock()
+	if left > 0 {
+		return throttle.Decision{Delay: left}, nil
+	}
+	return b.Local.Take(ctx, key, n, maxWait)
 }

@@ -44,11 +44,17 @@ import (
 //   - The accounting headers of LLM providers (OpenAI's x-ratelimit-*,
 //     Anthropic's anthropic-ratelimit-*; see [RetryAfter]) count each
 //     dimension apart: any dimension with nothing remaining, requests or
-//     tokens, and a reset time sets Retry until the latest such reset.
+//     tokens, and a reset time sets Retry: on a refusal until the latest
+//     such reset, on a success for the reset's share of one unit (see
+//     [RetryAfter]: the reset is when the dimension is fully restored).
 //     (The Transport does better for a budget of those dimensions, a
 //     bucket.Budget, which pauses dimensions apart, when it takes
 //     its calls' costs ([WithCost]): it holds back each exhausted
-//     dimension until its own reset, and nothing else.)
+//     dimension alone. And it learns, per key and dimension, a provider
+//     that restores a dimension only at its window's end: a refusal
+//     that comes before the reset of a success held for a unit's share;
+//     from then on a success with nothing remaining holds that dimension
+//     until its reset.)
 //     A tokens limit is not a limit on calls: it sets no Limit.
 //
 // Absolute times (HTTP dates, Unix times, RFC 3339) are read against
@@ -103,10 +109,17 @@ func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Res
 	}
 	if a.Retry && a.RetryAfter == read.RetryAfter {
 		// A retry time the accounting headers alone name (the hook left
-		// it): each exhausted dimension until its own reset, when the
-		// bucket can; else the whole bucket until the latest.
-		if ex := exhaustedOnly(resp, now); len(ex) > 0 && t.pauseDimensions(ctx, k, ex) {
-			a.Retry = false
+		// it): each exhausted dimension for its own hold, when the
+		// bucket can; else the whole bucket for the longest.
+		if ex := t.exhaustedOnly(k, resp, now); len(ex) > 0 {
+			if t.pauseDimensions(ctx, k, ex) {
+				a.Retry = false
+			} else {
+				a.RetryAfter = 0
+				for _, e := range ex {
+					a.RetryAfter = max(a.RetryAfter, e.RetryAfter)
+				}
+			}
 		}
 	}
 	if !a.Refused && !a.Retry && a.Limit == 0 {

@@ -104,6 +104,7 @@ type Transport struct {
 
 	mu     sync.Mutex
 	paused map[throttle.Keyed]time.Time // local pauses: until when, on the limiter's clock
+	edges  map[edgeID]edge              // how the provider restores each key's dimensions
 }
 
 // Option configures [NewTransport].
@@ -542,7 +543,7 @@ func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Resp
 		// store calls come after. A retry time from the accounting
 		// headers alone holds back only the dimensions they name, each
 		// until its own reset, when the bucket can (a Budget).
-		if ex := exhaustedOnly(resp, now); len(ex) > 0 && t.pauseDimensions(ctx, k, ex) {
+		if ex := t.exhaustedOnly(k, resp, now); len(ex) > 0 && t.pauseDimensions(ctx, k, ex) {
 			// paused per dimension
 		} else {
 			t.pause(ctx, k, pause)
@@ -891,14 +892,65 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 }
 
 // exhaustedOnly is the dimensions resp's accounting headers name as
-// exhausted, when no other header names a retry time (nil otherwise).
-func exhaustedOnly(resp *http.Response, now time.Time) []capability.Exhausted {
+// exhausted, when no other header names a retry time (nil otherwise),
+// each with how long this Transport holds it back for k (see holds).
+func (t *Transport) exhaustedOnly(k throttle.Keyed, resp *http.Response, now time.Time) []capability.Exhausted {
 	pnow := providerNow(resp.Header, now)
 	if _, other := retryHeaders(resp, pnow); other {
 		return nil
 	}
-	return accountingExhausted(resp.Header, pnow)
+	return t.holds(k, accountingExhausted(resp.Header, pnow, resp.StatusCode >= 200 && resp.StatusCode < 300), now)
 }
+
+// edge is what a Transport learned of how a provider restores one
+// dimension of one key.
+type edge struct {
+	// restored is when the dimension was last said to be fully restored,
+	// after a success that used its last unit and was held only a unit's
+	// share of the reset.
+	restored time.Time
+	// aligned: a refusal for the dimension came before that: the
+	// provider restores it at its window's end, not as calls age.
+	aligned bool
+}
+
+// holds is how long each exhausted dimension of an answer for k is held
+// back: its hold (exhaustion.hold: a unit's share of the reset, after a
+// success), or its whole reset once the provider has shown that it
+// restores the dimension only at its window's end (aligned windows): a
+// refusal of the dimension before the reset of a success that had held
+// it for a unit's share. Learned per key and dimension, once, and logged.
+func (t *Transport) holds(k throttle.Keyed, ex []exhaustion, now time.Time) []capability.Exhausted {
+	if len(ex) == 0 {
+		return nil
+	}
+	out := make([]capability.Exhausted, 0, len(ex))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range ex {
+		id := edgeID{k.Key(), e.dim}
+		ed := t.edges[id]
+		hold := e.hold
+		switch {
+		case ed.aligned:
+			hold = e.reset
+		case e.hold < e.reset: // a success, held for a unit's share
+			ed.restored = now.Add(e.reset)
+		case now.Before(ed.restored): // a refusal before the window was restored
+			ed.aligned = true
+			t.log.Info("httpclient: the provider restores this dimension only at its window's end; a success with nothing remaining now holds it until the reset", "key", k.Key(), "dimension", e.dim)
+		}
+		if t.edges == nil {
+			t.edges = make(map[edgeID]edge)
+		}
+		t.edges[id] = ed
+		out = append(out, capability.Exhausted{Dimension: e.dim, RetryAfter: hold})
+	}
+	return out
+}
+
+// edgeID names a dimension of a key.
+type edgeID struct{ key, dim string }
 
 // pauseDimensions pauses the dimensions ex of k's bucket, for the whole
 // fleet, when the bucket pauses dimensions apart and the Transport
