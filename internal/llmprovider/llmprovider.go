@@ -338,7 +338,11 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	d := p.arrive(r.Header.Get(RecordHeader))
 	p.headers(w.Header(), d, d.at)
+	// The answer's Date, on the provider's clock: the time Anthropic's
+	// absolute resets are read against.
+	date := func() { w.Header().Set("Date", p.clock.Now().UTC().Format(http.TimeFormat)) }
 	if d.refusedBy != "" {
+		date()
 		w.Header().Set(RefusedHeader, d.refusedBy)
 		if d.retry > 0 {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64((d.retry+time.Second-1)/time.Second), 10))
@@ -364,6 +368,7 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	// starts another once it has the answer never finds this one still
 	// counted.
 	p.leave()
+	date()
 	w.Header().Set("Content-Type", "application/json")
 	prompt := d.tokens / 2
 	fmt.Fprintf(w, `{"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`, prompt, d.tokens-prompt, d.tokens)
@@ -562,8 +567,8 @@ func (p *Provider) leave() {
 // headers writes the rate-limit headers of Config.Headers for the limits
 // set: the limit, what remains of it in the window (after this call, when
 // admitted), and when it is fully restored (OpenAI: as a Go duration
-// from now; Anthropic: as an RFC 3339 time, with the Date of the answer
-// beside it).
+// from the call's arrival; Anthropic: as an RFC 3339 time, read against
+// the answer's Date).
 func (p *Provider) headers(h http.Header, d decision, now time.Time) {
 	dims := []struct {
 		limited    bool

@@ -261,9 +261,9 @@ func TestConcurrentLoadNeverExceedsTheLimits(t *testing.T) {
 
 // TestHeadersReadByTheTransport: the provider's answers mean to
 // httpclient.ReadAnswer what OpenAI's do: a success that spends the last
-// tokens holds them back for one token's share of the time until they are
-// fully restored (the reset), a refusal until its Retry-After, and the
-// requests limit is advertised per minute.
+// tokens holds them back until they are fully restored (the reset), a
+// refusal until its Retry-After, and the requests limit is advertised per
+// minute.
 func TestHeadersReadByTheTransport(t *testing.T) {
 	clk := clockwork.NewFakeClock()
 	p := start(t, llmprovider.Config{RPM: 60, TPM: 50, MinTokens: 25, MaxTokens: 25, Clock: clk})
@@ -275,9 +275,9 @@ func TestHeadersReadByTheTransport(t *testing.T) {
 	}
 	assert.Equal(t, throttle.Answer{Limit: 60, Window: time.Minute}, read())
 	clk.Advance(10 * time.Second)
-	// The second call spends the last tokens: fully restored when it
-	// leaves the minute, 60 s on; one token's share of that is 1.2 s.
-	assert.Equal(t, throttle.Answer{Retry: true, RetryAfter: 1200 * time.Millisecond, Limit: 60, Window: time.Minute}, read())
+	// The second call spends the last tokens: pause until they are
+	// fully restored, when it leaves the minute, 60 s on.
+	assert.Equal(t, throttle.Answer{Retry: true, RetryAfter: time.Minute, Limit: 60, Window: time.Minute}, read())
 	// Refused: Retry-After says the same, in whole seconds.
 	assert.Equal(t, throttle.Answer{Refused: true, Retry: true, RetryAfter: 50 * time.Second, Limit: 60, Window: time.Minute}, read())
 }

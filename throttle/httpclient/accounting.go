@@ -50,15 +50,17 @@ type exhaustion struct {
 	// at which it is.
 	reset time.Duration
 	// hold is how long the dimension is held back. On a refusal (any
-	// status but a success), the reset. On a success that names the
-	// dimension's limit, the reset's share of one unit, reset / limit
-	// (rounded up): the fleet used the last unit with that call, and a
-	// provider that restores the dimension as its calls age (a sliding
-	// window, a continuous refill) has one unit back by then, where the
-	// reset is when the window's last call leaves. A provider of aligned
-	// windows refuses a call sent then, and that refusal holds the
-	// dimension until its reset (the Transport remembers it: see
-	// Transport.holds).
+	// status but a success), the reset. On a success, for a requests
+	// dimension that names its limit, the reset's share of one request,
+	// reset / limit (rounded up): the fleet used the last request with
+	// that call, and a provider that restores requests as its calls age
+	// (a sliding window, a continuous refill) has one back by then,
+	// where the reset is when the window's last call leaves. A provider
+	// of aligned windows refuses a call sent then, and that refusal
+	// holds the dimension until its reset (the Transport remembers it:
+	// see Transport.holds). A tokens dimension is held for its reset: the
+	// next call's tokens, not one token, must come back, and the
+	// headers do not say how many that is.
 	hold time.Duration
 }
 
@@ -79,7 +81,7 @@ func accountingExhausted(h http.Header, now time.Time, success bool) []exhaustio
 		}
 		reset = min(reset, maxPause)
 		hold := reset
-		if limit, _, ok := parseDecimal(h.Get(d.limit), false); success && ok && limit > 1 {
+		if limit, _, ok := parseDecimal(h.Get(d.limit), false); success && d.requests && ok && limit > 1 {
 			hold = (reset + time.Duration(limit) - 1) / time.Duration(limit)
 		}
 		i := slices.IndexFunc(out, func(e exhaustion) bool { return e.dim == d.name })

@@ -47,13 +47,15 @@ func TestReadAnswerAccountingHeaders(t *testing.T) {
 		want   throttle.Answer
 	}{
 		{"OpenAI success within limits", 200, openAI("499", "120ms", "29000", "2s"), perMinute(throttle.Answer{}, 500)},
-		// A success that spends the last unit holds the dimension for a
-		// unit's share of the time until it is fully restored (reset /
-		// limit); a refusal for the whole reset.
-		{"OpenAI tokens exhausted: a token's share of the reset", 200, openAI("499", "120ms", "0", "6m0s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 12 * time.Millisecond}, 500)},
+		// A success that spends the last request holds requests for a
+		// request's share of the time until they are fully restored
+		// (reset / limit); a refusal, or tokens, for the whole reset.
+		{"OpenAI tokens exhausted: the reset", 200, openAI("499", "120ms", "0", "6m0s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 6 * time.Minute}, 500)},
 		{"OpenAI requests exhausted: a request's share of the reset", 200, openAI("0", "20s", "100", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 40 * time.Millisecond}, 500)},
 		{"OpenAI 429, requests at 0: the whole reset", 429, openAI("0", "20s", "100", "1s"), perMinute(throttle.Answer{Refused: true, Retry: true, RetryAfter: 20 * time.Second}, 500)},
-		{"OpenAI both exhausted: the longer hold", 200, openAI("0", "1m30.5s", "0", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 181 * time.Millisecond}, 500)},
+		{"OpenAI both exhausted: the longer hold", 200, openAI("0", "1m30.5s", "0", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: time.Second}, 500)},
+		{"OpenAI requests exhausted, a limit of 1: the reset", 200, map[string]string{"x-ratelimit-limit-requests": "1", "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "20s"}, perMinute(throttle.Answer{Retry: true, RetryAfter: 20 * time.Second}, 1)},
+		{"OpenAI 503, requests at 0: the reset", 503, openAI("0", "20s", "100", "1s"), perMinute(throttle.Answer{Retry: true, RetryAfter: 20 * time.Second}, 500)},
 		{"OpenAI 429 with retry-after", 429, map[string]string{"retry-after": "3", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "9s"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 3 * time.Second}},
 		{"OpenAI 429, none at 0: no pause", 429, openAI("3", "2s", "50", "7s"), perMinute(throttle.Answer{Refused: true}, 500)},
 		{"OpenAI retry-after-ms first", 429, map[string]string{"retry-after-ms": "1500.5", "retry-after": "2"}, throttle.Answer{Refused: true, Retry: true, RetryAfter: 1500*time.Millisecond + 500*time.Microsecond}},
@@ -73,7 +75,7 @@ func TestReadAnswerAccountingHeaders(t *testing.T) {
 		{"Anthropic output tokens exhausted", 200, map[string]string{
 			"anthropic-ratelimit-requests-limit": "50", "anthropic-ratelimit-requests-remaining": "49", "anthropic-ratelimit-requests-reset": "2026-03-01T12:00:01Z",
 			"anthropic-ratelimit-output-tokens-limit": "8000", "anthropic-ratelimit-output-tokens-remaining": "0", "anthropic-ratelimit-output-tokens-reset": "2026-03-01T12:00:12Z",
-		}, perMinute(throttle.Answer{Retry: true, RetryAfter: 1500 * time.Microsecond}, 50)},
+		}, perMinute(throttle.Answer{Retry: true, RetryAfter: 12 * time.Second}, 50)},
 		{"Anthropic input and tokens exhausted", 200, map[string]string{
 			"anthropic-ratelimit-input-tokens-remaining": "0", "anthropic-ratelimit-input-tokens-reset": "2026-03-01T12:00:05.5Z",
 			"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "2026-03-01T13:00:04+01:00",
@@ -473,4 +475,118 @@ func (b *pausingLocal) Take(ctx context.Context, key string, n int64, maxWait ti
 		return throttle.Decision{Delay: left}, nil
 	}
 	return b.Local.Take(ctx, key, n, maxWait)
+}
+
+// TestTransportLearnsNoAlignedWindowsFromOtherAnswers: what is not a
+// refusal of a request sent after a success's hold (a 503, a success
+// with a reset of 0 or without a limit) teaches nothing: a later success
+// that spends the last request is still held only a request's share of
+// its reset.
+func TestTransportLearnsNoAlignedWindowsFromOtherAnswers(t *testing.T) {
+	for _, second := range []struct {
+		name  string
+		write func(w http.ResponseWriter)
+	}{
+		{"a 503 with none remaining", func(w http.ResponseWriter) {
+			w.Header().Set("x-ratelimit-limit-requests", "600")
+			w.Header().Set("x-ratelimit-remaining-requests", "0")
+			w.Header().Set("x-ratelimit-reset-requests", "59s")
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}},
+		{"a success with a reset of 0", func(w http.ResponseWriter) {
+			w.Header().Set("x-ratelimit-limit-requests", "600")
+			w.Header().Set("x-ratelimit-remaining-requests", "0")
+			w.Header().Set("x-ratelimit-reset-requests", "0s")
+		}},
+		{"a success naming no limit", func(w http.ResponseWriter) {
+			w.Header().Set("x-ratelimit-remaining-requests", "0")
+			w.Header().Set("x-ratelimit-reset-requests", "59s")
+		}},
+	} {
+		t.Run(second.name, func(t *testing.T) {
+			clk := clockwork.NewFakeClock()
+			srv := newCountingServer(t, clk, func(n int, w http.ResponseWriter, _ *http.Request) {
+				if n == 2 {
+					second.write(w)
+					return
+				}
+				w.Header().Set("x-ratelimit-limit-requests", "600")
+				w.Header().Set("x-ratelimit-remaining-requests", "0")
+				w.Header().Set("x-ratelimit-reset-requests", "60s")
+			})
+			get := alignedClient(t, clk, srv)
+			_, err := get()
+			require.NoError(t, err)
+			clk.Advance(150 * time.Millisecond)
+			_, err = get() // the second answer
+			require.NoError(t, err)
+			clk.Advance(2 * time.Minute) // past any pause it asked for
+			_, err = get()
+			require.NoError(t, err)
+			clk.Advance(150 * time.Millisecond)
+			_, err = get()
+			assert.NoError(t, err, "a request's share of the reset (100 ms) is over: nothing taught aligned windows")
+		})
+	}
+}
+
+// TestTransportLearnsNoAlignedWindowsFromARequestInFlight: a refusal of a
+// request sent before a success's hold ended (in flight when the last
+// request was spent) says nothing of how the provider restores its
+// window.
+func TestTransportLearnsNoAlignedWindowsFromARequestInFlight(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	arrived := make(chan struct{})
+	firstDone := make(chan struct{})
+	srv := newCountingServer(t, clk, func(n int, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("x-ratelimit-limit-requests", "600")
+		w.Header().Set("x-ratelimit-remaining-requests", "0")
+		switch n {
+		case 1: // answered once the second is in flight
+			<-arrived
+			w.Header().Set("x-ratelimit-reset-requests", "60s")
+		case 2: // refused, answered after the first's answer was read
+			close(arrived)
+			<-firstDone
+			w.Header().Set("x-ratelimit-reset-requests", "59.9s")
+			w.WriteHeader(http.StatusTooManyRequests)
+		default:
+			w.Header().Set("x-ratelimit-reset-requests", "60s")
+		}
+	})
+	get := alignedClient(t, clk, srv)
+	first := make(chan error, 1)
+	go func() { _, err := get(); first <- err }()
+	require.Eventually(t, func() bool { return srv.count() >= 1 }, 10*time.Second, time.Millisecond, "the first request at the provider")
+	second := make(chan error, 1)
+	go func() { _, err := get(); second <- err }()
+	require.NoError(t, <-first)
+	close(firstDone)
+	require.NoError(t, <-second)
+	clk.Advance(2 * time.Minute) // past the refusal's pause
+	_, err := get()
+	require.NoError(t, err)
+	clk.Advance(150 * time.Millisecond)
+	_, err = get()
+	assert.NoError(t, err, "a request's share of the reset (100 ms) is over: the refusal in flight taught nothing")
+}
+
+// alignedClient is a client through a Transport (no retries) over a
+// pausing Local on clk, whose requests wait for nothing.
+func alignedClient(t *testing.T, clk *clockwork.FakeClock, srv *countingServer) func() (int, error) {
+	t.Helper()
+	loc, err := throttle.NewLocal(1000, time.Second, throttle.WithClock(clk))
+	require.NoError(t, err)
+	lim := throttle.New(&pausingLocal{Local: loc, clock: clk}, throttle.WithClock(clk))
+	t.Cleanup(func() { _ = lim.Close() })
+	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport), httpclient.WithRetries(0))}
+	return func() (int, error) {
+		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), 0), http.MethodGet, srv.URL, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		drain(resp)
+		return resp.StatusCode, nil
+	}
 }

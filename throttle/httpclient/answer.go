@@ -44,17 +44,17 @@ import (
 //   - The accounting headers of LLM providers (OpenAI's x-ratelimit-*,
 //     Anthropic's anthropic-ratelimit-*; see [RetryAfter]) count each
 //     dimension apart: any dimension with nothing remaining, requests or
-//     tokens, and a reset time sets Retry: on a refusal until the latest
-//     such reset, on a success for the reset's share of one unit (see
-//     [RetryAfter]: the reset is when the dimension is fully restored).
+//     tokens, and a reset time sets Retry until the latest such reset, or,
+//     for requests after a success, for the reset's share of one request
+//     (see [RetryAfter]: the reset is when the dimension is full again).
 //     (The Transport does better for a budget of those dimensions, a
 //     bucket.Budget, which pauses dimensions apart, when it takes
 //     its calls' costs ([WithCost]): it holds back each exhausted
 //     dimension alone. And it learns, per key and dimension, a provider
-//     that restores a dimension only at its window's end: a refusal
-//     that comes before the reset of a success held for a unit's share;
-//     from then on a success with nothing remaining holds that dimension
-//     until its reset.)
+//     that restores requests only at its window's end: a refusal (429)
+//     of a request sent after a success's hold ended and before the
+//     reset it named; for 10 minutes from then a success with nothing
+//     remaining holds that dimension until its reset.)
 //     A tokens limit is not a limit on calls: it sets no Limit.
 //
 // Absolute times (HTTP dates, Unix times, RFC 3339) are read against
@@ -98,7 +98,7 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 // rate that was refused rather than burst into the provider again when
 // the pause ends. A retry time of zero (Retry-After: 0, a reset already
 // past) pauses nothing.
-func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Response, now time.Time) {
+func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Response, sent, now time.Time) {
 	a := ReadAnswer(resp, now)
 	read := a
 	if t.answer != nil {
@@ -111,7 +111,7 @@ func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Res
 		// A retry time the accounting headers alone name (the hook left
 		// it): each exhausted dimension for its own hold, when the
 		// bucket can; else the whole bucket for the longest.
-		if ex := t.exhaustedOnly(k, resp, now); len(ex) > 0 {
+		if ex := t.exhaustedOnly(k, resp, sent, now); len(ex) > 0 {
 			if t.pauseDimensions(ctx, k, ex) {
 				a.Retry = false
 			} else {

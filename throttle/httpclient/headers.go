@@ -49,14 +49,14 @@ const maxHeaderSeconds = 1 << 33
 //     "20ms", or plain seconds), and Anthropic's
 //     anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining
 //     with -reset (RFC 3339 times), when some dimension has nothing
-//     remaining: the latest among those dimensions of its reset, or, on
-//     a success (2xx) that names the dimension's limit, the reset's share
-//     of one unit (reset / limit). Both providers' reset is when the
-//     dimension is fully restored, the window's last call gone: a
-//     provider that restores it as its calls age (a sliding window, a
-//     continuous refill) has a unit back far sooner, and a caller that
-//     waited the whole reset would idle most of the window. A refusal
-//     (429) holds the whole reset. A dimension with some remaining says
+//     remaining: the latest among those dimensions of its reset, or, for
+//     requests on a success (2xx) that names the requests limit, the
+//     reset's share of one request (reset / limit). Both providers'
+//     reset is when the dimension is fully restored, the window's last
+//     call gone: a provider that restores requests as its calls age (a
+//     sliding window, a continuous refill) has one back far sooner, and
+//     a caller that waited the whole reset would idle most of the
+//     window. Any other status, and tokens, hold the whole reset. A dimension with some remaining says
 //     nothing, even on a 429 (the provider may have refused for a limit
 //     it does not report, such as concurrency).
 //
@@ -93,7 +93,7 @@ func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
 	if d, ok := retryHeaders(resp, now); ok {
 		return d, true
 	}
-	return accountingReset(resp.Header, now, resp.StatusCode >= 200 && resp.StatusCode < 300)
+	return accountingReset(resp.Header, now, success(resp.StatusCode))
 }
 
 // retryHeaders is RetryAfter's steps 1 to 4, before the accounting

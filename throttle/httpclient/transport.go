@@ -104,7 +104,9 @@ type Transport struct {
 
 	mu     sync.Mutex
 	paused map[throttle.Keyed]time.Time // local pauses: until when, on the limiter's clock
-	edges  map[edgeID]edge              // how the provider restores each key's dimensions
+	edges  map[edgeID]edge              // how the provider restores each key's dimensions (holds)
+	// edgesKept is how many edges were left after the last sweep.
+	edgesKept int
 }
 
 // Option configures [NewTransport].
@@ -483,7 +485,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return resp, err // a cost taken stays: the request may have reached the provider
 		}
-		pause, hinted := t.react(ctx, k, resp, clock.Now())
+		pause, hinted := t.react(ctx, k, resp, sent, clock.Now())
 		answer := func() (*http.Response, error) {
 			resp = releaseOnClose(resp, t.abandoned(ctx, clock, sent, h.hand()))
 			if t.learned != nil {
@@ -522,7 +524,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // RoundTrip's caller unrecovered, with its stack: http.Client lets a
 // RoundTripper's panic through, and a hook's panic is a bug to see, not
 // a failed call to retry.
-func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Response, now time.Time) (pause time.Duration, hinted bool) {
+func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Response, sent, now time.Time) (pause time.Duration, hinted bool) {
 	body := resp.Body
 	done := false
 	defer func() {
@@ -543,13 +545,13 @@ func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Resp
 		// store calls come after. A retry time from the accounting
 		// headers alone holds back only the dimensions they name, each
 		// until its own reset, when the bucket can (a Budget).
-		if ex := t.exhaustedOnly(k, resp, now); len(ex) > 0 && t.pauseDimensions(ctx, k, ex) {
+		if ex := t.exhaustedOnly(k, resp, sent, now); len(ex) > 0 && t.pauseDimensions(ctx, k, ex) {
 			// paused per dimension
 		} else {
 			t.pause(ctx, k, pause)
 		}
 	}
-	t.report(ctx, k, resp, now) // the adaptive rate (answer.go)
+	t.report(ctx, k, resp, sent, now) // the adaptive rate (answer.go)
 	done = true
 	return pause, hinted
 }
@@ -893,64 +895,101 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 
 // exhaustedOnly is the dimensions resp's accounting headers name as
 // exhausted, when no other header names a retry time (nil otherwise),
-// each with how long this Transport holds it back for k (see holds).
-func (t *Transport) exhaustedOnly(k throttle.Keyed, resp *http.Response, now time.Time) []capability.Exhausted {
+// each with how long this Transport holds it back for k (see holds); the
+// request was sent at sent.
+func (t *Transport) exhaustedOnly(k throttle.Keyed, resp *http.Response, sent, now time.Time) []capability.Exhausted {
 	pnow := providerNow(resp.Header, now)
 	if _, other := retryHeaders(resp, pnow); other {
 		return nil
 	}
-	return t.holds(k, accountingExhausted(resp.Header, pnow, resp.StatusCode >= 200 && resp.StatusCode < 300), now)
+	return t.holds(k, accountingExhausted(resp.Header, pnow, success(resp.StatusCode)), resp.StatusCode, sent, now)
 }
+
+// success reports whether status is a success (2xx).
+func success(status int) bool { return status >= 200 && status < 300 }
+
+// alignedFor is how long a Transport remembers that a provider restores
+// a dimension only at its window's end; then a success with nothing
+// remaining is held for a unit's share again (one refusal, if the
+// windows are still aligned, teaches it again).
+const alignedFor = 10 * time.Minute
 
 // edge is what a Transport learned of how a provider restores one
 // dimension of one key.
 type edge struct {
-	// restored is when the dimension was last said to be fully restored,
-	// after a success that used its last unit and was held only a unit's
-	// share of the reset.
-	restored time.Time
-	// aligned: a refusal for the dimension came before that: the
-	// provider restores it at its window's end, not as calls age.
-	aligned bool
+	// holdEnd and restored: the last success that used the dimension's
+	// last unit was held until holdEnd (a unit's share of its reset);
+	// the provider said the dimension would be full again at restored.
+	holdEnd, restored time.Time
+	// alignedUntil: a call sent after holdEnd was refused (429) before
+	// restored: the provider restores the dimension only at its
+	// window's end. Until then a success holds its whole reset.
+	alignedUntil time.Time
 }
 
-// holds is how long each exhausted dimension of an answer for k is held
-// back: its hold (exhaustion.hold: a unit's share of the reset, after a
-// success), or its whole reset once the provider has shown that it
-// restores the dimension only at its window's end (aligned windows): a
-// refusal of the dimension before the reset of a success that had held
-// it for a unit's share. Learned per key and dimension, once, and logged.
-func (t *Transport) holds(k throttle.Keyed, ex []exhaustion, now time.Time) []capability.Exhausted {
+// edgeID names a dimension of a key.
+type edgeID struct {
+	k   throttle.Keyed
+	dim string
+}
+
+// holds is how long each exhausted dimension of an answer for k, of
+// status, to a request sent at sent, is held back: its hold
+// (exhaustion.hold: a unit's share of the reset, after a success), or
+// its whole reset while the provider is known to restore the dimension
+// only at its window's end (aligned windows). That is learned, per key
+// and dimension, from a refusal (429) of a request sent after a
+// success's hold ended and before the dimension was to be full again,
+// and remembered for alignedFor.
+func (t *Transport) holds(k throttle.Keyed, ex []exhaustion, status int, sent, now time.Time) []capability.Exhausted {
 	if len(ex) == 0 {
 		return nil
 	}
 	out := make([]capability.Exhausted, 0, len(ex))
+	var learned []string
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	for _, e := range ex {
-		id := edgeID{k.Key(), e.dim}
-		ed := t.edges[id]
+		id := edgeID{k, e.dim}
+		ed, known := t.edges[id]
 		hold := e.hold
 		switch {
-		case ed.aligned:
+		case now.Before(ed.alignedUntil):
 			hold = e.reset
-		case e.hold < e.reset: // a success, held for a unit's share
-			ed.restored = now.Add(e.reset)
-		case now.Before(ed.restored): // a refusal before the window was restored
-			ed.aligned = true
-			t.log.Info("httpclient: the provider restores this dimension only at its window's end; a success with nothing remaining now holds it until the reset", "key", k.Key(), "dimension", e.dim)
+		case success(status) && e.hold < e.reset:
+			ed.holdEnd, ed.restored = now.Add(e.hold), now.Add(e.reset)
+			t.keepEdge(id, ed, now)
+		case status == http.StatusTooManyRequests && known && !sent.Before(ed.holdEnd) && sent.Before(ed.restored):
+			ed.alignedUntil = now.Add(alignedFor)
+			t.keepEdge(id, ed, now)
+			learned = append(learned, e.dim)
 		}
-		if t.edges == nil {
-			t.edges = make(map[edgeID]edge)
-		}
-		t.edges[id] = ed
 		out = append(out, capability.Exhausted{Dimension: e.dim, RetryAfter: hold})
+	}
+	t.mu.Unlock()
+	for _, dim := range learned {
+		t.log.Info("httpclient: the provider restores this dimension only at its window's end; a success with nothing remaining holds it until its reset", "key", k.Key(), "dimension", dim, "for", alignedFor)
 	}
 	return out
 }
 
-// edgeID names a dimension of a key.
-type edgeID struct{ key, dim string }
+// keepEdge stores ed for id, and forgets, now and then, the edges that
+// say nothing any more (restored and no longer aligned), so that a
+// Transport of many keys keeps only the recent ones. t.mu is held.
+func (t *Transport) keepEdge(id edgeID, ed edge, now time.Time) {
+	if t.edges == nil {
+		t.edges = make(map[edgeID]edge)
+	}
+	t.edges[id] = ed
+	if len(t.edges) <= 2*t.edgesKept+16 {
+		return
+	}
+	for id, ed := range t.edges {
+		if !ed.restored.After(now) && !ed.alignedUntil.After(now) {
+			delete(t.edges, id)
+		}
+	}
+	t.edgesKept = len(t.edges)
+}
 
 // pauseDimensions pauses the dimensions ex of k's bucket, for the whole
 // fleet, when the bucket pauses dimensions apart and the Transport
