@@ -250,7 +250,7 @@ func TestConcurrencyNeverAboveCapacityThroughFaults(t *testing.T) {
 				}
 				over := total()
 				lateWG := runCapFleet([]*Concurrency{late}, len(tc.keys), lease, tc.keys, counts, &errs, stop)
-				defer lateWG.Wait()
+				defer func() { end(); lateWG.Wait() }() // on a failure: stop first, then wait
 				// The fleet holds slots again, and keeps on for a while.
 				deadline := time.Now().Add(15 * time.Second)
 				for total() < over+60 {

@@ -129,17 +129,22 @@ func (in *instance) close() {
 	}
 }
 
-// leaseTTL is the lease lifetime bound -lease uses: none (0) for buckets
+// leaseTTL is how late -lease may record a grant after the bucket placed
+// it, which the check then allows as tolerance: none (0) for buckets
 // whose Decision.Reset is the end of their period, so that leasing keeps
-// their guarantee exactly; the lease horizon for the others (gcra,
-// slidinglog, local), whose guarantee it loosens by that much (see
-// throttle.Leasing), and which the check then allows as tolerance.
+// their guarantee exactly; a token bucket's margin (a leased permit is
+// used until its margin after its place); the lease horizon for the
+// others (gcra, slidinglog, local), whose guarantee it loosens by that
+// much (see throttle.Leasing).
 func (c loadConfig) leaseTTL() time.Duration {
 	if !c.Lease {
 		return 0
 	}
 	switch c.Bucket {
-	case "tokenbucket", "fixedwindow", "counter":
+	case "tokenbucket":
+		// A leased permit is used up to its margin after its place.
+		return bucket.DefaultArrivalMargin(c.Interval)
+	case "fixedwindow", "counter":
 		return 0
 	}
 	if c.LeaseHorizon > 0 {
