@@ -93,10 +93,29 @@ func TestFairnessServesALateTenantAheadOfABacklog(t *testing.T) {
 			if fairness {
 				opts = append(opts, consumer.WithFairness(tenantOfKey))
 			}
-			c, err := consumer.New(g.handler(h), limiter(t, 10, 50*time.Millisecond), opts...)
+			// The limiter's clock is a fake one, its first period spent:
+			// no permit comes until every record is in the consumer, so
+			// where B's records are among the calls is the scheduler's
+			// doing, not how soon each partition's fetch came back (a
+			// loaded machine delivered two partitions 50 calls late).
+			clock := clockwork.NewFakeClock()
+			b, err := throttle.NewLocal(10, 50*time.Millisecond, throttle.WithClock(clock))
+			require.NoError(t, err)
+			lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLogger(testLogger()))
+			require.NoError(t, lim.AcquireN(context.Background(), 10, 0))
+			c, err := consumer.New(g.handler(h), lim, opts...)
 			require.NoError(t, err)
 			r := start(t, c)
-			h.waitFull(t, 30*time.Second)
+			waitFor(t, 30*time.Second, "every record fetched", func() bool { return c.Stats().Buffered == total })
+			waitFor(t, 30*time.Second, "every record handled", func() bool {
+				select {
+				case <-h.full:
+					return true
+				default:
+					clock.Advance(5 * time.Millisecond)
+					return false
+				}
+			})
 			require.NoError(t, r.stop(t))
 
 			bs := g.positions("B-")
