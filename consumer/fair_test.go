@@ -73,6 +73,34 @@ func fairBacklog(t *testing.T, kc *kafkaenv.Cluster, topic string, parts int32, 
 	produce(t, kc, topic, parts, late, func(p int32, i int) string { return fmt.Sprintf("B-%d.%d", p, i) })
 }
 
+// gatedLimiter is a Limiter of 10 permits per 50 ms on a fake clock whose
+// first period is spent: no permit comes until the clock moves.
+func gatedLimiter(t *testing.T) (*throttle.Limiter, *clockwork.FakeClock) {
+	t.Helper()
+	clock := clockwork.NewFakeClock()
+	b, err := throttle.NewLocal(10, 50*time.Millisecond, throttle.WithClock(clock))
+	require.NoError(t, err)
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLogger(testLogger()))
+	require.NoError(t, lim.AcquireN(context.Background(), 10, 0))
+	return lim, clock
+}
+
+// driveWhenFetched waits until c holds all total records, then moves
+// clock 5 ms at a time until h has them all handled.
+func driveWhenFetched(t *testing.T, c *consumer.Consumer, clock *clockwork.FakeClock, h *handled, total int) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "every record fetched", func() bool { return c.Stats().Buffered == total })
+	waitFor(t, 30*time.Second, "every record handled", func() bool {
+		select {
+		case <-h.full:
+			return true
+		default:
+			clock.Advance(5 * time.Millisecond)
+			return false
+		}
+	})
+}
+
 // A tenant whose few records sit behind another tenant's backlog in every
 // partition gets permits in turn with it, not after it: each of B's
 // records is among the first calls, while A's records keep their order
@@ -93,29 +121,15 @@ func TestFairnessServesALateTenantAheadOfABacklog(t *testing.T) {
 			if fairness {
 				opts = append(opts, consumer.WithFairness(tenantOfKey))
 			}
-			// The limiter's clock is a fake one, its first period spent:
-			// no permit comes until every record is in the consumer, so
-			// where B's records are among the calls is the scheduler's
-			// doing, not how soon each partition's fetch came back (a
-			// loaded machine delivered two partitions 50 calls late).
-			clock := clockwork.NewFakeClock()
-			b, err := throttle.NewLocal(10, 50*time.Millisecond, throttle.WithClock(clock))
-			require.NoError(t, err)
-			lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLogger(testLogger()))
-			require.NoError(t, lim.AcquireN(context.Background(), 10, 0))
+			// No permit until every record is in the consumer: where B's
+			// records are among the calls is the scheduler's doing, not
+			// how soon each partition's fetch came back (a loaded machine
+			// delivered two partitions 50 calls late).
+			lim, clock := gatedLimiter(t)
 			c, err := consumer.New(g.handler(h), lim, opts...)
 			require.NoError(t, err)
 			r := start(t, c)
-			waitFor(t, 30*time.Second, "every record fetched", func() bool { return c.Stats().Buffered == total })
-			waitFor(t, 30*time.Second, "every record handled", func() bool {
-				select {
-				case <-h.full:
-					return true
-				default:
-					clock.Advance(5 * time.Millisecond)
-					return false
-				}
-			})
+			driveWhenFetched(t, c, clock, h, total)
 			require.NoError(t, r.stop(t))
 
 			bs := g.positions("B-")
@@ -148,30 +162,16 @@ func TestFairnessServesUrgentRecordsFirst(t *testing.T) {
 	h := newHandled(total)
 	g := newGrantLog()
 	isUrgent := func(r *kgo.Record) bool { return tenantOfKey(r) == "U" }
-	// The limiter's clock is a fake one, its first period spent: no
-	// permit comes until every record has been fetched, so the urgent
+	// No permit until every record has been fetched: the urgent
 	// records' places in the calls depend on the scheduler alone, not on
 	// when Kafka delivered the second partition (a loaded machine once
 	// delivered it 50 calls late).
-	clock := clockwork.NewFakeClock()
-	b, err := throttle.NewLocal(10, 50*time.Millisecond, throttle.WithClock(clock))
-	require.NoError(t, err)
-	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLogger(testLogger()))
-	require.NoError(t, lim.AcquireN(context.Background(), 10, 0))
+	lim, clock := gatedLimiter(t)
 	c, err := consumer.New(g.handler(h), lim,
 		append(base(kc, "g", "in"), consumer.WithFairness(tenantOfKey, consumer.Urgent(isUrgent, 0.5)))...)
 	require.NoError(t, err)
 	r := start(t, c)
-	waitFor(t, 30*time.Second, "every record fetched", func() bool { return c.Stats().Buffered == total })
-	waitFor(t, 30*time.Second, "every record handled", func() bool {
-		select {
-		case <-h.full:
-			return true
-		default:
-			clock.Advance(5 * time.Millisecond)
-			return false
-		}
-	})
+	driveWhenFetched(t, c, clock, h, total)
 	require.NoError(t, r.stop(t))
 	us := g.positions("U-")
 	require.Len(t, us, parts)

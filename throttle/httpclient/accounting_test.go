@@ -411,22 +411,8 @@ func TestTransportLearnsAlignedWindowsFromARefusal(t *testing.T) {
 		}
 		w.Header().Set("x-ratelimit-reset-requests", "60s")
 	})
-	loc, err := throttle.NewLocal(1000, time.Second, throttle.WithClock(clk))
-	require.NoError(t, err)
-	lim := throttle.New(&pausingLocal{Local: loc, clock: clk}, throttle.WithClock(clk))
-	t.Cleanup(func() { _ = lim.Close() })
 	var logs bytes.Buffer
-	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport),
-		httpclient.WithRetries(0), httpclient.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))}
-	get := func() (int, error) {
-		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), 0), http.MethodGet, srv.URL, nil)
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		drain(resp)
-		return resp.StatusCode, nil
-	}
+	get := alignedClient(t, clk, srv, httpclient.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 
 	status, err := get()
 	require.NoError(t, err)
@@ -571,15 +557,16 @@ func TestTransportLearnsNoAlignedWindowsFromARequestInFlight(t *testing.T) {
 	assert.NoError(t, err, "a request's share of the reset (100 ms) is over: the refusal in flight taught nothing")
 }
 
-// alignedClient is a client through a Transport (no retries) over a
-// pausing Local on clk, whose requests wait for nothing.
-func alignedClient(t *testing.T, clk *clockwork.FakeClock, srv *countingServer) func() (int, error) {
+// alignedClient is a client through a Transport (no retries, and opts)
+// over a pausing Local on clk, whose requests wait for nothing.
+func alignedClient(t *testing.T, clk *clockwork.FakeClock, srv *countingServer, opts ...httpclient.Option) func() (int, error) {
 	t.Helper()
 	loc, err := throttle.NewLocal(1000, time.Second, throttle.WithClock(clk))
 	require.NoError(t, err)
 	lim := throttle.New(&pausingLocal{Local: loc, clock: clk}, throttle.WithClock(clk))
 	t.Cleanup(func() { _ = lim.Close() })
-	client := &http.Client{Transport: mustTransport(t, lim, httpclient.WithBase(srv.Client().Transport), httpclient.WithRetries(0))}
+	opts = append([]httpclient.Option{httpclient.WithBase(srv.Client().Transport), httpclient.WithRetries(0)}, opts...)
+	client := &http.Client{Transport: mustTransport(t, lim, opts...)}
 	return func() (int, error) {
 		req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), 0), http.MethodGet, srv.URL, nil)
 		resp, err := client.Do(req)
