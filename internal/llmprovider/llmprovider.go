@@ -12,7 +12,8 @@
 // Latency with OpenAI's usage (`{"usage":{"prompt_tokens":P,
 // "completion_tokens":C,"total_tokens":N}}`), so the caller learns its
 // cost only after the call; a refused one 429 at once, with Retry-After
-// when a window must move. Both carry OpenAI's x-ratelimit-* headers. A
+// when a window must move. Both carry the rate-limit headers of
+// [Config.Headers] (OpenAI's by default). A
 // call whose caller goes away before its answer still runs, and counts
 // in flight, until its Latency is over, as at a real provider. The
 // provider keeps its own record: most calls in flight at once, most calls
@@ -129,6 +130,7 @@ const (
 	Anthropic
 )
 
+// String names the headers' provider: "OpenAI" or "Anthropic".
 func (h Headers) String() string {
 	if h == Anthropic {
 		return "Anthropic"
