@@ -194,81 +194,75 @@ func TestConcurrencyNeverAboveCapacityThroughFaults(t *testing.T) {
 			}, paused(srv)
 		}},
 	}
-	// Each case has its own servers and judges by counting calls, not
-	// time: the cases run at once.
-	var all sync.WaitGroup
-	defer all.Wait()
 	for _, tc := range cases {
-		all.Go(func() {
-			t.Run(tc.name, func(t *testing.T) {
-				client, fault := tc.setup(t)
-				var caps []*Concurrency
-				for range instances {
-					caps = append(caps, newSlots(t, client(), "matrix", capacity, WithLease(lease)))
+		t.Run(tc.name, func(t *testing.T) {
+			client, fault := tc.setup(t)
+			var caps []*Concurrency
+			for range instances {
+				caps = append(caps, newSlots(t, client(), "matrix", capacity, WithLease(lease)))
+			}
+			// An instance that used every key before the fault, and
+			// asks again only once it is over: it holds nothing then.
+			late := newSlots(t, client(), "matrix", capacity, WithLease(lease))
+			for _, k := range tc.keys {
+				rel, err := late.Hold(context.Background(), k, 5*time.Second)
+				if err != nil {
+					t.Fatal(err)
 				}
-				// An instance that used every key before the fault, and
-				// asks again only once it is over: it holds nothing then.
-				late := newSlots(t, client(), "matrix", capacity, WithLease(lease))
-				for _, k := range tc.keys {
-					rel, err := late.Hold(context.Background(), k, 5*time.Second)
-					if err != nil {
-						t.Fatal(err)
-					}
-					rel()
+				rel()
+			}
+			counts := make(map[string]*capCount)
+			for _, k := range tc.keys {
+				counts[k] = &capCount{}
+			}
+			total := func() (n int64) {
+				for _, c := range counts {
+					n += c.holds.Load()
 				}
-				counts := make(map[string]*capCount)
-				for _, k := range tc.keys {
-					counts[k] = &capCount{}
-				}
-				total := func() (n int64) {
-					for _, c := range counts {
-						n += c.holds.Load()
-					}
-					return n
-				}
-				var errs capFleetErrs
-				stop := make(chan struct{})
-				wg := runCapFleet(caps, workers, lease, tc.keys, counts, &errs, stop)
-				var once sync.Once
-				end := func() { once.Do(func() { close(stop); wg.Wait() }) }
-				defer end() // on a failure
-				// The fault comes with every slot held.
-				waitSlots(t, "holds before the fault", func() bool { return total() >= 20 })
-				waitSlots(t, "every slot held", func() bool {
-					for _, c := range counts {
-						if c.inside.Load() < capacity {
-							return false
-						}
-					}
-					return true
-				})
-				before := total()
-				if fault != nil {
-					if err := fault(); err != nil {
-						t.Fatal(err)
+				return n
+			}
+			var errs capFleetErrs
+			stop := make(chan struct{})
+			wg := runCapFleet(caps, workers, lease, tc.keys, counts, &errs, stop)
+			var once sync.Once
+			end := func() { once.Do(func() { close(stop); wg.Wait() }) }
+			defer end() // on a failure
+			// The fault comes with every slot held.
+			waitSlots(t, "holds before the fault", func() bool { return total() >= 20 })
+			waitSlots(t, "every slot held", func() bool {
+				for _, c := range counts {
+					if c.inside.Load() < capacity {
+						return false
 					}
 				}
-				over := total()
-				lateWG := runCapFleet([]*Concurrency{late}, len(tc.keys), lease, tc.keys, counts, &errs, stop)
-				defer func() { end(); lateWG.Wait() }() // on a failure: stop first, then wait
-				// The fleet holds slots again, and keeps on for a while.
-				deadline := time.Now().Add(15 * time.Second)
-				for total() < over+60 {
-					if time.Now().After(deadline) {
-						t.Fatalf("%d holds in the 15 s after the fault, want 60", total()-over)
-					}
-					time.Sleep(10 * time.Millisecond) // polls an outcome, bounded
-				}
-				end()
-				for _, k := range tc.keys {
-					c := counts[k]
-					t.Logf("key %q: most in flight %d (cap %d), %d holds", k, c.most.Load(), capacity, c.holds.Load())
-					if m := c.most.Load(); m > capacity {
-						t.Errorf("key %q: %d calls in flight at once, by the test's count; cap %d", k, m, capacity)
-					}
-				}
-				t.Logf("%d holds before the fault, %d during it, %d after; failed Holds: %d timeouts, %d store errors", before, over-before, total()-over, errs.timeout.Load(), errs.store.Load())
+				return true
 			})
+			before := total()
+			if fault != nil {
+				if err := fault(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			over := total()
+			lateWG := runCapFleet([]*Concurrency{late}, len(tc.keys), lease, tc.keys, counts, &errs, stop)
+			defer func() { end(); lateWG.Wait() }() // on a failure: stop first, then wait
+			// The fleet holds slots again, and keeps on for a while.
+			deadline := time.Now().Add(15 * time.Second)
+			for total() < over+60 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d holds in the 15 s after the fault, want 60", total()-over)
+				}
+				time.Sleep(10 * time.Millisecond) // polls an outcome, bounded
+			}
+			end()
+			for _, k := range tc.keys {
+				c := counts[k]
+				t.Logf("key %q: most in flight %d (cap %d), %d holds", k, c.most.Load(), capacity, c.holds.Load())
+				if m := c.most.Load(); m > capacity {
+					t.Errorf("key %q: %d calls in flight at once, by the test's count; cap %d", k, m, capacity)
+				}
+			}
+			t.Logf("%d holds before the fault, %d during it, %d after; failed Holds: %d timeouts, %d store errors", before, over-before, total()-over, errs.timeout.Load(), errs.store.Load())
 		})
 	}
 }
@@ -323,81 +317,75 @@ func TestConcurrencyOutLongerThanALeaseAdmitsNoIdleInstanceAboveCapacity(t *test
 			return client, func() error { return failover(sen) }
 		}},
 	}
-	// Each case has its own servers and judges by counting calls: the
-	// cases run at once.
-	var all sync.WaitGroup
-	defer all.Wait()
 	for _, tc := range cases {
-		all.Go(func() {
-			t.Run(tc.name, func(t *testing.T) {
-				client, fault := tc.setup(t)
-				ctx := context.Background()
-				late := newSlots(t, client(), "out", capacity, WithLease(lease))
-				fresh := newSlots(t, client(), "out", capacity, WithLease(lease))
-				rel, err := late.Hold(ctx, "", 5*time.Second) // it used the key
+		t.Run(tc.name, func(t *testing.T) {
+			client, fault := tc.setup(t)
+			ctx := context.Background()
+			late := newSlots(t, client(), "out", capacity, WithLease(lease))
+			fresh := newSlots(t, client(), "out", capacity, WithLease(lease))
+			rel, err := late.Hold(ctx, "", 5*time.Second) // it used the key
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel()
+			var c capCount
+			var holders []func()
+			for range capacity {
+				s := newSlots(t, client(), "out", capacity, WithLease(lease))
+				rel, err := s.Hold(ctx, "", 5*time.Second)
 				if err != nil {
 					t.Fatal(err)
 				}
-				rel()
-				var c capCount
-				var holders []func()
-				for range capacity {
-					s := newSlots(t, client(), "out", capacity, WithLease(lease))
-					rel, err := s.Hold(ctx, "", 5*time.Second)
-					if err != nil {
-						t.Fatal(err)
-					}
-					c.enter()
-					holders = append(holders, rel)
+				c.enter()
+				holders = append(holders, rel)
+			}
+			endCalls := func() {
+				for _, rel := range holders {
+					c.inside.Add(-1)
+					rel()
 				}
-				endCalls := func() {
-					for _, rel := range holders {
-						c.inside.Add(-1)
-						rel()
-					}
-					holders = nil
-				}
-				defer endCalls() // on a failure
-				if err := fault(); err != nil {
-					t.Fatal(err)
-				}
-				over := time.Now()
-				// The idle instances ask at once; a store error (the
-				// failover client still finding the new master) is retried.
-				errs := make(chan error, 2)
-				for _, s := range []*Concurrency{late, fresh} {
-					go func() {
-						deadline := time.Now().Add(10 * time.Second)
-						for {
-							rel, err := s.Hold(ctx, "", 5*time.Second)
-							if err == nil {
-								c.enter()
-								time.Sleep(10 * time.Millisecond) // the call in flight
-								c.inside.Add(-1)
-								rel()
-							}
-							if err == nil || errors.Is(err, throttle.ErrTimeout) || time.Now().After(deadline) {
-								errs <- err
-								return
-							}
-							time.Sleep(5 * time.Millisecond) // pacing of the retry, not a sync
+				holders = nil
+			}
+			defer endCalls() // on a failure
+			if err := fault(); err != nil {
+				t.Fatal(err)
+			}
+			over := time.Now()
+			// The idle instances ask at once; a store error (the
+			// failover client still finding the new master) is retried.
+			errs := make(chan error, 2)
+			for _, s := range []*Concurrency{late, fresh} {
+				go func() {
+					deadline := time.Now().Add(10 * time.Second)
+					for {
+						rel, err := s.Hold(ctx, "", 5*time.Second)
+						if err == nil {
+							c.enter()
+							time.Sleep(10 * time.Millisecond) // the call in flight
+							c.inside.Add(-1)
+							rel()
 						}
-					}()
-				}
-				// The holders' calls go on for four leases after the fault:
-				// their renewals are back well before.
-				time.Sleep(time.Until(over.Add(4 * lease))) // the calls' length, not a sync
-				endCalls()
-				for range 2 {
-					if err := <-errs; err != nil {
-						t.Errorf("an idle instance's Hold once the holders released: %v, want a slot", err)
+						if err == nil || errors.Is(err, throttle.ErrTimeout) || time.Now().After(deadline) {
+							errs <- err
+							return
+						}
+						time.Sleep(5 * time.Millisecond) // pacing of the retry, not a sync
 					}
+				}()
+			}
+			// The holders' calls go on for four leases after the fault:
+			// their renewals are back well before.
+			time.Sleep(time.Until(over.Add(4 * lease))) // the calls' length, not a sync
+			endCalls()
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Errorf("an idle instance's Hold once the holders released: %v, want a slot", err)
 				}
-				t.Logf("most in flight %d (cap %d)", c.most.Load(), capacity)
-				if m := c.most.Load(); m > capacity {
-					t.Errorf("%d calls in flight at once, by the test's count; cap %d", m, capacity)
-				}
-			})
+			}
+			t.Logf("most in flight %d (cap %d)", c.most.Load(), capacity)
+			if m := c.most.Load(); m > capacity {
+				t.Errorf("%d calls in flight at once, by the test's count; cap %d", m, capacity)
+			}
 		})
 	}
 }
