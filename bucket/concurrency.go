@@ -157,7 +157,13 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // probes once a second, which a lease under 3 s does not cover; its slot
 // can then be taken until its renewal lands (measured with a 300 ms
 // lease, a Sentinel failover and PoolSize 3: 4 calls in flight against a
-// cap of 2, 6 of 6 runs; with the default pool, 1 run in about 33).
+// cap of 2, 6 of 6 runs; with the default pool, 1 run in about 33). On a
+// busy machine, whatever the pool: a renewal's round trip is cut at
+// min(lease/3, 1 s), and a client's first connection to the new master
+// can take longer while newcomers' Holds, which have 1 s, get through
+// (PoolSize 1000, two busy loops on 2 cores: 3 calls in flight against
+// a cap of 2, 1 run in about 23). With a lease of 3 s or more, the
+// renewal has 1 s like a Hold.
 // Redis evicting one of the cap's keys (a maxmemory policy: every key
 // of the cap has a time to live, so volatile-* ones may pick any): the
 // holders' key (<tag>:slots) closes the cap at the next script, which
