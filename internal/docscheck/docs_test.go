@@ -95,7 +95,7 @@ func TestReadmeKeepsItsShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []string{"go run ./examples/pipeline", "go test -race -count=1 ./..."} {
+	for _, c := range []string{"go run ./examples/pipeline", "go test -race -count=1 -p 4 ./..."} {
 		if !bytes.Contains(text, []byte(c)) {
 			t.Errorf("README.md does not show %q", c)
 		}
