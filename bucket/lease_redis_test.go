@@ -128,29 +128,37 @@ func steadyUtilization(times []time.Time, limit int64, interval time.Duration) f
 // Limiter leasing and Redis client over one Redis token bucket, all asking
 // for more than the limit. Counted independently when the permits are
 // handed out, no span of one interval holds more than the limit, and
-// Redis sees far fewer calls than grants. (How much of the limit a leased
+// Redis sees far fewer calls than grants. A worker records a grant after
+// Acquire returns: the tolerance is 5 ms plus the process's worst
+// scheduling lateness during the run, measured (a CI run with other
+// packages beside it recorded grants 20 ms late). (How much of the limit a leased
 // fleet uses is the load harness's figure: go run ./internal/cmd/loadtest
 // -lease.)
 func TestLeasedFleetOverTokenBucket(t *testing.T) {
 	const limit, interval = 1000, 200 * time.Millisecond // 5000/s
+	stall := bucket.StartStallMeter(t)
 	times, calls := leaseFleet(t, limit, interval, []float64{4000, 4000, 4000, 4000}, 3*time.Second)
-	r := guarantee.Sliding(times, limit, interval, 5*time.Millisecond)
+	late := stall.Stop()
+	r := guarantee.Sliding(times, limit, interval, 5*time.Millisecond+late)
 	u := steadyUtilization(times, limit, interval)
-	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f", r, u, float64(calls)/float64(len(times)))
+	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f; the process's worst lateness %v", r, u, float64(calls)/float64(len(times)), late)
 	assert.Zero(t, r.Violations, r.Detail)
 	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
 }
 
 // TestLeasedFleetSkewed: one instance has 90% of the demand. Leases follow
-// demand, and the fleet never breaks the limit.
+// demand, and the fleet never breaks the limit (judged as in
+// TestLeasedFleetOverTokenBucket).
 func TestLeasedFleetSkewed(t *testing.T) {
 	const limit, interval = 1000, 200 * time.Millisecond // 5000/s
 	total := 1.5 * 5000.0
 	demand := []float64{0.9 * total, 0.1 * total / 3, 0.1 * total / 3, 0.1 * total / 3}
+	stall := bucket.StartStallMeter(t)
 	times, calls := leaseFleet(t, limit, interval, demand, 3*time.Second)
-	r := guarantee.Sliding(times, limit, interval, 5*time.Millisecond)
+	late := stall.Stop()
+	r := guarantee.Sliding(times, limit, interval, 5*time.Millisecond+late)
 	u := steadyUtilization(times, limit, interval)
-	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f", r, u, float64(calls)/float64(len(times)))
+	t.Logf("%v; steady utilization %.3f; Redis calls per grant %.4f; the process's worst lateness %v", r, u, float64(calls)/float64(len(times)), late)
 	assert.Zero(t, r.Violations, r.Detail)
 	assert.Less(t, float64(calls)/float64(len(times)), 0.2, "Redis calls per grant: %d for %d", calls, len(times))
 }
