@@ -3,14 +3,13 @@ package bucket
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"math"
 	"sync/atomic"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
-	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/throttle"
 )
 
 // The fleet's adaptive rate (see docs/adaptive.md): every bucket
@@ -44,44 +43,50 @@ func (c *common) adaptKeys(key string) ([]string, error) {
 	return []string{tag + ":adapt", tag + ":adapt:tat"}, nil
 }
 
-// paceAdaptive is capability.AdaptiveStore's PaceAdaptive: one round trip that
-// reads key's adaptive state and, while it is active, reserves n evenly
-// spaced slots at its rate when the first is at most horizon away.
-func (c *common) paceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (capability.AdaptivePace, error) {
+// PaceAdaptive implements [throttle.AdaptiveStore] with one round trip:
+// it reads key's adaptive state, kept in Redis for the whole fleet, and,
+// while it is active, reserves n evenly spaced slots at its rate when the
+// first is at most horizon away. It is for a throttle.Limiter: a program
+// that calls it takes paced slots from the whole fleet. A program reads
+// the fleet's rate with [throttle.Keyed.AdaptiveState].
+func (c *common) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (throttle.AdaptivePace, error) {
 	keys, err := c.adaptKeys(key)
 	if err != nil {
-		return capability.AdaptivePace{}, err
+		return throttle.AdaptivePace{}, err
 	}
 	// The reply is handed over through an atomic pointer, read only when
 	// bounded returned f's own result: a call cut off by ctx may still be
 	// running (and writing) in bounded's goroutine.
-	var res atomic.Pointer[capability.AdaptivePace]
+	var res atomic.Pointer[throttle.AdaptivePace]
 	_, err = bounded(ctx, c, key, func(ctx context.Context) (throttle.Decision, error) {
 		cmd, _ := c.evalNoRetry(ctx, scriptAdaptPace, keys, []any{n, max(ceilUs(interval), 1), max(int64(horizon/time.Microsecond), 0)})
 		r, err := cmd.Int64Slice()
-		if err != nil {
+		if err := replyErr(err, len(r) >= 11, "adapt_pace.lua"); err != nil {
 			return throttle.Decision{}, backend("pace", keys[0], err)
 		}
-		if len(r) < 11 {
-			return throttle.Decision{}, backend("pace", keys[0], errors.New("unexpected reply from adapt_pace.lua"))
-		}
-		res.Store(&capability.AdaptivePace{Granted: r[0] >= 1, Delay: us(r[1]), State: adaptState(r[2], r[3:11])})
+		res.Store(&throttle.AdaptivePace{Granted: r[0] >= 1, Delay: us(r[1]), State: adaptState(r[2], r[3:11])})
 		return throttle.Decision{}, nil
 	})
 	if err != nil {
-		return capability.AdaptivePace{}, err
+		return throttle.AdaptivePace{}, err
 	}
 	return *res.Load(), nil
 }
 
-// swapAdaptive is capability.AdaptiveStore's SwapAdaptive, with one round trip.
-func (c *common) swapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
+// SwapAdaptive implements [throttle.AdaptiveStore] with one round trip:
+// it replaces key's adaptive state, kept in Redis for the whole fleet, by
+// next if its version is still old.Version, and returns the stored state
+// and whether it swapped; the state expires ttl after its last swap. With
+// old.Version below 0 it only reads (next and ttl unused: cmd/headwayctl
+// reads the rate so). A throttle.Limiter changes it after reports of
+// refusals; [throttle.Keyed.AdaptiveState] reads it through one.
+func (c *common) SwapAdaptive(ctx context.Context, key string, old, next throttle.AdaptiveState, ttl time.Duration) (throttle.AdaptiveState, bool, error) {
 	keys, err := c.adaptKeys(key)
 	if err != nil {
-		return capability.AdaptiveState{}, false, err
+		return throttle.AdaptiveState{}, false, err
 	}
 	type reply struct {
-		s       capability.AdaptiveState
+		s       throttle.AdaptiveState
 		swapped bool
 	}
 	var res atomic.Pointer[reply] // as in PaceAdaptive
@@ -91,33 +96,22 @@ func (c *common) swapAdaptive(ctx context.Context, key string, old, next capabil
 			micros(next.Decreased), micros(next.Increased), micros(next.Refused)}
 		cmd, _ := c.evalNoRetry(ctx, scriptAdaptSwap, keys[:1], args)
 		r, err := cmd.Int64Slice()
-		if err != nil {
+		if err := replyErr(err, len(r) >= 10, "adapt_swap.lua"); err != nil {
 			return throttle.Decision{}, backend("adapt", keys[0], err)
-		}
-		if len(r) < 10 {
-			return throttle.Decision{}, backend("adapt", keys[0], errors.New("unexpected reply from adapt_swap.lua"))
 		}
 		res.Store(&reply{s: adaptState(r[1], r[2:10]), swapped: r[0] == 1})
 		return throttle.Decision{}, nil
 	})
 	if err != nil {
-		return capability.AdaptiveState{}, false, err
+		return throttle.AdaptiveState{}, false, err
 	}
 	r := res.Load()
 	return r.s, r.swapped, nil
 }
 
-// adaptive reads key's adaptive state ("" for the constructor's key) in
-// one round trip; the zero state means the budget is not adapting. For
-// operators (cmd/headwayctl).
-func (c *common) adaptive(ctx context.Context, key string) (capability.AdaptiveState, error) {
-	s, _, err := c.swapAdaptive(ctx, key, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
-	return s, err
-}
-
 // adaptState decodes the fields r, c, p, s, d, i, x, v read at nowUs.
-func adaptState(nowUs int64, f []int64) capability.AdaptiveState {
-	return capability.AdaptiveState{
+func adaptState(nowUs int64, f []int64) throttle.AdaptiveState {
+	return throttle.AdaptiveState{
 		Rate: float64(f[0]) / 1000, Ceiling: float64(f[1]) / 1000, Peak: float64(f[2]) / 1000, Step: float64(f[3]) / 1000,
 		Decreased: fromMicros(f[4]), Increased: fromMicros(f[5]), Refused: fromMicros(f[6]),
 		Version: f[7], At: time.UnixMicro(nowUs),

@@ -8,8 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
 )
 
 // TestAdaptiveCallCutByContextRaceFree: with a client that ignores context
@@ -34,19 +34,19 @@ func TestAdaptiveCallCutByContextRaceFree(t *testing.T) {
 	t.Cleanup(func() { admin.Close() })
 	ctx := context.Background()
 	// Load the scripts first, so that the paused call is the script itself.
-	if _, _, err := tb.swapAdaptive(ctx, "", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond); err != nil {
+	if _, _, err := tb.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tb.paceAdaptive(ctx, "", 1, time.Second, 0); err != nil {
+	if _, err := tb.PaceAdaptive(ctx, "", 1, time.Second, 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, call := range []func(context.Context) error{
 		func(ctx context.Context) error {
-			_, _, err := tb.swapAdaptive(ctx, "", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
+			_, _, err := tb.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Millisecond)
 			return err
 		},
 		func(ctx context.Context) error {
-			_, err := tb.paceAdaptive(ctx, "", 1, time.Second, 0)
+			_, err := tb.PaceAdaptive(ctx, "", 1, time.Second, 0)
 			return err
 		},
 	} {

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestAdaptiveScripts: the adaptive scripts load under the SHA1 Go
@@ -67,7 +67,7 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 					if err := throttle.New(b).Key("tenant").Report(ctx, throttle.Answer{Refused: true}); err != nil {
 						t.Fatal(err)
 					}
-					s, err := capability.KeyedLimiter(throttle.New(b2).Key("tenant")).AdaptiveState(ctx)
+					s, err := throttle.New(b2).Key("tenant").AdaptiveState(ctx)
 					if err != nil || s.Rate != 9 || s.Ceiling != 0 || s.Peak != 10 || s.Version != 1 {
 						t.Fatalf("the other instance reads %+v, %v; want rate 9 (refused at 10, the configured ceiling: Ceiling 0), version 1", s, err)
 					}
@@ -93,7 +93,7 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 					// A stale swap loses; the fresh one wins.
 					next := s
 					next.Rate = 5
-					if _, ok, err := store.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: 0}, next, time.Minute); err != nil || ok {
+					if _, ok, err := store.SwapAdaptive(ctx, "tenant", throttle.AdaptiveState{Version: 0}, next, time.Minute); err != nil || ok {
 						t.Fatalf("stale swap: swapped %v, %v", ok, err)
 					}
 					got, ok, err := other.SwapAdaptive(ctx, "tenant", s, next, time.Minute)
@@ -101,7 +101,7 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 						t.Fatalf("fresh swap: %+v, %v, %v", got, ok, err)
 					}
 					// Each budget has its own state.
-					if s, err := capability.KeyedLimiter(throttle.New(b).Key("")).AdaptiveState(ctx); err != nil || s.Active() {
+					if s, err := throttle.New(b).Key("").AdaptiveState(ctx); err != nil || s.Active() {
 						t.Errorf("key \"\": %+v, %v; want not adapting", s, err)
 					}
 				})
@@ -129,7 +129,7 @@ func TestAdaptiveStoreErrors(t *testing.T) {
 	if !errors.As(err, &be) {
 		t.Errorf("dead server: %v, want a BackendError", err)
 	}
-	if _, _, err := storeOf(b).SwapAdaptive(ctx, "", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Second); !errors.As(err, &be) {
+	if _, _, err := storeOf(b).SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Second); !errors.As(err, &be) {
 		t.Errorf("dead server: %v, want a BackendError", err)
 	}
 	if err := throttle.New(b).Report(ctx, throttle.Answer{Refused: true}); !errors.As(err, &be) {
@@ -211,20 +211,20 @@ func TestAdaptivePaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
 }
 
 // setAdaptiveRate makes b's own budget adapt at rate per interval.
-func setAdaptiveRate(t *testing.T, b capability.AdaptiveStore, rate float64) {
+func setAdaptiveRate(t *testing.T, b throttle.AdaptiveStore, rate float64) {
 	t.Helper()
 	ctx := context.Background()
-	old, _, err := b.SwapAdaptive(ctx, "", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Minute)
+	old, _, err := b.SwapAdaptive(ctx, "", throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := b.SwapAdaptive(ctx, "", old, capability.AdaptiveState{Rate: rate, Peak: rate}, time.Minute); err != nil || !ok {
+	if _, ok, err := b.SwapAdaptive(ctx, "", old, throttle.AdaptiveState{Rate: rate, Peak: rate}, time.Minute); err != nil || !ok {
 		t.Fatalf("SwapAdaptive: %v, %v", ok, err)
 	}
 }
 
-// storeOf is b's store of the adaptive rate (through its Capabilities).
-func storeOf(b any) capability.AdaptiveStore {
-	s, _ := capability.Of[capability.AdaptiveStore](b)
+// storeOf is b's store of the adaptive rate.
+func storeOf(b throttle.Bucket) throttle.AdaptiveStore {
+	s, _ := throttle.BucketAs[throttle.AdaptiveStore](b)
 	return s
 }

@@ -220,9 +220,9 @@ func commonOf(bk throttle.Bucket) *common {
 	case *SlidingLog:
 		return &x.common
 	case *FixedWindow:
-		return &x.w.common
+		return &x.windows.common
 	case *Tiers:
-		return &x.w.common
+		return &x.windows.common
 	case *Counter:
 		return &x.common
 	}

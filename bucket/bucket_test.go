@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
-	"github.com/redis/go-redis/v9"
 )
 
 func TestConstructorsRefuseBadInput(t *testing.T) {
@@ -239,12 +239,12 @@ func TestScripts(t *testing.T) {
 			if _, err := b.Take(ctx, "tenant", 1, time.Second); err != nil {
 				t.Errorf("%s: %v", name, err)
 			}
-			if p, ok := capability.Of[capability.Pauser](b); ok {
+			if p, ok := throttle.BucketAs[throttle.Pauser](b); ok {
 				if err := p.Pause(ctx, "other", time.Millisecond); err != nil {
 					t.Errorf("%s: pause: %v", name, err)
 				}
 			}
-			if r, ok := capability.Of[capability.Refunder](b); ok {
+			if r, ok := throttle.BucketAs[throttle.Refunder](b); ok {
 				if err := r.Refund(ctx, "tenant", 1); err != nil {
 					t.Errorf("%s: refund: %v", name, err)
 				}
@@ -269,7 +269,7 @@ func TestPause(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
 	for name, b := range allBuckets(t, srv.Client(), "pause", 5, time.Second) {
-		p, ok := capability.Of[capability.Pauser](b)
+		p, ok := throttle.BucketAs[throttle.Pauser](b)
 		if !ok {
 			t.Errorf("%s: not a Pauser", name)
 			continue
@@ -310,7 +310,7 @@ func TestPauseForever(t *testing.T) {
 		}
 		for _, key := range []string{"a", "b", "c"} {
 			d := map[string]time.Duration{"a": throttle.Forever, "b": throttle.Forever - time.Microsecond, "c": throttle.MaxPause + time.Hour}[key]
-			if err := mustCap[capability.Pauser](b).Pause(ctx, key, d); err != nil {
+			if err := mustCap[throttle.Pauser](b).Pause(ctx, key, d); err != nil {
 				t.Fatalf("%s: Pause(%v) = %v", name, d, err)
 			}
 			dec, err := b.Take(ctx, key, 1, 0)
@@ -349,7 +349,7 @@ func TestGCRAReserves(t *testing.T) {
 	if !d.Granted || d.Delay < 190*time.Millisecond || d.Delay > 200*time.Millisecond {
 		t.Fatalf("third: %+v, want a reservation ~200ms ahead", d)
 	}
-	if _, ok := capability.Of[capability.Refunder](any(b)); ok {
+	if _, ok := throttle.BucketAs[throttle.Refunder](b); ok {
 		t.Fatal("GCRA is a Refunder: a refund of a queued reservation could put two permits in one slot")
 	}
 }
@@ -421,8 +421,8 @@ func FuzzEscape(f *testing.F) {
 	})
 }
 
-// mustCap is b's capability T, which every bucket of the test has.
-func mustCap[T any](b any) T {
-	t, _ := capability.Of[T](b)
+// mustCap is what b offers of T (throttle.BucketAs), which every bucket of the test has.
+func mustCap[T any](b throttle.Bucket) T {
+	t, _ := throttle.BucketAs[T](b)
 	return t
 }

@@ -9,10 +9,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/throttle"
-	"github.com/redis/go-redis/v9"
 )
 
 // Dimension is one dimension of a [Budget]: at most Limit per Interval of
@@ -275,11 +275,8 @@ func (b *Budget) run(ctx context.Context, mode, key string, keys []string, wait 
 		args = append(args, d.Name, d.Limit, ceilUs(d.Interval), amt[i], b.ends.get(endsKey(key, i)).end, at)
 	}
 	r, err := b.eval(ctx, b.script, keys, args...)
-	if err != nil {
+	if err := replyErr(err, len(r) == 6+len(b.dims) && r[3] >= 0 && r[3] <= int64(len(b.dims)), "budget.lua"); err != nil {
 		return budgetReply{}, backend(mode, keys[2], err)
-	}
-	if len(r) != 6+len(b.dims) || r[3] < 0 || r[3] > int64(len(b.dims)) {
-		return budgetReply{}, backend(mode, keys[2], errors.New("unexpected reply from budget.lua"))
 	}
 	u := budgetReply{granted: r[0] == 1, delay: r[1], now: r[2], dim: int(r[3]), remaining: r[4], reset: r[5], ends: r[6:]}
 	for i, e := range u.ends {
@@ -424,7 +421,7 @@ func (b *Budget) settle(ctx context.Context, key string, ends []int64, delta thr
 	return err
 }
 
-// pauseDimensions is the Limiter's pause of some dimensions: until each
+// PauseDimensions implements [throttle.DimensionPauser]: until each
 // named dimension's RetryAfter has passed, no cost of key that needs some
 // of it is granted to anyone sharing the budget; costs that need none of
 // it are not held. A shorter pause never shortens a longer one. A name
@@ -432,7 +429,7 @@ func (b *Budget) settle(ctx context.Context, key string, ends []int64, delta thr
 // long (as pause does): the provider counts something the budget does
 // not, so nothing is known to pass. Times of 0 or less do nothing; times
 // are clamped to [throttle.MaxPause].
-func (b *Budget) pauseDimensions(ctx context.Context, key string, dims []capability.Exhausted) error {
+func (b *Budget) PauseDimensions(ctx context.Context, key string, dims []throttle.Exhausted) error {
 	amt := make([]int64, len(b.dims))
 	var whole time.Duration
 	some := false
@@ -455,7 +452,7 @@ func (b *Budget) pauseDimensions(ctx context.Context, key string, dims []capabil
 	}
 	var errs []error
 	if whole > 0 {
-		errs = append(errs, b.pause(ctx, key, whole))
+		errs = append(errs, b.Pause(ctx, key, whole))
 	}
 	if some {
 		_, err := bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) {
@@ -467,9 +464,9 @@ func (b *Budget) pauseDimensions(ctx context.Context, key string, dims []capabil
 	return errors.Join(errs...)
 }
 
-// fallback is, for Take's dimension, its limit per interval, and the live
-// instances last counted.
-func (b *Budget) fallback() (int64, time.Duration, int64) {
+// Fallback implements [throttle.Fallbacker]: for Take's dimension, its
+// limit per interval, and the live instances last counted.
+func (b *Budget) Fallback() (int64, time.Duration, int64) {
 	d := b.dims[b.takes]
 	return d.Limit, ms(ceilMs(d.Interval)), b.calls.instances()
 }

@@ -190,7 +190,7 @@ func costFleet(lims []*throttle.Limiter, keys []string, workers int, stop <-chan
 					if rng.IntN(6) == 0 {
 						used, call = 0, time.Duration(400+rng.IntN(401))*time.Millisecond
 					}
-					count.book(key, time.Now(), place, used)
+					count.book(key, guarantee.Now(), place, used)
 					pause(call)
 					sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 					_ = g.Settle(sctx, throttle.Cost{"requests": 1, "tokens": used}) // best effort, as in a handler

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
-	"github.com/headway-go/headway/internal/redisenv"
-	"github.com/headway-go/headway/throttle"
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
 )
 
 // A Budget's guarantee is judged, where it can be, on the places
@@ -631,7 +631,7 @@ func TestBudgetTakeChargesRequests(t *testing.T) {
 	if err := d.Cancel(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := capability.Of[capability.Refunder](b); ok {
+	if _, ok := throttle.BucketAs[throttle.Refunder](b); ok {
 		t.Fatal("the Budget offers refunds")
 	}
 	lim := throttle.New(b)
@@ -775,7 +775,7 @@ func TestBudgetPauseHoldsEveryDimension(t *testing.T) {
 	srv := redisenv.New(t)
 	b := newBudget(t, srv.Client(), "pause", llmDims(10, 100, time.Minute))
 	ctx := context.Background()
-	if err := b.pause(ctx, "", 10*time.Second); err != nil {
+	if err := b.Pause(ctx, "", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	d := takeCost(t, b, "", throttle.Cost{"tokens": 1})
@@ -800,7 +800,7 @@ func TestBudgetPauseDimensionsHoldsOnlyThoseNamed(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
 	b := newBudget(t, srv.Client(), "dimpause", llmDims(10, 100, time.Minute))
-	if err := b.pauseDimensions(ctx, "", []capability.Exhausted{{Dimension: "tokens", RetryAfter: 5 * time.Second}}); err != nil {
+	if err := b.PauseDimensions(ctx, "", []throttle.Exhausted{{Dimension: "tokens", RetryAfter: 5 * time.Second}}); err != nil {
 		t.Fatal(err)
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"requests": 1}); !d.Granted {
@@ -811,22 +811,22 @@ func TestBudgetPauseDimensionsHoldsOnlyThoseNamed(t *testing.T) {
 		t.Fatalf("a cost needing tokens during their pause = %+v, want refused for ~5s", d)
 	}
 	// A shorter pause does not shorten it.
-	if err := b.pauseDimensions(ctx, "", []capability.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}}); err != nil {
+	if err := b.PauseDimensions(ctx, "", []throttle.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}}); err != nil {
 		t.Fatal(err)
 	}
 	if d := takeCost(t, b, "", throttle.Cost{"tokens": 1}); d.Granted || d.Delay < 4*time.Second {
 		t.Fatalf("a shorter pause shortened the longer: %+v", d)
 	}
-	if err := b.pauseDimensions(ctx, "other", []capability.Exhausted{{Dimension: "input-tokens", RetryAfter: 5 * time.Second}}); err != nil {
+	if err := b.PauseDimensions(ctx, "other", []throttle.Exhausted{{Dimension: "input-tokens", RetryAfter: 5 * time.Second}}); err != nil {
 		t.Fatal(err)
 	}
 	if d := takeCost(t, b, "other", throttle.Cost{"requests": 1}); d.Granted || d.Delay < 4*time.Second {
 		t.Fatalf("a pause of a dimension the budget does not know = %+v, want the whole key paused", d)
 	}
-	if err := b.pauseDimensions(ctx, "", []capability.Exhausted{{Dimension: "tokens", RetryAfter: -time.Second}}); err != nil {
+	if err := b.PauseDimensions(ctx, "", []throttle.Exhausted{{Dimension: "tokens", RetryAfter: -time.Second}}); err != nil {
 		t.Fatalf("a pause of 0 or less = %v, want nothing done", err)
 	}
-	var bad error = b.pauseDimensions(ctx, string(make([]byte, 600)), []capability.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}})
+	var bad error = b.PauseDimensions(ctx, string(make([]byte, 600)), []throttle.Exhausted{{Dimension: "tokens", RetryAfter: time.Second}})
 	if !errors.Is(bad, throttle.ErrInvalid) {
 		t.Fatalf("PauseDimensions with a bad key = %v, want ErrInvalid", bad)
 	}
@@ -903,7 +903,7 @@ func TestPerCallKeyTooLongIsThatCallsError(t *testing.T) {
 	for name, err := range map[string]error{
 		"AcquireCost": func() error { _, err := lb.Key(long).AcquireCost(ctx, throttle.Cost{"tokens": 1}, 0); return err }(),
 		"Acquire":     lt.Key(long).Acquire(ctx, 0),
-		"Pause":       tb.pause(ctx, long, time.Second),
+		"Pause":       tb.Pause(ctx, long, time.Second),
 	} {
 		if !errors.Is(err, throttle.ErrInvalidKey) || !errors.Is(err, throttle.ErrInvalid) {
 			t.Errorf("%s with a key of %d bytes = %v, want an error matching throttle.ErrInvalidKey and throttle.ErrInvalid", name, len(long), err)

@@ -5,13 +5,14 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
-	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/throttle"
 )
 
 // How a bucket talks to Redis when things go wrong.
@@ -80,12 +81,17 @@ type calls struct {
 	inflight atomic.Int64 // goroutines still in a round trip, for tests
 }
 
-func newCalls(rdb redis.UniversalClient, ks keyspace, window time.Duration) *calls {
+// nonce returns 16 random hex digits.
+func nonce() string {
 	var raw [8]byte
 	_, _ = rand.Read(raw[:]) // never fails (crypto/rand panics rather than return an error)
+	return hex.EncodeToString(raw[:])
+}
+
+func newCalls(rdb redis.UniversalClient, ks keyspace, window time.Duration) *calls {
 	every := min(max(window/10, 10*time.Millisecond), time.Second)
 	return &calls{
-		nonce:   hex.EncodeToString(raw[:]),
+		nonce:   nonce(),
 		liveKey: ks.root + ":live",
 		window:  window,
 		every:   int64(every),
@@ -145,6 +151,15 @@ func (s *calls) noteLive(n int64) {
 func (c *common) eval(ctx context.Context, s *redis.Script, keys []string, args ...any) ([]int64, error) {
 	r, _, err := c.evalAt(ctx, s, keys, args...)
 	return r, err
+}
+
+// replyErr is err, a script's failure, or when the script ran but its
+// reply is not one file returns (ok false), an error saying so.
+func replyErr(err error, ok bool, file string) error {
+	if err == nil && !ok {
+		return errors.New("unexpected reply from " + file)
+	}
+	return err
 }
 
 // evalAt is eval, and also when the attempt that ran the script was sent
@@ -244,40 +259,45 @@ func bounded(ctx context.Context, c *common, key string, f func(context.Context)
 	return throttle.Decision{}, backend("take", tag, fmt.Errorf("no reply from redis before the context ended: %w", ctx.Err()))
 }
 
-// fallback is the constructor's limit per interval (that of every key
-// without a live limit of its own, see [TokenBucket.SetLimit]), and the live instances last counted.
-func (b *TokenBucket) fallback() (int64, time.Duration, int64) {
+// Fallback implements [throttle.Fallbacker]: the constructor's limit per
+// interval (that of every key without a live limit of its own, see
+// [TokenBucket.SetLimit]), and the live instances last counted. A
+// throttle.Limiter under throttle.FailLocal limits this instance with
+// its share while Redis is down.
+func (b *TokenBucket) Fallback() (int64, time.Duration, int64) {
 	return b.limit, us(b.intervalUs), b.calls.instances()
 }
 
-// fallback is the limit per interval, and the live instances last
-// counted.
-func (b *Counter) fallback() (int64, time.Duration, int64) {
+// Fallback implements [throttle.Fallbacker]: the limit per interval, and
+// the live instances last counted.
+func (b *Counter) Fallback() (int64, time.Duration, int64) {
 	return b.limit, ms(b.periodMs), b.calls.instances()
 }
 
-// fallback is the constructor's limit per interval (that of every key
-// without a live rate of its own, see [GCRA.SetLimit]), and the live instances last counted.
-func (b *GCRA) fallback() (int64, time.Duration, int64) {
+// Fallback implements [throttle.Fallbacker]: the constructor's limit per
+// interval (that of every key without a live rate of its own, see
+// [GCRA.SetLimit]), and the live instances last counted.
+func (b *GCRA) Fallback() (int64, time.Duration, int64) {
 	return b.limit, us(b.emission * b.limit), b.calls.instances()
 }
 
-// fallback is the constructor's limit per interval (that of every key
-// without a live limit of its own, see [FixedWindow.SetLimit]), and the live instances last counted.
-func (b *FixedWindow) fallback() (int64, time.Duration, int64) {
-	return b.w.tiers[0].Limit, b.w.tiers[0].Period, b.w.calls.instances()
+// Fallback implements [throttle.Fallbacker]: the constructor's limit per
+// interval (that of every key without a live limit of its own, see
+// [FixedWindow.SetLimit]), and the live instances last counted.
+func (b *FixedWindow) Fallback() (int64, time.Duration, int64) {
+	return b.windows.tiers[0].Limit, b.windows.tiers[0].Period, b.windows.calls.instances()
 }
 
-// fallback is the limit per interval, conservatively for several
-// tiers: the smallest limit per the longest period, a rate and a burst
+// Fallback implements [throttle.Fallbacker]: the limit per interval,
+// conservatively for several tiers: the smallest limit per the longest period, a rate and a burst
 // that no tier's is below.
-func (b *Tiers) fallback() (int64, time.Duration, int64) {
-	l, p := tightest(b.w.tiers)
-	return l, p, b.w.calls.instances()
+func (b *Tiers) Fallback() (int64, time.Duration, int64) {
+	l, p := tightest(b.windows.tiers)
+	return l, p, b.windows.calls.instances()
 }
 
-// fallback is as Tiers's.
-func (b *SlidingLog) fallback() (int64, time.Duration, int64) {
+// Fallback implements [throttle.Fallbacker], as [Tiers.Fallback].
+func (b *SlidingLog) Fallback() (int64, time.Duration, int64) {
 	tiers := make([]throttle.Tier, 0, len(b.args)/2)
 	for i := 0; i+1 < len(b.args); i += 2 {
 		tiers = append(tiers, throttle.Tier{Limit: b.args[i].(int64), Period: us(b.args[i+1].(int64))})
@@ -318,19 +338,16 @@ func (c *common) Check(ctx context.Context) error {
 	return err
 }
 
-// Check checks Redis with one round trip, for [throttle.Limiter.Check];
-// see [TokenBucket.Check].
-func (b *FixedWindow) Check(ctx context.Context) error { return b.w.Check(ctx) }
-
-// Check checks Redis with one round trip, for [throttle.Limiter.Check];
-// see [TokenBucket.Check].
-func (b *Tiers) Check(ctx context.Context) error { return b.w.Check(ctx) }
+// What every Redis bucket of this package offers a throttle.Limiter
+// beyond Take (see throttle.BucketAs).
+type offers interface {
+	throttle.Pauser
+	throttle.Fallbacker
+	throttle.AdaptiveStore
+	throttle.Checker
+}
 
 var (
-	_ capability.Checker = (*TokenBucket)(nil)
-	_ capability.Checker = (*FixedWindow)(nil)
-	_ capability.Checker = (*Tiers)(nil)
-	_ capability.Checker = (*SlidingLog)(nil)
-	_ capability.Checker = (*GCRA)(nil)
-	_ capability.Checker = (*Counter)(nil)
+	_                          = []offers{(*TokenBucket)(nil), (*FixedWindow)(nil), (*Tiers)(nil), (*SlidingLog)(nil), (*GCRA)(nil), (*Counter)(nil), (*Budget)(nil)}
+	_ throttle.DimensionPauser = (*Budget)(nil)
 )

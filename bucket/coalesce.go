@@ -11,33 +11,11 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// Coalesced takes.
-//
-// Concurrent takes of one permit for the same key in one process are
-// combined: while one call for a key is in flight, later callers queue, and
-// when it returns one call asks Redis for "up to k" permits, k the callers
-// queued at that moment. The script grants min(available, k), all at once;
-// the first callers in arrival order get them, and the others get the
-// refusal the script gave for the rest (with its delay: the period's end,
-// the next slot), so they wait as an uncoalesced caller would.
-//
-// Nothing is taken ahead of demand (k is the number of callers waiting,
-// never more) and nothing is refunded, so every bucket's guarantee is
-// unchanged: a coalesced call is, for the script, one take of up to k
-// permits, and each bucket's script counts it like k takes of one.
-//
-// A take of n > 1 permits (AcquireN) is never coalesced: it goes to Redis
-// on its own, all or nothing, as before.
-//
-// A caller whose context ends while queued leaves the queue and is not
-// counted. A caller whose context ends while its batch is in flight
-// returns at once with the same error as an uncoalesced caller cut off
-// mid-call ([*throttle.BackendError] wrapping the context's error); when
-// the batch returns, the permit meant for it goes to the next caller in
-// line (a later one of the batch, or the first still queued for the next
-// batch), so it is used, never granted twice. Only when nobody is left to
-// take it is it lost, as an uncoalesced call's permit is when its caller
-// gives up mid-call; the bucket counts it (see stranded).
+// Coalesced takes: what they do and guarantee is in the package doc
+// ("Coalesced takes"). The permit of a caller that gave up while its batch
+// was in flight goes to a later caller of the batch, or to the first still
+// queued for the next batch, never to two; only when nobody is left is it
+// lost, and the bucket counts it (see stranded).
 
 // upTo is one coalesced call's answer: the first got callers are granted
 // (caller i's Delay is delays[i] when set: the token bucket's places; with
@@ -79,9 +57,27 @@ func (u *upTo) forCaller(i int64) throttle.Decision {
 	return d
 }
 
-// takeUpTo asks the store for up to k ≥ 1 permits of key, each of which
-// may be reserved at most maxWait ahead.
-type takeUpTo func(ctx context.Context, key string, k int64, maxWait time.Duration) (upTo, error)
+// roundTrip is a bucket's one round trip for key: n permits, all or
+// nothing, or for n < 0 up to -n, each reserved at most maxWait ahead
+// (buckets that never reserve ignore maxWait).
+type roundTrip func(ctx context.Context, key string, n int64, maxWait time.Duration) (upTo, error)
+
+// takeBy is a bucket's Take over its round trip: n permits (at most
+// capacity) in a round trip of their own, all or nothing, or (n == 1)
+// through the coalescer with maxWait.
+func (b *common) takeBy(ctx context.Context, key string, n, capacity int64, maxWait time.Duration, run roundTrip) (throttle.Decision, error) {
+	one := func(ctx context.Context) (throttle.Decision, error) {
+		if err := b.checkN(n, capacity); err != nil {
+			return throttle.Decision{}, err
+		}
+		u, err := run(ctx, key, n, maxWait)
+		return u.granted, err
+	}
+	if n != 1 {
+		return bounded(ctx, b, key, one)
+	}
+	return b.coalesced(ctx, key, maxWait, one, run)
+}
 
 const coalesceShards = 64
 
@@ -110,12 +106,13 @@ type shard struct {
 
 // line is one key's queue while a call for it is in flight.
 type line struct {
-	q         []*waiter
+	q         []*queuedTake
 	since     time.Time // when the call in flight began
 	bypassing bool      // a caller asks around a stuck call (at most one)
 }
 
-type waiter struct {
+// queuedTake is one caller's Take queued in its key's line for the next batch.
+type queuedTake struct {
 	ctx     context.Context
 	maxWait time.Duration // counted from since
 	since   time.Time     // when its Take queued
@@ -173,9 +170,9 @@ func (c *coalescer) shard(key string) *shard {
 
 // coalesced is Take for n == 1 through the coalescer: one is the uncoalesced
 // take (run in the caller's goroutine when no call for key is in flight),
-// many the coalesced one.
+// many the round trip of the coalesced ones.
 func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duration,
-	one func(context.Context) (throttle.Decision, error), many takeUpTo) (throttle.Decision, error) {
+	one func(context.Context) (throttle.Decision, error), many roundTrip) (throttle.Decision, error) {
 	c := b.co
 	if c == nil { // coalescing off (benchmarks' baseline)
 		return bounded(ctx, b, key, one)
@@ -202,7 +199,7 @@ func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duratio
 		s.mu.Unlock()
 		return b.bypass(ctx, s, ln, key, one)
 	}
-	w := &waiter{ctx: ctx, maxWait: maxWait, since: now, ch: make(chan answer, 1)}
+	w := &queuedTake{ctx: ctx, maxWait: maxWait, since: now, ch: make(chan answer, 1)}
 	ln.q = append(ln.q, w)
 	s.mu.Unlock()
 	t := time.NewTimer(max(stalled, c.stallAfter/4))
@@ -250,7 +247,7 @@ func (b *common) bypass(ctx context.Context, s *shard, ln *line, key string, one
 
 // handOff ends a call for key: if callers queued meanwhile, a runner
 // serves them; otherwise the key leaves the map.
-func (b *common) handOff(s *shard, key string, many takeUpTo) {
+func (b *common) handOff(s *shard, key string, many roundTrip) {
 	s.mu.Lock()
 	ln := s.lines[key]
 	if len(ln.q) == 0 {
@@ -266,9 +263,9 @@ func (b *common) handOff(s *shard, key string, many takeUpTo) {
 // run serves key's queue, one coalesced call at a time, until it is empty.
 // Its lifetime is bounded by the calls it makes, each bounded by the
 // latest deadline of its callers.
-func (b *common) run(s *shard, key string, ln *line, many takeUpTo) {
+func (b *common) run(s *shard, key string, ln *line, many roundTrip) {
 	defer b.calls.inflight.Add(-1)
-	var batch []*waiter
+	var batch []*queuedTake
 	for {
 		s.mu.Lock()
 		batch = batch[:0]
@@ -296,14 +293,14 @@ func (b *common) run(s *shard, key string, ln *line, many takeUpTo) {
 }
 
 // serve makes one coalesced call for batch and hands out its answer.
-func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many takeUpTo) {
+func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many roundTrip) {
 	ctx, cancel, maxWait := batchContext(batch)
 	defer cancel()
 	k := int64(len(batch))
 	if b.co.beforeBatch != nil {
 		b.co.beforeBatch(k)
 	}
-	u, err := many(ctx, key, k, maxWait)
+	u, err := many(ctx, key, -k, maxWait) // up to k
 	at := time.Now()
 	if b.co.afterBatch != nil {
 		b.co.afterBatch()
@@ -349,13 +346,13 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*waiter, many tak
 // waitLeft is what is left at now of w's maxWait, which counts from its
 // Take: a slot reserved for it must come within that, not within maxWait
 // from the moment its batch is sent.
-func (w *waiter) waitLeft(now time.Time) time.Duration {
+func (w *queuedTake) waitLeft(now time.Time) time.Duration {
 	return max(w.maxWait-now.Sub(w.since), 0)
 }
 
 // send answers w, in a batch or still queued, unless it gave up; it
 // reports whether w got the answer.
-func (w *waiter) send(a answer) bool {
+func (w *queuedTake) send(a answer) bool {
 	if !w.state.CompareAndSwap(batched, served) && !w.state.CompareAndSwap(waiting, served) {
 		return false
 	}
@@ -374,7 +371,7 @@ const batchGrace = 5 * time.Millisecond
 // callers (none if one has none), and is not cancelled when a caller's
 // context is. The call may reserve at most the smallest wait left among
 // them.
-func batchContext(batch []*waiter) (context.Context, context.CancelFunc, time.Duration) {
+func batchContext(batch []*queuedTake) (context.Context, context.CancelFunc, time.Duration) {
 	base := context.WithoutCancel(batch[0].ctx)
 	now := time.Now()
 	maxWait := batch[0].waitLeft(now)

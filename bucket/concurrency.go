@@ -2,9 +2,7 @@ package bucket
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,7 +15,6 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/errs"
 	"github.com/headway-go/headway/internal/waitstop"
 	"github.com/headway-go/headway/throttle"
@@ -244,9 +241,7 @@ func NewConcurrency(rdb redis.UniversalClient, key string, capacity int64, opts 
 		return nil, err
 	}
 	c.name = "bucket: Concurrency"
-	var raw [8]byte
-	_, _ = rand.Read(raw[:])
-	inst := hex.EncodeToString(raw[:])
+	inst := nonce()
 	chPrefix := c.cfg.prefix + ":slots-wake:"
 	life, end := context.WithCancel(context.Background())
 	return &Concurrency{
@@ -736,6 +731,6 @@ func (s *Concurrency) Close() error {
 }
 
 var (
-	_ throttle.Slots     = (*Concurrency)(nil)
-	_ capability.Checker = (*Concurrency)(nil)
+	_ throttle.Slots   = (*Concurrency)(nil)
+	_ throttle.Checker = (*Concurrency)(nil)
 )

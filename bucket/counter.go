@@ -62,40 +62,19 @@ func NewCounter(rdb redis.UniversalClient, key string, limit int64, period time.
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *Counter) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	one := func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) }
-	if n != 1 {
-		return bounded(ctx, &b.common, key, one)
-	}
-	return b.coalesced(ctx, key, 0, one, b.takeUpTo)
-}
-
-// take is Take's work; bounded runs it.
-func (b *Counter) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
-	if err := b.checkN(n, b.limit); err != nil {
-		return throttle.Decision{}, err
-	}
-	u, err := b.run(ctx, key, n)
-	return u.granted, err
-}
-
-// takeUpTo counts up to k calls, as many as the limit leaves room for.
-func (b *Counter) takeUpTo(ctx context.Context, key string, k int64, _ time.Duration) (upTo, error) {
-	return b.run(ctx, key, -k)
+	return b.takeBy(ctx, key, n, b.limit, 0, b.run)
 }
 
 // run is one round trip of counter_take.lua; n < 0 asks for up to -n.
-func (b *Counter) run(ctx context.Context, key string, n int64) (upTo, error) {
+func (b *Counter) run(ctx context.Context, key string, n int64, _ time.Duration) (upTo, error) {
 	tag, err := b.ks.tag(b.name, key)
 	if err != nil {
 		return upTo{}, err
 	}
 	keys := []string{tag + ":ctr", tag + ":pause"}
 	r, err := b.eval(ctx, scriptCounterTake, keys, n, b.limit)
-	if err != nil {
+	if err := replyErr(err, len(r) == 5, "counter_take.lua"); err != nil {
 		return upTo{}, backend("take", keys[0], err)
-	}
-	if len(r) != 5 {
-		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from counter_take.lua"))
 	}
 	// The reset is due 1 ms after PTTL reads 0; the Resetter runs about
 	// then.

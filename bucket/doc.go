@@ -157,11 +157,15 @@
 //
 // # What a Limiter uses beyond Take
 //
-// A [throttle.Limiter] finds on each bucket of this package what it uses
-// beyond Take: the fleet-wide pause, the limit and live instances for
-// FailLocal, the adaptive rate's store, and for a [Budget] pauses of
-// single dimensions. It finds them through a registry internal
-// to this module, not through methods of these types: a user never calls
-// them. A wrapper of your own keeps them by offering Unwrap (see
+// Every Redis bucket of this package offers a [throttle.Limiter] more than
+// Take, through the interfaces of package throttle that the Limiter finds
+// by type assertion ([throttle.BucketAs]): Pause, the fleet-wide pause
+// ([throttle.Pauser]); Fallback, the limit and live instances for
+// FailLocal ([throttle.Fallbacker]); PaceAdaptive and SwapAdaptive, the
+// adaptive rate's store ([throttle.AdaptiveStore]); Check
+// ([throttle.Checker]); and a [Budget] pauses single dimensions
+// ([throttle.DimensionPauser]). A program may call them too (pause a
+// tenant, read the fleet's adaptive rate). A wrapper of your own keeps
+// them by embedding the bucket or by offering Unwrap (see
 // [throttle.Bucket]).
 package bucket

@@ -350,7 +350,7 @@ func TestRedisRestartedEmpty(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				bs = append(bs, &b.w.common)
+				bs = append(bs, &b.windows.common)
 				lims = append(lims, throttle.New(b, throttle.WithFailurePolicy(policy)))
 			}
 			rec := &recordings{}
@@ -565,8 +565,8 @@ func TestConnectionsResetAndStalled(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	waitInflight(t, &b.w.common)
-	charged, err := srv.Client().HGet(context.Background(), b.w.ks.root+b.w.kinds[0], "c").Int64()
+	waitInflight(t, &b.windows.common)
+	charged, err := srv.Client().HGet(context.Background(), b.windows.ks.root+b.windows.kinds[0], "c").Int64()
 	if err != nil {
 		t.Fatal(err)
 	}

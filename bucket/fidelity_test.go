@@ -33,18 +33,18 @@ func TestStaleInstanceCountNotTrusted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, _, n := b.fallback(); n != 2 {
+	if _, _, n := b.Fallback(); n != 2 {
 		t.Fatalf("b counts %d live instances, want 2", n)
 	}
 	time.Sleep(window + 50*time.Millisecond) // a's beat leaves the window on the server's clock
 	if _, err := b.Take(ctx, "", 1, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, n := b.fallback(); n != 1 {
+	if _, _, n := b.Fallback(); n != 1 {
 		t.Fatalf("b counts %d live instances just after a's beat expired, want 1", n)
 	}
 	time.Sleep(3 * window / 10) // b idle for three beats: its count is stale
-	if _, _, n := b.fallback(); n != 2 {
+	if _, _, n := b.Fallback(); n != 2 {
 		t.Errorf("b, idle, trusts its old count: %d live instances, want the largest seen, 2", n)
 	}
 }
@@ -196,7 +196,7 @@ func TestFleetPausedStaysWithinTheLimit(t *testing.T) {
 								log.worst, log.worstAt, log.worstErr = over, start, err
 							}
 							if err == nil {
-								log.at = append(log.at, now)
+								log.at = append(log.at, now.Round(0)) // wall: guarantee.Now
 							}
 							log.mu.Unlock()
 							switch {

@@ -2,7 +2,6 @@ package bucket
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/headway-go/headway/internal/errs"
@@ -88,24 +87,7 @@ func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.D
 // caller gets its own slot, in arrival order, within the smallest maxWait
 // among them.
 func (b *GCRA) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
-	one := func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n, maxWait) }
-	if n != 1 {
-		return bounded(ctx, &b.common, key, one)
-	}
-	return b.coalesced(ctx, key, maxWait, one, b.takeUpTo)
-}
-
-func (b *GCRA) take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
-	if err := b.checkN(n, b.burst); err != nil {
-		return throttle.Decision{}, err
-	}
-	u, err := b.run(ctx, key, n, maxWait)
-	return u.granted, err
-}
-
-// takeUpTo reserves up to k slots within maxWait, at least one.
-func (b *GCRA) takeUpTo(ctx context.Context, key string, k int64, maxWait time.Duration) (upTo, error) {
-	return b.run(ctx, key, -k, maxWait)
+	return b.takeBy(ctx, key, n, b.burst, maxWait, b.run)
 }
 
 // run is one round trip of gcra.lua; n < 0 asks for up to -n permits.
@@ -117,11 +99,8 @@ func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Durati
 	keys := []string{tag + ":gcra", tag + ":pause", tag + ":gcra:limit"}
 	mw := max(maxWait, 0) / time.Microsecond // rounded down: never reserve beyond maxWait
 	r, err := b.eval(ctx, scriptGCRA, keys, n, b.emission, b.tolerance, int64(mw), b.ivUs, b.fixed)
-	if err != nil {
+	if err := replyErr(err, len(r) >= 9, "gcra.lua"); err != nil {
 		return upTo{}, backend("take", keys[0], err)
-	}
-	if len(r) < 9 {
-		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from gcra.lua"))
 	}
 	limit := liveOr(r, 4, b.limit)
 	if r[0] == 2 {

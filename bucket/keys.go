@@ -8,8 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/errs"
+	"github.com/headway-go/headway/internal/nilcheck"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -125,7 +125,7 @@ func checkDuration(name, field string, d, least time.Duration) error {
 // newCommon validates what every constructor takes.
 func newCommon[O interface{ apply(*config) }](name string, rdb redis.UniversalClient, key string, opts []O) (common, error) {
 	cfg := newConfig(opts)
-	if capability.IsNil(rdb) {
+	if nilcheck.IsNil(rdb) {
 		return common{}, errs.Invalid(name, "rdb", "nil", "must be a redis client (*redis.Client, *redis.ClusterClient, *redis.Ring, ...)")
 	}
 	if key == "" {
@@ -172,11 +172,15 @@ func backend(op, key string, err error) error {
 	return &throttle.BackendError{Op: op, Key: key, Err: err}
 }
 
-// pause is the buckets' fleet-wide pause: no permit of key's budget is granted
-// to anyone sharing the bucket until d has passed. A shorter pause never
-// shortens a longer one. d is rounded up to the millisecond and clamped to
-// [throttle.MaxPause]; d ≤ 0 does nothing.
-func (c *common) pause(ctx context.Context, key string, d time.Duration) error {
+// Pause stops granting key's permits ("" for the constructor's key) to
+// every instance sharing the bucket until d has passed ([throttle.Pauser]):
+// their takes are refused with Delay set to the pause left. The Transport
+// of package throttle/httpclient calls it when a provider answers "too
+// many requests" with a retry time. A shorter pause never shortens a
+// longer one. d is rounded up to the millisecond and clamped to
+// [throttle.MaxPause]; d ≤ 0 does nothing. It returns by ctx's deadline,
+// with a [*throttle.BackendError] when Redis fails.
+func (c *common) Pause(ctx context.Context, key string, d time.Duration) error {
 	d = min(d, throttle.MaxPause) // ceilMs(Forever) would overflow and pause nothing
 	if d <= 0 {
 		return nil

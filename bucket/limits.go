@@ -23,34 +23,26 @@ func checkLimit(name string, limit int64) error {
 	return nil
 }
 
-// limitKey names the live-limit key of key's budget; kind is the budget's
-// key suffix (":tb", ":gcra", ":fw:<µs>").
-func (c *common) limitKey(op, key, kind string) (string, error) {
-	tag, err := c.ks.tag(c.name+"."+op, key)
-	if err != nil {
-		return "", err
-	}
-	return tag + kind + ":limit", nil
-}
-
+// setLimit stores limit as the live limit of key's budget, or with limit
+// 0 removes it; kind is the budget's key suffix (":tb", ":gcra",
+// ":fw:<µs>").
 func (c *common) setLimit(ctx context.Context, key, kind string, limit int64) error {
-	k, err := c.limitKey("SetLimit", key, kind)
+	method, op := ".SetLimit", "set limit"
+	if limit == 0 {
+		method, op = ".ClearLimit", "clear limit"
+	}
+	tag, err := c.ks.tag(c.name+method, key)
 	if err != nil {
 		return err
 	}
-	if err := c.rdb.Set(ctx, k, limit, 0).Err(); err != nil {
-		return backend("set limit", k, err)
+	k := tag + kind + ":limit"
+	if limit == 0 {
+		err = c.rdb.Del(ctx, k).Err()
+	} else {
+		err = c.rdb.Set(ctx, k, limit, 0).Err()
 	}
-	return nil
-}
-
-func (c *common) clearLimit(ctx context.Context, key, kind string) error {
-	k, err := c.limitKey("ClearLimit", key, kind)
 	if err != nil {
-		return err
-	}
-	if err := c.rdb.Del(ctx, k).Err(); err != nil {
-		return backend("clear limit", k, err)
+		return backend(op, k, err)
 	}
 	return nil
 }
@@ -89,7 +81,7 @@ func (b *TokenBucket) SetLimit(ctx context.Context, key string, limit int64) err
 // constructor's limit applies again from the next take. Clearing a
 // budget without one does nothing.
 func (b *TokenBucket) ClearLimit(ctx context.Context, key string) error {
-	return b.clearLimit(ctx, key, ":tb")
+	return b.setLimit(ctx, key, ":tb", 0)
 }
 
 // SetLimit changes the limit of key's budget ("" for the constructor's key)
@@ -102,16 +94,16 @@ func (b *TokenBucket) ClearLimit(ctx context.Context, key string) error {
 // the constructor's limit at once; one asking more than a lowered limit
 // gets an error wrapping [throttle.ErrExceedsLimit].
 func (b *FixedWindow) SetLimit(ctx context.Context, key string, limit int64) error {
-	if err := checkLimit(b.w.name+".SetLimit", limit); err != nil {
+	if err := checkLimit(b.windows.name+".SetLimit", limit); err != nil {
 		return err
 	}
-	return b.w.setLimit(ctx, key, b.w.kinds[0], limit)
+	return b.windows.setLimit(ctx, key, b.windows.kinds[0], limit)
 }
 
 // ClearLimit removes the limit SetLimit stored for key's budget: the
 // constructor's limit applies again from the next window.
 func (b *FixedWindow) ClearLimit(ctx context.Context, key string) error {
-	return b.w.clearLimit(ctx, key, b.w.kinds[0])
+	return b.windows.setLimit(ctx, key, b.windows.kinds[0], 0)
 }
 
 // SetLimit changes the rate of key's budget ("" for the constructor's key)
@@ -140,5 +132,5 @@ func (b *GCRA) SetLimit(ctx context.Context, key string, limit int64) error {
 // ClearLimit removes the rate SetLimit stored for key's budget: the
 // constructor's applies again from the next Take.
 func (b *GCRA) ClearLimit(ctx context.Context, key string) error {
-	return b.clearLimit(ctx, key, ":gcra")
+	return b.setLimit(ctx, key, ":gcra", 0)
 }

@@ -126,7 +126,7 @@ func TestTokenBucketLiveLimit(t *testing.T) {
 	}
 	// Fallback reports the limit of keys without a live one of their own:
 	// the constructor's. The live limit of "" is in its decisions.
-	if l, _, _ := b.fallback(); l != 5 {
+	if l, _, _ := b.Fallback(); l != 5 {
 		t.Fatalf("Fallback limit = %d, want the constructor's 5", l)
 	}
 	if err := b.ClearLimit(ctx, ""); err != nil {
@@ -167,7 +167,7 @@ func TestTokenBucketStateIdleAndPaused(t *testing.T) {
 	if st != want {
 		t.Fatalf("idle State = %+v, want %+v", st, want)
 	}
-	if err := b.pause(ctx, "x", time.Minute); err != nil {
+	if err := b.Pause(ctx, "x", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := b.State(ctx, "x"); err != nil || st.Paused <= 59*time.Second || st.Paused > time.Minute {
@@ -190,7 +190,7 @@ func TestFixedWindowLiveLimit(t *testing.T) {
 	}
 	nextWindow := func() { // what the window's end does
 		t.Helper()
-		if err := rdb.Del(ctx, b.w.ks.root+b.w.kinds[0]).Err(); err != nil {
+		if err := rdb.Del(ctx, b.windows.ks.root+b.windows.kinds[0]).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/headway-go/headway/bucket"
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 )
@@ -84,9 +83,9 @@ func (s *safeBuffer) String() string {
 
 // fallbackOf returns what b reports to the failure policy: its limit, its
 // interval and the live instances it last counted.
-func fallbackOf(t *testing.T, b any) (int64, time.Duration, int64) {
+func fallbackOf(t *testing.T, b throttle.Bucket) (int64, time.Duration, int64) {
 	t.Helper()
-	f, ok := capability.Of[capability.Fallbacker](b)
+	f, ok := throttle.BucketAs[throttle.Fallbacker](b)
 	require.True(t, ok, "the bucket reports its limit and live instances")
 	return f.Fallback()
 }

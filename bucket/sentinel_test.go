@@ -63,7 +63,7 @@ func TestSentinelFailover(t *testing.T) {
 					default:
 					}
 					err := lim.Acquire(context.Background(), maxWait)
-					now := time.Now()
+					now := guarantee.Now()
 					switch {
 					case err == nil:
 						log.mu.Lock()

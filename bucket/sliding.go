@@ -2,9 +2,6 @@ package bucket
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -59,10 +56,8 @@ func NewSlidingLog(rdb redis.UniversalClient, key string, windows []throttle.Tie
 	if err := checkTiers(name, windows); err != nil {
 		return nil, err
 	}
-	var raw [8]byte
-	_, _ = rand.Read(raw[:]) // never fails (crypto/rand panics rather than return an error)
 	c.name = "bucket: SlidingLog"
-	b := &SlidingLog{common: c, capacity: windows[0].Limit, nonce: hex.EncodeToString(raw[:])}
+	b := &SlidingLog{common: c, capacity: windows[0].Limit, nonce: nonce()}
 	for i, w := range windows {
 		if c.cfg.margin < 0 || c.cfg.margin >= w.Period {
 			return nil, errs.Invalid(name, "arrival margin", c.cfg.margin, fmt.Sprintf("must be at least 0 and below windows[%d].Period %v", i, w.Period))
@@ -78,28 +73,11 @@ func NewSlidingLog(rdb redis.UniversalClient, key string, windows []throttle.Tie
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *SlidingLog) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
-	one := func(ctx context.Context) (throttle.Decision, error) { return b.take(ctx, key, n) }
-	if n != 1 {
-		return bounded(ctx, &b.common, key, one)
-	}
-	return b.coalesced(ctx, key, maxWait, one, b.takeUpTo)
-}
-
-func (b *SlidingLog) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
-	if err := b.checkN(n, b.capacity); err != nil {
-		return throttle.Decision{}, err
-	}
-	u, err := b.run(ctx, key, n)
-	return u.granted, err
-}
-
-// takeUpTo logs up to k permits, as many as every window has room for.
-func (b *SlidingLog) takeUpTo(ctx context.Context, key string, k int64, _ time.Duration) (upTo, error) {
-	return b.run(ctx, key, -k)
+	return b.takeBy(ctx, key, n, b.capacity, maxWait, b.run)
 }
 
 // run is one round trip of sliding.lua; n < 0 asks for up to -n permits.
-func (b *SlidingLog) run(ctx context.Context, key string, n int64) (upTo, error) {
+func (b *SlidingLog) run(ctx context.Context, key string, n int64, _ time.Duration) (upTo, error) {
 	tag, err := b.ks.tag(b.name, key)
 	if err != nil {
 		return upTo{}, err
@@ -109,22 +87,8 @@ func (b *SlidingLog) run(ctx context.Context, key string, n int64) (upTo, error)
 	args = append(args, n, b.nonce+strconv.FormatUint(b.seq.Add(1), 36), b.longest)
 	args = append(args, b.args...)
 	r, err := b.eval(ctx, scriptSliding, keys, args...)
-	if err != nil {
+	if err := replyErr(err, len(r) >= 7 || len(r) == 6 && r[0] != 1, "sliding.lua"); err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}
-	if len(r) < 6 || r[0] == 1 && len(r) < 7 {
-		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from sliding.lua"))
-	}
-	d := throttle.Decision{Granted: r[0] == 1, Remaining: r[2], Reset: us(r[3]), Limit: r[4]}
-	if !d.Granted {
-		d.Delay = us(r[1])
-	}
-	if d.Limit == 0 {
-		d.Limit = b.capacity
-	}
-	if !d.Granted {
-		return upTo{granted: d, rest: d}, nil
-	}
-	rest := throttle.Decision{Delay: us(r[6]), Limit: d.Limit, Remaining: 0, Reset: d.Reset}
-	return upTo{granted: d, got: r[5], rest: rest}, nil
+	return windowsReply(r, b.capacity), nil
 }

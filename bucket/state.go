@@ -141,21 +141,24 @@ func (s snapshot) int(i int) (int64, bool) {
 	return v, err == nil
 }
 
-// paused is the pause left according to key i (the pause key).
-func (s snapshot) paused(i int) time.Duration {
-	if s.pttl[i] > 0 {
-		return ms(s.pttl[i])
+// state reads key's budget (its key of kind, that key's live limit, its
+// pause) and the live instances, and fills the fields every bucket's State
+// shares; def is the constructor's limit per interval.
+func (c *common) state(ctx context.Context, key, kind string, def int64, interval time.Duration) (State, snapshot, error) {
+	tag, err := c.ks.tag(c.name+".State", key)
+	if err != nil {
+		return State{}, snapshot{}, err
 	}
-	return 0
-}
-
-// base fills the fields every bucket shares.
-func (s snapshot) base(def int64, interval time.Duration, limitIdx, pauseIdx int) State {
-	st := State{Limit: def, Default: def, Interval: interval, Paused: s.paused(pauseIdx)}
-	if v, ok := s.int(limitIdx); ok && v > 0 {
+	s, err := c.snapshot(ctx, []string{tag + kind, tag + kind + ":limit", tag + ":pause"})
+	if err != nil {
+		return State{}, snapshot{}, err
+	}
+	st := State{Limit: def, Default: def, Interval: interval, Paused: ms(max(s.pttl[2], 0))}
+	if v, ok := s.int(1); ok && v > 0 {
 		st.Limit, st.Live = v, true
 	}
-	return st
+	st.Instances, err = c.instances(ctx, s.now)
+	return st, s, err
 }
 
 // State reads key's budget ("" for the constructor's key): the limit
@@ -165,17 +168,8 @@ func (s snapshot) base(def int64, interval time.Duration, limitIdx, pauseIdx int
 // the live instances. It takes two round trips (the budget's keys, then
 // the instances) and changes nothing.
 func (b *TokenBucket) State(ctx context.Context, key string) (State, error) {
-	tag, err := b.ks.tag(b.name+".State", key)
+	st, s, err := b.state(ctx, key, ":tb", b.limit, us(b.intervalUs))
 	if err != nil {
-		return State{}, err
-	}
-	keys := tbKeys(tag)
-	s, err := b.snapshot(ctx, keys)
-	if err != nil {
-		return State{}, err
-	}
-	st := s.base(b.limit, us(b.intervalUs), 2, 1)
-	if st.Instances, err = b.instances(ctx, s.now); err != nil {
 		return State{}, err
 	}
 	st.Current = st.Limit
@@ -211,18 +205,9 @@ func (b *TokenBucket) State(ctx context.Context, key string) (State, error) {
 // it, the time until it ends, the pause left and the live instances. It
 // takes two round trips and changes nothing.
 func (b *FixedWindow) State(ctx context.Context, key string) (State, error) {
-	tag, err := b.w.ks.tag(b.w.name+".State", key)
+	t := b.windows.tiers[0]
+	st, s, err := b.windows.state(ctx, key, b.windows.kinds[0], t.Limit, us(ceilUs(t.Period)))
 	if err != nil {
-		return State{}, err
-	}
-	k := tag + b.w.kinds[0]
-	s, err := b.w.snapshot(ctx, []string{k, k + ":limit", tag + ":pause"})
-	if err != nil {
-		return State{}, err
-	}
-	t := b.w.tiers[0]
-	st := s.base(t.Limit, us(ceilUs(t.Period)), 1, 2)
-	if st.Instances, err = b.w.instances(ctx, s.now); err != nil {
 		return State{}, err
 	}
 	length := ceilUs(t.Period)
@@ -231,7 +216,7 @@ func (b *FixedWindow) State(ctx context.Context, key string) (State, error) {
 	if h := s.hash[0]; h != nil && h["w"] == strconv.FormatInt(ws, 10) {
 		st.Running = true
 		st.Used, _ = strconv.ParseInt(h["c"], 10, 64)
-		st.Current = b.w.tiers[0].Limit // a window started before live limits existed
+		st.Current = b.windows.tiers[0].Limit // a window started before live limits existed
 		if l, err := strconv.ParseInt(h["l"], 10, 64); err == nil && l > 0 {
 			st.Current = l
 		}
@@ -246,16 +231,8 @@ func (b *FixedWindow) State(ctx context.Context, key string) (State, error) {
 // again, the pause left and the live instances. It takes two round trips
 // and changes nothing.
 func (b *GCRA) State(ctx context.Context, key string) (State, error) {
-	tag, err := b.ks.tag(b.name+".State", key)
+	st, s, err := b.state(ctx, key, ":gcra", b.limit, us(b.ivUs))
 	if err != nil {
-		return State{}, err
-	}
-	s, err := b.snapshot(ctx, []string{tag + ":gcra", tag + ":gcra:limit", tag + ":pause"})
-	if err != nil {
-		return State{}, err
-	}
-	st := s.base(b.limit, us(b.ivUs), 1, 2)
-	if st.Instances, err = b.instances(ctx, s.now); err != nil {
 		return State{}, err
 	}
 	st.Current = st.Limit

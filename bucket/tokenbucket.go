@@ -2,7 +2,6 @@ package bucket
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -231,20 +230,7 @@ func tbKeys(tag string) []string {
 // is beyond maxWait. Concurrent takes of one permit for the same key are
 // coalesced into one round trip (see the package doc).
 func (b *TokenBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
-	if n != 1 {
-		return bounded(ctx, &b.common, key, func(ctx context.Context) (throttle.Decision, error) {
-			if err := b.checkN(n, b.limit); err != nil {
-				return throttle.Decision{}, err
-			}
-			u, err := b.run(ctx, key, n, maxWait)
-			return u.granted, err
-		})
-	}
-	one := func(ctx context.Context) (throttle.Decision, error) {
-		u, err := b.run(ctx, key, 1, maxWait)
-		return u.granted, err
-	}
-	return b.coalesced(ctx, key, maxWait, one, b.takeUpTo)
+	return b.takeBy(ctx, key, n, b.limit, maxWait, b.run)
 }
 
 // keys returns the keys of key's budget.
@@ -257,11 +243,6 @@ func (b *TokenBucket) keys(key string) ([]string, error) {
 		return nil, err
 	}
 	return tbKeys(tag), nil
-}
-
-// takeUpTo places up to k permits, one place each, within maxWait.
-func (b *TokenBucket) takeUpTo(ctx context.Context, key string, k int64, maxWait time.Duration) (upTo, error) {
-	return b.run(ctx, key, -k, maxWait)
 }
 
 // run is one round trip of tb_take.lua; n < 0 asks for up to -n permits.
@@ -287,11 +268,8 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	took := time.Since(sent)
 	b.noteRTT(took)
 	margin := max(us(b.marginUs+extra)-took, 1)
-	if err != nil {
+	if err := replyErr(err, len(r) >= 7, "tb_take.lua"); err != nil {
 		return upTo{}, backend("take", keys[0], err)
-	}
-	if len(r) < 7 {
-		return upTo{}, backend("take", keys[0], errors.New("unexpected reply from tb_take.lua"))
 	}
 	status, limit, remaining, reset, now := r[0], liveOr(r, 1, b.limit), r[2], us(r[3]), r[4]
 	next, born, places, ends := us(r[5]), r[6], r[7:], []int64(nil)

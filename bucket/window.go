@@ -2,7 +2,6 @@ package bucket
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -69,31 +68,8 @@ func checkTiers(name string, tiers []throttle.Tier) error {
 	return nil
 }
 
-// takeN takes n permits, all or nothing, or (n == 1) through the
-// coalescer.
-func (w *windows) takeN(ctx context.Context, key string, n int64) (throttle.Decision, error) {
-	one := func(ctx context.Context) (throttle.Decision, error) { return w.take(ctx, key, n) }
-	if n != 1 {
-		return bounded(ctx, &w.common, key, one)
-	}
-	return w.coalesced(ctx, key, 0, one, w.takeUpTo)
-}
-
-func (w *windows) take(ctx context.Context, key string, n int64) (throttle.Decision, error) {
-	if err := w.checkN(n, w.capacity); err != nil {
-		return throttle.Decision{}, err
-	}
-	u, err := w.run(ctx, key, n)
-	return u.granted, err
-}
-
-// takeUpTo takes up to k permits, as many as every tier has room for.
-func (w *windows) takeUpTo(ctx context.Context, key string, k int64, _ time.Duration) (upTo, error) {
-	return w.run(ctx, key, -k)
-}
-
 // run is one round trip of window.lua; n < 0 asks for up to -n permits.
-func (w *windows) run(ctx context.Context, key string, n int64) (upTo, error) {
+func (w *windows) run(ctx context.Context, key string, n int64, _ time.Duration) (upTo, error) {
 	tag, err := w.ks.tag(w.name, key)
 	if err != nil {
 		return upTo{}, err
@@ -112,27 +88,29 @@ func (w *windows) run(ctx context.Context, key string, n int64) (upTo, error) {
 	args = append(args, n)
 	args = append(args, w.args...)
 	r, err := w.eval(ctx, scriptWindow, keys, args...)
-	if err != nil {
+	if err := replyErr(err, len(r) >= 7 || len(r) == 6 && r[0] != 1, "window.lua"); err != nil {
 		return upTo{}, backend("take", keys[1], err)
-	}
-	if len(r) < 6 || r[0] == 1 && len(r) < 7 {
-		return upTo{}, backend("take", keys[1], errors.New("unexpected reply from window.lua"))
 	}
 	if r[0] == 2 {
 		return upTo{}, exceeds(w.name, n, r[4])
 	}
+	return windowsReply(r, w.capacity), nil
+}
+
+// windowsReply reads a reply of window.lua or sliding.lua, which answer
+// alike: {granted, delay, remaining, reset, limit, got, next}, times in µs,
+// limit 0 in a pause (capacity, the tightest limit, is reported then).
+func windowsReply(r []int64, capacity int64) upTo {
 	d := throttle.Decision{Granted: r[0] == 1, Remaining: r[2], Reset: us(r[3]), Limit: r[4]}
+	if d.Limit == 0 {
+		d.Limit = capacity
+	}
 	if !d.Granted {
 		d.Delay = us(r[1])
-	}
-	if d.Limit == 0 { // paused: report the tightest tier
-		d.Limit = w.capacity
-	}
-	if !d.Granted {
-		return upTo{granted: d, rest: d}, nil
+		return upTo{granted: d, rest: d}
 	}
 	rest := throttle.Decision{Delay: us(r[6]), Limit: d.Limit, Remaining: 0, Reset: d.Reset}
-	return upTo{granted: d, got: r[5], rest: rest}, nil
+	return upTo{granted: d, got: r[5], rest: rest}
 }
 
 // FixedWindow counts permits in fixed windows aligned to the Redis server's
@@ -157,7 +135,7 @@ func (w *windows) run(ctx context.Context, key string, n int64) (upTo, error) {
 // Round trips per grant: 1. A Limiter can pause it for the whole fleet.
 // It is safe for concurrent use.
 type FixedWindow struct {
-	w windows
+	windows
 }
 
 // NewFixedWindow returns a fixed-window bucket of limit permits per aligned
@@ -177,18 +155,13 @@ func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval
 	}
 	w.name = "bucket: FixedWindow"
 	w.live = true
-	return &FixedWindow{w: w}, nil
+	return &FixedWindow{windows: w}, nil
 }
 
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *FixedWindow) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	return b.w.takeN(ctx, key, n)
-}
-
-// pause is [common.pause].
-func (b *FixedWindow) pause(ctx context.Context, key string, d time.Duration) error {
-	return b.w.pause(ctx, key, d)
+	return b.takeBy(ctx, key, n, b.capacity, 0, b.run)
 }
 
 // Tiers is several fixed-window limits on one key that must all pass, such
@@ -207,7 +180,7 @@ func (b *FixedWindow) pause(ctx context.Context, key string, d time.Duration) er
 // A Limiter can pause Tiers for the whole fleet. It is safe for concurrent
 // use.
 type Tiers struct {
-	w windows
+	windows
 }
 
 // NewTiers returns a bucket that grants a permit only when every tier has
@@ -220,16 +193,11 @@ func NewTiers(rdb redis.UniversalClient, key string, tiers []throttle.Tier, opts
 		return nil, err
 	}
 	w.name = "bucket: Tiers"
-	return &Tiers{w: w}, nil
+	return &Tiers{windows: w}, nil
 }
 
 // Take implements [throttle.Bucket]. It never reserves: maxWait is
 // ignored.
 func (b *Tiers) Take(ctx context.Context, key string, n int64, _ time.Duration) (throttle.Decision, error) {
-	return b.w.takeN(ctx, key, n)
-}
-
-// pause is [common.pause].
-func (b *Tiers) pause(ctx context.Context, key string, d time.Duration) error {
-	return b.w.pause(ctx, key, d)
+	return b.takeBy(ctx, key, n, b.capacity, 0, b.run)
 }

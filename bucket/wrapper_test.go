@@ -94,10 +94,8 @@ func (e *embeddingWrapper) Take(ctx context.Context, key string, n int64, maxWai
 
 // TestWrapperEmbeddingABucketKeepsItsCapabilities: a wrapper that embeds
 // a bucket of this package keeps what the bucket offers the Limiter (its
-// methods were promoted through the embedding before they moved behind
-// the registry, which looked at the concrete type only): a provider's
-// retry hint pauses the fleet in Redis, and the adaptive rate is kept
-// there.
+// methods are promoted through the embedding): a provider's retry hint
+// pauses the fleet in Redis, and the adaptive rate is kept there.
 func TestWrapperEmbeddingABucketKeepsItsCapabilities(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
@@ -126,4 +124,11 @@ func TestWrapperEmbeddingABucketKeepsItsCapabilities(t *testing.T) {
 	if w.calls.Load() == 0 {
 		t.Error("the wrapper saw no call")
 	}
+}
+
+// adaptive reads key's adaptive state in one round trip; the zero state
+// means the budget is not adapting.
+func (c *common) adaptive(ctx context.Context, key string) (throttle.AdaptiveState, error) {
+	s, _, err := c.SwapAdaptive(ctx, key, throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Millisecond)
+	return s, err
 }

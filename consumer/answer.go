@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 
-	"github.com/headway-go/headway/internal/capability"
-	"github.com/headway-go/headway/throttle"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/headway-go/headway/throttle"
 )
 
 // reportAnswer passes the provider's answer that a handler's error
@@ -23,7 +23,7 @@ func (c *Consumer) reportAnswer(ctx context.Context, rec *kgo.Record, err error)
 	}
 	a := ae.Answer
 	k, err := c.limiterOf(rec)
-	if err != nil || capability.KeyedLimiter(k).None() {
+	if err != nil || k.Limiter() == nil {
 		return
 	}
 	if rerr := k.Report(ctx, a); rerr != nil {

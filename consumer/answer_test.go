@@ -11,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/headway-go/headway/consumer"
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/kafkaenv"
 	"github.com/headway-go/headway/throttle"
 )
@@ -40,7 +39,7 @@ func TestHandlerAnswerAdaptsTheLimiter(t *testing.T) {
 	h.waitFull(t, 10*time.Second)
 	require.NoError(t, r.stop(t))
 
-	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(context.Background())
+	s, err := lim.Key("").AdaptiveState(context.Background())
 	require.NoError(t, err)
 	assert.InDelta(t, 90, s.Rate, 1e-9, "the refusal the handler carried lowered the rate")
 	assert.EqualValues(t, 1, c.Stats().Retried)

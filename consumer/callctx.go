@@ -17,16 +17,72 @@ type callCtx struct {
 	deadline time.Time
 	p        *partition
 
-	mu     sync.Mutex
-	done   chan struct{} // made by the first Done
-	timer  *time.Timer   // started by the first Done or AfterFunc
-	err    error
-	afters []*afterCall // to run once done, each in its own goroutine
+	lazyDone
+	timer *time.Timer // started by the first Done or AfterFunc
 
 	stop callStop // the call's permit-wait stop (call sets it up)
 }
 
+// lazyDone is the end both call contexts share: its done channel is
+// made by the first Done, and the watch that ends it (arm) starts only
+// once something waits (Done or AfterFunc).
+type lazyDone struct {
+	mu     sync.Mutex
+	done   chan struct{} // made by the first Done
+	err    error
+	afters []*afterCall // to run once ended, each in its own goroutine
+}
+
 type afterCall struct{ f func() }
+
+// doneLocked is Done; l.mu is held.
+func (l *lazyDone) doneLocked(arm func()) <-chan struct{} {
+	if l.done == nil {
+		l.done = make(chan struct{})
+		if l.err != nil {
+			close(l.done)
+		} else {
+			arm()
+		}
+	}
+	return l.done
+}
+
+// afterFuncLocked is AfterFunc: f runs in its own goroutine once l has
+// ended, and stop unregisters f and reports whether it did so before f
+// was started; l.mu is held.
+func (l *lazyDone) afterFuncLocked(f, arm func()) (stop func() bool) {
+	if l.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	a := &afterCall{f}
+	l.afters = append(l.afters, a)
+	arm()
+	return func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for i, b := range l.afters {
+			if b == a {
+				l.afters = append(l.afters[:i], l.afters[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// endWithLocked ends l, not yet ended, with err; l.mu is held.
+func (l *lazyDone) endWithLocked(err error) {
+	l.err = err
+	if l.done != nil {
+		close(l.done)
+	}
+	for _, a := range l.afters {
+		go a.f()
+	}
+	l.afters = nil
+}
 
 func newCallCtx(parent context.Context, p *partition, now time.Time, timeout time.Duration) *callCtx {
 	return &callCtx{parent: parent, p: p, deadline: now.Add(timeout)}
@@ -42,15 +98,7 @@ func (c *callCtx) Value(key any) any { return c.parent.Value(key) }
 func (c *callCtx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done == nil {
-		c.done = make(chan struct{})
-		if c.err != nil {
-			close(c.done)
-		} else {
-			c.watchLocked()
-		}
-	}
-	return c.done
+	return c.doneLocked(c.watchLocked)
 }
 
 // Err implements context.Context.
@@ -70,24 +118,7 @@ func (c *callCtx) Err() error {
 func (c *callCtx) AfterFunc(f func()) (stop func() bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err != nil {
-		go f()
-		return func() bool { return false }
-	}
-	a := &afterCall{f}
-	c.afters = append(c.afters, a)
-	c.watchLocked()
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for i, b := range c.afters {
-			if b == a {
-				c.afters = append(c.afters[:i], c.afters[i+1:]...)
-				return true
-			}
-		}
-		return false
-	}
+	return c.afterFuncLocked(f, c.watchLocked)
 }
 
 // String names the context, as the standard library's do.
@@ -118,17 +149,10 @@ func (c *callCtx) cancelLocked(err error) {
 	if c.err != nil {
 		return
 	}
-	c.err = err
-	if c.done != nil {
-		close(c.done)
-	}
 	if c.timer != nil {
 		c.timer.Stop()
 	}
-	for _, a := range c.afters {
-		go a.f()
-	}
-	c.afters = nil
+	c.endWithLocked(err)
 }
 
 // callStop ends the permit waits of one handler call
@@ -141,11 +165,8 @@ func (c *callCtx) cancelLocked(err error) {
 type callStop struct {
 	soft context.Context
 
-	mu       sync.Mutex
-	done     chan struct{} // made by the first Done
-	err      error         // context.Canceled once ended
-	cause    error         // soft's cause
-	afters   []*afterCall
+	lazyDone             // err: context.Canceled once ended
+	cause    error       // soft's cause
 	unhook   func() bool // the registration on soft, once armed
 	disarmed bool
 }
@@ -160,15 +181,7 @@ func (s *callStop) Value(any) any { return nil }
 func (s *callStop) Done() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.done == nil {
-		s.done = make(chan struct{})
-		if s.err != nil {
-			close(s.done)
-		} else {
-			s.armLocked()
-		}
-	}
-	return s.done
+	return s.doneLocked(s.armLocked)
 }
 
 // Err implements context.Context.
@@ -194,24 +207,7 @@ func (s *callStop) Cause() error {
 func (s *callStop) AfterFunc(f func()) (stop func() bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.err != nil {
-		go f()
-		return func() bool { return false }
-	}
-	a := &afterCall{f}
-	s.afters = append(s.afters, a)
-	s.armLocked()
-	return func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for i, b := range s.afters {
-			if b == a {
-				s.afters = append(s.afters[:i], s.afters[i+1:]...)
-				return true
-			}
-		}
-		return false
-	}
+	return s.afterFuncLocked(f, s.armLocked)
 }
 
 // String names the context, as the standard library's do.
@@ -235,14 +231,8 @@ func (s *callStop) endLocked() {
 	if s.err != nil {
 		return
 	}
-	s.err, s.cause = context.Canceled, context.Cause(s.soft)
-	if s.done != nil {
-		close(s.done)
-	}
-	for _, a := range s.afters {
-		go a.f()
-	}
-	s.afters = nil
+	s.cause = context.Cause(s.soft)
+	s.endWithLocked(context.Canceled)
 }
 
 // disarm ends s's watch on soft: the call has returned.

@@ -175,20 +175,12 @@ func New(h Handler, lim *throttle.Limiter, opts ...Option) (*Consumer, error) {
 	if err := c.checkKafka(); err != nil {
 		return nil, err
 	}
-	if err := c.readUserCallbacks(); err != nil {
-		return nil, err
-	}
 	return c, nil
 }
 
-// readUserCallbacks keeps the callbacks of WithKafka that the consumer
-// replaces with its own, which call them.
-func (c *Consumer) readUserCallbacks() error {
-	cl, err := inertClient(append([]kgo.Opt{kgo.SeedBrokers(noSeeds)}, c.cfg.kafka...))
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
+// readUserCallbacks keeps the callbacks of WithKafka, read from cl, that
+// the consumer replaces with its own, which call them.
+func (c *Consumer) readUserCallbacks(cl *kgo.Client) {
 	v := cl.OptValue(kgo.OnOffsetsFetched)
 	fn, ok := asFunc[onFetchedFn](v)
 	if !ok {
@@ -197,7 +189,6 @@ func (c *Consumer) readUserCallbacks() error {
 		c.log.Warn("consumer: cannot read kgo.OnOffsetsFetched back from this franz-go release; the callback given in WithKafka will not be called (please report it)", "form", fmt.Sprintf("%T", v))
 	}
 	c.userOnFetched = fn
-	return nil
 }
 
 // clientOpts returns the options of the Kafka client Run builds: the
@@ -234,7 +225,7 @@ var errInert = errors.New("consumer: checking options, not connecting")
 // checkKafka builds clients from the options, without letting them
 // connect, and refuses what the consumer cannot work with: first the
 // user's options alone, for what they must name, then with the consumer's
-// own, for conflicts.
+// own, for conflicts; then it keeps the user's callbacks it replaces.
 func (c *Consumer) checkKafka() error {
 	cl, err := inertClient(append([]kgo.Opt{kgo.SeedBrokers(noSeeds)}, c.cfg.kafka...))
 	if err != nil {
@@ -292,6 +283,7 @@ func (c *Consumer) checkKafka() error {
 		return err
 	}
 	full.Close()
+	c.readUserCallbacks(cl)
 	return nil
 }
 
@@ -337,9 +329,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	runCtx, stop := c.prepare(ctx)
 	defer stop(nil)
-	if c.fair != nil {
-		c.fair.start(c.base)
-	}
 
 	if c.cfg.deadLetter != "" || c.cfg.shaping != "" {
 		prod, err := c.newProducer()
@@ -353,6 +342,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.prod.close()
 		return fmt.Errorf("consumer: building the Kafka client from WithKafka: %w", err)
 	}
+	if c.fair != nil {
+		// Started once nothing above can return early: shutdown stops it.
+		c.fair.start(c.base)
+	}
 	if err := c.check(cl); err != nil {
 		c.fail(err) // ends runCtx: straight to the shutdown below
 	} else {
@@ -360,25 +353,25 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	var helpers sync.WaitGroup
-	helpers.Add(2)
-	go func() {
-		defer helpers.Done()
-		c.watchIdle(runCtx, cl)
-	}()
-	go func() {
-		defer helpers.Done()
-		c.markLoop(runCtx)
-	}()
+	helpers.Go(func() { c.watchIdle(runCtx, cl) })
+	helpers.Go(func() { c.markLoop(runCtx) })
 	defer func() {
 		stop(nil)
 		helpers.Wait()
 	}()
 
-	for runCtx.Err() == nil {
-		fetches := cl.PollRecords(runCtx, c.cfg.pollSize)
+	c.poll(runCtx, cl)
+	return c.shutdown(cl)
+}
+
+// poll fetches records and hands them to their partitions until ctx ends
+// or the client is closed.
+func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
+	for ctx.Err() == nil {
+		fetches := cl.PollRecords(ctx, c.cfg.pollSize)
 		if fetches.IsClientClosed() {
 			cl.AllowRebalance()
-			break
+			return
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
@@ -393,7 +386,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.dispatch(cl, fetches)
 		cl.AllowRebalance()
 	}
+}
 
+// shutdown stops every partition, commits what they handled, leaves the
+// group and waits for the goroutines Run started (but its helpers), and
+// returns Run's error: the failure that stopped the consumer, if any,
+// else the final commit's.
+func (c *Consumer) shutdown(cl *kgo.Client) error {
 	c.mu.Lock()
 	c.closing = true
 	c.mu.Unlock()
@@ -407,7 +406,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.sched.stop()
 	c.log.Info("consumer: stopped", "handled", c.handled.Load(), "dead_lettered", c.deadLettered.Load())
-
 	if errp := c.failure.Load(); errp != nil {
 		return *errp
 	}
@@ -596,7 +594,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	var maps map[topicPartition]offsetMap
 	if len(revoked) > 0 {
 		c.log.Info("consumer: partitions revoked", "partitions", revoked)
-		ps := c.take(revoked)
+		ps := c.toStopping(revoked)
 		c.stopPartitions(ps)
 		maps = mapsOf(ps)
 		cl.ResumeFetchPartitions(revoked)
@@ -611,16 +609,16 @@ func (c *Consumer) lost(_ context.Context, cl *kgo.Client, lost map[string][]int
 		return
 	}
 	c.log.Warn("consumer: partitions lost", "partitions", lost)
-	c.stopPartitions(c.take(lost))
+	c.stopPartitions(c.toStopping(lost))
 	cl.ResumeFetchPartitions(lost)
 }
 
-// take moves the partitions named from the running set to the stopping
-// set and returns them, with those of them still stopping and not fenced:
-// an earlier revocation's, or the shutdown's when a rebalance arrives
-// while Run shuts down. A fenced ownership can mark nothing more, so it
-// need not be waited for again; the next ownership waits for it.
-func (c *Consumer) take(tps map[string][]int32) []*partition {
+// toStopping moves the partitions named from the running set to the stopping
+// set and returns them, with those of them still stopping and not fenced: an
+// earlier revocation's, or the shutdown's when a rebalance arrives while Run
+// shuts down. A fenced ownership can mark nothing more, so it need not be
+// waited for again; the next ownership waits for it.
+func (c *Consumer) toStopping(tps map[string][]int32) []*partition {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var ps []*partition

@@ -39,9 +39,9 @@ func (x *fairFixture) add(tenant string, n int, urgent bool) {
 	x.f.mu.Lock()
 	defer x.f.mu.Unlock()
 	for range n {
-		s := &slot{rec: kgo.Record{Key: []byte(tenant), Offset: x.n}, tenant: tenant, urgent: urgent, classified: true}
+		s := &record{rec: kgo.Record{Key: []byte(tenant), Offset: x.n}, tenant: tenant, urgent: urgent, classified: true}
 		x.n++
-		x.f.add(&cand{p: x.p, s: s, k: x.k})
+		x.f.add(&cand{p: x.p, r: s, tenant: tenant, urgent: urgent, k: x.k})
 	}
 }
 
@@ -50,14 +50,14 @@ func (x *fairFixture) add(tenant string, n int, urgent bool) {
 func (x *fairFixture) grant() string {
 	x.f.mu.Lock()
 	defer x.f.mu.Unlock()
-	cd, _ := x.f.pick(x.k, true, false)
+	cd, _ := x.f.q.pick(x.k, true, false)
 	if cd == nil {
 		return ""
 	}
-	if cd.s.urgent {
-		return cd.s.tenant + "!"
+	if cd.r.urgent {
+		return cd.r.tenant + "!"
 	}
-	return cd.s.tenant
+	return cd.r.tenant
 }
 
 // localLimiter is a Limiter of 1 per second in process.
@@ -179,20 +179,20 @@ func TestFairReservePermitGoesToTheOldestUrgentRecordOutsideItsShare(t *testing.
 	x.add("V", 1, true)
 	assert.Equal(t, "U!", x.grant(), "the first urgent record goes at once")
 	assert.Equal(t, "A", x.grant(), "the urgent share is spent: a shared permit goes to a normal record")
-	lead := x.f.lead
+	lead := x.f.q.lead
 	x.f.mu.Lock()
-	cd, _ := x.f.pick(x.k, true, true)
+	cd, _ := x.f.q.pick(x.k, true, true)
 	x.f.mu.Unlock()
 	require.NotNil(t, cd)
-	assert.Equal(t, "V", cd.s.tenant, "the reserve's permit goes to the urgent record")
-	assert.Equal(t, lead, x.f.lead, "a reserve permit does not count in the urgent share")
+	assert.Equal(t, "V", cd.r.tenant, "the reserve's permit goes to the urgent record")
+	assert.Equal(t, lead, x.f.q.lead, "a reserve permit does not count in the urgent share")
 	x.f.mu.Lock()
-	cd, _ = x.f.pick(x.k, true, true)
+	cd, _ = x.f.q.pick(x.k, true, true)
 	x.f.mu.Unlock()
 	require.NotNil(t, cd)
-	assert.Equal(t, "A", cd.s.tenant, "with no urgent record, a reserve permit goes as a shared one")
+	assert.Equal(t, "A", cd.r.tenant, "with no urgent record, a reserve permit goes as a shared one")
 	x.f.mu.Lock()
-	assert.Zero(t, x.f.untried, "urgent records that left the queue are not waiting for the reserve")
+	assert.Zero(t, x.f.q.untried, "urgent records that left the queue are not waiting for the reserve")
 	x.f.mu.Unlock()
 }
 
@@ -201,19 +201,19 @@ func TestFairDropForgetsAStoppedPartitionsRecords(t *testing.T) {
 	x.add("A", 3, false)
 	other := &partition{c: x.p.c}
 	x.f.mu.Lock()
-	x.f.add(&cand{p: other, s: &slot{tenant: "B", classified: true}, k: x.k})
+	x.f.add(&cand{p: other, r: &record{tenant: "B", classified: true}, tenant: "B", k: x.k})
 	x.f.mu.Unlock()
 	x.f.mu.Lock()
 	require.Equal(t, 4, x.f.demand())
 	x.f.mu.Unlock()
 	x.p.mu.Lock()
-	dropped := x.f.drop(x.p)
+	dropped := x.f.withdraw(x.p)
 	x.p.mu.Unlock()
 	assert.Len(t, dropped, 3)
 	assert.Equal(t, []string{"B", ""}, x.grants(2), "only the other partition's record is left")
 	x.f.mu.Lock()
 	assert.Equal(t, 0, x.f.demand())
-	assert.Zero(t, x.f.active.Len())
+	assert.Zero(t, x.f.q.active.Len())
 	x.f.mu.Unlock()
 }
 
@@ -261,16 +261,16 @@ func TestFairPermitHeldForAWorkerGoesToARecordInWorkThatAsks(t *testing.T) {
 	require.Eventually(t, func() bool {
 		x.f.mu.Lock()
 		defer x.f.mu.Unlock()
-		return x.f.holding == 1
+		return x.f.pump.holding == 1
 	}, 5*time.Second, time.Millisecond, "the permit is held for want of a worker")
 
-	g := x.f.wait(x.p, &slot{tenant: "B", classified: true}, x.k, 2*time.Second)
+	g := x.f.wait(x.p, &record{tenant: "B", classified: true}, x.k, 2*time.Second)
 	require.NoError(t, g.err, "the record in work gets the held permit")
 	<-gave
 	x.f.mu.Lock()
 	defer x.f.mu.Unlock()
-	assert.Zero(t, x.f.holding)
-	assert.Equal(t, 1, x.f.fresh, "the fresh record still waits for a worker")
+	assert.Zero(t, x.f.pump.holding)
+	assert.Equal(t, 1, x.f.q.queued.fresh, "the fresh record still waits for a worker")
 }
 
 func TestFairTurnsHoldAfterVirtualTimeGrowsLarge(t *testing.T) {
@@ -278,7 +278,7 @@ func TestFairTurnsHoldAfterVirtualTimeGrowsLarge(t *testing.T) {
 	// long-running consumer (2^39 permits at weight 1) reaches the end of
 	// int64; the tenants must still take turns past it.
 	x := newFairFixture(t)
-	x.f.vtime = math.MaxInt64 - 3*fairScale
+	x.f.q.vtime = math.MaxInt64 - 3*fairScale
 	x.add("A", 100, false)
 	x.add("B", 100, false)
 	got := map[string]int{}
@@ -295,7 +295,7 @@ func TestFairIdleTenantKeepsItsTurnThroughRebases(t *testing.T) {
 	x.add("B", 1, false)
 	require.Equal(t, "B", x.grant())
 	for range 2 {
-		x.f.vtime = math.MaxInt64 - 3*fairScale
+		x.f.q.vtime = math.MaxInt64 - 3*fairScale
 		x.add("A", 3, false)
 		x.grants(3)
 	}
@@ -349,10 +349,10 @@ func TestFairRecordInWorkGetsAPermitWhileAnotherBudgetsRecordsWaitForAWorker(t *
 	f.mu.Lock()
 	f.taken = 1 // B's record
 	for i := range 3 {
-		f.add(&cand{p: p, s: &slot{rec: kgo.Record{Key: []byte("A"), Offset: int64(i)}, tenant: "A", classified: true}, k: ka})
+		f.add(&cand{p: p, r: &record{rec: kgo.Record{Key: []byte("A"), Offset: int64(i)}, tenant: "A", classified: true}, tenant: "A", k: ka})
 	}
 	f.mu.Unlock()
-	g := f.wait(p, &slot{rec: kgo.Record{Key: []byte("B")}, tenant: "B", classified: true}, kb, 2*time.Second)
+	g := f.wait(p, &record{rec: kgo.Record{Key: []byte("B")}, tenant: "B", classified: true}, kb, 2*time.Second)
 	require.NoError(t, g.err)
 	assert.Equal(t, kb, g.k, "a permit of the record's budget")
 }
@@ -387,10 +387,10 @@ func TestFairPermitOfABudgetWithNoRecordWaitingIsNotHeld(t *testing.T) {
 		}
 		x.f.mu.Lock()
 		defer x.f.mu.Unlock()
-		if x.f.holding > 0 {
+		if x.f.pump.holding > 0 {
 			held = true
 			x.f.quit = true // let it go
-			x.f.freed.Broadcast()
+			x.f.pump.freed.Broadcast()
 		}
 		return false
 	}, 5*time.Second, time.Millisecond)
@@ -405,7 +405,7 @@ func TestFairPermitOfABudgetWithNoRecordWaitingIsNotHeld(t *testing.T) {
 // ask; normal records are asked for as before.
 func TestFairSharedSeekersWaitForTheReservesAnswerForAnUrgentRecord(t *testing.T) {
 	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
-	x.f.depth = fairSeekers
+	x.f.pump.depth = fairSeekers
 	x.add("U", 1, true)
 	x.f.mu.Lock()
 	_, ok := x.f.budget()
@@ -418,12 +418,12 @@ func TestFairSharedSeekersWaitForTheReservesAnswerForAnUrgentRecord(t *testing.T
 	assert.True(t, ok, "a normal record is asked for")
 	assert.Equal(t, x.k, k)
 	x.f.mu.Lock()
-	x.f.seekingFor[x.k]++ // the normal record's request is out
-	x.f.seeking++
+	x.f.pump.seekingFor.add(x.k, 1) // the normal record's request is out
+	x.f.pump.seeking++
 	_, ok = x.f.budget()
 	assert.False(t, ok, "the normal record's request covers what the shared limiter is asked for")
-	cd := x.f.urgent.at(0)
-	x.f.answered(cd) // the reserve refused
+	cd := x.f.q.urgent.at(0)
+	x.f.q.answered(cd) // the reserve refused
 	_, ok = x.f.budget()
 	x.f.mu.Unlock()
 	assert.True(t, ok, "once the reserve refused, the urgent record is asked for")
@@ -441,14 +441,14 @@ func TestFairReserveIsAskedForAFreshUrgentRecordOnlyWhileAWorkerIsFree(t *testin
 	defer x.f.mu.Unlock()
 	x.f.taken = x.f.c.cfg.maxInFlight // every worker busy
 	assert.Nil(t, x.f.reserveNext(), "no worker is free for the fresh urgent record")
-	x.f.add(&cand{p: x.p, s: &slot{rec: kgo.Record{Key: []byte("V")}, tenant: "V", urgent: true, classified: true}, k: x.k, w: &waiter{ch: make(chan grant, 1)}})
+	x.f.add(&cand{p: x.p, r: &record{rec: kgo.Record{Key: []byte("V")}, tenant: "V", urgent: true, classified: true}, tenant: "V", urgent: true, k: x.k, reply: make(chan grant, 1)})
 	cd := x.f.reserveNext()
 	require.NotNil(t, cd, "a waiter needs no worker")
-	assert.Equal(t, "V", cd.s.tenant)
+	assert.Equal(t, "V", cd.r.tenant)
 	x.f.taken--
 	cd = x.f.reserveNext()
 	require.NotNil(t, cd, "a worker is free")
-	assert.Equal(t, "U", cd.s.tenant)
+	assert.Equal(t, "U", cd.r.tenant)
 }
 
 // An urgent record that leaves its queue (its partition stopped) while
@@ -462,17 +462,17 @@ func TestFairUrgentRecordLeavingWhileTheReserveIsAskedLeavesNoCount(t *testing.T
 	next := x.f.reserveNext()
 	require.NotNil(t, next)
 	next.tried = true // as seekReserve does before asking
-	x.f.untried--
+	x.f.q.untried--
 	x.f.mu.Unlock()
-	assert.Len(t, x.f.drop(x.p), 2)
+	assert.Len(t, x.f.withdraw(x.p), 2)
 	x.f.mu.Lock()
 	defer x.f.mu.Unlock()
-	x.f.answered(next) // the answer comes
-	assert.Zero(t, x.f.untried)
-	assert.Zero(t, x.f.pendingFresh)
-	assert.Zero(t, x.f.pendingWaiting)
-	assert.Empty(t, x.f.pendingFor)
-	assert.Empty(t, x.f.needs)
+	x.f.q.answered(next) // the answer comes
+	assert.Zero(t, x.f.q.untried)
+	assert.Zero(t, x.f.q.pending.fresh)
+	assert.Zero(t, x.f.q.pending.inWork)
+	assert.Empty(t, x.f.q.pending.byBudget)
+	assert.Empty(t, x.f.q.queued.byBudget)
 	assert.Nil(t, x.f.reserveNext())
 }
 
@@ -483,12 +483,12 @@ func TestFairReservePermitHeldStartsNoSharedSeekerMore(t *testing.T) {
 	x := newFairFixture(t, Urgent(func(*kgo.Record) bool { return false }, 0.5), UrgentReserve(localLimiter(t)))
 	x.add("A", 1, false)
 	x.f.mu.Lock()
-	x.f.ctx = context.Background()
-	x.f.seekers = x.f.c.cfg.maxInFlight // every seeker there, none idle
-	x.f.holding++                       // the reserve's seeker holds a permit
-	x.f.reserveHolding++
+	x.f.pump.ctx = context.Background()
+	x.f.pump.seekers = x.f.c.cfg.maxInFlight // every seeker there, none idle
+	x.f.pump.holding++                       // the reserve's seeker holds a permit
+	x.f.pump.reserveHolding++
 	x.f.kick()
-	seekers := x.f.seekers
+	seekers := x.f.pump.seekers
 	x.f.quit = true // a seeker started would end at once
 	x.f.mu.Unlock()
 	x.f.stop()

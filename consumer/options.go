@@ -7,8 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/errs"
+	"github.com/headway-go/headway/internal/nilcheck"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -23,16 +23,29 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
+// checked is an option that applies set when ok, and otherwise records
+// name's value as the first bad option: it must be want.
+func checked(name string, value any, ok bool, want string, set func(*config)) Option {
+	return optionFunc(func(c *config) {
+		if !ok {
+			c.invalid(name, value, want)
+			return
+		}
+		set(c)
+	})
+}
+
 // TimeoutPolicy says what happens to a record that gets no permit within
 // the wait set by [WithPermitWait].
 type TimeoutPolicy int
 
 const (
-	// TimeoutRetry keeps the record: it backs off (the delays of
-	// [WithRetry], growing with each timeout in a row, but at most 5 s)
-	// and asks for a permit again, for as long as it takes, holding its key (see
-	// [WithOrdering]) and its in-flight slot. The record's handler attempts
-	// are not used up. Each timeout is counted in Stats.PermitTimeouts.
+	// TimeoutRetry keeps the record: it backs off (the delays of [WithRetry],
+	// growing with each timeout in a row, but at most 5 s) and asks for a
+	// permit again, for as long as it takes, holding its key (see
+	// [WithOrdering]) and its worker ([WithMaxInFlight]). The record's handler
+	// attempts are not used up. Each timeout is counted in
+	// Stats.PermitTimeouts.
 	//
 	// A handler error matching [throttle.ErrTimeout] is such a timeout
 	// too: the handler's own client (a Transport, AcquireCost) had no
@@ -70,9 +83,7 @@ type config struct {
 	shapingBound time.Duration
 	// handlerTimeout: 10 s.
 	handlerTimeout time.Duration
-	// ordering: ByKey. maxInFlight: 128 records per consumer instance
-	// between taking a slot and finishing (permit waits, handler calls,
-	// retry delays).
+	// ordering: ByKey. maxInFlight: 128 workers per consumer instance.
 	ordering    Ordering
 	maxInFlight int
 	// slots: nil, meaning no cap on handler calls in flight per key.
@@ -192,7 +203,7 @@ func WithKafka(opts ...kgo.Opt) Option {
 //
 // (a record without a key then draws from the limiter's own budget). The
 // budgets are separate, but a tenant whose budget is spent holds its
-// partition while its records wait, and the instance's in-flight slots
+// partition while its records wait, and the instance's workers
 // ([WithMaxInFlight]) while they wait for permits: add [WithShaping] so
 // that one hot tenant cannot starve the others. fn is called once per
 // attempt, from the record's worker, concurrently with other records',
@@ -206,8 +217,15 @@ func WithLimiterFor(fn func(*kgo.Record) throttle.Keyed) Option {
 // what happens when none comes in time (see [TimeoutPolicy]). Default:
 // [throttle.Forever]: a record waits until a permit comes, its partition
 // is revoked, the consumer shuts down, or [WithShaping] parks it. A
-// waiting record holds one of the [WithMaxInFlight] slots. d must not be
-// negative; 0 asks for a permit only if one is free at once.
+// waiting record holds one of the [WithMaxInFlight] workers. d must not be
+// negative; 0 asks for a permit only if one is free at once. d bounds each
+// ask: a concurrency slot ([WithConcurrency]) and the permit share it,
+// and an ask after a timeout (TimeoutRetry) or a permit dropped unused
+// has d again. Under [WithFairness] a record waits in its tenant's queue
+// without a bound of its own: d bounds the scheduler's permit requests,
+// and a request that times out is the permit timeout of the record whose
+// turn it was (see WithFairness); [WithShaping] bounds a record's wait
+// in every case.
 func WithPermitWait(d time.Duration, onTimeout TimeoutPolicy) Option {
 	return optionFunc(func(c *config) {
 		if d < 0 {
@@ -269,17 +287,12 @@ func WithRetry(attempts int, base, max time.Duration) Option {
 // producer built from the options of [WithKafka] without the consumer and
 // group ones. A write waits for the broker's acknowledgement for as long
 // as kgo keeps trying (kgo.RecordDeliveryTimeout and kgo.RecordRetries; by
-// default without end), holding its record's key and in-flight slot; a
+// default without end), holding its record's key and worker; a
 // revocation waits for it like for a handler call, up to the handler
 // timeout.
 func WithDeadLetter(topic string) Option {
-	return optionFunc(func(c *config) {
-		if topic == "" {
-			c.invalid("WithDeadLetter", `""`, "must name a topic")
-			return
-		}
-		c.deadLetter = topic
-	})
+	return checked("WithDeadLetter", `""`, topic != "", "must name a topic",
+		func(c *config) { c.deadLetter = topic })
 }
 
 // WithShaping parks the records of a key that holds its partition longer
@@ -338,13 +351,8 @@ func WithShaping(topic string, bound time.Duration) Option {
 // are not bounded by d: each gets the larger of d and 10 s, at most the
 // rebalance timeout less d.
 func WithHandlerTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if d <= 0 {
-			c.invalid("WithHandlerTimeout", d, "must be positive")
-			return
-		}
-		c.handlerTimeout = d
-	})
+	return checked("WithHandlerTimeout", d, d > 0, "must be positive",
+		func(c *config) { c.handlerTimeout = d })
 }
 
 // WithQueueSize sets how many records a partition may hold before its
@@ -360,13 +368,8 @@ func WithHandlerTimeout(d time.Duration) Option {
 // ([Stats] Restored). Default: 4096. n must be at least 1. See the
 // package documentation for the bounds this gives.
 func WithQueueSize(n int) Option {
-	return optionFunc(func(c *config) {
-		if n < 1 {
-			c.invalid("WithQueueSize", n, "must be at least 1")
-			return
-		}
-		c.queueSize = n
-	})
+	return checked("WithQueueSize", n, n >= 1, "must be at least 1",
+		func(c *config) { c.queueSize = n })
 }
 
 // WithQueueBytes sets how many bytes a partition may hold before its
@@ -380,13 +383,8 @@ func WithQueueSize(n int) Option {
 // lowers kgo.FetchMaxPartitionBytes (1 MiB by default) to a quarter of n
 // when that is less, so that one fetch overfills a partition by little.
 func WithQueueBytes(n int64) Option {
-	return optionFunc(func(c *config) {
-		if n < 1<<10 {
-			c.invalid("WithQueueBytes", n, "must be at least 1024")
-			return
-		}
-		c.queueBytes = n
-	})
+	return checked("WithQueueBytes", n, n >= 1<<10, "must be at least 1024",
+		func(c *config) { c.queueBytes = n })
 }
 
 // WithPollSize sets the most records taken from the Kafka client at once
@@ -397,13 +395,8 @@ func WithQueueBytes(n int64) Option {
 // resume). n must be at least 1. See the package documentation for the
 // bounds this gives.
 func WithPollSize(n int) Option {
-	return optionFunc(func(c *config) {
-		if n < 1 {
-			c.invalid("WithPollSize", n, "must be at least 1")
-			return
-		}
-		c.pollSize = n
-	})
+	return checked("WithPollSize", n, n >= 1, "must be at least 1",
+		func(c *config) { c.pollSize = n })
 }
 
 // WithLogger sets the logger. Default: slog.Default(). The consumer logs
@@ -457,37 +450,27 @@ func (o Ordering) String() string {
 // to the first record of each partition not yet finished (see the package
 // documentation).
 func WithOrdering(o Ordering) Option {
-	return optionFunc(func(c *config) {
-		if o != ByKey && o != ByPartition && o != Unordered {
-			c.invalid("WithOrdering", int(o), "must be ByKey, ByPartition or Unordered")
-			return
-		}
-		c.ordering = o
-	})
+	return checked("WithOrdering", int(o), o == ByKey || o == ByPartition || o == Unordered, "must be ByKey, ByPartition or Unordered",
+		func(c *config) { c.ordering = o })
 }
 
 // WithMaxInFlight bounds the records one consumer instance works on at
-// once, over all its partitions: a record takes one of n slots (worker
-// goroutines, started as needed) before it waits for its permit and keeps
+// once, over all its partitions: a record takes one of n workers
+// (goroutines, started as needed) before it waits for its permit and keeps
 // it through its handler calls, retry delays and writes to Kafka
 // (dead-lettering, parking). Partitions with records ready take turns for
-// the slots. Default: 128. n must be at least 1.
+// the workers. Default: 128. n must be at least 1.
 //
 // To reach a limit of R calls per second with handlers that take L, the
-// fleet needs about R·L slots in all (500/s at 100 ms: 50), more when
+// fleet needs about R·L workers in all (500/s at 100 ms: 50), more when
 // permits come in bursts (a token bucket at an idle key grants its whole
 // limit at once); the default
 // leaves room for a few hundred calls per second per instance at 100 ms
 // to 500 ms of latency. A partition's records in flight are also bounded
 // by [WithQueueSize].
 func WithMaxInFlight(n int) Option {
-	return optionFunc(func(c *config) {
-		if n < 1 {
-			c.invalid("WithMaxInFlight", n, "must be at least 1")
-			return
-		}
-		c.maxInFlight = n
-	})
+	return checked("WithMaxInFlight", n, n >= 1, "must be at least 1",
+		func(c *config) { c.maxInFlight = n })
 }
 
 // WithConcurrency caps the handler calls in flight: each attempt holds a
@@ -507,11 +490,6 @@ func WithMaxInFlight(n int) Option {
 // second slot of the cap its record already holds, and with every slot
 // held by records, wait forever.
 func WithConcurrency(s throttle.Slots) Option {
-	return optionFunc(func(c *config) {
-		if s != nil && capability.IsNil(s) {
-			c.invalid("WithConcurrency", fmt.Sprintf("(%T)(nil)", s), "must be a cap (was its constructor's error checked?), or nil for none")
-			return
-		}
-		c.slots = s
-	})
+	return checked("WithConcurrency", fmt.Sprintf("(%T)(nil)", s), s == nil || !nilcheck.IsNil(s), "must be a cap (was its constructor's error checked?), or nil for none",
+		func(c *config) { c.slots = s })
 }

@@ -55,14 +55,16 @@ func (l *logCapture) find(msg string) []map[string]string {
 	return out
 }
 
-// readAll reads every record of topic from the start, waiting up to 5 s
-// for n of them.
+// readAll reads every record of topic from the start, until it has n of
+// them, or 30 s passed (a record acknowledged by Kafka, Stats.Parked 1,
+// was not read within the 5 s this waited before, beside other packages'
+// tests).
 func readAll(t *testing.T, kc *kafkaenv.Cluster, topic string, n int) []*kgo.Record {
 	t.Helper()
 	rd, err := kc.Client(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	require.NoError(t, err)
 	defer rd.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var recs []*kgo.Record
 	for len(recs) < n {

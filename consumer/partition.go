@@ -12,11 +12,11 @@ import (
 )
 
 // partition is one assigned partition. The poll loop copies its records
-// into slots, appends their offsets to span (offset order) and, by the
+// (record), appends their offsets to span (offset order) and, by the
 // ordering, puts them either in ready or in the queue of their unit (key
 // or partition) when the unit already has a record ready or in work.
 // Workers (sched) take ready records, take permits, call the handler,
-// retry, and finish the record: its slot is dropped, and only its entry in
+// retry, and finish the record: its copy is dropped, and only its entry in
 // span is kept. Finished records at the front of span are the watermark:
 // the offset after the last of them is marked for commit (by flush).
 type partition struct {
@@ -49,7 +49,7 @@ type partition struct {
 	// after an unfinished one. A finished record is only its entry here.
 	span span
 	// ready holds records whose turn has come, oldest first.
-	ready fifo
+	ready fifo[*record]
 	// units holds, under ByKey, each key with a record ready or in work;
 	// whole is the partition's one unit under ByPartition.
 	units map[string]*unit
@@ -111,14 +111,14 @@ const RecordOverhead = 320
 // costs: the size of its entry in the partition's span.
 const spanEntryBytes = 16
 
-// slot is one record the consumer holds: a copy of the fetched record,
+// record is one record the consumer holds: a copy of the fetched record,
 // so that holding it does not hold the fetched batch it came from.
-type slot struct {
+type record struct {
 	// rec is what the handler sees: for a record parked in the shaping
 	// topic, the record as it was consumed from its own topic.
 	rec  kgo.Record
-	unit *unit // nil under Unordered
-	next *slot // the unit's next queued record
+	unit *unit   // nil under Unordered
+	next *record // the unit's next queued record
 	// seq is the record's place in its partition's span.
 	seq int64
 	// attempts were made before the record was parked.
@@ -135,8 +135,8 @@ type slot struct {
 // others wait in its queue, in offset order.
 type unit struct {
 	key        string
-	busy       bool  // a record of the unit is ready or in work
-	head, tail *slot // queued records
+	busy       bool    // a record of the unit is ready or in work
+	head, tail *record // queued records
 	// holdSince is when a worker took the first record of the unit's
 	// current run of records (zero when the unit is idle): what the
 	// shaping bound measures.
@@ -148,65 +148,35 @@ type unit struct {
 	parkOff  int64
 }
 
-func (u *unit) push(s *slot) {
+func (u *unit) push(r *record) {
 	if u.tail == nil {
-		u.head = s
+		u.head = r
 	} else {
-		u.tail.next = s
+		u.tail.next = r
 	}
-	u.tail = s
+	u.tail = r
 }
 
-// pushFront puts s back at the head of the unit's queue.
-func (u *unit) pushFront(s *slot) {
-	s.next = u.head
-	u.head = s
+// pushFront puts r back at the head of the unit's queue.
+func (u *unit) pushFront(r *record) {
+	r.next = u.head
+	u.head = r
 	if u.tail == nil {
-		u.tail = s
+		u.tail = r
 	}
 }
 
-func (u *unit) pop() *slot {
-	s := u.head
-	if s == nil {
+func (u *unit) pop() *record {
+	r := u.head
+	if r == nil {
 		return nil
 	}
-	u.head, s.next = s.next, nil
+	u.head, r.next = r.next, nil
 	if u.head == nil {
 		u.tail = nil
 	}
-	return s
+	return r
 }
-
-// fifo is a queue of slots.
-type fifo struct {
-	buf  []*slot
-	head int
-}
-
-func (q *fifo) len() int { return len(q.buf) - q.head }
-
-func (q *fifo) push(s *slot) { q.buf = append(q.buf, s) }
-
-func (q *fifo) pop() *slot {
-	s := q.buf[q.head]
-	q.buf[q.head] = nil
-	q.head++
-	switch {
-	case q.head == len(q.buf):
-		q.buf, q.head = q.buf[:0], 0
-		if cap(q.buf) >= minShrink {
-			q.buf = nil // a burst does not hold its room
-		}
-	case q.head >= 1024 && q.head*2 >= len(q.buf):
-		n := copy(q.buf, q.buf[q.head:])
-		clear(q.buf[n:])
-		q.buf, q.head = q.buf[:n], 0
-	}
-	return s
-}
-
-func (q *fifo) reset() { *q = fifo{} }
 
 // span is the uncommitted span of a partition: an entry per record taken
 // from Kafka and not yet behind the watermark, in offset order, addressed
@@ -295,42 +265,42 @@ func newPartition(c *Consumer, cl *kgo.Client, topic string, id int32) *partitio
 
 func (p *partition) tps() map[string][]int32 { return map[string][]int32{p.topic: {p.id}} }
 
-// copyRecord copies r into s, the key, value and headers into one
+// copyRecord copies rec into r, the key, value and headers into one
 // allocation, and returns their size.
-func copyRecord(s *slot, r *kgo.Record, topic string) int64 {
-	n := len(r.Key) + len(r.Value)
-	for _, h := range r.Headers {
+func copyRecord(r *record, rec *kgo.Record, topic string) int64 {
+	n := len(rec.Key) + len(rec.Value)
+	for _, h := range rec.Headers {
 		n += len(h.Value)
 	}
 	buf := make([]byte, 0, n)
-	s.rec = kgo.Record{
-		Timestamp:     r.Timestamp,
+	r.rec = kgo.Record{
+		Timestamp:     rec.Timestamp,
 		Topic:         topic,
-		Partition:     r.Partition,
-		Attrs:         r.Attrs,
-		ProducerEpoch: r.ProducerEpoch,
-		ProducerID:    r.ProducerID,
-		LeaderEpoch:   r.LeaderEpoch,
-		Offset:        r.Offset,
+		Partition:     rec.Partition,
+		Attrs:         rec.Attrs,
+		ProducerEpoch: rec.ProducerEpoch,
+		ProducerID:    rec.ProducerID,
+		LeaderEpoch:   rec.LeaderEpoch,
+		Offset:        rec.Offset,
 	}
-	if r.Key != nil {
-		buf = append(buf, r.Key...)
-		s.rec.Key = buf[:len(buf):len(buf)]
+	if rec.Key != nil {
+		buf = append(buf, rec.Key...)
+		r.rec.Key = buf[:len(buf):len(buf)]
 	}
-	if r.Value != nil {
+	if rec.Value != nil {
 		at := len(buf)
-		buf = append(buf, r.Value...)
-		s.rec.Value = buf[at:len(buf):len(buf)]
+		buf = append(buf, rec.Value...)
+		r.rec.Value = buf[at:len(buf):len(buf)]
 	}
-	if len(r.Headers) > 0 {
-		hs := make([]kgo.RecordHeader, len(r.Headers))
-		for i, h := range r.Headers {
+	if len(rec.Headers) > 0 {
+		hs := make([]kgo.RecordHeader, len(rec.Headers))
+		for i, h := range rec.Headers {
 			at := len(buf)
 			buf = append(buf, h.Value...)
 			hs[i] = kgo.RecordHeader{Key: strings.Clone(h.Key), Value: buf[at:len(buf):len(buf)]}
 			n += len(h.Key)
 		}
-		s.rec.Headers = hs
+		r.rec.Headers = hs
 	}
 	return int64(n)
 }
@@ -348,33 +318,33 @@ func (p *partition) push(recs []*kgo.Record) {
 	}
 	c := p.c
 	var skipped int64
-	for _, r := range recs {
+	for _, rec := range recs {
 		if p.first < 0 {
-			p.first, p.firstEpoch = r.Offset, r.LeaderEpoch
+			p.first, p.firstEpoch = rec.Offset, rec.LeaderEpoch
 		}
-		p.next = r.Offset + 1
-		if p.skip != nil && p.skipped(r.Offset) {
-			p.span.finish(p.span.push(r.Offset, r.LeaderEpoch))
+		p.next = rec.Offset + 1
+		if p.skip != nil && p.skipped(rec.Offset) {
+			p.span.finish(p.span.push(rec.Offset, rec.LeaderEpoch))
 			p.bytes += spanEntryBytes
 			skipped++
 			continue
 		}
-		s := &slot{seq: p.span.push(r.Offset, r.LeaderEpoch)}
-		s.size = copyRecord(s, r, p.topic)
+		r := &record{seq: p.span.push(rec.Offset, rec.LeaderEpoch)}
+		r.size = copyRecord(r, rec, p.topic)
 		if p.shaped {
-			s.attempts = unpark(&s.rec)
+			r.attempts = unpark(&r.rec)
 		}
-		p.bytes += s.size + RecordOverhead
-		u := p.unitOf(&s.rec)
-		s.unit = u
+		p.bytes += r.size + RecordOverhead
+		u := p.unitOf(&r.rec)
+		r.unit = u
 		switch {
 		case u == nil:
-			p.ready.push(s)
+			p.ready.push(r)
 		case u.busy:
-			u.push(s)
+			u.push(r)
 		default:
 			u.busy = true
-			p.ready.push(s)
+			p.ready.push(r)
 		}
 	}
 	if skipped > 0 {
@@ -442,7 +412,7 @@ func (p *partition) unitOf(rec *kgo.Record) *unit {
 	return u
 }
 
-// minShrink is the least room (units, slots, span entries) a partition
+// minShrink is the least room (units, records, span entries) a partition
 // frees by building a map or buffer anew: below it, the room is kept for
 // reuse.
 const minShrink = 4096
@@ -488,45 +458,41 @@ func (p *partition) schedule() {
 
 // begin takes a ready record for a worker; nil if none is ready or the
 // partition is stopping. The partition is queued again if it has more.
-func (p *partition) begin() *slot {
+func (p *partition) begin() *record {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.started || p.closed || p.ready.len() == 0 {
 		return nil
 	}
-	s := p.ready.pop()
-	p.inWork++
-	if p.parks { // the shaping bound counts from here
-		s.began = time.Now()
-		if u := s.unit; u != nil && u.holdSince.IsZero() {
-			u.holdSince = s.began
-		}
-	}
+	r := p.ready.pop()
+	p.startWork(r)
 	p.schedule()
-	return s
+	return r
 }
 
-// take takes s, which WithFairness chose, for a worker; false if the
-// partition is stopping (s is then dropped, as dropQueued would have).
-func (p *partition) take(s *slot) bool {
+// take takes r, which WithFairness chose, for a worker; false if the
+// partition is stopping (r is then dropped, as dropQueued would have).
+func (p *partition) take(r *record) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.started || p.closed {
-		if !p.ended {
-			p.bytes -= s.size
-		}
-		s.size = 0
-		s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
+		p.drop(r)
 		return false
 	}
+	p.startWork(r)
+	return true
+}
+
+// startWork counts r in work; the shaping bound counts from here. p.mu
+// is held.
+func (p *partition) startWork(r *record) {
 	p.inWork++
-	if p.parks { // the shaping bound counts from here
-		s.began = time.Now()
-		if u := s.unit; u != nil && u.holdSince.IsZero() {
-			u.holdSince = s.began
+	if p.parks {
+		r.began = time.Now()
+		if u := r.unit; u != nil && u.holdSince.IsZero() {
+			u.holdSince = r.began
 		}
 	}
-	return true
 }
 
 // outcome is how a worker is done with a record.
@@ -545,12 +511,17 @@ const (
 	inPlace
 )
 
-// end finishes s (see finishLocked) for its worker, and ends the
-// partition if it is stopped and s was the last record in work.
-func (p *partition) end(s *slot, out outcome) {
+// end is r's worker done with it, and ends the partition if it is
+// stopped and r was the last record in work. A finished record gives back
+// its key, value and headers, lets the next record of its unit become
+// ready and moves the watermark past the finished records at the front of
+// the span. A stopped one is left as it is: its unit and the watermark
+// stay behind it, so neither it nor anything after it is committed.
+func (p *partition) end(r *record, out outcome) {
 	p.mu.Lock()
-	if out != parked {
-		p.finishLocked(s, out == finished)
+	if out == finished {
+		p.release(r)
+		p.advance(r.unit)
 	}
 	p.inWork--
 	last := p.closed && p.inWork == 0 && p.waited
@@ -560,31 +531,26 @@ func (p *partition) end(s *slot, out outcome) {
 	}
 }
 
-// finish records the outcome of s's worker. A finished record (ok) gives
-// back its key, value and headers, lets the next record of its unit
-// become ready and, if it closes the gap at the front of pending, moves
-// the watermark. An unfinished one (the partition stopped or the consumer
-// failed) is left as it is: its unit and the watermark stay behind it, so
-// neither it nor anything after it is committed.
-func (p *partition) finishLocked(s *slot, ok bool) {
-	if !ok {
-		return
-	}
-	p.release(s)
-	p.advance(s.unit)
-}
-
 // release marks a finished record done in the span, where only its
-// entry stays, and gives back its key, value and headers (the slot itself
+// entry stays, and gives back its key, value and headers (the record itself
 // is dropped by the caller); p.mu is held. Behind an unfinished record
 // the watermark does not move, but the bytes held drop: fetching resumes
 // here too once the partition has drained.
-func (p *partition) release(s *slot) {
-	p.span.finish(s.seq)
-	p.bytes -= s.size + RecordOverhead - spanEntryBytes
-	s.size = 0
-	s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
+func (p *partition) release(r *record) {
+	p.span.finish(r.seq)
+	p.bytes -= RecordOverhead - spanEntryBytes
+	p.drop(r)
 	p.resumeIfDrained()
+}
+
+// drop gives back r's key, value and headers, and what they counted for
+// (nothing once the partition has ended); p.mu is held.
+func (p *partition) drop(r *record) {
+	if !p.ended {
+		p.bytes -= r.size
+	}
+	r.size = 0
+	r.rec.Key, r.rec.Value, r.rec.Headers = nil, nil, nil
 }
 
 // advance lets the next record of u (done with its record in work)
@@ -677,27 +643,22 @@ func (p *partition) close() {
 // in the span, unfinished, so that the watermark stays behind them; p.mu
 // is held.
 func (p *partition) dropQueued() {
-	drop := func(s *slot) {
-		p.bytes -= s.size
-		s.size = 0
-		s.rec.Key, s.rec.Value, s.rec.Headers = nil, nil, nil
-	}
 	for p.ready.len() > 0 {
-		drop(p.ready.pop())
+		p.drop(p.ready.pop())
 	}
 	p.ready.reset()
 	if f := p.c.fair; f != nil {
-		for _, s := range f.drop(p) {
-			drop(s)
+		for _, r := range f.withdraw(p) {
+			p.drop(r)
 		}
 	}
 	for _, u := range p.units {
-		for s := u.head; s != nil; s = s.next {
-			drop(s)
+		for r := u.head; r != nil; r = r.next {
+			p.drop(r)
 		}
 	}
-	for s := p.whole.head; s != nil; s = s.next {
-		drop(s)
+	for r := p.whole.head; r != nil; r = r.next {
+		p.drop(r)
 	}
 }
 

@@ -19,9 +19,8 @@ type sched struct {
 	cond sync.Cond
 	// queue holds the partitions with ready records, in turn; jobs the
 	// records WithFairness hands to workers, each with its permit.
-	queue []*partition
-	head  int
-	jobs  []job
+	queue fifo[*partition]
+	jobs  fifo[job]
 	// workers counts the workers started; idle those waiting for a
 	// partition, and woken those of them signalled and not yet awake.
 	workers, idle, woken int
@@ -42,10 +41,10 @@ type worker struct {
 }
 
 // job is work for a worker: a partition to take a ready record from, or
-// (WithFairness) record s of p, with the permit g (nil: it needs none).
+// (WithFairness) record r of p, with the permit g (nil: it needs none).
 type job struct {
 	p *partition
-	s *slot
+	r *record
 	g *grant
 }
 
@@ -69,7 +68,7 @@ func (s *sched) enqueue(p *partition) {
 	if s.quit || !p.queued.CompareAndSwap(false, true) {
 		return
 	}
-	s.queue = append(s.queue, p)
+	s.queue.push(p)
 	s.wake()
 }
 
@@ -81,7 +80,7 @@ func (s *sched) enqueueJob(j job) bool {
 	if s.quit {
 		return false
 	}
-	s.jobs = append(s.jobs, j)
+	s.jobs.push(j)
 	s.wake()
 	return true
 }
@@ -106,7 +105,7 @@ func (s *sched) wake() {
 func (s *sched) next() job {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.head == len(s.queue) && len(s.jobs) == 0 && !s.quit {
+	for s.queue.len() == 0 && s.jobs.len() == 0 && !s.quit {
 		s.idle++
 		s.cond.Wait()
 		s.idle--
@@ -117,21 +116,10 @@ func (s *sched) next() job {
 	if s.quit {
 		return job{}
 	}
-	if len(s.jobs) > 0 {
-		j := s.jobs[0]
-		s.jobs[0] = job{}
-		s.jobs = s.jobs[1:]
-		if len(s.jobs) == 0 {
-			s.jobs = nil
-		}
-		return j
+	if s.jobs.len() > 0 {
+		return s.jobs.pop()
 	}
-	p := s.queue[s.head]
-	s.queue[s.head] = nil
-	s.head++
-	if s.head == len(s.queue) {
-		s.queue, s.head = s.queue[:0], 0
-	}
+	p := s.queue.pop()
 	p.queued.Store(false)
 	return job{p: p}
 }
@@ -148,18 +136,18 @@ func (w *worker) work() {
 		if p == nil {
 			return
 		}
-		if j.s != nil {
+		if j.r != nil {
 			w.runHanded(j)
 			continue
 		}
-		sl := p.begin()
-		if sl == nil {
+		r := p.begin()
+		if r == nil {
 			continue
 		}
 		c.active.Add(1)
-		out := p.process(w, sl)
+		out := p.process(w, r)
 		c.active.Add(-1)
-		p.end(sl, out)
+		p.end(r, out)
 	}
 }
 
@@ -168,7 +156,7 @@ func (w *worker) work() {
 func (w *worker) runHanded(j job) {
 	c, p := w.s.c, j.p
 	defer c.fair.untake()
-	if !p.take(j.s) {
+	if !p.take(j.r) {
 		if j.g != nil {
 			j.g.drop(c) // its partition stopped: the permit is not used
 		}
@@ -176,13 +164,13 @@ func (w *worker) runHanded(j job) {
 	}
 	w.pre = j.g
 	c.active.Add(1)
-	out := p.process(w, j.s)
+	out := p.process(w, j.r)
 	c.active.Add(-1)
 	if w.pre != nil {
 		w.pre.drop(c) // not used (the record was parked)
 		w.pre = nil
 	}
-	p.end(j.s, out)
+	p.end(j.r, out)
 }
 
 // endCalls cancels the running handler calls of p. p.callsEnded is set
@@ -204,12 +192,11 @@ func (s *sched) endCalls(p *partition) {
 func (s *sched) stop() {
 	s.mu.Lock()
 	s.quit = true
-	for _, j := range s.jobs {
-		if j.g != nil {
-			j.g.drop(s.c) // never taken: its concurrency slot goes back, its permit unused
+	for s.jobs.len() > 0 {
+		if g := s.jobs.pop().g; g != nil {
+			g.drop(s.c) // never taken: its concurrency slot goes back, its permit unused
 		}
 	}
-	s.jobs = nil
 	s.cond.Broadcast()
 	s.mu.Unlock()
 	s.wg.Wait()

@@ -35,9 +35,9 @@ const parkBatch = 256
 // order: where it was consumed from, and the attempts made before.
 var parkHeaders = [...]string{HeaderTopic, HeaderPartition, HeaderOffset, HeaderAttempts}
 
-// parkRecord builds the shaping-topic copy of s's record.
-func parkRecord(topic string, s *slot, attempts int) *kgo.Record {
-	rec := &s.rec
+// parkRecord builds the shaping-topic copy of r's record.
+func parkRecord(topic string, r *record, attempts int) *kgo.Record {
+	rec := &r.rec
 	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+len(parkHeaders))
 	hs = append(hs, rec.Headers...)
 	hs = append(hs,
@@ -141,10 +141,10 @@ func (up unitPartitioner) Partition(r *kgo.Record, n int) int {
 	return int(h.Sum32() % uint32(n))
 }
 
-// parkedUnit reports whether s's unit is parked, and unparks it first if
+// parkedUnit reports whether r's unit is parked, and unparks it first if
 // the shaping topic has handled the last record it parked.
-func (p *partition) parkedUnit(s *slot) bool {
-	u := s.unit
+func (p *partition) parkedUnit(r *record) bool {
+	u := r.unit
 	if u == nil {
 		return false
 	}
@@ -161,31 +161,18 @@ func (p *partition) parkedUnit(s *slot) bool {
 	return false
 }
 
-// holdDeadline is when s's unit (s alone under Unordered) will have held
-// the partition for the shaping bound; first reports whether the unit's
-// hold began with s.
-func (p *partition) holdDeadline(s *slot) (deadline time.Time, first bool) {
-	since := s.began
-	if u := s.unit; u != nil {
-		p.mu.Lock()
-		since = u.holdSince
-		p.mu.Unlock()
-	}
-	return since.Add(p.c.cfg.shapingBound), since.Equal(s.began)
-}
-
-// park writes s, and the records of its unit queued behind it, to the
+// park writes r, and the records of its unit queued behind it, to the
 // shaping topic and finishes them; the unit stays parked (parkedUnit).
 //
 // A record the shaping topic refuses as too large is not parked: the
 // records behind it go back to its unit's queue, and it is handled in
-// place (inPlace when it is s; otherwise it becomes ready, and is parked
+// place (inPlace when it is r; otherwise it becomes ready, and is parked
 // in turn, or handled in place once its unit's parked records are).
-func (p *partition) park(s *slot, attempts int) outcome {
+func (p *partition) park(r *record, attempts int) outcome {
 	c := p.c
-	batch := []*slot{s}
+	batch := []*record{r}
 	p.mu.Lock()
-	u := s.unit
+	u := r.unit
 	wasParked := false
 	if u != nil {
 		wasParked = u.parked
@@ -220,7 +207,7 @@ func (p *partition) park(s *slot, attempts int) outcome {
 	case written == len(batch):
 		p.advance(u)
 	case refused:
-		// The records not written go back to the unit, in order; s,
+		// The records not written go back to the unit, in order; r,
 		// if not written, stays with its worker.
 		for i := len(batch) - 1; i >= max(written, 1); i-- {
 			u.pushFront(batch[i])
@@ -235,7 +222,7 @@ func (p *partition) park(s *slot, attempts int) outcome {
 	default:
 		p.advanceWatermark() // the unit stays behind the record not written
 	}
-	p.inWork -= len(batch) - 1 // s itself is ended by its worker
+	p.inWork -= len(batch) - 1 // r itself is ended by its worker
 	p.mu.Unlock()
 	c.parked.Add(int64(written))
 
@@ -254,7 +241,7 @@ func (p *partition) park(s *slot, attempts int) outcome {
 			c.fail(fmt.Errorf("consumer: parking record %s[%d]@%d in %s: %w", rec.Topic, rec.Partition, rec.Offset, c.cfg.shaping, err))
 		}
 		if written > 0 {
-			return parked // s was written and finished
+			return parked // r was written and finished
 		}
 		return stopped
 	}
@@ -464,11 +451,7 @@ func (sc *scan) run(parent context.Context) {
 		}
 		d := c.permitBackoff(n)
 		c.log.Warn("consumer: reading the shaping topic for parked records failed; the assigned partitions wait", "topic", c.cfg.shaping, "in", d, "err", err)
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, d) {
 			return
 		}
 	}

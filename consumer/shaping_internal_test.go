@@ -20,7 +20,7 @@ import (
 // key at in[0]@off, as a member that parked it would have.
 func parkedBefore(t *testing.T, kc *kafkaenv.Cluster, shaping, key string, off int64) {
 	t.Helper()
-	s := &slot{rec: kgo.Record{Topic: "in", Partition: 0, Offset: off, Key: []byte(key), Value: []byte("parked")}}
+	s := &record{rec: kgo.Record{Topic: "in", Partition: 0, Offset: off, Key: []byte(key), Value: []byte("parked")}}
 	cl, err := kc.Client()
 	require.NoError(t, err)
 	defer cl.Close()

@@ -68,7 +68,7 @@ type Stats struct {
 	WaitingRecords int
 	// InFlight is how many handler calls are running now.
 	InFlight int
-	// Active is how many records hold one of the WithMaxInFlight slots
+	// Active is how many records hold one of the WithMaxInFlight workers
 	// now: waiting for a permit, in a handler call, between retries or
 	// being dead-lettered.
 	Active int

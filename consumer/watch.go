@@ -26,14 +26,7 @@ func (c *Consumer) watchIdle(ctx context.Context, cl *kgo.Client) {
 	first, most := c.cfg.idleFirst, max(c.cfg.idleFirst, idleMax)
 	delay := first
 	since := time.Now()
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	for sleepCtx(ctx, delay) {
 		c.mu.Lock()
 		owned := len(c.parts)
 		c.mu.Unlock()
@@ -43,7 +36,6 @@ func (c *Consumer) watchIdle(ctx context.Context, cl *kgo.Client) {
 			c.explainIdle(ctx, cl, time.Since(since))
 			delay = min(2*delay, most)
 		}
-		t.Reset(delay)
 	}
 }
 

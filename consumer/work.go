@@ -9,11 +9,11 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/pacenote"
 	"github.com/headway-go/headway/throttle"
 )
 
-// process takes permits for s's record and handles it, retrying as
+// process takes permits for r's record and handles it, retrying as
 // configured, until it is handled or dead-lettered (finished), parked in
 // the shaping topic (parked), or the partition stops or the consumer
 // fails (stopped).
@@ -23,194 +23,247 @@ import (
 // if its unit is parked; a failure of the limiter's store parks nothing
 // (every unit waits alike). A record the shaping topic refuses as too
 // large is handled in place, once its unit's parked records have been.
-func (p *partition) process(w *worker, s *slot) outcome {
-	c := p.c
-	rec := &s.rec
-	var (
-		attempts = s.attempts // made before the record was parked
-		delays   int          // permit timeouts or limiter failures in a row
-		// waits: calls in a row whose handler's own client had no permit
-		// within the call's deadline (TimeoutRetry): not reset by the
-		// consumer's permit, so that their back-off grows.
-		waits   int
-		lastErr error
-		parkAt  time.Time
-		shaping = p.parks // s may be parked
-		// first: s began its unit's hold and has not asked for a permit
-		// yet. It asks at least once before it is parked: a worker that
-		// reaches s late (a busy machine) must not park a record whose
-		// permit is free.
-		first bool
-	)
-	// park parks s (done), or, when the shaping topic refuses it as too
-	// large, waits for its unit's parked records to be handled and goes
-	// on with s in place (not done).
-	park := func() (out outcome, done bool) {
-		if out = p.park(s, attempts); out != inPlace {
-			return out, true
-		}
-		shaping = false
-		if !p.waitUnparked(s) {
-			return stopped, true
-		}
-		return 0, false
-	}
-	if shaping && p.parkedUnit(s) {
-		if out, done := park(); done {
+func (p *partition) process(w *worker, r *record) outcome {
+	h := &handling{p: p, w: w, r: r, attempts: r.attempts, shaping: p.parks}
+	if h.shaping && p.parkedUnit(r) {
+		if out, done := h.park(); done {
 			return out
 		}
 	}
-	if shaping {
-		parkAt, first = p.holdDeadline(s)
-	}
-	// late reports whether waiting d more would take the unit past the
-	// shaping bound.
-	late := func(d time.Duration) bool { return shaping && !time.Now().Add(d).Before(parkAt) }
-	// backOff waits d after a permit timeout before the record asks
-	// again: parked instead when d would take its unit past the shaping
-	// bound (done, unless the record stays in place), stopped when the
-	// partition stops first (done).
-	backOff := func(d time.Duration) (out outcome, done bool) {
-		if late(d) {
-			if out, done := park(); done {
-				return out, true
-			}
+	for {
+		if out, done := h.attempt(); done {
+			return out
 		}
+	}
+}
+
+// handling is one record's way through process. Its steps return done
+// with the record's outcome, or not done: the record asks for a permit
+// again.
+type handling struct {
+	p *partition
+	w *worker
+	r *record
+	// attempts were made, those before the record was parked included.
+	attempts int
+	delays   int // permit timeouts or limiter failures in a row
+	// waits: calls in a row whose handler's own client had no permit
+	// within the call's deadline (TimeoutRetry): not reset by the
+	// consumer's permit, so that their back-off grows.
+	waits   int
+	lastErr error
+	// parkAt is when r's unit's hold of the partition ends (permitWait);
+	// zero until r first asks for a permit.
+	parkAt  time.Time
+	shaping bool // r may be parked
+}
+
+// attempt asks for a permit and makes an attempt with it, or parks the
+// record once its unit's hold of the partition is over.
+func (h *handling) attempt() (outcome, bool) {
+	wait, bounded, ok := h.permitWait()
+	if !ok {
+		return h.park()
+	}
+	g, now := h.p.acquire(h.w, h.r, wait)
+	if g.err != nil {
+		return h.noPermit(g.err, bounded)
+	}
+	return h.call(g, now)
+}
+
+// permitWait returns how long the record may wait for its permit:
+// WithPermitWait's wait, or less when its unit's hold of the partition
+// ends first (bounded); false when the hold is over and the record has
+// asked once. The hold ends the shaping bound after a worker took the
+// unit's first record of its run (holdSince; r itself under Unordered),
+// as read at r's first ask. A record that began the hold asks at least
+// once before it is parked: a worker that reaches it late (a busy
+// machine) must not park a record whose permit is free.
+func (h *handling) permitWait() (wait time.Duration, bounded, ok bool) {
+	wait = h.p.c.cfg.maxWait
+	if !h.shaping {
+		return wait, false, true
+	}
+	first := false
+	if h.parkAt.IsZero() {
+		since := h.r.began
+		if u := h.r.unit; u != nil {
+			h.p.mu.Lock()
+			since = u.holdSince
+			h.p.mu.Unlock()
+		}
+		h.parkAt, first = since.Add(h.p.c.cfg.shapingBound), since.Equal(h.r.began)
+	}
+	left := time.Until(h.parkAt)
+	if left <= 0 && !first {
+		return 0, false, false
+	}
+	if left < wait {
+		return max(left, 0), true, true
+	}
+	return wait, false, true
+}
+
+// park parks the record (done), or, when the shaping topic refuses it as
+// too large, waits for its unit's parked records to be handled and goes
+// on with it in place (not done).
+func (h *handling) park() (out outcome, done bool) {
+	if out = h.p.park(h.r, h.attempts); out != inPlace {
+		return out, true
+	}
+	h.shaping = false
+	if !h.p.waitUnparked(h.r) {
+		return stopped, true
+	}
+	return 0, false
+}
+
+// late reports whether waiting d more would take the unit past the
+// shaping bound.
+func (h *handling) late(d time.Duration) bool {
+	return h.shaping && !time.Now().Add(d).Before(h.parkAt)
+}
+
+// backOff waits d after a permit timeout before the record asks again:
+// parked instead when d would take its unit past the shaping bound (done,
+// unless the record stays in place), stopped when the partition stops
+// first (done).
+func (h *handling) backOff(d time.Duration) (outcome, bool) {
+	if h.late(d) {
+		if out, done := h.park(); done {
+			return out, true
+		}
+	}
+	if !h.p.sleep(d) {
+		return stopped, true
+	}
+	return 0, false
+}
+
+// call makes an attempt with g's permit: the handler's call, unless the
+// permit's margin passed before it (made now, the call could arrive
+// beyond the bucket's guarantee: another permit is asked for).
+func (h *handling) call(g grant, now time.Time) (outcome, bool) {
+	p, c := h.p, h.p.c
+	if g.stale() {
+		c.permitsStale.Add(1)
+		g.drop(c)
+		return 0, false
+	}
+	h.delays = 0
+	h.attempts++
+	h.lastErr = p.call(h.w, &h.r.rec, g, now)
+	g.release()
+	if h.lastErr == nil {
+		c.handled.Add(1)
+		return finished, true
+	}
+	c.reportAnswer(p.soft, &h.r.rec, h.lastErr) // the adaptive rate (answer.go)
+	if c.cfg.onTimeout == TimeoutRetry && errors.Is(h.lastErr, throttle.ErrTimeout) && p.soft.Err() == nil {
+		// The handler's client had no permit within the call's
+		// deadline: a permit timeout, no fault of the record's.
+		// Back off, growing, and call again; no attempt used.
+		h.attempts--
+		c.permitTimeouts.Add(1)
+		h.waits++
+		return h.backOff(c.permitBackoff(h.waits))
+	}
+	return h.failed()
+}
+
+// noPermit handles err, met asking for the attempt's permit (a wait
+// bounded by the unit's hold when bounded), as the policies say.
+func (h *handling) noPermit(err error, bounded bool) (outcome, bool) {
+	p, c, rec := h.p, h.p.c, &h.r.rec
+	switch {
+	case p.soft.Err() != nil:
+		return stopped, true
+	case errors.Is(err, throttle.ErrTimeout) && bounded:
+		return h.park()
+	case errors.Is(err, throttle.ErrTimeout):
+		c.permitTimeouts.Add(1)
+		if c.cfg.onTimeout == TimeoutRetry {
+			h.delays++
+			return h.backOff(c.permitBackoff(h.delays))
+		}
+		h.attempts++
+		h.lastErr = err
+	case isPanic(err):
+		// WithLimiterFor panicked on this record: a failed attempt.
+		h.attempts++
+		h.lastErr = err
+	case refusedRecord(err):
+		// The record's own key or cost is refused: no wait or retry can
+		// help, and no other record is at fault. It fails for good, with
+		// the refusal as its cause.
+		c.refused.Add(1)
+		h.attempts++
+		h.lastErr = fmt.Errorf("consumer: permit for record %s[%d]@%d refused: %w", rec.Topic, rec.Partition, rec.Offset, err)
+		return h.exhausted()
+	case errors.Is(err, throttle.ErrInvalid):
+		// Waiting cannot help, and every record would meet it: the
+		// limiter is misconfigured (throttle.New's mistakes).
+		c.fail(fmt.Errorf("consumer: permit for record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
+		return stopped, true
+	default:
+		// The limiter's store failed. That is no fault of the record's,
+		// so it uses up no attempt; back off and ask again.
+		c.limiterErrors.Add(1)
+		h.delays++
+		d := c.permitBackoff(h.delays)
+		c.log.Warn("consumer: limiter failed; retrying", "topic", p.topic, "partition", p.id, "in", d, "err", err)
 		if !p.sleep(d) {
 			return stopped, true
 		}
 		return 0, false
 	}
-	for {
-		wait, bounded := c.cfg.maxWait, false
-		if shaping {
-			left := time.Until(parkAt)
-			if left <= 0 && !first {
-				if out, done := park(); done {
-					return out
-				}
-				continue
-			}
-			if left < wait {
-				wait, bounded = max(left, 0), true
-			}
-		}
-		first = false
-		k, release, now, useBy, err := p.acquire(w, s, wait)
-		switch {
-		case err == nil && !useBy.IsZero() && capability.KeyedLimiter(k).Clock().Now().After(useBy):
-			// The permit's margin passed before its call: made now, the
-			// call could arrive beyond the bucket's guarantee. Another.
-			release()
-			c.permitsStale.Add(1)
-			c.permitsUnused.Add(1)
-			continue
-		case err == nil:
-			delays = 0
-			attempts++
-			lastErr = p.call(w, rec, k, now, useBy)
-			release()
-			if lastErr == nil {
-				c.handled.Add(1)
-				return finished
-			}
-			c.reportAnswer(p.soft, rec, lastErr) // the adaptive rate (answer.go)
-			if c.cfg.onTimeout == TimeoutRetry && errors.Is(lastErr, throttle.ErrTimeout) && p.soft.Err() == nil {
-				// The handler's client had no permit within the call's
-				// deadline: a permit timeout, no fault of the record's.
-				// Back off, growing, and call again; no attempt used.
-				attempts--
-				c.permitTimeouts.Add(1)
-				waits++
-				if out, done := backOff(c.permitBackoff(waits)); done {
-					return out
-				}
-				continue
-			}
-		case p.soft.Err() != nil:
-			return stopped
-		case errors.Is(err, throttle.ErrTimeout) && bounded:
-			if out, done := park(); done {
-				return out
-			}
-			continue
-		case errors.Is(err, throttle.ErrTimeout):
-			c.permitTimeouts.Add(1)
-			if c.cfg.onTimeout == TimeoutRetry {
-				delays++
-				if out, done := backOff(c.permitBackoff(delays)); done {
-					return out
-				}
-				continue
-			}
-			attempts++
-			lastErr = err
-		case isPanic(err):
-			// WithLimiterFor panicked on this record: a failed attempt.
-			attempts++
-			lastErr = err
-		case refusedRecord(err):
-			// The record's own key or cost is refused: no wait or
-			// retry can help, and no other record is at fault. It
-			// fails for good, with the refusal as its cause.
-			c.refused.Add(1)
-			attempts++
-			lastErr = fmt.Errorf("consumer: permit for record %s[%d]@%d refused: %w", rec.Topic, rec.Partition, rec.Offset, err)
-			if p.exhausted(rec, attempts, lastErr) {
-				return finished
-			}
-			return stopped
-		case errors.Is(err, throttle.ErrInvalid):
-			// Waiting cannot help, and every record would meet it:
-			// the limiter is misconfigured (throttle.New's mistakes).
-			c.fail(fmt.Errorf("consumer: permit for record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
-			return stopped
-		default:
-			// The limiter's store failed. That is no fault of the record's, so it uses up no
-			// attempt; back off and ask again.
-			c.limiterErrors.Add(1)
-			delays++
-			d := c.permitBackoff(delays)
-			c.log.Warn("consumer: limiter failed; retrying", "topic", p.topic, "partition", p.id, "in", d, "err", err)
-			if !p.sleep(d) {
-				return stopped
-			}
-			continue
-		}
+	return h.failed()
+}
 
-		// The attempt failed.
-		if p.soft.Err() != nil {
-			return stopped // no longer ours to retry; the next owner will
-		}
-		if attempts < c.cfg.attempts {
-			d := c.backoff(attempts)
-			if late(d) {
-				if out, done := park(); done {
-					return out // the shaping topic retries it
-				}
-			}
-			c.log.Debug("consumer: attempt failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempts, "in", d, "err", lastErr)
-			if !p.sleep(d) {
-				return stopped // no retry: not counted
-			}
-			c.retried.Add(1)
-			continue
-		}
-		if p.exhausted(rec, attempts, lastErr) {
-			return finished
-		}
-		return stopped
+// failed retries the record after its back-off, or parks it when the
+// back-off would take its unit past the shaping bound, or, its attempts
+// used up, finishes it as exhausted.
+func (h *handling) failed() (outcome, bool) {
+	p, c, rec := h.p, h.p.c, &h.r.rec
+	if p.soft.Err() != nil {
+		return stopped, true // no longer ours to retry; the next owner will
 	}
+	if h.attempts >= c.cfg.attempts {
+		return h.exhausted()
+	}
+	d := c.backoff(h.attempts)
+	if h.late(d) {
+		if out, done := h.park(); done {
+			return out, true // the shaping topic retries it
+		}
+	}
+	c.log.Debug("consumer: attempt failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", h.attempts, "in", d, "err", h.lastErr)
+	if !p.sleep(d) {
+		return stopped, true // no retry: not counted
+	}
+	c.retried.Add(1)
+	return 0, false
+}
+
+// exhausted ends the record whose attempts are used up: dead-lettered
+// (finished), or, without a dead-letter topic or when its write fails,
+// stopped (the consumer fails, or the partition stopped).
+func (h *handling) exhausted() (outcome, bool) {
+	if h.p.exhausted(&h.r.rec, h.attempts, h.lastErr) {
+		return finished, true
+	}
+	return stopped, true
 }
 
 // unparkPoll is how often a record that could not be parked checks
 // whether its unit's parked records have been handled.
 const unparkPoll = 100 * time.Millisecond
 
-// waitUnparked waits until s's unit has no record parked and not handled;
+// waitUnparked waits until r's unit has no record parked and not handled;
 // false if the partition stopped first.
-func (p *partition) waitUnparked(s *slot) bool {
-	for p.parkedUnit(s) {
+func (p *partition) waitUnparked(r *record) bool {
+	for p.parkedUnit(r) {
 		if !p.sleep(unparkPoll) {
 			return false
 		}
@@ -219,39 +272,21 @@ func (p *partition) waitUnparked(s *slot) bool {
 }
 
 // acquire waits up to wait for the concurrency slot (WithConcurrency) of
-// s's record, then for its permit, and returns the budget it came from,
-// the function that gives the slot back (to call when the handler
-// returns; a no-op without a cap), and the time it returned. A zero
-// Keyed (no limiter for the record) takes no permit. On an error nothing
-// is held. With WithFairness, the permit w was handed with serves the
+// r's record, then for its permit, and returns the grant (its release to
+// call when the handler returns) and the time it returned. A zero Keyed
+// (no limiter for the record) takes no permit. On an error nothing is
+// held. With WithFairness, the permit w was handed with serves the
 // record's first attempt, and the record waits for the others in the
 // scheduler's queue, with the other tenants' records.
-func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (k throttle.Keyed, release func(), now, useBy time.Time, err error) {
+func (p *partition) acquire(w *worker, r *record, wait time.Duration) (g grant, now time.Time) {
 	c := p.c
-	if g := w.pre; g != nil {
+	if pre := w.pre; pre != nil {
 		w.pre = nil
-		return g.k, g.release, time.Now(), g.useBy, g.err
+		return *pre, time.Now()
 	}
-	rec := &s.rec
-	k, err = c.limiterOf(rec)
-	if err != nil || capability.KeyedLimiter(k).None() && c.cfg.slots == nil {
-		return k, noRelease, time.Now(), time.Time{}, err
-	}
-	if f := c.fair; f != nil && wait > 0 {
-		p.waiting.Add(1)
-		c.waitingRecords.Add(1)
-		start := time.Now()
-		if !s.classified { // a record handed without a permit
-			p.mu.Lock()
-			f.classify(p, s)
-			p.mu.Unlock()
-		}
-		g := f.wait(p, s, k, wait)
-		now := time.Now()
-		c.permitWait.Add(int64(now.Sub(start)))
-		c.waitingRecords.Add(-1)
-		p.waiting.Add(-1)
-		return g.k, g.release, now, g.useBy, g.err
+	k, err := c.limiterOf(&r.rec)
+	if err != nil || k.Limiter() == nil && c.cfg.slots == nil {
+		return grant{k: k, release: noRelease, err: err}, time.Now()
 	}
 	p.waiting.Add(1)
 	c.waitingRecords.Add(1)
@@ -260,39 +295,36 @@ func (p *partition) acquire(w *worker, s *slot, wait time.Duration) (k throttle.
 		p.waiting.Add(-1)
 	}()
 	start := time.Now()
-	release = noRelease
-	if c.cfg.slots != nil {
-		if release, err = c.cfg.slots.Hold(p.soft, k.Key(), wait); err != nil {
-			return k, noRelease, time.Now(), time.Time{}, fmt.Errorf("concurrency slot: %w", err)
+	if f := c.fair; f != nil && wait > 0 {
+		if !r.classified { // a record handed without a permit
+			p.mu.Lock()
+			f.classify(p, r)
+			p.mu.Unlock()
 		}
-		if wait != throttle.Forever {
-			wait = max(wait-time.Since(start), 0)
-		}
+		g = f.wait(p, r, k, wait)
+		now = time.Now()
+		c.permitWait.Add(int64(now.Sub(start)))
+		return g, now
 	}
-	if capability.KeyedLimiter(k).None() {
-		return k, release, time.Now(), time.Time{}, nil
-	}
-	useBy, err = acquireUseBy(p.soft, k, wait)
+	g = c.admit(p.soft, k, k, wait)
 	now = time.Now()
-	c.permitWait.Add(int64(now.Sub(start)))
-	if err != nil {
-		release()
-		return k, noRelease, now, time.Time{}, err
+	if g.asked { // a slot's wait alone is no permit wait (Stats.PermitWait)
+		c.permitWait.Add(int64(now.Sub(start)))
 	}
-	return k, release, now, useBy, nil
+	return g, now
 }
 
 func noRelease() {}
 
 // call runs the handler once, within the handler timeout from now. Its context
-// holds the attempt's permit (k's), so that a client on the same budget
+// holds the attempt's permit (g's), so that a client on the same budget
 // inside the handler uses it rather than taking a second one, and, while
 // the call runs, its permit waits end with the partition's (soft): a
 // handler whose client waits for a permit returns when the partition is
 // revoked, and the record goes to the next owner. Work the handler leaves
 // behind (a goroutine on a detached context) waits as any caller does
 // once the call has returned.
-func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now, useBy time.Time) error {
+func (p *partition) call(w *worker, rec *kgo.Record, g grant, now time.Time) error {
 	c := p.c
 	call := newCallCtx(c.base, p, now, c.cfg.handlerTimeout)
 	w.call.Store(call)
@@ -306,7 +338,7 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now, useB
 	stop := &call.stop
 	stop.soft = p.soft
 	defer stop.disarm()
-	ctx := k.ContextWithPermit(capability.WithUseBy(throttle.ContextWithWaitStop(call, stop), useBy), 1)
+	ctx := g.k.ContextWithPermit(pacenote.WithUseBy(throttle.ContextWithWaitStop(call, stop), g.useBy), 1)
 	// The permit is the attempt's: a call made after the handler returned
 	// (from a goroutine with a context detached from call's end) takes
 	// its own. Deferred after the cancel above, it runs before it. Still
@@ -314,10 +346,9 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now, useB
 	// (Stats.PermitsUnused); held past its margin, stale too: a client
 	// call made then took a permit of its own.
 	defer func() {
-		kl := capability.KeyedLimiter(k)
-		if kl.Forfeit(ctx) > 0 {
+		if g.k.Forfeit(ctx) > 0 {
 			c.permitsUnused.Add(1)
-			if !useBy.IsZero() && kl.Clock().Now().After(useBy) {
+			if g.stale() {
 				c.permitsStale.Add(1)
 			}
 		}
@@ -328,42 +359,36 @@ func (p *partition) call(w *worker, rec *kgo.Record, k throttle.Keyed, now, useB
 }
 
 // safeCall calls the handler and turns a panic into a *PanicError.
-func (c *Consumer) safeCall(ctx context.Context, rec *kgo.Record) (err error) {
+func (c *Consumer) safeCall(ctx context.Context, rec *kgo.Record) error {
+	err, perr := guarded(c, "consumer: handler panicked", rec, func(rec *kgo.Record) error { return c.handler(ctx, rec) })
+	if perr != nil {
+		return perr
+	}
+	return err
+}
+
+// guarded calls fn, a function of the user's, for rec; a panic in it is
+// logged with msg and returned as a *PanicError, v then zero: the user's
+// mistake fails the record, not the consumer.
+func guarded[T any](c *Consumer, msg string, rec *kgo.Record, fn func(*kgo.Record) T) (v T, err error) {
 	defer func() {
-		if v := recover(); v != nil {
-			perr := &PanicError{Value: v, Stack: debug.Stack()}
-			c.log.Error("consumer: handler panicked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
-				"panic", fmt.Sprint(v), "stack", string(perr.Stack))
+		if r := recover(); r != nil {
+			perr := &PanicError{Value: r, Stack: debug.Stack()}
+			c.log.Error(msg, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"panic", fmt.Sprint(r), "stack", string(perr.Stack))
 			err = perr
 		}
 	}()
-	return c.handler(ctx, rec)
+	return fn(rec), nil
 }
 
 // sleep waits d, or until soft ends (false).
-func (p *partition) sleep(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-p.soft.Done():
-		return false
-	}
-}
+func (p *partition) sleep(d time.Duration) bool { return sleepCtx(p.soft, d) }
 
 // limiterOf returns rec's budget (WithLimiterFor), and a *PanicError if
 // the function panicked.
-func (c *Consumer) limiterOf(rec *kgo.Record) (k throttle.Keyed, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			perr := &PanicError{Value: v, Stack: debug.Stack()}
-			c.log.Error("consumer: WithLimiterFor panicked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
-				"panic", fmt.Sprint(v), "stack", string(perr.Stack))
-			err = perr
-		}
-	}()
-	return c.cfg.limiterFor(rec), nil
+func (c *Consumer) limiterOf(rec *kgo.Record) (throttle.Keyed, error) {
+	return guarded(c, "consumer: WithLimiterFor panicked", rec, c.cfg.limiterFor)
 }
 
 // refusedRecord reports whether err, from the limiter or the

@@ -10,8 +10,6 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // heldRead is a sharedAdaptive whose first read of the state (SwapAdaptive
@@ -25,7 +23,7 @@ type heldRead struct {
 	release chan struct{}
 }
 
-func (h *heldRead) SwapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
+func (h *heldRead) SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
 	s, ok, err := h.sharedAdaptive.SwapAdaptive(ctx, key, old, next, ttl)
 	if old.Version < 0 && h.first.CompareAndSwap(false, true) {
 		close(h.taken)
@@ -61,7 +59,7 @@ func TestReportIsNotUndoneByAnEarlierReadAnsweredLate(t *testing.T) {
 	s, err := lim.adaptiveState(ctx, "tenant")
 	require.NoError(t, err)
 	assert.True(t, s.Active(), "the refusal slows the key: %+v", s)
-	stored, _, err := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
+	stored, _, err := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond)
 	require.NoError(t, err)
 	assert.Equal(t, stored.Version, s.Version, "the view is the stored state")
 }
@@ -71,14 +69,14 @@ func TestReportIsNotUndoneByAnEarlierReadAnsweredLate(t *testing.T) {
 // every swap it tries is lost.
 type alwaysLost struct{ *sharedAdaptive }
 
-func (a alwaysLost) SwapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
+func (a alwaysLost) SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
 	if old.Version >= 0 {
-		cur, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, ttl)
+		cur, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, AdaptiveState{Version: -1}, AdaptiveState{}, ttl)
 		if err != nil {
-			return capability.AdaptiveState{}, false, err
+			return AdaptiveState{}, false, err
 		}
 		if _, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, cur, cur, ttl); err != nil {
-			return capability.AdaptiveState{}, false, err
+			return AdaptiveState{}, false, err
 		}
 	}
 	return a.sharedAdaptive.SwapAdaptive(ctx, key, old, next, ttl)
@@ -94,7 +92,7 @@ func TestReportThatNeverWinsTheSwapSaysSo(t *testing.T) {
 	lim := New(b, WithClock(clock))
 	defer lim.Close()
 	err := lim.Key("tenant").Report(ctx, Answer{Refused: true})
-	stored, _, serr := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
+	stored, _, serr := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond)
 	require.NoError(t, serr)
 	require.False(t, stored.Active(), "the store lost every swap")
 	require.Error(t, err, "Report returned nil, and the fleet's state does not hold the refusal")
@@ -127,7 +125,7 @@ func TestReportIsNotUndoneByAnEarlierReadWhenTheStoreClockStepsBack(t *testing.T
 	s, err := lim.adaptiveState(ctx, "tenant")
 	require.NoError(t, err)
 	assert.True(t, s.Active(), "the refusal slows the key: %+v", s)
-	stored, _, err := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
+	stored, _, err := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond)
 	require.NoError(t, err)
 	assert.Equal(t, stored.Version, s.Version, "the view is the stored state")
 }
@@ -141,18 +139,18 @@ type lostToTheSame struct {
 	swaps atomic.Int64
 }
 
-func (a *lostToTheSame) SwapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
+func (a *lostToTheSame) SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
 	if old.Version >= 0 {
-		cur, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, ttl)
+		cur, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, AdaptiveState{Version: -1}, AdaptiveState{}, ttl)
 		if err != nil {
-			return capability.AdaptiveState{}, false, err
+			return AdaptiveState{}, false, err
 		}
 		theirs := cur
 		if a.swaps.Add(1) == updateAttempts {
 			theirs = next
 		}
 		if _, _, err := a.sharedAdaptive.SwapAdaptive(ctx, key, cur, theirs, ttl); err != nil {
-			return capability.AdaptiveState{}, false, err
+			return AdaptiveState{}, false, err
 		}
 	}
 	return a.sharedAdaptive.SwapAdaptive(ctx, key, old, next, ttl)
@@ -169,7 +167,7 @@ func TestReportWhoseLastSwapLosesToTheSameChangeSucceeds(t *testing.T) {
 	lim := New(b, WithClock(clock))
 	defer lim.Close()
 	err := lim.Key("tenant").Report(ctx, Answer{Refused: true})
-	stored, _, serr := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond)
+	stored, _, serr := b.sharedAdaptive.SwapAdaptive(ctx, "tenant", AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond)
 	require.NoError(t, serr)
 	require.True(t, stored.Active(), "the other instance's decrease stands")
 	assert.NoError(t, err, "the fleet's state holds the refusal")

@@ -10,15 +10,13 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // Edge cases of the adaptive law (and one of the errors Acquire returns).
 
 // thousandths is what the Redis buckets keep of each rate: thousandths,
 // rounded down as milli does.
-func thousandths(s capability.AdaptiveState) capability.AdaptiveState {
+func thousandths(s AdaptiveState) AdaptiveState {
 	r := func(v float64) float64 { return float64(milli(v)) / 1000 }
 	s.Rate, s.Ceiling, s.Peak, s.Step = r(s.Rate), r(s.Ceiling), r(s.Peak), r(s.Step)
 	return s
@@ -30,7 +28,7 @@ func thousandths(s capability.AdaptiveState) capability.AdaptiveState {
 func TestAdaptLawTopCapSurvivesRounding(t *testing.T) {
 	law, clock := adaptLaw{limit: 7, interval: time.Second}, clockwork.NewFakeClock()
 	top := adaptTop * law.limit // 6.8599999…
-	s := thousandths(capability.AdaptiveState{Rate: 6.5, Peak: top, Step: 0.28, Decreased: clock.Now()})
+	s := thousandths(AdaptiveState{Rate: 6.5, Peak: top, Step: 0.28, Decreased: clock.Now()})
 	assert.InDelta(t, top, law.top(s), 1e-9)
 	truncated := s
 	truncated.Peak = 6.859 // what a plain truncation kept before
@@ -50,7 +48,7 @@ func TestAdaptLawTopCapSurvivesRounding(t *testing.T) {
 func TestAdaptLawSameAdvertisedLimitAfterRounding(t *testing.T) {
 	law, clock := adaptLaw{limit: 2, interval: time.Second}, clockwork.NewFakeClock()
 	adv := 100.0 / 60
-	s, changed := law.advertised(capability.AdaptiveState{}, adv, clock.Now())
+	s, changed := law.advertised(AdaptiveState{}, adv, clock.Now())
 	require.True(t, changed)
 	_, changed = law.advertised(thousandths(s), adv, clock.Now())
 	assert.False(t, changed)
@@ -61,7 +59,7 @@ func TestAdaptLawSameAdvertisedLimitAfterRounding(t *testing.T) {
 // come.
 func TestAdaptLawStoreClockStepsBack(t *testing.T) {
 	law, clock := adaptLaw{limit: 100, interval: time.Second}, clockwork.NewFakeClock()
-	s, _ := law.refused(capability.AdaptiveState{}, clock.Now()) // 90
+	s, _ := law.refused(AdaptiveState{}, clock.Now()) // 90
 	back := clock.Now().Add(-time.Minute)
 	s2, changed := law.refused(s, back)
 	require.True(t, changed)
@@ -76,7 +74,7 @@ func TestAdaptLawStoreClockStepsBack(t *testing.T) {
 func TestAdaptLawCeilingNotPinnedByConfiguredLimit(t *testing.T) {
 	old, neu := adaptLaw{limit: 10, interval: time.Second}, adaptLaw{limit: 1000, interval: time.Second}
 	clock := clockwork.NewFakeClock()
-	s, _ := old.refused(capability.AdaptiveState{}, clock.Now())
+	s, _ := old.refused(AdaptiveState{}, clock.Now())
 	assert.Zero(t, s.Ceiling, "a configured limit is not stored as the fleet's ceiling")
 	assert.InDelta(t, 1000, neu.ceiling(s), 1e-9)
 	clock.Advance(2 * time.Second)
@@ -90,7 +88,7 @@ func TestAdaptLawCeilingNotPinnedByConfiguredLimit(t *testing.T) {
 // at the configured limit's floor (50).
 func TestAdaptLawAdvertisedFarBelowTheLimit(t *testing.T) {
 	law, clock := adaptLaw{limit: 1000, interval: time.Second}, clockwork.NewFakeClock()
-	s, _ := law.advertised(capability.AdaptiveState{}, 10, clock.Now())
+	s, _ := law.advertised(AdaptiveState{}, 10, clock.Now())
 	assert.InDelta(t, 10, s.Ceiling, 1e-9)
 	assert.InDelta(t, 10, s.Rate, 1e-9)
 	for range 5 {
@@ -146,13 +144,13 @@ func TestAdaptViewKeepsTheNewerState(t *testing.T) {
 	st := lim.state("k")
 	defer lim.release(st)
 	t0 := clock.Now()
-	lim.note(st, capability.AdaptiveState{Rate: 9, At: t0.Add(time.Millisecond)}, lim.tb.now())
-	lim.note(st, capability.AdaptiveState{At: t0}, lim.tb.now()) // the refresh's read, from before
-	v, _ := lim.view(st)
+	lim.note(st, AdaptiveState{Rate: 9, At: t0.Add(time.Millisecond)}, lim.tb.now())
+	lim.note(st, AdaptiveState{At: t0}, lim.tb.now()) // the refresh's read, from before
+	v, _ := lim.view(st, 0)
 	assert.InDelta(t, 9, v.st.Rate, 1e-9)
 	clock.Advance(time.Second) // the newer view is stale now: anything goes
-	lim.note(st, capability.AdaptiveState{At: t0}, lim.tb.now())
-	v, _ = lim.view(st)
+	lim.note(st, AdaptiveState{At: t0}, lim.tb.now())
+	v, _ = lim.view(st, 0)
 	assert.False(t, v.st.Active())
 }
 
@@ -187,7 +185,7 @@ func TestAcquireDeadlineDuringBucketCallIsErrTimeout(t *testing.T) {
 // ceiling three times as high is a change.
 func TestAdaptLawTinyAdvertisedCeilingLifts(t *testing.T) {
 	law, clock := adaptLaw{limit: 10, interval: time.Second}, clockwork.NewFakeClock()
-	s, changed := law.advertised(capability.AdaptiveState{}, 0.001, clock.Now())
+	s, changed := law.advertised(AdaptiveState{}, 0.001, clock.Now())
 	require.True(t, changed)
 	s2, changed := law.advertised(s, 0.0029, clock.Now())
 	assert.True(t, changed, "0.0029 is not 0.001")
@@ -206,7 +204,7 @@ func TestAdaptLawTinyAdvertisedCeilingLifts(t *testing.T) {
 // behind the last refusal, one increase is due, not one per call.
 func TestAdaptLawClockBackIncreasesOnce(t *testing.T) {
 	law, clock := adaptLaw{limit: 100, interval: time.Second}, clockwork.NewFakeClock()
-	s, _ := law.refused(capability.AdaptiveState{}, clock.Now().Add(time.Minute))
+	s, _ := law.refused(AdaptiveState{}, clock.Now().Add(time.Minute))
 	now := clock.Now()
 	s, due := law.increase(s, now)
 	require.True(t, due)
@@ -241,9 +239,9 @@ func TestAdaptViewLaterVersionWins(t *testing.T) {
 	st := lim.state("k")
 	defer lim.release(st)
 	t0 := clock.Now()
-	lim.note(st, capability.AdaptiveState{At: t0.Add(time.Minute), Version: 0}, lim.tb.now())
-	lim.note(st, capability.AdaptiveState{Rate: 9, At: t0, Version: 1}, lim.tb.now())
-	v, _ := lim.view(st)
+	lim.note(st, AdaptiveState{At: t0.Add(time.Minute), Version: 0}, lim.tb.now())
+	lim.note(st, AdaptiveState{Rate: 9, At: t0, Version: 1}, lim.tb.now())
+	v, _ := lim.view(st, 0)
 	assert.InDelta(t, 9, v.st.Rate, 1e-9)
 }
 
@@ -261,12 +259,12 @@ func (f *failingAdaptive) Pause(context.Context, string, time.Duration) error {
 	f.paused.Store(true)
 	return nil
 }
-func (f *failingAdaptive) SwapAdaptive(context.Context, string, capability.AdaptiveState, capability.AdaptiveState, time.Duration) (capability.AdaptiveState, bool, error) {
-	return capability.AdaptiveState{}, false, errors.New("READONLY")
+func (f *failingAdaptive) SwapAdaptive(context.Context, string, AdaptiveState, AdaptiveState, time.Duration) (AdaptiveState, bool, error) {
+	return AdaptiveState{}, false, errors.New("READONLY")
 }
-func (f *failingAdaptive) PaceAdaptive(ctx context.Context, _ string, _ int64, _, _ time.Duration) (capability.AdaptivePace, error) {
+func (f *failingAdaptive) PaceAdaptive(ctx context.Context, _ string, _ int64, _, _ time.Duration) (AdaptivePace, error) {
 	<-ctx.Done()
-	return capability.AdaptivePace{}, &BackendError{Op: "pace", Err: ctx.Err()}
+	return AdaptivePace{}, &BackendError{Op: "pace", Err: ctx.Err()}
 }
 
 // TestReportPausesEvenWhenAdaptingFails: a retry time pauses the bucket
@@ -289,7 +287,7 @@ func TestAcquireDeadlineDuringPacingIsErrTimeout(t *testing.T) {
 	loc, err := NewLocal(10, time.Second)
 	require.NoError(t, err)
 	lim := New(&failingAdaptive{Local: loc})
-	lim.note(lim.root, capability.AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting, as a refusal left it
+	lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting, as a refusal left it
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	err = lim.Acquire(ctx, Forever)
@@ -327,7 +325,7 @@ func TestMemPaceIncreaseKeepsReservedSlotsApart(t *testing.T) {
 func TestAdaptLawClampedTimesAreStored(t *testing.T) {
 	law, clock := adaptLaw{limit: 10, interval: time.Second}, clockwork.NewFakeClock()
 	ahead := clock.Now().Add(time.Hour)
-	s := capability.AdaptiveState{Rate: 9.7, Peak: 10, Step: 0.4, Decreased: ahead, Increased: ahead, Refused: ahead}
+	s := AdaptiveState{Rate: 9.7, Peak: 10, Step: 0.4, Decreased: ahead, Increased: ahead, Refused: ahead}
 	for range 5 {
 		clock.Advance(time.Second)
 		if next, changed := law.increase(s, clock.Now()); changed {
@@ -341,7 +339,7 @@ func TestAdaptLawClampedTimesAreStored(t *testing.T) {
 // advertisement (1e14 per interval) repeated is no change.
 func TestAdaptLawHugeAdvertisedLimitSaysNothingNew(t *testing.T) {
 	law, clock := adaptLaw{limit: 10, interval: time.Second}, clockwork.NewFakeClock()
-	s, _ := law.refused(capability.AdaptiveState{}, clock.Now())
+	s, _ := law.refused(AdaptiveState{}, clock.Now())
 	s, changed := law.advertised(s, 1e14, clock.Now())
 	require.True(t, changed)
 	_, changed = law.advertised(s, 1e14, clock.Now())
@@ -353,7 +351,7 @@ func TestAdaptLawHugeAdvertisedLimitSaysNothingNew(t *testing.T) {
 // by steps to the ceiling's scale, not a jump to the ceiling.
 func TestAdaptLawTinyCeilingStepsToScale(t *testing.T) {
 	law, clock := adaptLaw{limit: 10, interval: time.Second}, clockwork.NewFakeClock()
-	s, _ := law.advertised(capability.AdaptiveState{}, 0.008, clock.Now())
+	s, _ := law.advertised(AdaptiveState{}, 0.008, clock.Now())
 	s.Rate = 0.004
 	clock.Advance(time.Minute)
 	s, _ = law.refused(s, clock.Now())
@@ -367,8 +365,8 @@ func TestAdaptLawTinyCeilingStepsToScale(t *testing.T) {
 // setMemRate makes m adapt at rate per interval from now.
 func setMemRate(t *testing.T, m *memAdaptive, now time.Time, rate float64) {
 	t.Helper()
-	old, _ := m.swap(now, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, 0)
-	_, ok := m.swap(now, old, capability.AdaptiveState{Rate: rate}, time.Hour)
+	old, _ := m.swap(now, AdaptiveState{Version: -1}, AdaptiveState{}, 0)
+	_, ok := m.swap(now, old, AdaptiveState{Rate: rate}, time.Hour)
 	require.True(t, ok)
 }
 
@@ -387,12 +385,12 @@ func TestAdaptViewBelievesAStoreThatLostItsState(t *testing.T) {
 	t0 := clock.Now()
 	before := lim.tb.now()
 	clock.Advance(time.Millisecond)
-	lim.note(st, capability.AdaptiveState{Rate: 9, At: t0, Version: 3}, before)
-	lim.note(st, capability.AdaptiveState{At: t0.Add(time.Hour), Version: 1}, before) // sent before the view came back
-	v, _ := lim.view(st)
+	lim.note(st, AdaptiveState{Rate: 9, At: t0, Version: 3}, before)
+	lim.note(st, AdaptiveState{At: t0.Add(time.Hour), Version: 1}, before) // sent before the view came back
+	v, _ := lim.view(st, 0)
 	assert.InDelta(t, 9, v.st.Rate, 1e-9, "a reply of a call sent earlier replaced the view")
 	clock.Advance(time.Millisecond)
-	lim.note(st, capability.AdaptiveState{At: t0.Add(-time.Hour), Version: 1}, lim.tb.now()) // read after it: the store lost it
-	v, _ = lim.view(st)
+	lim.note(st, AdaptiveState{At: t0.Add(-time.Hour), Version: 1}, lim.tb.now()) // read after it: the store lost it
+	v, _ = lim.view(st, 0)
 	assert.False(t, v.st.Active(), "the store's state, read after the view, is not believed")
 }

@@ -7,8 +7,6 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // The control law, on a fake clock: a limit of 100 per second.
@@ -18,7 +16,7 @@ func newLaw() (adaptLaw, *clockwork.FakeClock) {
 
 func TestAdaptLawDecreaseCountsOncePerInterval(t *testing.T) {
 	law, clock := newLaw()
-	s, changed := law.refused(capability.AdaptiveState{}, clock.Now())
+	s, changed := law.refused(AdaptiveState{}, clock.Now())
 	require.True(t, changed)
 	assert.True(t, s.Active(), "the first refusal without a hint starts pacing")
 	assert.InDelta(t, 90, s.Rate, 1e-9, "at the configured limit, pacing alone may do: a gentle decrease")
@@ -40,7 +38,7 @@ func TestAdaptLawDecreaseCountsOncePerInterval(t *testing.T) {
 
 func TestAdaptLawIncrease(t *testing.T) {
 	law, clock := newLaw()
-	s, _ := law.refused(capability.AdaptiveState{}, clock.Now())
+	s, _ := law.refused(AdaptiveState{}, clock.Now())
 
 	clock.Advance(999 * time.Millisecond)
 	_, due := law.increase(s, clock.Now())
@@ -74,8 +72,8 @@ func TestAdaptLawIncrease(t *testing.T) {
 // probes may reach the ceiling again, in case the provider restored it.
 func TestAdaptLawTopBelowCeiling(t *testing.T) {
 	law, clock := newLaw()
-	atCeiling := capability.AdaptiveState{Rate: 90, Ceiling: 100, Peak: 99, Step: 2, Decreased: clock.Now()}
-	below := capability.AdaptiveState{Rate: 90, Ceiling: 100, Peak: 97.9, Step: 2, Decreased: clock.Now()}
+	atCeiling := AdaptiveState{Rate: 90, Ceiling: 100, Peak: 99, Step: 2, Decreased: clock.Now()}
+	below := AdaptiveState{Rate: 90, Ceiling: 100, Peak: 97.9, Step: 2, Decreased: clock.Now()}
 	for range 30 {
 		clock.Advance(time.Second)
 		atCeiling, _ = law.increase(atCeiling, clock.Now())
@@ -88,7 +86,7 @@ func TestAdaptLawTopBelowCeiling(t *testing.T) {
 func TestAdaptLawProbesBeyondPeak(t *testing.T) {
 	law, clock := newLaw()
 	// The provider cut its limit: two decreases bring the rate to 63.
-	s, _ := law.refused(capability.AdaptiveState{}, clock.Now())
+	s, _ := law.refused(AdaptiveState{}, clock.Now())
 	clock.Advance(time.Second)
 	s, _ = law.refused(s, clock.Now())
 	// It recovers: the fleet climbs to its plateau, 0.97 of 90, holds two
@@ -114,7 +112,7 @@ func TestAdaptLawProbesBeyondPeak(t *testing.T) {
 
 func TestAdaptLawFloor(t *testing.T) {
 	law, clock := newLaw()
-	var s capability.AdaptiveState
+	var s AdaptiveState
 	for range 30 {
 		s, _ = law.refused(s, clock.Now())
 		clock.Advance(time.Second)
@@ -122,7 +120,7 @@ func TestAdaptLawFloor(t *testing.T) {
 	assert.InDelta(t, 5, s.Rate, 1e-9, "never below 5 %% of the limit")
 
 	tiny := adaptLaw{limit: 3, interval: time.Second}
-	s = capability.AdaptiveState{}
+	s = AdaptiveState{}
 	for range 10 {
 		s, _ = tiny.refused(s, clock.Now())
 		clock.Advance(time.Second)
@@ -132,10 +130,10 @@ func TestAdaptLawFloor(t *testing.T) {
 
 func TestAdaptLawCeiling(t *testing.T) {
 	law, clock := newLaw()
-	_, changed := law.advertised(capability.AdaptiveState{}, 150, clock.Now())
+	_, changed := law.advertised(AdaptiveState{}, 150, clock.Now())
 	assert.False(t, changed, "an advertised limit above the configured one teaches nothing")
 
-	s, changed := law.advertised(capability.AdaptiveState{}, 30, clock.Now())
+	s, changed := law.advertised(AdaptiveState{}, 30, clock.Now())
 	require.True(t, changed)
 	assert.InDelta(t, 30, s.Rate, 1e-9, "a lower advertised limit paces at once")
 	assert.InDelta(t, 30, s.Ceiling, 1e-9)
@@ -171,12 +169,12 @@ func TestAdaptLawCeiling(t *testing.T) {
 // fleet never probed beyond (seen in examples/adaptive: stuck at 25.2).
 func TestAdaptLawRoundedRateReachesPlateau(t *testing.T) {
 	law, clock := newLaw()
-	round := func(s capability.AdaptiveState) capability.AdaptiveState {
+	round := func(s AdaptiveState) AdaptiveState {
 		s.Rate = float64(int64(s.Rate*1000)) / 1000
 		s.Peak = float64(int64(s.Peak*1000)) / 1000
 		return s
 	}
-	s := round(capability.AdaptiveState{Rate: 25.2, Ceiling: 100, Peak: 26.0107, Step: 2, Decreased: clock.Now()})
+	s := round(AdaptiveState{Rate: 25.2, Ceiling: 100, Peak: 26.0107, Step: 2, Decreased: clock.Now()})
 	for range 8 {
 		clock.Advance(time.Second)
 		s, _ = law.increase(s, clock.Now())
@@ -190,7 +188,7 @@ func TestAdaptLawRoundedRateReachesPlateau(t *testing.T) {
 // call every hold.
 func TestAdaptLawRoundedTopIsTop(t *testing.T) {
 	law, clock := adaptLaw{limit: 40, interval: time.Second}, clockwork.NewFakeClock()
-	s := capability.AdaptiveState{Rate: float64(milli(0.98*law.limit)) / 1000, Ceiling: 40, Peak: 40, Step: 1, Decreased: clock.Now()}
+	s := AdaptiveState{Rate: float64(milli(0.98*law.limit)) / 1000, Ceiling: 40, Peak: 40, Step: 1, Decreased: clock.Now()}
 	clock.Advance(time.Hour)
 	_, due := law.increase(s, clock.Now())
 	assert.False(t, due)
@@ -202,7 +200,7 @@ func TestAdaptLawRoundedTopIsTop(t *testing.T) {
 // up to the ceiling would only be refused again.
 func TestAdaptLawNearRefusalKeepsTheTopBelowTheCeiling(t *testing.T) {
 	law, clock := newLaw()
-	s, _ := law.refused(capability.AdaptiveState{}, clock.Now()) // at the ceiling, unpaced
+	s, _ := law.refused(AdaptiveState{}, clock.Now()) // at the ceiling, unpaced
 	for range 6 {
 		clock.Advance(time.Second)
 		s, _ = law.increase(s, clock.Now())

@@ -3,8 +3,6 @@ package throttle
 import (
 	"context"
 	"time"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // Bucket is the store of permits a [Limiter] draws from. The in-memory
@@ -14,43 +12,35 @@ import (
 // A Bucket decides; it never sleeps. The Limiter does the waiting, on its
 // clock, for exactly as long as the Decision says, so no caller polls.
 //
-// Beyond Take, a Limiter uses any of these methods a bucket has:
+// Beyond Take, a Limiter uses what else a bucket offers, found by type
+// assertion ([BucketAs]): [Refunder] (give back permits not used),
+// [Pauser] (stop granting a key for the fleet: a provider's Retry-After),
+// [DimensionPauser] (the same per dimension of a [CostBucket]),
+// [Fallbacker] (the limit and the live instances, for [FailLocal] and the
+// adaptive rate), [AdaptiveStore] (the adaptive rate shared by the
+// fleet), [Checker] (for [Limiter.Check]), and
 //
-//	// Refund takes back n permits granted but not used (a reservation
-//	// given up, leased permits handed back); best effort.
-//	Refund(ctx context.Context, key string, n int64) error
-//	// Pause stops granting key for d, for every instance sharing the
-//	// bucket (the Transport of throttle/httpclient calls it on a
-//	// provider's Retry-After); a shorter pause never shortens a longer
-//	// one, and one above MaxPause is clamped to it.
-//	Pause(ctx context.Context, key string, d time.Duration) error
-//	// Fallback returns the limit per interval and how many live
-//	// instances share it (0: unknown, and FailLocal refuses), for
-//	// FailLocal and the adaptive rate (Limiter.Report); it must not
-//	// block: it is called while the store is down.
-//	Fallback() (limit int64, interval time.Duration, instances int64)
 //	// Immediate reports that Take decides at once, with no store that
 //	// could fail or hang: no store timeout, no FailurePolicy.
 //	Immediate() bool
-//	// Check checks the store cheaply, for Limiter.Check.
-//	Check(ctx context.Context) error
 //
-// The buckets of package bucket offer these (and the fleet-wide adaptive
-// rate) to a Limiter through a registry internal to this module, not
-// through methods a user would see; [Local] offers them too. A bucket that
-// wraps another (to count its calls, say) keeps them all by adding a
-// method
+// The buckets of package bucket and [Local] implement those that fit
+// them. A bucket that wraps another (to count its calls, say) keeps them
+// all by adding a method
 //
 //	Unwrap() Bucket
 //
-// that returns the bucket it wraps: the Limiter looks for each method on
-// the wrapper first, then along the chain of Unwrap calls, and uses the
-// first bucket that has it (as errors.As does). A wrapper that embeds a
-// bucket of this module (struct{ *bucket.TokenBucket }) keeps them
-// without Unwrap. A wrapper that must see one of those calls has that
-// method itself, and then hides the wrapped bucket's: the buckets of
-// package bucket have no exported Pause or Refund to pass the call on
-// to. A reservation's exact
+// that returns the bucket it wraps: the Limiter looks for each interface
+// on the wrapper first, then along the chain of Unwrap calls, and uses
+// the first bucket that has it (as errors.As does); Immediate only on b
+// itself. A wrapper that embeds a bucket (struct{ *bucket.TokenBucket })
+// keeps them as promoted methods, which call the wrapped bucket with the
+// key as given: a wrapper that rewrites keys in Take (a tenant prefix,
+// say) must have Pause, PaceAdaptive and SwapAdaptive of its own that
+// rewrite them alike, and one whose Take waits over an embedded Local
+// must define Immediate() bool { return false }. A wrapper that must see
+// one of those calls has that method itself and passes it on to the
+// wrapped bucket's. A reservation's exact
 // cancellation travels in the Decision ([Decision.Cancel]), so a wrapper
 // that returns the inner Decision keeps it.
 //
@@ -66,7 +56,15 @@ type Bucket interface {
 	// maxWait is how far ahead the caller is willing to wait (never
 	// negative; [Forever] for no bound). A bucket that can reserve (GCRA)
 	// may grant a slot up to maxWait in the future and say so with
-	// Decision.Delay; a bucket that cannot reserve ignores it.
+	// Decision.Delay; a bucket that cannot reserve ignores it. A bucket
+	// may book less far ahead than maxWait (package bucket's buckets
+	// book a batch of callers only as far as its shortest wait) and
+	// refuse with the earliest time instead.
+	//
+	// Take must return by ctx's end, even when its store hangs: the
+	// Limiter gives each call a deadline a little before the end of the
+	// caller's wait (or the store timeout, [WithStoreTimeout]), and its
+	// failure policy decides for a call cut off there.
 	//
 	// Take returns an error wrapping [ErrExceedsLimit] when n can never be
 	// granted (n above the bucket's capacity), and a [*BackendError] when
@@ -126,37 +124,6 @@ type Decision struct {
 	// which would then count it twice. [CostGrant.Settle] calls it at
 	// most once.
 	Settle func(ctx context.Context, delta Cost) error
-}
-
-// findCap returns the first bucket in b's chain (b, then what each Unwrap
-// returns) that implements T, or the first capability of T that one of
-// them offers through its capability.Set.
-func findCap[T any](b Bucket) (T, bool) {
-	for range 100 { // a chain that loops ends here
-		if capability.IsNil(b) {
-			break
-		}
-		if t, ok := b.(T); ok {
-			return t, true
-		}
-		if s, ok := capability.SetOf(b); ok { // package bucket's
-			if t, ok := capability.Find[T](s); ok {
-				return t, true
-			}
-		}
-		if own, ok := b.(interface{ capabilities() capability.Set }); ok { // Local
-			if t, ok := capability.Find[T](own.capabilities()); ok {
-				return t, true
-			}
-		}
-		u, ok := b.(interface{ Unwrap() Bucket })
-		if !ok {
-			return *new(T), false
-		}
-		b = u.Unwrap()
-	}
-	var zero T
-	return zero, false
 }
 
 // Tier is one limit: at most Limit permits per Period. Buckets that keep

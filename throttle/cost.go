@@ -58,12 +58,11 @@ type CostBucket interface {
 // AcquireCost is simpler than Acquire: callers of a key do not queue
 // behind a refusal, it uses no lease and no adaptive pace, ignores the
 // permits a context holds, and reports nothing to the [Observer] but its
-// degraded decisions. When the
-// store fails, FailOpen grants and FailClosed refuses; FailLocal refuses
-// too (a budget of several dimensions has no local share), with an error
-// that says so. Each call asks the store itself. A store call that the
-// caller's wait cuts short is the wait running out ([ErrTimeout]), not a
-// store failure.
+// degraded decisions. When the store fails, FailOpen grants and
+// FailClosed refuses; FailLocal refuses too (a budget of several
+// dimensions has no local share), with an error that says so. Each call
+// asks the store itself. A store call that the caller's wait cuts short
+// is the wait running out ([ErrTimeout]), not a store failure.
 //
 // Bad input (an empty Cost, a negative amount, a name the bucket does not
 // keep) returns an error matching [ErrInvalid] that names it; a per-call
@@ -199,7 +198,7 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 	if maxWait < 0 {
 		return nil, invalid("throttle", "maxWait", maxWait, "must be 0 (no wait), positive, or throttle.Forever")
 	}
-	cb, ok := findCap[CostBucket](l.bucket)
+	cb, ok := BucketAs[CostBucket](l.bucket)
 	if !ok {
 		_, n, one := single(c)
 		if !one {
@@ -209,7 +208,7 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 		// permits (taken by an earlier call), took nothing from the
 		// bucket for this call: its Settle must give nothing back.
 		from := fromPolicy
-		if err := l.acquireFrom(ctx, key, n, maxWait, &from); err != nil {
+		if err := l.acquire(ctx, key, n, maxWait, &from); err != nil {
 			return nil, err
 		}
 		g.policy = from == fromPolicy
@@ -224,89 +223,20 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 }
 
 // decideCost is the decision stage of w's wait for a cost: its
-// CostBucket's, or, when the store fails, the failure policy's.
+// CostBucket's, or, when the store fails, the failure policy's
+// (storeFailure).
 func (l *Limiter) decideCost(w *waiter) decision {
 	var c decision
-	left := w.left()
+	ahead := w.bookAhead()
 	cut, err := w.callStore(func(ctx context.Context) error {
 		var err error
-		c.Decision, err = w.cb.TakeCost(ctx, w.key, w.cost, left)
+		c.Decision, err = w.cb.TakeCost(ctx, w.key, w.cost, ahead)
 		return err
 	})
-	if err == nil || !storeFailure(w.ctx, cut.expired, err) {
-		c.err = err
-		return c
-	}
-	c.Decision = Decision{}
-	if cut.unfair(l.cfg.storeTimeout) && !w.failedFairly {
-		// The caller's wait cut the call short of a fair chance, as in
-		// Acquire: no evidence that the store is down. The wait ran out.
-		c.err = w.tb.costExpired(w.cost, cut.had, err)
-		return c
-	}
-	c.src = fromPolicy
-	if c.err = l.degradeCost(w.key, w.cost, err, cut.outOfTime(), w.tb); c.err == nil {
-		// FailOpen's grant, never after the wait's end either (waiter.keep).
-		c.Decision = Decision{Granted: true, Remaining: -1}
+	if err != nil {
+		w.storeFailure(&c, nil, cut, false, err)
 	}
 	return c
-}
-
-// giveBackCost gives back an abandoned reservation d of c through its
-// Settle, waiting for it at most bound (handBack).
-func (l *Limiter) giveBackCost(ctx context.Context, bound time.Duration, d Decision, key string, c Cost) {
-	if d.Settle == nil {
-		return
-	}
-	back := make(Cost, len(c))
-	for name, v := range c {
-		back[name] = -v
-	}
-	l.handBack(ctx, bound, func(rctx context.Context) {
-		if err := d.Settle(rctx, back); err != nil {
-			l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "cost", c.String(), "err", err)
-		}
-	})
-}
-
-// degradeCost is AcquireCost's failure policy when the store failed with
-// err: FailOpen grants; FailClosed and FailLocal refuse. outOfTime: the
-// store call took all the wait left, so a refusal is also the wait
-// running out (ErrTimeout).
-func (l *Limiter) degradeCost(key string, c Cost, err error, outOfTime bool, tb timeoutBound) error {
-	policy := l.cfg.policy
-	var derr error
-	switch policy {
-	case FailOpen:
-	case FailClosed:
-		derr = fmt.Errorf("throttle: acquire cost %v: bucket store failed, and FailClosed refuses every call until it answers: %w", c, err)
-	default:
-		derr = fmt.Errorf("throttle: acquire cost %v: bucket store failed, and FailLocal refuses costs as FailClosed does (a budget of several dimensions has no local share): %w", c, err)
-	}
-	if outOfTime && derr != nil {
-		derr = tb.costExpired(c, 0, derr)
-	}
-	if o := l.cfg.observer; o != nil {
-		name := policy.String()
-		if derr != nil {
-			name = FailClosed.String()
-		}
-		o.Degraded(key, name, derr == nil, err)
-	}
-	return derr
-}
-
-// costExpired is the ErrTimeout of an AcquireCost whose wait ran out
-// while the store was asked for c (in the d0 it had, when known).
-func (tb timeoutBound) costExpired(c Cost, d0 time.Duration, err error) error {
-	within := "within the wait"
-	if d0 > 0 {
-		within = fmt.Sprintf("in the %v left of the wait", d0)
-	}
-	if tb.ctxBound {
-		return fmt.Errorf("%w: cost %v: the bucket store did not answer %s, which ends at the context's deadline (%w): %w", ErrTimeout, c, within, context.DeadlineExceeded, err)
-	}
-	return fmt.Errorf("%w: cost %v: the bucket store did not answer %s: %w", ErrTimeout, c, within, err)
 }
 
 func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) error {
@@ -326,7 +256,7 @@ func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) err
 	w := l.newWaiter(ctx, demand{key: g.key}, 0, 0)
 	tctx, cancel, _, _ := w.storeCall()
 	defer cancel()
-	if _, ok := findCap[CostBucket](l.bucket); ok {
+	if _, ok := BucketAs[CostBucket](l.bucket); ok {
 		if g.settle == nil {
 			return fmt.Errorf("throttle: settle cost %v: the bucket's grant has no Decision.Settle: %w", delta, ErrInvalid)
 		}

@@ -14,8 +14,6 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // eventClock is a fake clock that a driver moves from one event to the
@@ -245,39 +243,33 @@ func (s *latencyStore) TakeCost(ctx context.Context, key string, c Cost, maxWait
 		return d, err
 	}
 	d.Cancel = nil
-	d.Settle = func(ctx context.Context, delta Cost) error {
-		if back := -delta["tokens"]; back > 0 {
-			return s.shared.capabilities().Refunder.Refund(ctx, key, back)
-		}
-		return nil
-	}
+	d.Settle = func(context.Context, Cost) error { return nil } // as Local: nothing given back
 	return d, nil
 }
 
-func (s *latencyStore) Refund(ctx context.Context, key string, n int64) error {
-	return s.shared.capabilities().Refunder.Refund(ctx, key, n)
-}
+// Refund gives nothing back, as Local.
+func (s *latencyStore) Refund(context.Context, string, int64) error { return nil }
 
 func (s *latencyStore) Fallback() (int64, time.Duration, int64) {
-	return s.shared.capabilities().Fallbacker.Fallback()
+	return s.shared.Fallback()
 }
 
-func (s *latencyStore) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (capability.AdaptivePace, error) {
+func (s *latencyStore) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (AdaptivePace, error) {
 	end := s.callEnd(ctx)
 	if err := s.sleep(ctx, s.paceLat/2, end); err != nil {
-		return capability.AdaptivePace{}, &BackendError{Op: "pace", Err: err}
+		return AdaptivePace{}, &BackendError{Op: "pace", Err: err}
 	}
 	p, err := s.shared.PaceAdaptive(ctx, key, n, interval, horizon)
 	if err != nil {
 		return p, err
 	}
 	if err := s.sleep(ctx, s.paceLat-s.paceLat/2, end); err != nil {
-		return capability.AdaptivePace{}, &BackendError{Op: "pace", Err: err}
+		return AdaptivePace{}, &BackendError{Op: "pace", Err: err}
 	}
 	return p, nil
 }
 
-func (s *latencyStore) SwapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
+func (s *latencyStore) SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
 	return s.shared.SwapAdaptive(ctx, key, old, next, ttl)
 }
 
@@ -348,7 +340,7 @@ func (t deadlineTrial) run() (err error, took, end time.Duration, _ error) {
 		_, _ = loc.Take(ctx, "k", 1, Forever)
 	}
 	if t.rate > 0 {
-		s.shared.state("k").swap(clock.Now(), capability.AdaptiveState{}, capability.AdaptiveState{Rate: t.rate}, time.Hour)
+		s.shared.state("k").swap(clock.Now(), AdaptiveState{}, AdaptiveState{Rate: t.rate}, time.Hour)
 		for range t.slots {
 			_, _ = s.shared.PaceAdaptive(ctx, "k", 1, trialInterval, trialInterval)
 		}

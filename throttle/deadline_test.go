@@ -10,8 +10,6 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // slowPace is a sharedAdaptive whose PaceAdaptive answers latency after
@@ -23,7 +21,7 @@ type slowPace struct {
 	latency time.Duration
 }
 
-func (s *slowPace) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (capability.AdaptivePace, error) {
+func (s *slowPace) PaceAdaptive(ctx context.Context, key string, n int64, interval, horizon time.Duration) (AdaptivePace, error) {
 	p, err := s.sharedAdaptive.PaceAdaptive(ctx, key, n, interval, horizon)
 	s.fake.Advance(s.latency)
 	return p, err
@@ -49,7 +47,7 @@ func TestPacedSlotAfterTheDeadlineIsATimeout(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	b := &slowPace{sharedAdaptive: newSharedAdaptive(t, clock, 100), fake: clock}
 	b.mu <- struct{}{}
-	_, ok := b.state("k").swap(clock.Now(), capability.AdaptiveState{}, capability.AdaptiveState{Rate: 20}, time.Hour) // a slot every 50 ms
+	_, ok := b.state("k").swap(clock.Now(), AdaptiveState{}, AdaptiveState{Rate: 20}, time.Hour) // a slot every 50 ms
 	<-b.mu
 	require.True(t, ok)
 	lim := New(b, WithClock(clock))

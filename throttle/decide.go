@@ -3,7 +3,6 @@ package throttle
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -67,7 +66,7 @@ func (w *waiter) decide(st *keyState) decision {
 func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 	c := decision{n: n, want: want}
 	if l.caps.immediate {
-		c.Decision, c.err = l.take(w.ctx, st.key, n+want, l.bookAhead(w.left()))
+		c.Decision, c.err = l.take(w.ctx, st.key, n+want, w.bookAhead())
 		c.answered = l.tb.now()
 		if c.err == nil {
 			st.noteLimit(c.Decision)
@@ -83,7 +82,7 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 		if !o.probing.CompareAndSwap(false, true) {
 			// Someone is asking the store: decide without it.
 			c.src = fromPolicy
-			c.Decision, c.err = l.degrade(st, n, o.err(), false)
+			c.Decision, c.err = l.degrade(w, st, n, o.err(), false)
 			return c
 		}
 		probe = true
@@ -125,24 +124,7 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 		return c
 	}
 	c.unreserve(st)
-	if !storeFailure(w.ctx, cut.expired, err) {
-		c.err = err
-		return c
-	}
-	if cut.unfair(l.cfg.storeTimeout) && !probe && !w.failedFairly {
-		// The caller's wait cut the call short of a fair chance (a
-		// quarter of the store timeout): no evidence that the store is
-		// down, so no degraded decision either. The wait ran out. (A
-		// probe has the evidence already: the store was down before;
-		// so has a wait whose adaptive pace the store failed.)
-		c.Decision, c.err = Decision{}, fmt.Errorf("%w: the bucket store did not answer in the %v left of the wait: %w", ErrTimeout, cut.had, err)
-		return c
-	}
-	if o.begin(c.sent, err) {
-		l.cfg.logger.Warn("throttle: bucket store failed; deciding by the failure policy until it answers", "policy", l.cfg.policy.String(), "what", l.policyNote(), "err", err)
-	}
-	c.src = fromPolicy
-	c.Decision, c.err = l.degrade(st, n, err, cut.outOfTime())
+	w.storeFailure(&c, st, cut, probe, err)
 	return c
 }
 
@@ -151,7 +133,7 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 // once). It sets c's Decision and returns the store's error.
 func (c *decision) call(w *waiter, st *keyState) (storeCut, error) {
 	l := w.l
-	reserve := l.bookAhead(w.left())
+	reserve := w.bookAhead()
 	return w.callStore(func(ctx context.Context) error {
 		var err error
 		c.Decision, err = l.take(ctx, st.key, c.n+c.want+c.debt, reserve)
@@ -164,16 +146,6 @@ func (c *decision) call(w *waiter, st *keyState) (storeCut, error) {
 		}
 		return err
 	})
-}
-
-// bookAhead is how far ahead a bucket that can reserve may book, with
-// left of the wait: all of it; a lease's refill takes only permits free
-// now.
-func (l *Limiter) bookAhead(left time.Duration) time.Duration {
-	if l.leasing != nil {
-		return 0
-	}
-	return left
 }
 
 // unreserve gives back, after a failed store call, the debt c carried and

@@ -78,18 +78,9 @@ func (p *periodBound) note(end, remaining, tol int64) bool {
 	case end < cur-tol:
 		return true // a late answer of an earlier period
 	}
-	for {
-		r := p.remaining.Load()
-		if remaining >= r || p.remaining.CompareAndSwap(r, remaining) {
-			break
-		}
-	}
-	for {
-		e := p.end.Load()
-		if end <= e || p.end.CompareAndSwap(e, end) {
-			return true
-		}
-	}
+	atMost(&p.remaining, remaining)
+	atLeast(&p.end, end)
+	return true
 }
 
 // start begins the later period a decision noted (see note). The caller
@@ -216,32 +207,42 @@ func (k *localShare) take(n, now int64) Decision {
 	return Decision{Granted: true, Remaining: -1}
 }
 
+// localShareOf is what FailLocal's share is made of: the bucket's limit
+// per interval (keyLimit instead, a key's own limit, when positive) and
+// its live instances; why says why there is no share, when there is none.
+func (l *Limiter) localShareOf(keyLimit int64) (limit int64, interval time.Duration, inst int64, why string) {
+	fb := l.caps.fallbacker
+	if fb == nil {
+		return 0, 0, 0, "the bucket does not report its limit and instance count (it has no Fallback method)"
+	}
+	limit, interval, inst = fb.Fallback()
+	if keyLimit > 0 {
+		limit = keyLimit // the key's own limit, live ones included
+	}
+	switch {
+	case inst < 1:
+		why = "this instance has not reached the store since it started, so it does not know its share"
+	case limit < 1 || interval <= 0:
+		why = "the bucket reports no limit per interval"
+	case limit < inst:
+		why = fmt.Sprintf("its share would be below one permit per interval (limit %d among %d live instances)", limit, inst)
+	case interval.Nanoseconds()/(limit/inst) > (1<<62)/inst:
+		why = "its share's pace overflows"
+	}
+	return limit, interval, inst, why
+}
+
 // localTake is FailLocal's decision for n permits of st's key: granted now,
 // or refused with the delay until this instance's next slot. why is set
 // when FailLocal cannot decide and refuses (the Limiter then fails
 // closed): it says why. err is set when n is above one share.
 func (l *Limiter) localTake(st *keyState, n int64) (d Decision, why string, err error) {
-	fb := l.caps.fallbacker
-	if fb == nil {
-		return Decision{}, "the bucket does not report its limit and instance count (it has no Fallback method)", nil
-	}
-	limit, interval, inst := fb.Fallback()
-	if v := st.limit.Load(); v > 0 {
-		limit = v // the key's own limit, live ones included
-	}
-	switch {
-	case inst < 1:
-		return Decision{}, "this instance has not reached the store since it started, so it does not know its share", nil
-	case limit < 1 || interval <= 0:
-		return Decision{}, "the bucket reports no limit per interval", nil
-	case limit < inst:
-		return Decision{}, fmt.Sprintf("its share would be below one permit per interval (limit %d among %d live instances)", limit, inst), nil
+	limit, interval, inst, why := l.localShareOf(st.limit.Load())
+	if why != "" {
+		return Decision{}, why, nil
 	}
 	iv := interval.Nanoseconds()
 	share := limit / inst
-	if iv/share > (1<<62)/inst {
-		return Decision{}, "its share's pace overflows", nil
-	}
 	now := l.tb.now()
 	down := l.outage.since.Load()
 	st.out.mu.Lock()
@@ -335,12 +336,11 @@ func (o *outageKey) takeOwed(now int64) int64 {
 	return k.owed(now)
 }
 
-// settle accounts, after an outage, for owed permits key granted
-// locally: they are taken from the shared bucket (as many as it has left)
-// before the key's shared grants resume. It is called on a shared
-// decision's path and is bounded by w's wait as that call is
-// (waiter.storeCall): what it cannot settle in time stays unaccounted for
-// (logged).
+// settle accounts, after an outage, for owed permits key granted locally:
+// they are taken from the shared bucket (as many as it has left) before
+// the key's shared grants resume. It is called on a shared decision's
+// path and is bounded by w's wait as that call is (waiter.storeCall):
+// what it cannot settle in time stays unaccounted for (logged).
 func (l *Limiter) settle(w *waiter, key string, owed int64) {
 	tctx, cancel, _, _ := w.storeCall()
 	defer cancel()

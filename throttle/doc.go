@@ -51,9 +51,8 @@
 // tokens of an LLM API), known only after it, takes an estimated [Cost]
 // with [Limiter.AcquireCost] and corrects it with the grant's
 // [CostGrant.Settle] (a give-back only where the grant was counted, while
-// it counts),
-// from a [CostBucket] (package bucket's Budget) that takes every
-// dimension or none.
+// it counts), from a [CostBucket] (package bucket's Budget) that takes
+// every dimension or none.
 //
 // Around the core, in packages of their own: throttle/httpclient has an
 // http.RoundTripper that takes a permit before each outbound request and

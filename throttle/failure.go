@@ -1,7 +1,6 @@
 package throttle
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -111,23 +110,22 @@ func WithFailurePolicy(p FailurePolicy) LimiterOption {
 	return limiterOnly(func(c *config) { c.policy = p })
 }
 
-// WithStoreTimeout bounds the store calls of Acquire with maxWait 0 (and
-// no earlier ctx deadline): together, they get d from the first (the
-// adaptive pace's, or Take's); a call the earlier ones left less than a
-// quarter of d, cut by it, is a wait that ran out ([ErrTimeout]), not a
-// store failure, unless the store failed an earlier one (the pace's) in
-// time. The adaptive pace's call gets at most d whatever the
+// WithStoreTimeout sets d, the store timeout. Each bucket call of an
+// Acquire gets the end of the caller's wait (maxWait or ctx's deadline,
+// the earlier) less a room of a quarter of the wait left, at most 10 ms,
+// as its deadline, so that a hung store never keeps Acquire past it and
+// the [FailurePolicy] decides within the wait; [Forever] without a ctx
+// deadline gets none, and relies on the store client's own timeouts
+// (go-redis: ReadTimeout, 3 s by default). The store calls of an Acquire
+// with maxWait 0 (and no earlier ctx deadline) get d together, from the
+// first (the adaptive pace's, or Take's): one the earlier ones left less
+// than a quarter of d, cut by it, is a wait that ran out ([ErrTimeout]),
+// not a store failure, unless the store failed an earlier one (the
+// pace's) in time. The adaptive pace's call gets at most d whatever the
 // wait: a pace the store does not answer in time is given up for this
 // process's share of the rate, and the bucket call still gets its bound.
-// Other calls get the end of the caller's wait (maxWait or ctx's deadline,
-// the earlier), less a room of a quarter of the wait left, at most 10 ms,
-// as the deadline of each bucket call, so a hung store never keeps Acquire
-// past it and the [FailurePolicy] decides within the wait; [Forever]
-// without a ctx deadline gets none, and
-// relies on the store client's own timeouts (go-redis: ReadTimeout, 3 s
-// by default). A bucket call cut by its deadline while the caller's
-// context is alive counts as a store failure and goes through the
-// [FailurePolicy].
+// A bucket call cut by its deadline while the caller's context is alive
+// counts as a store failure and goes through the [FailurePolicy].
 //
 // Default: [DefaultStoreTimeout] (100 ms): far above a healthy Redis round
 // trip (well under 1 ms), short enough that a hung Redis does not stall a
@@ -174,47 +172,20 @@ func (o *outage) err() error {
 	return errors.New("the bucket store failed")
 }
 
-// storeFailure reports whether err, from a Take whose own deadline has
-// expired or not, means the store failed (as opposed to an error about the
-// call). ctx is the caller's. A call cut by its own deadline (which comes
-// before the caller's) is the store's failure even when the caller's
-// deadline has passed too by the time it is looked at (a busy machine
-// can take that long to run the caller again): the store had its chance.
-func storeFailure(ctx context.Context, expired bool, err error) bool {
-	if ctx.Err() != nil && !expired || errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) || errors.Is(err, ErrTimeout) {
-		return false
-	}
-	var be *BackendError
-	if errors.As(err, &be) {
-		return true
-	}
-	// A bucket of the user's that gives up when our deadline passes.
-	return expired && errors.Is(err, context.DeadlineExceeded)
-}
-
-// deadlinePassed reports whether ctx's deadline has come: its Err says so,
-// or the clock does (a client that sets its socket deadlines from ctx, such
-// as go-redis with ContextTimeoutEnabled, can fail at the deadline an
-// instant before ctx's own timer fires).
-func deadlinePassed(ctx context.Context) bool {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return true
-	}
-	dl, ok := ctx.Deadline()
-	return ok && !time.Now().Before(dl)
-}
-
-// degrade makes the decision of the failure policy for st's key when the
-// store failed with err. outOfTime reports that the caller's wait ran out
-// while the store was asked.
-func (l *Limiter) degrade(st *keyState, n int64, err error, outOfTime bool) (Decision, error) {
-	policy := l.cfg.policy
+// degrade is the failure policy's decision for n permits of st's key,
+// or for w's cost (st nil), when the store failed with err; outOfTime
+// reports that the caller's wait ran out while the store was asked. A
+// cost has no local share: FailLocal refuses it as FailClosed does.
+func (l *Limiter) degrade(w *waiter, st *keyState, n int64, err error, outOfTime bool) (Decision, error) {
+	policy, what := l.cfg.policy, whatOf(n, w.cost)
 	var d Decision
 	var derr error
-	switch policy {
-	case FailOpen:
+	switch {
+	case policy == FailOpen:
 		d = Decision{Granted: true, Remaining: -1}
-	case FailLocal:
+	case policy == FailLocal && w.cost != nil:
+		policy, derr = FailClosed, fmt.Errorf("throttle: acquire %s: bucket store failed, and FailLocal refuses costs as FailClosed does (a budget of several dimensions has no local share): %w", what, err)
+	case policy == FailLocal:
 		// Never reserve: refused, the Limiter waits for the Delay as for
 		// any bucket, then asks (or probes) again.
 		var why string
@@ -226,16 +197,16 @@ func (l *Limiter) degrade(st *keyState, n int64, err error, outOfTime bool) (Dec
 			policy, d, derr = FailClosed, Decision{}, fmt.Errorf("%w: %w", lerr, err)
 		case why != "":
 			policy, d = FailClosed, Decision{}
-			derr = fmt.Errorf("throttle: acquire %d permit(s): bucket store failed, and FailLocal refuses: %s: %w", n, why, err)
+			derr = fmt.Errorf("throttle: acquire %s: bucket store failed, and FailLocal refuses: %s: %w", what, why, err)
 		}
 	default:
-		derr = fmt.Errorf("throttle: acquire %d permit(s): bucket store failed, and FailClosed refuses every call until it answers: %w", n, err)
+		derr = fmt.Errorf("throttle: acquire %s: bucket store failed, and FailClosed refuses every call until it answers: %w", what, err)
 	}
 	if outOfTime && derr != nil {
-		derr = fmt.Errorf("%w: the bucket store did not answer within the wait: %w", ErrTimeout, derr)
+		derr = w.tb.unanswered(0, derr)
 	}
 	if o := l.cfg.observer; o != nil {
-		o.Degraded(st.key, policy.String(), d.Granted, err)
+		o.Degraded(w.key, policy.String(), d.Granted, err)
 	}
 	return d, derr
 }
@@ -249,16 +220,9 @@ func (l *Limiter) policyNote() string {
 	case FailClosed:
 		return "FailClosed: every call is refused until it answers"
 	}
-	fb := l.caps.fallbacker
-	if fb == nil {
-		return "FailLocal refuses: the bucket does not report its limit and instance count (it has no Fallback method)"
-	}
-	limit, interval, inst := fb.Fallback()
-	switch {
-	case inst < 1:
-		return "FailLocal refuses: this instance has not reached the store since it started, so it does not know its share"
-	case limit < inst:
-		return fmt.Sprintf("FailLocal refuses: its share would be below one permit per interval (limit %d among %d live instances)", limit, inst)
+	limit, interval, inst, why := l.localShareOf(0)
+	if why != "" {
+		return "FailLocal refuses: " + why
 	}
 	return fmt.Sprintf("FailLocal: this instance grants its share, %d per %v of each key's limit (%d live instances)", limit/inst, interval, inst)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -256,23 +257,45 @@ func TestHungStoreIsBoundedAndProbedOnce(t *testing.T) {
 			start := time.Now()
 			err := lim.Acquire(context.Background(), tc.maxWait)
 			took := time.Since(start)
-			if tc.wantErr == nil {
+			switch {
+			case tc.wantErr == nil && tc.maxWait > 0 && errors.Is(err, throttle.ErrTimeout) && strings.Contains(err.Error(), "given back"):
+				// The policy decides when the store call is cut, a
+				// few ms before the wait's end (storeMargin); a
+				// machine that schedules the caller later than that
+				// refuses the grant it made past the wait's end, as
+				// Acquire's godoc says. That FailOpen grants is
+				// checked below, by callers that decide at once.
+				t.Logf("decided after the wait's end on this machine: %v", err)
+			case tc.wantErr == nil:
 				require.NoError(t, err)
-			} else {
+			default:
 				require.ErrorIs(t, err, tc.wantErr)
 			}
 			assert.Less(t, took, tc.bound+50*time.Millisecond, "Acquire returned %v after its bound %v", took-tc.bound, tc.bound)
 
-			// Now down: 20 concurrent callers, one probe at a time.
+			// Now down: 20 concurrent callers, one probe at a time;
+			// FailOpen grants each of them, FailClosed none, FailLocal
+			// some (its share, 1000 a second, paced).
 			var wg sync.WaitGroup
+			var granted atomic.Int64
 			for range 20 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_ = lim.Acquire(context.Background(), 0)
+					if lim.Acquire(context.Background(), 0) == nil {
+						granted.Add(1)
+					}
 				}()
 			}
 			wg.Wait()
+			switch tc.policy {
+			case throttle.FailClosed:
+				assert.Zero(t, granted.Load(), "FailClosed grants nothing while the store hangs")
+			case throttle.FailOpen:
+				assert.Equal(t, int64(20), granted.Load(), "FailOpen grants every caller while the store hangs")
+			default:
+				assert.Positive(t, granted.Load(), "FailLocal grants its share while the store hangs")
+			}
 			assert.LessOrEqual(t, f.calls.Load(), int64(12), "callers during an outage decide without asking the hung store (one probe at a time)")
 		})
 	}

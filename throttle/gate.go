@@ -8,7 +8,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/pacenote"
 )
 
 // The gate's times are on its Limiter's time base (ns since its epoch,
@@ -39,10 +39,8 @@ func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
 	if st.gate.open() {
 		return false, nil
 	}
-	if err := st.gate.enter(w.ctx, retry, w.left(), w.tb); err != nil {
-		return false, err
-	}
-	return true, nil
+	err = st.gate.enter(w.ctx, retry, w.gateDeadline(), w.tb)
+	return err == nil, err
 }
 
 // leaveGate is the gate's reading of a round's decision c (of permits of
@@ -113,22 +111,23 @@ func (g *gate) open() bool {
 // closeFor records a refusal: asking again is useless for d.
 func (g *gate) closeFor(d time.Duration) {
 	g.mu.Lock()
-	g.closeLocked(d)
+	g.closedUntil.Store(addSat(g.tb.now(), d))
 	g.admitLocked()
 	g.mu.Unlock()
 }
 
-func (g *gate) closeLocked(d time.Duration) {
-	g.closedUntil.Store(addSat(g.tb.now(), d))
-}
-
 // enter queues the caller (first in line if retry, as it was already
-// admitted once) until the gate admits it, left runs out (ErrTimeout, at
-// once if the gate opens too late), or ctx ends. On nil the caller holds an
-// admission and must call leave after asking the bucket.
-func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb timeoutBound) error {
+// admitted once) until the gate admits it, its deadline comes (ErrTimeout,
+// at once if the gate opens too late; noDeadline: none), or ctx ends. On
+// nil the caller holds an admission and must call leave after asking the
+// bucket.
+func (g *gate) enter(ctx context.Context, retry bool, deadline int64, tb timeoutBound) error {
 	g.mu.Lock()
 	now := g.tb.now()
+	left := Forever
+	if deadline != noDeadline {
+		left = time.Duration(max(deadline-now, 0))
+	}
 	if wait := time.Duration(g.closedUntil.Load() - now); wait > 0 && wait > left {
 		g.mu.Unlock()
 		return tb.err(wait)
@@ -142,12 +141,9 @@ func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb tim
 		return nil
 	}
 	if g.closedUntil.Load() > now {
-		capability.NotePaced(ctx) // queued behind a refusal's retry time
+		pacenote.MarkPaced(ctx) // queued behind a refusal's retry time
 	}
-	w := &gateWaiter{ready: make(chan struct{}, 1), deadline: noDeadline, timeout: tb}
-	if left != Forever {
-		w.deadline = addSat(now, left)
-	}
+	w := &gateWaiter{ready: make(chan struct{}, 1), deadline: deadline, timeout: tb}
 	if retry {
 		g.q = append([]*gateWaiter{w}, g.q...)
 	} else {
@@ -160,11 +156,11 @@ func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb tim
 	// A gate that closes again past our deadline turns us away at once;
 	// the timer bounds the wait behind callers in flight (an open gate
 	// with admitWave calls to a slow store).
-	var deadline <-chan time.Time
-	if left != Forever {
+	var end <-chan time.Time
+	if deadline != noDeadline {
 		t := g.tb.clock.NewTimer(left)
 		defer t.Stop()
-		deadline = t.Chan()
+		end = t.Chan()
 	}
 	var err error
 	select {
@@ -172,7 +168,7 @@ func (g *gate) enter(ctx context.Context, retry bool, left time.Duration, tb tim
 		return w.err
 	case <-ctx.Done():
 		err = waitErr(ctx)
-	case <-deadline:
+	case <-end:
 		err = tb.err(left)
 	}
 	g.mu.Lock()
@@ -201,7 +197,7 @@ func (g *gate) leave(refused bool, d time.Duration) {
 	g.mu.Lock()
 	g.active--
 	if refused {
-		g.closeLocked(d)
+		g.closedUntil.Store(addSat(g.tb.now(), d))
 	}
 	g.admitLocked()
 	g.mu.Unlock()
@@ -246,16 +242,11 @@ func (g *gate) admitLocked() {
 		w := g.q[0]
 		g.q[0] = nil
 		g.q = g.q[1:]
-		g.admitOne(w)
+		g.queued.Add(-1)
+		w.admitted = true
+		g.active++
+		w.ready <- struct{}{}
 	}
-}
-
-// admitOne lets w in; g.mu is held and w is out of the queue.
-func (g *gate) admitOne(w *gateWaiter) {
-	g.queued.Add(-1)
-	w.admitted = true
-	g.active++
-	w.ready <- struct{}{}
 }
 
 // reopen runs when the time the bucket named has come.

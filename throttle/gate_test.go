@@ -148,3 +148,35 @@ func TestKeysIdlePastTheirRefusalAreForgotten(t *testing.T) {
 	}
 	assert.Less(t, lim.states.count(), 2100, "keys idle past their refusal are forgotten")
 }
+
+// TestAForeverWaitQueuesAtAClosedGateWhenTheClockWentBack: a caller
+// that waits for ever queues at a closed gate until its context ends,
+// even on a clock set back before the Limiter's start (a fake or custom
+// clock), where the Limiter's time base is negative and "no deadline less
+// now" would overflow into no wait at all.
+func TestAForeverWaitQueuesAtAClosedGateWhenTheClockWentBack(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := New(grantAll{}, WithClock(clock))
+	defer lim.Close()
+	st := lim.state("")
+	st.gate.closeFor(time.Hour)
+	lim.release(st)
+	clock.Advance(-2 * time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- lim.Acquire(ctx, Forever) }()
+	bctx, bcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer bcancel()
+	require.NoError(t, clock.BlockUntilContext(bctx, 1), "the caller queues at the gate")
+	cancel()
+	err := <-done
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, ErrTimeout, "a Forever wait has no end to run out")
+}
+
+// grantAll is a bucket that grants everything at once.
+type grantAll struct{}
+
+func (grantAll) Take(context.Context, string, int64, time.Duration) (Decision, error) {
+	return Decision{Granted: true, Limit: 100, Remaining: 50, Reset: time.Second}, nil
+}

@@ -11,16 +11,13 @@ import (
 // A caller that leaves permits it was granted (a reservation beyond its
 // wait, a grant answered after its wait's end, a wait stopped while it
 // slept for its grant) gives them back to the bucket: one store call, on
-// a context of its own (the caller's may be done), giveBackTimeout long.
-// The caller waits for it at most until the end of its wait
-// (waiter.giveBackBound), as for any call that must not keep it past its
-// wait, and at most the store timeout ([WithStoreTimeout]) in any case (a
-// caller without a wait's end, or one that leaves long before it). The call is never cut short nor made
-// twice: what the caller no longer waits for goes on in a goroutine of the
-// Limiter, which Close waits for. A give-back to an immediate bucket
-// (in memory: it cannot hang) is done before the caller returns, so that
-// its permits are there for the next caller (a reservation cancelled
-// exactly can be so only while nothing was booked after it).
+// a context of its own (the caller's may be done), giveBackTimeout long,
+// never cut short nor made twice. The caller waits for it at most
+// waiter.giveBackBound; the rest goes on in a goroutine of the Limiter,
+// which Close waits for. A give-back to an immediate bucket (in memory:
+// it cannot hang) is done before the caller returns, so that its permits
+// are there for the next caller (a reservation cancelled exactly can be
+// so only while nothing was booked after it).
 
 // giveBackTimeout bounds one give-back's store call.
 const giveBackTimeout = time.Second
@@ -69,9 +66,37 @@ func (g *giveBacks) close() {
 	}
 }
 
-// handBack runs give, a give-back for a caller under ctx, on a context
-// of its own with ctx's values, and waits for it at most bound (see
-// above).
+// giveBack gives back what a caller leaves of key's budget: a cost's
+// reservation d by its Settle; n permits by d's Cancel (exact, for a
+// reservation) or else the bucket's Refunder. With neither, the permits
+// only cost throughput. The caller waits for it at most bound (handBack).
+func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, key string, n int64, cost Cost, d Decision) {
+	var give func(context.Context) error
+	switch {
+	case cost != nil && d.Settle != nil:
+		back := make(Cost, len(cost))
+		for name, v := range cost {
+			back[name] = -v
+		}
+		give = func(rctx context.Context) error { return d.Settle(rctx, back) }
+	case cost != nil || n < 1:
+	case d.Cancel != nil:
+		give = d.Cancel
+	case l.caps.refunder != nil:
+		give = func(rctx context.Context) error { return l.caps.refunder.Refund(rctx, key, n) }
+	}
+	if give == nil {
+		return
+	}
+	l.handBack(ctx, bound, func(rctx context.Context) {
+		if err := give(rctx); err != nil {
+			l.cfg.logger.Warn("throttle: giving back permits failed", "key", key, "what", whatOf(n, cost), "err", err)
+		}
+	})
+}
+
+// handBack runs give, a give-back for a caller under ctx, on a context of
+// its own with ctx's values, and waits for it at most bound (see above).
 func (l *Limiter) handBack(ctx context.Context, bound time.Duration, give func(context.Context)) {
 	run := func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)

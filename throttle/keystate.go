@@ -34,7 +34,7 @@ func (t *timeBase) wall(now int64) time.Time { return t.epoch.Add(time.Duration(
 // keyState is everything a Limiter keeps for one key, one small struct
 // per mechanism, each in its file with its lock rule: the gate where its
 // callers queue after a refusal (gate, gate.go), what it last saw of the
-// key's adaptive rate (adapt, adapt.go), the failure policy's ledger of the
+// key's adaptive rate (adapt, adaptive_state.go), the failure policy's ledger of the
 // shared period, its local share during an outage and the first-back cap
 // after one (out, degraded.go), and the lease (lease, lease.go). No lock
 // guards two of them: a mechanism's lock is never held while another's is
@@ -64,11 +64,35 @@ type keyState struct {
 
 // notePause records a pause of the key until until (on the Limiter's time
 // base), for the callers waiting for their grant's time.
-func (st *keyState) notePause(until int64) {
-	for {
-		old := st.pausedUntil.Load()
-		if old >= until || st.pausedUntil.CompareAndSwap(old, until) {
+func (st *keyState) notePause(until int64) { atLeast(&st.pausedUntil, until) }
+
+// atLeast raises a to v if it is below; atMost lowers it if above.
+func atLeast(a *atomic.Int64, v int64) {
+	for old := a.Load(); old < v; old = a.Load() {
+		if a.CompareAndSwap(old, v) {
 			return
+		}
+	}
+}
+
+func atMost(a *atomic.Int64, v int64) {
+	for old := a.Load(); old > v; old = a.Load() {
+		if a.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// spend removes n from a if it holds that many, without a lock, and
+// returns what is left.
+func spend(a *atomic.Int64, n int64) (left int64, ok bool) {
+	for {
+		left := a.Load()
+		if left < n {
+			return left, false
+		}
+		if a.CompareAndSwap(left, left-n) {
+			return left - n, true
 		}
 	}
 }

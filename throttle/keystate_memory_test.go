@@ -9,8 +9,6 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // KeyStatesKept is how many key states l keeps (key "" aside), for the
@@ -55,18 +53,18 @@ func (s *sharedAdaptive) state(key string) *memAdaptive {
 	return s.mem[key]
 }
 
-func (s *sharedAdaptive) PaceAdaptive(_ context.Context, key string, n int64, interval, horizon time.Duration) (capability.AdaptivePace, error) {
+func (s *sharedAdaptive) PaceAdaptive(_ context.Context, key string, n int64, interval, horizon time.Duration) (AdaptivePace, error) {
 	s.mu <- struct{}{}
 	defer func() { <-s.mu }()
 	return s.state(key).pace(s.clock.Now(), n, interval, horizon, 0), nil
 }
 
-func (s *sharedAdaptive) SwapAdaptive(ctx context.Context, key string, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
+func (s *sharedAdaptive) SwapAdaptive(ctx context.Context, key string, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
 	if b := s.block.Load(); b != nil && old.Version < 0 {
 		select {
 		case <-*b:
 		case <-ctx.Done():
-			return capability.AdaptiveState{}, false, ctx.Err()
+			return AdaptiveState{}, false, ctx.Err()
 		}
 	}
 	s.mu <- struct{}{}

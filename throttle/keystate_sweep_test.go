@@ -30,7 +30,7 @@ func (f *failingLocal) Take(ctx context.Context, key string, n int64, w time.Dur
 }
 
 func (f *failingLocal) Fallback() (int64, time.Duration, int64) {
-	return f.loc.capabilities().Fallbacker.Fallback()
+	return f.loc.Fallback()
 }
 
 // TestTenantKeysUnusedSinceAnOutageAreForgottenWhileOnlyTheDefaultKeyIsUsed

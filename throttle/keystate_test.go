@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -44,7 +43,7 @@ func TestAdaptiveRateFollowsALiveLimit(t *testing.T) {
 			require.NoError(t, k.Acquire(ctx, 0))
 		}
 		require.NoError(t, k.Report(ctx, throttle.Answer{Refused: true}))
-		s, err := capability.KeyedLimiter(lim.Key(key)).AdaptiveState(ctx)
+		s, err := lim.Key(key).AdaptiveState(ctx)
 		require.NoError(t, err)
 		assert.InDelta(t, 900, s.Rate, 1, "key %q: 0.9 of the live limit 1000", key)
 	}
@@ -130,16 +129,16 @@ func (b *stallingAdaptive) Take(context.Context, string, int64, time.Duration) (
 
 func (b *stallingAdaptive) Fallback() (int64, time.Duration, int64) { return 100, time.Second, 1 }
 
-func (b *stallingAdaptive) state() capability.AdaptiveState {
+func (b *stallingAdaptive) state() throttle.AdaptiveState {
 	long := time.Now().Add(-time.Hour)
-	return capability.AdaptiveState{Rate: 50, Peak: 100, Step: 4, Decreased: long, Increased: long, Refused: long, Version: 1, At: time.Now()}
+	return throttle.AdaptiveState{Rate: 50, Peak: 100, Step: 4, Decreased: long, Increased: long, Refused: long, Version: 1, At: time.Now()}
 }
 
-func (b *stallingAdaptive) PaceAdaptive(context.Context, string, int64, time.Duration, time.Duration) (capability.AdaptivePace, error) {
-	return capability.AdaptivePace{Granted: true, State: b.state()}, nil
+func (b *stallingAdaptive) PaceAdaptive(context.Context, string, int64, time.Duration, time.Duration) (throttle.AdaptivePace, error) {
+	return throttle.AdaptivePace{Granted: true, State: b.state()}, nil
 }
 
-func (b *stallingAdaptive) SwapAdaptive(ctx context.Context, _ string, old, _ capability.AdaptiveState, _ time.Duration) (capability.AdaptiveState, bool, error) {
+func (b *stallingAdaptive) SwapAdaptive(ctx context.Context, _ string, old, _ throttle.AdaptiveState, _ time.Duration) (throttle.AdaptiveState, bool, error) {
 	if old.Version < 0 {
 		return b.state(), false, nil // a read
 	}
@@ -154,7 +153,7 @@ func (b *stallingAdaptive) SwapAdaptive(ctx context.Context, _ string, old, _ ca
 	b.mu.Lock()
 	b.returned = time.Now()
 	b.mu.Unlock()
-	return capability.AdaptiveState{}, false, ctx.Err()
+	return throttle.AdaptiveState{}, false, ctx.Err()
 }
 
 // TestAcquireDoesNotWaitForTheAdaptiveIncrease: a key adapting, an
@@ -166,7 +165,7 @@ func TestAcquireDoesNotWaitForTheAdaptiveIncrease(t *testing.T) {
 	lim := throttle.New(b)
 	defer lim.Close()
 	ctx := context.Background()
-	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
+	s, err := lim.Key("").AdaptiveState(ctx)
 	require.NoError(t, err)
 	require.True(t, s.Active(), "the key adapts")
 	require.NoError(t, lim.Acquire(ctx, 20*time.Millisecond))
@@ -217,7 +216,7 @@ func TestUserWrapperAroundLocalKeepsRefundsAndTheAdaptiveRate(t *testing.T) {
 	require.NoError(t, lim.Acquire(ctx, 0), "the abandoned slot was given back")
 
 	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true}))
-	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
+	s, err := lim.Key("").AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.True(t, s.Active(), "the refusal slows the key")
 	assert.Positive(t, w.calls.Load())

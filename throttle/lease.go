@@ -34,18 +34,17 @@ import (
 // (before the bucket decided); a batch whose permits have a margin
 // (Decision.Margin: package bucket's TokenBucket) is valid only until the
 // margin after the answer came back, so that every leased permit is used
-// within the margin
-// of the time the bucket gave the batch, and the bucket's guarantee holds
-// for the calls exactly as without leasing (a TokenBucket's margin is
-// then the span over which a batch is used: set it with
-// bucket.WithArrivalMargin). For buckets whose Reset is the end of their
-// period (fixed window, counter), every permit is handed out within the
-// period it was taken in, and the bucket's guarantee holds exactly. For
-// GCRA and [Local] (Reset is the time until full), a permit held for h
-// shifts its grant by up to h: "≤ burst + rate·t in any span t" becomes
-// "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding log of window
-// W, TTL h keeps at most limit in any window of W−h. A bucket that
-// reports no Reset, with no TTL, leases nothing.
+// within the margin of the time the bucket gave the batch, and the
+// bucket's guarantee holds for the calls exactly as without leasing (a
+// TokenBucket's margin is then the span over which a batch is used: set
+// it with bucket.WithArrivalMargin). For buckets whose Reset is the end
+// of their period (fixed window, counter), every permit is handed out
+// within the period it was taken in, and the bucket's guarantee holds
+// exactly. For GCRA and [Local] (Reset is the time until full), a permit
+// held for h shifts its grant by up to h: "≤ burst + rate·t in any span
+// t" becomes "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding
+// log of window W, TTL h keeps at most limit in any window of W−h. A
+// bucket that reports no Reset, with no TTL, leases nothing.
 //
 // With the failure policy: permits leased before an outage are the
 // store's already, and are handed out during it first (they owe the store
@@ -152,20 +151,6 @@ type leaseBatch struct {
 // leaseFill is a refill in progress, for the callers that wait on it.
 type leaseFill struct{ done chan struct{} }
 
-// take takes n permits from the batch if it holds that many, returning
-// what is left.
-func (b *leaseBatch) take(n int64) (int64, bool) {
-	for {
-		left := b.left.Load()
-		if left < n {
-			return left, false
-		}
-		if b.left.CompareAndSwap(left, left-n) {
-			return left - n, true
-		}
-	}
-}
-
 // granted is the Decision of a grant from b at now, left permits left in
 // it. A batch that lives its permits' margin says how long its permits may
 // still be used (Margin, counted from now), so that a holder of one (the
@@ -185,7 +170,7 @@ func (ls *lease) serve(n, now int64) (d Decision, ok bool) {
 		return Decision{Delay: time.Duration(until - now), Remaining: 0}, true
 	}
 	if b := ls.cur.Load(); b != nil && now < b.expires {
-		if left, ok := b.take(n); ok {
+		if left, ok := spend(&b.left, n); ok {
 			return b.granted(left, now), true
 		}
 	}
@@ -210,14 +195,7 @@ func (ls *lease) filling() bool {
 }
 
 // dry refuses the key from memory until until.
-func (ls *lease) dry(until int64) {
-	for {
-		old := ls.dryUntil.Load()
-		if old >= until || ls.dryUntil.CompareAndSwap(old, until) {
-			return
-		}
-	}
-}
+func (ls *lease) dry(until int64) { atLeast(&ls.dryUntil, until) }
 
 // pause holds the key until until and drops what the lease holds.
 func (ls *lease) pause(until int64) {
@@ -245,22 +223,19 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 	if prev == nil || ls.noLease {
 		return 0 // start small: the first refill fetches only its own
 	}
-	w := ls.rate * float64(c.horizon)
-	w = min(w, float64(leaseGrowth*max(prev.size, 1)))
+	w := min(ls.rate*float64(c.horizon), float64(leaseGrowth*max(prev.size, 1)))
+	periodLeft := int64(0)
 	if prev.periodic && now < prev.expires {
-		// The next batch most likely belongs to the same period: take no
-		// more than this demand can use before the period ends.
-		w = min(w, math.Ceil(ls.rate*float64(prev.expires-now)))
+		// The next batch most likely belongs to the same period.
+		periodLeft = prev.expires - now
 	}
-	if prev.margin > 0 {
-		// The next batch lives its permits' margin: take no more than the
-		// demand uses in it, or the rest is lost to the whole fleet.
-		w = min(w, math.Ceil(ls.rate*float64(prev.margin)))
-	}
-	if c.ttl > 0 {
-		// A batch lives at most TTL: take no more than the demand uses
-		// in it, or the rest expires unused, lost to the whole fleet.
-		w = min(w, math.Ceil(ls.rate*float64(c.ttl)))
+	// The next batch lives at most until the period's end, its permits'
+	// margin or TTL: take no more than the demand uses in that, or the
+	// rest expires unused, lost to the whole fleet.
+	for _, life := range []int64{periodLeft, prev.margin, c.ttl} {
+		if life > 0 {
+			w = min(w, math.Ceil(ls.rate*float64(life)))
+		}
 	}
 	capN := int64(leaseCapUnknown)
 	if ls.limit > 0 {
@@ -300,7 +275,7 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 				// The store fails, and this refill is probing it: decide
 				// by the failure policy rather than wait for the probe.
 				c := decision{src: fromPolicy, n: n}
-				c.Decision, c.err = l.degrade(st, n, l.outage.err(), false)
+				c.Decision, c.err = l.degrade(w, st, n, l.outage.err(), false)
 				return c
 			}
 			if err := w.waitFill(f); err != nil {
@@ -348,21 +323,26 @@ func (w *waiter) refillRanOut() error {
 }
 
 // waitFill waits for another caller's refill f, at most until the end of
-// w's wait.
+// w's wait (refillBound).
 func (w *waiter) waitFill(f *leaseFill) error {
-	// The refiller's own store call may be bounded later, or not at all
-	// (a Forever caller).
-	wctx, cancel, _, _ := w.storeCall()
-	defer cancel()
+	var end <-chan time.Time
+	if d, ok := w.refillBound(); ok {
+		t := w.l.cfg.clock.NewTimer(d)
+		defer t.Stop()
+		end = t.Chan()
+	}
 	select {
 	case <-f.done:
 		return nil
-	case <-wctx.Done():
+	case <-w.ctx.Done():
+		return fmt.Errorf("throttle: waiting for the lease of key %q to be refilled: %w", w.key, w.ctx.Err())
+	case <-end:
+		err := fmt.Errorf("%w: the lease of key %q was still being refilled when the wait ran out", ErrTimeout, w.key)
+		if w.tb.ctxBound {
+			err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+		}
+		return err
 	}
-	if err := w.ctx.Err(); err != nil {
-		return fmt.Errorf("throttle: waiting for the lease of key %q to be refilled: %w", w.key, err)
-	}
-	return fmt.Errorf("%w: the lease of key %q was still being refilled when the wait ran out", ErrTimeout, w.key)
 }
 
 // refill takes w's permits but the held ones, and want more, from the
@@ -383,40 +363,14 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 			prev.left.Add(held)
 		}
 	}
-	t0 := l.tb.now()
-	c = l.ask(w, st, need, want)
-	if want > 0 && c.src == fromStore {
-		// A batch too big for what is left (or for the bucket) must not
-		// cost the caller its own permits: ask again for what can be had.
-		retry := int64(0)
-		switch {
-		case errors.Is(c.err, ErrExceedsLimit):
-			retry = need
-			st.lease.mu.Lock()
-			if ls.tooBig == 0 || need+want < ls.tooBig {
-				ls.tooBig = need + want // the bucket's burst is below its Limit
-			}
-			st.lease.mu.Unlock()
-		case c.err == nil && !c.Granted && c.Remaining >= need && c.Remaining < need+want:
-			retry = c.Remaining
-		case c.err == nil && !c.Granted && c.Remaining < 0:
-			retry = need
-		}
-		if retry > 0 {
-			if w.measured && w.left() <= 0 {
-				restore()
-				return decision{n: need, err: w.refillRanOut()}, false
-			}
-			t0 = l.tb.now()
-			c = l.ask(w, st, need, retry-need)
-		}
+	c, t0 := l.askBatch(w, st, need, want)
+	if c.err != nil {
+		restore()
+		return c, false
 	}
 	t1 := l.tb.now()
 	expired := held > 0 && t1 >= prev.expires
 	switch {
-	case c.err != nil:
-		restore()
-		return c, false
 	case c.src == fromPolicy:
 		// The store failed: the failure policy decided for need permits;
 		// with the held ones (the store's already), the caller has n.
@@ -427,7 +381,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		return c, false
 	case c.Granted && c.Delay > 0:
 		// A reservation, though none was asked for: treat it as "not yet".
-		l.cancelWithin(w.ctx, w.giveBackBound(), st.key, need+c.got, c.Decision)
+		l.giveBack(w.ctx, w.giveBackBound(), st.key, need+c.got, nil, c.Decision)
 		c.Granted = false
 	}
 	if !c.Granted {
@@ -438,21 +392,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		c.Decision = Decision{Delay: c.Delay, Limit: c.Limit, Remaining: max(c.Remaining, 0), Reset: c.Reset}
 		return c, false
 	}
-	life, periodic, margin := l.leasing.ttl, false, int64(0)
-	switch r := int64(c.Reset); {
-	case c.Margin > 0:
-		margin, life = int64(c.Margin), int64(c.Margin)
-		if l.leasing.ttl > 0 {
-			life = min(margin, l.leasing.ttl)
-		}
-	case r > 0 && (life == 0 || r < life):
-		life, periodic = r, true
-	}
-	from := t0 // a margin counts from the answer
-	if margin > 0 {
-		from = t1
-	}
-	b := &leaseBatch{size: need + c.got, start: t0, expires: addSat(from, time.Duration(life)), limit: c.Limit, periodic: periodic, margin: margin}
+	b, life := l.leasing.batch(c.Decision, need+c.got, t0, t1)
 	if expired {
 		b.left.Store(need + c.got) // the held permits expired: the caller's come from here
 	} else {
@@ -475,7 +415,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	ls.cur.Store(b)
 	st.lease.mu.Unlock()
 	if extra > 0 {
-		l.giveBack(w.ctx, w.giveBackBound(), st.key, extra)
+		l.giveBack(w.ctx, w.giveBackBound(), st.key, extra, nil, Decision{})
 	}
 	if expired {
 		return decision{}, true
@@ -484,17 +424,60 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	return c, false
 }
 
-// giveBack hands n permits of key back to the bucket, if it takes them
-// (it has a Refund); they only cost throughput otherwise. The caller waits
-// for it at most bound (handBack).
-func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, key string, n int64) {
-	r := l.caps.refunder
-	if r == nil || n < 1 {
-		return
+// askBatch asks the bucket for w's need permits and want more for st's
+// lease; t0 is when the call that answered was sent. A batch too big for
+// what is left (or for the bucket) must not cost the caller its own
+// permits: it asks again for what can be had.
+func (l *Limiter) askBatch(w *waiter, st *keyState, need, want int64) (c decision, t0 int64) {
+	ls := &st.lease
+	t0 = l.tb.now()
+	c = l.ask(w, st, need, want)
+	if want <= 0 || c.src != fromStore {
+		return c, t0
 	}
-	l.handBack(ctx, bound, func(rctx context.Context) {
-		if err := r.Refund(rctx, key, n); err != nil {
-			l.cfg.logger.Warn("throttle: handing back leased permits failed", "key", key, "n", n, "err", err)
+	retry := int64(0)
+	switch {
+	case errors.Is(c.err, ErrExceedsLimit):
+		retry = need
+		ls.mu.Lock()
+		if ls.tooBig == 0 || need+want < ls.tooBig {
+			ls.tooBig = need + want // the bucket's burst is below its Limit
 		}
-	})
+		ls.mu.Unlock()
+	case c.err == nil && !c.Granted && c.Remaining >= need && c.Remaining < need+want:
+		retry = c.Remaining
+	case c.err == nil && !c.Granted && c.Remaining < 0:
+		retry = need
+	}
+	if retry <= 0 {
+		return c, t0
+	}
+	if w.measured && w.left() <= 0 {
+		return decision{n: need, err: w.refillRanOut()}, t0
+	}
+	t0 = l.tb.now()
+	return l.ask(w, st, need, retry-need), t0
+}
+
+// batch is a new batch of size permits granted by d, the bucket's answer
+// to a call sent at t0 that came back at t1, and life, how long it is
+// valid (0: it may not be leased): the TTL, or d's Reset when sooner (the
+// batch is then periodic), or d's Margin counted from t1 (bounded by the
+// TTL). The caller stores how many of its permits are left.
+func (lc *leaseConfig) batch(d Decision, size, t0, t1 int64) (b *leaseBatch, life int64) {
+	life, periodic, margin := lc.ttl, false, int64(0)
+	switch r := int64(d.Reset); {
+	case d.Margin > 0:
+		margin, life = int64(d.Margin), int64(d.Margin)
+		if lc.ttl > 0 {
+			life = min(margin, lc.ttl)
+		}
+	case r > 0 && (life == 0 || r < life):
+		life, periodic = r, true
+	}
+	from := t0 // a margin counts from the answer
+	if margin > 0 {
+		from = t1
+	}
+	return &leaseBatch{size: size, start: t0, expires: addSat(from, time.Duration(life)), limit: d.Limit, periodic: periodic, margin: margin}, life
 }

@@ -13,8 +13,6 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // windowBucket is a test bucket with fixed windows aligned on its clock's
@@ -115,7 +113,7 @@ func (c *counting) Take(ctx context.Context, key string, n int64, maxWait time.D
 func (c *counting) Refund(ctx context.Context, key string, n int64) error {
 	c.refunds.Add(1)
 	c.refunded.Add(n)
-	if r, ok := findCap[capability.Refunder](c.Bucket); ok {
+	if r, ok := BucketAs[Refunder](c.Bucket); ok {
 		return r.Refund(ctx, key, n)
 	}
 	return nil
@@ -123,7 +121,7 @@ func (c *counting) Refund(ctx context.Context, key string, n int64) error {
 
 func (c *counting) Pause(ctx context.Context, key string, d time.Duration) error {
 	c.pauses.Add(1)
-	if p, ok := findCap[capability.Pauser](c.Bucket); ok {
+	if p, ok := BucketAs[Pauser](c.Bucket); ok {
 		return p.Pause(ctx, key, d)
 	}
 	return nil
@@ -597,6 +595,73 @@ func TestLeasingWaiterRefillsWithinItsWait(t *testing.T) {
 		t.Fatal("the waiter called the stalled store again with its whole wait, though none was left")
 	}
 	assert.Equal(t, int64(1), inner.calls.Load())
+}
+
+// TestLeasingWaiterWaitsForTheRefillUntilItsWaitsEnd: a caller waiting
+// on another's refill waits for it until the end of its wait, on the
+// Limiter's clock. (It used to give up when a store call's bound of its
+// own would have ended: storeMargin before the wait's end, on the real
+// clock, though the refill it waited for was no store call of its.)
+func TestLeasingWaiterWaitsForTheRefillUntilItsWaitsEnd(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	inner := &slowFirstTake{entered: make(chan struct{}), release: make(chan struct{})}
+	lim := leasedLimiter(t, inner, clock, Leasing{})
+	first := make(chan error, 1)
+	go func() { first <- lim.Acquire(context.Background(), Forever) }()
+	<-inner.entered // the first caller's refill waits for the store
+	second := make(chan error, 1)
+	ctx := &doneCalled{Context: context.Background(), called: make(chan struct{})}
+	go func() { second <- lim.Acquire(ctx, 20*time.Millisecond) }()
+	<-ctx.called // the second caller waits on the refill; the fake clock stands still
+	select {
+	case err := <-second:
+		t.Fatalf("the waiter gave up on the refill before its wait's end: %v", err)
+	case <-time.After(100 * time.Millisecond): // a store call's bound (15 ms of the 20) is long past
+	}
+	close(inner.release)
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+}
+
+// TestLeasingWaiterWhoseContextDeadlineEndsTheRefillWaitSaysSo: a caller
+// whose wait is bounded by its context's deadline, and ends while another
+// caller's refill is on its way, fails with ErrTimeout wrapping
+// context.DeadlineExceeded, as every other end of such a wait does.
+func TestLeasingWaiterWhoseContextDeadlineEndsTheRefillWaitSaysSo(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	inner := &slowFirstTake{entered: make(chan struct{}), release: make(chan struct{})}
+	lim := leasedLimiter(t, inner, clock, Leasing{})
+	first := make(chan error, 1)
+	go func() { first <- lim.Acquire(context.Background(), Forever) }()
+	<-inner.entered
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	second := make(chan error, 1)
+	go func() { second <- lim.Acquire(ctx, Forever) }()
+	bctx, bcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer bcancel()
+	require.NoError(t, clock.BlockUntilContext(bctx, 1), "the second caller waits on the refill, on the Limiter's clock")
+	clock.Advance(time.Hour) // the context's deadline, on the Limiter's clock
+	err := <-second
+	assert.ErrorIs(t, err, ErrTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "the context's deadline bounded the wait")
+	close(inner.release)
+	require.NoError(t, <-first)
+}
+
+// slowFirstTake is a bucket whose first Take waits until the test releases
+// it; every Take grants.
+type slowFirstTake struct {
+	once             sync.Once
+	entered, release chan struct{}
+}
+
+func (s *slowFirstTake) Take(context.Context, string, int64, time.Duration) (Decision, error) {
+	s.once.Do(func() {
+		close(s.entered)
+		<-s.release
+	})
+	return Decision{Granted: true, Limit: 100, Remaining: 50, Reset: time.Second}, nil
 }
 
 // doneCalled is a context that closes called the first time its Done is

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/pacenote"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -28,8 +28,8 @@ func TestLeasedPermitsOfAMarginBucketTellTheirUseBy(t *testing.T) {
 	defer lim.Close()
 	acquire := func(what string) time.Time {
 		t.Helper()
-		var note capability.PaceNote
-		ctx := capability.WithPaceNote(context.Background(), &note)
+		var note pacenote.Note
+		ctx := pacenote.With(context.Background(), &note)
 		require.NoError(t, lim.Acquire(ctx, time.Second), what)
 		return note.UseBy()
 	}

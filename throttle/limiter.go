@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/nilcheck"
 )
 
 // Forever, passed as maxWait, waits for a permit until the context ends.
@@ -54,29 +54,32 @@ type Limiter struct {
 	leasing *leaseConfig // nil: no leasing
 	bg      background
 	gives   giveBacks
-	// lateWarned is when a late grant was last warned of (lateGrant).
-	lateWarned atomic.Int64
+	// lateSeen and lateWarned are when a late grant was last seen, and
+	// last warned of (lateGrant).
+	lateSeen, lateWarned atomic.Int64
 }
 
 // capabilities are what the bucket offers beyond Take, each found on the
 // first bucket of its Unwrap chain that has it (see [Bucket]).
 type capabilities struct {
-	refunder   capability.Refunder
-	pauser     capability.Pauser
-	fallbacker capability.Fallbacker
-	adaptive   capability.AdaptiveStore
-	checker    capability.Checker
+	refunder   Refunder
+	pauser     Pauser
+	fallbacker Fallbacker
+	adaptive   AdaptiveStore
+	checker    Checker
 	immediate  bool
 }
 
 func findCapabilities(b Bucket) capabilities {
 	var c capabilities
-	c.refunder, _ = findCap[capability.Refunder](b)
-	c.pauser, _ = findCap[capability.Pauser](b)
-	c.fallbacker, _ = findCap[capability.Fallbacker](b)
-	c.adaptive, _ = findCap[capability.AdaptiveStore](b)
-	c.checker, _ = findCap[capability.Checker](b)
-	if im, ok := findCap[capability.Immediate](b); ok {
+	c.refunder, _ = BucketAs[Refunder](b)
+	c.pauser, _ = BucketAs[Pauser](b)
+	c.fallbacker, _ = BucketAs[Fallbacker](b)
+	c.adaptive, _ = BucketAs[AdaptiveStore](b)
+	c.checker, _ = BucketAs[Checker](b)
+	// Asked of b itself only: behind Unwrap, the wrapper's own Take runs,
+	// and what the wrapped bucket says of its Take says nothing of it.
+	if im, ok := b.(interface{ Immediate() bool }); ok {
 		c.immediate = im.Immediate()
 	}
 	return c
@@ -126,7 +129,7 @@ func (l *Limiter) initState(st *keyState) { st.gate.tb = &l.tb }
 
 // validate returns the configuration mistake every call of l reports.
 func (l *Limiter) validate() error {
-	if capability.IsNil(l.bucket) {
+	if nilcheck.IsNil(l.bucket) {
 		var shown any // "<nil>", or the nil pointer's type
 		if l.bucket != nil {
 			shown = fmt.Sprintf("(%T)(nil)", l.bucket)
@@ -209,7 +212,7 @@ func (l *Limiter) release(st *keyState) {
 // already ([Keyed.ContextWithPermit]), Acquire uses one of them and
 // returns nil at once.
 func (l *Limiter) Acquire(ctx context.Context, maxWait time.Duration) error {
-	return l.acquire(ctx, "", 1, maxWait)
+	return l.acquire(ctx, "", 1, maxWait, nil)
 }
 
 // AcquireN is [Limiter.Acquire] for n permits at once, for calls that cost
@@ -218,7 +221,7 @@ func (l *Limiter) Acquire(ctx context.Context, maxWait time.Duration) error {
 // bucket can never grant at once returns an error matching
 // [ErrExceedsLimit] without waiting.
 func (l *Limiter) AcquireN(ctx context.Context, n int64, maxWait time.Duration) error {
-	return l.acquire(ctx, "", n, maxWait)
+	return l.acquire(ctx, "", n, maxWait, nil)
 }
 
 // Key returns a view of l that draws from the budget of key (a tenant, an
@@ -243,7 +246,7 @@ func (k Keyed) AcquireN(ctx context.Context, n int64, maxWait time.Duration) err
 	if k.l == nil {
 		return fmt.Errorf("throttle: zero Keyed: %w: build it with Limiter.Key", ErrInvalid)
 	}
-	return k.l.acquire(ctx, k.key, n, maxWait)
+	return k.l.acquire(ctx, k.key, n, maxWait, nil)
 }
 
 // Key returns the key k draws from.

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // Local is an in-memory bucket for one process: a generic cell rate
@@ -197,29 +195,24 @@ func (b *Local) reservation(d Decision, key string, n, next int64) Decision {
 	return d
 }
 
-// capabilities are what a Local offers a Limiter beyond Take: a Refund
-// that gives nothing back, its limit per interval (Fallback), and
-// Immediate: a Local decides in memory.
-func (b *Local) capabilities() capability.Set {
-	c := (*localCaps)(b)
-	return capability.Set{Refunder: c, Fallbacker: c, Immediate: true}
+// Fallback is the limit per interval, for one instance (a Local limits
+// its own process): see [Fallbacker].
+func (b *Local) Fallback() (limit int64, interval time.Duration, instances int64) {
+	return b.limit, time.Duration(b.emission * b.limit), 1
 }
 
-// localCaps is a Local seen through its capabilities.
-type localCaps Local
-
-// Refund gives nothing back: a Local cannot tell which of the permits it
-// granted are returned, and giving back slots that a caller queued behind
-// them still holds would put two permits in one slot. A reservation's own
+// Immediate reports true: a Local decides in memory, with no store that
+// could fail or hang, so a Limiter calls it without a deadline of its own
+// and never applies its FailurePolicy to it. A wrapper that embeds a
+// Local and whose own Take waits on something must say false (define
+// Immediate itself).
+//
+// A Local has no Refund: it cannot tell which of the permits it granted
+// are returned, and giving back slots that a caller queued behind them
+// still holds would put two permits in one slot. A reservation's own
 // Decision.Cancel gives it back exactly, when it is still the last one
 // booked.
-func (*localCaps) Refund(context.Context, string, int64) error { return nil }
-
-// Fallback is the limit per interval, for one instance (a Local limits
-// its own process).
-func (c *localCaps) Fallback() (limit int64, interval time.Duration, instances int64) {
-	return c.limit, time.Duration(c.emission * c.limit), 1
-}
+func (*Local) Immediate() bool { return true }
 
 // cancelReservation gives back the n permits of the reservation that set
 // key's tat to ticket, if no later grant has been booked since and its

@@ -158,20 +158,21 @@ func TestLocalForgetsIdleKeys(t *testing.T) {
 	assert.Less(t, b.keys(), 5000, "keys idle for longer than an interval must be swept, not kept forever")
 }
 
-// TestLocalRefundGivesNothingBack: Local cannot tell which permits a
-// Refund returns, so it takes none back; only a
-// Limiter's abandoned reservation, named exactly, goes back.
-func TestLocalRefundGivesNothingBack(t *testing.T) {
+// TestLocalGivesBackOnlyAnAbandonedReservation: Local cannot tell which
+// permits a refund would return, so it is no Refunder; only a Limiter's
+// abandoned reservation, named exactly, goes back.
+func TestLocalGivesBackOnlyAnAbandonedReservation(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	b, err := NewLocal(2, time.Second, WithClock(clock))
 	require.NoError(t, err)
+	_, refunds := BucketAs[Refunder](b)
+	require.False(t, refunds, "Local is no Refunder")
 	ctx := context.Background()
 	for _, key := range []string{"", "k"} {
 		d, _ := b.Take(ctx, key, 2, 0)
 		require.True(t, d.Granted)
-		require.NoError(t, b.capabilities().Refunder.Refund(ctx, key, 1))
 		d, _ = b.Take(ctx, key, 1, 0)
-		require.False(t, d.Granted, "key %q: a refund gives no permit back", key)
+		require.False(t, d.Granted, "key %q: spent", key)
 
 		// A reservation that is still the last one booked goes back exactly.
 		d, _ = b.Take(ctx, key, 1, time.Second)

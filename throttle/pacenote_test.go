@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/pacenote"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -21,8 +21,8 @@ import (
 func TestAcquireTellsThePaceNoteWhetherItWaitedForThePace(t *testing.T) {
 	acquire := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter, advance time.Duration) bool {
 		t.Helper()
-		var note capability.PaceNote
-		ctx := capability.WithPaceNote(context.Background(), &note)
+		var note pacenote.Note
+		ctx := pacenote.With(context.Background(), &note)
 		done := make(chan error, 1)
 		go func() { done <- lim.Acquire(ctx, 2*time.Second) }()
 		if advance > 0 {

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/pacenote"
 )
 
 // ContextWithPermit returns a copy of ctx that carries n permits the
@@ -36,23 +36,22 @@ func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
 	if k.l == nil || n < 1 {
 		return ctx
 	}
-	h := &heldPermits{l: k.l, key: k.key, until: capability.UseByOf(ctx)}
+	h := &heldPermits{l: k.l, key: k.key, until: pacenote.UseByOf(ctx)}
 	h.left.Store(n)
 	h.outer, _ = ctx.Value(heldKey{}).(*heldPermits)
 	return context.WithValue(ctx, heldKey{}, h)
 }
 
-// forfeit gives up the permits of k's budget that ctx holds
+// Forfeit gives up the permits of k's key that ctx holds
 // ([Keyed.ContextWithPermit]), without returning them to the bucket, and
 // returns how many of the innermost ones were never used (given up now,
-// or by an earlier forfeit: the consumer counts its attempt's permit
-// unused once, whoever gave it up, and never an enclosing context's):
-// later Acquire calls with ctx take new ones.
-// A client that finds the budget paused by the provider calls it before
-// waiting out the pause: a permit taken before the pause belongs to the
-// time the provider refused, and spent after it, it would come on top of
-// the permits the bucket grants then.
-func (k Keyed) forfeit(ctx context.Context) int64 {
+// or by an earlier Forfeit; never an enclosing context's): later Acquire
+// calls with ctx take new ones. A client that finds the
+// key paused by the provider calls it before waiting out the pause (the
+// Transport of throttle/httpclient does): a permit taken before the pause
+// belongs to the time the provider refused, and spent after it, it would
+// come on top of the permits the bucket grants then.
+func (k Keyed) Forfeit(ctx context.Context) int64 {
 	if k.l == nil {
 		return 0
 	}
@@ -75,7 +74,7 @@ type heldPermits struct {
 	l    *Limiter
 	key  string
 	left atomic.Int64
-	// dropped counts the permits forfeit gave up, never used.
+	// dropped counts the permits Forfeit gave up, never used.
 	dropped atomic.Int64
 	until   time.Time // zero: no bound
 	outer   *heldPermits
@@ -92,14 +91,8 @@ func (l *Limiter) useHeld(ctx context.Context, key string, n int64) bool {
 		if !h.until.IsZero() && l.cfg.clock.Now().After(h.until) {
 			continue // past their margin: a call now would come late
 		}
-		for {
-			left := h.left.Load()
-			if left < n {
-				break
-			}
-			if h.left.CompareAndSwap(left, left-n) {
-				return true
-			}
+		if _, ok := spend(&h.left, n); ok {
+			return true
 		}
 	}
 	return false

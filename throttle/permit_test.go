@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -111,17 +110,17 @@ func TestForfeitedPermitIsNotUsed(t *testing.T) {
 	ctx := lim.Key("a").ContextWithPermit(context.Background(), 2)
 	ctx = lim.Key("b").ContextWithPermit(ctx, 1)
 
-	assert.Zero(t, capability.KeyedLimiter(lim.Key("c")).Forfeit(ctx), "another key holds nothing here")
-	assert.EqualValues(t, 2, capability.KeyedLimiter(other.Key("a")).Forfeit(ctx), "a Limiter over the same bucket gives up the budget's permits")
-	assert.EqualValues(t, 2, capability.KeyedLimiter(lim.Key("a")).Forfeit(ctx), "given up once: asked again, the same 2 never used")
+	assert.Zero(t, lim.Key("c").Forfeit(ctx), "another key holds nothing here")
+	assert.EqualValues(t, 2, other.Key("a").Forfeit(ctx), "a Limiter over the same bucket gives up the budget's permits")
+	assert.EqualValues(t, 2, lim.Key("a").Forfeit(ctx), "given up once: asked again, the same 2 never used")
 	require.NoError(t, lim.Key("a").Acquire(ctx, 0))
 	assert.EqualValues(t, 1, b.takes.Load(), "a forfeited permit is not used: the call takes its own")
 	require.NoError(t, lim.Key("b").Acquire(ctx, 0)) // the held one
-	assert.Zero(t, capability.KeyedLimiter(lim.Key("b")).Forfeit(ctx), "a permit used is not counted as never used")
+	assert.Zero(t, lim.Key("b").Forfeit(ctx), "a permit used is not counted as never used")
 	ctx = lim.Key("b").ContextWithPermit(ctx, 1)
 	require.NoError(t, lim.Key("b").Acquire(ctx, 0))
 	assert.EqualValues(t, 1, b.takes.Load(), "the other budget's held permit is still there")
-	assert.Zero(t, capability.KeyedLimiter(throttle.Keyed{}).Forfeit(ctx), "a zero Keyed gives up nothing")
+	assert.Zero(t, throttle.Keyed{}.Forfeit(ctx), "a zero Keyed gives up nothing")
 }
 
 // A consumer handler's context carries the permit the consumer acquired
@@ -166,7 +165,7 @@ func TestHeldPermitOfALimiterOverAnUncomparableBucketIsCheckedWithoutPanic(t *te
 	hctx := consumerLim.Key("k").ContextWithPermit(context.Background(), 1)
 	assert.NotPanics(t, func() {
 		assert.NoError(t, clientLim.Key("k").Acquire(hctx, 0))
-		assert.Zero(t, capability.KeyedLimiter(clientLim.Key("k")).Forfeit(hctx), "buckets that cannot be compared are not the same")
+		assert.Zero(t, clientLim.Key("k").Forfeit(hctx), "buckets that cannot be compared are not the same")
 	})
 	assert.EqualValues(t, 1, takes.Load(), "a bucket that cannot be compared is not known to be the same: the call takes its own")
 }
@@ -202,8 +201,8 @@ func TestForfeitCountsOnlyTheInnermostPermits(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	lim := throttle.New(newLocal(t, clock, 100, time.Second), throttle.WithClock(clock))
 	outer := lim.Key("a").ContextWithPermit(context.Background(), 1)
-	assert.EqualValues(t, 1, capability.KeyedLimiter(lim.Key("a")).Forfeit(outer), "the outer permit, never used")
+	assert.EqualValues(t, 1, lim.Key("a").Forfeit(outer), "the outer permit, never used")
 	inner := lim.Key("a").ContextWithPermit(outer, 1)
 	require.NoError(t, lim.Key("a").Acquire(inner, 0)) // the inner permit
-	assert.Zero(t, capability.KeyedLimiter(lim.Key("a")).Forfeit(inner), "the inner permit was used; the outer one is not counted again")
+	assert.Zero(t, lim.Key("a").Forfeit(inner), "the inner permit was used; the outer one is not counted again")
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // Answer is what a provider said about one call, for [Limiter.Report]:
@@ -152,7 +150,7 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 		if ans.Window > 0 {
 			adv = adv * float64(law.interval) / float64(ans.Window)
 		}
-		errs = append(errs, l.update(ctx, st, func(s capability.AdaptiveState, now time.Time) (capability.AdaptiveState, bool) {
+		errs = append(errs, l.update(ctx, st, func(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
 			return law.advertised(s, adv, now)
 		}))
 	}

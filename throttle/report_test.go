@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -44,7 +43,7 @@ func TestReportRefusalPacesGrants(t *testing.T) {
 	for range 5 {
 		require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true}))
 	}
-	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
+	s, err := lim.Key("").AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, 9, s.Rate, 1e-9)
 
@@ -77,7 +76,7 @@ func TestReportRefusalWithHintPausesAndLowersTheRate(t *testing.T) {
 	}
 	assert.Len(t, b.pauses, 5, "every hint pauses the bucket")
 	assert.Equal(t, 2*time.Second, b.pauses[0])
-	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
+	s, err := lim.Key("").AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, 9, s.Rate, 1e-9, "the refusals lower the rate, once per interval")
 
@@ -90,11 +89,11 @@ func TestReportRefusalWithHintPausesAndLowersTheRate(t *testing.T) {
 	// A second interval of hinted refusals lowers it further.
 	clock.Advance(time.Second)
 	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: time.Second}))
-	s, err = capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
+	s, err = lim.Key("").AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, 6.3, s.Rate, 1e-9, "refusals went on: a full decrease, 0.7 of the rate")
 
-	s, err = capability.KeyedLimiter(lim.Key("acme")).AdaptiveState(ctx)
+	s, err = lim.Key("acme").AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.False(t, s.Active(), "each key adapts on its own")
 }
@@ -110,7 +109,7 @@ func TestReportRetryWithoutRefusalOnlyPauses(t *testing.T) {
 
 	require.NoError(t, lim.Report(ctx, throttle.Answer{Retry: true, RetryAfter: 3 * time.Second}))
 	assert.Equal(t, []time.Duration{3 * time.Second}, b.pauses)
-	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
+	s, err := lim.Key("").AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.False(t, s.Active(), "a success with nothing remaining is not a refusal")
 }
@@ -121,7 +120,7 @@ func TestReportAdvertisedLimit(t *testing.T) {
 	lim := throttle.New(newLocal(t, clock, 100, time.Second), throttle.WithClock(clock))
 	// 300 per minute is 5 per second.
 	require.NoError(t, lim.Report(ctx, throttle.Answer{Limit: 300, Window: time.Minute}))
-	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(ctx)
+	s, err := lim.Key("").AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, 5, s.Ceiling, 1e-9)
 	assert.InDelta(t, 5, s.Rate, 1e-9)

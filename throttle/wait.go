@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/pacenote"
 	"github.com/headway-go/headway/internal/waitstop"
 )
 
@@ -20,15 +20,17 @@ import (
 //  1. held permits (permit.go): the caller's own, once, before the loop;
 //  2. the gate (gate.go): after a refusal, callers of the key queue until
 //     the time the bucket named, and are let in a few at a time;
-//  3. the pace (adapt.go): while the key adapts, an evenly spaced slot;
+//  3. the pace (adaptive_state.go): while the key adapts, an evenly spaced slot;
 //  4. the decision (decide.go): from the key's lease (lease.go), the
-//     bucket, or the failure policy (failure.go, degraded.go); for a Cost,
-//     the CostBucket or the failure policy (cost.go);
+//     bucket, or the failure policy; for a Cost, the CostBucket or the
+//     failure policy (cost.go);
 //  5. the outcome (here): a grant's time slept out (a bucket that places
 //     its permits names it, Decision.Delay), and the permits handed over
 //     if still within their margin, else given back and asked anew; a
 //     refusal slept out, then another round.
 //
+// Every bound a stage takes from the wait is derived here, in "The wait's
+// bounds" below: no stage reads maxWait, Forever or ctx's deadline itself.
 // A cost passes by the gate, the pace and the lease: those count permits
 // of one dimension.
 
@@ -41,22 +43,17 @@ type demand struct {
 	cb   CostBucket // takes cost
 }
 
-func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time.Duration) error {
-	return l.acquireFrom(ctx, key, n, maxWait, nil)
-}
-
-// acquireFrom is acquire; on a grant of the bucket's store or of the
-// key's lease it sets *from (if from is not nil) to that source, and
-// leaves it alone on a grant of the failure policy's or of the caller's
-// held permits.
-func (l *Limiter) acquireFrom(ctx context.Context, key string, n int64, maxWait time.Duration, from *source) error {
-	dm := demand{key: key, n: n}
+// acquire is Acquire and AcquireN of key; on a grant of the bucket's
+// store or of the key's lease it sets *from (if from is not nil) to that
+// source, and leaves it alone on a grant of the failure policy's or of
+// the caller's held permits.
+func (l *Limiter) acquire(ctx context.Context, key string, n int64, maxWait time.Duration, from *source) error {
 	o := l.cfg.observer
 	var start int64
 	if o != nil {
 		start = l.tb.now()
 	}
-	_, src, err := l.wait(ctx, dm, maxWait)
+	_, src, err := l.wait(ctx, demand{key: key, n: n}, maxWait)
 	if err == nil && from != nil && (src == fromStore || src == fromLease) {
 		*from = src
 	}
@@ -109,13 +106,12 @@ func (l *Limiter) wait(ctx context.Context, dm demand, maxWait time.Duration) (D
 	return c.Decision, c.src, err
 }
 
-// waitLoop is the wait's rounds (stages 2 to 6 above) for w, of st's key
+// waitLoop is the wait's rounds (stages 2 to 5 above) for w, of st's key
 // (nil for a cost). It returns the decision that granted.
 func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
-	permits := w.cost == nil
 	for retry := false; ; retry = true {
 		var gated bool
-		if permits {
+		if st != nil { // permits: a cost passes by the gate and the pace
 			var err error
 			if gated, err = w.queue(st, retry); err != nil {
 				return decision{}, err
@@ -139,12 +135,13 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 					return c, err
 				}
 			}
-			if err := w.keep(&c, c.Delay > 0); err != nil {
+			if err := w.ended(c.Delay > 0); err != nil {
+				w.giveBack(&c)
 				return c, err // answered, or its time came, after the wait's end
 			}
 			if w.usable(st, &c) {
 				if c.Margin > 0 && c.answered != 0 {
-					capability.NoteUseBy(w.ctx, l.tb.wall(addSat(addSat(c.answered, c.Delay), c.Margin)))
+					pacenote.SetUseBy(w.ctx, l.tb.wall(addSat(addSat(c.answered, c.Delay), c.Margin)))
 				}
 				return c, nil
 			}
@@ -161,12 +158,16 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 }
 
 // lateGrant notes a grant whose time passed more than its margin ago
-// (late, on the Limiter's clock) before its caller could have it. Now and
-// then it is a stalled process; often, a store whose round trip is longer
-// than the margin, and each such grant is wasted: warned of at most once a
-// minute.
+// (late, on the Limiter's clock) before its caller could have it. One
+// alone is a cold start's first connection or a stalled process; a second
+// within a minute is a store whose round trip is longer than the margin,
+// or a process that stalls often, and each such grant is wasted: warned
+// of then, at most once a minute.
 func (l *Limiter) lateGrant(late int64) {
 	now := l.tb.now()
+	if prev := l.lateSeen.Swap(now); prev == 0 || now-prev >= int64(time.Minute) {
+		return
+	}
 	last := l.lateWarned.Load()
 	if last != 0 && now-last < int64(time.Minute) || !l.lateWarned.CompareAndSwap(last, now) {
 		return
@@ -189,15 +190,14 @@ func (w *waiter) usable(st *keyState, c *decision) bool {
 		// as much as a leased grant costs otherwise).
 		return true
 	}
-	l := w.l
-	now := l.tb.now()
+	l, now := w.l, w.l.tb.now()
 	switch {
 	case c.Margin > 0 && c.answered != 0 && now > addSat(addSat(c.answered, c.Delay), c.Margin):
 		// Not given back: a process late for its permits is short of
 		// time already, and a give-back is one more round trip each.
 		l.lateGrant(now - c.answered - int64(c.Delay))
 		return false
-	case st != nil && c.Delay > 0 && st.pausedUntil.Load() > now:
+	case st != nil && st.pausedUntil.Load() > now:
 		w.giveBack(c)
 		return false
 	}
@@ -246,57 +246,37 @@ func (l *Limiter) newWaiter(ctx context.Context, dm demand, maxWait time.Duratio
 	return w
 }
 
-// keep returns nil when the caller may keep the grant c: its
-// wait has not ended (its deadline passed, ctx ended or its wait stopped)
-// while the bucket was asked. Else it gives the grant back and returns
-// why the wait ended: a grant's answer may come after the wait's end (a
-// store call is bounded a little past it, minStoreCall, and a store may
-// answer late), and a caller must never be granted after it. A caller
-// that allowed no wait (maxWait 0) has no deadline here (its store call
-// is bounded by the store timeout): only its ctx is looked at. sleptOut
-// reports that the grant's time (a reservation's slot, a place in the
-// period) was slept out, and came within what was left of the wait when
-// the answer came: only ctx's end counts then, not a timer that woke the
-// caller late.
-func (w *waiter) keep(c *decision, sleptOut bool) error {
-	err := w.ended(sleptOut)
-	if err != nil {
-		w.giveBack(c)
+// The wait's bounds: every bound a stage takes from the caller's wait.
+// The wait's end is fixed when it starts (newWaiter): w.deadline on the
+// Limiter's clock when measured (maxWait, or ctx's deadline if earlier);
+// a wait of none (maxWait 0) has no end but its store calls' share of the
+// store timeout; Forever has none but ctx's end.
+//
+//   - left: what is left; a grant's time or a refusal's retry time beyond
+//     it fails fast with ErrTimeout (waitLoop, sleepReservation).
+//   - storeCall: each store call (the bucket's Take, the adaptive pace,
+//     FailLocal's settle, a cost's settle) ends a quarter of what is
+//     left, at most storeMargin, before the wait's end, so that the
+//     failure policy can still decide in it.
+//   - bookAhead: how far ahead Take may book (its maxWait).
+//   - gateDeadline: until when the caller queues at its key's gate.
+//   - paceHorizon and paceCall: how far ahead a paced slot may be, and
+//     the pace's store call.
+//   - refillBound: how long the caller waits for another's lease refill.
+//   - storeFailure: what a store call that failed within the wait decides.
+//   - giveBackBound: how long the caller waits to give permits back.
+
+// left is what is left of the wait now: to its end when measured, else
+// 0 (a wait of none) or Forever.
+func (w *waiter) left() time.Duration {
+	if !w.measured {
+		return w.budget
 	}
-	return err
+	return time.Duration(max(w.deadline-w.l.tb.now(), 0))
 }
 
-// giveBack gives back the grant c that the caller leaves:
-// a cost through its Settle, a reservation by its Cancel or the bucket's
-// Refunder, a lease's permits to the bucket. (A grant of the failure
-// policy was made in this process alone: it stays counted in the local
-// share, which only slows this process.)
-func (w *waiter) giveBack(c *decision) {
-	l, bound := w.l, w.giveBackBound()
-	switch {
-	case c.src != fromStore && c.src != fromLease:
-	case w.cost != nil:
-		l.giveBackCost(w.ctx, bound, c.Decision, w.key, w.cost)
-	case c.src == fromStore:
-		l.cancelWithin(w.ctx, bound, w.key, w.n, c.Decision)
-	default:
-		l.giveBack(w.ctx, bound, w.key, w.n)
-	}
-}
-
-// giveBackBound is how long the caller waits for a give-back of its wait
-// (handBack): until the wait's end, however near (never past it); a wait
-// of none until the end of its store timeout; a wait that cannot run out
-// the store timeout. Never more than the store timeout: a caller that
-// leaves long before its wait's end (cancelled, or its wait stopped) is
-// not kept for a store that does not answer.
-func (w *waiter) giveBackBound() time.Duration {
-	bound := w.l.storeBound()
-	if w.measured || w.noWait() && w.deadline != 0 {
-		bound = min(bound, time.Duration(max(w.deadline-w.l.tb.now(), 0)))
-	}
-	return bound
-}
+// noWait reports that the caller allowed no wait at all (maxWait 0).
+func (w *waiter) noWait() bool { return w.budget == 0 }
 
 const (
 	// minStoreCall is the least time a Limiter gives a bucket call of a
@@ -317,25 +297,20 @@ const (
 // A wait that can run out gives each call what is left of it, less a
 // margin of a quarter, at most storeMargin, so that the failure policy can
 // still decide before the wait ends; at least minStoreCall. A wait of none
-// (maxWait 0) gives its store calls together the store timeout, counted
-// from the first ([WithStoreTimeout]; none if it is not positive): a call
+// gives its store calls together the store timeout (noWaitLeft): a call
 // that the earlier ones left less than the whole of it is bounded by the
 // wait's end (budgetBound), so that one cut before the store had a fair
 // chance is a wait that ran out, not a store failure. A wait of Forever
-// gives none. ctx's deadline bounds every call too: it is on
-// the real clock, the wait's deadline on the Limiter's.
+// gives none. ctx's deadline bounds every call too: it is on the real
+// clock, the wait's deadline on the Limiter's.
 func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d time.Duration, budgetBound bool) {
 	var shared bool // a call of a wait of none that earlier calls left less than the store timeout
 	switch {
 	case w.measured:
 		d, budgetBound = w.left(), true
-	case w.noWait() && w.l.cfg.storeTimeout > 0:
-		now := w.l.tb.now()
-		if w.deadline == 0 {
-			w.deadline = addSat(now, w.l.cfg.storeTimeout)
-		}
-		d = max(time.Duration(w.deadline-now), minStoreCall)
-		shared = d < w.l.cfg.storeTimeout
+	case w.noWait():
+		d = w.noWaitLeft()
+		shared = d > 0 && d < w.l.cfg.storeTimeout
 	}
 	if dl, ok := w.ctx.Deadline(); ok {
 		if until := time.Until(dl); !budgetBound && d <= 0 || until <= d {
@@ -350,6 +325,30 @@ func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d 
 	}
 	ctx, cancel = context.WithTimeout(w.ctx, d)
 	return ctx, cancel, d, budgetBound || shared
+}
+
+// noWaitLeft is what is left of the store timeout ([WithStoreTimeout])
+// that a wait of none gives its store calls together, counted from the
+// first, at least minStoreCall; 0 when no store timeout is set.
+func (w *waiter) noWaitLeft() time.Duration {
+	if w.l.cfg.storeTimeout <= 0 {
+		return 0
+	}
+	now := w.l.tb.now()
+	if w.deadline == 0 {
+		w.deadline = addSat(now, w.l.cfg.storeTimeout)
+	}
+	return max(time.Duration(w.deadline-now), minStoreCall)
+}
+
+// storeBound is the bound of one store call that no caller's wait bounds
+// (a background task, the adaptive pace's call within a long wait): the
+// store timeout, or its default when none is set.
+func (l *Limiter) storeBound() time.Duration {
+	if d := l.cfg.storeTimeout; d > 0 {
+		return d
+	}
+	return DefaultStoreTimeout
 }
 
 // storeCut says how a store call of a wait ended: whether its own
@@ -381,9 +380,179 @@ func (w *waiter) callStore(f func(ctx context.Context) error) (storeCut, error) 
 	return cut, err
 }
 
-// ended returns why w's wait has ended, or nil while it runs; with
-// ctxOnly, only ctx's end counts, not the time measured on the Limiter's
-// clock.
+// isStoreFailure reports whether err, from a store call whose own
+// deadline has expired or not, means the store failed (as opposed to an
+// error about the call). ctx is the caller's. A call cut by its own
+// deadline (which comes before the caller's) is the store's failure even
+// when the caller's deadline has passed too by the time it is looked at
+// (a busy machine can take that long to run the caller again): the store
+// had its chance.
+func isStoreFailure(ctx context.Context, expired bool, err error) bool {
+	if ctx.Err() != nil && !expired || errors.Is(err, ErrInvalid) || errors.Is(err, ErrExceedsLimit) || errors.Is(err, ErrTimeout) {
+		return false
+	}
+	var be *BackendError
+	if errors.As(err, &be) {
+		return true
+	}
+	// A bucket of the user's that gives up when our deadline passes.
+	return expired && errors.Is(err, context.DeadlineExceeded)
+}
+
+// deadlinePassed reports whether ctx's deadline has come: its Err says so,
+// or the clock does (a client that sets its socket deadlines from ctx, such
+// as go-redis with ContextTimeoutEnabled, can fail at the deadline an
+// instant before ctx's own timer fires).
+func deadlinePassed(ctx context.Context) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
+// storeFailure finishes c, the decision of a store call of w's wait (for
+// st's key; nil for a cost) that failed with err, cut as cut says (probe:
+// the call probed a store that failed before). The caller waits no longer
+// for it:
+//
+//   - an error about the call, not the store's failure (isStoreFailure),
+//     stands;
+//   - a call the wait cut short of a fair chance (storeCut.unfair), with
+//     no evidence that the store is down (not a probe, and the store did
+//     not fail the wait's pace in time), is a wait that ran out: ErrTimeout;
+//   - else the failure policy answers at once, as a bucket would
+//     (degrade): FailOpen grants now; FailLocal grants now or refuses
+//     with the Delay until this process's next local slot, slept out as
+//     any refusal within the wait (ErrTimeout at once if beyond it);
+//     FailClosed, and FailLocal when it cannot decide, refuse with an
+//     error that also matches ErrTimeout when the call took the rest of
+//     the wait.
+//
+// A cost's store call neither probes nor begins an outage.
+func (w *waiter) storeFailure(c *decision, st *keyState, cut storeCut, probe bool, err error) {
+	l := w.l
+	if !isStoreFailure(w.ctx, cut.expired, err) {
+		c.err = err
+		return
+	}
+	if cut.unfair(l.cfg.storeTimeout) && !probe && !w.failedFairly {
+		c.Decision, c.err = Decision{}, w.tb.unanswered(cut.had, err)
+		return
+	}
+	if st != nil && l.outage.begin(c.sent, err) {
+		l.cfg.logger.Warn("throttle: bucket store failed; deciding by the failure policy until it answers", "policy", l.cfg.policy.String(), "what", l.policyNote(), "err", err)
+	}
+	c.src = fromPolicy
+	c.Decision, c.err = l.degrade(w, st, c.n, err, cut.outOfTime())
+}
+
+// bookAhead is how far ahead a bucket that can reserve may book for w
+// (Take's maxWait): all that is left of the wait; 0 with leasing (a
+// lease's refill takes only permits free now; a cost passes by the lease).
+func (w *waiter) bookAhead() time.Duration {
+	if w.l.leasing != nil && w.cost == nil {
+		return 0
+	}
+	return w.left()
+}
+
+// gateDeadline is when w stops queueing at its key's closed gate (and
+// is turned away at once when the gate reopens only after it): the
+// wait's end; noDeadline for Forever; 0 for a wait of none, which passes
+// an open gate and is refused at a closed one.
+func (w *waiter) gateDeadline() int64 {
+	switch {
+	case w.measured:
+		return w.deadline
+	case w.noWait():
+		return 0
+	}
+	return noDeadline
+}
+
+// paceAhead is how far ahead, as a share of the interval, a caller may
+// reserve a paced slot. Callers further back sleep and ask again, so that
+// a change of rate reaches the queue within a quarter interval.
+const paceAhead = 4
+
+// paceHorizon is how far ahead w may reserve a paced slot: a paceAhead-th
+// of the interval, at most what is left of the wait; ErrTimeout when
+// nothing is left of a wait that can run out.
+func (w *waiter) paceHorizon() (time.Duration, error) {
+	left := w.left()
+	if left <= 0 && !w.noWait() {
+		return 0, w.ranOut("the adaptive pace")
+	}
+	return min(w.l.adapt.interval/paceAhead, left), nil
+}
+
+// paceCall runs f, the adaptive pace's store call, bounded as a bucket
+// call is (callStore), and by the store timeout whatever the wait
+// (storeBound): a pace the store does not answer in it is given up for
+// this process's share (paceLocal), and the bucket call that follows
+// still has the wait's time. timedOut reports that the store timeout cut
+// it.
+func (w *waiter) paceCall(f func(ctx context.Context) error) (cut storeCut, timedOut bool, err error) {
+	cut, err = w.callStore(func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, w.l.storeBound())
+		defer cancel()
+		err := f(ctx)
+		timedOut = err != nil && deadlinePassed(ctx)
+		return err
+	})
+	return cut, timedOut, err
+}
+
+// refillBound is how long w waits for another caller's refill of its
+// key's lease, on the Limiter's clock (ok false: only ctx's end bounds
+// it): to the wait's end, not storeMargin before it (the refiller's own
+// store call keeps that back, and the refill's outcome is what the waiter
+// needs); for a wait of none, the rest of its store timeout (noWaitLeft).
+func (w *waiter) refillBound() (d time.Duration, ok bool) {
+	switch {
+	case w.measured:
+		return w.left(), true
+	case w.noWait():
+		d = w.noWaitLeft()
+		return d, d > 0
+	}
+	return 0, false
+}
+
+// giveBackBound is how long the caller waits for a give-back of its wait
+// (handBack): until the wait's end, however near (never past it); a wait
+// of none until the end of its store timeout; a wait that cannot run out
+// the store timeout. Never more than the store timeout: a caller that
+// leaves long before its wait's end (cancelled, or its wait stopped) is
+// not kept for a store that does not answer. (A give-back the caller no
+// longer waits for goes on in the background; with maxGiveBacks of them
+// under way, or to an in-memory bucket, the caller waits for its own.)
+func (w *waiter) giveBackBound() time.Duration {
+	bound := w.l.storeBound()
+	if w.measured || w.noWait() && w.deadline != 0 {
+		bound = min(bound, time.Duration(max(w.deadline-w.l.tb.now(), 0)))
+	}
+	return bound
+}
+
+// giveBack gives back the grant c that the caller leaves, if it came
+// from the bucket's store or the key's lease. (A grant of the failure
+// policy was made in this process alone: it stays counted in the local
+// share, which only slows this process.)
+func (w *waiter) giveBack(c *decision) {
+	if c.src == fromStore || c.src == fromLease {
+		w.l.giveBack(w.ctx, w.giveBackBound(), w.key, w.n, w.cost, c.Decision)
+	}
+}
+
+// ended returns why w's wait has ended, or nil while it runs. A grant
+// answered after its end (a store call is bounded a little past it,
+// minStoreCall, and a store may answer late) is given back: a caller is
+// never granted after it. With ctxOnly (the grant's time was slept out,
+// and came within what was left of the wait when the answer came), only
+// ctx's end counts, not a timer that woke the caller late. A wait of
+// none has no deadline here: only its ctx is looked at.
 func (w *waiter) ended(ctxOnly bool) error {
 	err := w.ctx.Err()
 	switch {
@@ -397,14 +566,6 @@ func (w *waiter) ended(ctxOnly bool) error {
 	return fmt.Errorf("%w: %s granted only after maxWait %v ran out, given back", ErrTimeout, w.what(), w.tb.maxWait)
 }
 
-// left is what is left of the wait now.
-func (w *waiter) left() time.Duration {
-	if !w.measured {
-		return w.budget
-	}
-	return time.Duration(max(w.deadline-w.l.tb.now(), 0))
-}
-
 // ranOut is the ErrTimeout of a wait that ran out before what (a stage of
 // it) could be asked.
 func (w *waiter) ranOut(what string) error {
@@ -413,9 +574,6 @@ func (w *waiter) ranOut(what string) error {
 	}
 	return fmt.Errorf("%w: maxWait %v ran out before %s was asked for %s", ErrTimeout, w.tb.maxWait, what, w.what())
 }
-
-// noWait reports that the caller allowed no wait at all (maxWait 0).
-func (w *waiter) noWait() bool { return w.budget == 0 }
 
 // failed maps a decision's error to Acquire's: a deadline that passed
 // while the bucket was asked is a wait that ran out (ErrTimeout).
@@ -457,32 +615,11 @@ func (w *waiter) sleepReservation(c *decision, left time.Duration) error {
 	return nil
 }
 
-// cancelWithin gives back an abandoned reservation d: exactly, by its
-// Cancel, when the bucket said how; else through the bucket's Refunder.
-// The caller waits for it at most bound (handBack; a wait's give-backs
-// are bounded by waiter.giveBackBound).
-func (l *Limiter) cancelWithin(ctx context.Context, bound time.Duration, key string, n int64, d Decision) {
-	if d.Cancel == nil && l.caps.refunder == nil {
-		return
-	}
-	l.handBack(ctx, bound, func(rctx context.Context) {
-		var err error
-		if d.Cancel != nil {
-			err = d.Cancel(rctx)
-		} else {
-			err = l.caps.refunder.Refund(rctx, key, n)
-		}
-		if err != nil {
-			l.cfg.logger.Warn("throttle: giving back an abandoned reservation failed", "key", key, "n", n, "err", err)
-		}
-	})
-}
-
 // sleep waits d on the limiter's clock, or until ctx ends. Every sleep of
 // a wait is for the bucket's pace (a grant's time, a refusal's retry
 // time, the adaptive pace): ctx's PaceNote learns it.
 func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
-	capability.NotePaced(ctx)
+	pacenote.MarkPaced(ctx)
 	t := l.cfg.clock.NewTimer(d)
 	select {
 	case <-t.Chan():
@@ -524,9 +661,19 @@ func (b timeoutBound) err(next time.Duration) error {
 	return fmt.Errorf("%w: %s not free for %v, beyond maxWait %v", ErrTimeout, what, next, b.maxWait)
 }
 
-// expiredWhileAsking is the ErrTimeout of a call whose context's deadline
-// passed while what (the bucket, the adaptive pace) was being asked; err
-// is what that call returned.
-func expiredWhileAsking(n int64, what string, err error) error {
-	return fmt.Errorf("%w: the context's deadline passed while %s was asked for %d permit(s) (%w; %s: %v)", ErrTimeout, what, n, context.DeadlineExceeded, what, err)
+// unanswered is the ErrTimeout of a wait that ran out while the store
+// was asked (in the had left of it; 0: not known); err is what the call
+// returned.
+func (b timeoutBound) unanswered(had time.Duration, err error) error {
+	within := "within the wait"
+	if had > 0 {
+		within = fmt.Sprintf("in the %v left of the wait", had)
+	}
+	switch {
+	case b.cost == nil:
+		return fmt.Errorf("%w: the bucket store did not answer %s: %w", ErrTimeout, within, err)
+	case b.ctxBound:
+		return fmt.Errorf("%w: cost %v: the bucket store did not answer %s, which ends at the context's deadline (%w): %w", ErrTimeout, b.cost, within, context.DeadlineExceeded, err)
+	}
+	return fmt.Errorf("%w: cost %v: the bucket store did not answer %s: %w", ErrTimeout, b.cost, within, err)
 }

@@ -10,8 +10,6 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // TestHungAdaptivePaceFallsBackWithinTheStoreTimeout: an adaptive pace
@@ -25,7 +23,7 @@ func TestHungAdaptivePaceFallsBackWithinTheStoreTimeout(t *testing.T) {
 		loc, err := NewLocal(10, time.Second)
 		require.NoError(t, err)
 		lim := New(&failingAdaptive{Local: loc}, WithStoreTimeout(20*time.Millisecond))
-		lim.note(lim.root, capability.AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting
+		lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting
 		// A safety net only: the pace's fallback comes long before.
 		stop, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		err = lim.Acquire(ContextWithWaitStop(context.Background(), stop), maxWait)
@@ -57,22 +55,22 @@ func (b *needsTime) Take(ctx context.Context, key string, n int64, maxWait time.
 
 func (b *needsTime) Fallback() (int64, time.Duration, int64) { return 10, time.Second, 1 }
 
-func (b *needsTime) PaceAdaptive(ctx context.Context, _ string, _ int64, _, _ time.Duration) (capability.AdaptivePace, error) {
+func (b *needsTime) PaceAdaptive(ctx context.Context, _ string, _ int64, _, _ time.Duration) (AdaptivePace, error) {
 	if dl, ok := ctx.Deadline(); ok && b.paceSlack > 0 {
 		t := time.NewTimer(time.Until(dl) - b.paceSlack) // the store's latency
 		defer t.Stop()
 		select {
 		case <-t.C:
-			return capability.AdaptivePace{Granted: true, State: capability.AdaptiveState{Rate: 5, At: time.Now()}}, nil
+			return AdaptivePace{Granted: true, State: AdaptiveState{Rate: 5, At: time.Now()}}, nil
 		case <-ctx.Done():
 		}
 	}
 	<-ctx.Done()
-	return capability.AdaptivePace{}, &BackendError{Op: "pace", Err: ctx.Err()}
+	return AdaptivePace{}, &BackendError{Op: "pace", Err: ctx.Err()}
 }
 
-func (b *needsTime) SwapAdaptive(context.Context, string, capability.AdaptiveState, capability.AdaptiveState, time.Duration) (capability.AdaptiveState, bool, error) {
-	return capability.AdaptiveState{}, false, errors.New("READONLY")
+func (b *needsTime) SwapAdaptive(context.Context, string, AdaptiveState, AdaptiveState, time.Duration) (AdaptiveState, bool, error) {
+	return AdaptiveState{}, false, errors.New("READONLY")
 }
 
 // TestNoWaitBucketCallCutByItsPaceIsNoOutage: with maxWait 0, a slow
@@ -87,7 +85,7 @@ func TestNoWaitBucketCallCutByItsPaceIsNoOutage(t *testing.T) {
 	const timeout = 40 * time.Millisecond
 	lim := New(&needsTime{loc: loc, need: timeout / 4, paceSlack: 2 * time.Millisecond}, WithStoreTimeout(timeout), WithFailurePolicy(FailOpen))
 	defer func() { require.NoError(t, lim.Close()) }()
-	lim.note(lim.root, capability.AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting
+	lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting
 	err = lim.Acquire(context.Background(), 0)
 	if err != nil {
 		assert.ErrorIs(t, err, ErrTimeout)
@@ -210,7 +208,7 @@ func TestNoWaitCallersMeetThePolicyWhenTheStoreHangs(t *testing.T) {
 	require.NoError(t, err)
 	lim := New(&needsTime{loc: loc, need: time.Hour}, WithStoreTimeout(20*time.Millisecond), WithFailurePolicy(FailOpen))
 	defer func() { require.NoError(t, lim.Close()) }()
-	lim.note(lim.root, capability.AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting
+	lim.note(lim.root, AdaptiveState{Rate: 5, At: time.Now()}, lim.tb.now()) // adapting
 	assert.NoError(t, lim.Acquire(context.Background(), 0), "FailOpen grants")
 	assert.NotZero(t, lim.outage.since.Load(), "the outage began")
 }

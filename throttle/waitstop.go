@@ -17,16 +17,15 @@ import (
 // answer of a Cause() error method, for a stop of a type of its own). Once
 // stop is done, a new wait under the returned context ends at once.
 //
-// The consumer of package consumer gives each handler call such a context,
-// stopped when the record's partition is revoked or the consumer stops
-// while the call runs (not after it has returned): a
-// handler whose client is still waiting for a permit then returns at once
-// with that error, and the record goes to the partition's next owner,
-// while calls already made finish in their own time. Such an error is
-// final for the work under ctx: every later wait under it ends at once,
-// so a handler should return it rather than try again. The stop is a
-// value of ctx: contexts derived from it keep it, context.WithoutCancel's
-// included.
+// The consumer of package consumer gives each handler call such a
+// context, stopped when the record's partition is revoked or the consumer
+// stops while the call runs (not after it has returned): a handler whose
+// client is still waiting for a permit then returns at once with that
+// error, and the record goes to the partition's next owner, while calls
+// already made finish in their own time. Such an error is final for the
+// work under ctx: every later wait under it ends at once, so a handler
+// should return it rather than try again. The stop is a value of ctx:
+// contexts derived from it keep it, context.WithoutCancel's included.
 //
 // A nil stop returns ctx.
 func ContextWithWaitStop(ctx, stop context.Context) context.Context {

@@ -6,14 +6,15 @@ import (
 	"io"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/throttle"
 )
 
 // printAdaptive prints the line of `show` about the fleet's adaptive
 // rate: the rate the fleet paces its grants at since the provider refused
 // calls without a retry hint, or that it is not adapting.
 func printAdaptive(ctx context.Context, w io.Writer, b live, t target) error {
-	s, err := capability.ReadAdaptive(ctx, capabilities(b).AdaptiveStore, t.tenant)
+	// A swap from a version below 0 only reads.
+	s, _, err := b.SwapAdaptive(ctx, t.tenant, throttle.AdaptiveState{Version: -1}, throttle.AdaptiveState{}, time.Millisecond)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/headway-go/headway/bucket"
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -92,18 +91,15 @@ type target struct {
 	def      int64
 }
 
-// live is what headwayctl needs from a bucket.
+// live is what headwayctl needs from a bucket: the live limit, the
+// state, the fleet-wide pause and the adaptive rate's store, which every
+// Redis bucket of package bucket has.
 type live interface {
 	SetLimit(ctx context.Context, key string, limit int64) error
 	ClearLimit(ctx context.Context, key string) error
 	State(ctx context.Context, key string) (bucket.State, error)
-}
-
-// capabilities returns the pause and the adaptive rate's store of b, a
-// bucket of package bucket.
-func capabilities(b live) capability.Set {
-	s, _ := capability.SetOf(b)
-	return s
+	throttle.Pauser
+	throttle.AdaptiveStore
 }
 
 // run is the whole command; it returns the exit status.
@@ -237,7 +233,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		fmt.Fprintf(stdout, "%s: live limit cleared, the constructor's limit applies; %s\n", describe(t), applies(t.kind))
 	case "pause":
-		if err := capabilities(b).Pauser.Pause(ctx, t.tenant, pauseD); err != nil {
+		if err := b.Pause(ctx, t.tenant, pauseD); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "%s: paused for %v for the whole fleet (a longer pause already running is kept)\n", describe(t), pauseD)

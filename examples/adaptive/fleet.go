@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/headway-go/headway/bucket"
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/internal/provider"
 	"github.com/headway-go/headway/throttle"
 	"github.com/headway-go/headway/throttle/httpclient"
@@ -85,7 +84,7 @@ func (p plain) Take(ctx context.Context, key string, n int64, maxWait time.Durat
 }
 
 func (p plain) Pause(ctx context.Context, key string, d time.Duration) error {
-	if ps, ok := capability.Of[capability.Pauser](p.b); ok {
+	if ps, ok := throttle.BucketAs[throttle.Pauser](p.b); ok {
 		return ps.Pause(ctx, key, d)
 	}
 	return nil
@@ -206,7 +205,7 @@ func runFleet(ctx context.Context, c config) (result, error) {
 		case <-tick.C:
 		case <-runCtx.Done():
 		}
-		s, _ := capability.KeyedLimiter(fleet[0].lim.Key("")).AdaptiveState(context.Background())
+		s, _ := fleet[0].lim.Key("").AdaptiveState(context.Background())
 		rates = append(rates, s.Rate)
 		if runCtx.Err() != nil {
 			break

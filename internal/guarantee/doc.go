@@ -60,7 +60,16 @@
 // bucket that hands out everything it may, for the whole run, comes close
 // to 1. The formula for each checker is in its doc comment.
 //
+// # Clock
+//
+// Read grant and arrival times with [Now] (a [Recorder] does): the wall
+// clock, which a Redis server's TIME reads on the same host and the
+// buckets decide on. Times from time.Now carry a monotonic reading, and
+// two of those are compared on the monotonic clock: a step of the system
+// clock during a run (a time daemon, a virtual machine resumed) then moves
+// every later decision of the bucket against the recorded times, and a
+// correct bucket seems to grant a step's worth too many.
+//
 // Grant times need not be sorted; checkers sort a copy. Times are compared
-// with [time.Time.Sub], so the monotonic clock readings of times taken with
-// time.Now are used when both times have one.
+// with [time.Time.Sub].
 package guarantee

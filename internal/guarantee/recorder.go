@@ -17,41 +17,42 @@ import (
 // record is one append to one of several locked shards, chosen at random,
 // so goroutines rarely wait for one another. Its zero value is ready to use.
 //
-// Times are kept as offsets on the monotonic clock from the moment of the
-// first record, so a wall-clock step during a run (NTP) does not distort
-// them; [Recorder.Times] returns them as wall-clock times (the wall clock
-// read at the first record plus the offset), with monotonic readings.
+// Times are readings of the wall clock ([Now]), the clock the buckets
+// decide on.
 type Recorder struct {
 	once   sync.Once
-	base   time.Time
 	shards []recShard
 }
 
 type recShard struct {
 	mu sync.Mutex
-	ns []int64  // offsets from base
+	ns []int64  // wall-clock readings, ns since the Unix epoch
 	_  [32]byte // one shard per cache line
 }
 
 func (r *Recorder) init() {
 	r.once.Do(func() {
-		r.base = time.Now()
 		n := 1 << bits.Len(uint(4*runtime.GOMAXPROCS(0)-1)) // ≥ 4 per P, a power of two
 		r.shards = make([]recShard, max(n, 8))
 	})
 }
 
+// Now reads the wall clock without a monotonic reading: the clock the
+// buckets decide on (see the package doc's Clock). Use it for every grant
+// or arrival time handed to a checker.
+func Now() time.Time { return time.Now().Round(0) }
+
 // Record records a grant now.
 func (r *Recorder) Record() {
 	r.init()
-	r.add(int64(time.Since(r.base)))
+	r.add(Now().UnixNano())
 }
 
 // RecordAt records a grant at t, for callers that read the clock
 // themselves (for instance before doing other work with the permit).
 func (r *Recorder) RecordAt(t time.Time) {
 	r.init()
-	r.add(int64(t.Sub(r.base)))
+	r.add(t.UnixNano())
 }
 
 func (r *Recorder) add(d int64) {
@@ -88,7 +89,7 @@ func (r *Recorder) Times() []time.Time {
 	slices.Sort(all)
 	out := make([]time.Time, len(all))
 	for i, d := range all {
-		out[i] = r.base.Add(time.Duration(d))
+		out[i] = time.Unix(0, d)
 	}
 	return out
 }

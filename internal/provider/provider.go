@@ -126,7 +126,7 @@ func Start(cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("provider: listen: %w", err)
 	}
-	p := &Provider{cfg: cfg, ln: ln, seen: make(map[recordID]int), started: time.Now()}
+	p := &Provider{cfg: cfg, ln: ln, seen: make(map[recordID]int), started: guarantee.Now()}
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 5 * time.Second}
 	p.served.Add(1)
 	go func() {
@@ -170,7 +170,7 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	// Decide and record under one lock, with the clock read under it:
 	// requests are decided, and Calls lists them, in arrival order.
 	p.mu.Lock()
-	now := time.Now()
+	now := guarantee.Now() // the clock the buckets decide on
 	ok, retry := p.admitLocked(now)
 	if !ok {
 		p.refusals = append(p.refusals, now)
@@ -312,7 +312,7 @@ func (p *Provider) Arrivals() []time.Time {
 func (p *Provider) Rate(span time.Duration) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	from := time.Now().Add(-span)
+	from := guarantee.Now().Add(-span)
 	i, _ := slices.BinarySearchFunc(p.arrivals, from, func(a, t time.Time) int { return a.Compare(t) })
 	return int64(len(p.arrivals) - i)
 }

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
-	"github.com/headway-go/headway/throttle"
 	"github.com/jonboulle/clockwork"
+
+	"github.com/headway-go/headway/throttle"
 )
 
 // Spec describes the bucket under test: how to build it, the budget it
@@ -179,7 +179,7 @@ type check struct {
 }
 
 func isPauser(_ *suite, b throttle.Bucket) bool {
-	_, ok := capability.Of[capability.Pauser](b)
+	_, ok := throttle.BucketAs[throttle.Pauser](b)
 	return ok
 }
 func isCostBucket(s *suite, b throttle.Bucket) bool {
@@ -187,7 +187,7 @@ func isCostBucket(s *suite, b throttle.Bucket) bool {
 	return ok && s.CostDimension != ""
 }
 func isRefunder(_ *suite, b throttle.Bucket) bool {
-	_, ok := capability.Of[capability.Refunder](b)
+	_, ok := throttle.BucketAs[throttle.Refunder](b)
 	return ok
 }
 func hasMaxKey(s *suite, _ throttle.Bucket) bool { return s.MaxKeyLen > 0 }
@@ -279,8 +279,8 @@ func newSuite(spec Spec) (*suite, error) {
 // real reports whether the bucket decides in real time.
 func (s *suite) real() bool { return s.Clock == nil }
 
-// mustOf is v's capability T, which the caller checked v has.
-func mustOf[T any](v any) T {
-	t, _ := capability.Of[T](v)
+// mustOf is what v offers of T (throttle.BucketAs), which the caller checked v has.
+func mustOf[T any](v throttle.Bucket) T {
+	t, _ := throttle.BucketAs[T](v)
 	return t
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/guarantee"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -195,7 +195,7 @@ func (s *suite) now() time.Time {
 	if s.Clock != nil {
 		return s.Clock.Now()
 	}
-	return time.Now()
+	return guarantee.Now() // the wall clock: see the package doc's Time
 }
 
 // wait lets d pass: the fake clock is moved, real time is slept.
@@ -325,7 +325,7 @@ func (b *budget) takeReturns(ctx context.Context, i int, key string, n int64, ma
 // pause pauses key for d through value i (a bucket that pauses).
 func (b *budget) pause(i int, key string, d time.Duration) error {
 	b.t.Helper()
-	p, ok := capability.Of[capability.Pauser](b.value(i))
+	p, ok := throttle.BucketAs[throttle.Pauser](b.value(i))
 	if !ok {
 		b.t.Fatalf("%T does not pause", b.value(i))
 	}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -187,7 +186,7 @@ func checkLongKey(t *testing.T, s *suite) {
 		if !isInvalid(err) || !errors.Is(err, throttle.ErrInvalidKey) || !strings.Contains(err.Error(), "key") {
 			t.Errorf("Take(key of %d bytes, MaxKeyLen %d) = %+v, %v; want an error wrapping throttle.ErrInvalidKey and throttle.ErrInvalid that names the key", len(k), s.MaxKeyLen, d, err)
 		}
-		if _, ok := capability.Of[capability.Pauser](b.value(0)); ok {
+		if _, ok := throttle.BucketAs[throttle.Pauser](b.value(0)); ok {
 			if err := b.pause(0, k, time.Second); !isInvalid(err) || !errors.Is(err, throttle.ErrInvalidKey) {
 				t.Errorf("Pause(key of %d bytes, MaxKeyLen %d) = %v; want an error wrapping throttle.ErrInvalidKey and throttle.ErrInvalid", len(k), s.MaxKeyLen, err)
 			}
@@ -464,7 +463,7 @@ func checkRefunds(t *testing.T, s *suite) {
 	}
 	spend()
 	for range unused {
-		if err := mustOf[capability.Refunder](b.value(0)).Refund(context.Background(), late, 1); err != nil {
+		if err := mustOf[throttle.Refunder](b.value(0)).Refund(context.Background(), late, 1); err != nil {
 			t.Fatalf("Refund(%q, 1) = %v", late, err)
 		}
 		spend()
@@ -616,7 +615,7 @@ func checkGuarantee(t *testing.T, s *suite) {
 	}
 	for i, l := range runs {
 		b := s.freshPair(t)
-		_, l.pause = capability.Of[capability.Pauser](b.value(0))
+		_, l.pause = throttle.BucketAs[throttle.Pauser](b.value(0))
 		key := fmt.Sprintf("g%d", i)
 		b.prepare(key)
 		var r *recorder

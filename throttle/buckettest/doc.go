@@ -35,18 +35,21 @@
 //
 // # Time
 //
-// A bucket that takes a clockwork clock runs on a [clockwork.FakeClock]
-// given in [Spec].Clock: the suite moves it, and every check is exact. A
-// bucket that decides on a store's clock (a Redis server's TIME) runs in
-// real time: keep its Interval short (100–300 ms), as the checks that
-// need time to pass wait for a few intervals. In real time the suite
-// asserts only what a loaded machine cannot make flaky: it counts a grant
-// when Take returns it, judges grant times with a tolerance of the time
-// Take took (setting aside the few grants whose Take was too slow to time
-// them, but counting them against the total allowed), follows a chain of
-// short refusals where the contract allows one, and never asserts that
-// something ends within a duration, other than a generous bound that
-// catches a hang. So in real time a fault in timing smaller than that
-// tolerance (at most a tenth of the interval) can go unseen, such as a
-// period refilled a few percent early; on a fake clock none can.
+// A bucket that takes a clockwork clock runs on a [clockwork.FakeClock] given
+// in [Spec].Clock: the suite moves it, and every check is exact. A bucket that
+// decides on a store's clock (a Redis server's TIME) runs in real time: keep
+// its Interval short (100–300 ms), as the checks that need time to pass wait
+// for a few intervals. In real time the suite reads the wall clock, the one a
+// store's TIME reads on the same host, so that a step of the system clock
+// during a run (a time daemon, a virtual machine resumed) moves the bucket's
+// decisions and the suite's readings alike; a bucket deciding on the monotonic
+// clock belongs on a fake clock. In real time the suite asserts only what a
+// loaded machine cannot make flaky: it counts a grant when Take returns it,
+// judges grant times with a tolerance of the time Take took (setting aside the
+// few grants whose Take was too slow to time them, but counting them against
+// the total allowed), follows a chain of short refusals where the contract
+// allows one, and never asserts that something ends within a duration, other
+// than a generous bound that catches a hang. So in real time a fault in timing
+// smaller than that tolerance (at most a tenth of the interval) can go unseen,
+// such as a period refilled a few percent early; on a fake clock none can.
 package buckettest

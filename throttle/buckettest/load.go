@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 )
 
@@ -114,7 +113,7 @@ func (b *budget) do(i int, key string, a ask, r *recorder) (throttle.Decision, b
 	case !d.Granted:
 		r.refused(d.Delay)
 	case a.refund:
-		if err := mustOf[capability.Refunder](b.value(i)).Refund(context.Background(), key, a.n); err != nil {
+		if err := mustOf[throttle.Refunder](b.value(i)).Refund(context.Background(), key, a.n); err != nil {
 			b.t.Errorf("Refund(%q, %d) = %v", key, a.n, err)
 			return d, false
 		}
@@ -187,7 +186,7 @@ func (b *budget) realRun(key string, d time.Duration, l load) *recorder {
 	start := make(chan struct{})
 	if l.pause {
 		b.markPaused(key)
-		p := mustOf[capability.Pauser](b.value(0))
+		p := mustOf[throttle.Pauser](b.value(0))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -13,7 +13,7 @@ import (
 
 // dimension names the headers of one dimension a provider accounts for.
 type dimension struct {
-	// name is the dimension's name in a capability.Exhausted.
+	// name is the dimension's name in a throttle.Exhausted.
 	name                    string
 	limit, remaining, reset string
 	// requests: the limit counts calls, per minute, and is advertised to

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 	"github.com/headway-go/headway/throttle/httpclient"
 )
@@ -73,13 +72,13 @@ func TestTransportReportsRefusalsWithoutHint(t *testing.T) {
 		return resp.StatusCode
 	}
 	require.Equal(t, http.StatusOK, get())
-	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(context.Background())
+	s, err := lim.Key("").AdaptiveState(context.Background())
 	require.NoError(t, err)
 	assert.False(t, s.Active())
 
 	refuse.Store(true)
 	require.Equal(t, http.StatusTooManyRequests, get(), "a 429 without a retry time is returned as it is")
-	s, err = capability.KeyedLimiter(lim.Key("")).AdaptiveState(context.Background())
+	s, err = lim.Key("").AdaptiveState(context.Background())
 	require.NoError(t, err)
 	assert.InDelta(t, 45, s.Rate, 1e-9, "and lowers the adaptive rate")
 }
@@ -104,7 +103,7 @@ func TestTransportReportsZeroRetryAfterAsNoHint(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
-	s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(context.Background())
+	s, err := lim.Key("").AdaptiveState(context.Background())
 	require.NoError(t, err)
 	assert.True(t, s.Active(), "the refusal lowered the adaptive rate")
 	assert.InDelta(t, 45, s.Rate, 1e-9)
@@ -141,7 +140,7 @@ func TestTransportReportsRefusalsWithHint(t *testing.T) {
 			req, _ := http.NewRequestWithContext(httpclient.ContextWithMaxWait(context.Background(), time.Second), http.MethodGet, srv.URL, nil)
 			_, err = client.Do(req)
 			assert.ErrorIs(t, err, throttle.ErrTimeout, "the Transport is paused for 2 s")
-			s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(context.Background())
+			s, err := lim.Key("").AdaptiveState(context.Background())
 			require.NoError(t, err)
 			if tt.paced {
 				assert.InDelta(t, 45, s.Rate, 1e-9, "the refusal lowered the adaptive rate")
@@ -202,7 +201,7 @@ func TestAnswerHookSetsTheWindowOfTheRequestsLimit(t *testing.T) {
 			resp, err := (&http.Client{Transport: tr}).Get(srv.URL)
 			require.NoError(t, err)
 			resp.Body.Close()
-			s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(context.Background())
+			s, err := lim.Key("").AdaptiveState(context.Background())
 			require.NoError(t, err)
 			assert.InDelta(t, tt.ceiling, s.Ceiling, 1e-9)
 		})

@@ -93,11 +93,10 @@ type Usage struct {
 // Limiter to the Transport only, not also to a consumer of package
 // consumer: the consumer's permit would charge the requests dimension a
 // second time (consumer.New(handler, nil, ...) takes none). A permit the
-// request's context holds is not used. A body is
-// copied, while it is read, up to 8 MiB for JSON and 1 MiB per
-// server-sent event, to find its usage; a larger one keeps the estimate,
-// and one that is no JSON object (audio, a file) is not copied.
-// NewTransport refuses a nil estimate.
+// request's context holds is not used. A body is copied, while it is
+// read, up to 8 MiB for JSON and 1 MiB per server-sent event, to find its
+// usage; a larger one keeps the estimate, and one that is no JSON object
+// (audio, a file) is not copied. NewTransport refuses a nil estimate.
 func WithCost(estimate func(req *http.Request) (throttle.Cost, error), actual func(Usage) throttle.Cost) Option {
 	return transportOption(func(c *transportConfig) {
 		c.cost = &costModel{estimate: estimate, actual: actual}

@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/headway-go/headway/internal/capability"
 	"github.com/headway-go/headway/throttle"
 	"github.com/headway-go/headway/throttle/httpclient"
 )
@@ -428,7 +427,7 @@ func TestLyingRetryAfterIsCappedAndASuccessIsNotARefusal(t *testing.T) {
 			got := strings.Join(pb.pauses, ",")
 			pb.mu.Unlock()
 			assert.Equal(t, tt.pauses, got)
-			s, err := capability.KeyedLimiter(lim.Key("")).AdaptiveState(context.Background())
+			s, err := lim.Key("").AdaptiveState(context.Background())
 			require.NoError(t, err)
 			assert.Equal(t, tt.paced, s.Active())
 		})

@@ -14,8 +14,9 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/internal/admit"
 	"github.com/headway-go/headway/internal/errs"
+	"github.com/headway-go/headway/internal/nilcheck"
 	"github.com/headway-go/headway/internal/waitstop"
 	"github.com/headway-go/headway/throttle"
 )
@@ -354,7 +355,7 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 	if c.call < 0 {
 		return nil, errs.Invalid("httpclient: NewTransport", "WithCallTime", c.call, "must be 0 or positive")
 	}
-	if c.slots != nil && capability.IsNil(c.slots) {
+	if c.slots != nil && nilcheck.IsNil(c.slots) {
 		return nil, errs.Invalid("httpclient: NewTransport", "WithConcurrency", fmt.Sprintf("(%T)(nil)", c.slots), "must be a cap (was its constructor's error checked?), or nil for none")
 	}
 	if c.cost != nil && c.cost.estimate == nil {
@@ -404,69 +405,23 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return fail(errs.Invalid("Transport", "Transport", nil, "must be built by NewTransport"))
 	}
 	ctx := req.Context()
-	var k throttle.Keyed
-	if t.key != nil {
-		k = t.key(req)
+	k, maxWait, est, err := t.resolve(req)
+	if err != nil {
+		return fail(err)
 	}
-	if capability.KeyedLimiter(k).None() && t.lim != nil {
-		k = t.lim.Key("")
-	}
-	if capability.KeyedLimiter(k).None() {
-		return fail(errs.Invalid("Transport", "WithRequestKey", "zero Keyed", "must return a Keyed from Limiter.Key when NewTransport has no Limiter"))
-	}
-	maxWait := t.maxWait
-	if d, ok := ctx.Value(maxWaitKey{}).(time.Duration); ok {
-		maxWait = d
-	}
-	if maxWait < 0 {
-		return fail(errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever"))
-	}
-	clock := capability.KeyedLimiter(k).Clock()
-	var est throttle.Cost // WithCost: taken before each send, instead of a permit
-	if t.cost != nil {
-		var err error
-		if est, err = t.cost.estimate(req); err != nil {
-			return fail(fmt.Errorf("estimating the call's cost: %w", err))
-		}
-		if est == nil {
-			est = throttle.Cost{} // refused by AcquireCost: it asks for nothing
-		}
-	}
-
+	clock := k.Limiter().Clock()
 	var waited time.Duration
 	for attempt := 0; ; attempt++ {
-		left := throttle.Forever
-		if maxWait != throttle.Forever {
-			left = max(maxWait-waited, 0)
-		}
-		// Leave the call its time before the deadline (WithCallTime), at
-		// every send: a retry's too, after what the sends before it took.
-		call := t.callTime(clock.Now())
-		byCall := false // the call's time bounds this attempt's wait
-		if room, ok := roomFor(ctx, call); ok && call > 0 {
-			if room <= 0 {
-				return fail(noRoom(ctx, call))
-			}
-			if room < left {
-				left, byCall = room, true
-			}
+		left, call, byCall, err := t.attemptWait(ctx, clock.Now(), maxWait, waited)
+		if err != nil {
+			return fail(err)
 		}
 		start := clock.Now()
-		release, err := t.hold(ctx, k, left)
+		h, grant, err := t.admit(ctx, clock, k, left, est)
 		// The slot is freed however this attempt ends, a panic included
 		// (a WithAnswer hook's, the base RoundTripper's), unless it is
 		// handed to the response's body.
-		h := &heldSlot{release: release}
 		defer h.free()
-		var grant *throttle.CostGrant // WithCost: this attempt's
-		if err == nil {
-			if left != throttle.Forever {
-				left = max(left-clock.Since(start), 0)
-			}
-			if grant, err = t.acquire(ctx, k, left, est); err != nil {
-				h.free()
-			}
-		}
 		waited += clock.Since(start)
 		if err != nil {
 			if byCall && errors.Is(err, throttle.ErrTimeout) {
@@ -496,10 +451,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return resp, nil
 		}
-		if !hinted {
-			return answer()
-		}
-		if attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited, t.callTime(clock.Now())) {
+		if !hinted || attempt >= t.retries || !t.replayable(req) || !fits(ctx, pause, maxWait, waited, t.callTime(clock.Now())) {
 			return answer()
 		}
 		next, err := rewind(req)
@@ -513,6 +465,77 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		h.free()
 		r = next
 	}
+}
+
+// resolve returns what req's attempts share: its key (WithRequestKey, or
+// the Transport's Limiter), its wait (WithMaxWait, or ContextWithMaxWait),
+// and with WithCost its estimated cost, taken before each send instead
+// of a permit.
+func (t *Transport) resolve(req *http.Request) (k throttle.Keyed, maxWait time.Duration, est throttle.Cost, err error) {
+	if t.key != nil {
+		k = t.key(req)
+	}
+	if k.Limiter() == nil && t.lim != nil {
+		k = t.lim.Key("")
+	}
+	if k.Limiter() == nil {
+		return k, 0, nil, errs.Invalid("Transport", "WithRequestKey", "zero Keyed", "must return a Keyed from Limiter.Key when NewTransport has no Limiter")
+	}
+	maxWait = t.maxWait
+	if d, ok := req.Context().Value(maxWaitKey{}).(time.Duration); ok {
+		maxWait = d
+	}
+	if maxWait < 0 {
+		return k, 0, nil, errs.Invalid("Transport", "ContextWithMaxWait", maxWait, "must be 0, positive or throttle.Forever")
+	}
+	if t.cost != nil {
+		if est, err = t.cost.estimate(req); err != nil {
+			return k, 0, nil, fmt.Errorf("estimating the call's cost: %w", err)
+		}
+		if est == nil {
+			est = throttle.Cost{} // refused by AcquireCost: it asks for nothing
+		}
+	}
+	return k, maxWait, est, nil
+}
+
+// attemptWait is how long an attempt may wait for its slot and permit:
+// what is left of maxWait after waited, shortened to leave the call its
+// time before the context's deadline (WithCallTime), at every send: a
+// retry's too, after what the sends before it took. byCall reports that
+// the call's time set it; call is that time.
+func (t *Transport) attemptWait(ctx context.Context, now time.Time, maxWait, waited time.Duration) (left, call time.Duration, byCall bool, err error) {
+	left = throttle.Forever
+	if maxWait != throttle.Forever {
+		left = max(maxWait-waited, 0)
+	}
+	call = t.callTime(now)
+	if room, ok := roomFor(ctx, call); ok && call > 0 {
+		if room <= 0 {
+			return 0, call, false, noRoom(ctx, call)
+		}
+		if room < left {
+			left, byCall = room, true
+		}
+	}
+	return left, call, byCall, nil
+}
+
+// admit holds k's slot (WithConcurrency), then takes a permit, or the
+// cost est when it is not nil (WithCost), with the rest of left
+// (admit.SlotThenPermit). Without the permit, however admit ends (a panic
+// included), the slot is freed.
+func (t *Transport) admit(ctx context.Context, clock clockwork.Clock, k throttle.Keyed, left time.Duration, est throttle.Cost) (h *heldSlot, grant *throttle.CostGrant, err error) {
+	release, err := admit.SlotThenPermit(left, clock.Now,
+		func(d time.Duration) (func(), error) { return t.hold(ctx, k, d) },
+		func(d time.Duration) (err error) {
+			grant, err = t.acquire(ctx, k, d, est)
+			return err
+		})
+	if err != nil {
+		return &heldSlot{}, nil, err
+	}
+	return &heldSlot{release: release}, grant, nil
 }
 
 // react pauses k when resp signals a limit with a retry time, and reports
@@ -742,7 +765,7 @@ func releaseOnClose(resp *http.Response, release func()) *http.Response {
 	case nil:
 		release()
 	case io.ReadWriteCloser: // a 101 Switching Protocols body must stay writable
-		resp.Body = &releasingRW{ReadWriteCloser: b, release: release}
+		resp.Body = releasingRW{&releasingBody{ReadCloser: b, release: release}, b}
 	default:
 		resp.Body = &releasingBody{ReadCloser: b, release: release}
 	}
@@ -763,20 +786,14 @@ func (b *releasingBody) Close() error {
 
 // releasingRW is releasingBody for a writable body.
 type releasingRW struct {
-	io.ReadWriteCloser
-	release func()
-}
-
-func (b *releasingRW) Close() error {
-	err := b.ReadWriteCloser.Close()
-	b.release()
-	return err
+	*releasingBody
+	io.Writer
 }
 
 // acquire waits out any local pause of k, then takes a permit within left,
 // or the cost est when it is not nil (WithCost), whose grant it returns.
 func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Duration, est throttle.Cost) (*throttle.CostGrant, error) {
-	clock := capability.KeyedLimiter(k).Clock()
+	clock := k.Limiter().Clock()
 	start := clock.Now()
 	for {
 		remaining := left
@@ -788,7 +805,7 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 			// attempt) was taken before the provider's pause: spent
 			// after it, it would come on top of what the bucket grants
 			// then. Wait, then take a new one.
-			capability.KeyedLimiter(k).Forfeit(ctx)
+			k.Forfeit(ctx)
 			ctxBound := false
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 				ctxBound = true
@@ -816,7 +833,7 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 		if t.pauseLeft(k) > 0 {
 			if grant != nil {
 				_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est)) // best effort
-			} else if r := capability.KeyedLimiter(k).Capabilities().Refunder; r != nil {
+			} else if r, ok := throttle.BucketAs[throttle.Refunder](k.Limiter().Bucket()); ok {
 				_ = r.Refund(ctx, k.Key(), 1) // best effort
 			}
 			continue
@@ -833,7 +850,7 @@ func (t *Transport) pauseLeft(k throttle.Keyed) time.Duration {
 	if !ok {
 		return 0
 	}
-	return until.Sub(capability.KeyedLimiter(k).Clock().Now())
+	return until.Sub(k.Limiter().Clock().Now())
 }
 
 // sleep waits d on clock, or until ctx ends or its waits are stopped
@@ -869,7 +886,7 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 	if d <= 0 {
 		return
 	}
-	now := capability.KeyedLimiter(k).Clock().Now()
+	now := k.Limiter().Clock().Now()
 	until := now.Add(d)
 	pk := k
 	t.mu.Lock()
@@ -882,7 +899,7 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 		}
 	}
 	t.mu.Unlock()
-	if p := capability.KeyedLimiter(k).Capabilities().Pauser; p != nil {
+	if p, ok := throttle.BucketAs[throttle.Pauser](k.Limiter().Bucket()); ok {
 		// The pause matters beyond this request: do not let its
 		// cancellation skip it, but do not hang on a sick store either.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -897,7 +914,7 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 // exhausted, when no other header names a retry time (nil otherwise),
 // each with how long this Transport holds it back for k (see holds); the
 // request was sent at sent.
-func (t *Transport) exhaustedOnly(k throttle.Keyed, resp *http.Response, sent, now time.Time) []capability.Exhausted {
+func (t *Transport) exhaustedOnly(k throttle.Keyed, resp *http.Response, sent, now time.Time) []throttle.Exhausted {
 	pnow := providerNow(resp.Header, now)
 	if _, other := retryHeaders(resp, pnow); other {
 		return nil
@@ -941,11 +958,11 @@ type edgeID struct {
 // and dimension, from a refusal (429) of a request sent after a
 // success's hold ended and before the dimension was to be full again,
 // and remembered for alignedFor.
-func (t *Transport) holds(k throttle.Keyed, ex []exhaustion, status int, sent, now time.Time) []capability.Exhausted {
+func (t *Transport) holds(k throttle.Keyed, ex []exhaustion, status int, sent, now time.Time) []throttle.Exhausted {
 	if len(ex) == 0 {
 		return nil
 	}
-	out := make([]capability.Exhausted, 0, len(ex))
+	out := make([]throttle.Exhausted, 0, len(ex))
 	var learned []string
 	t.mu.Lock()
 	for _, e := range ex {
@@ -963,7 +980,7 @@ func (t *Transport) holds(k throttle.Keyed, ex []exhaustion, status int, sent, n
 			t.keepEdge(id, ed, now)
 			learned = append(learned, e.dim)
 		}
-		out = append(out, capability.Exhausted{Dimension: e.dim, RetryAfter: hold})
+		out = append(out, throttle.Exhausted{Dimension: e.dim, RetryAfter: hold})
 	}
 	t.mu.Unlock()
 	for _, dim := range learned {
@@ -1000,12 +1017,12 @@ func (t *Transport) keepEdge(id edgeID, ed edge, now time.Time) {
 // of the other dimensions would not hold it, though it spends them at
 // the provider, nor would a pause in the bucket stop the lease; the
 // whole key is paused then, the lease with it (Limiter.Report).
-func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []capability.Exhausted) bool {
+func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []throttle.Exhausted) bool {
 	if t.cost == nil {
 		return false
 	}
-	dp := capability.KeyedLimiter(k).Capabilities().DimensionPauser
-	if dp == nil {
+	dp, ok := throttle.BucketAs[throttle.DimensionPauser](k.Limiter().Bucket())
+	if !ok {
 		return false
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)

@@ -19,6 +19,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/guarantee"
 	"github.com/headway-go/headway/internal/redisenv"
 	"github.com/headway-go/headway/throttle"
 	"github.com/headway-go/headway/throttle/httpclient"
@@ -189,7 +190,7 @@ type sendClock struct {
 }
 
 func (s sendClock) RoundTrip(r *http.Request) (*http.Response, error) {
-	s.times.add(time.Now(), 1)
+	s.times.add(guarantee.Now(), 1) // the clock the bucket decides on
 	return s.base.RoundTrip(r)
 }
 

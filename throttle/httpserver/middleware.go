@@ -108,12 +108,11 @@ type BucketFactory func(s SLA) (throttle.Bucket, error)
 // A request is counted under the first SLA (in the order given) whose
 // methods and path match it; a request matching none is served unlimited
 // and without headers. Paths are matched cleaned ([path.Clean]: no "..",
-// "." or repeated or trailing slashes) and without regard to case, so that
-// "/Product/1/" and "/product/2/../1" count as "/product/1" does; a path
-// with an escaped slash ("/product/1%2Fx") matches a pattern if either its
-// decoded form or its segments as net/http's ServeMux cuts them (where
-// "1%2Fx" is one segment) match it. A
-// counted request gets:
+// "." or repeated or trailing slashes) and without regard to case, so
+// that "/Product/1/" and "/product/2/../1" count as "/product/1" does; a
+// path with an escaped slash ("/product/1%2Fx") matches a pattern if
+// either its decoded form or its segments as net/http's ServeMux cuts
+// them (where "1%2Fx" is one segment) match it. A counted request gets:
 //
 //   - X-RateLimit-Limit: the threshold of the tier the bucket reports
 //     (for several tiers, the one nearest its limit);
@@ -578,49 +577,16 @@ func (w *localWindow) Take(_ context.Context, key string, n int64, _ time.Durati
 	now := w.clock.Now().UnixNano()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	st, ok := w.keys[key]
-	if !ok {
-		w.sweep(now)
-		st = &windowState{start: make([]int64, len(w.tiers)), count: make([]int64, len(w.tiers))}
-		if w.sliding {
-			st.log = make([][]int64, len(w.tiers))
-		}
-		w.keys[key] = st
-	}
+	st := w.state(key, now)
 
-	// For each tier: used, the calls it counts now; wait, the time until it
-	// has room for n more (0 if it has). The decision reports the refusing
-	// tier that frees last or, when all pass, the tier with the fewest
-	// calls left (the longer period on a tie).
+	// The decision reports the refusing tier that frees last or, when all
+	// pass, the tier with the fewest calls left (the longer period on a
+	// tie).
 	var refused bool
 	var delay time.Duration
 	report, reportLeft := -1, int64(0)
 	for i, t := range w.tiers {
-		p := int64(t.Period)
-		var used int64
-		var wait int64
-		if w.sliding {
-			l := st.log[i]
-			k := 0
-			for k < len(l) && l[k]+p <= now {
-				k++
-			}
-			l = l[k:]
-			st.log[i] = l
-			used = int64(len(l))
-			if used+n > t.Limit {
-				wait = l[used+n-t.Limit-1] + p - now
-			}
-		} else {
-			start := now - ((now%p)+p)%p // floor, also before 1970
-			if st.start[i] != start {
-				st.start[i], st.count[i] = start, 0
-			}
-			used = st.count[i]
-			if used+n > t.Limit {
-				wait = start + p - now
-			}
-		}
+		used, wait := w.use(st, i, n, now)
 		if wait > 0 {
 			if !refused || time.Duration(wait) > delay {
 				report, reportLeft = i, t.Limit-used
@@ -637,15 +603,7 @@ func (w *localWindow) Take(_ context.Context, key string, n int64, _ time.Durati
 		}
 	}
 	if !refused {
-		for i := range w.tiers {
-			if w.sliding {
-				for j := int64(0); j < n; j++ {
-					st.log[i] = append(st.log[i], now)
-				}
-			} else {
-				st.count[i] += n
-			}
-		}
+		w.grant(st, n, now)
 	}
 	t := w.tiers[report]
 	d := throttle.Decision{Granted: !refused, Limit: t.Limit, Remaining: max(reportLeft, 0), Reset: w.reset(st, report, now)}
@@ -653,6 +611,65 @@ func (w *localWindow) Take(_ context.Context, key string, n int64, _ time.Durati
 		d.Delay = delay
 	}
 	return d, nil
+}
+
+// state returns key's windowState, creating it. The caller holds w.mu.
+func (w *localWindow) state(key string, now int64) *windowState {
+	if st, ok := w.keys[key]; ok {
+		return st
+	}
+	w.sweep(now)
+	st := &windowState{start: make([]int64, len(w.tiers)), count: make([]int64, len(w.tiers))}
+	if w.sliding {
+		st.log = make([][]int64, len(w.tiers))
+	}
+	w.keys[key] = st
+	return st
+}
+
+// use is tier i's use by st at now: used, the calls it counts now (a
+// sliding log drops those that have left it); wait, the time until it has
+// room for n more (0 if it has). The caller holds w.mu.
+func (w *localWindow) use(st *windowState, i int, n, now int64) (used, wait int64) {
+	t := w.tiers[i]
+	p := int64(t.Period)
+	if w.sliding {
+		l := st.log[i]
+		k := 0
+		for k < len(l) && l[k]+p <= now {
+			k++
+		}
+		l = l[k:]
+		st.log[i] = l
+		used = int64(len(l))
+		if used+n > t.Limit {
+			wait = l[used+n-t.Limit-1] + p - now
+		}
+		return used, wait
+	}
+	start := now - ((now%p)+p)%p // floor, also before 1970
+	if st.start[i] != start {
+		st.start[i], st.count[i] = start, 0
+	}
+	used = st.count[i]
+	if used+n > t.Limit {
+		wait = start + p - now
+	}
+	return used, wait
+}
+
+// grant counts n calls granted at now in every tier of st. The caller
+// holds w.mu.
+func (w *localWindow) grant(st *windowState, n, now int64) {
+	for i := range w.tiers {
+		if w.sliding {
+			for j := int64(0); j < n; j++ {
+				st.log[i] = append(st.log[i], now)
+			}
+		} else {
+			st.count[i] += n
+		}
+	}
 }
 
 // reset is the time until tier i's window is over for st: the end of the
@@ -677,13 +694,8 @@ func (w *localWindow) sweep(now int64) {
 	}
 	for k, st := range w.keys {
 		over := true
-		for i, t := range w.tiers {
-			p := int64(t.Period)
-			if w.sliding {
-				if l := st.log[i]; len(l) > 0 && l[len(l)-1]+p > now {
-					over = false
-				}
-			} else if st.start[i]+p > now && st.count[i] > 0 {
+		for i := range w.tiers {
+			if w.reset(st, i, now) > 0 && (w.sliding || st.count[i] > 0) {
 				over = false
 			}
 		}

@@ -248,7 +248,8 @@ func parseFile(root *yaml.Node) ([]SLA, error) {
 	return out, nil
 }
 
-// sla parses one SLA; the field paths start with at.
+// parseSLA parses one SLA, and whether it is enabled; the field paths
+// start with at.
 func parseSLA(n *yaml.Node, at string) (SLA, bool, error) {
 	var s SLA
 	f, err := mapping(n, at, "id", "enabled", "match", "tenant", "bucket", "tiers")
@@ -274,131 +275,161 @@ func parseSLA(n *yaml.Node, at string) (SLA, bool, error) {
 	}
 
 	if m, ok := f["match"]; ok {
-		mf, err := mapping(m, at+".match", "methods", "pathPattern")
-		if err != nil {
+		if s.Methods, s.Path, err = parseMatch(m, at+".match"); err != nil {
 			return s, false, err
 		}
-		if ms, ok := mf["methods"]; ok {
-			field := at + ".match.methods"
-			if ms.Kind != yaml.SequenceNode {
-				return s, false, fail(ms, field, "must be a list of HTTP methods, such as [GET, HEAD]")
-			}
-			if len(ms.Content) == 0 {
-				// An empty list would match every method: most likely a
-				// template that lost its values.
-				return s, false, fail(ms, field, "must list at least one method, or be left out to match every method")
-			}
-			for j, mn := range ms.Content {
-				mfield := fmt.Sprintf("%s[%d]", field, j)
-				if err := plain(mn, mfield); err != nil {
-					return s, false, err
-				}
-				v, err := scalar(mn, mfield, "an HTTP method such as GET")
-				if err != nil {
-					return s, false, err
-				}
-				v = strings.ToUpper(strings.TrimSpace(v))
-				if !slarules.ValidMethod(v) {
-					return s, false, fail(mn, mfield, "must be an HTTP method such as GET, got %q", mn.Value)
-				}
-				s.Methods = append(s.Methods, v)
-			}
-		}
-		if pn, ok := mf["pathPattern"]; ok {
-			field := at + ".match.pathPattern"
-			v, err := scalar(pn, field, "a path pattern such as /product/*")
-			if err != nil {
-				return s, false, err
-			}
-			if _, perr := path.Match(v, ""); perr != nil || !strings.HasPrefix(v, "/") {
-				return s, false, fail(pn, field, "must be a path pattern starting with / in path.Match syntax, such as /product/*, got %q", v)
-			}
-			s.Path = v
-		}
 	}
-
 	if tn, ok := f["tenant"]; ok {
-		field := at + ".tenant"
-		tf, err := mapping(tn, field, "header", "pathSegment")
-		if err != nil {
+		if s.Tenant, err = parseTenant(tn, at+".tenant"); err != nil {
 			return s, false, err
 		}
-		h, hasH := tf["header"]
-		seg, hasSeg := tf["pathSegment"]
-		switch {
-		case hasH && hasSeg:
-			return s, false, fail(seg, field+".pathSegment", "set either header or pathSegment, not both")
-		case hasH:
-			v, err := scalar(h, field+".header", "a header name such as X-Org-Id")
-			if err != nil {
-				return s, false, err
-			}
-			if !validHeader(v) {
-				return s, false, fail(h, field+".header", "must be a header name such as X-Org-Id, got %q", v)
-			}
-			s.Tenant = TenantHeader(v)
-		case hasSeg:
-			i, err := integer(seg, field+".pathSegment", "a path segment index (0 is the first)", 0, 64)
-			if err != nil {
-				return s, false, err
-			}
-			s.Tenant = TenantPathSegment(int(i))
-		default:
-			return s, false, fail(tn, field, "must set header or pathSegment")
-		}
 	}
-
 	if bn, ok := f["bucket"]; ok {
-		v, err := scalar(bn, at+".bucket", "fixed or sliding")
-		if err != nil {
+		if s.Sliding, err = parseBucket(bn, at+".bucket"); err != nil {
 			return s, false, err
 		}
-		switch v {
-		case "fixed":
-		case "sliding":
-			s.Sliding = true
-		default:
-			return s, false, fail(bn, at+".bucket", "must be fixed or sliding, got %q", v)
-		}
 	}
-
 	tn, ok := f["tiers"]
 	if !ok {
 		return s, false, fail(n, at+".tiers", "missing: every SLA needs at least one tier")
 	}
-	if tn.Kind != yaml.SequenceNode || len(tn.Content) == 0 {
-		return s, false, fail(tn, at+".tiers", "must be a list of at least one tier of period and threshold")
+	if s.Tiers, err = parseTiers(tn, at+".tiers"); err != nil {
+		return s, false, err
 	}
+	return s, enabled, nil
+}
+
+// parseMatch parses an SLA's match: its methods and its path pattern.
+func parseMatch(m *yaml.Node, field string) (methods []string, pattern string, err error) {
+	mf, err := mapping(m, field, "methods", "pathPattern")
+	if err != nil {
+		return nil, "", err
+	}
+	if ms, ok := mf["methods"]; ok {
+		if methods, err = parseMethods(ms, field+".methods"); err != nil {
+			return nil, "", err
+		}
+	}
+	if pn, ok := mf["pathPattern"]; ok {
+		field := field + ".pathPattern"
+		v, err := scalar(pn, field, "a path pattern such as /product/*")
+		if err != nil {
+			return nil, "", err
+		}
+		if _, perr := path.Match(v, ""); perr != nil || !strings.HasPrefix(v, "/") {
+			return nil, "", fail(pn, field, "must be a path pattern starting with / in path.Match syntax, such as /product/*, got %q", v)
+		}
+		pattern = v
+	}
+	return methods, pattern, nil
+}
+
+// parseMethods parses a match's list of HTTP methods, in upper case.
+func parseMethods(ms *yaml.Node, field string) ([]string, error) {
+	if ms.Kind != yaml.SequenceNode {
+		return nil, fail(ms, field, "must be a list of HTTP methods, such as [GET, HEAD]")
+	}
+	if len(ms.Content) == 0 {
+		// An empty list would match every method: most likely a
+		// template that lost its values.
+		return nil, fail(ms, field, "must list at least one method, or be left out to match every method")
+	}
+	var methods []string
+	for j, mn := range ms.Content {
+		mfield := fmt.Sprintf("%s[%d]", field, j)
+		if err := plain(mn, mfield); err != nil {
+			return nil, err
+		}
+		v, err := scalar(mn, mfield, "an HTTP method such as GET")
+		if err != nil {
+			return nil, err
+		}
+		v = strings.ToUpper(strings.TrimSpace(v))
+		if !slarules.ValidMethod(v) {
+			return nil, fail(mn, mfield, "must be an HTTP method such as GET, got %q", mn.Value)
+		}
+		methods = append(methods, v)
+	}
+	return methods, nil
+}
+
+// parseTenant parses an SLA's tenant: a header or a path segment, not
+// both.
+func parseTenant(tn *yaml.Node, field string) (func(*http.Request) string, error) {
+	tf, err := mapping(tn, field, "header", "pathSegment")
+	if err != nil {
+		return nil, err
+	}
+	h, hasH := tf["header"]
+	seg, hasSeg := tf["pathSegment"]
+	switch {
+	case hasH && hasSeg:
+		return nil, fail(seg, field+".pathSegment", "set either header or pathSegment, not both")
+	case hasH:
+		v, err := scalar(h, field+".header", "a header name such as X-Org-Id")
+		if err != nil {
+			return nil, err
+		}
+		if !validHeader(v) {
+			return nil, fail(h, field+".header", "must be a header name such as X-Org-Id, got %q", v)
+		}
+		return TenantHeader(v), nil
+	case hasSeg:
+		i, err := integer(seg, field+".pathSegment", "a path segment index (0 is the first)", 0, 64)
+		if err != nil {
+			return nil, err
+		}
+		return TenantPathSegment(int(i)), nil
+	}
+	return nil, fail(tn, field, "must set header or pathSegment")
+}
+
+// parseBucket parses an SLA's bucket, reporting whether it is sliding.
+func parseBucket(bn *yaml.Node, field string) (sliding bool, err error) {
+	v, err := scalar(bn, field, "fixed or sliding")
+	if err == nil && v != "fixed" && v != "sliding" {
+		err = fail(bn, field, "must be fixed or sliding, got %q", v)
+	}
+	return v == "sliding", err
+}
+
+// parseTiers parses an SLA's tiers: at least one, no two with the same
+// period.
+func parseTiers(tn *yaml.Node, field string) ([]throttle.Tier, error) {
+	if tn.Kind != yaml.SequenceNode || len(tn.Content) == 0 {
+		return nil, fail(tn, field, "must be a list of at least one tier of period and threshold")
+	}
+	var tiers []throttle.Tier
 	periods := map[int64]int{} // period → tier index
 	for j, t := range tn.Content {
-		field := fmt.Sprintf("%s.tiers[%d]", at, j)
+		field := fmt.Sprintf("%s[%d]", field, j)
 		tf, err := mapping(t, field, "period", "threshold")
 		if err != nil {
-			return s, false, err
+			return nil, err
 		}
 		pn, ok := tf["period"]
 		if !ok {
-			return s, false, fail(t, field+".period", "missing: every tier needs a period in seconds")
+			return nil, fail(t, field+".period", "missing: every tier needs a period in seconds")
 		}
 		period, err := integer(pn, field+".period", "a whole number of seconds", 1, MaxSLAPeriod)
 		if err != nil {
-			return s, false, err
+			return nil, err
 		}
 		if k, dup := periods[period]; dup {
-			return s, false, fail(pn, field+".period", "%d s is already the period of tiers[%d]", period, k)
+			return nil, fail(pn, field+".period", "%d s is already the period of tiers[%d]", period, k)
 		}
 		periods[period] = j
 		thn, ok := tf["threshold"]
 		if !ok {
-			return s, false, fail(t, field+".threshold", "missing: every tier needs a threshold")
+			return nil, fail(t, field+".threshold", "missing: every tier needs a threshold")
 		}
 		threshold, err := integer(thn, field+".threshold", "a whole number of calls", 1, 1<<53)
 		if err != nil {
-			return s, false, err
+			return nil, err
 		}
-		s.Tiers = append(s.Tiers, throttle.Tier{Period: time.Duration(period) * time.Second, Limit: threshold})
+		tiers = append(tiers, throttle.Tier{Period: time.Duration(period) * time.Second, Limit: threshold})
 	}
-	return s, enabled, nil
+	return tiers, nil
 }
 
 // validHeader accepts an HTTP token (RFC 9110) as a header name.

@@ -3,7 +3,7 @@ package otelmetrics
 import (
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/headway-go/headway/internal/capability"
+	"github.com/headway-go/headway/throttle"
 )
 
 // newAdaptive creates the gauge of the fleet's adaptive rate.
@@ -15,24 +15,10 @@ func (o *Observer) newAdaptive(m metric.Meter) error {
 	return err
 }
 
-// A throttle.Limiter tells an Observer of its adaptive rate through the
-// registry of internal/capability, so that go doc of this package shows
-// no method users never call. Asking for the unexported method rather
-// than the type keeps it for a user's Observer that embeds *Observer.
-func init() {
-	capability.RegisterAdapted(func(o any) (func(string, capability.AdaptiveState), bool) {
-		if a, ok := o.(interface {
-			adapted(key string, s capability.AdaptiveState)
-		}); ok {
-			return a.adapted, true
-		}
-		return nil, false
-	})
-}
-
-// adapted is called by a throttle.Limiter after each change of a key's
-// adaptive rate: it records the new adaptive rate
-// (headway.limiter.adaptive.rate).
-func (o *Observer) adapted(key string, s capability.AdaptiveState) {
+// Adapted records key's adaptive rate after a change the Limiter made
+// (headway.limiter.adaptive.rate): it makes o a throttle.AdaptiveObserver,
+// which a throttle.Limiter calls after each change of a key's adaptive
+// rate. A user's Observer that embeds *Observer keeps it.
+func (o *Observer) Adapted(key string, s throttle.AdaptiveState) {
 	o.adaptive.Record(o.noContext, s.Rate, o.keyed(o.plain, key).record...)
 }

@@ -149,15 +149,15 @@ func TestCommandLine(t *testing.T) {
 		"-stop=0:30ms:1s", "-rounds=0", "-scenario=nope", "-duration=1s", "-provider-policy=leaky")
 	cases = append(cases,
 		cli.Case{Name: "stop names no process", Args: []string{"-processes=2", "-stop=2:1s:30ms"}, Code: cli.ExitUsage, Stderr: "no process 2"},
-		cli.Case{Name: "scenario sets the limit", Args: []string{"-scenario=issue41", "-limit=7"}, Code: cli.ExitUsage, Stderr: "-limit: not with -scenario"},
-		cli.Case{Name: "only matches nothing", Args: []string{"-scenario=issue41", "-only=^nothing$"}, Code: cli.ExitUsage, Stderr: "matches no row"},
+		cli.Case{Name: "scenario sets the limit", Args: []string{"-scenario=matrix", "-limit=7"}, Code: cli.ExitUsage, Stderr: "-limit: not with -scenario"},
+		cli.Case{Name: "only matches nothing", Args: []string{"-scenario=matrix", "-only=^nothing$"}, Code: cli.ExitUsage, Stderr: "matches no row"},
 		cli.Case{Name: "only without a scenario", Args: []string{"-only=lease"}, Code: cli.ExitUsage, Stderr: "needs -scenario"},
 	)
 	cli.Check(t, command, cases)
 }
 
 func TestIssue41HasItsRows(t *testing.T) {
-	rows := issue41(scenario{Bucket: "tokenbucket", Duration: 10 * time.Second})
+	rows := matrix(scenario{Bucket: "tokenbucket", Duration: 10 * time.Second})
 	var names []string
 	for _, r := range rows {
 		names = append(names, r.Name)

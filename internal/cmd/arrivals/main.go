@@ -73,15 +73,16 @@
 // -rounds R runs the same configuration R times and prints each round and
 // then each figure's median and range.
 //
-// -scenario issue41 runs the table of issue 41: 5 per 250ms, 50 per 1s and
-// 500 per 1s, each with mixed waits and with none, on 1 process and on 3;
+// -scenario matrix runs the table of the send-time bound: 5 per 250ms,
+// 50 per 1s and 500 per 1s, each with mixed waits and with none, on 1
+// process and on 3;
 // the same with leasing; and 3 processes one of which is stopped for 30ms
 // every second. It prints one table (medians and ranges over -rounds).
 // -only re selects its rows by name; -duration, -rounds, -workers and
 // -bucket apply to every row.
 //
-//	go run ./internal/cmd/arrivals -scenario issue41 -rounds 3
-//	go run ./internal/cmd/arrivals -scenario issue41 -only '^500/1s' -duration 5s
+//	go run ./internal/cmd/arrivals -scenario matrix -rounds 3
+//	go run ./internal/cmd/arrivals -scenario matrix -only '^500/1s' -duration 5s
 //
 // With -json the standard output is one JSON object (rounds, summaries),
 // and the progress goes to stderr. The exit status is 1 when some round
@@ -178,7 +179,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&sc.ProviderLimit, "provider-limit", 0, "make the provider refuse (429) above this many per interval (0: accept everything and count)")
 	fs.StringVar(&sc.ProviderPolicy, "provider-policy", "sliding", "with -provider-limit, how the provider counts: sliding, periods, aligned")
 	fs.DurationVar(&sc.Latency, "latency", 0, "how long the provider takes to answer an accepted call")
-	fs.StringVar(&scen, "scenario", "", "run a preset table instead of one configuration: issue41")
+	fs.StringVar(&scen, "scenario", "", "run a preset table instead of one configuration: matrix")
 	fs.StringVar(&only, "only", "", "with -scenario: run only the rows whose name matches this regular expression")
 	fs.BoolVar(&sc.Trace, "trace", false, "wrap each process's bucket to note when it granted each call's permit and what the grant said (for -dump); Unwrap keeps what the bucket offers the Limiter")
 	fs.StringVar(&dump, "dump", "", "write every arrival of every round to this file, one JSON object a line, for a closer look")
@@ -199,7 +200,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 			sc.Name = sc.describe()
 			runs = []scenario{sc}
-		case "issue41":
+		case "matrix":
 			for _, name := range []string{"limit", "interval", "processes", "waits", "lease", "stop"} {
 				if set[name] {
 					return fmt.Errorf("-%s: not with -scenario, whose rows set it", name)
@@ -209,7 +210,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if err != nil {
 				return fmt.Errorf("only = %q: %w", only, err)
 			}
-			for _, row := range issue41(sc) {
+			for _, row := range matrix(sc) {
 				if re.MatchString(row.Name) {
 					runs = append(runs, row)
 				}
@@ -218,7 +219,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return fmt.Errorf("only = %q: matches no row of -scenario %s", only, scen)
 			}
 		default:
-			return fmt.Errorf("scenario = %q: the only preset is issue41", scen)
+			return fmt.Errorf("scenario = %q: the only preset is matrix", scen)
 		}
 		for i := range runs {
 			if err := runs[i].check(); err != nil {
@@ -302,11 +303,11 @@ func (s scenario) describe() string {
 	return name
 }
 
-// issue41 is the table of issue 41 (three limits, mixed waits and none, 1
-// process and 3), the same with leasing, and 3 processes one of which is
+// matrix is the table of the send-time bound (three limits, mixed waits
+// and none, 1 process and 3), the same with leasing, and 3 processes one of which is
 // stopped for 30 ms every second; base gives the bucket, the workers, the
 // duration and the provider.
-func issue41(base scenario) []scenario {
+func matrix(base scenario) []scenario {
 	limits := []struct {
 		limit    int64
 		interval time.Duration

@@ -12,15 +12,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/headway-go/headway/bucket"
-	"github.com/headway-go/headway/internal/capability"
-	"github.com/headway-go/headway/internal/cli"
-	"github.com/headway-go/headway/internal/redisenv"
-	"github.com/headway-go/headway/throttle"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/headway-go/headway/bucket"
+	"github.com/headway-go/headway/internal/cli"
+	"github.com/headway-go/headway/internal/redisenv"
+	"github.com/headway-go/headway/throttle"
 )
 
 // TestMain quiets the library's logs (HEADWAY_TEST_LOG=1 shows them) and
@@ -307,7 +307,7 @@ func TestRunLoadReportTeachesTheFleet(t *testing.T) {
 
 		b, err := bucket.NewTokenBucket(srv.Client(), c.Key, c.Limit, c.Interval)
 		require.NoError(t, err)
-		st, err := capability.KeyedLimiter(throttle.New(b).Key("")).AdaptiveState(context.Background())
+		st, err := throttle.New(b).Key("").AdaptiveState(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, report, st.Active(), "the adaptive rate in Redis is lowered only when the answers are reported (report %v)", report)
 	}

@@ -9,8 +9,8 @@
 //	go run ./internal/cmd/soak -churn 1000000 -adaptive -outage-at 30s -outage-for 5s # tenants come and go
 //
 // Without -redis it starts a throwaway redis-server (internal/redisenv).
-// Every -sample it prints the live heap (after a GC), the goroutines,
-// Redis's used_memory and DBSIZE. At the end it compares the mean of the
+// Every -sample it prints the live heap (after a GC), the goroutines (and
+// of them the library's own), Redis's used_memory and DBSIZE. At the end it compares the mean of the
 // last third of the samples with the mean of the first third and exits 1 if
 // any figure grew beyond its threshold:
 //
@@ -18,10 +18,13 @@
 //	                      third against its middle one, after the ramp;
 //	                      Redis's figures follow the churn's rate, unchecked)
 //	DBSIZE:               +25 % and +100 keys
-//	goroutines:           +10 + workers/4 (helpers of in-flight refills)
+//	goroutines:           +18 + workers, not counting the library's own
+//	                      (go-redis dials a connection on a goroutine)
 //
-// It also exits 1 if the goroutines are not back to their level before the
-// load (±2) within 2 s after it, or if any Acquire failed with an error (a
+// It also exits 1 if the library ran more goroutines of its own at a sample
+// than its documented caps (8 background tasks and 64 give-backs per
+// Limiter), if the goroutines are not back to their level before the load
+// (±2) within 2 s after it, or if any Acquire failed with an error (a
 // timeout is not an error).
 package main
 

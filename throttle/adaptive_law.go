@@ -3,8 +3,6 @@ package throttle
 import (
 	"math"
 	"time"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
 // The adaptive rate: how a fleet learns a provider's real limit from its
@@ -59,7 +57,7 @@ import (
 //
 // The law is pure: [adaptLaw] takes the state and the time and returns the
 // next state. Where the state lives is the bucket's business: a bucket that
-// offers a capability.AdaptiveStore (the Redis buckets) keeps it in its shared
+// offers a AdaptiveStore (the Redis buckets) keeps it in its shared
 // store, so every instance of the fleet paces at one rate; for any other
 // bucket the Limiter keeps it in memory, for this process alone.
 
@@ -117,7 +115,7 @@ func milli(v float64) int64 {
 
 // ceiling is s's ceiling: the advertised one, or the configured limit,
 // whichever is lower.
-func (a adaptLaw) ceiling(s capability.AdaptiveState) float64 {
+func (a adaptLaw) ceiling(s AdaptiveState) float64 {
 	if s.Ceiling > 0 {
 		return min(s.Ceiling, a.limit)
 	}
@@ -127,7 +125,7 @@ func (a adaptLaw) ceiling(s capability.AdaptiveState) float64 {
 // top is how far increases may take s's rate: its ceiling, or adaptTop of
 // it once the fleet was refused at (or within 2 % of) the ceiling. The
 // Peak a store kept may be rounded down from the rate refused.
-func (a adaptLaw) top(s capability.AdaptiveState) float64 {
+func (a adaptLaw) top(s AdaptiveState) float64 {
 	c := a.ceiling(s)
 	if milli(s.Peak) >= milli(adaptTop*c) {
 		return adaptTop * c
@@ -139,7 +137,7 @@ func (a adaptLaw) top(s capability.AdaptiveState) float64 {
 // clock stepped back) to one interval before now: the law goes on as if
 // they were an interval ago, once. It reports whether it moved any: the
 // caller must then store s, so that the next call does not clamp again.
-func (a adaptLaw) clampFuture(s capability.AdaptiveState, now time.Time) (capability.AdaptiveState, bool) {
+func (a adaptLaw) clampFuture(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
 	moved := false
 	for _, t := range []*time.Time{&s.Decreased, &s.Increased, &s.Refused} {
 		if t.After(now) {
@@ -152,13 +150,13 @@ func (a adaptLaw) clampFuture(s capability.AdaptiveState, now time.Time) (capabi
 // stepBase is what the approach and probe steps are shares of: the lower
 // of the configured limit and the ceiling (an advertised limit far below
 // the configured one gets steps to its own scale).
-func (a adaptLaw) stepBase(s capability.AdaptiveState) float64 { return min(a.limit, a.ceiling(s)) }
+func (a adaptLaw) stepBase(s AdaptiveState) float64 { return min(a.limit, a.ceiling(s)) }
 
 // refused applies a refusal (with a retry hint or without) at now. It reports false
 // when nothing changed worth storing: a refusal within the interval after
 // a decrease counts once, and only its time is noted (which delays the
 // next increase), at most ten times an interval.
-func (a adaptLaw) refused(s capability.AdaptiveState, now time.Time) (capability.AdaptiveState, bool) {
+func (a adaptLaw) refused(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
 	s, _ = a.clampFuture(s, now) // a decrease or a noted refusal stores it
 	if s.Active() && now.Sub(s.Decreased) < a.interval {
 		if now.Sub(s.Refused) < a.interval/10 {
@@ -195,7 +193,7 @@ func (a adaptLaw) refused(s capability.AdaptiveState, now time.Time) (capability
 // increase applies an interval of success: it reports false when no
 // increase is due at now (less than an interval since the last change or
 // refusal, or the rate at its ceiling already).
-func (a adaptLaw) increase(s capability.AdaptiveState, now time.Time) (capability.AdaptiveState, bool) {
+func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool) {
 	if !s.Active() {
 		return s, false
 	}
@@ -240,7 +238,7 @@ func (a adaptLaw) increase(s capability.AdaptiveState, now time.Time) (capabilit
 // than the ceiling: an advertised limit counts as one the fleet met, and
 // increases stop at 0.98 of it. It reports false when nothing changed, in
 // the store's thousandths.
-func (a adaptLaw) advertised(s capability.AdaptiveState, limit float64, now time.Time) (capability.AdaptiveState, bool) {
+func (a adaptLaw) advertised(s AdaptiveState, limit float64, now time.Time) (AdaptiveState, bool) {
 	adv := max(limit, adaptMinRate)
 	c := min(adv, a.limit)
 	if !s.Active() {

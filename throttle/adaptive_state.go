@@ -7,11 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/headway-go/headway/internal/capability"
 )
 
-// A Limiter's side of the adaptive rate (the law is in adaptive.go): what
+// A Limiter's side of the adaptive rate (the law is in adaptive_law.go): what
 // this process last saw of each key's state (in the key's state, so that a
 // key that is not adapting costs no store call), where the state lives
 // (the bucket's AdaptiveStore, or the key's state for a bucket that keeps
@@ -23,12 +21,12 @@ type adapter struct {
 	ok       bool  // the bucket's limit is known: adaptation possible
 	base     int64 // the bucket's limit per interval (its Fallback)
 	interval time.Duration
-	store    capability.AdaptiveStore // nil: in memory, in each key's state
+	store    AdaptiveStore // nil: in memory, in each key's state
 }
 
 // adaptView is the state of one key as seen at seen (the Limiter's time).
 type adaptView struct {
-	st   capability.AdaptiveState
+	st   AdaptiveState
 	seen int64
 }
 
@@ -44,11 +42,8 @@ func (l *Limiter) law(st *keyState) adaptLaw {
 }
 
 // view returns st's last seen state and whether it is at most one interval
-// old.
-func (l *Limiter) view(st *keyState) (adaptView, bool) { return l.viewAt(st, 0) }
-
-// viewAt is view at now on the time base (0: read the clock).
-func (l *Limiter) viewAt(st *keyState, now int64) (adaptView, bool) {
+// old at now on the time base (0: read the clock).
+func (l *Limiter) view(st *keyState, now int64) (adaptView, bool) {
 	v := st.adapt.view.Load()
 	if v == nil {
 		return adaptView{}, false
@@ -75,7 +70,7 @@ func (l *Limiter) viewAt(st *keyState, now int64) (adaptView, bool) {
 // store's clock: two calls within one tick of it (a fake clock, Redis
 // TIME's microsecond) read the same At, and it may step back, so that a
 // read taken before a decrease carries the later At.
-func (l *Limiter) note(st *keyState, s capability.AdaptiveState, sent int64) {
+func (l *Limiter) note(st *keyState, s AdaptiveState, sent int64) {
 	now := l.tb.now()
 	nv := &adaptView{st: s, seen: now}
 	for {
@@ -93,7 +88,7 @@ func (l *Limiter) note(st *keyState, s capability.AdaptiveState, sent int64) {
 // than the view cur: of an earlier version, read by a call sent before
 // cur came back; or cur's own version read again at an earlier store time
 // (nothing newer to learn from it).
-func older(s capability.AdaptiveState, sent int64, cur *adaptView) bool {
+func older(s AdaptiveState, sent int64, cur *adaptView) bool {
 	switch {
 	case s.Version < cur.st.Version:
 		return sent <= cur.seen
@@ -136,7 +131,7 @@ func (a *adaptKey) holds(now time.Time) bool {
 }
 
 // paceStore is one PaceAdaptive of st's key, in the store or in memory.
-func (l *Limiter) paceStore(ctx context.Context, st *keyState, n int64, horizon time.Duration) (capability.AdaptivePace, error) {
+func (l *Limiter) paceStore(ctx context.Context, st *keyState, n int64, horizon time.Duration) (AdaptivePace, error) {
 	if s := l.adapt.store; s != nil {
 		return s.PaceAdaptive(ctx, st.key, n, l.adapt.interval, horizon)
 	}
@@ -146,7 +141,7 @@ func (l *Limiter) paceStore(ctx context.Context, st *keyState, n int64, horizon 
 }
 
 // swapStore is one SwapAdaptive of st's key, in the store or in memory.
-func (l *Limiter) swapStore(ctx context.Context, st *keyState, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool, error) {
+func (l *Limiter) swapStore(ctx context.Context, st *keyState, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool, error) {
 	if s := l.adapt.store; s != nil {
 		return s.SwapAdaptive(ctx, st.key, old, next, ttl)
 	}
@@ -156,30 +151,21 @@ func (l *Limiter) swapStore(ctx context.Context, st *keyState, old, next capabil
 	return s, ok, nil
 }
 
-// storeBound is the bound of one adaptive store call that no caller waits
-// for: the store timeout, or its default when none is set.
-func (l *Limiter) storeBound() time.Duration {
-	if d := l.cfg.storeTimeout; d > 0 {
-		return d
-	}
-	return DefaultStoreTimeout
-}
-
 // swap is one SwapAdaptive, bounded by ctx and the store timeout, noting
 // what it returns and telling the observer of a change.
-func (l *Limiter) swap(ctx context.Context, st *keyState, old, next capability.AdaptiveState) (capability.AdaptiveState, bool, error) {
+func (l *Limiter) swap(ctx context.Context, st *keyState, old, next AdaptiveState) (AdaptiveState, bool, error) {
 	sctx, cancel := context.WithTimeout(ctx, l.storeBound())
 	defer cancel()
 	ttl := max(adaptMemory, 10*l.adapt.interval)
 	sent := l.tb.now()
 	s, ok, err := l.swapStore(sctx, st, old, next, ttl)
 	if err != nil {
-		return capability.AdaptiveState{}, false, err
+		return AdaptiveState{}, false, err
 	}
 	l.note(st, s, sent)
 	if ok {
-		if adapted, isAO := capability.AdaptedOf(l.cfg.observer); isAO {
-			adapted(st.key, s)
+		if ao, ok := l.cfg.observer.(AdaptiveObserver); ok {
+			ao.Adapted(st.key, s)
 		}
 	}
 	return s, ok, nil
@@ -195,13 +181,13 @@ const updateAttempts = 5
 // change in the state read (another instance made the change first). A
 // fresh view that f leaves unchanged saves the store call. An update that
 // loses every swap returns an error: another change stands, but not f's.
-func (l *Limiter) update(ctx context.Context, st *keyState, f func(capability.AdaptiveState, time.Time) (capability.AdaptiveState, bool)) error {
-	if v, fresh := l.view(st); fresh {
+func (l *Limiter) update(ctx context.Context, st *keyState, f func(AdaptiveState, time.Time) (AdaptiveState, bool)) error {
+	if v, fresh := l.view(st, 0); fresh {
 		if _, changed := f(v.st, v.st.At.Add(time.Duration(l.tb.now()-v.seen))); !changed {
 			return nil
 		}
 	}
-	s, _, err := l.swap(ctx, st, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{})
+	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
 	for attempt := 0; err == nil; attempt++ {
 		// Each lost swap returns the state that won: f looks at it, the
 		// last one's included (it may hold f's change, made by another).
@@ -226,106 +212,61 @@ func (l *Limiter) update(ctx context.Context, st *keyState, f func(capability.Ad
 // adaptiveState returns the adaptive state of key ("" for the bucket's
 // own) as l last saw it, reading it from the store when l has not seen it
 // within the last interval. The zero state means not adapting.
-func (l *Limiter) adaptiveState(ctx context.Context, key string) (capability.AdaptiveState, error) {
+func (l *Limiter) adaptiveState(ctx context.Context, key string) (AdaptiveState, error) {
 	if l.bad != nil || !l.adapt.ok {
-		return capability.AdaptiveState{}, nil
+		return AdaptiveState{}, nil
 	}
 	st := l.state(key)
 	defer l.release(st)
-	if v, fresh := l.view(st); fresh {
+	if v, fresh := l.view(st, 0); fresh {
 		return v.st, nil
 	}
-	s, _, err := l.swap(ctx, st, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{})
+	s, _, err := l.swap(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{})
 	return s, err
 }
 
-// paceHorizon is how far ahead, as a share of the interval, a caller may
-// reserve a paced slot. Callers further back sleep and ask again, so that
-// a change of rate reaches the queue within a quarter interval.
-const paceHorizon = 4
-
-// pace is the adaptive rate's stage: while the key adapts, the caller
-// waits for an evenly spaced slot (adapt.go); free otherwise.
-func (w *waiter) pace(st *keyState) error {
-	now := w.first
-	w.first = 0
-	return w.l.pace(w, st, now)
-}
-
-// pace waits for an evenly spaced slot at st's adaptive rate, within w's
-// wait, before a caller asks the bucket. It returns at once, with no store
-// call, while the key is known not to be adapting. A store failure skips
-// the shared pacing (the bucket call that follows meets the same store and
-// the failure policy) for this process's share of the last rate seen. An
-// increase the law finds due is written in the background: no caller
-// waits for it. now is the time on the base if the caller has read it,
-// else 0.
+// pace is the adaptive rate's stage: while st's key adapts, the caller
+// waits for an evenly spaced slot at its adaptive rate before it asks the
+// bucket. It returns at once, with no store call, while the key is known
+// not to be adapting. A store failure skips the shared pacing (the bucket
+// call that follows meets the same store and the failure policy) for this
+// process's share of the last rate seen. An increase the law finds due is
+// written in the background: no caller waits for it.
 //
-// Every store call and sleep of it ends by w's deadline, and it takes no
-// slot that begins after it: the slot the store names begins at most its
-// Delay after the reply came (the store decided before), so what is left
-// of the wait is measured again once the reply is in. A slot granted
-// beyond it is spent (a store cannot take a slot back), and the caller
-// gets ErrTimeout by its deadline.
-func (l *Limiter) pace(w *waiter, st *keyState, now int64) error {
-	ctx := w.ctx
+// Its store calls and sleeps end by w's deadline (paceCall, paceHorizon),
+// and it takes no slot that begins after it: the slot the store names
+// begins at most its Delay after the reply came (the store decided
+// before), so what is left of the wait is measured again once the reply
+// is in. A slot granted beyond it is spent (a store cannot take a slot
+// back), and the caller gets ErrTimeout by its deadline.
+func (w *waiter) pace(st *keyState) error {
+	l := w.l
+	now := w.first // the wait's first clock reading, if any, serves its first round
+	w.first = 0
 	if !l.adapt.ok {
 		return nil
 	}
-	if v, fresh := l.viewAt(st, now); !v.st.Active() {
+	if v, fresh := l.view(st, now); !v.st.Active() {
 		if !fresh {
 			l.refresh(st)
 		}
 		return nil
 	}
-	n, tb := w.n, w.tb
 	for {
-		remaining := w.left()
-		if remaining <= 0 && !w.noWait() {
-			return w.ranOut("the adaptive pace")
+		horizon, err := w.paceHorizon()
+		if err != nil {
+			return err
 		}
-		horizon := min(l.adapt.interval/paceHorizon, remaining)
 		sent := l.tb.now()
-		var p capability.AdaptivePace
-		var timedOut bool
-		cut, err := w.callStore(func(ctx context.Context) error { // as a bucket call
-			// And within the store timeout, whatever the wait: a pace
-			// the store does not answer in it is given up for this
-			// process's share (paceLocal), and the bucket call that
-			// follows still has the wait's time, to meet the failure
-			// policy if the store is down.
-			ctx, cancel := context.WithTimeout(ctx, l.storeBound())
-			defer cancel()
+		var p AdaptivePace
+		cut, timedOut, err := w.paceCall(func(ctx context.Context) error {
 			var err error
-			p, err = l.paceStore(ctx, st, n, horizon)
-			timedOut = err != nil && deadlinePassed(ctx)
+			p, err = l.paceStore(ctx, st, w.n, horizon)
 			return err
 		})
-		remaining = w.left() // the reply took some of it
+		remaining := w.left() // the reply took some of it
 		if err != nil {
-			if cut.outOfTime() && tb.ctxBound || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				// The caller's wait ran out while the store was asked:
-				// ErrTimeout, as from a bucket call (see wait).
-				return expiredWhileAsking(n, "the adaptive pace", err)
-			}
-			if ctx.Err() != nil {
-				return waitErr(ctx)
-			}
-			if cut.outOfTime() {
-				return fmt.Errorf("%w: maxWait %v ran out while the adaptive pace was asked for %d permit(s) (the adaptive pace: %v)", ErrTimeout, tb.maxWait, n, err)
-			}
-			if remaining <= 0 && !w.noWait() {
-				return w.ranOut("the adaptive pace")
-			}
-			if storeFailure(ctx, cut.expired || timedOut, err) && !cut.unfair(l.cfg.storeTimeout) {
-				// The bucket call that follows may have little of a wait
-				// of none left (its calls share one store timeout): cut,
-				// it is the store's failure all the same.
-				w.failedFairly = true
-			}
-			// A slow or failed store must not let a burst through:
-			// pace this process at its share of the last rate seen.
-			return l.paceLocal(w, st, remaining)
+			return l.paceFailed(w, st, cut, timedOut, remaining, err)
 		}
 		l.note(st, p.State, sent)
 		if !p.State.Active() {
@@ -334,25 +275,51 @@ func (l *Limiter) pace(w *waiter, st *keyState, now int64) error {
 		if next, due := l.law(st).increase(p.State, p.State.At); due {
 			l.raise(st, p.State, next)
 		}
-		if p.Delay > remaining {
-			// Granted or not, the slot begins after the wait's end.
-			return tb.err(p.Delay)
+		switch {
+		case p.Delay > remaining:
+			return w.tb.err(p.Delay) // granted or not, the slot begins after the wait's end
+		case p.Granted && p.Delay <= 0:
+			return nil
+		case p.Granted:
+			return l.sleep(w.ctx, p.Delay)
 		}
-		if p.Granted {
-			if p.Delay <= 0 {
-				return nil
-			}
-			return l.sleep(ctx, p.Delay)
-		}
-		if err := l.sleep(ctx, min(max(p.Delay-horizon, retryFloor), remaining)); err != nil {
+		if err := l.sleep(w.ctx, min(max(p.Delay-horizon, retryFloor), remaining)); err != nil {
 			return err
 		}
 	}
 }
 
+// paceFailed ends pace when its store call failed with err: with
+// ErrTimeout or the context's error when w's wait ran out (cut says how
+// the wait cut the call; timedOut, that the store timeout did), else by
+// pacing this process alone (paceLocal) within remaining.
+func (l *Limiter) paceFailed(w *waiter, st *keyState, cut storeCut, timedOut bool, remaining time.Duration, err error) error {
+	ctx, n, tb := w.ctx, w.n, w.tb
+	switch {
+	case cut.outOfTime() && tb.ctxBound || errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// As from a bucket call (see waiter.failed).
+		return fmt.Errorf("%w: the context's deadline passed while the adaptive pace was asked for %d permit(s) (%w; the adaptive pace: %v)", ErrTimeout, n, context.DeadlineExceeded, err)
+	case ctx.Err() != nil:
+		return waitErr(ctx)
+	case cut.outOfTime():
+		return fmt.Errorf("%w: maxWait %v ran out while the adaptive pace was asked for %d permit(s) (the adaptive pace: %v)", ErrTimeout, tb.maxWait, n, err)
+	case remaining <= 0 && !w.noWait():
+		return w.ranOut("the adaptive pace")
+	}
+	if isStoreFailure(ctx, cut.expired || timedOut, err) && !cut.unfair(l.cfg.storeTimeout) {
+		// The bucket call that follows may have little of a wait of
+		// none left (its calls share one store timeout): cut, it is the
+		// store's failure all the same.
+		w.failedFairly = true
+	}
+	// A slow or failed store must not let a burst through: pace this
+	// process at its share of the last rate seen.
+	return l.paceLocal(w, st, remaining)
+}
+
 // raise writes an increase of st's state from old to next, off the
 // caller's path; the first instance to try wins.
-func (l *Limiter) raise(st *keyState, old, next capability.AdaptiveState) {
+func (l *Limiter) raise(st *keyState, old, next AdaptiveState) {
 	if l.adapt.store == nil {
 		_, _, _ = l.swap(context.Background(), st, old, next) // in memory: at once
 		return
@@ -367,7 +334,7 @@ func (l *Limiter) raise(st *keyState, old, next capability.AdaptiveState) {
 func (l *Limiter) refresh(st *keyState) {
 	read := func(ctx context.Context) {
 		sent := l.tb.now()
-		if s, _, err := l.swapStore(ctx, st, capability.AdaptiveState{Version: -1}, capability.AdaptiveState{}, time.Millisecond); err == nil {
+		if s, _, err := l.swapStore(ctx, st, AdaptiveState{Version: -1}, AdaptiveState{}, time.Millisecond); err == nil {
 			l.note(st, s, sent)
 		}
 	}
@@ -383,7 +350,7 @@ func (l *Limiter) refresh(st *keyState) {
 // reserving a slot within left.
 func (l *Limiter) paceLocal(w *waiter, st *keyState, left time.Duration) error {
 	n := w.n
-	v, _ := l.view(st)
+	v, _ := l.view(st, 0)
 	if !v.st.Active() {
 		return nil
 	}
@@ -489,18 +456,22 @@ func (l *Limiter) Close() error {
 // Its times are the Limiter's (timeBase.wall), monotonic. The caller holds
 // the key's adaptKey.mu.
 type memAdaptive struct {
-	st      capability.AdaptiveState
+	st      AdaptiveState
 	tat     time.Time // next free slot
 	tatRate float64   // the rate the slots up to tat were reserved at
 	expires time.Time
 	version int64 // survives expiry, so a stale swap fails
 }
 
-// current is the state at now, forgotten once expired.
-func (m *memAdaptive) current(now time.Time) {
+// current forgets the state once expired at now, and returns it as the
+// store would: with its version, read at now.
+func (m *memAdaptive) current(now time.Time) AdaptiveState {
 	if m.st.Active() && !now.Before(m.expires) {
-		m.st = capability.AdaptiveState{}
+		m.st = AdaptiveState{}
 	}
+	st := m.st
+	st.Version, st.At = m.version, now
+	return st
 }
 
 // holds reports whether the state still matters at now: it paces, or a
@@ -511,15 +482,14 @@ func (m *memAdaptive) holds(now time.Time) bool {
 
 // pace is PaceAdaptive at now, at rate instead of the stored one when
 // rate > 0.
-func (m *memAdaptive) pace(now time.Time, n int64, interval, horizon time.Duration, rate float64) capability.AdaptivePace {
+func (m *memAdaptive) pace(now time.Time, n int64, interval, horizon time.Duration, rate float64) AdaptivePace {
 	m.current(now)
 	if rate > 0 {
 		m.st.Rate, m.expires = rate, now.Add(interval)
 	}
-	st := m.st
-	st.Version, st.At = m.version, now
+	st := m.current(now)
 	if !st.Active() {
-		return capability.AdaptivePace{Granted: true, State: st}
+		return AdaptivePace{Granted: true, State: st}
 	}
 	if m.tatRate > 0 && m.tatRate != st.Rate && m.tat.After(now) {
 		// The last slot was reserved at another rate: the next comes one
@@ -531,11 +501,11 @@ func (m *memAdaptive) pace(now time.Time, n int64, interval, horizon time.Durati
 	}
 	wait := m.tat.Sub(now)
 	if wait > horizon {
-		return capability.AdaptivePace{Delay: wait, State: st}
+		return AdaptivePace{Delay: wait, State: st}
 	}
 	m.tat = m.tat.Add(durationOf(float64(n) * float64(interval) / st.Rate))
 	m.tatRate = st.Rate
-	return capability.AdaptivePace{Granted: true, Delay: wait, State: st}
+	return AdaptivePace{Granted: true, Delay: wait, State: st}
 }
 
 // durationOf is ns as a Duration, saturating at a century rather than
@@ -549,16 +519,12 @@ func durationOf(ns float64) time.Duration {
 }
 
 // swap is SwapAdaptive at now.
-func (m *memAdaptive) swap(now time.Time, old, next capability.AdaptiveState, ttl time.Duration) (capability.AdaptiveState, bool) {
-	m.current(now)
-	if old.Version < 0 || old.Version != m.version {
-		st := m.st
-		st.Version, st.At = m.version, now
+func (m *memAdaptive) swap(now time.Time, old, next AdaptiveState, ttl time.Duration) (AdaptiveState, bool) {
+	if st := m.current(now); old.Version < 0 || old.Version != m.version {
 		return st, false
 	}
 	m.version++
 	m.st, m.expires = next, now.Add(ttl)
-	st := m.st
-	st.Version, st.At = m.version, now
-	return st, true
+	next.Version, next.At = m.version, now
+	return next, true
 }

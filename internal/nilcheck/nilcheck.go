@@ -1,4 +1,6 @@
-package capability
+// Package nilcheck tells whether a value handed to this module as an
+// interface is nil underneath.
+package nilcheck
 
 import "reflect"
 
