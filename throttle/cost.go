@@ -227,8 +227,7 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 // (storeFailure).
 func (l *Limiter) decideCost(w *waiter) decision {
 	var c decision
-	ahead := w.bookAhead()
-	cut, err := w.callStore(func(ctx context.Context) error {
+	cut, err := w.callStore(func(ctx context.Context, ahead time.Duration) error {
 		var err error
 		c.Decision, err = w.cb.TakeCost(ctx, w.key, w.cost, ahead)
 		return err
@@ -254,7 +253,7 @@ func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) err
 	}
 	// Bounded as the store calls of a wait of none are.
 	w := l.newWaiter(ctx, demand{key: g.key}, 0, 0)
-	tctx, cancel, _, _ := w.storeCall()
+	tctx, cancel, _, _ := w.storeCall(w.left())
 	defer cancel()
 	if _, ok := BucketAs[CostBucket](l.bucket); ok {
 		if g.settle == nil {

@@ -66,7 +66,7 @@ func (w *waiter) decide(st *keyState) decision {
 func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 	c := decision{n: n, want: want}
 	if l.caps.immediate {
-		c.Decision, c.err = l.take(w.ctx, st.key, n+want, w.bookAhead())
+		c.Decision, c.err = l.take(w.ctx, st.key, n+want, w.bookAhead(w.left()))
 		c.answered = l.tb.now()
 		if c.err == nil {
 			st.noteLimit(c.Decision)
@@ -133,8 +133,7 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 // once). It sets c's Decision and returns the store's error.
 func (c *decision) call(w *waiter, st *keyState) (storeCut, error) {
 	l := w.l
-	reserve := w.bookAhead()
-	return w.callStore(func(ctx context.Context) error {
+	return w.callStore(func(ctx context.Context, reserve time.Duration) error {
 		var err error
 		c.Decision, err = l.take(ctx, st.key, c.n+c.want+c.debt, reserve)
 		if c.debt > 0 && errors.Is(err, ErrExceedsLimit) {
@@ -212,7 +211,6 @@ func (o *outageKey) reserveRecovery(n, want, now int64, probe bool) (refusal Dec
 // cap is given back when it granted nothing.
 func (l *Limiter) afterShared(w *waiter, st *keyState, c *decision) {
 	d := c.Decision
-	now := l.tb.now()
 	if d.Reset > 0 {
 		// The period ends Reset after the store decided, which was after
 		// the call was sent: counted from then, as a lease's batch is,
@@ -228,6 +226,7 @@ func (l *Limiter) afterShared(w *waiter, st *keyState, c *decision) {
 	if !st.out.faulted.Load() {
 		return
 	}
+	now := l.tb.now()
 	st.out.mu.Lock()
 	if c.reserved != 0 && !d.Granted && st.out.recovery != nil {
 		st.out.recovery.unreserve(c.n+c.want, c.reserved)

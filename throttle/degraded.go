@@ -342,7 +342,7 @@ func (o *outageKey) takeOwed(now int64) int64 {
 // path and is bounded by w's wait as that call is (waiter.storeCall):
 // what it cannot settle in time stays unaccounted for (logged).
 func (l *Limiter) settle(w *waiter, key string, owed int64) {
-	tctx, cancel, _, _ := w.storeCall()
+	tctx, cancel, _, _ := w.storeCall(w.left())
 	defer cancel()
 	for try := 0; owed > 0 && try < 8; try++ {
 		d, err := l.bucket.Take(tctx, key, owed, 0)

@@ -124,18 +124,17 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			}
 		}
 		c := w.decide(st)
-		left := w.left()
 		w.leaveGate(st, &c, gated)
 		switch {
 		case c.err != nil:
 			return c, w.failed(c.err)
 		case c.Granted:
 			if c.Delay > 0 {
-				if err := w.sleepReservation(&c, left); err != nil {
+				if err := w.sleepReservation(&c, w.left()); err != nil {
 					return c, err
 				}
 			}
-			if err := w.ended(c.Delay > 0); err != nil {
+			if err := w.ended(&c); err != nil {
 				w.giveBack(&c)
 				return c, err // answered, or its time came, after the wait's end
 			}
@@ -145,7 +144,7 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 				}
 				return c, nil
 			}
-		case c.retryIn > left:
+		case c.retryIn > w.left():
 			return c, w.tb.err(c.retryIn)
 		case !c.shared:
 			// No herd to protect the store from here: sleep out the
@@ -289,8 +288,9 @@ const (
 	storeMargin = 10 * time.Millisecond
 )
 
-// storeCall returns the context of one store call of w's wait, bounded
-// by the wait's deadline, and the bound: d (0: none of its own) and
+// storeCall returns the context of one store call of w's wait (left of
+// it: w.left(), read by the caller), bounded by the wait's deadline, and
+// the bound: d (0: none of its own) and
 // whether the wait's end set it (budgetBound: the caller's maxWait or
 // ctx's deadline, rather than the store timeout).
 //
@@ -303,11 +303,11 @@ const (
 // chance is a wait that ran out, not a store failure. A wait of Forever
 // gives none. ctx's deadline bounds every call too: it is on the real
 // clock, the wait's deadline on the Limiter's.
-func (w *waiter) storeCall() (ctx context.Context, cancel context.CancelFunc, d time.Duration, budgetBound bool) {
+func (w *waiter) storeCall(left time.Duration) (ctx context.Context, cancel context.CancelFunc, d time.Duration, budgetBound bool) {
 	var shared bool // a call of a wait of none that earlier calls left less than the store timeout
 	switch {
 	case w.measured:
-		d, budgetBound = w.left(), true
+		d, budgetBound = left, true
 	case w.noWait():
 		d = w.noWaitLeft()
 		shared = d > 0 && d < w.l.cfg.storeTimeout
@@ -370,11 +370,14 @@ func (s storeCut) unfair(timeout time.Duration) bool {
 	return s.outOfTime() && s.had < timeout/4
 }
 
-// callStore runs f, one store call of w's wait, under storeCall's bound.
-func (w *waiter) callStore(f func(ctx context.Context) error) (storeCut, error) {
-	ctx, cancel, d, waitEnd := w.storeCall()
+// callStore runs f, one store call of w's wait, under storeCall's bound;
+// ahead is how far ahead it may book (bookAhead), from the same reading
+// of what is left of the wait.
+func (w *waiter) callStore(f func(ctx context.Context, ahead time.Duration) error) (storeCut, error) {
+	left := w.left()
+	ctx, cancel, d, waitEnd := w.storeCall(left)
 	defer cancel()
-	err := f(ctx)
+	err := f(ctx, w.bookAhead(left))
 	cut := storeCut{waitEnd: waitEnd, had: d}
 	cut.expired = d > 0 && !errors.Is(w.ctx.Err(), context.Canceled) && deadlinePassed(ctx)
 	return cut, err
@@ -448,13 +451,14 @@ func (w *waiter) storeFailure(c *decision, st *keyState, cut storeCut, probe boo
 }
 
 // bookAhead is how far ahead a bucket that can reserve may book for w
-// (Take's maxWait): all that is left of the wait; 0 with leasing (a
-// lease's refill takes only permits free now; a cost passes by the lease).
-func (w *waiter) bookAhead() time.Duration {
+// (Take's maxWait), left being what is left of the wait: all of it; 0 with
+// leasing (a lease's refill takes only permits free now; a cost passes by
+// the lease).
+func (w *waiter) bookAhead(left time.Duration) time.Duration {
 	if w.l.leasing != nil && w.cost == nil {
 		return 0
 	}
-	return w.left()
+	return left
 }
 
 // gateDeadline is when w stops queueing at its key's closed gate (and
@@ -494,7 +498,7 @@ func (w *waiter) paceHorizon() (time.Duration, error) {
 // still has the wait's time. timedOut reports that the store timeout cut
 // it.
 func (w *waiter) paceCall(f func(ctx context.Context) error) (cut storeCut, timedOut bool, err error) {
-	cut, err = w.callStore(func(ctx context.Context) error {
+	cut, err = w.callStore(func(ctx context.Context, _ time.Duration) error {
 		ctx, cancel := context.WithTimeout(ctx, w.l.storeBound())
 		defer cancel()
 		err := f(ctx)
@@ -546,24 +550,33 @@ func (w *waiter) giveBack(c *decision) {
 	}
 }
 
-// ended returns why w's wait has ended, or nil while it runs. A grant
-// answered after its end (a store call is bounded a little past it,
-// minStoreCall, and a store may answer late) is given back: a caller is
-// never granted after it. With ctxOnly (the grant's time was slept out,
-// and came within what was left of the wait when the answer came), only
-// ctx's end counts, not a timer that woke the caller late. A wait of
-// none has no deadline here: only its ctx is looked at.
-func (w *waiter) ended(ctxOnly bool) error {
+// ended returns why w's wait has ended, or nil while it runs, once the
+// grant c came. A grant answered after its end (a store call is bounded a
+// little past it, minStoreCall, and a store may answer late) is given
+// back: a caller is never granted after it. When the grant's time was
+// slept out (it came within what was left of the wait when the answer
+// came), only ctx's end counts, not a timer that woke the caller late. A
+// wait of none has no deadline here: only its ctx is looked at.
+func (w *waiter) ended(c *decision) error {
 	err := w.ctx.Err()
 	switch {
 	case err != nil && !errors.Is(err, context.DeadlineExceeded):
 		return waitErr(w.ctx) // cancelled or stopped
-	case err == nil && (ctxOnly || !(w.measured && w.l.tb.now() > w.deadline)):
+	case err == nil && (c.Delay > 0 || !(w.measured && w.answeredAt(c) > w.deadline)):
 		return nil
 	case err != nil || w.tb.ctxBound:
 		return fmt.Errorf("%w: %s granted only after the context's deadline, given back (%w)", ErrTimeout, w.what(), context.DeadlineExceeded)
 	}
 	return fmt.Errorf("%w: %s granted only after maxWait %v ran out, given back", ErrTimeout, w.what(), w.tb.maxWait)
+}
+
+// answeredAt is when c's answer came (the clock read then), or now when
+// not known.
+func (w *waiter) answeredAt(c *decision) int64 {
+	if c.answered != 0 {
+		return c.answered
+	}
+	return w.l.tb.now()
 }
 
 // ranOut is the ErrTimeout of a wait that ran out before what (a stage of
