@@ -31,13 +31,20 @@ import (
 //
 // A lease is valid until the earlier of t0 + Reset of the grant and t0 +
 // TTL, t0 being this instance's clock just before the refill was sent
-// (before the bucket decided); a batch whose permits have a margin
-// (Decision.Margin: package bucket's TokenBucket) is valid only until the
-// margin after the answer came back, so that every leased permit is used
-// within the margin of the time the bucket gave the batch, and the
-// bucket's guarantee holds for the calls exactly as without leasing (a
-// TokenBucket's margin is then the span over which a batch is used: set
-// it with bucket.WithArrivalMargin). For buckets whose Reset is the end
+// (before the bucket decided). A bucket whose permits have a time and a
+// margin (Decision.Delay and Decision.Margin: package bucket's TokenBucket
+// and Budget) gives a batch one time: the refill asks for it within the
+// refilling caller's wait, as a caller without leasing is placed, so the
+// bucket paces the batches; the batch's permits are handed over at that
+// time (a caller sleeps until it) and only until its margin after it, and
+// a caller whose wait ends before it is refused at once with ErrTimeout,
+// nothing taken. So every leased permit is used within the margin of its
+// time, and the bucket's guarantee holds for the calls exactly as without
+// leasing. Once the bucket places a batch ahead (the fleet is at its
+// limit), a batch would be a burst at one time: the callers the lease
+// cannot serve then ask the bucket each for their own permits, as without
+// leasing (the bucket shares round trips among concurrent takes), until
+// one is free at once again. For buckets whose Reset is the end
 // of their period (fixed window, counter), every permit is handed out
 // within the period it was taken in, and the bucket's guarantee holds
 // exactly. For GCRA and [Local] (Reset is the time until full), a permit
@@ -126,6 +133,11 @@ type lease struct {
 	// callers that waited on a refill the bucket refused do not each ask
 	// it again.
 	dryUntil atomic.Int64
+	// atLimit: the bucket placed the key's last permits ahead (the fleet
+	// is at its limit): callers the lease cannot serve ask the bucket
+	// each for their own place, as without leasing, until one is free at
+	// once.
+	atLimit atomic.Bool
 
 	// Under mu, which guards nothing else:
 	mu       sync.Mutex
@@ -134,7 +146,12 @@ type lease struct {
 	measured *leaseBatch // the batch rate was measured on
 	limit    int64       // Decision.Limit last seen; 0 unknown
 	noLease  bool        // the bucket gives no Reset and no TTL is set
-	tooBig   int64       // smallest batch the bucket refused as too big; 0 none
+	// ahead: the bucket gives its permits places (its batches have a
+	// margin), so a refill asks for the batch's place within the
+	// refiller's wait, as a caller without leasing would, and the bucket
+	// paces the batches.
+	ahead  bool
+	tooBig int64 // smallest batch the bucket refused as too big; 0 none
 }
 
 // leaseBatch is one batch. Only left changes after it is published.
@@ -142,6 +159,8 @@ type leaseBatch struct {
 	left     atomic.Int64
 	size     int64 // permits fetched, the refiller's own included
 	start    int64 // t0 on the Limiter's time base
+	from     int64 // the batch's place: its permits may not be used before
+	placed   bool  // the bucket placed it after its answer: the key is at its limit
 	expires  int64
 	limit    int64 // Decision.Limit
 	periodic bool  // expires with the bucket's period (Reset)
@@ -155,26 +174,38 @@ type leaseFill struct{ done chan struct{} }
 // it. A batch that lives its permits' margin says how long its permits may
 // still be used (Margin, counted from now), so that a holder of one (the
 // consumer's scheduler, a handler's held permit) does not send it later.
+// A batch placed ahead (from after now) hands its permits with the Delay
+// until its place, as the bucket would.
 func (b *leaseBatch) granted(left, now int64) Decision {
 	d := Decision{Granted: true, Limit: b.limit, Remaining: left, Reset: time.Duration(max(b.expires-now, 0))}
+	at := max(now, b.from)
+	d.Delay = time.Duration(at - now)
 	if b.margin > 0 {
-		d.Margin = time.Duration(max(b.expires-now, 1))
+		d.Margin = time.Duration(max(b.expires-at, 1))
 	}
 	return d
 }
 
-// serve takes n permits from the lease at now: a grant, or a refusal while
-// the key is dry, or ok false when the lease cannot serve.
-func (ls *lease) serve(n, now int64) (d Decision, ok bool) {
-	if until := ls.dryUntil.Load(); now < until {
-		return Decision{Delay: time.Duration(until - now), Remaining: 0}, true
+// serve takes n permits from the lease at now for a caller whose wait
+// ends at until: a grant, or a refusal while the key is dry, or ok false
+// when the lease cannot serve. A batch whose place comes after until
+// serves the caller nothing (soon is its place, less now): the caller is
+// refused at once, nothing taken.
+func (ls *lease) serve(n, now, until int64) (d Decision, soon time.Duration, ok bool) {
+	if dry := ls.dryUntil.Load(); now < dry {
+		return Decision{Delay: time.Duration(dry - now), Remaining: 0}, 0, true
 	}
-	if b := ls.cur.Load(); b != nil && now < b.expires {
-		if left, ok := spend(&b.left, n); ok {
-			return b.granted(left, now), true
-		}
+	b := ls.cur.Load()
+	if b == nil || now >= b.expires || b.left.Load() < n {
+		return Decision{}, 0, false
 	}
-	return Decision{}, false
+	if b.from > until {
+		return Decision{}, time.Duration(b.from - now), false
+	}
+	if left, ok := spend(&b.left, n); ok {
+		return b.granted(left, now), 0, true
+	}
+	return Decision{}, 0, false
 }
 
 // holds reports whether the lease holds valid permits, or a refusal, at
@@ -220,8 +251,12 @@ func (ls *lease) measure(prev *leaseBatch, now int64) {
 // want is the size of the next batch beyond the caller's own need permits.
 // The caller holds ls.mu.
 func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
-	if prev == nil || ls.noLease {
-		return 0 // start small: the first refill fetches only its own
+	if prev == nil || ls.noLease || prev.placed {
+		// Start small: the first refill fetches only its own. And while
+		// the bucket places the key's permits ahead (the fleet is at its
+		// limit), each caller's permit has a place of its own, as without
+		// leasing: a batch's permits would share one, a burst.
+		return 0
 	}
 	w := min(ls.rate*float64(c.horizon), float64(leaseGrowth*max(prev.size, 1)))
 	periodLeft := int64(0)
@@ -253,9 +288,11 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 // lease.
 func (l *Limiter) leased(w *waiter, st *keyState) decision {
 	ls, n := &st.lease, w.n
-	now := l.tb.now()
-	if d, ok := ls.serve(n, now); ok {
-		return decision{Decision: d, src: fromLease, n: n, answered: now}
+	if c, ok := w.fromLease(ls, l.tb.now()); ok {
+		return c
+	}
+	if ls.atLimit.Load() {
+		return l.askAtLimit(w, st)
 	}
 	for pass := 0; ; pass++ {
 		if pass > 0 && w.measured && w.left() <= 0 {
@@ -265,9 +302,9 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 		}
 		st.lease.mu.Lock()
 		now := l.tb.now()
-		if d, ok := ls.serve(n, now); ok {
+		if c, ok := w.fromLease(ls, now); ok {
 			st.lease.mu.Unlock()
-			return decision{Decision: d, src: fromLease, n: n, answered: now}
+			return c
 		}
 		if f := ls.fill; f != nil {
 			st.lease.mu.Unlock()
@@ -302,9 +339,11 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 			held = prev.left.Swap(0) // < n, or serve would have succeeded
 		}
 		want := ls.want(l.leasing, prev, n-held, now)
+		w.ahead = ls.ahead
 		st.lease.mu.Unlock()
 
 		c, again := l.refill(w, st, prev, held, want)
+		w.ahead = false
 
 		st.lease.mu.Lock()
 		ls.fill = nil
@@ -314,6 +353,42 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 			return c
 		}
 	}
+}
+
+// askAtLimit asks the bucket for w's permits alone, placed within w's
+// wait, as a caller without leasing is (the bucket paces them, and
+// coalesces concurrent takes into shared round trips): at the limit, a
+// batch's permits would share one place, a burst. A grant free at once
+// ends the key's time at its limit: the next refill leases again.
+func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
+	w.ahead = true
+	c := l.ask(w, st, w.n, 0)
+	w.ahead = false
+	if c.src == fromStore && c.err == nil && c.Granted && c.Delay == 0 {
+		st.lease.atLimit.Store(false)
+	}
+	return c
+}
+
+// fromLease is w's decision from the lease ls at now, if it has one: a
+// grant, a refusal while the key is dry, or ErrTimeout at once when the
+// lease's batch is placed after the end of w's wait.
+func (w *waiter) fromLease(ls *lease, now int64) (decision, bool) {
+	until := noDeadline
+	switch {
+	case w.measured:
+		until = w.deadline
+	case w.noWait():
+		until = now
+	}
+	d, soon, ok := ls.serve(w.n, now, until)
+	switch {
+	case ok:
+		return decision{Decision: d, src: fromLease, n: w.n, answered: now}, true
+	case soon > 0:
+		return decision{n: w.n, err: w.tb.err(soon)}, true
+	}
+	return decision{}, false
 }
 
 // refillRanOut is the ErrTimeout of a wait that ran out while its key's
@@ -350,12 +425,18 @@ func (w *waiter) waitFill(f *leaseFill) error {
 // caller's too; they go back into prev if the bucket refuses.
 //
 // Held permits belong to prev's period and may be handed out only before
-// prev expires. When the fetch returns after that (the bucket may have
-// begun a new period meanwhile), they are dropped, everything fetched goes
-// into the new batch, and again is true: the caller must take its permits
-// anew, all from the new period. Otherwise a weighted take across a
-// period's end would hand out old permits in a period that also grants its
-// full limit.
+// prev expires. When the new batch's permits may be used only after that
+// (the fetch returned late, the bucket may have begun a new period
+// meanwhile, or it placed the batch later), they are dropped, everything
+// fetched goes into the new batch, and again is true: the caller must take
+// its permits anew, all from the new batch. Otherwise a weighted take
+// across a period's end would hand out old permits in a period that also
+// grants its full limit.
+//
+// When the lease books ahead (w.ahead), the bucket places the batch
+// within w's wait, paced as it paces callers without leasing; a refusal
+// beyond the wait is this caller's alone (beyondWait) and does not dry
+// the key.
 func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want int64) (c decision, again bool) {
 	ls, need := &st.lease, w.n-held
 	restore := func() {
@@ -369,7 +450,12 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		return c, false
 	}
 	t1 := l.tb.now()
-	expired := held > 0 && t1 >= prev.expires
+	placed := w.ahead && c.src == fromStore && c.Granted && c.Margin > 0
+	at := t1
+	if placed {
+		at = addSat(t1, c.Delay)
+	}
+	expired := held > 0 && at >= prev.expires
 	switch {
 	case c.src == fromPolicy:
 		// The store failed: the failure policy decided for need permits;
@@ -379,20 +465,24 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 			return c, expired && c.Granted
 		}
 		return c, false
-	case c.Granted && c.Delay > 0:
+	case c.Granted && c.Delay > 0 && !placed:
 		// A reservation, though none was asked for: treat it as "not yet".
 		l.giveBack(w.ctx, w.giveBackBound(), st.key, need+c.got, nil, c.Decision)
 		c.Granted = false
 	}
 	if !c.Granted {
 		restore()
+		if w.beyondWait(c) {
+			ls.atLimit.Store(true)
+			return decision{n: w.n, err: w.tb.err(c.Delay)}, false
+		}
 		if c.Delay > 0 {
 			ls.dry(addSat(t1, c.Delay))
 		}
 		c.Decision = Decision{Delay: c.Delay, Limit: c.Limit, Remaining: max(c.Remaining, 0), Reset: c.Reset}
 		return c, false
 	}
-	b, life := l.leasing.batch(c.Decision, need+c.got, t0, t1)
+	b, life := l.leasing.batch(c.Decision, need+c.got, t0, t1, at)
 	if expired {
 		b.left.Store(need + c.got) // the held permits expired: the caller's come from here
 	} else {
@@ -401,6 +491,10 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	st.lease.mu.Lock()
 	ls.limit = c.Limit
 	ls.noLease = life == 0
+	ls.ahead = b.margin > 0
+	if b.placed {
+		ls.atLimit.Store(true)
+	}
 	extra := int64(0)
 	if life == 0 || ls.dryUntil.Load() > t1 {
 		// Nothing may be leased, or paused meanwhile: the caller keeps its
@@ -420,7 +514,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	if expired {
 		return decision{}, true
 	}
-	c.Decision = b.granted(b.left.Load(), t1)
+	c.Decision, c.answered = b.granted(b.left.Load(), t1), t1
 	return c, false
 }
 
@@ -437,6 +531,10 @@ func (l *Limiter) askBatch(w *waiter, st *keyState, need, want int64) (c decisio
 	}
 	retry := int64(0)
 	switch {
+	case w.beyondWait(c):
+		// No place within the wait for the batch: perhaps for the
+		// caller's own permits.
+		retry = need
 	case errors.Is(c.err, ErrExceedsLimit):
 		retry = need
 		ls.mu.Lock()
@@ -459,12 +557,21 @@ func (l *Limiter) askBatch(w *waiter, st *keyState, need, want int64) (c decisio
 	return l.ask(w, st, need, retry-need), t0
 }
 
+// beyondWait reports that c, the answer to a refill that booked ahead
+// within w's wait, refused because the bucket's next place comes after the
+// wait's end: a refusal of this caller alone, not of the key (a pause's
+// refusal names a time within the wait, as any the bucket could place).
+func (w *waiter) beyondWait(c decision) bool {
+	return w.ahead && c.src == fromStore && c.err == nil && !c.Granted && (w.noWait() || c.Delay > w.left())
+}
+
 // batch is a new batch of size permits granted by d, the bucket's answer
-// to a call sent at t0 that came back at t1, and life, how long it is
-// valid (0: it may not be leased): the TTL, or d's Reset when sooner (the
-// batch is then periodic), or d's Margin counted from t1 (bounded by the
+// to a call sent at t0 that came back at t1, placed at at (t1 + d's Delay;
+// t1 when the batch is free at once), and life, how long it is valid (0:
+// it may not be leased): the TTL, or d's Reset when sooner (the batch is
+// then periodic), or d's Margin counted from its place (bounded by the
 // TTL). The caller stores how many of its permits are left.
-func (lc *leaseConfig) batch(d Decision, size, t0, t1 int64) (b *leaseBatch, life int64) {
+func (lc *leaseConfig) batch(d Decision, size, t0, t1, at int64) (b *leaseBatch, life int64) {
 	life, periodic, margin := lc.ttl, false, int64(0)
 	switch r := int64(d.Reset); {
 	case d.Margin > 0:
@@ -475,9 +582,9 @@ func (lc *leaseConfig) batch(d Decision, size, t0, t1 int64) (b *leaseBatch, lif
 	case r > 0 && (life == 0 || r < life):
 		life, periodic = r, true
 	}
-	from := t0 // a margin counts from the answer
+	from := t0 // a margin counts from the place
 	if margin > 0 {
-		from = t1
+		from = at
 	}
-	return &leaseBatch{size: size, start: t0, expires: addSat(from, time.Duration(life)), limit: d.Limit, periodic: periodic, margin: margin}, life
+	return &leaseBatch{size: size, start: t0, from: from, placed: from > t1, expires: addSat(from, time.Duration(life)), limit: d.Limit, periodic: periodic, margin: margin}, life
 }

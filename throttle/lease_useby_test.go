@@ -44,3 +44,95 @@ func TestLeasedPermitsOfAMarginBucketTellTheirUseBy(t *testing.T) {
 	takes, _ := b.counts()
 	assert.Less(t, takes, 6, "some permits came from memory")
 }
+
+// TestLeasedBatchesArePlacedWithinTheRefillersWait: a lease of a bucket
+// that places its permits asks for each batch's place within the
+// refilling caller's wait, as a caller without leasing is placed, so that
+// the bucket paces the batches; the batch's permits are handed over at
+// that place, not before, to callers whose waits reach it, and a caller
+// whose wait ends before it is refused at once, nothing taken. Before,
+// a refill took only permits free at once, and a fleet at its limit took
+// its batches in bursts at the moments the bucket freed them.
+func TestLeasedBatchesArePlacedWithinTheRefillersWait(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	const margin, place = 10 * time.Millisecond, 50 * time.Millisecond
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{
+		{Granted: true, Margin: margin, Limit: 100, Remaining: 99, Reset: time.Second},
+		{Granted: true, Delay: place, Margin: margin, Limit: 100, Reset: time.Second},
+	}}
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+	defer lim.Close()
+
+	require.NoError(t, lim.Acquire(context.Background(), time.Second), "the first batch: the caller's permit, free at once")
+	clock.Advance(time.Millisecond)
+	refiller := acquireAsync(t, clock, lim, context.Background(), time.Second)
+	require.Equal(t, 2, len(b.waits))
+	assert.Equal(t, time.Duration(0), b.waits[0], "no batch yet: the first refill takes what is free at once")
+	assert.InDelta(t, float64(time.Second), float64(b.waits[1]), float64(time.Millisecond), "the refill asks for a place within the refiller's wait")
+
+	short := lim.Acquire(context.Background(), place/2)
+	require.ErrorIs(t, short, throttle.ErrTimeout, "the batch's place is after this caller's wait")
+	long := make(chan error, 1)
+	go func() { long <- lim.Acquire(context.Background(), 2*place) }()
+	bctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, clock.BlockUntilContext(bctx, 2), "the refiller and the caller served from its batch sleep until its place")
+	takes, _ := b.counts()
+	assert.Equal(t, 2, takes, "the refused caller and the one served from the batch took nothing from the bucket")
+
+	clock.Advance(place - time.Millisecond)
+	notYet(t, refiller, "before the batch's place")
+	notYet(t, long, "before the batch's place")
+	clock.Advance(time.Millisecond)
+	require.NoError(t, outcome(t, refiller))
+	require.NoError(t, outcome(t, long))
+}
+
+// TestALeaseAtItsLimitLetsEachCallerAskForItsOwnPlace: once the bucket
+// places a key's batch ahead (the fleet is at its limit), the callers the
+// lease cannot serve ask the bucket each for their own permits, placed
+// within their own waits, as without leasing: a batch's permits share one
+// place, and at the limit that would be a burst. A permit free at once
+// ends it: the next callers refill batches again.
+func TestALeaseAtItsLimitLetsEachCallerAskForItsOwnPlace(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	const margin = 10 * time.Millisecond
+	free := throttle.Decision{Granted: true, Margin: margin, Limit: 100, Remaining: 50, Reset: time.Second}
+	placed := func(d time.Duration) throttle.Decision {
+		p := free
+		p.Delay = d
+		return p
+	}
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{free, placed(20 * time.Millisecond), placed(40 * time.Millisecond), free, free, free}}
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+	defer lim.Close()
+	ctx := context.Background()
+
+	require.NoError(t, lim.Acquire(ctx, time.Second), "the first batch: the caller's own permit, free at once")
+	clock.Advance(time.Millisecond)
+	refiller := acquireAsync(t, clock, lim, ctx, time.Second)
+	served := acquireAsync(t, clock, lim, ctx, time.Second)
+	clock.Advance(20 * time.Millisecond)
+	require.NoError(t, outcome(t, refiller))
+	require.NoError(t, outcome(t, served))
+	require.Len(t, b.ns, 2, "the batch placed ahead served the second caller")
+	assert.Greater(t, b.ns[1], int64(1), "before the key was at its limit, the refill fetched a batch")
+
+	clock.Advance(margin) // what the batch holds still expires
+	direct := acquireAsync(t, clock, lim, ctx, time.Second)
+	clock.Advance(40 * time.Millisecond)
+	require.NoError(t, outcome(t, direct))
+	require.Len(t, b.ns, 3)
+	assert.Equal(t, int64(1), b.ns[2], "at its limit, a caller asks for its own permit alone")
+	assert.InDelta(t, float64(time.Second), float64(b.waits[2]), float64(time.Millisecond), "placed within its own wait")
+
+	require.NoError(t, lim.Acquire(ctx, 300*time.Millisecond), "a permit free at once: the key is no longer at its limit")
+	require.Len(t, b.ns, 4)
+	assert.InDelta(t, float64(300*time.Millisecond), float64(b.waits[3]), float64(time.Millisecond))
+	clock.Advance(time.Millisecond)
+	require.NoError(t, lim.Acquire(ctx, time.Second), "a refill, which starts with its own permit after a batch placed ahead")
+	clock.Advance(time.Millisecond)
+	require.NoError(t, lim.Acquire(ctx, time.Second), "a refill that leases again")
+	require.Len(t, b.ns, 6)
+	assert.Greater(t, b.ns[5], int64(1), "batches again below the limit")
+}

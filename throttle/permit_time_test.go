@@ -24,14 +24,16 @@ type placingBucket struct {
 	decisions []throttle.Decision
 	takes     int
 	waits     []time.Duration // the maxWait of each Take
+	ns        []int64         // the n of each Take
 	cancelled int
 	paused    time.Duration
 }
 
-func (b *placingBucket) Take(_ context.Context, _ string, _ int64, maxWait time.Duration) (throttle.Decision, error) {
+func (b *placingBucket) Take(_ context.Context, _ string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	b.mu.Lock()
 	b.takes++
 	b.waits = append(b.waits, maxWait)
+	b.ns = append(b.ns, n)
 	d := b.decisions[min(b.takes, len(b.decisions))-1]
 	b.mu.Unlock()
 	if d.Granted {

@@ -223,6 +223,9 @@ type waiter struct {
 	// pace's) failed after a fair chance: evidence that the store is
 	// down, for a later call that the wait's end cuts short of one.
 	failedFairly bool
+	// ahead: the wait refills its key's lease from a bucket that places
+	// its permits; the refill books ahead within the wait (bookAhead).
+	ahead bool
 }
 
 // newWaiter starts a wait for dm at now (0: not read yet): its deadline
@@ -451,11 +454,12 @@ func (w *waiter) storeFailure(c *decision, st *keyState, cut storeCut, probe boo
 }
 
 // bookAhead is how far ahead a bucket that can reserve may book for w
-// (Take's maxWait), left being what is left of the wait: all of it; 0 with
-// leasing (a lease's refill takes only permits free now; a cost passes by
-// the lease).
+// (Take's maxWait), left being what is left of the wait: all of it; with
+// leasing, only for a lease whose bucket places its permits (w.ahead),
+// else 0 (the refill takes only permits free now; a cost passes by the
+// lease).
 func (w *waiter) bookAhead(left time.Duration) time.Duration {
-	if w.l.leasing != nil && w.cost == nil {
+	if w.l.leasing != nil && w.cost == nil && !w.ahead {
 		return 0
 	}
 	return left
