@@ -42,10 +42,16 @@ type decision struct {
 	// lease served the grant (0: neither), from which a grant's Delay and
 	// Margin count.
 	answered int64
+	// batch is the lease's batch the grant is in, which takes back the
+	// permits of a caller that leaves them unused (nil: none).
+	batch *leaseBatch
 	// The gate's reading of a refusal (waiter.leaveGate): ask again in
-	// retryIn; shared: the refusal holds for every caller of the key.
+	// retryIn; shared: the refusal holds for every caller of the key;
+	// alone: it holds for this caller's wait only (a lease's caller at the
+	// limit refused beyond its wait), never shared.
 	retryIn time.Duration
 	shared  bool
+	alone   bool
 }
 
 // decide is the decision stage of w's round for st's key.

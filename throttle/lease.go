@@ -187,25 +187,34 @@ func (b *leaseBatch) granted(left, now int64) Decision {
 }
 
 // serve takes n permits from the lease at now for a caller whose wait
-// ends at until: a grant, or a refusal while the key is dry, or ok false
-// when the lease cannot serve. A batch whose place comes after until
-// serves the caller nothing (soon is its place, less now): the caller is
-// refused at once, nothing taken.
-func (ls *lease) serve(n, now, until int64) (d Decision, soon time.Duration, ok bool) {
+// ends at until: a grant from the batch b, or a refusal while the key is
+// dry, or ok false when the lease cannot serve; later reports a batch
+// whose place comes after until, which serves the caller nothing.
+func (ls *lease) serve(n, now, until int64) (d Decision, b *leaseBatch, ok, later bool) {
 	if dry := ls.dryUntil.Load(); now < dry {
-		return Decision{Delay: time.Duration(dry - now), Remaining: 0}, 0, true
+		return Decision{Delay: time.Duration(dry - now), Remaining: 0}, nil, true, false
 	}
-	b := ls.cur.Load()
+	b = ls.cur.Load()
 	if b == nil || now >= b.expires || b.left.Load() < n {
-		return Decision{}, 0, false
+		return Decision{}, nil, false, false
 	}
 	if b.from > until {
-		return Decision{}, time.Duration(b.from - now), false
+		return Decision{}, nil, false, true
 	}
 	if left, ok := spend(&b.left, n); ok {
-		return b.granted(left, now), 0, true
+		return b.granted(left, now), b, true, false
 	}
-	return Decision{}, 0, false
+	return Decision{}, nil, false, false
+}
+
+// back returns n permits of b that their caller leaves unused, while they
+// can still be used; it reports whether it did.
+func (b *leaseBatch) back(n, now int64) bool {
+	if now >= b.expires {
+		return false
+	}
+	b.left.Add(n)
+	return true
 }
 
 // holds reports whether the lease holds valid permits, or a refusal, at
@@ -288,10 +297,11 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 // lease.
 func (l *Limiter) leased(w *waiter, st *keyState) decision {
 	ls, n := &st.lease, w.n
-	if c, ok := w.fromLease(ls, l.tb.now()); ok {
+	c, ok, later := w.fromLease(ls, l.tb.now())
+	switch {
+	case ok:
 		return c
-	}
-	if ls.atLimit.Load() {
+	case later || ls.atLimit.Load():
 		return l.askAtLimit(w, st)
 	}
 	for pass := 0; ; pass++ {
@@ -302,9 +312,18 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 		}
 		st.lease.mu.Lock()
 		now := l.tb.now()
-		if c, ok := w.fromLease(ls, now); ok {
+		c, ok, later := w.fromLease(ls, now)
+		switch {
+		case ok:
 			st.lease.mu.Unlock()
 			return c
+		case later || ls.atLimit.Load() || ls.ahead && n > 1:
+			// The lease's batch comes after the caller's wait, or the key
+			// is at its limit, or the caller wants several permits at one
+			// time (held ones of the last batch would be sent at the next
+			// batch's, past their margin): it asks for its own place.
+			st.lease.mu.Unlock()
+			return l.askAtLimit(w, st)
 		}
 		if f := ls.fill; f != nil {
 			st.lease.mu.Unlock()
@@ -359,10 +378,13 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 // wait, as a caller without leasing is (the bucket paces them, and
 // coalesces concurrent takes into shared round trips): at the limit, a
 // batch's permits would share one place, a burst. A grant free at once
-// ends the key's time at its limit: the next refill leases again.
+// ends the key's time at its limit: the next refill leases again. A
+// refusal beyond w's wait is w's alone: the key's gate stays open for
+// callers with longer waits (the lease's batch may serve them now).
 func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
 	w.ahead = true
 	c := l.ask(w, st, w.n, 0)
+	c.alone = w.beyondWait(c)
 	w.ahead = false
 	if c.src == fromStore && c.err == nil && c.Granted && c.Delay == 0 {
 		st.lease.atLimit.Store(false)
@@ -370,10 +392,10 @@ func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
 	return c
 }
 
-// fromLease is w's decision from the lease ls at now, if it has one: a
-// grant, a refusal while the key is dry, or ErrTimeout at once when the
+// fromLease is w's decision from the lease ls at now, if it has one (ok):
+// a grant, or a refusal while the key is dry; later reports that the
 // lease's batch is placed after the end of w's wait.
-func (w *waiter) fromLease(ls *lease, now int64) (decision, bool) {
+func (w *waiter) fromLease(ls *lease, now int64) (c decision, ok, later bool) {
 	until := noDeadline
 	switch {
 	case w.measured:
@@ -381,14 +403,11 @@ func (w *waiter) fromLease(ls *lease, now int64) (decision, bool) {
 	case w.noWait():
 		until = now
 	}
-	d, soon, ok := ls.serve(w.n, now, until)
-	switch {
-	case ok:
-		return decision{Decision: d, src: fromLease, n: w.n, answered: now}, true
-	case soon > 0:
-		return decision{n: w.n, err: w.tb.err(soon)}, true
+	d, b, ok, later := ls.serve(w.n, now, until)
+	if !ok {
+		return decision{}, false, later
 	}
-	return decision{}, false
+	return decision{Decision: d, src: fromLease, n: w.n, answered: now, batch: b}, true, false
 }
 
 // refillRanOut is the ErrTimeout of a wait that ran out while its key's
@@ -449,7 +468,10 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		restore()
 		return c, false
 	}
-	t1 := l.tb.now()
+	t1 := c.answered // the bucket's Delay and Margin count from it
+	if t1 == 0 {
+		t1 = l.tb.now()
+	}
 	placed := w.ahead && c.src == fromStore && c.Granted && c.Margin > 0
 	at := t1
 	if placed {
@@ -514,7 +536,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	if expired {
 		return decision{}, true
 	}
-	c.Decision, c.answered = b.granted(b.left.Load(), t1), t1
+	c.Decision, c.answered, c.batch = b.granted(b.left.Load(), t1), t1, b
 	return c, false
 }
 

@@ -50,17 +50,20 @@ func TestLeasedPermitsOfAMarginBucketTellTheirUseBy(t *testing.T) {
 // refilling caller's wait, as a caller without leasing is placed, so that
 // the bucket paces the batches; the batch's permits are handed over at
 // that place, not before, to callers whose waits reach it, and a caller
-// whose wait ends before it is refused at once, nothing taken. Before,
-// a refill took only permits free at once, and a fleet at its limit took
-// its batches in bursts at the moments the bucket freed them.
+// whose wait ends before it asks the bucket for its own place within its
+// wait. A caller that leaves before the place puts its permit back for
+// the next. Before, a refill took only permits free at once, and a fleet
+// at its limit took its batches in bursts at the moments the bucket freed
+// them.
 func TestLeasedBatchesArePlacedWithinTheRefillersWait(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	const margin, place = 10 * time.Millisecond, 50 * time.Millisecond
 	b := &placingBucket{clock: clock, decisions: []throttle.Decision{
 		{Granted: true, Margin: margin, Limit: 100, Remaining: 99, Reset: time.Second},
 		{Granted: true, Delay: place, Margin: margin, Limit: 100, Reset: time.Second},
+		{Delay: place, Limit: 100, Reset: time.Second},
 	}}
-	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{Share: 0.01})) // batches of 2 at most
 	defer lim.Close()
 
 	require.NoError(t, lim.Acquire(context.Background(), time.Second), "the first batch: the caller's permit, free at once")
@@ -71,14 +74,25 @@ func TestLeasedBatchesArePlacedWithinTheRefillersWait(t *testing.T) {
 	assert.InDelta(t, float64(time.Second), float64(b.waits[1]), float64(time.Millisecond), "the refill asks for a place within the refiller's wait")
 
 	short := lim.Acquire(context.Background(), place/2)
-	require.ErrorIs(t, short, throttle.ErrTimeout, "the batch's place is after this caller's wait")
-	long := make(chan error, 1)
-	go func() { long <- lim.Acquire(context.Background(), 2*place) }()
+	require.ErrorIs(t, short, throttle.ErrTimeout, "the batch's place is after this caller's wait, and the bucket has none within it")
+	require.Len(t, b.ns, 3, "the caller asked the bucket for its own place")
+	assert.Equal(t, int64(1), b.ns[2])
+	assert.InDelta(t, float64(place/2), float64(b.waits[2]), float64(time.Millisecond), "within its own wait")
+
 	bctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	leaving, leave := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() { left <- lim.Acquire(leaving, 2*place) }()
+	require.NoError(t, clock.BlockUntilContext(bctx, 2), "the refiller and a caller served from its batch sleep until its place")
+	leave()
+	require.ErrorIs(t, outcome(t, left), context.Canceled)
+	long := make(chan error, 1)
+	go func() { long <- lim.Acquire(context.Background(), 2*place) }()
 	require.NoError(t, clock.BlockUntilContext(bctx, 2), "the refiller and the caller served from its batch sleep until its place")
-	takes, _ := b.counts()
-	assert.Equal(t, 2, takes, "the refused caller and the one served from the batch took nothing from the bucket")
+	takes, cancelled := b.counts()
+	assert.Equal(t, 3, takes, "the callers served from the batch took nothing from the bucket")
+	assert.Zero(t, cancelled, "the permit of the caller that left went back into the batch")
 
 	clock.Advance(place - time.Millisecond)
 	notYet(t, refiller, "before the batch's place")
@@ -135,4 +149,29 @@ func TestALeaseAtItsLimitLetsEachCallerAskForItsOwnPlace(t *testing.T) {
 	require.NoError(t, lim.Acquire(ctx, time.Second), "a refill that leases again")
 	require.Len(t, b.ns, 6)
 	assert.Greater(t, b.ns[5], int64(1), "batches again below the limit")
+}
+
+// TestAWeightedCallerOfAPlacingLeaseTakesItsPermitsAtOneTime: a caller
+// that wants several permits of a lease whose bucket places them asks for
+// all of them at one time of its own, not the last batch's few left plus
+// more at the next batch's time (those few would be sent past their
+// margin, or dropped and asked again).
+func TestAWeightedCallerOfAPlacingLeaseTakesItsPermitsAtOneTime(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	const margin = 10 * time.Millisecond
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{
+		{Granted: true, Margin: margin, Limit: 100, Remaining: 99, Reset: time.Second},
+		{Granted: true, Delay: 30 * time.Millisecond, Margin: margin, Limit: 100, Reset: time.Second},
+	}}
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+	defer lim.Close()
+	require.NoError(t, lim.Acquire(context.Background(), time.Second))
+	done := make(chan error, 1)
+	go func() { done <- lim.AcquireN(context.Background(), 3, time.Second) }()
+	bctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, clock.BlockUntilContext(bctx, 1), "the caller sleeps until its permits' time")
+	clock.Advance(30 * time.Millisecond)
+	require.NoError(t, outcome(t, done))
+	assert.Equal(t, []int64{1, 3}, b.ns, "the three permits in one take, at one time")
 }

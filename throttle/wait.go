@@ -544,11 +544,15 @@ func (w *waiter) giveBackBound() time.Duration {
 	return bound
 }
 
-// giveBack gives back the grant c that the caller leaves, if it came
-// from the bucket's store or the key's lease. (A grant of the failure
-// policy was made in this process alone: it stays counted in the local
-// share, which only slows this process.)
+// giveBack gives back the grant c that the caller leaves: into the key's
+// lease batch it came from while that can still be used, else to the
+// bucket if it came from the bucket's store or the key's lease. (A grant
+// of the failure policy was made in this process alone: it stays counted
+// in the local share, which only slows this process.)
 func (w *waiter) giveBack(c *decision) {
+	if c.batch != nil && c.batch.back(w.n, w.l.tb.now()) {
+		return // for the next caller of the lease
+	}
 	if c.src == fromStore || c.src == fromLease {
 		w.l.giveBack(w.ctx, w.giveBackBound(), w.key, w.n, w.cost, c.Decision)
 	}
