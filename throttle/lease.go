@@ -36,14 +36,15 @@ import (
 // and Budget) gives a batch one time: the refill asks for it within the
 // refilling caller's wait, as a caller without leasing is placed, so the
 // bucket paces the batches; the batch's permits are handed over at that
-// time (a caller sleeps until it) and only until its margin after it, and
-// a caller whose wait ends before it is refused at once with ErrTimeout,
-// nothing taken. So every leased permit is used within the margin of its
-// time, and the bucket's guarantee holds for the calls exactly as without
-// leasing. Once the bucket places a batch ahead (the fleet is at its
-// limit), a batch would be a burst at one time: the callers the lease
-// cannot serve then ask the bucket each for their own permits, as without
-// leasing (the bucket shares round trips among concurrent takes), until
+// time (a caller sleeps until it; one that leaves first puts its permit
+// back) and only until its margin after it. A caller whose wait ends
+// before that time, or who wants several permits at one time, asks the
+// bucket for its own, as without leasing. So every leased permit is used
+// within the margin of its time, and the bucket's guarantee holds for the
+// calls exactly as without leasing. Once the bucket places a batch ahead
+// (the fleet is at its limit), a batch would be a burst at one time: the
+// callers the lease cannot serve then ask the bucket each for their own
+// permits (the bucket shares round trips among concurrent takes), until
 // one is free at once again. For buckets whose Reset is the end
 // of their period (fixed window, counter), every permit is handed out
 // within the period it was taken in, and the bucket's guarantee holds
