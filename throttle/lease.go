@@ -134,10 +134,7 @@ type lease struct {
 	// callers that waited on a refill the bucket refused do not each ask
 	// it again.
 	dryUntil atomic.Int64
-	// atLimit: the bucket placed the key's last permits ahead (the fleet
-	// is at its limit): callers the lease cannot serve ask the bucket
-	// each for their own place, as without leasing, until one is free at
-	// once.
+	// atLimit: the bucket placed the key's last batch ahead (askAtLimit).
 	atLimit atomic.Bool
 
 	// Under mu, which guards nothing else:
@@ -147,10 +144,8 @@ type lease struct {
 	measured *leaseBatch // the batch rate was measured on
 	limit    int64       // Decision.Limit last seen; 0 unknown
 	noLease  bool        // the bucket gives no Reset and no TTL is set
-	// ahead: the bucket gives its permits places (its batches have a
-	// margin), so a refill asks for the batch's place within the
-	// refiller's wait, as a caller without leasing would, and the bucket
-	// paces the batches.
+	// ahead: the bucket's batches have a margin: a refill asks for the
+	// batch's place within the refiller's wait (waiter.ahead).
 	ahead  bool
 	tooBig int64 // smallest batch the bucket refused as too big; 0 none
 }
@@ -172,11 +167,10 @@ type leaseBatch struct {
 type leaseFill struct{ done chan struct{} }
 
 // granted is the Decision of a grant from b at now, left permits left in
-// it. A batch that lives its permits' margin says how long its permits may
-// still be used (Margin, counted from now), so that a holder of one (the
-// consumer's scheduler, a handler's held permit) does not send it later.
-// A batch placed ahead (from after now) hands its permits with the Delay
-// until its place, as the bucket would.
+// it: with the Delay until b's place, and, for a batch that lives its
+// permits' margin, how long after it they may be used (Margin), so that a
+// holder of one (the consumer's scheduler, a handler's held permit) does
+// not send it later.
 func (b *leaseBatch) granted(left, now int64) Decision {
 	d := Decision{Granted: true, Limit: b.limit, Remaining: left, Reset: time.Duration(max(b.expires-now, 0))}
 	at := max(now, b.from)
@@ -185,27 +179,6 @@ func (b *leaseBatch) granted(left, now int64) Decision {
 		d.Margin = time.Duration(max(b.expires-at, 1))
 	}
 	return d
-}
-
-// serve takes n permits from the lease at now for a caller whose wait
-// ends at until: a grant from the batch b, or a refusal while the key is
-// dry, or ok false when the lease cannot serve; later reports a batch
-// whose place comes after until, which serves the caller nothing.
-func (ls *lease) serve(n, now, until int64) (d Decision, b *leaseBatch, ok, later bool) {
-	if dry := ls.dryUntil.Load(); now < dry {
-		return Decision{Delay: time.Duration(dry - now), Remaining: 0}, nil, true, false
-	}
-	b = ls.cur.Load()
-	if b == nil || now >= b.expires || b.left.Load() < n {
-		return Decision{}, nil, false, false
-	}
-	if b.from > until {
-		return Decision{}, nil, false, true
-	}
-	if left, ok := spend(&b.left, n); ok {
-		return b.granted(left, now), b, true, false
-	}
-	return Decision{}, nil, false, false
 }
 
 // back returns n permits of b that their caller leaves unused, while they
@@ -393,22 +366,28 @@ func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
 	return c
 }
 
-// fromLease is w's decision from the lease ls at now, if it has one (ok):
-// a grant, or a refusal while the key is dry; later reports that the
-// lease's batch is placed after the end of w's wait.
+// fromLease is w's decision from the key's lease ls at now, if it has one
+// (ok): a grant from its batch, or a refusal while the key is dry. later
+// reports a batch whose time comes after the end of w's wait (now, for a
+// wait of none), which serves w nothing.
 func (w *waiter) fromLease(ls *lease, now int64) (c decision, ok, later bool) {
-	until := noDeadline
-	switch {
-	case w.measured:
-		until = w.deadline
-	case w.noWait():
-		until = now
+	c = decision{src: fromLease, n: w.n, answered: now}
+	if dry := ls.dryUntil.Load(); now < dry {
+		c.Delay = time.Duration(dry - now)
+		return c, true, false
 	}
-	d, b, ok, later := ls.serve(w.n, now, until)
-	if !ok {
-		return decision{}, false, later
+	b := ls.cur.Load()
+	if b == nil || now >= b.expires || b.left.Load() < w.n {
+		return decision{}, false, false
 	}
-	return decision{Decision: d, src: fromLease, n: w.n, answered: now, batch: b}, true, false
+	if b.from > max(w.gateDeadline(), now) {
+		return decision{}, false, true
+	}
+	left, ok := spend(&b.left, w.n)
+	if ok {
+		c.Decision, c.batch = b.granted(left, now), b
+	}
+	return c, ok, false
 }
 
 // refillRanOut is the ErrTimeout of a wait that ran out while its key's
