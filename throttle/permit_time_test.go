@@ -206,3 +206,21 @@ func TestAPermitBeyondTheWaitIsRefusedAtOnce(t *testing.T) {
 	_, cancelled := b.counts()
 	assert.Equal(t, 1, cancelled)
 }
+
+// TestAPermitFreeAtOnceIsNotUsedPastItsMargin: a permit the bucket grants
+// for now is used only within its margin of the answer, as one whose
+// time the caller waited for: a caller descheduled after the answer (a
+// starved CPU) takes another rather than send it late. Here the margin
+// (1 ns) has passed by the time the Limiter looks.
+func TestAPermitFreeAtOnceIsNotUsedPastItsMargin(t *testing.T) {
+	b := &placingBucket{clock: clockwork.NewFakeClock(), decisions: []throttle.Decision{
+		{Granted: true, Margin: time.Nanosecond},
+		{Granted: true, Margin: time.Hour},
+	}}
+	lim := throttle.New(b) // the real clock: it moves between the answer and the look
+	defer lim.Close()
+	require.NoError(t, lim.Acquire(context.Background(), time.Second))
+	takes, cancelled := b.counts()
+	assert.Equal(t, 2, takes, "the permit past its margin was replaced")
+	assert.Zero(t, cancelled, "and not given back")
+}

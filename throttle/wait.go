@@ -177,14 +177,15 @@ func (l *Limiter) lateGrant(late int64) {
 // usable reports whether the caller may use the grant c now, at its time:
 // within its margin (Decision.Margin), and, when it waited for its time,
 // with no pause of st's key reported meanwhile (Report with a retry time:
-// the caller must not call the provider in the pause it asked for). Else it gives the grant back
-// and the caller asks anew. A grant past its margin is one whose store
-// answer came late or whose caller woke late (a stalled process): used
-// now, its call could meet the calls of permits placed an interval after
-// its own time in one of the provider's windows.
+// the caller must not call the provider in the pause it asked for). Else
+// it gives the grant back and the caller asks anew. A grant past its
+// margin is one whose store answer came late, or whose caller woke late
+// or was descheduled after the answer (a stalled process, a starved CPU):
+// used now, its call could meet the calls of permits placed an interval
+// after its own time in one of the provider's windows.
 func (w *waiter) usable(st *keyState, c *decision) bool {
-	if c.Delay <= 0 {
-		// Answered for now a moment ago (c.answered): no sleep since,
+	if c.Delay <= 0 && (c.src == fromLease || c.Margin <= 0) {
+		// Served from memory a moment ago, or with no margin to keep:
 		// nothing to check, and no clock reading (on some hosts 100 ns,
 		// as much as a leased grant costs otherwise).
 		return true
@@ -196,7 +197,7 @@ func (w *waiter) usable(st *keyState, c *decision) bool {
 		// time already, and a give-back is one more round trip each.
 		l.lateGrant(now - c.answered - int64(c.Delay))
 		return false
-	case st != nil && st.pausedUntil.Load() > now:
+	case c.Delay > 0 && st != nil && st.pausedUntil.Load() > now:
 		w.giveBack(c)
 		return false
 	}
