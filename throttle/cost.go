@@ -232,6 +232,7 @@ func (l *Limiter) decideCost(w *waiter) decision {
 		c.Decision, err = w.cb.TakeCost(ctx, w.key, w.cost, ahead)
 		return err
 	})
+	c.answered = l.tb.now() // a cost's time and margin count from it, as a permit's do
 	if err != nil {
 		w.storeFailure(&c, nil, cut, false, err)
 	}

@@ -224,3 +224,28 @@ func TestAPermitFreeAtOnceIsNotUsedPastItsMargin(t *testing.T) {
 	assert.Equal(t, 2, takes, "the permit past its margin was replaced")
 	assert.Zero(t, cancelled, "and not given back")
 }
+
+// placingCost is placingBucket with costs: each TakeCost returns the next
+// of its decisions.
+type placingCost struct{ placingBucket }
+
+func (b *placingCost) TakeCost(ctx context.Context, key string, _ throttle.Cost, maxWait time.Duration) (throttle.Decision, error) {
+	return b.Take(ctx, key, 1, maxWait)
+}
+
+// TestACostIsUsedOnlyWithinItsMargin: a cost's time and margin count from
+// its answer, as a permit's do: the caller wakes at its time (not a
+// sleep's length after it looked), and a cost past its margin (here 1 ns,
+// passed by the time the Limiter looks) is not used: another is taken.
+func TestACostIsUsedOnlyWithinItsMargin(t *testing.T) {
+	b := &placingCost{placingBucket{clock: clockwork.NewFakeClock(), decisions: []throttle.Decision{
+		{Granted: true, Margin: time.Nanosecond},
+		{Granted: true, Margin: time.Hour},
+	}}}
+	lim := throttle.New(b) // the real clock: it moves between the answer and the look
+	defer lim.Close()
+	_, err := lim.AcquireCost(context.Background(), throttle.Cost{"tokens": 10}, time.Second)
+	require.NoError(t, err)
+	takes, _ := b.counts()
+	assert.Equal(t, 2, takes, "the cost past its margin was replaced")
+}
