@@ -49,8 +49,9 @@ func (w *waiter) queue(st *keyState, retry bool) (gated bool, err error) {
 // key (c.shared): only one that says something about one permit from the
 // shared bucket, not one of the failure policy (the bucket may answer at
 // the next call), nor one for n > 1 (a single permit may come sooner),
-// nor one marked as the caller's alone (c.alone). A shared refusal closes the key's gate; an admission (gated) ends. A
-// cost (st nil) has no gate: its refusals are its caller's alone.
+// nor one marked as the caller's alone (c.alone). A shared refusal closes
+// the key's gate; an admission (gated) ends. A cost (st nil) has no gate:
+// its refusals are its caller's alone.
 func (w *waiter) leaveGate(st *keyState, c *decision, gated bool) {
 	refused := c.err == nil && !c.Granted
 	if refused {
