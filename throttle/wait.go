@@ -579,8 +579,7 @@ func (w *waiter) ended(c *decision) error {
 	return fmt.Errorf("%w: %s granted only after maxWait %v ran out, given back", ErrTimeout, w.what(), w.tb.maxWait)
 }
 
-// answeredAt is when c's answer came (the clock read then), or now when
-// not known.
+// answeredAt is when c's answer came, or now when that is not known.
 func (w *waiter) answeredAt(c *decision) int64 {
 	if c.answered != 0 {
 		return c.answered
