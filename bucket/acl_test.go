@@ -52,6 +52,7 @@ func managedUser(t *testing.T, srv *redisenv.Server) func() redis.UniversalClien
 // under a Redis user with only the documented commands, keys under the
 // prefix, and no channel: a missing command would fail a take (NOPERM).
 func TestConformanceUnderACLUser(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	client := managedUser(t, srv)
 	for name, spec := range conformanceSpecs(client) {
@@ -64,6 +65,7 @@ func TestConformanceUnderACLUser(t *testing.T) {
 // rights: no wake-up arrives, and every guarantee still holds, waiters
 // told of their slots by their renewals (a 300 ms lease: every 100 ms).
 func TestConcurrencyGuaranteesUnderACLUser(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	env := capEnv{client: managedUser(t, srv), admin: srv.Client(), opts: []ConcurrencyOption{WithLease(300 * time.Millisecond)}, rounds: 5}
 	t.Run("NeverMoreThanCapacity", func(t *testing.T) { checkNeverMoreThanCapacity(t, env) })

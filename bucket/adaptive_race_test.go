@@ -20,6 +20,7 @@ import (
 // background round trip wrote (a data race seen by -race in the end-to-end
 // test).
 func TestAdaptiveCallCutByContextRaceFree(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	redisenv.NeedReal(t, srv, "CLIENT PAUSE")
 	o := srv.ClientOptions()

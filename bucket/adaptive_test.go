@@ -45,6 +45,7 @@ func TestAdaptiveScripts(t *testing.T) {
 // state every other instance reads and paces by, with one slot for the
 // fleet, and a swap computed from a stale version loses.
 func TestAdaptiveStateIsShared(t *testing.T) {
+	t.Parallel()
 	single := redisenv.New(t).Client()
 	cluster := redisenv.NewCluster(t).Client()
 	for topo, rdb := range map[string]redis.UniversalClient{"node": single, "cluster": cluster} {
@@ -114,6 +115,7 @@ func TestAdaptiveStateIsShared(t *testing.T) {
 // dead server is a BackendError, and the Limiter then grants as its
 // failure policy says rather than hang on pacing.
 func TestAdaptiveStoreErrors(t *testing.T) {
+	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
 	b, err := NewTokenBucket(rdb, "k", 5, time.Second)

@@ -358,6 +358,7 @@ func TestGCRAReserves(t *testing.T) {
 // their own tag on a real cluster, multi-key scripts run there without
 // CROSSSLOT, distinct keys stay distinct, and tenants spread over slots.
 func TestKeyEscaping(t *testing.T) {
+	t.Parallel()
 	cl := redisenv.NewCluster(t)
 	rdb := cl.Client()
 	ctx := context.Background()

@@ -275,6 +275,7 @@ func (c *costCount) logErrors(t *testing.T) {
 // some of them placed up to an interval ahead): across such a fault, at
 // most twice the limits in a span.
 func TestBudgetFaults(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	redisenv.NeedReal(t, srv, "pausing and restarting")
 	faults := []struct {
@@ -334,6 +335,7 @@ func TestBudgetFaults(t *testing.T) {
 // three-master Cluster (each tenant's keys in its own slot): every tenant
 // keeps both limits.
 func TestBudgetCluster(t *testing.T) {
+	t.Parallel()
 	cl := redisenv.NewCluster(t)
 	lims, cs := costLimiters(t, "cluster-costs", 2, func() redis.UniversalClient { return cl.Client() })
 	var keys []string
@@ -362,6 +364,7 @@ func TestBudgetCluster(t *testing.T) {
 // reached the replica) may be given again, at most one interval's limits:
 // any span of one interval holds at most twice the limits.
 func TestBudgetSentinelFailover(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-time fault test")
 	}

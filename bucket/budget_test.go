@@ -413,6 +413,7 @@ func TestBudgetSettleDownGivesBackToItsEntry(t *testing.T) {
 // TestBudgetClusterOneSlotPerKey: a budget's keys share one slot, and
 // takes and settles run on a real cluster without CROSSSLOT.
 func TestBudgetClusterOneSlotPerKey(t *testing.T) {
+	t.Parallel()
 	cl := redisenv.NewCluster(t)
 	rdb := cl.Client()
 	ctx := context.Background()

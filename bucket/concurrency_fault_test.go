@@ -227,6 +227,7 @@ func (d *stallDialer) dial(ctx context.Context, network, _ string) (net.Conn, er
 // pooled ones are fine), renewals and releases go on: a live holder
 // keeps the only slot, and the waiter's Hold returns within its wait.
 func TestConcurrencyStalledSubscriptionBlocksNothingElse(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	const lease = 600 * time.Millisecond // four leases fit in the stall
 	d := &stallDialer{addr: srv.Addr(), done: make(chan struct{})}
@@ -436,6 +437,7 @@ func TestConcurrencyRenewalLandingAfterTheReleaseDoesNotTakeTheSlotBack(t *testi
 // any instance, until the live holders' renewals have had time to put
 // them back; then it serves its waiters again.
 func TestConcurrencyRestartedEmptyAdmitsNobodyBeforeHoldersAreBack(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	redisenv.NeedReal(t, srv, "a restart")
 	const lease = 1500 * time.Millisecond // renewals every 500 ms: the test acts before
@@ -509,6 +511,7 @@ func TestConcurrencyRestartedEmptyAdmitsNoInstanceThatUsedTheKey(t *testing.T) {
 // one whose holders were cut off: Hold(0) of the instance that used it,
 // and of a new one, get their slots at once.
 func TestConcurrencyReleasedKeyIdleLongerThanASilenceAdmitsAtOnce(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	const lease = 300 * time.Millisecond
 	used := newSlots(t, srv.Client(), "idle", 2, WithLease(lease))
@@ -542,6 +545,7 @@ func TestConcurrencyReleasedKeyIdleLongerThanASilenceAdmitsAtOnce(t *testing.T) 
 // fails with ErrTimeout, a waiting Hold gets the slot once the span is
 // over, and the next Hold(0) is served at once.
 func TestConcurrencyHolderKilledOnAnIdleKeyClosesTheCapOnce(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	const lease = 300 * time.Millisecond
 	deadClient := srv.Client()

@@ -197,6 +197,7 @@ func TestConcurrencyOutJustLongerThanALateHoldersLeaseClosesTheCap(t *testing.T)
 // several instances in calls of many leases, renewing on time, and a
 // waiter among them, never close the cap: a freed slot goes at once.
 func TestConcurrencyLongCallsWithLiveRenewalsNeverCloseTheCap(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	const lease = 300 * time.Millisecond
 	rdb := srv.Client()

@@ -133,6 +133,7 @@ func failover(sen *redisenv.Sentinel) error {
 // the fault and holds nothing at it, asks only once the fault is over.
 // After each fault the fleet holds slots again.
 func TestConcurrencyNeverAboveCapacityThroughFaults(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-time fault test")
 	}
@@ -194,8 +195,10 @@ func TestConcurrencyNeverAboveCapacityThroughFaults(t *testing.T) {
 			}, paused(srv)
 		}},
 	}
+	// Each case has servers of its own: they run side by side.
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			client, fault := tc.setup(t)
 			var caps []*Concurrency
 			for range instances {
@@ -279,6 +282,7 @@ func TestConcurrencyNeverAboveCapacityThroughFaults(t *testing.T) {
 // release, both get their slots. (After the failover, they ask once the
 // holders' renewals are back: see the case.)
 func TestConcurrencyOutLongerThanALeaseAdmitsNoIdleInstanceAboveCapacity(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-time fault test")
 	}

@@ -212,6 +212,7 @@ func defaultCapEnv(t *testing.T) capEnv {
 // more than capacity callers inside the held section, counted by the test
 // itself; and nothing is held once all have released.
 func TestConcurrencyNeverMoreThanCapacityAcrossClients(t *testing.T) {
+	t.Parallel()
 	checkNeverMoreThanCapacity(t, defaultCapEnv(t))
 }
 
@@ -315,6 +316,7 @@ func checkArrivalOrder(t *testing.T, env capEnv) {
 // Redis) loses its slot within the lease, and the slot goes to a waiter
 // of another client; while it renewed, it kept the slot past the lease.
 func TestConcurrencyDeadHolderFreesItsSlotWithinTheLease(t *testing.T) {
+	t.Parallel()
 	checkDeadHolder(t, defaultCapEnv(t))
 }
 
@@ -507,6 +509,7 @@ func TestConcurrencyCloseEndsWaits(t *testing.T) {
 // without CROSSSLOT for keys with braces, and a waiter of one client is
 // woken through the cluster when a holder of another releases.
 func TestConcurrencyOnACluster(t *testing.T) {
+	t.Parallel()
 	cl := redisenv.NewCluster(t)
 	a := newSlots(t, cl.Client(), "api{v1}", 1)
 	b := newSlots(t, cl.Client(), "api{v1}", 1)
@@ -736,6 +739,7 @@ func TestConcurrencyManyDeadWaitersAreDropped(t *testing.T) {
 // from what each holder reports while it holds (an independent count,
 // not the cap's own).
 func TestConcurrencyNeverMoreThanCapacityAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	const (
 		capacity  = 3
 		processes = 3

@@ -139,6 +139,7 @@ func runResetter(t *testing.T, b throttle.Bucket, key string) {
 // TestConformance runs the conformance suite of package
 // throttle/buckettest on every bucket, on one Redis server.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	for name, spec := range conformanceSpecs(func() redis.UniversalClient { return srv.Client() }) {
 		t.Run(name, func(t *testing.T) { buckettest.Run(t, spec) })
@@ -150,6 +151,7 @@ func TestConformance(t *testing.T) {
 // one slot, tenants spread over the masters, tricky keys routed by their
 // own hash tag.
 func TestConformanceCluster(t *testing.T) {
+	t.Parallel()
 	cl := redisenv.NewCluster(t)
 	specs := conformanceSpecs(func() redis.UniversalClient { return cl.Client() })
 	for _, name := range []string{"TokenBucket", "Budget"} {

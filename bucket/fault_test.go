@@ -217,6 +217,7 @@ const overshootBound = 25 * time.Millisecond
 // a measured stall of the process, with ErrTimeout); the shared limit is
 // back within one interval of the resume.
 func TestRedisPausedUnderLoad(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	redisenv.NeedReal(t, srv, "SIGSTOP")
 	const (
@@ -334,6 +335,7 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 // mid-run. Scripts reload (NOSCRIPT → EVAL), buckets recover, and the
 // over-admission is at most one window's limit.
 func TestRedisRestartedEmpty(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	redisenv.NeedReal(t, srv, "restarting")
 	const (
@@ -511,6 +513,7 @@ func TestReplyLostAfterTheScriptRan(t *testing.T) {
 // charged in Redis are at least those granted, and at most those granted
 // plus the calls that ended in an error (whose script may have run).
 func TestConnectionsResetAndStalled(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	p, err := faultproxy.New(srv.Addr())
 	if err != nil {

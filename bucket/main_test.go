@@ -10,6 +10,14 @@ import (
 
 // TestMain quiets the library's logs (HEADWAY_TEST_LOG=1 shows them) and
 // fails the package if any goroutine outlives its tests.
+//
+// The tests that wait on real durations (a fault, a lease, a failover)
+// call t.Parallel: each starts servers of its own, and two of them side
+// by side halve the package's time. The load tests (many greedy callers:
+// TestGuarantees, TestCrowdOnOneKey, TestRestart, the leased fleets and
+// the like) do not: they run first, alone, because beside them a fault
+// test's caller waits behind dozens of runnable goroutines at each of its
+// wake-ups, several times what the stall meter measures as one stall.
 func TestMain(m *testing.M) {
 	redisenv.QuietLogs()
 	goleak.VerifyTestMain(m)

@@ -24,6 +24,7 @@ import (
 // unreachable, an error that names the policy in force and why it will
 // refuse. Acquire's error says the same.
 func TestCheckAtStartReportsTheStoreAndTheShare(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("redis up", func(t *testing.T) {
 		srv := redisenv.New(t)

@@ -17,6 +17,7 @@ import (
 // lease; when a leader's Run ends, it releases the mutex and the other
 // takes over at once. The counter keeps being reset throughout.
 func TestResetterFailover(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	const lease = 150 * time.Millisecond
 	for _, tc := range []struct {

@@ -23,6 +23,7 @@ import (
 // period's limit, in the interval of the failover. After it, the token
 // bucket's own guarantee is checked (at most the limit per refill).
 func TestSentinelFailover(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-time fault test")
 	}

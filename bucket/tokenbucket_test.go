@@ -323,6 +323,7 @@ func TestTokenBucketCountsALostScheduleOncePerInstance(t *testing.T) {
 // a paced one), and a lost schedule must be counted full at the latest
 // end the instance was given, not at the end of the take's last permit.
 func TestTokenBucketRemembersTheLatestEndOfAnUpToTake(t *testing.T) {
+	t.Parallel()
 	srv := redisenv.New(t)
 	rdb := srv.Client()
 	const limit, interval, margin = 10, 500 * time.Millisecond, 5 * time.Millisecond

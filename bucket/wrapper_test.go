@@ -31,6 +31,7 @@ func (c *userWrapper) Unwrap() throttle.Bucket { return c.Bucket }
 // wrapper used to hide all three: the rate stayed in memory, nothing was
 // paused, and FailLocal refused).
 func TestUserWrapperKeepsTheTokenBucketsCapabilities(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-time fault test")
 	}
