@@ -37,7 +37,11 @@ import (
 // refilling caller's wait, as a caller without leasing is placed, so the
 // bucket paces the batches; the batch's permits are handed over at that
 // time (a caller sleeps until it; one that leaves first puts its permit
-// back) and only until its margin after it. A caller whose wait ends
+// back) and only in the first half of its margin after it: callers come
+// to a lease at any time, so without that a permit handed over late would
+// leave its call no margin for its way to the provider (a permit a caller
+// sleeps for without leasing is used as its time comes, with the whole
+// margin ahead). A caller whose wait ends
 // before that time, or who wants several permits at one time, asks the
 // bucket for its own, as without leasing. So every leased permit is used
 // within the margin of its time, and the bucket's guarantee holds for the
@@ -160,7 +164,7 @@ type leaseBatch struct {
 	expires  int64
 	limit    int64 // Decision.Limit
 	periodic bool  // expires with the bucket's period (Reset)
-	margin   int64 // expires with its permits' margin (Decision.Margin), ns; 0 none
+	margin   int64 // its permits' margin (Decision.Margin), ns; 0 none: handed over in its first half
 }
 
 // leaseFill is a refill in progress, for the callers that wait on it.
@@ -176,7 +180,7 @@ func (b *leaseBatch) granted(left, now int64) Decision {
 	at := max(now, b.from)
 	d.Delay = time.Duration(at - now)
 	if b.margin > 0 {
-		d.Margin = time.Duration(max(b.expires-at, 1))
+		d.Margin = time.Duration(max(addSat(b.from, time.Duration(b.margin))-at, 1))
 	}
 	return d
 }
@@ -250,7 +254,7 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 	// The next batch lives at most until the period's end, its permits'
 	// margin or TTL: take no more than the demand uses in that, or the
 	// rest expires unused, lost to the whole fleet.
-	for _, life := range []int64{periodLeft, prev.margin, c.ttl} {
+	for _, life := range []int64{periodLeft, handOver(prev.margin), c.ttl} {
 		if life > 0 {
 			w = min(w, math.Ceil(ls.rate*float64(life)))
 		}
@@ -571,15 +575,16 @@ func (w *waiter) beyondWait(c decision) bool {
 // to a call sent at t0 that came back at t1, placed at at (t1 + d's Delay;
 // t1 when the batch is free at once), and life, how long it is valid (0:
 // it may not be leased): the TTL, or d's Reset when sooner (the batch is
-// then periodic), or d's Margin counted from its place (bounded by the
-// TTL). The caller stores how many of its permits are left.
+// then periodic), or the first half of d's Margin counted from its place
+// (handOver; bounded by the TTL). The caller stores how many of its
+// permits are left.
 func (lc *leaseConfig) batch(d Decision, size, t0, t1, at int64) (b *leaseBatch, life int64) {
 	life, periodic, margin := lc.ttl, false, int64(0)
 	switch r := int64(d.Reset); {
 	case d.Margin > 0:
-		margin, life = int64(d.Margin), int64(d.Margin)
+		margin, life = int64(d.Margin), handOver(int64(d.Margin))
 		if lc.ttl > 0 {
-			life = min(margin, lc.ttl)
+			life = min(life, lc.ttl)
 		}
 	case r > 0 && (life == 0 || r < life):
 		life, periodic = r, true
@@ -589,4 +594,14 @@ func (lc *leaseConfig) batch(d Decision, size, t0, t1, at int64) (b *leaseBatch,
 		from = at
 	}
 	return &leaseBatch{size: size, start: t0, from: from, placed: from > t1, expires: addSat(from, time.Duration(life)), limit: d.Limit, periodic: periodic, margin: margin}, life
+}
+
+// handOver is how long after its place a batch with a margin of margin ns
+// hands its permits over: the first half, the rest being its calls' way
+// to the provider.
+func handOver(margin int64) int64 {
+	if margin <= 0 {
+		return 0
+	}
+	return max(margin/2, 1)
 }
