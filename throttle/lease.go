@@ -37,11 +37,8 @@ import (
 // refilling caller's wait, as a caller without leasing is placed, so the
 // bucket paces the batches; the batch's permits are handed over at that
 // time (a caller sleeps until it; one that leaves first puts its permit
-// back) and only in the first half of its margin after it: callers come
-// to a lease at any time, so without that a permit handed over late would
-// leave its call no margin for its way to the provider (a permit a caller
-// sleeps for without leasing is used as its time comes, with the whole
-// margin ahead). A caller whose wait ends
+// back) and only in the first half of its margin after it, the rest being
+// its call's way to the provider. A caller whose wait ends
 // before that time, or who wants several permits at one time, asks the
 // bucket for its own, as without leasing. So every leased permit is used
 // within the margin of its time, and the bucket's guarantee holds for the
@@ -596,12 +593,6 @@ func (lc *leaseConfig) batch(d Decision, size, t0, t1, at int64) (b *leaseBatch,
 	return &leaseBatch{size: size, start: t0, from: from, placed: from > t1, expires: addSat(from, time.Duration(life)), limit: d.Limit, periodic: periodic, margin: margin}, life
 }
 
-// handOver is how long after its place a batch with a margin of margin ns
-// hands its permits over: the first half, the rest being its calls' way
-// to the provider.
-func handOver(margin int64) int64 {
-	if margin <= 0 {
-		return 0
-	}
-	return max(margin/2, 1)
-}
+// handOver is how long after its place a batch whose permits have a
+// margin of margin ns hands them over: its first half (0 without one).
+func handOver(margin int64) int64 { return max(margin/2, min(margin, 1)) }
