@@ -26,8 +26,8 @@ import (
 // the bucket's limit (Decision.Limit; 16 permits when it reports none),
 // at most what the demand uses in TTL (when set), and, for a lease that
 // ends with a period, at most what the demand can use before the period
-// ends. A lease is not handed back: what it holds
-// when demand stops expires with it (at most about a Horizon's worth).
+// ends. A lease is not handed back: what it holds when demand stops
+// expires with it (at most about a Horizon's worth).
 //
 // A lease is valid until the earlier of t0 + Reset of the grant and t0 +
 // TTL, t0 being this instance's clock just before the refill was sent
@@ -38,22 +38,22 @@ import (
 // bucket paces the batches; the batch's permits are handed over at that
 // time (a caller sleeps until it; one that leaves first puts its permit
 // back) and only in the first half of its margin after it, the rest being
-// its call's way to the provider. A caller whose wait ends
-// before that time, or who wants several permits at one time, asks the
-// bucket for its own, as without leasing. So every leased permit is used
-// within the margin of its time, and the bucket's guarantee holds for the
-// calls exactly as without leasing. Once the bucket places a batch ahead
-// (the fleet is at its limit), a batch would be a burst at one time: the
+// its call's way to the provider. A caller whose wait ends before that
+// time, or who wants several permits at one time, asks the bucket for its
+// own, as without leasing. So every leased permit is used within the
+// margin of its time, and the bucket's guarantee holds for the calls
+// exactly as without leasing. Once the bucket places a batch ahead (the
+// fleet is at its limit), a batch would be a burst at one time: the
 // callers the lease cannot serve then ask the bucket each for their own
 // permits (the bucket shares round trips among concurrent takes), until
-// one is free at once again. For buckets whose Reset is the end
-// of their period (fixed window, counter), every permit is handed out
-// within the period it was taken in, and the bucket's guarantee holds
-// exactly. For GCRA and [Local] (Reset is the time until full), a permit
-// held for h shifts its grant by up to h: "≤ burst + rate·t in any span
-// t" becomes "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding
-// log of window W, TTL h keeps at most limit in any window of W−h. A
-// bucket that reports no Reset, with no TTL, leases nothing.
+// one is free at once again. For buckets whose Reset is the end of their
+// period (fixed window, counter), every permit is handed out within the
+// period it was taken in, and the bucket's guarantee holds exactly. For
+// GCRA and [Local] (Reset is the time until full), a permit held for h
+// shifts its grant by up to h: "≤ burst + rate·t in any span t" becomes
+// "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding log of window W,
+// TTL h keeps at most limit in any window of W−h. A bucket that reports no
+// Reset, with no TTL, leases nothing.
 //
 // With the failure policy: permits leased before an outage are the
 // store's already, and are handed out during it first (they owe the store
