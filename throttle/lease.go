@@ -24,26 +24,28 @@ import (
 // key's measured demand uses in Horizon, at most four times the last
 // batch (so a new key starts with just its own permits), at most Share of
 // the bucket's limit (Decision.Limit; 16 permits when it reports none),
-// at most what the demand uses in TTL (when set), and, for a lease that
-// ends with a period, at most what the demand can use before the period
-// ends. A lease is not handed back: what it holds when demand stops
+// and at most what the demand uses (the refiller's own included) in the
+// batch's life: TTL when set, the rest of the period for a lease that
+// ends with one, the first half of the margin for one whose permits have
+// a margin. A lease is not handed back: what it holds when demand stops
 // expires with it (at most about a Horizon's worth).
 //
 // A lease is valid until the earlier of t0 + Reset of the grant and t0 +
 // TTL, t0 being this instance's clock just before the refill was sent
-// (before the bucket decided). A bucket whose permits have a time and a
-// margin (Decision.Delay and Decision.Margin: package bucket's TokenBucket
-// and Budget) gives a batch one time: the refill asks for it within the
-// refilling caller's wait, as a caller without leasing is placed, so the
-// bucket paces the batches; the batch's permits are handed over at that
-// time (a caller sleeps until it; one that leaves first puts its permit
-// back) and only in the first half of its margin after it, the rest being
-// its call's way to the provider. A caller whose wait ends before that
-// time, or who wants several permits at one time, asks the bucket for its
-// own, as without leasing. So every leased permit is used within the
-// margin of its time, and the bucket's guarantee holds for the calls
-// exactly as without leasing. Once the bucket places a batch ahead (the
-// fleet is at its limit), a batch would be a burst at one time: the
+// (before the bucket decided), or, for permits with a margin, half the
+// margin (at most TTL) after the batch's time. A bucket whose permits have
+// a margin (Decision.Delay and Decision.Margin: package bucket's
+// TokenBucket and Budget) gives a batch one time: the refill asks for it
+// within the refilling caller's wait, as a caller without leasing is
+// placed, so the bucket paces the batches; the batch's permits are handed
+// over at that time (a caller sleeps until it; one that leaves first puts
+// its permit back) and only in the first half of its margin after it, the
+// rest being its call's way to the provider. A caller whose wait ends
+// before that time, or who wants several permits at one time, asks the
+// bucket for its own, as without leasing. So every leased permit is used
+// within the margin of its time, and the bucket's guarantee holds for the
+// calls exactly as without leasing. Once the bucket places a batch ahead
+// (the fleet is at its limit), a batch would be a burst at one time: the
 // callers the lease cannot serve then ask the bucket each for their own
 // permits (the bucket shares round trips among concurrent takes), until
 // one is free at once again. For buckets whose Reset is the end of their
@@ -248,12 +250,13 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 		// The next batch most likely belongs to the same period.
 		periodLeft = prev.expires - now
 	}
-	// The next batch lives at most until the period's end, its permits'
-	// margin or TTL: take no more than the demand uses in that, or the
-	// rest expires unused, lost to the whole fleet.
+	// The next batch lives at most until the period's end, the first
+	// half of its permits' margin or TTL: take no more than the demand
+	// uses in that, this caller's need included, or the rest expires
+	// unused, lost to the whole fleet.
 	for _, life := range []int64{periodLeft, handOver(prev.margin), c.ttl} {
 		if life > 0 {
-			w = min(w, math.Ceil(ls.rate*float64(life)))
+			w = min(w, math.Ceil(ls.rate*float64(life))-float64(need))
 		}
 	}
 	capN := int64(leaseCapUnknown)
