@@ -36,7 +36,10 @@ type liveBucket interface {
 // (a window that began before the change keeps its limit), and the new
 // one from then on. It logs how soon the new limit's worth is reached and
 // how much of it is used: figures of the machine's speed too, not
-// asserted here.
+// asserted here. A worker records a grant after Acquire returns: the
+// tolerance is 5 ms plus the process's worst scheduling lateness during
+// the run, measured (under two busy loops a grant recorded late made 37
+// grants in 80 ms of a GCRA that allows 37 in 85).
 func TestLiveLimitChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing test of about 6 s")
@@ -52,23 +55,23 @@ func TestLiveLimitChange(t *testing.T) {
 	cases := []struct {
 		name  string
 		build func(redis.UniversalClient) (liveBucket, error)
-		check func(times []time.Time, limit int64) guarantee.Report
+		check func(times []time.Time, limit int64, tol time.Duration) guarantee.Report
 	}{
 		{"TokenBucket",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewTokenBucket(rdb, "live-change", low, iv)
 			},
-			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Sliding(ts, l, iv, tol) }},
+			func(ts []time.Time, l int64, tol time.Duration) guarantee.Report { return guarantee.Sliding(ts, l, iv, tol) }},
 		{"FixedWindow",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewFixedWindow(rdb, "live-change", low, iv)
 			},
-			func(ts []time.Time, l int64) guarantee.Report { return guarantee.Aligned(ts, l, iv, 0, tol) }},
+			func(ts []time.Time, l int64, tol time.Duration) guarantee.Report { return guarantee.Aligned(ts, l, iv, 0, tol) }},
 		{"GCRA",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewGCRA(rdb, "live-change", low, iv)
 			},
-			func(ts []time.Time, l int64) guarantee.Report {
+			func(ts []time.Time, l int64, tol time.Duration) guarantee.Report {
 				return guarantee.GCRA(ts, float64(l)/iv.Seconds(), l, tol)
 			}},
 	}
@@ -81,6 +84,7 @@ func TestLiveLimitChange(t *testing.T) {
 			redisenv.NeedReal(t, srv, "the live-limit phases (unexplained excess on the stand-in)")
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			stall := bucket.StartStallMeter(t)
 			var (
 				rec  guarantee.Recorder
 				wg   sync.WaitGroup
@@ -142,12 +146,13 @@ func TestLiveLimitChange(t *testing.T) {
 			end := time.Now()
 			cancel()
 			wg.Wait()
+			late := stall.Stop()
 			close(errs)
 			for err := range errs {
 				t.Fatal(err)
 			}
 
-			t.Logf("store errors (refused, asked again): %d", storeErrs.Load())
+			t.Logf("store errors (refused, asked again): %d; the process's worst lateness %v", storeErrs.Load(), late)
 			times := rec.Times()
 			between := func(a, b time.Time) []time.Time {
 				var out []time.Time
@@ -178,7 +183,7 @@ func TestLiveLimitChange(t *testing.T) {
 			}
 			for _, s := range segs {
 				ts := between(s.from, s.to)
-				rep := tc.check(ts, s.limit)
+				rep := tc.check(ts, s.limit, tol+late)
 				t.Logf("[%v, %v) limit %d: %v", s.from.Sub(start).Round(time.Millisecond), s.to.Sub(start).Round(time.Millisecond), s.limit, rep)
 				if err := rep.Err(); err != nil {
 					t.Errorf("above the limit in force %d: %v", s.limit, err)
