@@ -61,12 +61,16 @@ func TestLiveLimitChange(t *testing.T) {
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewTokenBucket(rdb, "live-change", low, iv)
 			},
-			func(ts []time.Time, l int64, tol time.Duration) guarantee.Report { return guarantee.Sliding(ts, l, iv, tol) }},
+			func(ts []time.Time, l int64, tol time.Duration) guarantee.Report {
+				return guarantee.Sliding(ts, l, iv, tol)
+			}},
 		{"FixedWindow",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewFixedWindow(rdb, "live-change", low, iv)
 			},
-			func(ts []time.Time, l int64, tol time.Duration) guarantee.Report { return guarantee.Aligned(ts, l, iv, 0, tol) }},
+			func(ts []time.Time, l int64, tol time.Duration) guarantee.Report {
+				return guarantee.Aligned(ts, l, iv, 0, tol)
+			}},
 		{"GCRA",
 			func(rdb redis.UniversalClient) (liveBucket, error) {
 				return bucket.NewGCRA(rdb, "live-change", low, iv)

@@ -248,8 +248,7 @@ func WithRetry(d time.Duration) RetryOption {
 //
 // [NewTokenBucket], [NewBudget]: the margin of every permit
 // (Decision.Margin); a Limiter that cannot hand a permit to its caller
-// within it takes another; a lease (throttle.WithLeasing) hands a batch's
-// permits over in its first half. Default: [DefaultArrivalMargin] (of the
+// within it takes another. Default: [DefaultArrivalMargin] (of the
 // shortest dimension's Interval, for a Budget). [NewSlidingLog]: default
 // 0.
 //

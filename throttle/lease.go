@@ -24,23 +24,20 @@ import (
 // key's measured demand uses in Horizon, at most four times the last
 // batch (so a new key starts with just its own permits), at most Share of
 // the bucket's limit (Decision.Limit; 16 permits when it reports none),
-// and at most what the demand uses (the refiller's own included) in the
-// batch's life: TTL when set, the rest of the period for a lease that
-// ends with one, the first half of the margin for one whose permits have
-// a margin. A lease is not handed back: what it holds when demand stops
-// expires with it (at most about a Horizon's worth).
+// at most what the demand uses in TTL (when set), and, for a lease that
+// ends with a period, at most what the demand can use before the period
+// ends. A lease is not handed back: what it holds
+// when demand stops expires with it (at most about a Horizon's worth).
 //
 // A lease is valid until the earlier of t0 + Reset of the grant and t0 +
 // TTL, t0 being this instance's clock just before the refill was sent
-// (before the bucket decided), or, for permits with a margin, half the
-// margin (at most TTL) after the batch's time. A bucket whose permits have
-// a margin (Decision.Delay and Decision.Margin: package bucket's
-// TokenBucket and Budget) gives a batch one time: the refill asks for it
-// within the refilling caller's wait, as a caller without leasing is
-// placed, so the bucket paces the batches; the batch's permits are handed
-// over at that time (a caller sleeps until it; one that leaves first puts
-// its permit back) and only in the first half of its margin after it, the
-// rest being its call's way to the provider. A caller whose wait ends
+// (before the bucket decided). A bucket whose permits have a time and a
+// margin (Decision.Delay and Decision.Margin: package bucket's TokenBucket
+// and Budget) gives a batch one time: the refill asks for it within the
+// refilling caller's wait, as a caller without leasing is placed, so the
+// bucket paces the batches; the batch's permits are handed over at that
+// time (a caller sleeps until it; one that leaves first puts its permit
+// back) and only until its margin after it. A caller whose wait ends
 // before that time, or who wants several permits at one time, asks the
 // bucket for its own, as without leasing. So every leased permit is used
 // within the margin of its time, and the bucket's guarantee holds for the
@@ -48,14 +45,14 @@ import (
 // (the fleet is at its limit), a batch would be a burst at one time: the
 // callers the lease cannot serve then ask the bucket each for their own
 // permits (the bucket shares round trips among concurrent takes), until
-// one is free at once again. For buckets whose Reset is the end of their
-// period (fixed window, counter), every permit is handed out within the
-// period it was taken in, and the bucket's guarantee holds exactly. For
-// GCRA and [Local] (Reset is the time until full), a permit held for h
-// shifts its grant by up to h: "≤ burst + rate·t in any span t" becomes
-// "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding log of window W,
-// TTL h keeps at most limit in any window of W−h. A bucket that reports no
-// Reset, with no TTL, leases nothing.
+// one is free at once again. For buckets whose Reset is the end
+// of their period (fixed window, counter), every permit is handed out
+// within the period it was taken in, and the bucket's guarantee holds
+// exactly. For GCRA and [Local] (Reset is the time until full), a permit
+// held for h shifts its grant by up to h: "≤ burst + rate·t in any span
+// t" becomes "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding
+// log of window W, TTL h keeps at most limit in any window of W−h. A
+// bucket that reports no Reset, with no TTL, leases nothing.
 //
 // With the failure policy: permits leased before an outage are the
 // store's already, and are handed out during it first (they owe the store
@@ -163,7 +160,7 @@ type leaseBatch struct {
 	expires  int64
 	limit    int64 // Decision.Limit
 	periodic bool  // expires with the bucket's period (Reset)
-	margin   int64 // its permits' margin (Decision.Margin), ns; 0 none: handed over in its first half
+	margin   int64 // expires with its permits' margin (Decision.Margin), ns; 0 none
 }
 
 // leaseFill is a refill in progress, for the callers that wait on it.
@@ -179,7 +176,7 @@ func (b *leaseBatch) granted(left, now int64) Decision {
 	at := max(now, b.from)
 	d.Delay = time.Duration(at - now)
 	if b.margin > 0 {
-		d.Margin = time.Duration(max(addSat(b.from, time.Duration(b.margin))-at, 1))
+		d.Margin = time.Duration(max(b.expires-at, 1))
 	}
 	return d
 }
@@ -250,13 +247,12 @@ func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 		// The next batch most likely belongs to the same period.
 		periodLeft = prev.expires - now
 	}
-	// The next batch lives at most until the period's end, the first
-	// half of its permits' margin or TTL: take no more than the demand
-	// uses in that, this caller's need included, or the rest expires
-	// unused, lost to the whole fleet.
-	for _, life := range []int64{periodLeft, handOver(prev.margin), c.ttl} {
+	// The next batch lives at most until the period's end, its permits'
+	// margin or TTL: take no more than the demand uses in that, or the
+	// rest expires unused, lost to the whole fleet.
+	for _, life := range []int64{periodLeft, prev.margin, c.ttl} {
 		if life > 0 {
-			w = min(w, math.Ceil(ls.rate*float64(life))-float64(need))
+			w = min(w, math.Ceil(ls.rate*float64(life)))
 		}
 	}
 	capN := int64(leaseCapUnknown)
@@ -575,16 +571,15 @@ func (w *waiter) beyondWait(c decision) bool {
 // to a call sent at t0 that came back at t1, placed at at (t1 + d's Delay;
 // t1 when the batch is free at once), and life, how long it is valid (0:
 // it may not be leased): the TTL, or d's Reset when sooner (the batch is
-// then periodic), or the first half of d's Margin counted from its place
-// (handOver; bounded by the TTL). The caller stores how many of its
-// permits are left.
+// then periodic), or d's Margin counted from its place (bounded by the
+// TTL). The caller stores how many of its permits are left.
 func (lc *leaseConfig) batch(d Decision, size, t0, t1, at int64) (b *leaseBatch, life int64) {
 	life, periodic, margin := lc.ttl, false, int64(0)
 	switch r := int64(d.Reset); {
 	case d.Margin > 0:
-		margin, life = int64(d.Margin), handOver(int64(d.Margin))
+		margin, life = int64(d.Margin), int64(d.Margin)
 		if lc.ttl > 0 {
-			life = min(life, lc.ttl)
+			life = min(margin, lc.ttl)
 		}
 	case r > 0 && (life == 0 || r < life):
 		life, periodic = r, true
@@ -595,7 +590,3 @@ func (lc *leaseConfig) batch(d Decision, size, t0, t1, at int64) (b *leaseBatch,
 	}
 	return &leaseBatch{size: size, start: t0, from: from, placed: from > t1, expires: addSat(from, time.Duration(life)), limit: d.Limit, periodic: periodic, margin: margin}, life
 }
-
-// handOver is how long after its place a batch whose permits have a
-// margin of margin ns hands them over: its first half (0 without one).
-func handOver(margin int64) int64 { return max(margin/2, min(margin, 1)) }

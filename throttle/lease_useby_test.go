@@ -45,43 +45,6 @@ func TestLeasedPermitsOfAMarginBucketTellTheirUseBy(t *testing.T) {
 	assert.Less(t, takes, 6, "some permits came from memory")
 }
 
-// TestALeaseHandsItsPermitsOverInTheFirstHalfOfTheirMargin: callers come
-// to a lease at any time, so a batch of a bucket whose permits have a
-// margin hands its permits over only in the first half of the margin
-// after its place: the other half is left to each call's way to the
-// provider. A caller after that refills, and a batch holds what the
-// demand uses in that half, the refiller's own permit included, so that
-// none expires unused. Before, a permit was handed over until the end of
-// its margin, and a batch held one more than the demand used.
-func TestALeaseHandsItsPermitsOverInTheFirstHalfOfTheirMargin(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	const margin = 10 * time.Millisecond
-	b := &placingBucket{clock: clock, decisions: []throttle.Decision{{Granted: true, Margin: margin, Limit: 100, Remaining: 50, Reset: time.Second}}}
-	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
-	defer lim.Close()
-	var placed time.Time // the last refill's answer: a batch free at once is placed there
-	takes := 0
-	for i := range 40 {
-		var note pacenote.Note
-		require.NoError(t, lim.Acquire(pacenote.With(context.Background(), &note), time.Second))
-		if n, _ := b.counts(); n > takes {
-			takes, placed = n, clock.Now()
-		}
-		assert.Lessf(t, clock.Since(placed), margin/2, "permit %d handed over %v after its batch's place", i, clock.Since(placed))
-		assert.Truef(t, note.UseBy().Equal(placed.Add(margin)), "permit %d: usable until %v after its batch's place, want its whole margin %v", i, note.UseBy().Sub(placed), margin)
-		clock.Advance(time.Millisecond)
-	}
-	assert.Less(t, takes, 20, "batches of several permits served most callers from memory")
-	b.mu.Lock()
-	fetched := int64(0)
-	for _, n := range b.ns {
-		fetched += n
-	}
-	b.mu.Unlock()
-	t.Logf("%d permits fetched in %d takes for 40 callers", fetched, takes)
-	assert.LessOrEqual(t, fetched, int64(40+1), "a batch holds what the demand uses in its life, the refiller's own included: nothing expires unused but the last")
-}
-
 // TestLeasedBatchesArePlacedWithinTheRefillersWait: a lease of a bucket
 // that places its permits asks for each batch's place within the
 // refilling caller's wait, as a caller without leasing is placed, so that
