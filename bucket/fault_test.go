@@ -217,7 +217,6 @@ const overshootBound = 25 * time.Millisecond
 // a measured stall of the process, with ErrTimeout); the shared limit is
 // back within one interval of the resume.
 func TestRedisPausedUnderLoad(t *testing.T) {
-	t.Parallel()
 	srv := redisenv.New(t)
 	redisenv.NeedReal(t, srv, "SIGSTOP")
 	const (

@@ -134,7 +134,6 @@ func (g *grantLog) first() time.Time {
 // the window of the resume was up to 26 % over with leasing, and a resume
 // just before a boundary put the next windows over.
 func TestFleetPausedStaysWithinTheLimit(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-time fault test")
 	}
