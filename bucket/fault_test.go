@@ -206,9 +206,9 @@ func unexplainedOpenRefusal(a acquireRecord, stall *stallMeter) string {
 // -race on 2 cores with 8 greedy callers, 2–10 ms on a quiet machine and
 // 9.9 ms with two busy loops beside it (a CI run failed a 10 ms bound).
 // The measured worst is logged; internal/faultproxy/RELIABILITY.md records it.
-// Tests add the worst stall of the whole process measured beside them
-// (stallMeter): a host that stops the process for 50 ms is not the code's
-// doing.
+// Tests add the stalls of the whole process measured during the call
+// (stallMeter; at least the run's worst): a host that stops the process
+// for 50 ms is not the code's doing (unexplainedLateReturn).
 const overshootBound = 25 * time.Millisecond
 
 // unexplainedLateReturn says why an Acquire that ran over c (called at

@@ -130,7 +130,7 @@ func (g *grantLog) first() time.Time {
 // interval from the first grant, the fleet never exceeds the limit (+1 %),
 // the window of the resume included, under FailLocal and FailClosed, with
 // leasing too; every Acquire returns within its wait + 25 ms (and the
-// process's own worst stall). Before the fixes of the resume (the local
+// process's stalls during it). Before the fixes of the resume (the local
 // grants made while the probe waited, the phase of the periods after it)
 // the window of the resume was up to 26 % over with leasing, and a resume
 // just before a boundary put the next windows over.
