@@ -3,13 +3,14 @@ package consumer
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -27,27 +28,27 @@ func parkedBefore(t *testing.T, kc *kafkaenv.Cluster, shaping, key string, off i
 	require.NoError(t, cl.ProduceSync(context.Background(), parkRecord(shaping, s, 0)).FirstErr())
 }
 
-// holdFetches makes the cluster hold every Fetch request until release is
-// called (at the latest when the test ends), and reports on fetching
-// when the first one is held.
-func holdFetches(t *testing.T, kc *kafkaenv.Cluster) (fetching <-chan struct{}, release func()) {
-	wake := make(chan struct{})
-	first := make(chan struct{})
-	var once, firstOnce sync.Once
-	release = func() { once.Do(func() { close(wake) }) }
-	t.Cleanup(release)
-	kc.Fake().ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
-		kc.Fake().KeepControl()
-		select {
-		case <-wake:
-			return nil, nil, false
-		default:
-		}
-		firstOnce.Do(func() { close(first) })
-		kc.Fake().SleepControl(func() { <-wake })
-		return nil, nil, false
+// holdFetches makes the cluster answer every Fetch of topic with a
+// retriable error (the client retries it, backing off, and reads nothing)
+// until release is called (at the latest when the test ends). fetching
+// waits until a Fetch was held. It holds no request inside kfake: a
+// request slept in a control function (SleepControl) can leave kfake's
+// run loop stuck when several wake at once, a goroutine goleak reports.
+func holdFetches(t *testing.T, kc *kafkaenv.Cluster, topic string) (fetching func(), release func()) {
+	h := kc.Fake().Fault(kfake.Fault{
+		Keys:  []kmsg.Key{kmsg.Fetch},
+		Topic: topic,
+		Err:   kerr.NotLeaderForPartition,
+		Count: -1,
 	})
-	return first, release
+	t.Cleanup(h.Remove)
+	fetching = func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, h.Wait(ctx, 1), "no Fetch of %s", topic)
+	}
+	return fetching, h.Remove
 }
 
 // waited reports whether p is done waiting for earlier ownerships and its
@@ -65,14 +66,14 @@ func (p *partition) waitState() (waited, started bool) {
 func TestPartitionDoesNotStartAfterAScanCutShort(t *testing.T) {
 	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 1))
 	parkedBefore(t, kc, "in.shaping", "k", 0)
-	fetching, _ := holdFetches(t, kc)
+	fetching, _ := holdFetches(t, kc, "in.shaping")
 	var calls atomic.Int64
 	c, cl := bare(t, kc, func(context.Context, *kgo.Record) error { calls.Add(1); return nil },
 		WithShaping("in.shaping", 50*time.Millisecond))
 	c.assigned(context.Background(), cl, tps("in", 0))
 	p := c.part("in", 0)
 	p.push([]*kgo.Record{{Topic: "in", Partition: 0, Offset: 1, Key: []byte("k")}})
-	<-fetching // the scan reads the shaping topic
+	fetching() // the scan reads the shaping topic
 
 	c.stopRun(nil) // Run ends
 	require.Eventually(t, func() bool { w, _ := p.waitState(); return w }, 10*time.Second, time.Millisecond)
@@ -88,7 +89,7 @@ func TestPartitionDoesNotStartAfterAScanCutShort(t *testing.T) {
 func TestSlowScanKeepsThePartitionWaitingUntilItHasReadTheShapingTopic(t *testing.T) {
 	kc := kafkaenv.New(t, kafkaenv.Topic("in", 1), kafkaenv.Topic("in.shaping", 1))
 	parkedBefore(t, kc, "in.shaping", "k", 0)
-	fetching, release := holdFetches(t, kc)
+	fetching, release := holdFetches(t, kc, "in.shaping")
 	var calls atomic.Int64
 	w := &warnings{}
 	c, cl := bare(t, kc, func(context.Context, *kgo.Record) error { calls.Add(1); return nil },
@@ -97,7 +98,7 @@ func TestSlowScanKeepsThePartitionWaitingUntilItHasReadTheShapingTopic(t *testin
 	c.assigned(context.Background(), cl, tps("in", 0))
 	p := c.part("in", 0)
 	p.push([]*kgo.Record{{Topic: "in", Partition: 0, Offset: 1, Key: []byte("k")}})
-	<-fetching
+	fetching()
 	require.Eventually(t, func() bool { return w.has("still reading the shaping topic") }, 10*time.Second, time.Millisecond)
 	waited, _ := p.waitState()
 	assert.False(t, waited, "the partition did not wait for the scan")
