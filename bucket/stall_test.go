@@ -2,65 +2,89 @@ package bucket
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// stallMeter measures how late this test process runs its goroutines: one
-// goroutine sleeps stallTick at a time and keeps the worst lateness. A
+// stallMeter measures how late this test process runs its goroutines:
+// stallCanaries goroutines each sleep stallTick at a time, and the meter
+// keeps the worst lateness any of them saw and when they were overdue. A
 // timing bound in the fault tests adds what it measured, so that a stall of
-// the whole process (a busy CI host, the race detector's GC) is not blamed
-// on the code under test, while what the bounds are there to catch (an
-// Acquire held through a fault, seconds long) still fails.
+// the process (a busy CI host, the race detector's GC) is not blamed on the
+// code under test, while what the bounds are there to catch (an Acquire
+// held through a fault, seconds long) still fails.
+//
+// One goroutine is not enough: a sleeping goroutine's timer waits in the
+// heap of the P it slept on, and while that P's thread is descheduled by
+// the host, its timers fire only when the thread runs again or an idle P
+// steals them (none is idle when the test's callers keep both busy). A CI
+// run returned six Acquires 45–75 ms late at once, released together,
+// while a single meter goroutine on the other P was never more than 7 ms
+// late. Several canaries spread over the Ps as the callers do, so one
+// stalled P shows as overdue on the canaries whose timers it holds.
 type stallMeter struct {
 	worst atomic.Int64 // nanoseconds
 	stop  chan struct{}
-	done  chan struct{}
+	wg    sync.WaitGroup
 
 	mu sync.Mutex
-	// overdue is when the meter's goroutine was due to run and did not,
-	// for at least a tick: the process's stalls, not a timer's slack.
+	// overdue is when a canary was due to run and did not, for at least
+	// a tick: the process's stalls, not a timer's slack. Spans of
+	// different canaries overlap.
 	overdue []span
 }
 
 // span is a stretch of time, [from, to).
 type span struct{ from, to time.Time }
 
-// stallTick is the stall meter's sleep; what a sleep of it overruns by is
-// the process's scheduling delay at that moment.
+// stallTick is a canary's sleep; what a sleep of it overruns by is the
+// process's scheduling delay at that moment.
 const stallTick = time.Millisecond
+
+// stallCanaries is how many canaries a meter runs per P: with 4, all of
+// them sit on the same one of 2 Ps about one time in 128.
+const stallCanaries = 4
 
 // startStallMeter starts a stall meter that stops when t ends (or earlier,
 // at Stop).
 func startStallMeter(t *testing.T) *stallMeter {
 	t.Helper()
-	m := &stallMeter{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(m.done)
-		for {
-			select {
-			case <-m.stop:
-				return
-			default:
-			}
-			start := time.Now()
-			time.Sleep(stallTick) // measured, not waited on
-			woke := time.Now()
-			late := woke.Sub(start) - stallTick
-			if late > time.Duration(m.worst.Load()) {
-				m.worst.Store(int64(late))
-			}
-			if late >= stallTick {
-				m.mu.Lock()
-				m.overdue = append(m.overdue, span{start.Add(stallTick), woke})
-				m.mu.Unlock()
-			}
-		}
-	}()
+	m := &stallMeter{stop: make(chan struct{})}
+	for range stallCanaries * runtime.GOMAXPROCS(0) {
+		m.wg.Go(m.canary)
+	}
 	t.Cleanup(func() { m.Stop() })
 	return m
+}
+
+// canary sleeps a tick at a time until the meter stops, recording its
+// lateness.
+func (m *stallMeter) canary() {
+	for {
+		select {
+		case <-m.stop:
+			return
+		default:
+		}
+		start := time.Now()
+		time.Sleep(stallTick) // measured, not waited on
+		woke := time.Now()
+		late := woke.Sub(start) - stallTick
+		for {
+			w := m.worst.Load()
+			if int64(late) <= w || m.worst.CompareAndSwap(w, int64(late)) {
+				break
+			}
+		}
+		if late >= stallTick {
+			m.mu.Lock()
+			m.overdue = append(m.overdue, span{start.Add(stallTick), woke})
+			m.mu.Unlock()
+		}
+	}
 }
 
 // Stop ends the measurement (once; later calls only read) and returns the
@@ -71,20 +95,33 @@ func (m *stallMeter) Stop() time.Duration {
 	default:
 		close(m.stop)
 	}
-	<-m.done
+	m.wg.Wait()
 	return time.Duration(m.worst.Load())
 }
 
-// overdueDuring is how long, of the time from from to to, the meter's
-// goroutine was due to run and did not, for a tick or longer at a time:
-// the process's stalls then, as far as this goroutine saw them.
+// overdueDuring is how long, of the time from from to to, some canary was
+// due to run and did not, for a tick or longer at a time: the process's
+// stalls then, as far as the canaries saw them (overlapping stalls of
+// several canaries count once).
 func (m *stallMeter) overdueDuring(from, to time.Time) time.Duration {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	var sum time.Duration
+	var in []span
 	for _, o := range m.overdue {
 		if lo, hi := later(o.from, from), earlier(o.to, to); hi.After(lo) {
-			sum += hi.Sub(lo)
+			in = append(in, span{lo, hi})
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(in, func(a, b span) int { return a.from.Compare(b.from) })
+	var sum time.Duration
+	var end time.Time
+	for _, o := range in {
+		if o.from.Before(end) {
+			o.from = end
+		}
+		if o.to.After(o.from) {
+			sum += o.to.Sub(o.from)
+			end = o.to
 		}
 	}
 	return sum
@@ -119,5 +156,31 @@ func TestStallMeterSeesAStall(t *testing.T) {
 	}
 	if got := m.overdueDuring(start, end); got < 5*time.Millisecond {
 		t.Fatalf("stall meter was overdue %v in total while one busy loop held the only P for 60ms, want ≥ 5ms", got)
+	}
+}
+
+// TestStallMeterCountsOverlappingStallsOnce: two canaries overdue over the
+// same stretch are one stall of the process, not two; the stretch is cut
+// to the call's span.
+func TestStallMeterCountsOverlappingStallsOnce(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	m := &stallMeter{overdue: []span{
+		{at(10), at(40)}, // one canary
+		{at(20), at(30)}, // another, inside it
+		{at(35), at(60)}, // a third, overlapping its end
+		{at(80), at(90)},
+	}}
+	for _, tc := range []struct {
+		from, to int
+		want     time.Duration
+	}{
+		{0, 100, 60 * time.Millisecond},
+		{25, 85, 40 * time.Millisecond},
+		{60, 80, 0},
+	} {
+		if got := m.overdueDuring(at(tc.from), at(tc.to)); got != tc.want {
+			t.Errorf("overdue during [%d ms, %d ms) = %v, want %v", tc.from, tc.to, got, tc.want)
+		}
 	}
 }
