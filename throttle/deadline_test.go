@@ -224,3 +224,17 @@ func (b *reservingCost) TakeCost(context.Context, string, Cost, time.Duration) (
 		return nil
 	}}, nil
 }
+
+// TestLeaseRefillRanOutSaysWhichBoundEnded: the ErrTimeout of a wait that
+// ran out while its key's lease was refilled wraps
+// context.DeadlineExceeded when ctx's deadline set the wait, as every
+// other ErrTimeout does, and not when maxWait did.
+func TestLeaseRefillRanOutSaysWhichBoundEnded(t *testing.T) {
+	for _, ctxBound := range []bool{true, false} {
+		w := &waiter{demand: demand{key: "k", n: 1}, tb: timeoutBound{n: 1, maxWait: time.Second, ctxBound: ctxBound}}
+		err := w.refillRanOut()
+		assert.ErrorIs(t, err, ErrTimeout)
+		assert.Equal(t, ctxBound, errors.Is(err, context.DeadlineExceeded), "ctx's deadline set the wait: %v; %v", ctxBound, err)
+		assert.ErrorContains(t, err, `key "k"`)
+	}
+}

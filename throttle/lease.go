@@ -391,9 +391,13 @@ func (w *waiter) fromLease(ls *lease, now int64) (c decision, ok, later bool) {
 }
 
 // refillRanOut is the ErrTimeout of a wait that ran out while its key's
-// lease was being refilled.
+// lease was refilled, wrapping context.DeadlineExceeded if ctx's set it.
 func (w *waiter) refillRanOut() error {
-	return fmt.Errorf("%w: the wait ran out while the lease of key %q was being refilled", ErrTimeout, w.key)
+	err := fmt.Errorf("%w: the wait ran out while the lease of key %q was being refilled", ErrTimeout, w.key)
+	if w.tb.ctxBound {
+		err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+	}
+	return err
 }
 
 // waitFill waits for another caller's refill f, at most until the end of
@@ -411,11 +415,7 @@ func (w *waiter) waitFill(f *leaseFill) error {
 	case <-w.ctx.Done():
 		return fmt.Errorf("throttle: waiting for the lease of key %q to be refilled: %w", w.key, w.ctx.Err())
 	case <-end:
-		err := fmt.Errorf("%w: the lease of key %q was still being refilled when the wait ran out", ErrTimeout, w.key)
-		if w.tb.ctxBound {
-			err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
-		}
-		return err
+		return w.refillRanOut()
 	}
 }
 
