@@ -104,6 +104,26 @@ func (m *stallMeter) Stop() time.Duration {
 // stalls then, as far as the canaries saw them (overlapping stalls of
 // several canaries count once).
 func (m *stallMeter) overdueDuring(from, to time.Time) time.Duration {
+	var sum time.Duration
+	for _, o := range m.stalls(from, to) {
+		sum += o.to.Sub(o.from)
+	}
+	return sum
+}
+
+// longestStall is the longest of the process's stalls from from to to: a
+// stretch in which some canary was overdue all along.
+func (m *stallMeter) longestStall(from, to time.Time) time.Duration {
+	var longest time.Duration
+	for _, o := range m.stalls(from, to) {
+		longest = max(longest, o.to.Sub(o.from))
+	}
+	return longest
+}
+
+// stalls is the canaries' overdue spans from from to to, cut to that
+// stretch and merged where they overlap or touch, in order.
+func (m *stallMeter) stalls(from, to time.Time) []span {
 	m.mu.Lock()
 	var in []span
 	for _, o := range m.overdue {
@@ -113,18 +133,15 @@ func (m *stallMeter) overdueDuring(from, to time.Time) time.Duration {
 	}
 	m.mu.Unlock()
 	slices.SortFunc(in, func(a, b span) int { return a.from.Compare(b.from) })
-	var sum time.Duration
-	var end time.Time
+	var out []span
 	for _, o := range in {
-		if o.from.Before(end) {
-			o.from = end
+		if n := len(out); n > 0 && !o.from.After(out[n-1].to) {
+			out[n-1].to = later(out[n-1].to, o.to)
+			continue
 		}
-		if o.to.After(o.from) {
-			sum += o.to.Sub(o.from)
-			end = o.to
-		}
+		out = append(out, o)
 	}
-	return sum
+	return out
 }
 
 func later(a, b time.Time) time.Time {
@@ -160,8 +177,8 @@ func TestStallMeterSeesAStall(t *testing.T) {
 }
 
 // TestStallMeterCountsOverlappingStallsOnce: two canaries overdue over the
-// same stretch are one stall of the process, not two; the stretch is cut
-// to the call's span.
+// same stretch are one stall of the process, not two, as long as their
+// union; the stretch is cut to the call's span.
 func TestStallMeterCountsOverlappingStallsOnce(t *testing.T) {
 	t0 := time.Now()
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
@@ -182,5 +199,11 @@ func TestStallMeterCountsOverlappingStallsOnce(t *testing.T) {
 		if got := m.overdueDuring(at(tc.from), at(tc.to)); got != tc.want {
 			t.Errorf("overdue during [%d ms, %d ms) = %v, want %v", tc.from, tc.to, got, tc.want)
 		}
+	}
+	if got, want := m.longestStall(at(0), at(100)), 50*time.Millisecond; got != want {
+		t.Errorf("longest stall = %v, want %v (10–60 ms merged)", got, want)
+	}
+	if got, want := m.longestStall(at(85), at(100)), 5*time.Millisecond; got != want {
+		t.Errorf("longest stall from 85 ms = %v, want %v", got, want)
 	}
 }
