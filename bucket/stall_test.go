@@ -18,13 +18,13 @@ import (
 // held through a fault, seconds long) still fails.
 //
 // One goroutine is not enough: a sleeping goroutine's timer waits in the
-// heap of the P it slept on, and while that P's thread is descheduled by
-// the host, its timers fire only when the thread runs again or an idle P
-// steals them (none is idle when the test's callers keep both busy). A CI
-// run returned six Acquires 45–75 ms late at once, released together,
-// while a single meter goroutine on the other P was never more than 7 ms
-// late. Several canaries spread over the Ps as the callers do, so one
-// stalled P shows as overdue on the canaries whose timers it holds.
+// heap of the P it slept on, and while the host deschedules that P's
+// thread, its timers fire only when the thread runs again or an idle P
+// steals them (none is idle while the test's callers keep both busy), so
+// callers can return late together while a lone meter goroutine on the
+// other P sees nothing. Several canaries spread over the Ps as the
+// callers do, and a stalled P shows as overdue on those whose timers it
+// holds.
 type stallMeter struct {
 	worst atomic.Int64 // nanoseconds
 	stop  chan struct{}

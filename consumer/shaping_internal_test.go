@@ -31,9 +31,9 @@ func parkedBefore(t *testing.T, kc *kafkaenv.Cluster, shaping, key string, off i
 // holdFetches makes the cluster answer every Fetch of topic with a
 // retriable error (the client retries it, backing off, and reads nothing)
 // until release is called (at the latest when the test ends). fetching
-// waits until a Fetch was held. It holds no request inside kfake: a
-// request slept in a control function (SleepControl) can leave kfake's
-// run loop stuck when several wake at once, a goroutine goleak reports.
+// waits for the first such answer. No request is held inside kfake:
+// requests slept in a control function (SleepControl) that wake together
+// can leave kfake's run loop stuck.
 func holdFetches(t *testing.T, kc *kafkaenv.Cluster, topic string) (fetching func(), release func()) {
 	h := kc.Fake().Fault(kfake.Fault{
 		Keys:  []kmsg.Key{kmsg.Fetch},
