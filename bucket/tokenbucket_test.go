@@ -579,21 +579,38 @@ func TestTokenBucketMarginLosesTheRoundTripAndCoversTheNextOnes(t *testing.T) {
 	}
 	p.SetLatency(latency) // each way: a round trip of 30 ms or more
 	counted := time.Duration(b.rtt.Load()) * time.Microsecond
+	began := time.Now()
 	d, err := b.Take(ctx, "", 1, 0)
+	took := time.Since(began)
 	// Its place counted the loopback round trips; the answer took at
 	// least 2×latency, and what it took beyond them came off the margin.
 	if most := max(margin+counted-2*latency, 1); err != nil || !d.Granted || d.Margin > most {
 		t.Fatalf("answered %v or more after it was sent, with a %v margin and %v of round trip counted: %+v, %v; want a margin of at most %v", 2*latency, margin, counted, d, err, most)
 	}
+	// A round trip longer than the interval is not counted (noteRTT).
 	counted = time.Duration(b.rtt.Load()) * time.Microsecond
-	if counted < 2*latency {
-		t.Fatalf("after a round trip of %v or more, the round trip counted is %v", 2*latency, counted)
+	if counted < 2*latency && took < time.Second {
+		t.Fatalf("after a round trip of %v, the round trip counted is %v", took, counted)
 	}
-	began := time.Now()
-	d, err = b.Take(ctx, "", 1, 0)
-	took := time.Since(began) // at least what the bucket measured
-	if least := margin + counted - took; err != nil || !d.Granted || d.Margin < least {
-		t.Fatalf("the next take, its place counting the %v round trip, answered in %v: %+v, %v; want a margin of at least %v", counted, took, d, err, least)
+	// The next take's margin loses only what its answer took beyond the
+	// round trip counted. Judged on a take whose answer came within half
+	// the margin of that (up to 5 tries: on a busy machine one can take
+	// longer, which leaves nothing to judge).
+	for try := 1; ; try++ {
+		counted = time.Duration(b.rtt.Load()) * time.Microsecond
+		began = time.Now()
+		d, err = b.Take(ctx, "", 1, 0)
+		took = time.Since(began) // at least what the bucket measured
+		if err != nil || !d.Granted {
+			t.Fatalf("take %d: %+v, %v", try, d, err)
+		}
+		if took-counted >= margin/2 && try < 5 {
+			continue
+		}
+		if least := margin + counted - took; d.Margin < least {
+			t.Fatalf("the next take, its place counting the %v round trip, answered in %v: %+v; want a margin of at least %v", counted, took, d, least)
+		}
+		return
 	}
 }
 
