@@ -171,6 +171,7 @@ type summary struct {
 	handled, lost int
 	twice         int64 // records whose handler returned nil more than once
 	cut           int64 // calls sent whose caller's context ended before the answer was read (the fleet's count)
+	cutShort      int64 // of them, those sent with less than -call-time left: the Transport's to prevent
 	permitWaits   int64 // handler calls with no slot or cost in time (consumer.Stats.PermitTimeouts)
 	stats         llmprovider.Stats
 	windows       []llmprovider.Tally
@@ -247,6 +248,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		nHandled  atomic.Int64
 		nTwice    atomic.Int64
 		cut       atomic.Int64
+		cutShort  atomic.Int64
 		inFlight  = make([]atomic.Int64, c.instances) // calls sent, answer not yet closed
 		killed    atomic.Int32                        // 1 + the instance killed; 0: none
 		base      = &http.Transport{MaxIdleConnsPerHost: 256}
@@ -289,7 +291,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 			// would be cut while the provider runs it on), and a call
 			// abandoned after its send keeps its slot for that time.
 			httpclient.WithCallTime(c.callTime),
-			httpclient.WithBase(&counted{base: base, inFlight: &inFlight[i], cut: &cut}),
+			httpclient.WithBase(&counted{base: base, inFlight: &inFlight[i], cut: &cut, cutShort: &cutShort, callTime: c.callTime}),
 			httpclient.WithLogger(log),
 		}
 		if prov != nil {
@@ -400,7 +402,7 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (summar
 		<-runErrs
 	}
 	s.handled = int(nHandled.Load())
-	s.twice, s.cut = nTwice.Load(), cut.Load()
+	s.twice, s.cut, s.cutShort = nTwice.Load(), cut.Load(), cutShort.Load()
 	for _, cons := range consumers {
 		s.permitWaits += cons.Stats().PermitTimeouts
 	}
@@ -496,25 +498,41 @@ func handler(client *http.Client, target string, maxTokens int64, done func(id s
 
 // counted is an instance's base RoundTripper: it counts the calls sent
 // and not yet answered (their body not closed), and the calls sent that
-// their context ended before the answer was read.
+// their context ended before the answer was read: cut, and cutShort when
+// less than callTime was left at the send. A call cut with its time left
+// at the send ran longer than callTime says; one sent short is the
+// Transport's doing (WithCallTime).
 type counted struct {
-	base     http.RoundTripper
-	inFlight *atomic.Int64
-	cut      *atomic.Int64
+	base          http.RoundTripper
+	inFlight      *atomic.Int64
+	cut, cutShort *atomic.Int64
+	callTime      time.Duration
 }
 
 func (c *counted) RoundTrip(req *http.Request) (*http.Response, error) {
+	short := false
+	if dl, ok := req.Context().Deadline(); ok {
+		short = time.Until(dl) < c.callTime
+	}
 	c.inFlight.Add(1)
 	resp, err := c.base.RoundTrip(req)
 	if err != nil {
 		c.inFlight.Add(-1)
 		if req.Context().Err() != nil {
-			c.cut.Add(1)
+			c.cutOne(short)
 		}
 		return nil, err
 	}
-	resp.Body = &countedBody{ReadCloser: resp.Body, ctx: req.Context(), c: c}
+	resp.Body = &countedBody{ReadCloser: resp.Body, ctx: req.Context(), c: c, short: short}
 	return resp, nil
+}
+
+// cutOne counts a call cut, sent short or not.
+func (c *counted) cutOne(short bool) {
+	c.cut.Add(1)
+	if short {
+		c.cutShort.Add(1)
+	}
 }
 
 // countedBody ends its call's count in flight when closed.
@@ -522,6 +540,7 @@ type countedBody struct {
 	io.ReadCloser
 	ctx       context.Context
 	c         *counted
+	short     bool // sent with less than callTime left
 	cut, shut bool
 	mu        sync.Mutex
 }
@@ -532,7 +551,7 @@ func (b *countedBody) Read(p []byte) (int, error) {
 		b.mu.Lock()
 		if !b.cut {
 			b.cut = true
-			b.c.cut.Add(1)
+			b.c.cutOne(b.short)
 		}
 		b.mu.Unlock()
 	}
