@@ -344,3 +344,44 @@ func TestCallTimeOfForeverSendsNothing(t *testing.T) {
 	}
 	assert.Zero(t, base.sent.Load(), "nothing sent")
 }
+
+// lateSlots is a Slots whose Hold grants a slot, but returns late past
+// its wait: a caller that a busy machine runs again long after its grant.
+type lateSlots struct {
+	throttle.Slots
+	late time.Duration
+}
+
+func (s lateSlots) Hold(ctx context.Context, key string, maxWait time.Duration) (func(), error) {
+	release, err := s.Slots.Hold(ctx, key, maxWait)
+	time.Sleep(s.late) // the caller runs again this late: what is tested
+	return release, err
+}
+
+// TestCallTimeChecksTheRoomAgainBeforeTheSend: a slot and permit granted
+// within the wait, but to a caller run again with less than the call's
+// time left, send nothing: the slot is given back (the permit too, where
+// the bucket can: a Refunder), and the error matches ErrTimeout and
+// context.DeadlineExceeded, as a wait cut by the call's time does.
+func TestCallTimeChecksTheRoomAgainBeforeTheSend(t *testing.T) {
+	b, err := throttle.NewLocal(1, time.Hour)
+	require.NoError(t, err)
+	lim := throttle.New(b)
+	slots, err := throttle.NewLocalSlots(1)
+	require.NoError(t, err)
+	base := &callBase{}
+	const call = 200 * time.Millisecond
+	tr := mustTransport(t, lim, httpclient.WithBase(base), httpclient.WithCallTime(call),
+		httpclient.WithConcurrency(lateSlots{Slots: slots, late: 150 * time.Millisecond}))
+
+	ctx, cancel := context.WithTimeout(context.Background(), call+100*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://provider.test/", nil)
+	require.NoError(t, err)
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, throttle.ErrTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Zero(t, base.sent.Load(), "sent with less than the call's time left")
+	assert.True(t, slotFree(slots), "the slot was not given back")
+}

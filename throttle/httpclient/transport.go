@@ -269,7 +269,10 @@ func WithConcurrency(s throttle.Slots) Option {
 //     [throttle.ErrTimeout] and context.DeadlineExceeded. A handler of
 //     package consumer then gets a permit timeout, and is called again,
 //     instead of sending a call its deadline would cut while the provider
-//     runs it on. This holds at every send of the request, the
+//     runs it on. A request granted its slot and permit within that
+//     wait, but run again with less than d left (a busy machine), is
+//     not sent either: its slot is given back, and its permit or cost
+//     where the bucket can. This holds at every send of the request, the
 //     Transport's own retries included, counting the time the sends
 //     before took: a retry whose pause would end with less than d left is
 //     not sent (the limit response is returned, see [Transport]), and a
@@ -428,6 +431,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				err = fmt.Errorf("%w (the wait ends the call's time, %v, before the context's deadline: WithCallTime)", err, call)
 			}
 			return fail(err)
+		}
+		if room, ok := roomFor(ctx, call); ok && call > 0 && room <= 0 {
+			// Granted within the wait, but this goroutine ran too late
+			// (a busy machine) to leave the call its time: not sent.
+			t.giveBack(ctx, k, grant, est)
+			return fail(noRoom(ctx, call))
 		}
 		sent := clock.Now()
 		resp, err := t.base.RoundTrip(r)
@@ -831,14 +840,20 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 		// A pause that began while we waited for a reserved permit holds
 		// too: give the permit back if we can, and wait again.
 		if t.pauseLeft(k) > 0 {
-			if grant != nil {
-				_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est)) // best effort
-			} else if r, ok := throttle.BucketAs[throttle.Refunder](k.Limiter().Bucket()); ok {
-				_ = r.Refund(ctx, k.Key(), 1) // best effort
-			}
+			t.giveBack(ctx, k, grant, est)
 			continue
 		}
 		return grant, nil
+	}
+}
+
+// giveBack returns, best effort, a permit of k or a cost grant (est its
+// estimate) taken for a request that is not sent.
+func (t *Transport) giveBack(ctx context.Context, k throttle.Keyed, grant *throttle.CostGrant, est throttle.Cost) {
+	if grant != nil {
+		_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est))
+	} else if r, ok := throttle.BucketAs[throttle.Refunder](k.Limiter().Bucket()); ok {
+		_ = r.Refund(ctx, k.Key(), 1)
 	}
 }
 
