@@ -360,8 +360,8 @@ func (s lateSlots) Hold(ctx context.Context, key string, maxWait time.Duration) 
 
 // TestCallTimeChecksTheRoomAgainBeforeTheSend: a slot and permit granted
 // within the wait, but to a caller run again with less than the call's
-// time left, send nothing: the slot is given back (the permit too, where
-// the bucket can: a Refunder), and the error matches ErrTimeout and
+// time left (by more than min(call/4, 10 ms)), send nothing: the slot is
+// given back, and the error matches ErrTimeout and
 // context.DeadlineExceeded, as a wait cut by the call's time does.
 func TestCallTimeChecksTheRoomAgainBeforeTheSend(t *testing.T) {
 	b, err := throttle.NewLocal(1, time.Hour)

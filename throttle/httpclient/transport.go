@@ -270,9 +270,10 @@ func WithConcurrency(s throttle.Slots) Option {
 //     package consumer then gets a permit timeout, and is called again,
 //     instead of sending a call its deadline would cut while the provider
 //     runs it on. A request granted its slot and permit within that
-//     wait, but run again with less than d left (a busy machine), is
-//     not sent either: its slot is given back, and its permit or cost
-//     where the bucket can. This holds at every send of the request, the
+//     wait, but run again with less than d left, by more than
+//     min(d/4, 10 ms) (a busy machine), is not sent either: its slot
+//     is given back and its cost settled at nothing; a permit stays
+//     spent. This holds at every send of the request, the
 //     Transport's own retries included, counting the time the sends
 //     before took: a retry whose pause would end with less than d left is
 //     not sent (the limit response is returned, see [Transport]), and a
@@ -432,10 +433,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return fail(err)
 		}
-		if room, ok := roomFor(ctx, call); ok && call > 0 && room <= 0 {
-			// Granted within the wait, but this goroutine ran too late
-			// (a busy machine) to leave the call its time: not sent.
-			t.giveBack(ctx, k, grant, est)
+		if ranLate(ctx, call) {
+			// Granted within the wait, but run again too late (a busy
+			// machine) to leave the call its time: not sent. The cost
+			// is settled at nothing; a permit stays spent (it may be
+			// the failure policy's, which the bucket never counted).
+			if grant != nil {
+				settleCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+				_ = grant.Settle(settleCtx, zeroOf(est)) // best effort
+				cancel()
+			}
 			return fail(noRoom(ctx, call))
 		}
 		sent := clock.Now()
@@ -840,20 +847,14 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 		// A pause that began while we waited for a reserved permit holds
 		// too: give the permit back if we can, and wait again.
 		if t.pauseLeft(k) > 0 {
-			t.giveBack(ctx, k, grant, est)
+			if grant != nil {
+				_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est)) // best effort
+			} else if r, ok := throttle.BucketAs[throttle.Refunder](k.Limiter().Bucket()); ok {
+				_ = r.Refund(ctx, k.Key(), 1) // best effort
+			}
 			continue
 		}
 		return grant, nil
-	}
-}
-
-// giveBack returns, best effort, a permit of k or a cost grant (est its
-// estimate) taken for a request that is not sent.
-func (t *Transport) giveBack(ctx context.Context, k throttle.Keyed, grant *throttle.CostGrant, est throttle.Cost) {
-	if grant != nil {
-		_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est))
-	} else if r, ok := throttle.BucketAs[throttle.Refunder](k.Limiter().Bucket()); ok {
-		_ = r.Refund(ctx, k.Key(), 1)
 	}
 }
 
@@ -1078,6 +1079,19 @@ func roomFor(ctx context.Context, call time.Duration) (room time.Duration, ok bo
 		return 0, true // also for a call time that left - call would overflow
 	}
 	return left - call, true
+}
+
+// ranLate reports that a request granted within its wait (which ends the
+// call's time before ctx's deadline) has less than that time left now,
+// by more than min(call/4, 10 ms): the room a Limiter keeps before a
+// wait's end for a busy machine to run its caller again. A caller later
+// than that was held up (a stalled process, a starved CPU).
+func ranLate(ctx context.Context, call time.Duration) bool {
+	if call <= 0 {
+		return false
+	}
+	room, ok := roomFor(ctx, call-min(call/4, 10*time.Millisecond))
+	return ok && room <= 0
 }
 
 // noRoom is the error of a send with less than the call's time left
