@@ -34,7 +34,10 @@
 // redis-server for a contender on Redis; read from /proc, Linux only);
 // calls per grant (Redis commands, counted by a go-redis hook on the
 // contender's own client, a script run, a lock attempt, a GET each
-// counting one; for Gubernator, its gRPC calls); utilization, the grants
+// counting one; for Gubernator, its gRPC calls; in limit mode, over the
+// run's steady part, from one interval after its start to its end, when it
+// lasts more than two intervals: the start's one-time costs and the asks
+// the end cuts short are not what a grant costs); utilization, the grants
 // over the most the contender's guarantee allows between the first and
 // the last grant; violations, grants the guarantee cannot account for,
 // checked on when the grants were decided (the start of the store call
@@ -304,12 +307,20 @@ func (c *config) selected() []contender {
 
 // result is what one contender did in one mode.
 type result struct {
-	name       string
-	grants     int
-	asks       int64 // acquire calls
-	elapsed    time.Duration
-	p50, p99   time.Duration
-	cmds       int64 // Redis commands, or Gubernator's gRPC calls
+	name     string
+	grants   int
+	asks     int64 // acquire calls
+	elapsed  time.Duration
+	p50, p99 time.Duration
+	cmds     int64 // Redis commands, or Gubernator's gRPC calls
+	// perGrant is cmds per grant; in limit mode, when the run lasts more
+	// than two intervals, over its steady part only: the commands from
+	// one interval after the start to the end, over the grants returned
+	// in that span. The first interval holds the one-time costs (scripts
+	// loaded, a first refill, the crowd's first asks) and the end the
+	// asks the run cut short (a placed permit given back), which say
+	// nothing of what a grant costs.
+	perGrant   float64
 	refused    int64
 	errors     int64
 	firstErr   string
@@ -389,7 +400,18 @@ func runOne(ctx context.Context, c config, ct contender, limit int64, interval t
 	meter := newCPUMeter(ct.redis, c.redisPID)
 	run, cancel := context.WithCancel(ctx)
 	defer cancel()
-	end := time.AfterFunc(d, cancel)
+	// The commands at the steady part's start and at the run's end
+	// (before the asks cut short give their permits back): see perGrant.
+	var cmdsFrom, cmdsTo atomic.Int64
+	steady := d > 2*interval // never in capacity mode (100 s)
+	if steady {
+		mark := time.AfterFunc(interval, func() { cmdsFrom.Store(hook.n.Load()) })
+		defer mark.Stop()
+	}
+	end := time.AfterFunc(d, func() {
+		cmdsTo.Store(hook.n.Load())
+		cancel()
+	})
 	defer end.Stop()
 	var (
 		workers          = make([]worker, n)
@@ -485,6 +507,16 @@ func runOne(ctx context.Context, c config, ct contender, limit int64, interval t
 	}
 	if allowed > 0 {
 		r.util = float64(len(times)) / allowed
+	}
+	if len(times) > 0 {
+		r.perGrant = float64(cmds) / float64(len(times))
+	}
+	if from := int64(interval); steady && cmdsFrom.Load() > 0 {
+		i, _ := slices.BinarySearch(times, from)
+		j, _ := slices.BinarySearch(times, int64(d))
+		if j > i {
+			r.perGrant = float64(cmdsTo.Load()-cmdsFrom.Load()) / float64(j-i)
+		}
 	}
 	if p := firstErr.Load(); p != nil {
 		r.firstErr = *p
@@ -607,7 +639,7 @@ func table(w io.Writer, rs []result, base string, limitMode bool) {
 		}
 		cmds := "—"
 		if r.grants > 0 {
-			cmds = fmt.Sprintf("%.4g", float64(r.cmds)/float64(r.grants))
+			cmds = fmt.Sprintf("%.4g", r.perGrant)
 		}
 		rows = append(rows, []string{
 			r.name, fmt.Sprintf("%.0f", r.perSec()), ratio, dur(r.p50), dur(r.p99), p99ratio,
@@ -708,7 +740,7 @@ func summary(w io.Writer, rounds [][]result, base string, limitMode bool) {
 			}
 			p50 = append(p50, float64(r.p50))
 			p99 = append(p99, float64(r.p99))
-			cmds = append(cmds, float64(r.cmds)/float64(r.grants))
+			cmds = append(cmds, r.perGrant)
 			window = append(window, float64(r.maxWindow)/float64(r.limit))
 			later = append(later, float64(r.maxWindowLater)/float64(r.limit))
 			total = append(total, float64(r.grants)/r.allowed)
