@@ -1,9 +1,11 @@
 package bucket
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,13 +19,14 @@ import (
 // queued for the next batch, never to two; only when nobody is left is it
 // lost, and the bucket counts it (see stranded).
 
-// upTo is one coalesced call's answer: the first got callers are granted
-// (caller i's Delay is delays[i] when set: the token bucket's places; with
-// step > 0, max(first + i·step, floor, 0): GCRA's reserved slots; else
-// granted's); the others get rest. An all-or-nothing take's answer is
-// granted alone.
+// upTo is one coalesced call's answer: got callers are granted, the first
+// got unless delays says otherwise (caller i's Delay is delays[i] when
+// set: the token bucket's places, each within its caller's own wait, a
+// negative one for a caller refused; with step > 0, max(first + i·step,
+// floor, 0): GCRA's reserved slots; else granted's); the others get rest.
+// An all-or-nothing take's answer is granted alone.
 type upTo struct {
-	granted throttle.Decision // for caller 0; Remaining counts after all got
+	granted throttle.Decision // the grants' template; Remaining counts after all got
 	got     int64
 	delays  []time.Duration
 	first   time.Duration
@@ -37,11 +40,11 @@ type upTo struct {
 
 // forCaller is the Decision of caller i (0-based) of a batch.
 func (u *upTo) forCaller(i int64) throttle.Decision {
-	if i >= u.got {
+	if u.delays != nil && (i >= int64(len(u.delays)) || u.delays[i] < 0) || u.delays == nil && i >= u.got {
 		return u.rest
 	}
 	d := u.granted
-	d.Remaining += u.got - 1 - i
+	d.Remaining += max(u.got-1-i, 0)
 	if d.Limit > 0 {
 		d.Remaining = min(d.Remaining, d.Limit)
 	}
@@ -59,8 +62,11 @@ func (u *upTo) forCaller(i int64) throttle.Decision {
 
 // roundTrip is a bucket's one round trip for key: n permits, all or
 // nothing, or for n < 0 up to -n, each reserved at most maxWait ahead
-// (buckets that never reserve ignore maxWait).
-type roundTrip func(ctx context.Context, key string, n int64, maxWait time.Duration) (upTo, error)
+// (buckets that never reserve ignore maxWait). For n < 0, waits, when
+// set, is each caller's own wait, in ascending order (maxWait is the
+// first): a bucket may place caller i's permit within waits[i] instead,
+// and refuse it alone (upTo.delays).
+type roundTrip func(ctx context.Context, key string, n int64, maxWait time.Duration, waits []time.Duration) (upTo, error)
 
 // takeBy is a bucket's Take over its round trip: n permits (at most
 // capacity) in a round trip of their own, all or nothing, or (n == 1)
@@ -70,7 +76,7 @@ func (b *common) takeBy(ctx context.Context, key string, n, capacity int64, maxW
 		if err := b.checkN(n, capacity); err != nil {
 			return throttle.Decision{}, err
 		}
-		u, err := run(ctx, key, n, maxWait)
+		u, err := run(ctx, key, n, maxWait, nil)
 		return u.granted, err
 	}
 	if n != 1 {
@@ -292,15 +298,27 @@ func (b *common) run(s *shard, key string, ln *line, many roundTrip) {
 	}
 }
 
-// serve makes one coalesced call for batch and hands out its answer.
+// serve makes one coalesced call for batch and hands out its answer. The
+// batch goes in order of the wait its callers have left, least first
+// (arrival order when their waits are alike): the earliest permits go to
+// those who can wait least, and a bucket that places each permit within
+// its own caller's wait refuses only those its places do not fit.
 func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many roundTrip) {
-	ctx, cancel, maxWait := batchContext(batch)
+	now := time.Now()
+	slices.SortStableFunc(batch, func(x, y *queuedTake) int {
+		return cmp.Compare(x.waitLeft(now), y.waitLeft(now))
+	})
+	waits := make([]time.Duration, len(batch))
+	for i, w := range batch {
+		waits[i] = w.waitLeft(now)
+	}
+	ctx, cancel := batchContext(batch)
 	defer cancel()
 	k := int64(len(batch))
 	if b.co.beforeBatch != nil {
 		b.co.beforeBatch(k)
 	}
-	u, err := many(ctx, key, -k, maxWait) // up to k
+	u, err := many(ctx, key, -k, waits[0], waits)
 	at := time.Now()
 	if b.co.afterBatch != nil {
 		b.co.afterBatch()
@@ -311,25 +329,36 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 		}
 		return
 	}
-	var i int64
-	for _, w := range batch {
-		// One that gave up is skipped: its permit goes to the next.
-		if w.send(answer{d: u.forCaller(i), at: at}) {
-			i++
+	// The permit of a caller that gave up goes to the next one refused
+	// that can wait for it, or to the first queued for the next batch
+	// that can; never to two.
+	var spare []int64
+	for i, w := range batch {
+		d := u.forCaller(int64(i))
+		if d.Granted {
+			if !w.send(answer{d: d, at: at}) {
+				spare = append(spare, int64(i))
+			}
+			continue
 		}
+		if len(spare) > 0 {
+			if g := u.forCaller(spare[0]); g.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: g, at: at}) {
+				spare = spare[1:]
+				continue
+			}
+		}
+		w.send(answer{d: d, at: at})
 	}
-	if i >= u.got {
+	if len(spare) == 0 {
 		return
 	}
-	// Permits left whose callers gave up: the first callers queued for
-	// the next batch take them (reserved slots only if within their wait).
 	s.mu.Lock()
 	kept := ln.q[:0]
 	for _, w := range ln.q {
-		if i < u.got && w.state.Load() == waiting {
-			d := u.forCaller(i)
+		if len(spare) > 0 && w.state.Load() == waiting {
+			d := u.forCaller(spare[0])
 			if d.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: d, at: at}) {
-				i++
+				spare = spare[1:]
 				continue
 			}
 		}
@@ -338,9 +367,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 	clear(ln.q[len(kept):])
 	ln.q = kept
 	s.mu.Unlock()
-	if i < u.got {
-		b.co.stranded.Add(u.got - i)
-	}
+	b.co.stranded.Add(int64(len(spare)))
 }
 
 // waitLeft is what is left at now of w's maxWait, which counts from its
@@ -369,29 +396,18 @@ const batchGrace = 5 * time.Millisecond
 // batchContext is the context of a coalesced call: it keeps the values of
 // the first caller's, ends batchGrace after the latest deadline among the
 // callers (none if one has none), and is not cancelled when a caller's
-// context is. The call may reserve at most the smallest wait left among
-// them.
-func batchContext(batch []*queuedTake) (context.Context, context.CancelFunc, time.Duration) {
+// context is.
+func batchContext(batch []*queuedTake) (context.Context, context.CancelFunc) {
 	base := context.WithoutCancel(batch[0].ctx)
-	now := time.Now()
-	maxWait := batch[0].waitLeft(now)
 	var latest time.Time
-	bounded := true
 	for _, w := range batch {
-		maxWait = min(maxWait, w.waitLeft(now))
 		dl, ok := w.ctx.Deadline()
 		if !ok {
-			bounded = false
-			continue
+			return context.WithCancel(base)
 		}
 		if dl.After(latest) {
 			latest = dl
 		}
 	}
-	if !bounded {
-		ctx, cancel := context.WithCancel(base)
-		return ctx, cancel, maxWait
-	}
-	ctx, cancel := context.WithDeadline(base, latest.Add(batchGrace))
-	return ctx, cancel, maxWait
+	return context.WithDeadline(base, latest.Add(batchGrace))
 }

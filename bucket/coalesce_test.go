@@ -284,6 +284,67 @@ func TestCoalescedTakeGrantsTheLimitInArrivalOrder(t *testing.T) {
 	}
 }
 
+// A coalesced token bucket call places each caller's permit within that
+// caller's own wait: at the limit, the callers that cannot wait are
+// refused and those that can are placed, in the same round trip, the
+// least wait first. (Within the smallest wait among them, as a call for
+// the batch as a whole would be, all four were refused.)
+func TestCoalescedTokenBucketRefusesOnlyTheCallersItsPlacesDoNotFit(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	ctx := context.Background()
+	const limit, period = 10, time.Second // paced 100 ms apart
+	b, err := NewTokenBucket(rdb, "each-wait", limit, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range limit {
+		if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	h := coalescingOf(t, b, "")
+	h.hold()
+	const long = 5 * time.Second
+	waits := []time.Duration{long, 0, long + time.Second, 0} // in the order they queue
+	var res []<-chan takeResult
+	for _, w := range waits {
+		res = append(res, h.queue(ctx, b, w))
+	}
+	before := hook.n.Load()
+	h.release()
+	got := make([]throttle.Decision, len(res))
+	for i, ch := range res {
+		r := <-ch
+		if r.err != nil {
+			t.Fatalf("caller %d: %v", i, r.err)
+		}
+		got[i] = r.d
+	}
+	waitInflight(t, h.c)
+	if calls := hook.n.Load() - before; calls != 1 {
+		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
+	}
+	for i, d := range got {
+		if d.Granted != (waits[i] > 0) {
+			t.Fatalf("caller %d (wait %v): %+v; want only the callers that can wait placed", i, waits[i], d)
+		}
+		if d.Granted && (d.Delay < period/2 || d.Delay > waits[i]) {
+			t.Fatalf("caller %d: placed in %v, want once the first permits stop counting, within its wait %v", i, d.Delay, waits[i])
+		}
+		if !d.Granted && d.Delay <= 0 {
+			t.Fatalf("caller %d refused with delay %v, want the time of the next place", i, d.Delay)
+		}
+	}
+	// The least wait first: the caller that queued first waits less than
+	// the third, and has the earlier place, one pace (100 ms) before it.
+	if gap := got[2].Delay - got[0].Delay; gap < 90*time.Millisecond || gap > 110*time.Millisecond {
+		t.Fatalf("places %v and %v: %v apart, want the earlier for the shorter wait, one pace apart", got[0].Delay, got[2].Delay, gap)
+	}
+}
+
 // TestCoalescedGCRAReservesWithinEachWait: a coalesced GCRA call reserves
 // one slot per caller, in arrival order, one emission interval apart,
 // each within the callers' wait; callers whose slot would come later are

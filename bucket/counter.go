@@ -66,7 +66,7 @@ func (b *Counter) Take(ctx context.Context, key string, n int64, _ time.Duration
 }
 
 // run is one round trip of counter_take.lua; n < 0 asks for up to -n.
-func (b *Counter) run(ctx context.Context, key string, n int64, _ time.Duration) (upTo, error) {
+func (b *Counter) run(ctx context.Context, key string, n int64, _ time.Duration, _ []time.Duration) (upTo, error) {
 	tag, err := b.ks.tag(b.name, key)
 	if err != nil {
 		return upTo{}, err

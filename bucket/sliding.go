@@ -77,7 +77,7 @@ func (b *SlidingLog) Take(ctx context.Context, key string, n int64, maxWait time
 }
 
 // run is one round trip of sliding.lua; n < 0 asks for up to -n permits.
-func (b *SlidingLog) run(ctx context.Context, key string, n int64, _ time.Duration) (upTo, error) {
+func (b *SlidingLog) run(ctx context.Context, key string, n int64, _ time.Duration, _ []time.Duration) (upTo, error) {
 	tag, err := b.ks.tag(b.name, key)
 	if err != nil {
 		return upTo{}, err

@@ -228,7 +228,10 @@ func tbKeys(tag string) []string {
 // time the limit allows within maxWait (see the type's doc), or refuses
 // with the earliest time one permit could have (Decision.Delay) when that
 // is beyond maxWait. Concurrent takes of one permit for the same key are
-// coalesced into one round trip (see the package doc).
+// coalesced into one round trip (see the package doc), each permit placed
+// within its own caller's maxWait. A place is within maxWait less the
+// recent round trip of a take: the caller has it only when the answer
+// comes.
 func (b *TokenBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	return b.takeBy(ctx, key, n, b.limit, maxWait, b.run)
 }
@@ -247,24 +250,34 @@ func (b *TokenBucket) keys(key string) ([]string, error) {
 
 // run is one round trip of tb_take.lua; n < 0 asks for up to -n permits.
 // The answer for an all-or-nothing take is in granted (also when refused).
-func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time.Duration) (upTo, error) {
+func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time.Duration, waits []time.Duration) (upTo, error) {
 	keys, err := b.keys(key)
 	if err != nil {
 		return upTo{}, err
-	}
-	wait := int64(-1) // no bound
-	if maxWait != throttle.Forever && maxWait < time.Duration(1<<52)*time.Microsecond {
-		wait = int64(maxWait / time.Microsecond)
 	}
 	// Each permit counts for its margin and for the round trip that
 	// places it: the script decides while the call is under way, so the
 	// permit's time may be that much earlier than Take's return says. The
 	// round trip is not known before the answer: the recent ones stand for
 	// it (rtt), and what the answer took beyond them comes off the margin
-	// (at least 1 ns: a margin of 0 bounds nothing).
+	// (at least 1 ns: a margin of 0 bounds nothing). The same round trip
+	// comes off each wait: the caller has the answer only then, and a
+	// place past its wait's end would be given back.
 	extra := b.rtt.Load()
 	known := b.ends.get(key)
-	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, n, b.limit, b.intervalUs, b.marginUs+extra, wait, known.end, known.born)
+	waitUs := func(d time.Duration) int64 {
+		if d == throttle.Forever || d >= time.Duration(1<<52)*time.Microsecond {
+			return -1 // none
+		}
+		return max(int64(d/time.Microsecond)-extra, 0) // rounded down
+	}
+	args := []any{n, b.limit, b.intervalUs, b.marginUs + extra, waitUs(maxWait), known.end, known.born}
+	if n < -1 && len(waits) == int(-n) && waits[0] != waits[len(waits)-1] {
+		for _, w := range waits {
+			args = append(args, waitUs(w))
+		}
+	}
+	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, args...)
 	took := time.Since(sent)
 	b.noteRTT(took)
 	margin := max(us(b.marginUs+extra)-took, 1)
@@ -295,9 +308,15 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 		latest = max(latest, ends[len(ends)-1])
 	}
 	b.ends.note(key, latest, born, now-b.intervalUs)
-	granted := throttle.Decision{Granted: true, Delay: us(places[0]), Margin: margin, Limit: limit, Remaining: remaining, Reset: reset}
+	got := int64(0) // places: one for each caller in turn, -1 for one refused
+	for _, p := range places {
+		if p >= 0 {
+			got++
+		}
+	}
+	granted := throttle.Decision{Granted: true, Delay: us(max(places[0], 0)), Margin: margin, Limit: limit, Remaining: remaining, Reset: reset}
 	refused.Remaining = 0
-	u := upTo{granted: granted, got: int64(len(places)) * shared, rest: refused, at: now}
+	u := upTo{granted: granted, got: got * shared, rest: refused, at: now}
 	if len(ends) == len(places) {
 		each := max(n, 1) // all n at one place, or one each
 		u.cancel = func(i int64) func(context.Context) error {
@@ -314,7 +333,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	if len(places) > 1 {
 		u.delays = make([]time.Duration, len(places))
 		for i, p := range places {
-			u.delays[i] = us(p)
+			u.delays[i] = us(p) // -1 µs for a caller refused
 		}
 	}
 	return u, nil

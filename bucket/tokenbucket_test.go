@@ -35,7 +35,7 @@ type placed struct {
 // with the places it gave.
 func takePlaces(t testing.TB, b *TokenBucket, key string, n int64, maxWait time.Duration) placed {
 	t.Helper()
-	u, err := b.run(context.Background(), key, n, maxWait)
+	u, err := b.run(context.Background(), key, n, maxWait, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +342,7 @@ func TestTokenBucketRemembersTheLatestEndOfAnUpToTake(t *testing.T) {
 	// once: still counting, the paced permit must hold one of them back.
 	ctx := context.Background()
 	for {
-		u, err := b.run(ctx, "", -limit, 0)
+		u, err := b.run(ctx, "", -limit, 0, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -676,14 +676,28 @@ func TestTokenBucketKeepsTheBoundThroughGiveBacksAndPruning(t *testing.T) {
 						n = -(1 + rng.Int64N(5))
 					}
 					wait := waits[rng.IntN(len(waits))]
-					u, err := b.run(context.Background(), "", n, wait)
+					var each []time.Duration // an up-to take's callers' own waits, half the time
+					if n < -1 && rng.IntN(2) == 0 {
+						for range -n {
+							each = append(each, waits[rng.IntN(len(waits))])
+						}
+						slices.Sort(each)
+						wait = each[0]
+					}
+					u, err := b.run(context.Background(), "", n, wait, each)
 					if err != nil {
 						t.Error(err)
 						return
 					}
 					var kept []int64
-					for i := range u.got {
+					for i := range max(-n, 1) {
 						d := u.forCaller(i)
+						if !d.Granted {
+							continue
+						}
+						if each != nil && d.Delay > each[i] {
+							t.Errorf("caller %d placed in %v, beyond its wait %v", i, d.Delay, each[i])
+						}
 						reps := int64(1)
 						if n > 0 {
 							reps = n

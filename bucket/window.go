@@ -69,7 +69,7 @@ func checkTiers(name string, tiers []throttle.Tier) error {
 }
 
 // run is one round trip of window.lua; n < 0 asks for up to -n permits.
-func (w *windows) run(ctx context.Context, key string, n int64, _ time.Duration) (upTo, error) {
+func (w *windows) run(ctx context.Context, key string, n int64, _ time.Duration, _ []time.Duration) (upTo, error) {
 	tag, err := w.ks.tag(w.name, key)
 	if err != nil {
 		return upTo{}, err

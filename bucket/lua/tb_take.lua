@@ -25,12 +25,18 @@
 --          µs; 0 for none (see Schedule:lost)
 -- ARGV[7]  when the schedule that end is in was born, µs (a reply's
 --          born); 0 for unknown
+-- ARGV[8..] optional, for an up-to take: each caller's wait (as ARGV[5],
+--          which is the first), in ascending order; permit i is placed
+--          within the i-th, and a caller its place does not fit is
+--          refused alone
 --
 -- Returns {status, limit, remaining, reset, now, later, born, d1, ..., dk,
 -- e1, ..., ek} (µs), or {..., born, -k, d, e} when k permits of an up-to
 -- take share one place:
 --   status 1: granted; d_i is permit i's place less now (one place for
---             n), e_i the end it is recorded under (for tb_giveback.lua).
+--             n), e_i the end it is recorded under (for tb_giveback.lua);
+--             d_i = -1 and e_i = 0 for a caller refused within waits
+--             given (ARGV[8..]).
 --   status 0: refused, no place within the wait (or a pause).
 --   status 4: n is above the limit and can never be granted.
 -- later: for a refusal, or the permits of an up-to take left without a
@@ -86,6 +92,10 @@ local function place(c)
   return p, w, s:add(p + margin, c)
 end
 local out, ends, later = {}, {}, -1
+local waits, single = {}, false
+if upTo then
+  for i = 8, #ARGV do waits[#waits + 1] = tonumber(ARGV[i]) end
+end
 if upTo and n > 1 and pace == 0 then
   -- Unpaced, an up-to take's permits that fit at once share one place.
   local c = math.min(n, limit - s.count)
@@ -96,16 +106,22 @@ if upTo and n > 1 and pace == 0 then
     if s:changed() then s:save() end
     return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -c, p - now, e}
   end
-  n = 1 -- none fit at once: one permit's earliest place, as below
+  single = true -- none fit at once: one permit's earliest place, as below
 end
-for _ = 1, upTo and n or 1 do
+for i = 1, upTo and n or 1 do
+  maxWait = waits[i] or maxWait
   local p, w, e = place(upTo and 1 or n)
   if p == nil then
     later = (w or now + interval) - now
-    break
+    -- A later caller, which can wait longer, may still fit.
+    if w == nil or waits[i + 1] == nil then break end
+    out[i], ends[i] = -1, 0
+  else
+    out[i], ends[i] = p - now, e
+    if single then break end
   end
-  out[#out + 1], ends[#ends + 1] = p - now, e
 end
+while out[#out] == -1 do out[#out], ends[#ends] = nil, nil end
 if s:changed() then s:save() end
 local res = {#out > 0 and 1 or 0, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born}
 for _, d in ipairs(out) do res[#res + 1] = d end
