@@ -32,9 +32,10 @@
 // included); CPU time per 1,000 grants of the processes involved (this
 // one, which holds the callers and any Gubernator daemon, and the
 // redis-server for a contender on Redis; read from /proc, Linux only);
-// calls per grant (Redis commands, counted by a go-redis hook on the
+// calls per grant (Redis round trips, counted by a go-redis hook on the
 // contender's own client, a script run, a lock attempt, a GET each
-// counting one; for Gubernator, its gRPC calls; in limit mode, over the
+// counting one, and a pipeline one however many commands it holds; for
+// Gubernator, its gRPC calls; in limit mode, over the
 // run's steady part, from one interval after its start to its end, when it
 // lasts more than two intervals: the start's one-time costs and the asks
 // the end cuts short are not what a grant costs); utilization, the grants
@@ -587,8 +588,8 @@ func warmUp(ctx context.Context, rdb *redis.Client, n int) error {
 	return nil
 }
 
-// counter is a go-redis hook that counts commands (a pipeline counts each
-// of its commands).
+// counter is a go-redis hook that counts round trips: a command, or a
+// pipeline of several (headway's heartbeat rides on a take's trip).
 type counter struct{ n atomic.Int64 }
 
 func (h *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -602,7 +603,7 @@ func (h *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
+		h.n.Add(1)
 		return next(ctx, cmds)
 	}
 }
