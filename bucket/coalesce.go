@@ -15,9 +15,10 @@ import (
 
 // Coalesced takes: what they do and guarantee is in the package doc
 // ("Coalesced takes"). The permit of a caller that gave up while its batch
-// was in flight goes to a later caller of the batch, or to the first still
-// queued for the next batch, never to two; only when nobody is left is it
-// lost, and the bucket counts it (see stranded).
+// was in flight goes to a later caller of the batch that was refused and
+// can wait for it, or to the first still queued for the next batch that
+// can, never to two; only when nobody is left is it lost, and the bucket
+// counts it (see stranded).
 
 // upTo is one coalesced call's answer: got callers are granted, the first
 // got unless delays says otherwise (caller i's Delay is delays[i] when
@@ -32,7 +33,7 @@ type upTo struct {
 	first   time.Duration
 	step    time.Duration
 	floor   time.Duration
-	rest    throttle.Decision // for callers beyond got: not granted
+	rest    throttle.Decision // for the callers not granted
 	at      int64             // when the store decided, µs on its clock (the token bucket's; 0 unknown)
 	// cancel, when set, is caller i's Decision.Cancel.
 	cancel func(i int64) func(context.Context) error
@@ -44,7 +45,16 @@ func (u *upTo) forCaller(i int64) throttle.Decision {
 		return u.rest
 	}
 	d := u.granted
-	d.Remaining += max(u.got-1-i, 0)
+	after := u.got - 1 - i // granted after caller i
+	if u.delays != nil {
+		after = 0
+		for _, x := range u.delays[i+1:] {
+			if x >= 0 {
+				after++
+			}
+		}
+	}
+	d.Remaining += after
 	if d.Limit > 0 {
 		d.Remaining = min(d.Remaining, d.Limit)
 	}
@@ -98,6 +108,9 @@ type coalescer struct {
 	stranded atomic.Int64
 	// stallAfter: see the constant; tests that hold a line set it longer.
 	stallAfter time.Duration
+	// byWait: the bucket's round trip places each caller within its own
+	// wait (roundTrip's waits): batches go least wait first.
+	byWait bool
 	// beforeBatch, when set (tests only), runs before each coalesced
 	// call with its k; afterBatch after its answer came, before it is
 	// handed out (a runner descheduled then, on a busy machine).
@@ -298,19 +311,26 @@ func (b *common) run(s *shard, key string, ln *line, many roundTrip) {
 	}
 }
 
-// serve makes one coalesced call for batch and hands out its answer. The
+// serve makes one coalesced call for batch and hands out its answer. For
+// a bucket that places each caller within its own wait (byWait), the
 // batch goes in order of the wait its callers have left, least first
-// (arrival order when their waits are alike): the earliest permits go to
-// those who can wait least, and a bucket that places each permit within
-// its own caller's wait refuses only those its places do not fit.
+// (arrival order when their waits are alike): the earliest places go to
+// those who can wait least, and the bucket refuses only those its places
+// do not fit. Otherwise it goes in arrival order.
 func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many roundTrip) {
 	now := time.Now()
-	slices.SortStableFunc(batch, func(x, y *queuedTake) int {
-		return cmp.Compare(x.waitLeft(now), y.waitLeft(now))
-	})
-	waits := make([]time.Duration, len(batch))
-	for i, w := range batch {
-		waits[i] = w.waitLeft(now)
+	if b.co.byWait {
+		slices.SortStableFunc(batch, func(x, y *queuedTake) int {
+			return cmp.Compare(x.waitLeft(now), y.waitLeft(now))
+		})
+	}
+	var waits []time.Duration
+	least := batch[0].waitLeft(now)
+	for _, w := range batch {
+		least = min(least, w.waitLeft(now))
+		if b.co.byWait {
+			waits = append(waits, w.waitLeft(now))
+		}
 	}
 	ctx, cancel := batchContext(batch)
 	defer cancel()
@@ -318,7 +338,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 	if b.co.beforeBatch != nil {
 		b.co.beforeBatch(k)
 	}
-	u, err := many(ctx, key, -k, waits[0], waits)
+	u, err := many(ctx, key, -k, least, waits)
 	at := time.Now()
 	if b.co.afterBatch != nil {
 		b.co.afterBatch()
@@ -329,9 +349,9 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 		}
 		return
 	}
-	// The permit of a caller that gave up goes to the next one refused
-	// that can wait for it, or to the first queued for the next batch
-	// that can; never to two.
+	// The permit of a caller that gave up (the earliest such first) goes
+	// to the next one refused that can wait for it, or to the first
+	// queued for the next batch that can; never to two.
 	var spare []int64
 	for i, w := range batch {
 		d := u.forCaller(int64(i))

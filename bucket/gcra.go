@@ -84,8 +84,8 @@ func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.D
 // Take implements [throttle.Bucket]: it grants, or reserves a slot at most
 // maxWait ahead (Decision.Delay). Concurrent takes of one permit for the
 // same key are coalesced into one round trip (see the package doc): each
-// caller gets its own slot, the least wait left first, within the smallest
-// maxWait among them.
+// caller gets its own slot, in arrival order, within the smallest maxWait
+// among them.
 func (b *GCRA) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	return b.takeBy(ctx, key, n, b.burst, maxWait, b.run)
 }

@@ -191,6 +191,7 @@ func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval
 		return nil, err
 	}
 	c.name = "bucket: TokenBucket"
+	c.co.byWait = true // run places each caller of a batch within its own wait
 	return &TokenBucket{
 		common:     c,
 		limit:      limit,

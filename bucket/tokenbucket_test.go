@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -487,6 +489,121 @@ func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
 	if sum != count || count != int64(placedN) {
 		t.Fatalf("%d permits placed; the entries hold %d, the header says %d", placedN, sum, count)
 	}
+}
+
+// An up-to take with each caller's wait, at the limit: the callers that
+// cannot wait are refused with the earliest place left after the places
+// given to the others (not one of those places), and Remaining counts the
+// permits granted after each caller's, not the callers refused.
+func TestTokenBucketCallersRefusedInABatchAreToldThePlaceLeft(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	const limit, interval = 10, time.Second // paced 100 ms apart
+	b := newTB(t, srv.Client(), "place-left", limit, interval)
+	for range limit { // places 0, 100, ..., 900 ms ahead
+		if p := takePlaces(t, b, "", 1, throttle.Forever); len(p.places) != 1 {
+			t.Fatalf("placed %v, want one place", p.places)
+		}
+	}
+	waits := []time.Duration{0, 5 * time.Second, 5 * time.Second}
+	u, err := b.run(ctx, "", -3, waits[0], waits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, first, second := u.forCaller(0), u.forCaller(1), u.forCaller(2)
+	if refused.Granted || !first.Granted || !second.Granted {
+		t.Fatalf("decisions %+v, %+v, %+v; want the caller without a wait refused, the others placed", refused, first, second)
+	}
+	if refused.Delay <= second.Delay {
+		t.Fatalf("refused with %v, a place given to another (%v, %v); want the earliest left after them", refused.Delay, first.Delay, second.Delay)
+	}
+	// None left at once (the limit counts now), and one granted after the
+	// first caller's.
+	if first.Remaining != 1 || second.Remaining != 0 {
+		t.Fatalf("Remaining %d then %d, want 1 then 0", first.Remaining, second.Remaining)
+	}
+}
+
+// Unpaced (above 1,000 permits a second), an up-to take finding no room
+// at once gives each caller its earliest place within its wait, not one
+// caller alone.
+func TestTokenBucketUnpacedBatchAtTheLimitPlacesEveryCallerThatCanWait(t *testing.T) {
+	srv := redisenv.New(t)
+	const limit, interval = 2000, time.Second
+	b := newTB(t, srv.Client(), "unpaced", limit, interval)
+	if p := takePlaces(t, b, "", -limit, 0); len(p.places) != limit {
+		t.Fatalf("%d placed at once, want the limit", len(p.places))
+	}
+	const wait = 2 * time.Second
+	p := takePlaces(t, b, "", -4, wait)
+	if len(p.places) != 4 {
+		t.Fatalf("%d of 4 callers placed, want every one (each can wait %v)", len(p.places), wait)
+	}
+	for _, x := range p.places {
+		if d := time.Duration(x-p.asked) * time.Microsecond; d < interval/2 || d > wait {
+			t.Fatalf("placed %v ahead, want once the first permits stop counting, within %v", d, wait)
+		}
+	}
+}
+
+// The schedule's header keeps the count of its entries, so that a take
+// reads the list's head and tail without asking its length, and the
+// list lives until its last entry's slot and an interval more have
+// passed, so that a take merging permits into that entry need not set it
+// again. A header an earlier version wrote (without the count) is read
+// as it is and written back with it.
+func TestTokenBucketScheduleHeaderKeepsItsLengthAndExpiry(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const limit, interval = 50, 2560 * time.Millisecond // paced 51.2 ms apart, slots of 10 ms
+	b := newTB(t, rdb, "header", limit, interval)
+	key := b.rootKeys[0]
+	check := func(when string) {
+		t.Helper()
+		list, err := rdb.LRange(ctx, key, 0, -1).Result()
+		if err != nil || len(list) < 2 {
+			t.Fatalf("%s: schedule %q, %v", when, list, err)
+		}
+		f := strings.Fields(list[0])
+		if len(f) != 7 || f[6] != strconv.Itoa(len(list)-1) {
+			t.Fatalf("%s: header %q for %d entries, want 7 fields, the last the entries", when, list[0], len(list)-1)
+		}
+		var end, n int64
+		if _, err := fmt.Sscanf(list[len(list)-1], "%d %d", &end, &n); err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := rdb.PTTL(ctx, key).Result()
+		now, err2 := rdb.Time(ctx).Result()
+		if err != nil || err2 != nil {
+			t.Fatal(err, err2)
+		}
+		if counts := time.Duration(end-now.UnixMicro())*time.Microsecond + interval; ttl < counts {
+			t.Fatalf("%s: the schedule expires in %v, before its last permit stops counting (%v)", when, ttl, counts)
+		}
+	}
+	for range 8 {
+		if p := takePlaces(t, b, "", -1, throttle.Forever); len(p.places) != 1 {
+			t.Fatalf("placed %v, want one place", p.places)
+		}
+	}
+	check("8 paced takes")
+	// An earlier version's header: six fields.
+	list, err := rdb.LRange(ctx, key, 0, 0).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(list[0])
+	if err := rdb.LSet(ctx, key, 0, strings.Join(f[:6], " ")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.PExpire(ctx, key, interval).Err(); err != nil { // shorter than its last permit counts
+		t.Fatal(err)
+	}
+	if p := takePlaces(t, b, "", 1, 0); len(p.places) != 1 {
+		t.Fatalf("placed %v, want one place now", p.places)
+	}
+	check("a take after an earlier version's header")
 }
 
 // TestTokenBucketGivesBackAPermitThatWillNotBeSent: a permit given back

@@ -39,8 +39,9 @@
 --             given (ARGV[8..]).
 --   status 0: refused, no place within the wait (or a pause).
 --   status 4: n is above the limit and can never be granted.
--- later: for a refusal, or the permits of an up-to take left without a
--- place, the earliest place one more could have, less now; else -1.
+-- later: for a refusal, or callers of an up-to take left without a place,
+-- the earliest place they could have after the places given, less now;
+-- else -1.
 -- remaining: LIMIT less the permits counting at now, at least 0 (-1 in a
 -- pause); reset: until the last of them stops counting; born: when the
 -- schedule was born (0 when not read).
@@ -60,9 +61,9 @@ if pause > 0 then return {0, limit, -1, pause * 1000, now, pause * 1000, 0} end
 local one = upTo and 1 or n
 if known == 0 and (not upTo or n == 1) and redis.call('EXISTS', KEYS[1]) == 0 then
   local e = now + margin
-  redis.call('RPUSH', KEYS[1], string.format('%d %d 1 0 %d %d', one, math.ceil(now + one * interval / limit), limit, now),
+  redis.call('RPUSH', KEYS[1], string.format('%d %d 1 0 %d %d 1', one, math.ceil(now + one * interval / limit), limit, now),
     string.format('%d %d', e, one))
-  redis.call('PEXPIRE', KEYS[1], math.floor((e + interval - now) / 1000) + 1)
+  redis.call('PEXPIRE', KEYS[1], expiry(e, math.max(math.floor(interval / 256), 1), interval, now))
   return {1, limit, limit - one, e + interval - now, now, -1, now, 0, e}
 end
 local s = openSchedule(KEYS[1], interval, now)
@@ -92,7 +93,7 @@ local function place(c)
   return p, w, s:add(p + margin, c)
 end
 local out, ends, later = {}, {}, -1
-local waits, single = {}, false
+local waits = {}
 if upTo then
   for i = 8, #ARGV do waits[#waits + 1] = tonumber(ARGV[i]) end
 end
@@ -106,22 +107,24 @@ if upTo and n > 1 and pace == 0 then
     if s:changed() then s:save() end
     return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -c, p - now, e}
   end
-  single = true -- none fit at once: one permit's earliest place, as below
+  -- None fit at once: each its earliest place, as below.
 end
+local refused = false
 for i = 1, upTo and n or 1 do
   maxWait = waits[i] or maxWait
   local p, w, e = place(upTo and 1 or n)
   if p == nil then
-    later = (w or now + interval) - now
+    refused = true
     -- A later caller, which can wait longer, may still fit.
     if w == nil or waits[i + 1] == nil then break end
     out[i], ends[i] = -1, 0
   else
     out[i], ends[i] = p - now, e
-    if single then break end
   end
 end
 while out[#out] == -1 do out[#out], ends[#ends] = nil, nil end
+-- After the places given: the earliest a caller refused could have.
+if refused then later = (s:earliest(upTo and 1 or n, limit) or now + interval) - now end
 if s:changed() then s:save() end
 local res = {#out > 0 and 1 or 0, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born}
 for _, d in ipairs(out) do res[#res + 1] = d end
