@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -544,30 +542,39 @@ func TestTokenBucketUnpacedBatchAtTheLimitPlacesEveryCallerThatCanWait(t *testin
 			t.Fatalf("placed %v ahead, want once the first permits stop counting, within %v", d, wait)
 		}
 	}
+	// Room for one at once: the callers that can wait are placed later,
+	// not refused.
+	other := newTB(t, srv.Client(), "unpaced-room", limit, interval)
+	if p := takePlaces(t, other, "", -(limit - 1), 0); len(p.places) != limit-1 {
+		t.Fatalf("%d placed at once, want %d", len(p.places), limit-1)
+	}
+	waits := []time.Duration{0, wait, wait}
+	u, err := other.run(context.Background(), "", -3, waits[0], waits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range waits {
+		if d := u.forCaller(int64(i)); !d.Granted || d.Delay > w {
+			t.Fatalf("caller %d (wait %v): %+v; want each placed within its wait", i, w, d)
+		}
+	}
 }
 
-// The schedule's header keeps the count of its entries, so that a take
-// reads the list's head and tail without asking its length, and the
-// list lives until its last entry's slot and an interval more have
-// passed, so that a take merging permits into that entry need not set it
-// again. A header an earlier version wrote (without the count) is read
-// as it is and written back with it.
-func TestTokenBucketScheduleHeaderKeepsItsLengthAndExpiry(t *testing.T) {
+// The schedule lives until its last permit stops counting, also when a
+// fleet redeployed with a longer interval merges a permit into its last
+// entry.
+func TestTokenBucketScheduleOutlivesItsLastPermit(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
 	ctx := context.Background()
 	const limit, interval = 50, 2560 * time.Millisecond // paced 51.2 ms apart, slots of 10 ms
-	b := newTB(t, rdb, "header", limit, interval)
+	b := newTB(t, rdb, "outlives", limit, interval)
 	key := b.rootKeys[0]
-	check := func(when string) {
+	check := func(when string, interval time.Duration) {
 		t.Helper()
 		list, err := rdb.LRange(ctx, key, 0, -1).Result()
 		if err != nil || len(list) < 2 {
 			t.Fatalf("%s: schedule %q, %v", when, list, err)
-		}
-		f := strings.Fields(list[0])
-		if len(f) != 7 || f[6] != strconv.Itoa(len(list)-1) {
-			t.Fatalf("%s: header %q for %d entries, want 7 fields, the last the entries", when, list[0], len(list)-1)
 		}
 		var end, n int64
 		if _, err := fmt.Sscanf(list[len(list)-1], "%d %d", &end, &n); err != nil {
@@ -587,23 +594,12 @@ func TestTokenBucketScheduleHeaderKeepsItsLengthAndExpiry(t *testing.T) {
 			t.Fatalf("placed %v, want one place", p.places)
 		}
 	}
-	check("8 paced takes")
-	// An earlier version's header: six fields.
-	list, err := rdb.LRange(ctx, key, 0, 0).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := strings.Fields(list[0])
-	if err := rdb.LSet(ctx, key, 0, strings.Join(f[:6], " ")).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.PExpire(ctx, key, interval).Err(); err != nil { // shorter than its last permit counts
-		t.Fatal(err)
-	}
-	if p := takePlaces(t, b, "", 1, 0); len(p.places) != 1 {
+	check("8 paced takes", interval)
+	longer := newTB(t, rdb, "outlives", limit, 10*interval)
+	if p := takePlaces(t, longer, "", 1, 0); len(p.places) != 1 {
 		t.Fatalf("placed %v, want one place now", p.places)
 	}
-	check("a take after an earlier version's header")
+	check("a take with a longer interval", 10*interval)
 }
 
 // TestTokenBucketGivesBackAPermitThatWillNotBeSent: a permit given back

@@ -10,53 +10,41 @@
 -- any span of INTERVAL: what a provider counting arrivals sees, whatever
 -- the callers' waits, processes or leases.
 --
--- A schedule is one list. Element 0: "count tat cur before limit born
--- len": count, the permits its entries hold; tat, the pace's next place
--- (µs); cur and before, where the last search stopped (an entry's index,
--- the permits in the entries before it: the next search starts there);
--- limit, the limit of the last write (for State); born, when the schedule
--- began (µs: one started again after Redis lost it has another); len, the
--- entries (absent when an earlier version wrote the header: then read).
--- Elements 1..: entries "end count", a count of permits whose ends are at
--- most end, in order of end; an entry holds the ends of one slot of
--- INTERVAL/256. The list expires when the last entry's slot has ended and
--- an interval more has passed: after its last permit stops counting, and
--- set again only when an entry is added.
+-- A schedule is one list. Element 0: "count tat cur before limit born":
+-- count, the permits its entries hold; tat, the pace's next place (µs);
+-- cur and before, where the last search stopped (an entry's index, the
+-- permits in the entries before it: the next search starts there); limit,
+-- the limit of the last write (for State); born, when the schedule began
+-- (µs: one started again after Redis lost it has another). Elements 1..:
+-- entries "end count", a count of permits whose ends are at most end,
+-- in order of end; an entry holds the ends of one slot of INTERVAL/256.
+-- The list expires when its last entry stops counting.
 
 local Schedule = {}
 Schedule.__index = Schedule
 
 -- openSchedule reads the schedule under key at now (µs) for a limit of
 -- interval (µs): entries that stopped counting go (up to 64 a call;
--- each call adds at most one for every permit it places). Entries are
--- read four at a time, and parsed when first used.
+-- each call adds at most one for every permit it places).
 local function openSchedule(key, interval, now)
   local s = setmetatable({key = key, interval = interval, now = now,
     grid = math.max(math.floor(interval / 256), 1),
-    count = 0, tat = 0, cur = 1, before = 0, raw = {}, stored = {}, added = {}}, Schedule)
-  local r = redis.pcall('LRANGE', key, 0, 4)
-  if r.err then
+    count = 0, tat = 0, cur = 1, before = 0, stored = {}, added = {}}, Schedule)
+  s.head = redis.pcall('LINDEX', key, 0)
+  if type(s.head) == 'table' then
     -- Not a list: the previous version's key (the token bucket's tokens
     -- before issue 41, a string expiring at its period's end), met during
     -- an upgrade. Read as no schedule; older is until when its grants may
     -- still be sent (its Limiters spread them over the period), for the
     -- caller to count; save replaces the key.
-    s.older = now + math.max(redis.call('PTTL', key), 0) * 1000
-  else
-    s.head = r[1]
-    for i = 2, #r do s.raw[i - 1] = r[i] end
+    s.head, s.older = nil, now + math.max(redis.call('PTTL', key), 0) * 1000
   end
   s.limit, s.len = 0, 0
   if s.head then
-    local a, b, c, d, _, f, g = string.match(s.head, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*)')
+    local a, b, c, d = string.match(s.head, '(%S+) (%S+) (%S+) (%S+)')
     s.count, s.tat, s.cur, s.before = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
-    s.born, s.len = tonumber(f), tonumber(g)
-    s.known = s.len ~= nil -- the expiry covers the last entry's slot
-    if #r < 5 then
-      s.len = #r - 1
-    elseif s.len == nil then
-      s.len = redis.call('LLEN', key) - 1
-    end
+    s.born = tonumber(string.match(s.head, '^%S+ %S+ %S+ %S+ %S+ (%S+)') or '')
+    s.len = redis.call('LLEN', key) - 1
   end
   if s.born == nil or s.born <= 0 then s.born = now end -- begun now (or by an older version)
   local gone, dropped = 0, 0
@@ -76,18 +64,14 @@ end
 -- call added), nil past the last.
 function Schedule:entry(i)
   if i > self.len then return self.added[i - self.len] end
-  local x = self.stored[i]
-  if x == nil then
-    local v = self.raw[i]
-    if v == nil then
-      for j, w in ipairs(redis.call('LRANGE', self.key, i, i + 3)) do self.raw[i + j - 1] = w end
-      v = self.raw[i]
+  if self.stored[i] == nil then
+    local r = redis.call('LRANGE', self.key, i, i + 3)
+    for j, v in ipairs(r) do
+      local e, c = string.match(v, '(%S+) (%S+)')
+      self.stored[i + j - 1] = {tonumber(e), tonumber(c)}
     end
-    local e, c = string.match(v, '(%S+) (%S+)')
-    x = {tonumber(e), tonumber(c)}
-    self.stored[i] = x
   end
-  return x
+  return self.stored[i]
 end
 
 -- add counts c permits ending at e, merged into the tail's slot, and
@@ -176,20 +160,12 @@ function Schedule:changed()
   return self.gone > 0 or #self.added > 0 or self.dirty == true or (self.tail ~= nil and self.tail.dirty == true)
 end
 
--- expiry is the TTL (ms) of a schedule whose last entry ends at e: until
--- that entry's slot has ended and an interval more has passed, so that
--- permits merged into the entry later need no new expiry.
-local function expiry(e, grid, interval, now)
-  return math.floor(((math.floor(e / grid) + 1) * grid + interval - now) / 1000) + 1
-end
-
 -- save writes back what changed (the popped entries, the entries
 -- changed, the new ones, the header) and the expiry.
 function Schedule:save()
   local key = self.key
   if self.older then redis.call('DEL', key) end
-  local hdr = string.format('%d %d %d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before,
-    self.limit, self.born, self.len - self.gone + #self.added)
+  local hdr = string.format('%d %d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before, self.limit, self.born)
   local last = self.last
   for i, x in pairs(self.stored) do -- before the trim below: indices as read
     if x.dirty and i > self.gone then
@@ -210,13 +186,12 @@ function Schedule:save()
   else
     redis.call('LSET', key, 0, hdr)
   end
-  if last == nil then
+  if last then
+    redis.call('PEXPIRE', key, math.floor((last[1] + self.interval - self.now) / 1000) + 1)
+  else
     redis.call('DEL', key) -- nothing counts any more
-  elseif #self.added > 0 or not self.known then
-    redis.call('PEXPIRE', key, expiry(last[1], self.grid, self.interval, self.now))
   end
 end
-
 
 -- reset is the time until the schedule's last permit stops counting.
 function Schedule:reset()

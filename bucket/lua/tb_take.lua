@@ -61,9 +61,9 @@ if pause > 0 then return {0, limit, -1, pause * 1000, now, pause * 1000, 0} end
 local one = upTo and 1 or n
 if known == 0 and (not upTo or n == 1) and redis.call('EXISTS', KEYS[1]) == 0 then
   local e = now + margin
-  redis.call('RPUSH', KEYS[1], string.format('%d %d 1 0 %d %d 1', one, math.ceil(now + one * interval / limit), limit, now),
+  redis.call('RPUSH', KEYS[1], string.format('%d %d 1 0 %d %d', one, math.ceil(now + one * interval / limit), limit, now),
     string.format('%d %d', e, one))
-  redis.call('PEXPIRE', KEYS[1], expiry(e, math.max(math.floor(interval / 256), 1), interval, now))
+  redis.call('PEXPIRE', KEYS[1], math.floor((e + interval - now) / 1000) + 1)
   return {1, limit, limit - one, e + interval - now, now, -1, now, 0, e}
 end
 local s = openSchedule(KEYS[1], interval, now)
@@ -97,17 +97,12 @@ local waits = {}
 if upTo then
   for i = 8, #ARGV do waits[#waits + 1] = tonumber(ARGV[i]) end
 end
-if upTo and n > 1 and pace == 0 then
-  -- Unpaced, an up-to take's permits that fit at once share one place.
-  local c = math.min(n, limit - s.count)
-  local p, w, e
-  if c > 0 then p, w, e = place(c) end
-  if p then
-    if c < n then later = (s:earliest(1, limit) or now + interval) - now end
-    if s:changed() then s:save() end
-    return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -c, p - now, e}
-  end
-  -- None fit at once: each its earliest place, as below.
+if upTo and n > 1 and pace == 0 and n <= limit - s.count then
+  -- Unpaced, an up-to take's permits that all fit at once share one place
+  -- (else each has its own, as below).
+  local p, _, e = place(n)
+  if s:changed() then s:save() end
+  return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -n, p - now, e}
 end
 local refused = false
 for i = 1, upTo and n or 1 do
