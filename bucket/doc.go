@@ -55,28 +55,28 @@
 // moment, and the script grants as many as it can, from 1 to k, at once.
 // The first callers in arrival order get them; the others get the refusal
 // the script gave for the rest (the period's end, the next slot) and wait
-// as they would have. So under load a process makes one
-// round trip per batch, not per caller (64 goroutines: about 0.03–0.04
-// commands per grant), with no permit taken ahead of demand and none
-// refunded: each bucket's guarantee holds as it is, because the script
-// counts an up-to-k take exactly as k takes of one. The [TokenBucket]
-// takes its batch in order of the wait its callers have left, least first
-// (arrival order when their waits are alike), places each caller's permit
-// within that caller's own wait, and refuses alone a caller whose wait its
-// place does not fit; [GCRA] reserves one slot per caller, in arrival
-// order, within the smallest wait among them.
+// as they would have. So under load a process makes one round trip per
+// batch, not per caller (64 goroutines: about 0.03–0.04 commands per
+// grant), with no permit taken ahead of demand and none refunded: each
+// bucket's guarantee holds as it is, because the script counts an up-to-k
+// take exactly as k takes of one. The [TokenBucket] takes its batch in
+// order of the wait its callers have left, least first (arrival order when
+// their waits are alike), places each caller's permit within that caller's
+// own wait, and refuses alone a caller whose wait its place does not fit;
+// [GCRA] reserves one slot per caller, in arrival order, within the
+// smallest wait among them.
 //
 // A take of n > 1 permits (AcquireN) is not coalesced: it goes to Redis on
 // its own, all or nothing. A caller whose context ends while queued leaves
-// the queue; one whose context ends while its batch is in flight returns
-// at once with a [*throttle.BackendError] (as an uncoalesced call cut off
+// the queue; one whose context ends while its batch is in flight returns at
+// once with a [*throttle.BackendError] (as an uncoalesced call cut off
 // mid-flight does), and the permit the batch took for it goes to a later
-// caller of the batch that was refused and can wait for it, or to the
-// next caller in line that can, or, if none is left, is lost as an
-// abandoned uncoalesced call's permit is. A batch runs on a goroutine of its own that ends when
-// its call returns, at the latest a few milliseconds after the latest
-// deadline of its callers. When a call in flight has not returned for
-// 50 ms (a dead connection), one caller of its key at a time asks Redis
+// caller of the batch that was refused and can wait for it, or to the next
+// caller in line that can, or, if none is left, is lost as an abandoned
+// uncoalesced call's permit is. A batch runs on a goroutine of its own that
+// ends when its call returns, at the latest a few milliseconds after the
+// latest deadline of its callers. When a call in flight has not returned
+// for 50 ms (a dead connection), one caller of its key at a time asks Redis
 // around it; the others stay in line.
 //
 // # Keys and Redis Cluster
