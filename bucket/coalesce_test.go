@@ -93,6 +93,10 @@ func (h *coalescing) release() {
 type takeResult struct {
 	d   throttle.Decision
 	err error
+	// place is when the grant is the caller's (d.Delay from Take's
+	// return): callers woken apart on a busy machine have Delays that
+	// differ by as much, and places that do not.
+	place time.Time
 }
 
 // queue starts a Take of one permit and waits until it is queued, so that
@@ -103,7 +107,7 @@ func (h *coalescing) queue(ctx context.Context, b throttle.Bucket, maxWait time.
 	ch := make(chan takeResult, 1)
 	go func() {
 		d, err := b.Take(ctx, h.key, 1, maxWait)
-		ch <- takeResult{d, err}
+		ch <- takeResult{d, err, time.Now().Add(d.Delay)}
 	}()
 	h.waitQueued(n + 1)
 	return ch
@@ -316,12 +320,13 @@ func TestCoalescedTokenBucketRefusesOnlyTheCallersItsPlacesDoNotFit(t *testing.T
 	before := hook.n.Load()
 	h.release()
 	got := make([]throttle.Decision, len(res))
+	places := make([]time.Time, len(res))
 	for i, ch := range res {
 		r := <-ch
 		if r.err != nil {
 			t.Fatalf("caller %d: %v", i, r.err)
 		}
-		got[i] = r.d
+		got[i], places[i] = r.d, r.place
 	}
 	waitInflight(t, h.c)
 	if calls := hook.n.Load() - before; calls != 1 {
@@ -340,8 +345,8 @@ func TestCoalescedTokenBucketRefusesOnlyTheCallersItsPlacesDoNotFit(t *testing.T
 	}
 	// The least wait first: the caller that queued first waits less than
 	// the third, and has the earlier place, one pace (100 ms) before it.
-	if gap := got[2].Delay - got[0].Delay; gap < 90*time.Millisecond || gap > 110*time.Millisecond {
-		t.Fatalf("places %v and %v: %v apart, want the earlier for the shorter wait, one pace apart", got[0].Delay, got[2].Delay, gap)
+	if gap := places[2].Sub(places[0]); gap < 90*time.Millisecond || gap > 110*time.Millisecond {
+		t.Fatalf("places in %v and %v: %v apart, want the earlier for the shorter wait, one pace apart", got[0].Delay, got[2].Delay, gap)
 	}
 }
 
@@ -369,7 +374,7 @@ func TestCoalescedGCRAReservesWithinEachWait(t *testing.T) {
 		res = append(res, h.queue(ctx, b, maxWait))
 	}
 	h.release()
-	var delays []time.Duration
+	var slots []time.Time
 	for i, ch := range res {
 		r := <-ch
 		if r.err != nil || r.d.Granted != (i < 2) {
@@ -379,14 +384,14 @@ func TestCoalescedGCRAReservesWithinEachWait(t *testing.T) {
 			if r.d.Delay <= 0 || r.d.Delay > maxWait {
 				t.Fatalf("caller %d: slot in %v, want within (0, %v]", i, r.d.Delay, maxWait)
 			}
-			delays = append(delays, r.d.Delay)
+			slots = append(slots, r.place)
 		} else if r.d.Delay <= maxWait {
 			t.Fatalf("caller %d refused with delay %v, want the next slot beyond %v", i, r.d.Delay, maxWait)
 		}
 	}
-	// Each delay counts from when its caller's Take returned: the two
-	// returns may be a moment apart.
-	if gap := delays[1] - delays[0]; gap < time.Second-10*time.Millisecond || gap > time.Second+10*time.Millisecond {
+	// Each delay counts from when its caller's Take returned, which may be
+	// far apart on a busy machine: the slots' times are compared.
+	if gap := slots[1].Sub(slots[0]); gap < time.Second-10*time.Millisecond || gap > time.Second+10*time.Millisecond {
 		t.Fatalf("slots %v apart, want one emission interval (1s)", gap)
 	}
 	waitInflight(t, h.c)

@@ -187,7 +187,9 @@ function Schedule:save()
     redis.call('LSET', key, 0, hdr)
   end
   if last then
-    redis.call('PEXPIRE', key, math.floor((last[1] + self.interval - self.now) / 1000) + 1)
+    -- Rounded up, and a millisecond more: Redis sets the expiry on its
+    -- clock truncated to the millisecond.
+    redis.call('PEXPIRE', key, math.ceil((last[1] + self.interval - self.now) / 1000) + 1)
   else
     redis.call('DEL', key) -- nothing counts any more
   end

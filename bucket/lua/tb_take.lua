@@ -63,7 +63,7 @@ if known == 0 and (not upTo or n == 1) and redis.call('EXISTS', KEYS[1]) == 0 th
   local e = now + margin
   redis.call('RPUSH', KEYS[1], string.format('%d %d 1 0 %d %d', one, math.ceil(now + one * interval / limit), limit, now),
     string.format('%d %d', e, one))
-  redis.call('PEXPIRE', KEYS[1], math.floor((e + interval - now) / 1000) + 1)
+  redis.call('PEXPIRE', KEYS[1], math.ceil((e + interval - now) / 1000) + 1) -- as Schedule:save
   return {1, limit, limit - one, e + interval - now, now, -1, now, 0, e}
 end
 local s = openSchedule(KEYS[1], interval, now)
