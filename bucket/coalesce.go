@@ -30,6 +30,7 @@ type upTo struct {
 	granted throttle.Decision // the grants' template; Remaining counts after all got
 	got     int64
 	delays  []time.Duration
+	after   []int64 // with delays: how many are granted after caller i
 	first   time.Duration
 	step    time.Duration
 	floor   time.Duration
@@ -45,16 +46,11 @@ func (u *upTo) forCaller(i int64) throttle.Decision {
 		return u.rest
 	}
 	d := u.granted
-	after := u.got - 1 - i // granted after caller i
-	if u.delays != nil {
-		after = 0
-		for _, x := range u.delays[i+1:] {
-			if x >= 0 {
-				after++
-			}
-		}
+	if u.after != nil {
+		d.Remaining += u.after[i]
+	} else {
+		d.Remaining += u.got - 1 - i
 	}
-	d.Remaining += after
 	if d.Limit > 0 {
 		d.Remaining = min(d.Remaining, d.Limit)
 	}

@@ -522,44 +522,6 @@ func TestTokenBucketCallersRefusedInABatchAreToldThePlaceLeft(t *testing.T) {
 	}
 }
 
-// Unpaced (above 1,000 permits a second), an up-to take finding no room
-// at once gives each caller its earliest place within its wait, not one
-// caller alone.
-func TestTokenBucketUnpacedBatchAtTheLimitPlacesEveryCallerThatCanWait(t *testing.T) {
-	srv := redisenv.New(t)
-	const limit, interval = 2000, time.Second
-	b := newTB(t, srv.Client(), "unpaced", limit, interval)
-	if p := takePlaces(t, b, "", -limit, 0); len(p.places) != limit {
-		t.Fatalf("%d placed at once, want the limit", len(p.places))
-	}
-	const wait = 2 * time.Second
-	p := takePlaces(t, b, "", -4, wait)
-	if len(p.places) != 4 {
-		t.Fatalf("%d of 4 callers placed, want every one (each can wait %v)", len(p.places), wait)
-	}
-	for _, x := range p.places {
-		if d := time.Duration(x-p.asked) * time.Microsecond; d < interval/2 || d > wait {
-			t.Fatalf("placed %v ahead, want once the first permits stop counting, within %v", d, wait)
-		}
-	}
-	// Room for one at once: the callers that can wait are placed later,
-	// not refused.
-	other := newTB(t, srv.Client(), "unpaced-room", limit, interval)
-	if p := takePlaces(t, other, "", -(limit - 1), 0); len(p.places) != limit-1 {
-		t.Fatalf("%d placed at once, want %d", len(p.places), limit-1)
-	}
-	waits := []time.Duration{0, wait, wait}
-	u, err := other.run(context.Background(), "", -3, waits[0], waits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, w := range waits {
-		if d := u.forCaller(int64(i)); !d.Granted || d.Delay > w {
-			t.Fatalf("caller %d (wait %v): %+v; want each placed within its wait", i, w, d)
-		}
-	}
-}
-
 // The schedule lives until its last permit stops counting, also when a
 // fleet redeployed with a longer interval merges a permit into its last
 // entry.

@@ -97,12 +97,17 @@ local waits = {}
 if upTo then
   for i = 8, #ARGV do waits[#waits + 1] = tonumber(ARGV[i]) end
 end
-if upTo and n > 1 and pace == 0 and n <= limit - s.count then
-  -- Unpaced, an up-to take's permits that all fit at once share one place
-  -- (else each has its own, as below).
-  local p, _, e = place(n)
-  if s:changed() then s:save() end
-  return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -n, p - now, e}
+if upTo and n > 1 and pace == 0 then
+  -- Unpaced, an up-to take's permits that fit at once share one place.
+  local c = math.min(n, limit - s.count)
+  local p, w, e
+  if c > 0 then p, w, e = place(c) end
+  if p then
+    if c < n then later = (s:earliest(1, limit) or now + interval) - now end
+    if s:changed() then s:save() end
+    return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -c, p - now, e}
+  end
+  n = 1 -- none fit at once: one permit's earliest place, as below
 end
 local refused = false
 for i = 1, upTo and n or 1 do
