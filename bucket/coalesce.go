@@ -22,9 +22,10 @@ import (
 
 // upTo is one coalesced call's answer: got callers are granted, the first
 // got unless delays says otherwise (caller i's Delay is delays[i] when
-// set: the token bucket's places, each within its caller's own wait, a
-// negative one for a caller refused; with step > 0, max(first + i·step,
-// floor, 0): GCRA's reserved slots; else granted's); the others get rest.
+// set: the token bucket's places or GCRA's slots, each within its caller's
+// own wait, a negative one for a caller refused; with step > 0, max(first
+// + i·step, floor, 0): GCRA's slots within the batch's least wait; else
+// granted's); the others get rest.
 // An all-or-nothing take's answer is granted alone.
 type upTo struct {
 	granted throttle.Decision // the grants' template; Remaining counts after all got
@@ -64,6 +65,19 @@ func (u *upTo) forCaller(i int64) throttle.Decision {
 		d.Cancel = u.cancel(i)
 	}
 	return d
+}
+
+// eachCaller sets delays and after from places, each caller's place in µs
+// from the store's now, in batch order, -1 for a caller refused.
+func (u *upTo) eachCaller(places []int64) {
+	u.delays, u.after = make([]time.Duration, len(places)), make([]int64, len(places))
+	granted := int64(0)
+	for i := len(places) - 1; i >= 0; i-- {
+		u.delays[i], u.after[i] = us(places[i]), granted
+		if places[i] >= 0 {
+			granted++
+		}
+	}
 }
 
 // roundTrip is a bucket's one round trip for key: n permits, all or

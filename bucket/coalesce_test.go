@@ -397,6 +397,68 @@ func TestCoalescedGCRAReservesWithinEachWait(t *testing.T) {
 	waitInflight(t, h.c)
 }
 
+// A coalesced GCRA call reserves each caller's slot within that caller's
+// own wait, the least wait first: at the limit, the callers that cannot
+// wait are refused and those that can get the next slots, in the same
+// round trip. (Within the smallest wait among them, as a call for the
+// batch as a whole would be, all four were refused.)
+func TestCoalescedGCRARefusesOnlyTheCallersItsSlotsDoNotFit(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	ctx := context.Background()
+	b, err := NewGCRA(rdb, "gcra-each-wait", 10, 10*time.Second) // a slot every second, burst 10
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted || d.Delay != 0 {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	h := coalescingOf(t, b, "")
+	h.hold()
+	waits := []time.Duration{5 * time.Second, 0, 1500 * time.Millisecond, 0, 1500 * time.Millisecond} // in the order they queue
+	var res []<-chan takeResult
+	for _, w := range waits {
+		res = append(res, h.queue(ctx, b, w))
+	}
+	before := hook.n.Load()
+	h.release()
+	got := make([]throttle.Decision, len(res))
+	slots := make([]time.Time, len(res))
+	for i, ch := range res {
+		r := <-ch
+		if r.err != nil {
+			t.Fatalf("caller %d: %v", i, r.err)
+		}
+		got[i], slots[i] = r.d, r.place
+	}
+	waitInflight(t, h.c)
+	if calls := hook.n.Load() - before; calls != 1 {
+		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
+	}
+	// Slots in about 1 s and 2 s: the first to the first 1.5 s caller,
+	// the second to the 5 s caller; the other 1.5 s caller and the
+	// callers without a wait refused, with the time of the next slot.
+	for i, want := range []bool{true, false, true, false, false} {
+		d := got[i]
+		if d.Granted != want {
+			t.Fatalf("caller %d (wait %v): %+v; want granted %v", i, waits[i], d, want)
+		}
+		if d.Granted && (d.Delay <= 0 || d.Delay > waits[i]) {
+			t.Fatalf("caller %d: slot in %v, want within (0, %v]", i, d.Delay, waits[i])
+		}
+		if !d.Granted && d.Delay <= 1500*time.Millisecond {
+			t.Fatalf("caller %d refused with delay %v, want the slot after those given (about 3 s)", i, d.Delay)
+		}
+	}
+	if gap := slots[0].Sub(slots[2]); gap < time.Second-10*time.Millisecond || gap > time.Second+10*time.Millisecond {
+		t.Fatalf("slots %v apart, want the earlier for the shorter wait, one emission interval (1s) apart", gap)
+	}
+}
+
 // TestWeightedTakeNotCoalesced: a take of n > 1 never joins a line (it
 // could be split across grants): it goes to Redis at once, all or nothing,
 // even while a call for its key is in flight.

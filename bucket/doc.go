@@ -59,12 +59,11 @@
 // batch, not per caller (64 goroutines: about 0.03–0.04 commands per
 // grant), with no permit taken ahead of demand and none refunded: each
 // bucket's guarantee holds as it is, because the script counts an up-to-k
-// take exactly as k takes of one. The [TokenBucket] takes its batch in
-// order of the wait its callers have left, least first (arrival order when
-// their waits are alike), places each caller's permit within that caller's
-// own wait, and refuses alone a caller whose wait its place does not fit;
-// [GCRA] reserves one slot per caller, in arrival order, within the
-// smallest wait among them.
+// take exactly as k takes of one. The [TokenBucket] and [GCRA] take their
+// batch in order of the wait its callers have left, least first (arrival
+// order when their waits are alike), place each caller's permit within
+// that caller's own wait (a place, a reserved slot), and refuse alone a
+// caller whose wait no place fits.
 //
 // A take of n > 1 permits (AcquireN) is not coalesced: it goes to Redis on
 // its own, all or nothing. A caller whose context ends while queued leaves

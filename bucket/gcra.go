@@ -77,6 +77,7 @@ func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.D
 		return nil, errs.Invalid(name, "burst", burst, "too large for the rate: burst × interval/limit must stay below 2^50 µs")
 	}
 	c.name = "bucket: GCRA"
+	c.co.byWait = true // run gives each caller of a batch a slot within its own wait
 	return &GCRA{common: c, limit: limit, burst: burst, emission: emission, tolerance: burst * emission,
 		ivUs: ceilUs(interval), fixed: max(c.cfg.burst, 0)}, nil
 }
@@ -84,21 +85,31 @@ func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.D
 // Take implements [throttle.Bucket]: it grants, or reserves a slot at most
 // maxWait ahead (Decision.Delay). Concurrent takes of one permit for the
 // same key are coalesced into one round trip (see the package doc): each
-// caller gets its own slot, in arrival order, within the smallest maxWait
-// among them.
+// caller gets its own slot within its own maxWait, the least wait first,
+// and a caller no slot fits is refused alone.
 func (b *GCRA) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	return b.takeBy(ctx, key, n, b.burst, maxWait, b.run)
 }
 
 // run is one round trip of gcra.lua; n < 0 asks for up to -n permits.
-func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Duration, _ []time.Duration) (upTo, error) {
+// For n < -1, waits (ascending), when they differ, go too: each caller
+// takes the next slot within its own wait.
+func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Duration, waits []time.Duration) (upTo, error) {
 	tag, err := b.ks.tag(b.name, key)
 	if err != nil {
 		return upTo{}, err
 	}
 	keys := []string{tag + ":gcra", tag + ":pause", tag + ":gcra:limit"}
-	mw := max(maxWait, 0) / time.Microsecond // rounded down: never reserve beyond maxWait
-	r, err := b.eval(ctx, scriptGCRA, keys, n, b.emission, b.tolerance, int64(mw), b.ivUs, b.fixed)
+	waitUs := func(d time.Duration) int64 {
+		return int64(max(d, 0) / time.Microsecond) // rounded down: never reserve beyond the wait
+	}
+	args := []any{n, b.emission, b.tolerance, waitUs(maxWait), b.ivUs, b.fixed}
+	if n < -1 && len(waits) == int(-n) && waits[0] != waits[len(waits)-1] {
+		for _, w := range waits {
+			args = append(args, waitUs(w))
+		}
+	}
+	r, err := b.eval(ctx, scriptGCRA, keys, args...)
 	if err := replyErr(err, len(r) >= 9, "gcra.lua"); err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}
@@ -116,7 +127,11 @@ func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Durati
 	}
 	d := throttle.Decision{Granted: true, Delay: us(r[1]), Limit: limit, Remaining: min(r[2], limit), Reset: us(r[3])}
 	u := upTo{granted: d, got: r[5], rest: rest}
-	if n < 0 && len(r) >= 10 {
+	switch {
+	case n < 0 && len(r) > 10:
+		u.eachCaller(r[10:])
+		u.granted.Delay = max(u.delays[0], 0)
+	case n < 0 && len(r) >= 10:
 		// Caller i's slot: max(first + i·emission, pause left, 0).
 		u.granted.Delay = max(us(r[9]), us(r[7]), 0)
 		u.step, u.floor = us(r[6]), us(r[7])

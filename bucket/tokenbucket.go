@@ -332,14 +332,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 		u.granted.Cancel = u.cancel(0)
 	}
 	if len(places) > 1 {
-		u.delays, u.after = make([]time.Duration, len(places)), make([]int64, len(places))
-		granted := int64(0)
-		for i := len(places) - 1; i >= 0; i-- {
-			u.delays[i], u.after[i] = us(places[i]), granted // -1 µs for a caller refused
-			if places[i] >= 0 {
-				granted++
-			}
-		}
+		u.eachCaller(places)
 	}
 	return u, nil
 }

@@ -14,6 +14,10 @@
 --          burst × emission, burst = ARGV[6], or the live limit if 0
 -- ARGV[5]  interval in µs (with KEYS[3])
 -- ARGV[6]  burst set by the caller, or 0 when the burst follows the limit
+-- ARGV[7..] optional, for an up-to take: each caller's wait in µs (as
+--          ARGV[4], which is the first), in ascending order; caller i
+--          takes the next slot if it comes within its wait, and is refused
+--          alone if not
 --
 -- Returns {granted, delay_us, remaining, reset_us}:
 --   granted 1: the permits are the caller's from delay_us on (0: now).
@@ -27,7 +31,8 @@
 -- pause left, the wait for one more permit after this call, and (granted
 -- only) the unclamped wait of the first slot granted: for an up-to call,
 -- permit i (0-based) is the caller's from max(first_us + i × emission_us,
--- floor_us, 0) on.
+-- floor_us, 0) on. With each caller's wait (ARGV[7..]) the reply goes on
+-- with each caller's delay, -1 for one refused (trailing ones left out).
 --
 -- Guarantee: in any span t, at most burst + t / emission permits, counted at
 -- their slot times. A denied call changes nothing. A pause moves every slot
@@ -65,14 +70,33 @@ if pl > 0 then pl = pl * 1000 else pl = 0 end
 
 local tat = tonumber(redis.call('GET', KEYS[1]) or 0) or 0
 if tat < now + pl then tat = now + pl end
-if upTo then
-  -- slot i (1-based) waits tat + i × em - tol - now: keep those within
-  -- maxWait (and the pause floor, which only moves slots later)
+local first = tat + em - tol - now
+-- Slot j (1-based) waits tat + j × em - tol - now, or the pause's end.
+local each = {}
+if upTo and #ARGV > 6 then
+  -- The next slot to each caller in turn that can wait for it.
+  local j = 0
+  for i = 7, #ARGV do
+    if j == n then break end
+    local w = math.max(first + j * em, pl)
+    if w <= tonumber(ARGV[i]) then
+      j = j + 1
+      each[#each + 1] = math.max(w, 0)
+    else
+      each[#each + 1] = -1
+    end
+  end
+  while each[#each] == -1 do each[#each] = nil end
+  -- none: the refusal below, for one slot; else the last slot given is
+  -- within its caller's wait
+  n = math.max(j, 1)
+  if j > 0 then maxWait = each[#each] end
+elseif upTo then
+  -- keep the slots within maxWait (the pause floor only moves them later)
   local fit = math.floor((maxWait + tol + now - tat) / em)
   if fit < n then n = fit end
   if n < 1 then n = 1 end
 end
-local first = tat + em - tol - now
 local new = tat + n * em
 local wait = new - tol - now
 if wait < pl then wait = pl end
@@ -89,4 +113,6 @@ if rem < 0 then rem = 0 end
 if wait < 0 then wait = 0 end
 local nxt = new + em - tol - now
 if nxt < pl then nxt = pl end
-return {1, wait, rem, new - now, live, n, em, pl, nxt, first}
+local res = {1, wait, rem, new - now, live, n, em, pl, nxt, first}
+for _, d in ipairs(each) do res[#res + 1] = d end
+return res
