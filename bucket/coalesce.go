@@ -28,7 +28,7 @@ import (
 // granted's); the others get rest.
 // An all-or-nothing take's answer is granted alone.
 type upTo struct {
-	granted throttle.Decision // the grants' template; Remaining counts after all got
+	granted throttle.Decision // the grants' template; Remaining counts after all got (may be negative: forCaller clamps it)
 	got     int64
 	delays  []time.Duration
 	after   []int64 // with delays: how many are granted after caller i
@@ -52,6 +52,7 @@ func (u *upTo) forCaller(i int64) throttle.Decision {
 	} else {
 		d.Remaining += u.got - 1 - i
 	}
+	d.Remaining = max(d.Remaining, 0)
 	if d.Limit > 0 {
 		d.Remaining = min(d.Remaining, d.Limit)
 	}

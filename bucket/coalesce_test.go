@@ -459,6 +459,84 @@ func TestCoalescedGCRARefusesOnlyTheCallersItsSlotsDoNotFit(t *testing.T) {
 	}
 }
 
+// A coalesced GCRA call gives its callers as many slots as their waits
+// fit, beyond the burst: each slot is one permit, as k takes of one each
+// would be. (With the batch capped at the burst, WithBurst(1) gave one
+// slot a round trip.)
+func TestCoalescedGCRAGivesSlotsBeyondTheBurst(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b, err := NewGCRA(srv.Client(), "gcra-beyond-burst", 10, time.Second, WithBurst(1)) // a slot every 100 ms
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := coalescingOf(t, b, "")
+	h.hold()
+	var res []<-chan takeResult
+	for _, w := range []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second, 3 * time.Second} {
+		res = append(res, h.queue(ctx, b, w))
+	}
+	h.release()
+	var slots []time.Time
+	for i, ch := range res {
+		r := <-ch
+		if r.err != nil || !r.d.Granted {
+			t.Fatalf("caller %d: %+v, %v; want a slot (at most 300 ms ahead)", i, r.d, r.err)
+		}
+		if r.d.Remaining != 0 {
+			t.Fatalf("caller %d: Remaining %d, want 0 (a burst of 1, taken)", i, r.d.Remaining)
+		}
+		slots = append(slots, r.place)
+	}
+	waitInflight(t, h.c)
+	for i := 1; i < len(slots); i++ {
+		if gap := slots[i].Sub(slots[i-1]); gap < 90*time.Millisecond || gap > 110*time.Millisecond {
+			t.Fatalf("slots %d and %d %v apart, want one emission interval (100 ms)", i-1, i, gap)
+		}
+	}
+}
+
+// A batch's callers are told the permits free at once after their own
+// slot, as a take of their own would be: none while the slots are ahead.
+func TestCoalescedGCRARemainingCountsNothingFreeWhileSlotsAreAhead(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b, err := NewGCRA(srv.Client(), "gcra-remaining", 10, 10*time.Second) // a slot every second, burst 10
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 7 {
+		if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	for _, waits := range [][]time.Duration{
+		{0, 0, 5 * time.Second, 6 * time.Second, 7 * time.Second}, // each caller's wait sent
+		{7 * time.Second, 7 * time.Second, 7 * time.Second, 7 * time.Second, 7 * time.Second},
+	} {
+		h := coalescingOf(t, b, "")
+		h.hold()
+		var res []<-chan takeResult
+		for _, w := range waits {
+			res = append(res, h.queue(ctx, b, w))
+		}
+		h.release()
+		for i, ch := range res {
+			r := <-ch
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if r.d.Granted && r.d.Delay > 0 && r.d.Remaining != 0 {
+				t.Errorf("waits %v, caller %d, slot in %v: Remaining %d, want 0", waits, i, r.d.Delay, r.d.Remaining)
+			}
+			if r.d.Granted && r.d.Delay == 0 && (i >= 3 || r.d.Remaining != int64(2-i)) {
+				t.Errorf("waits %v, caller %d, free at once: Remaining %d, want %d", waits, i, r.d.Remaining, 2-i)
+			}
+		}
+		waitInflight(t, h.c)
+	}
+}
+
 // TestWeightedTakeNotCoalesced: a take of n > 1 never joins a line (it
 // could be split across grants): it goes to Redis at once, all or nothing,
 // even while a call for its key is in flight.

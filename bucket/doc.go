@@ -53,17 +53,18 @@
 // for the same key in the same process queue behind it; when it returns,
 // one script call asks for "up to k" permits, k the callers queued at that
 // moment, and the script grants as many as it can, from 1 to k, at once.
-// The first callers in arrival order get them; the others get the refusal
-// the script gave for the rest (the period's end, the next slot) and wait
-// as they would have. So under load a process makes one round trip per
-// batch, not per caller (64 goroutines: about 0.03–0.04 commands per
-// grant), with no permit taken ahead of demand and none refunded: each
-// bucket's guarantee holds as it is, because the script counts an up-to-k
-// take exactly as k takes of one. The [TokenBucket] and [GCRA] take their
-// batch in order of the wait its callers have left, least first (arrival
-// order when their waits are alike), place each caller's permit within
-// that caller's own wait (a place, a reserved slot), and refuse alone a
-// caller whose wait no place fits.
+// The first callers in arrival order get them (for the two buckets below,
+// those whose waits they fit); the others get the refusal the script gave
+// for the rest (the period's end, the next slot) and wait as they would
+// have. So under load a process makes one round trip per batch, not per
+// caller (64 goroutines: about 0.03–0.04 commands per grant), with no
+// permit taken ahead of demand and none refunded: each bucket's guarantee
+// holds as it is, because the script counts an up-to-k take exactly as k
+// takes of one. The [TokenBucket] and [GCRA] take their batch in order of
+// the wait its callers have left, least first (arrival order when their
+// waits are alike), place each caller's permit within that caller's own
+// wait (a place, a reserved slot), and refuse alone a caller whose wait no
+// place fits.
 //
 // A take of n > 1 permits (AcquireN) is not coalesced: it goes to Redis on
 // its own, all or nothing. A caller whose context ends while queued leaves

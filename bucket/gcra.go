@@ -125,7 +125,13 @@ func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Durati
 		rest.Remaining = min(r[2], limit)
 		return upTo{granted: rest, rest: rest}, nil
 	}
-	d := throttle.Decision{Granted: true, Delay: us(r[1]), Limit: limit, Remaining: min(r[2], limit), Reset: us(r[3])}
+	// Granted, r[2] is not clamped: negative when the slots are ahead. A
+	// batch's callers get it plus the slots given after their own
+	// (forCaller clamps it).
+	d := throttle.Decision{Granted: true, Delay: us(r[1]), Limit: limit, Remaining: min(max(r[2], 0), limit), Reset: us(r[3])}
+	if n < 0 {
+		d.Remaining = r[2]
+	}
 	u := upTo{granted: d, got: r[5], rest: rest}
 	switch {
 	case n < 0 && len(r) > 10:

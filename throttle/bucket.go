@@ -57,9 +57,8 @@ type Bucket interface {
 	// negative; [Forever] for no bound). A bucket that can reserve (GCRA)
 	// may grant a slot up to maxWait in the future and say so with
 	// Decision.Delay; a bucket that cannot reserve ignores it. A bucket
-	// may book less far ahead than maxWait (package bucket's GCRA books
-	// a batch of callers only as far as its shortest wait) and refuse
-	// with the earliest time instead.
+	// may book less far ahead than maxWait and refuse with the earliest
+	// time instead.
 	//
 	// Take must return by ctx's end, even when its store hangs: the
 	// Limiter gives each call a deadline a little before the end of the

@@ -3,9 +3,10 @@
 -- KEYS[1]  theoretical arrival time (TAT): a string, µs since the Unix
 --          epoch on the server's clock; expires once the bucket is full
 -- KEYS[2]  pause key of the budget (see pause.lua)
--- ARGV[1]  n, permits asked (integer ≥ 1), all or nothing. A negative
---          value -k asks for up to k (coalesced callers): as many slots as
---          fit within maxWait, from 1 to k.
+-- ARGV[1]  n, permits asked (integer ≥ 1), all or nothing, at most the
+--          burst. A negative value -k asks for up to k (coalesced callers),
+--          one slot each, as many as fit within maxWait (or within each
+--          caller's wait, ARGV[7..]), from 1 to k.
 -- ARGV[2]  emission interval in µs: interval / limit, rounded up (≥ 1)
 -- ARGV[3]  tolerance in µs: burst × emission
 -- ARGV[4]  maxWait in µs: how far ahead the caller accepts a slot (≥ 0)
@@ -24,7 +25,9 @@
 --   granted 0: the earliest slot is delay_us away, beyond maxWait.
 --   granted 2: n is above the burst in force (a live limit lowered it):
 --              no wait would help.
--- remaining: permits free at once after this call; reset_us: time until
+-- remaining: permits free at once after this call (granted: not clamped,
+-- negative when the slots given are ahead; for an up-to call, caller i's
+-- is remaining plus the slots given after its own); reset_us: time until
 -- the bucket is full again. A fifth element is the live limit used (0: the
 -- caller's ARGV). Then {taken, emission_us, floor_us, next_us, first_us}:
 -- the permits granted (0 when denied), the emission interval used, the
@@ -56,12 +59,9 @@ if KEYS[3] then
   end
 end
 
-if upTo then
-  local fit = math.floor(tol / em)
-  if n > fit then n = fit end
-  if n < 1 then n = 1 end
-end
-if n * em > tol then
+-- An up-to call's slots are one permit each, as k calls of one would be:
+-- each within the burst.
+if not upTo and n * em > tol then
   return {2, 0, 0, 0, live, 0, em, 0, 0}
 end
 
@@ -109,7 +109,6 @@ end
 
 redis.call('SET', KEYS[1], string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000) + 1)
 local rem = math.floor((now + tol - new) / em)
-if rem < 0 then rem = 0 end
 if wait < 0 then wait = 0 end
 local nxt = new + em - tol - now
 if nxt < pl then nxt = pl end
