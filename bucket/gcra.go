@@ -92,8 +92,8 @@ func (b *GCRA) Take(ctx context.Context, key string, n int64, maxWait time.Durat
 }
 
 // run is one round trip of gcra.lua; n < 0 asks for up to -n permits.
-// For n < -1, waits (ascending), when they differ, go too: each caller
-// takes the next slot within its own wait.
+// For n < -1, waits (ascending), when they differ, go too (waitGroups):
+// each caller takes the next slot within its own wait.
 func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Duration, waits []time.Duration) (upTo, error) {
 	tag, err := b.ks.tag(b.name, key)
 	if err != nil {
@@ -104,10 +104,8 @@ func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Durati
 		return int64(max(d, 0) / time.Microsecond) // rounded down: never reserve beyond the wait
 	}
 	args := []any{n, b.emission, b.tolerance, waitUs(maxWait), b.ivUs, b.fixed}
-	if n < -1 && len(waits) == int(-n) && waits[0] != waits[len(waits)-1] {
-		for _, w := range waits {
-			args = append(args, waitUs(w))
-		}
+	if n < -1 && len(waits) == int(-n) {
+		args = append(args, waitGroups(waits, waitUs)...)
 	}
 	r, err := b.eval(ctx, scriptGCRA, keys, args...)
 	if err := replyErr(err, len(r) >= 9, "gcra.lua"); err != nil {

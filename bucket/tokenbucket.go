@@ -273,10 +273,8 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 		return max(int64(d/time.Microsecond)-extra, 0) // rounded down
 	}
 	args := []any{n, b.limit, b.intervalUs, b.marginUs + extra, waitUs(maxWait), known.end, known.born}
-	if n < -1 && len(waits) == int(-n) && waits[0] != waits[len(waits)-1] {
-		for _, w := range waits {
-			args = append(args, waitUs(w))
-		}
+	if n < -1 && len(waits) == int(-n) {
+		args = append(args, waitGroups(waits, waitUs)...)
 	}
 	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, args...)
 	took := time.Since(sent)

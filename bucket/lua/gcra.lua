@@ -15,10 +15,10 @@
 --          burst × emission, burst = ARGV[6], or the live limit if 0
 -- ARGV[5]  interval in µs (with KEYS[3])
 -- ARGV[6]  burst set by the caller, or 0 when the burst follows the limit
--- ARGV[7..] optional, for an up-to take: each caller's wait in µs (as
---          ARGV[4], which is the first), in ascending order; caller i
---          takes the next slot if it comes within its wait, and is refused
---          alone if not
+-- ARGV[7..] optional, for an up-to take: the callers' waits in µs (as
+--          ARGV[4], which is the first), in ascending order, in pairs: a
+--          wait and how many callers have it; caller i takes the next slot
+--          if it comes within its wait, and is refused alone if not
 --
 -- Returns {granted, delay_us, remaining, reset_us}:
 --   granted 1: the permits are the caller's from delay_us on (0: now).
@@ -76,14 +76,17 @@ local each = {}
 if upTo and #ARGV > 6 then
   -- The next slot to each caller in turn that can wait for it.
   local j = 0
-  for i = 7, #ARGV do
-    if j == n then break end
-    local w = math.max(first + j * em, pl)
-    if w <= tonumber(ARGV[i]) then
-      j = j + 1
-      each[#each + 1] = math.max(w, 0)
-    else
-      each[#each + 1] = -1
+  for i = 7, #ARGV - 1, 2 do
+    local wait = tonumber(ARGV[i])
+    for c = 1, tonumber(ARGV[i + 1]) do
+      if j == n then break end
+      local w = math.max(first + j * em, pl)
+      if w <= wait then
+        j = j + 1
+        each[#each + 1] = math.max(w, 0)
+      else
+        each[#each + 1] = -1
+      end
     end
   end
   while each[#each] == -1 do each[#each] = nil end

@@ -25,10 +25,10 @@
 --          µs; 0 for none (see Schedule:lost)
 -- ARGV[7]  when the schedule that end is in was born, µs (a reply's
 --          born); 0 for unknown
--- ARGV[8..] optional, for an up-to take: each caller's wait (as ARGV[5],
---          which is the first), in ascending order; permit i is placed
---          within the i-th, and a caller its place does not fit is
---          refused alone
+-- ARGV[8..] optional, for an up-to take: the callers' waits (as ARGV[5],
+--          which is the first), in ascending order, in pairs: a wait and
+--          how many callers have it; permit i is placed within the i-th
+--          caller's, and a caller its place does not fit is refused alone
 --
 -- Returns {status, limit, remaining, reset, now, later, born, d1, ..., dk,
 -- e1, ..., ek} (µs), or {..., born, -k, d, e} when k permits of an up-to
@@ -95,7 +95,10 @@ end
 local out, ends, later = {}, {}, -1
 local waits = {}
 if upTo then
-  for i = 8, #ARGV do waits[#waits + 1] = tonumber(ARGV[i]) end
+  for i = 8, #ARGV - 1, 2 do
+    local w = tonumber(ARGV[i])
+    for j = 1, tonumber(ARGV[i + 1]) do waits[#waits + 1] = w end
+  end
 end
 if upTo and n > 1 and pace == 0 then
   -- Unpaced, an up-to take's permits that fit at once share one place.
