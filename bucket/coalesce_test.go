@@ -310,27 +310,10 @@ func TestCoalescedTokenBucketRefusesOnlyTheCallersItsPlacesDoNotFit(t *testing.T
 			t.Fatalf("%+v, %v", d, err)
 		}
 	}
-	h := coalescingOf(t, b, "")
-	h.hold()
 	const long = 5 * time.Second
 	waits := []time.Duration{long, 0, long + time.Second, 0} // in the order they queue
-	var res []<-chan takeResult
-	for _, w := range waits {
-		res = append(res, h.queue(ctx, b, w))
-	}
-	before := hook.n.Load()
-	h.release()
-	got := make([]throttle.Decision, len(res))
-	places := make([]time.Time, len(res))
-	for i, ch := range res {
-		r := <-ch
-		if r.err != nil {
-			t.Fatalf("caller %d: %v", i, r.err)
-		}
-		got[i], places[i] = r.d, r.place
-	}
-	waitInflight(t, h.c)
-	if calls := hook.n.Load() - before; calls != 1 {
+	got, places, calls := coalescedBatch(t, b, hook, waits)
+	if calls != 1 {
 		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
 	}
 	for i, d := range got {
@@ -349,6 +332,33 @@ func TestCoalescedTokenBucketRefusesOnlyTheCallersItsPlacesDoNotFit(t *testing.T
 	if gap := places[2].Sub(places[0]); gap < 90*time.Millisecond || gap > 110*time.Millisecond {
 		t.Fatalf("places in %v and %v: %v apart, want the earlier for the shorter wait, one pace apart", got[0].Delay, got[2].Delay, gap)
 	}
+}
+
+// coalescedBatch queues callers of b's key "" with waits, in that order,
+// behind a call held in flight, lets them go as one batch, and returns
+// each caller's decision and place, and the commands hook counted for
+// the batch.
+func coalescedBatch(t *testing.T, b throttle.Bucket, hook *countingHook, waits []time.Duration) ([]throttle.Decision, []time.Time, int64) {
+	t.Helper()
+	h := coalescingOf(t, b, "")
+	h.hold()
+	var res []<-chan takeResult
+	for _, w := range waits {
+		res = append(res, h.queue(context.Background(), b, w))
+	}
+	before := hook.n.Load()
+	h.release()
+	got := make([]throttle.Decision, len(res))
+	places := make([]time.Time, len(res))
+	for i, ch := range res {
+		r := <-ch
+		if r.err != nil {
+			t.Fatalf("caller %d: %v", i, r.err)
+		}
+		got[i], places[i] = r.d, r.place
+	}
+	waitInflight(t, h.c)
+	return got, places, hook.n.Load() - before
 }
 
 // TestCoalescedGCRAReservesWithinEachWait: a coalesced GCRA call reserves
@@ -418,26 +428,9 @@ func TestCoalescedGCRARefusesOnlyTheCallersItsSlotsDoNotFit(t *testing.T) {
 			t.Fatalf("%+v, %v", d, err)
 		}
 	}
-	h := coalescingOf(t, b, "")
-	h.hold()
 	waits := []time.Duration{5 * time.Second, 0, 1500 * time.Millisecond, 0, 1500 * time.Millisecond} // in the order they queue
-	var res []<-chan takeResult
-	for _, w := range waits {
-		res = append(res, h.queue(ctx, b, w))
-	}
-	before := hook.n.Load()
-	h.release()
-	got := make([]throttle.Decision, len(res))
-	slots := make([]time.Time, len(res))
-	for i, ch := range res {
-		r := <-ch
-		if r.err != nil {
-			t.Fatalf("caller %d: %v", i, r.err)
-		}
-		got[i], slots[i] = r.d, r.place
-	}
-	waitInflight(t, h.c)
-	if calls := hook.n.Load() - before; calls != 1 {
+	got, slots, calls := coalescedBatch(t, b, hook, waits)
+	if calls != 1 {
 		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
 	}
 	// Slots in about 1 s and 2 s: the first to the first 1.5 s caller,
