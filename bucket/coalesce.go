@@ -82,30 +82,33 @@ func (u *upTo) eachCaller(places []int64) {
 }
 
 // waitGroups is a batch's waits (ascending, as serve passes them) as a
-// script's arguments: each rounded down to the millisecond (a place a
-// little earlier is still within it), in the unit conv gives, and run
-// length encoded, pairs of a wait and how many callers have it; nil when
-// they all round alike (the batch's least wait, maxWait, then bounds each
-// caller). Under load a batch's waits differ by microseconds: sent one
-// each, they cost a third of the throughput.
+// script's arguments, in the unit conv gives: the waits in one millisecond
+// go as one group, a pair of the group's least wait (its first caller's,
+// exact) and how many callers it has; nil when all are in one group (the
+// batch's least wait, maxWait, then bounds each caller). So a caller is
+// placed within its own wait, and is refused a place only when that
+// place is past its wait, or within a millisecond of its wait's end and
+// past a shorter wait in its group. Under load a batch's waits differ by
+// microseconds: sent one each, they cost a third of the throughput.
 func waitGroups(waits []time.Duration, conv func(time.Duration) int64) []any {
 	var args []any
-	last, count := int64(0), int64(0)
+	var group time.Duration
+	least, count := int64(0), int64(0)
 	for _, w := range waits {
-		v := conv(w.Truncate(time.Millisecond))
-		if count > 0 && v == last {
+		g := w.Truncate(time.Millisecond)
+		if count > 0 && g == group {
 			count++
 			continue
 		}
 		if count > 0 {
-			args = append(args, last, count)
+			args = append(args, least, count)
 		}
-		last, count = v, 1
+		group, least, count = g, conv(w), 1
 	}
 	if len(args) == 0 {
 		return nil // one group, or none
 	}
-	return append(args, last, count)
+	return append(args, least, count)
 }
 
 // roundTrip is a bucket's one round trip for key: n permits, all or

@@ -334,6 +334,41 @@ func TestCoalescedTokenBucketRefusesOnlyTheCallersItsPlacesDoNotFit(t *testing.T
 	}
 }
 
+// Above 1,000 permits a second (unpaced), a batch none of whose callers
+// fits at once places each caller in turn within its own wait, as a paced
+// one does. (It used to place its least-wait caller alone: one without a
+// wait left made the whole batch be refused.)
+func TestCoalescedUnpacedTokenBucketPlacesTheCallersThatCanWait(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	const limit = 2000
+	b, err := NewTokenBucket(rdb, "unpaced-each-wait", limit, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := b.Take(context.Background(), "", limit, 0); err != nil || !d.Granted {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	waits := []time.Duration{0, throttle.Forever, 0, 5 * time.Second}
+	got, places, calls := coalescedBatch(t, b, hook, waits)
+	if calls != 1 {
+		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
+	}
+	for i, d := range got {
+		if d.Granted != (waits[i] > 0) {
+			t.Fatalf("caller %d (wait %v): %+v; want only the callers that can wait placed", i, waits[i], d)
+		}
+		if d.Granted && (d.Delay < time.Second/2 || d.Delay > waits[i]) {
+			t.Fatalf("caller %d: placed in %v, want when the limit's permits stop counting, within its wait %v", i, d.Delay, waits[i])
+		}
+	}
+	if gap := places[1].Sub(places[3]).Abs(); gap > 10*time.Millisecond {
+		t.Fatalf("places %v apart, want the same (unpaced, both when the first permits stop counting)", gap)
+	}
+}
+
 // coalescedBatch queues callers of b's key "" with waits, in that order,
 // behind a call held in flight, lets them go as one batch, and returns
 // each caller's decision and place, and the commands hook counted for
@@ -787,12 +822,13 @@ func TestFreshKeepsARefusalsDelay(t *testing.T) {
 	}
 }
 
-// A batch's waits go to a script rounded down to the millisecond and run
-// length encoded, and not at all when they round alike: under load they
-// differ by microseconds, and sent one each they cost a third of the
-// throughput.
-func TestWaitGroupsRoundDownAndCountAlike(t *testing.T) {
-	ms := func(d time.Duration) int64 { return int64(d / time.Millisecond) }
+// A batch's waits go to a script in groups of a millisecond, each its
+// least wait, exact, and how many callers it has; not at all when there is
+// one group: under load they differ by microseconds, and sent one each
+// they cost a third of the throughput.
+func TestWaitGroupsSendEachMillisecondsLeastWait(t *testing.T) {
+	us := func(d time.Duration) int64 { return int64(d / time.Microsecond) }
+	ms := time.Millisecond
 	for _, c := range []struct {
 		waits []time.Duration
 		want  []any
@@ -800,10 +836,11 @@ func TestWaitGroupsRoundDownAndCountAlike(t *testing.T) {
 		{nil, nil},
 		{[]time.Duration{time.Second}, nil},
 		{[]time.Duration{time.Second, time.Second + 300*time.Microsecond, time.Second + 999*time.Microsecond}, nil},
-		{[]time.Duration{0, 900 * time.Microsecond, time.Second, time.Second + time.Millisecond}, []any{int64(0), int64(2), int64(1000), int64(1), int64(1001), int64(1)}},
-		{[]time.Duration{5 * time.Millisecond, throttle.Forever, throttle.Forever}, []any{int64(5), int64(1), ms(throttle.Forever.Truncate(time.Millisecond)), int64(2)}},
+		{[]time.Duration{0, 900 * time.Microsecond, time.Second, time.Second + ms}, []any{int64(0), int64(2), int64(1_000_000), int64(1), int64(1_001_000), int64(1)}},
+		{[]time.Duration{5500 * time.Microsecond, 5900 * time.Microsecond, 7200 * time.Microsecond}, []any{int64(5500), int64(2), int64(7200), int64(1)}},
+		{[]time.Duration{5 * ms, throttle.Forever, throttle.Forever}, []any{int64(5000), int64(1), us(throttle.Forever), int64(2)}},
 	} {
-		if got := waitGroups(c.waits, ms); !slices.Equal(got, c.want) {
+		if got := waitGroups(c.waits, us); !slices.Equal(got, c.want) {
 			t.Errorf("waitGroups(%v) = %v, want %v", c.waits, got, c.want)
 		}
 	}

@@ -110,7 +110,7 @@ if upTo and n > 1 and pace == 0 then
     if s:changed() then s:save() end
     return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -c, p - now, e}
   end
-  n = 1 -- none fit at once: one permit's earliest place, as below
+  -- None fit at once: a place for each caller in turn, as below.
 end
 local refused = false
 for i = 1, upTo and n or 1 do
