@@ -82,20 +82,22 @@ func (u *upTo) eachCaller(places []int64) {
 }
 
 // waitGroups is a batch's waits (ascending, as serve passes them) as a
-// script's arguments, in the unit conv gives: the waits in one millisecond
-// go as one group, a pair of the group's least wait (its first caller's,
-// exact) and how many callers it has; nil when all are in one group (the
-// batch's least wait, maxWait, then bounds each caller). So a caller is
-// placed within its own wait, and is refused a place only when that
-// place is past its wait, or within a millisecond of its wait's end and
-// past a shorter wait in its group. Under load a batch's waits differ by
-// microseconds: sent one each, they cost a third of the throughput.
-func waitGroups(waits []time.Duration, conv func(time.Duration) int64) []any {
+// script's arguments, in the unit conv gives: the waits in one span of
+// grid go as one group, a pair of the group's least wait (its first
+// caller's, exact) and how many callers it has; nil when all are in one
+// group (the batch's least wait, maxWait, then bounds each caller). A
+// caller is so placed within its own wait, and refused a place only when
+// that place is past its wait, or within grid of its wait's end and past
+// a shorter wait in its group. Buckets whose places are a millisecond or
+// more apart pass a grid of a microsecond; faster ones a millisecond: under
+// load a batch's waits differ by microseconds, and sent one each, they
+// cost a third of the throughput.
+func waitGroups(waits []time.Duration, grid time.Duration, conv func(time.Duration) int64) []any {
 	var args []any
 	var group time.Duration
 	least, count := int64(0), int64(0)
 	for _, w := range waits {
-		g := w.Truncate(time.Millisecond)
+		g := w.Truncate(grid)
 		if count > 0 && g == group {
 			count++
 			continue
@@ -109,6 +111,15 @@ func waitGroups(waits []time.Duration, conv func(time.Duration) int64) []any {
 		return nil // one group, or none
 	}
 	return append(args, least, count)
+}
+
+// waitGrid is waitGroups' grid for places spacing apart: a millisecond
+// when they are closer than that, else a microsecond.
+func waitGrid(spacing time.Duration) time.Duration {
+	if spacing < time.Millisecond {
+		return time.Millisecond
+	}
+	return time.Microsecond
 }
 
 // roundTrip is a bucket's one round trip for key: n permits, all or

@@ -822,26 +822,33 @@ func TestFreshKeepsARefusalsDelay(t *testing.T) {
 	}
 }
 
-// A batch's waits go to a script in groups of a millisecond, each its
+// A batch's waits go to a script in groups of one span of the grid (a
+// millisecond for places closer than that, else a microsecond), each its
 // least wait, exact, and how many callers it has; not at all when there is
 // one group: under load they differ by microseconds, and sent one each
 // they cost a third of the throughput.
-func TestWaitGroupsSendEachMillisecondsLeastWait(t *testing.T) {
+func TestWaitGroupsSendEachGroupsLeastWait(t *testing.T) {
 	us := func(d time.Duration) int64 { return int64(d / time.Microsecond) }
-	ms := time.Millisecond
+	ms, micro := time.Millisecond, time.Microsecond
 	for _, c := range []struct {
+		grid  time.Duration
 		waits []time.Duration
 		want  []any
 	}{
-		{nil, nil},
-		{[]time.Duration{time.Second}, nil},
-		{[]time.Duration{time.Second, time.Second + 300*time.Microsecond, time.Second + 999*time.Microsecond}, nil},
-		{[]time.Duration{0, 900 * time.Microsecond, time.Second, time.Second + ms}, []any{int64(0), int64(2), int64(1_000_000), int64(1), int64(1_001_000), int64(1)}},
-		{[]time.Duration{5500 * time.Microsecond, 5900 * time.Microsecond, 7200 * time.Microsecond}, []any{int64(5500), int64(2), int64(7200), int64(1)}},
-		{[]time.Duration{5 * ms, throttle.Forever, throttle.Forever}, []any{int64(5000), int64(1), us(throttle.Forever), int64(2)}},
+		{ms, nil, nil},
+		{ms, []time.Duration{time.Second}, nil},
+		{ms, []time.Duration{time.Second, time.Second + 300*micro, time.Second + 999*micro}, nil},
+		{ms, []time.Duration{0, 900 * micro, time.Second, time.Second + ms}, []any{int64(0), int64(2), int64(1_000_000), int64(1), int64(1_001_000), int64(1)}},
+		{ms, []time.Duration{5500 * micro, 5900 * micro, 7200 * micro}, []any{int64(5500), int64(2), int64(7200), int64(1)}},
+		{ms, []time.Duration{5 * ms, throttle.Forever, throttle.Forever}, []any{int64(5000), int64(1), us(throttle.Forever), int64(2)}},
+		{micro, []time.Duration{time.Second, time.Second + 300*micro, time.Second + 300*micro + 999}, []any{int64(1_000_000), int64(1), int64(1_000_300), int64(2)}},
+		{micro, []time.Duration{time.Second, time.Second + 999}, nil},
 	} {
-		if got := waitGroups(c.waits, us); !slices.Equal(got, c.want) {
-			t.Errorf("waitGroups(%v) = %v, want %v", c.waits, got, c.want)
+		if got := waitGroups(c.waits, c.grid, us); !slices.Equal(got, c.want) {
+			t.Errorf("waitGroups(%v, grid %v) = %v, want %v", c.waits, c.grid, got, c.want)
 		}
+	}
+	if waitGrid(999*micro) != ms || waitGrid(ms) != micro {
+		t.Errorf("waitGrid: %v for places 999µs apart, %v for 1ms; want 1ms, 1µs", waitGrid(999*micro), waitGrid(ms))
 	}
 }

@@ -64,9 +64,11 @@
 // the wait its callers have left, least first (arrival order when their
 // waits are alike), place each caller's permit within that caller's own
 // wait (a place, a reserved slot), and refuse alone a caller whose wait no
-// place fits. The waits go to Redis by the millisecond: a caller whose
-// batch holds a shorter wait in the same millisecond is bounded by that
-// one, so it may be refused a place in the last millisecond of its own.
+// place fits. Where places are less than a millisecond apart (above 1,000
+// permits a second) the waits go to Redis by the millisecond: a caller
+// whose batch holds a shorter wait in the same millisecond is bounded by
+// that one, so it may be refused a place in the last millisecond of its
+// own.
 //
 // A take of n > 1 permits (AcquireN) is not coalesced: it goes to Redis on
 // its own, all or nothing. A caller whose context ends while queued leaves

@@ -105,7 +105,7 @@ func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Durati
 	}
 	args := []any{n, b.emission, b.tolerance, waitUs(maxWait), b.ivUs, b.fixed}
 	if n < -1 && len(waits) == int(-n) {
-		args = append(args, waitGroups(waits, waitUs)...)
+		args = append(args, waitGroups(waits, waitGrid(us(b.emission)), waitUs)...)
 	}
 	r, err := b.eval(ctx, scriptGCRA, keys, args...)
 	if err := replyErr(err, len(r) >= 9, "gcra.lua"); err != nil {

@@ -274,7 +274,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	}
 	args := []any{n, b.limit, b.intervalUs, b.marginUs + extra, waitUs(maxWait), known.end, known.born}
 	if n < -1 && len(waits) == int(-n) {
-		args = append(args, waitGroups(waits, waitUs)...)
+		args = append(args, waitGroups(waits, waitGrid(us(b.intervalUs/b.limit)), waitUs)...) // the pace
 	}
 	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, args...)
 	took := time.Since(sent)
