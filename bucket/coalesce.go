@@ -149,6 +149,11 @@ func (b *common) takeBy(ctx context.Context, key string, n, capacity int64, maxW
 
 const coalesceShards = 64
 
+// maxBatch bounds the callers of one coalesced call: a crowd of thousands
+// on one key goes in several calls, so that no script holds Redis (which
+// runs one at a time) for long, nor answers thousands of places at once.
+const maxBatch = 1000
+
 // coalescer holds, per key, the callers waiting for the next coalesced
 // call. A key is in a shard's map exactly while a call for it is in
 // flight.
@@ -341,7 +346,12 @@ func (b *common) run(s *shard, key string, ln *line, many roundTrip) {
 		s.mu.Lock()
 		batch = batch[:0]
 		now := time.Now()
+		taken := 0
 		for _, w := range ln.q {
+			if len(batch) == maxBatch {
+				break // the others go in the next batch
+			}
+			taken++
 			// A caller whose deadline has passed is left out: it
 			// returns when its context's timer fires (which may lag
 			// the clock on a busy machine), and asking Redis for it
@@ -351,8 +361,9 @@ func (b *common) run(s *shard, key string, ln *line, many roundTrip) {
 			}
 		}
 		ln.since = now
-		clear(ln.q)
-		ln.q = ln.q[:0]
+		left := copy(ln.q, ln.q[taken:])
+		clear(ln.q[left:])
+		ln.q = ln.q[:left]
 		if len(batch) == 0 {
 			delete(s.lines, key)
 			s.mu.Unlock()

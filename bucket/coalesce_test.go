@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -366,6 +367,137 @@ func TestCoalescedUnpacedTokenBucketPlacesTheCallersThatCanWait(t *testing.T) {
 	}
 	if gap := places[1].Sub(places[3]).Abs(); gap > 10*time.Millisecond {
 		t.Fatalf("places %v apart, want the same (unpaced, both when the first permits stop counting)", gap)
+	}
+}
+
+// Unpaced, a batch only some of whose callers fit at once gives those one
+// place at once and places the others each in turn within its own wait.
+// (The others used to be refused, and each asked again.)
+func TestCoalescedUnpacedTokenBucketPlacesTheCallersRoomLeavesOut(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	const limit = 2000
+	b, err := NewTokenBucket(rdb, "unpaced-partial", limit, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := b.Take(context.Background(), "", limit-2, 0); err != nil || !d.Granted {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	waits := []time.Duration{5 * time.Second, 5 * time.Second, 0, 5 * time.Second, 5 * time.Second}
+	got, _, calls := coalescedBatch(t, b, hook, waits)
+	if calls != 1 {
+		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
+	}
+	// The least wait first: the caller without a wait and one other at
+	// once, the three others when the first permits stop counting.
+	var now, later int
+	for i, d := range got {
+		switch {
+		case !d.Granted:
+			t.Fatalf("caller %d (wait %v) refused: %+v", i, waits[i], d)
+		case d.Delay < time.Second/2:
+			now++
+		case d.Delay <= waits[i]:
+			later++
+		default:
+			t.Fatalf("caller %d: placed in %v, beyond its wait %v", i, d.Delay, waits[i])
+		}
+	}
+	if now != 2 || later != 3 || got[2].Delay >= time.Second/2 {
+		t.Fatalf("%d placed at once and %d when the first permits stop counting (the caller without a wait in %v), want 2 and 3, and it at once", now, later, got[2].Delay)
+	}
+}
+
+// Unpaced, a take is placed as early as the limit allows: permits given
+// back free room at once, whatever the places given before. (The last
+// place given used to bound the next, as the pace does.)
+func TestUnpacedTokenBucketPlacesAtOnceWhenPermitsAreGivenBack(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	const limit = 2000
+	b, err := NewTokenBucket(srv.Client(), "unpaced-given-back", limit, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := b.Take(ctx, "", limit, 0)
+	if err != nil || !all.Granted || all.Cancel == nil {
+		t.Fatalf("%+v, %v", all, err)
+	}
+	u, err := b.run(ctx, "", -2, throttle.Forever, nil)
+	if err != nil || u.forCaller(1).Delay < time.Second/2 {
+		t.Fatalf("two callers when the limit's permits stop counting: %+v, %v", u, err)
+	}
+	if err := all.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := b.Take(ctx, "", 1, 5*time.Second); err != nil || !d.Granted || d.Delay > time.Second/2 {
+		t.Fatalf("a take once the limit's permits are given back: %+v, %v; want a place at once", d, err)
+	}
+}
+
+// One call places thousands of permits, each in a slot of its own (a
+// crowd on a paced key that can wait): the schedule's new entries are
+// written in chunks (Lua's unpack() takes at most 8,000 values).
+func TestTokenBucketPlacesThousandsInOneCall(t *testing.T) {
+	srv := redisenv.New(t)
+	b, err := NewTokenBucket(srv.Client(), "thousands", 100, time.Second) // a place every 10 ms, a slot every 3.9 ms
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k = 8500
+	u, err := b.run(context.Background(), "", -k, throttle.Forever, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := u.forCaller(k - 1); !got.Granted || got.Delay < 80*time.Second {
+		t.Fatalf("the last of %d: %+v; want placed about 85 s ahead", k, got)
+	}
+}
+
+// A crowd queued on one key goes in calls of at most maxBatch callers.
+func TestCoalescedCrowdGoesInBatchesOfAtMostMaxBatch(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	b, err := NewTokenBucket(srv.Client(), "batches", 1<<30, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := coalescingOf(t, b, "")
+	var ks []int64
+	h.c.co.beforeBatch = func(k int64) { ks = append(ks, k) } // the runner's goroutine alone
+	h.hold()
+	const crowd = maxBatch + maxBatch/2
+	errs := make(chan error, crowd)
+	for range crowd {
+		go func() {
+			d, err := b.Take(ctx, "", 1, time.Minute)
+			if err == nil && !d.Granted {
+				err = fmt.Errorf("refused: %+v", d)
+			}
+			errs <- err
+		}()
+	}
+	h.waitQueued(crowd)
+	h.release()
+	for range crowd {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitInflight(t, h.c)
+	h.c.co.beforeBatch = nil
+	sum := int64(0)
+	for _, k := range ks {
+		if k > maxBatch {
+			t.Fatalf("a call for %d callers, want at most %d", k, maxBatch)
+		}
+		sum += k
+	}
+	if sum != crowd || len(ks) < 2 {
+		t.Fatalf("calls for %v callers, want %d in all, in at least 2", ks, crowd)
 	}
 }
 

@@ -52,7 +52,8 @@
 // While a take for a key is on its way to Redis, other takes of one permit
 // for the same key in the same process queue behind it; when it returns,
 // one script call asks for "up to k" permits, k the callers queued at that
-// moment, and the script grants as many as it can, from 1 to k, at once.
+// moment (at most 1,000: a larger crowd goes in several calls), and the
+// script grants as many as it can, from 1 to k, at once.
 // The first callers in arrival order get them (for the two buckets below,
 // those whose waits they fit); the others get the refusal the script gave
 // for the rest (the period's end, the next slot) and wait as they would
@@ -64,8 +65,9 @@
 // the wait its callers have left, least first (arrival order when their
 // waits are alike), place each caller's permit within that caller's own
 // wait (a place, a reserved slot), and refuse alone a caller whose wait no
-// place fits. Where places are less than a millisecond apart (above 1,000
-// permits a second) the waits go to Redis by the millisecond: a caller
+// place fits. Where the configured limit puts places less than a
+// millisecond apart (above 1,000 permits a second) the waits go to Redis
+// by the millisecond: a caller
 // whose batch holds a shorter wait in the same millisecond is bounded by
 // that one, so it may be refused a place in the last millisecond of its
 // own.

@@ -177,7 +177,9 @@ function Schedule:save()
   for _, e in ipairs(self.added) do
     push[#push + 1] = string.format('%d %d', e[1], e[2])
   end
-  if #push > 0 then redis.call('RPUSH', key, unpack(push)) end
+  for i = 1, #push, 1000 do -- in chunks: unpack() takes at most 8000 values
+    redis.call('RPUSH', key, unpack(push, i, math.min(i + 999, #push)))
+  end
   if not self.head then
     -- the header went first, with the entries
   elseif self.gone > 0 then
