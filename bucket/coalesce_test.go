@@ -370,74 +370,6 @@ func TestCoalescedUnpacedTokenBucketPlacesTheCallersThatCanWait(t *testing.T) {
 	}
 }
 
-// Unpaced, a batch only some of whose callers fit at once gives those one
-// place at once and places the others each in turn within its own wait.
-// (The others used to be refused, and each asked again.)
-func TestCoalescedUnpacedTokenBucketPlacesTheCallersRoomLeavesOut(t *testing.T) {
-	srv := redisenv.New(t)
-	rdb := srv.Client()
-	hook := &countingHook{}
-	rdb.AddHook(hook)
-	const limit = 2000
-	b, err := NewTokenBucket(rdb, "unpaced-partial", limit, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d, err := b.Take(context.Background(), "", limit-2, 0); err != nil || !d.Granted {
-		t.Fatalf("%+v, %v", d, err)
-	}
-	waits := []time.Duration{5 * time.Second, 5 * time.Second, 0, 5 * time.Second, 5 * time.Second}
-	got, _, calls := coalescedBatch(t, b, hook, waits)
-	if calls != 1 {
-		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
-	}
-	// The least wait first: the caller without a wait and one other at
-	// once, the three others when the first permits stop counting.
-	var now, later int
-	for i, d := range got {
-		switch {
-		case !d.Granted:
-			t.Fatalf("caller %d (wait %v) refused: %+v", i, waits[i], d)
-		case d.Delay < time.Second/2:
-			now++
-		case d.Delay <= waits[i]:
-			later++
-		default:
-			t.Fatalf("caller %d: placed in %v, beyond its wait %v", i, d.Delay, waits[i])
-		}
-	}
-	if now != 2 || later != 3 || got[2].Delay >= time.Second/2 {
-		t.Fatalf("%d placed at once and %d when the first permits stop counting (the caller without a wait in %v), want 2 and 3, and it at once", now, later, got[2].Delay)
-	}
-}
-
-// Unpaced, a take is placed as early as the limit allows: permits given
-// back free room at once, whatever the places given before. (The last
-// place given used to bound the next, as the pace does.)
-func TestUnpacedTokenBucketPlacesAtOnceWhenPermitsAreGivenBack(t *testing.T) {
-	srv := redisenv.New(t)
-	ctx := context.Background()
-	const limit = 2000
-	b, err := NewTokenBucket(srv.Client(), "unpaced-given-back", limit, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := b.Take(ctx, "", limit, 0)
-	if err != nil || !all.Granted || all.Cancel == nil {
-		t.Fatalf("%+v, %v", all, err)
-	}
-	u, err := b.run(ctx, "", -2, throttle.Forever, nil)
-	if err != nil || u.forCaller(1).Delay < time.Second/2 {
-		t.Fatalf("two callers when the limit's permits stop counting: %+v, %v", u, err)
-	}
-	if err := all.Cancel(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := b.Take(ctx, "", 1, 5*time.Second); err != nil || !d.Granted || d.Delay > time.Second/2 {
-		t.Fatalf("a take once the limit's permits are given back: %+v, %v; want a place at once", d, err)
-	}
-}
-
 // One call places thousands of permits, each in a slot of its own (a
 // crowd on a paced key that can wait): the schedule's new entries are
 // written in chunks (Lua's unpack() takes at most 8,000 values).
@@ -498,6 +430,45 @@ func TestCoalescedCrowdGoesInBatchesOfAtMostMaxBatch(t *testing.T) {
 	}
 	if sum != crowd || len(ks) < 2 {
 		t.Fatalf("calls for %v callers, want %d in all, in at least 2", ks, crowd)
+	}
+}
+
+// A batch's callers are told the limit's room left after their own place,
+// as a take of their own would be, never the places given after theirs
+// beyond the limit.
+func TestTokenBucketBatchRemainingCountsWhatIsFreeAfterEachPlace(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		limit, taken int64
+		k            int
+		want         []int64
+	}{
+		{2000, 2000, 3, []int64{0, 0, 0}}, // unpaced: none fit at once, all a second ahead
+		{100, 98, 3, []int64{1, 0, 0}},    // paced: all ahead, the first within the limit's room
+	} {
+		b, err := NewTokenBucket(srv.Client(), fmt.Sprint("remaining-", c.limit), c.limit, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := b.Take(ctx, "", c.taken, 0); err != nil || !d.Granted {
+			t.Fatalf("%+v, %v", d, err)
+		}
+		u, err := b.run(ctx, "", int64(-c.k), 5*time.Second, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int64
+		for i := range c.k {
+			d := u.forCaller(int64(i))
+			if !d.Granted {
+				t.Fatalf("limit %d, caller %d refused: %+v", c.limit, i, d)
+			}
+			got = append(got, d.Remaining)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("limit %d: Remaining %v, want %v", c.limit, got, c.want)
+		}
 	}
 }
 

@@ -79,9 +79,9 @@
 // mid-flight does), and the permit the batch took for it goes to a later
 // caller of the batch that was refused and can wait for it, or to the next
 // caller in line that can, or, if none is left, is lost as an abandoned
-// uncoalesced call's permit is. A batch runs on a goroutine of its own that
-// ends when its call returns, at the latest a few milliseconds after the
-// latest deadline of its callers. When a call in flight has not returned
+// uncoalesced call's permit is. A key's batches run on a goroutine of its
+// own that ends when no caller is left in line; each call ends at the
+// latest a few milliseconds after the latest deadline of its callers. When a call in flight has not returned
 // for 50 ms (a dead connection), one caller of its key at a time asks Redis
 // around it; the others stay in line.
 //

@@ -491,8 +491,8 @@ func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
 
 // An up-to take with each caller's wait, at the limit: the callers that
 // cannot wait are refused with the earliest place left after the places
-// given to the others (not one of those places), and Remaining counts the
-// permits granted after each caller's, not the callers refused.
+// given to the others (not one of those places), and Remaining counts
+// what is free at once after each caller's place.
 func TestTokenBucketCallersRefusedInABatchAreToldThePlaceLeft(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
@@ -515,10 +515,10 @@ func TestTokenBucketCallersRefusedInABatchAreToldThePlaceLeft(t *testing.T) {
 	if refused.Delay <= second.Delay {
 		t.Fatalf("refused with %v, a place given to another (%v, %v); want the earliest left after them", refused.Delay, first.Delay, second.Delay)
 	}
-	// None left at once (the limit counts now), and one granted after the
-	// first caller's.
-	if first.Remaining != 1 || second.Remaining != 0 {
-		t.Fatalf("Remaining %d then %d, want 1 then 0", first.Remaining, second.Remaining)
+	// None free at once after either place (the limit counts now), as a
+	// take of their own would be told.
+	if first.Remaining != 0 || second.Remaining != 0 {
+		t.Fatalf("Remaining %d then %d, want 0 then 0", first.Remaining, second.Remaining)
 	}
 }
 

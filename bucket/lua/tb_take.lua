@@ -42,8 +42,9 @@
 -- later: for a refusal, or callers of an up-to take left without a place,
 -- the earliest place they could have after the places given, less now;
 -- else -1.
--- remaining: LIMIT less the permits counting at now, at least 0 (-1 in a
--- pause); reset: until the last of them stops counting; born: when the
+-- remaining: LIMIT less the permits counted, at least 0 (-1 in a pause);
+-- for an up-to take with a place per caller not clamped (the Go side adds
+-- the permits placed after each caller's, and clamps); reset: until the last of them stops counting; born: when the
 -- schedule was born (0 when not read).
 local interval, margin = tonumber(ARGV[3]), tonumber(ARGV[4])
 local maxWait, known, born = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -81,7 +82,7 @@ if pace < 1000 then pace = 0 end
 local function place(c)
   local w = s:earliest(c, limit)
   if w == nil then return nil, nil end
-  local p = math.ceil(pace > 0 and math.max(w, s.tat) or w) -- unpaced: as early as the limit allows
+  local p = math.ceil(math.max(w, s.tat))
   if maxWait < 0 or p - now <= maxWait then
     s.tat = p + c * pace
   elseif w - now <= maxWait then
@@ -101,22 +102,19 @@ if upTo then
   end
 end
 if upTo and n > 1 and pace == 0 then
-  -- Unpaced, an up-to take's permits that fit at once share one place
-  -- (the reply's -k form when all fit).
+  -- Unpaced, an up-to take's permits that fit at once share one place.
   local c = math.min(n, limit - s.count)
   local p, w, e
   if c > 0 then p, w, e = place(c) end
-  if p and c == n then
+  if p then
+    if c < n then later = (s:earliest(1, limit) or now + interval) - now end
     if s:changed() then s:save() end
     return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -c, p - now, e}
   end
-  if p then
-    for i = 1, c do out[i], ends[i] = p - now, e end
-  end
-  -- The others: a place for each caller in turn, as below.
+  -- None fit at once: a place for each caller in turn, as below.
 end
 local refused = false
-for i = #out + 1, upTo and n or 1 do
+for i = 1, upTo and n or 1 do
   maxWait = waits[i] or maxWait
   local p, w, e = place(upTo and 1 or n)
   if p == nil then
@@ -132,7 +130,7 @@ while out[#out] == -1 do out[#out], ends[#ends] = nil, nil end
 -- After the places given: the earliest a caller refused could have.
 if refused then later = (s:earliest(upTo and 1 or n, limit) or now + interval) - now end
 if s:changed() then s:save() end
-local res = {#out > 0 and 1 or 0, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born}
+local res = {#out > 0 and 1 or 0, limit, upTo and limit - s.count or math.max(limit - s.count, 0), s:reset(), now, later, s.born}
 for _, d in ipairs(out) do res[#res + 1] = d end
 for _, e in ipairs(ends) do res[#res + 1] = e end
 return res
