@@ -44,8 +44,9 @@
 -- else -1.
 -- remaining: LIMIT less the permits counted, at least 0 (-1 in a pause);
 -- for an up-to take with a place per caller not clamped (the Go side adds
--- the permits placed after each caller's, and clamps); reset: until the last of them stops counting; born: when the
--- schedule was born (0 when not read).
+-- the permits placed after each caller's, and clamps); reset: until the
+-- last of them stops counting; born: when the schedule was born (0 when
+-- not read).
 local interval, margin = tonumber(ARGV[3]), tonumber(ARGV[4])
 local maxWait, known, born = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local time = redis.call('TIME')
