@@ -337,8 +337,8 @@ func TestCoalescedTokenBucketRefusesOnlyTheCallersItsPlacesDoNotFit(t *testing.T
 
 // Above 1,000 permits a second (unpaced), a batch none of whose callers
 // fits at once places each caller in turn within its own wait, as a paced
-// one does. (It used to place its least-wait caller alone: one without a
-// wait left made the whole batch be refused.)
+// one does: a caller without a wait left is refused alone, not with the
+// batch.
 func TestCoalescedUnpacedTokenBucketPlacesTheCallersThatCanWait(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
@@ -549,8 +549,8 @@ func TestCoalescedGCRAReservesWithinEachWait(t *testing.T) {
 // A coalesced GCRA call reserves each caller's slot within that caller's
 // own wait, the least wait first: at the limit, the callers that cannot
 // wait are refused and those that can get the next slots, in the same
-// round trip. (Within the smallest wait among them, as a call for the
-// batch as a whole would be, all four were refused.)
+// round trip. (A call bounded by the batch's least wait would refuse all
+// five.)
 func TestCoalescedGCRARefusesOnlyTheCallersItsSlotsDoNotFit(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
@@ -593,8 +593,7 @@ func TestCoalescedGCRARefusesOnlyTheCallersItsSlotsDoNotFit(t *testing.T) {
 
 // A coalesced GCRA call gives its callers as many slots as their waits
 // fit, beyond the burst: each slot is one permit, as k takes of one each
-// would be. (With the batch capped at the burst, WithBurst(1) gave one
-// slot a round trip.)
+// would be, so WithBurst(1) still serves a batch in one round trip.
 func TestCoalescedGCRAGivesSlotsBeyondTheBurst(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
