@@ -314,20 +314,7 @@ func TestCoalescedTokenBucketRefusesOnlyTheCallersItsPlacesDoNotFit(t *testing.T
 	const long = 5 * time.Second
 	waits := []time.Duration{long, 0, long + time.Second, 0} // in the order they queue
 	got, places, calls := coalescedBatch(t, b, hook, waits)
-	if calls != 1 {
-		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
-	}
-	for i, d := range got {
-		if d.Granted != (waits[i] > 0) {
-			t.Fatalf("caller %d (wait %v): %+v; want only the callers that can wait placed", i, waits[i], d)
-		}
-		if d.Granted && (d.Delay < period/2 || d.Delay > waits[i]) {
-			t.Fatalf("caller %d: placed in %v, want once the first permits stop counting, within its wait %v", i, d.Delay, waits[i])
-		}
-		if !d.Granted && d.Delay <= 0 {
-			t.Fatalf("caller %d refused with delay %v, want the time of the next place", i, d.Delay)
-		}
-	}
+	checkOnlyThoseThatCanWaitPlaced(t, got, waits, calls, period/2)
 	// The least wait first: the caller that queued first waits less than
 	// the third, and has the earlier place, one pace (100 ms) before it.
 	if gap := places[2].Sub(places[0]); gap < 90*time.Millisecond || gap > 110*time.Millisecond {
@@ -354,17 +341,7 @@ func TestCoalescedUnpacedTokenBucketPlacesTheCallersThatCanWait(t *testing.T) {
 	}
 	waits := []time.Duration{0, throttle.Forever, 0, 5 * time.Second}
 	got, places, calls := coalescedBatch(t, b, hook, waits)
-	if calls != 1 {
-		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
-	}
-	for i, d := range got {
-		if d.Granted != (waits[i] > 0) {
-			t.Fatalf("caller %d (wait %v): %+v; want only the callers that can wait placed", i, waits[i], d)
-		}
-		if d.Granted && (d.Delay < time.Second/2 || d.Delay > waits[i]) {
-			t.Fatalf("caller %d: placed in %v, want when the limit's permits stop counting, within its wait %v", i, d.Delay, waits[i])
-		}
-	}
+	checkOnlyThoseThatCanWaitPlaced(t, got, waits, calls, time.Second/2)
 	if gap := places[1].Sub(places[3]).Abs(); gap > 10*time.Millisecond {
 		t.Fatalf("places %v apart, want the same (unpaced, both when the first permits stop counting)", gap)
 	}
@@ -472,6 +449,28 @@ func TestTokenBucketBatchRemainingCountsWhatIsFreeAfterEachPlace(t *testing.T) {
 	}
 }
 
+// checkOnlyThoseThatCanWaitPlaced checks a batch at its limit, answered in
+// one call: the callers with a wait placed within it, no earlier than
+// from (when the first permits stop counting), the others refused with
+// the time of the next place.
+func checkOnlyThoseThatCanWaitPlaced(t *testing.T, got []throttle.Decision, waits []time.Duration, calls int64, from time.Duration) {
+	t.Helper()
+	if calls != 1 {
+		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
+	}
+	for i, d := range got {
+		if d.Granted != (waits[i] > 0) {
+			t.Fatalf("caller %d (wait %v): %+v; want only the callers that can wait placed", i, waits[i], d)
+		}
+		if d.Granted && (d.Delay < from || d.Delay > waits[i]) {
+			t.Fatalf("caller %d: placed in %v, want once the first permits stop counting (%v on), within its wait %v", i, d.Delay, from, waits[i])
+		}
+		if !d.Granted && d.Delay <= 0 {
+			t.Fatalf("caller %d refused with delay %v, want the time of the next place", i, d.Delay)
+		}
+	}
+}
+
 // coalescedBatch queues callers of b's key "" with waits, in that order,
 // behind a call held in flight, lets them go as one batch, and returns
 // each caller's decision and place, and the commands hook counted for
@@ -499,6 +498,22 @@ func coalescedBatch(t *testing.T, b throttle.Bucket, hook *countingHook, waits [
 	return got, places, hook.n.Load() - before
 }
 
+// gcraTaken is a GCRA of 10 per 10 s (a slot every second, burst 10)
+// under key, taken permits of its burst taken at once.
+func gcraTaken(t *testing.T, rdb redis.UniversalClient, key string, taken int) *GCRA {
+	t.Helper()
+	b, err := NewGCRA(rdb, key, 10, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range taken {
+		if d, err := b.Take(context.Background(), "", 1, 0); err != nil || !d.Granted || d.Delay != 0 {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	return b
+}
+
 // TestCoalescedGCRAReservesWithinEachWait: a coalesced GCRA call reserves
 // one slot per caller, in arrival order, one emission interval apart,
 // each within the callers' wait; callers whose slot would come later are
@@ -506,15 +521,7 @@ func coalescedBatch(t *testing.T, b throttle.Bucket, hook *countingHook, waits [
 func TestCoalescedGCRAReservesWithinEachWait(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
-	b, err := NewGCRA(srv.Client(), "gcra-co", 10, 10*time.Second) // a slot every second, burst 10
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 10 {
-		if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted || d.Delay != 0 {
-			t.Fatalf("%+v, %v", d, err)
-		}
-	}
+	b := gcraTaken(t, srv.Client(), "gcra-co", 10)
 	h := coalescingOf(t, b, "")
 	h.hold()
 	const maxWait = 2500 * time.Millisecond // slots in about 1 s and 2 s fit; 3 s does not
@@ -556,16 +563,7 @@ func TestCoalescedGCRARefusesOnlyTheCallersItsSlotsDoNotFit(t *testing.T) {
 	rdb := srv.Client()
 	hook := &countingHook{}
 	rdb.AddHook(hook)
-	ctx := context.Background()
-	b, err := NewGCRA(rdb, "gcra-each-wait", 10, 10*time.Second) // a slot every second, burst 10
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 10 {
-		if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted || d.Delay != 0 {
-			t.Fatalf("%+v, %v", d, err)
-		}
-	}
+	b := gcraTaken(t, rdb, "gcra-each-wait", 10)
 	waits := []time.Duration{5 * time.Second, 0, 1500 * time.Millisecond, 0, 1500 * time.Millisecond} // in the order they queue
 	got, slots, calls := coalescedBatch(t, b, hook, waits)
 	if calls != 1 {
@@ -632,15 +630,7 @@ func TestCoalescedGCRAGivesSlotsBeyondTheBurst(t *testing.T) {
 func TestCoalescedGCRARemainingCountsNothingFreeWhileSlotsAreAhead(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
-	b, err := NewGCRA(srv.Client(), "gcra-remaining", 10, 10*time.Second) // a slot every second, burst 10
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 7 {
-		if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted {
-			t.Fatalf("%+v, %v", d, err)
-		}
-	}
+	b := gcraTaken(t, srv.Client(), "gcra-remaining", 7)
 	for _, waits := range [][]time.Duration{
 		{0, 0, 5 * time.Second, 6 * time.Second, 7 * time.Second}, // each caller's wait sent
 		{7 * time.Second, 7 * time.Second, 7 * time.Second, 7 * time.Second, 7 * time.Second},
