@@ -464,7 +464,18 @@ func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
 		}
 		placedN += len(takePlaces(t, b, "", n, waits[rng.IntN(len(waits))]).places)
 	}
-	list, err := rdb.LRange(context.Background(), b.rootKeys[0], 0, -1).Result()
+	if count := scheduleConsistent(t, rdb, b.rootKeys[0], interval); count != int64(placedN) {
+		t.Fatalf("%d permits placed; the schedule holds %d", placedN, count)
+	}
+}
+
+// scheduleConsistent reads the schedule under key (schedule.lua) and
+// fails t unless its entries are in order of end, one a slot of
+// interval/256, and its header's count and cursor agree with them: count
+// is their sum, before the sum of those ahead of cur. It returns count.
+func scheduleConsistent(t *testing.T, rdb redis.UniversalClient, key string, interval time.Duration) int64 {
+	t.Helper()
+	list, err := rdb.LRange(context.Background(), key, 0, -1).Result()
 	if err != nil || len(list) < 2 {
 		t.Fatalf("schedule %q, %v", list, err)
 	}
@@ -472,9 +483,9 @@ func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
 	if _, err := fmt.Sscanf(list[0], "%d %d %d %d", &count, &tat, &cur, &before); err != nil {
 		t.Fatalf("header %q: %v", list[0], err)
 	}
-	var sum, last int64
+	var sum, ahead, last int64
 	grid := interval.Microseconds() / 256
-	for _, e := range list[1:] {
+	for i, e := range list[1:] {
 		var end, n int64
 		if _, err := fmt.Sscanf(e, "%d %d", &end, &n); err != nil {
 			t.Fatalf("entry %q: %v", e, err)
@@ -482,10 +493,46 @@ func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
 		if end < last || last != 0 && end/grid == last/grid {
 			t.Fatalf("entry %q after one ending at %d: entries must be in order of end, one a slot: %q", e, last, list)
 		}
+		if int64(i+1) < cur {
+			ahead += n
+		}
 		sum, last = sum+n, end
 	}
-	if sum != count || count != int64(placedN) {
-		t.Fatalf("%d permits placed; the entries hold %d, the header says %d", placedN, sum, count)
+	if sum != count {
+		t.Fatalf("the entries hold %d permits, the header says %d: %q", sum, count, list)
+	}
+	if cur <= int64(len(list)) && ahead != before {
+		t.Fatalf("the entries before the cursor (%d) hold %d permits, the header says %d: %q", cur, ahead, before, list)
+	}
+	return count
+}
+
+// TestTokenBucketBatchKeepsAChangedEntryItReadsAgain: a batch that
+// counts a permit in the schedule's last entry and then, searching for
+// later callers' places, reads the entries around it again from Redis
+// writes back the entry with that permit: the schedule holds every permit
+// its header counts. (Seven entries: the search reads 1–4 and 5–8, the
+// first read of the last entry, 7, at the call's start.)
+func TestTokenBucketBatchKeepsAChangedEntryItReadsAgain(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	const limit, interval = 8, time.Second // paced 125 ms apart: an entry each
+	b := newTB(t, rdb, "read-again", limit, interval)
+	for range limit - 1 {
+		if p := takePlaces(t, b, "", 1, throttle.Forever); len(p.places) != 1 {
+			t.Fatalf("take: %+v, want a place", p)
+		}
+	}
+	// The first caller cannot wait: the last room at once, counted in the
+	// last entry. The others can: each place is found past one more
+	// entry, the fifth read with the two after it.
+	waits := []time.Duration{0, 10 * time.Second, 10 * time.Second, 10 * time.Second, 10 * time.Second, 10 * time.Second}
+	u, err := b.run(context.Background(), "", -int64(len(waits)), waits[0], waits)
+	if err != nil || u.got != int64(len(waits)) {
+		t.Fatalf("batch: %+v, %v; want all %d placed", u, err, len(waits))
+	}
+	if count := scheduleConsistent(t, rdb, b.rootKeys[0], interval); count != limit-1+int64(len(waits)) {
+		t.Fatalf("the schedule counts %d permits, want %d", count, limit-1+len(waits))
 	}
 }
 

@@ -61,14 +61,18 @@ local function openSchedule(key, interval, now)
 end
 
 -- entry is {end, count} of entry i (stored ones first, then those this
--- call added), nil past the last.
+-- call added), nil past the last. Entries are read four at a time, and
+-- each once: one read before may have been changed since, and save
+-- writes back the tables changed.
 function Schedule:entry(i)
   if i > self.len then return self.added[i - self.len] end
   if self.stored[i] == nil then
     local r = redis.call('LRANGE', self.key, i, i + 3)
     for j, v in ipairs(r) do
-      local e, c = string.match(v, '(%S+) (%S+)')
-      self.stored[i + j - 1] = {tonumber(e), tonumber(c)}
+      if self.stored[i + j - 1] == nil then
+        local e, c = string.match(v, '(%S+) (%S+)')
+        self.stored[i + j - 1] = {tonumber(e), tonumber(c)}
+      end
     end
   end
   return self.stored[i]
