@@ -446,9 +446,11 @@ func TestTokenBucketHugeLimitAndIntervalKeepExactArithmetic(t *testing.T) {
 }
 
 // TestTokenBucketScheduleCountsEveryPermitPlaced: whatever mix of takes
-// (one permit, several at one place, up to k, waits short and long), the
-// schedule's entries hold every permit placed and its header says as
-// much, its entries in order of end, one a slot.
+// (one permit, several at one place, up to k with one wait or each
+// caller's own, waits short and long; a third of the grants given back),
+// after each the schedule's entries hold every permit placed and not given
+// back, and its header says as much, its entries in order of end, one a
+// slot.
 func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
@@ -456,16 +458,39 @@ func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
 	b := newTB(t, rdb, "counted", limit, interval)
 	rng := rand.New(rand.NewPCG(3, 4))
 	waits := []time.Duration{0, time.Millisecond, 100 * time.Millisecond, 10 * time.Second, throttle.Forever}
-	placedN := 0
+	placedN := int64(0)
 	for range 300 {
 		n := int64(1 + rng.IntN(4))
+		wait := waits[rng.IntN(len(waits))]
+		var each []time.Duration
 		if rng.IntN(2) == 0 {
-			n = -n
+			n = -(1 + rng.Int64N(8))
+			if rng.IntN(2) == 0 {
+				for range -n {
+					each = append(each, waits[rng.IntN(len(waits))])
+				}
+				slices.Sort(each)
+				wait = each[0]
+			}
 		}
-		placedN += len(takePlaces(t, b, "", n, waits[rng.IntN(len(waits))]).places)
-	}
-	if count := scheduleConsistent(t, rdb, b.rootKeys[0], interval); count != int64(placedN) {
-		t.Fatalf("%d permits placed; the schedule holds %d", placedN, count)
+		u, err := b.run(context.Background(), "", n, wait, each)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range max(-n, 1) {
+			if d := u.forCaller(i); d.Granted {
+				placedN += max(n, 1)
+				if rng.IntN(3) == 0 { // a caller gone: its room is free again
+					if err := d.Cancel(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+					placedN -= max(n, 1)
+				}
+			}
+		}
+		if count := scheduleConsistent(t, rdb, b.rootKeys[0], interval); count != placedN {
+			t.Fatalf("%d permits placed; the schedule holds %d", placedN, count)
+		}
 	}
 }
 
