@@ -243,7 +243,7 @@ func bounded(ctx context.Context, c *common, key string, f func(context.Context)
 	go func() {
 		defer c.calls.inflight.Add(-1)
 		d, err := f(ctx)
-		ch <- answer{d, err, time.Now()}
+		ch <- answer{d: d, err: err, at: time.Now()}
 	}()
 	select {
 	case r := <-ch:

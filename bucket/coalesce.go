@@ -185,6 +185,11 @@ type line struct {
 	q         []*queuedTake
 	since     time.Time // when the call in flight began
 	bypassing bool      // a caller asks around a stuck call (at most one)
+	// watch, while callers are queued, checks whether the call in flight
+	// has stalled (see watchStall): one timer for the line, not one per
+	// caller.
+	watch    *time.Timer
+	watching bool // watch is set to fire
 }
 
 // queuedTake is one caller's Take queued in its key's line for the next batch.
@@ -215,6 +220,9 @@ type answer struct {
 	d   throttle.Decision
 	err error
 	at  time.Time // when the store's answer came (see fresh)
+	// bypass: no answer; the call in flight has stalled, and this caller
+	// is the one to ask around it (watchStall).
+	bypass bool
 }
 
 // fresh returns d, a decision of the store's answer that came at at, as of
@@ -277,37 +285,67 @@ func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duratio
 	}
 	w := &queuedTake{ctx: ctx, maxWait: maxWait, since: now, ch: make(chan answer, 1)}
 	ln.q = append(ln.q, w)
+	if !ln.watching {
+		b.watchStall(s, key, ln, max(stalled, c.stallAfter/4))
+	}
 	s.mu.Unlock()
-	t := time.NewTimer(max(stalled, c.stallAfter/4))
-	defer t.Stop()
-	for {
-		select {
-		case a := <-w.ch:
-			return fresh(a.d, a.at), a.err
-		case <-t.C:
-			s.mu.Lock()
-			if !ln.bypassing && time.Since(ln.since) >= c.stallAfter && w.state.CompareAndSwap(waiting, gone) {
-				// Still queued behind a call that has not returned in
-				// stallAfter, and nobody else is asking around it.
-				ln.bypassing = true
-				s.mu.Unlock()
-				return b.bypass(ctx, s, ln, key, one)
-			}
-			s.mu.Unlock()
-			if w.state.Load() == waiting {
-				t.Reset(c.stallAfter / 4)
-			}
-			continue
-		case <-ctx.Done():
+	var a answer
+	select {
+	case a = <-w.ch:
+	case <-ctx.Done():
+		if w.state.CompareAndSwap(waiting, gone) || w.state.CompareAndSwap(batched, gone) {
+			tag, _ := b.ks.tag(b.name, key)
+			return throttle.Decision{}, backend("take", tag, fmt.Errorf("no reply from redis before the context ended: %w", ctx.Err()))
 		}
-		break
+		a = <-w.ch // answered as we gave up: the answer wins
 	}
-	if !w.state.CompareAndSwap(waiting, gone) && !w.state.CompareAndSwap(batched, gone) {
-		a := <-w.ch // answered as we gave up: the answer wins
-		return fresh(a.d, a.at), a.err
+	if a.bypass {
+		return b.bypass(ctx, s, ln, key, one)
 	}
-	tag, _ := b.ks.tag(b.name, key)
-	return throttle.Decision{}, backend("take", tag, fmt.Errorf("no reply from redis before the context ended: %w", ctx.Err()))
+	return fresh(a.d, a.at), a.err
+}
+
+// watchStall sets ln's watch to fire after d (s.mu held): then, if the
+// call in flight has run stallAfter or longer and nobody asks around it,
+// the first caller still queued is told to (one at a time, never a crowd:
+// that would fill the connection pool); while callers are queued, it
+// looks again every stallAfter/4 at least. It ends with the line.
+func (b *common) watchStall(s *shard, key string, ln *line, d time.Duration) {
+	ln.watching = true
+	if ln.watch != nil {
+		ln.watch.Reset(d)
+		return
+	}
+	ln.watch = time.AfterFunc(d, func() {
+		c := b.co
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		ln.watching = false
+		if s.lines[key] != ln || len(ln.q) == 0 {
+			return // the line has ended, or has nobody to look after
+		}
+		stalled := c.stallAfter - time.Since(ln.since)
+		if stalled <= 0 && !ln.bypassing {
+			for _, w := range ln.q {
+				if w.state.CompareAndSwap(waiting, gone) {
+					ln.bypassing = true
+					w.ch <- answer{bypass: true}
+					break
+				}
+			}
+		}
+		b.watchStall(s, key, ln, max(stalled, c.stallAfter/4))
+	})
+}
+
+// endLine takes key's line ln out of the map (s.mu held): no call for
+// key is in flight any more.
+func (s *shard) endLine(key string, ln *line) {
+	delete(s.lines, key)
+	if ln.watch != nil {
+		ln.watch.Stop()
+	}
+	ln.watching = false
 }
 
 // bypass is an uncoalesced take by the one caller of key allowed to ask
@@ -327,7 +365,7 @@ func (b *common) handOff(s *shard, key string, many roundTrip) {
 	s.mu.Lock()
 	ln := s.lines[key]
 	if len(ln.q) == 0 {
-		delete(s.lines, key)
+		s.endLine(key, ln)
 		s.mu.Unlock()
 		return
 	}
@@ -365,7 +403,7 @@ func (b *common) run(s *shard, key string, ln *line, many roundTrip) {
 		clear(ln.q[left:])
 		ln.q = ln.q[:left]
 		if len(batch) == 0 {
-			delete(s.lines, key)
+			s.endLine(key, ln)
 			s.mu.Unlock()
 			return
 		}
