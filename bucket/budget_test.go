@@ -1045,3 +1045,68 @@ func TestCostGrantRefusedSettleCanBeCorrected(t *testing.T) {
 		t.Fatalf("a third Settle, after one that counted = %v, want ErrInvalid", err)
 	}
 }
+
+// TestBudgetSchedulesCountEveryChargeTheyHold: through a random mix of
+// takes (waits short and long, some with the cost of one dimension only),
+// settles (charges beyond the estimate, give-backs, whole cancellations)
+// and schedules that lack an end the instance was given (emptied by a
+// restart, or rebuilt by other instances since: the take counts the limit
+// at that end), on intervals short enough that
+// entries stop counting during the run, each dimension's schedule keeps
+// its header's count equal to what its entries hold, its entries in order
+// of end, one a slot.
+func TestBudgetSchedulesCountEveryChargeTheyHold(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	dims := []Dimension{{Name: "requests", Limit: 10, Interval: 30 * time.Millisecond}, {Name: "tokens", Limit: 1000, Interval: 150 * time.Millisecond}}
+	b := newBudget(t, rdb, "counted", dims)
+	rng := rand.New(rand.NewPCG(5, 6))
+	waits := []time.Duration{0, time.Millisecond, 100 * time.Millisecond, throttle.Forever}
+	var held []throttle.Decision // grants that may still be settled
+	for range 1500 {
+		if rng.IntN(15) == 0 {
+			// Lost: the instance was given an end, within an interval
+			// from now, that the schedule lacks (emptied, or rebuilt by
+			// other instances since).
+			if rng.IntN(4) == 0 {
+				if err := rdb.Del(context.Background(), b.rootKeys[2:]...).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, d := range dims {
+				b.ends.note(endsKey("", i), time.Now().UnixMicro()+rng.Int64N(d.Interval.Microseconds()), 0, 0)
+			}
+		} else if len(held) > 0 && rng.IntN(3) == 0 {
+			d := held[rng.IntN(len(held))]
+			var err error
+			switch rng.IntN(3) {
+			case 0:
+				err = d.Cancel(context.Background())
+			case 1:
+				err = d.Settle(context.Background(), throttle.Cost{"tokens": rng.Int64N(2000) - 1000})
+			default:
+				err = d.Settle(context.Background(), throttle.Cost{"requests": rng.Int64N(20) - 10, "tokens": rng.Int64N(2000) - 1000})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			c := throttle.Cost{"requests": 1 + rng.Int64N(10), "tokens": 1 + rng.Int64N(1000)}
+			if rng.IntN(5) == 0 {
+				delete(c, "requests")
+			}
+			d, err := b.TakeCost(context.Background(), "", c, waits[rng.IntN(len(waits))])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Granted {
+				if held = append(held, d); len(held) > 30 {
+					held = held[1:]
+				}
+			}
+		}
+		for i, d := range dims {
+			scheduleConsistent(t, rdb, b.rootKeys[2+i], d.Interval)
+		}
+	}
+}

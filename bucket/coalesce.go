@@ -17,8 +17,8 @@ import (
 // ("Coalesced takes"). The permit of a caller that gave up while its batch
 // was in flight goes to a later caller of the batch that was refused and
 // can wait for it, or to the first still queued for the next batch that
-// can, never to two; only when nobody is left is it lost, and the bucket
-// counts it (see stranded).
+// can and was queued before the call was sent, never to two; only when
+// nobody is left is it lost, and the bucket counts it (see stranded).
 
 // upTo is one coalesced call's answer: got callers are granted, the first
 // got unless delays says otherwise (caller i's Delay is delays[i] when
@@ -161,7 +161,7 @@ type coalescer struct {
 	seed   maphash.Seed
 	shards [coalesceShards]shard
 	// stranded counts permits granted to a batch whose callers had all
-	// given up, with nobody queued to take them.
+	// given up, with nobody queued before its call to take them.
 	stranded atomic.Int64
 	// stallAfter: see the constant; tests that hold a line set it longer.
 	stallAfter time.Duration
@@ -307,9 +307,10 @@ func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duratio
 
 // watchStall sets ln's watch to fire after d (s.mu held): then, if the
 // call in flight has run stallAfter or longer and nobody asks around it,
-// the first caller still queued is told to (one at a time, never a crowd:
-// that would fill the connection pool); while callers are queued, it
-// looks again every stallAfter/4 at least. It ends with the line.
+// the first caller still waiting is told to (one at a time, never a
+// crowd: that would fill the connection pool); while callers wait, it
+// looks again every stallAfter/4 at least. Callers that gave up leave the
+// line then. It ends with the line, or when nobody in it waits.
 func (b *common) watchStall(s *shard, key string, ln *line, d time.Duration) {
 	ln.watching = true
 	if ln.watch != nil {
@@ -321,13 +322,17 @@ func (b *common) watchStall(s *shard, key string, ln *line, d time.Duration) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		ln.watching = false
-		if s.lines[key] != ln || len(ln.q) == 0 {
-			return // the line has ended, or has nobody to look after
+		if s.lines[key] != ln {
+			return // the line has ended
+		}
+		ln.q = slices.DeleteFunc(ln.q, func(w *queuedTake) bool { return w.state.Load() == gone })
+		if len(ln.q) == 0 {
+			return // nobody to look after: the next caller to queue sets the watch again
 		}
 		stalled := c.stallAfter - time.Since(ln.since)
 		if stalled <= 0 && !ln.bypassing {
 			for _, w := range ln.q {
-				if w.state.CompareAndSwap(waiting, gone) {
+				if w.ctx.Err() == nil && w.state.CompareAndSwap(waiting, gone) {
 					ln.bypassing = true
 					w.ch <- answer{bypass: true}
 					break
@@ -439,6 +444,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 	if b.co.beforeBatch != nil {
 		b.co.beforeBatch(k)
 	}
+	sent := time.Now()
 	u, err := many(ctx, key, -k, least, waits)
 	at := time.Now()
 	if b.co.afterBatch != nil {
@@ -452,7 +458,10 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 	}
 	// The permit of a caller that gave up (the earliest such first) goes
 	// to the next one refused that can wait for it, or to the first
-	// queued for the next batch that can; never to two.
+	// queued for the next batch that can and was queued before the call
+	// was sent; never to two. The store decided the permit during the
+	// call: a caller that came later might get it after the window it
+	// was counted in has ended.
 	var spare []int64
 	for i, w := range batch {
 		d := u.forCaller(int64(i))
@@ -476,7 +485,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 	s.mu.Lock()
 	kept := ln.q[:0]
 	for _, w := range ln.q {
-		if len(spare) > 0 && w.state.Load() == waiting {
+		if len(spare) > 0 && w.since.Before(sent) && w.state.Load() == waiting {
 			d := u.forCaller(spare[0])
 			if d.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: d, at: at}) {
 				spare = spare[1:]

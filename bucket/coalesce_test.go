@@ -75,6 +75,31 @@ func (h *coalescing) queued() int {
 	return 0
 }
 
+// waiting is how many queued callers still wait for an answer.
+func (h *coalescing) waiting() int {
+	s := h.c.co.shard(h.key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	if ln := s.lines[h.key]; ln != nil {
+		for _, w := range ln.q {
+			if w.state.Load() == waiting {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// watching reports whether the key's line has its stall watch set.
+func (h *coalescing) watching() bool {
+	s := h.c.co.shard(h.key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ln := s.lines[h.key]
+	return ln != nil && ln.watching
+}
+
 // waitQueued waits (bounded) until n callers are queued.
 func (h *coalescing) waitQueued(n int) {
 	h.t.Helper()
@@ -178,62 +203,85 @@ func TestCoalescedPartialGrant(t *testing.T) {
 // TestCoalescedWaiterCancelledInFlight: a caller whose context ends while
 // its batch is in flight returns at once; the permit the batch took for it
 // goes to the next caller in line, so it is neither lost nor granted
-// twice. With nobody left in line, the permit is counted as stranded.
+// twice. Only a caller queued before the call was sent may get it: the
+// store counted the permit in that call, and one who came later might get
+// it after the window it was counted in. With nobody such in line, the
+// permit is counted as stranded.
 func TestCoalescedWaiterCancelledInFlight(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
-	for _, later := range []bool{true, false} {
-		b, err := NewTokenBucket(rdb, "cancel-"+map[bool]string{true: "later", false: "alone"}[later], 10, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := coalescingOf(t, b, "")
-		inFlight, proceed := make(chan struct{}), make(chan struct{})
-		h.c.co.beforeBatch = func(int64) {
-			close(inFlight)
-			<-proceed
-		}
-		h.hold()
-		cctx, cancel := context.WithCancel(context.Background())
-		first := h.queue(cctx, b, 0)
-		second := h.queue(context.Background(), b, 0)
-		third := h.queue(context.Background(), b, 0)
-		h.release()
-		<-inFlight
-		cancel()
-		r := <-first
-		var be *throttle.BackendError
-		if !errors.As(r.err, &be) || !errors.Is(r.err, context.Canceled) {
-			t.Fatalf("cancelled caller: %+v, %v; want a BackendError wrapping context.Canceled", r.d, r.err)
-		}
-		var fourth <-chan takeResult
-		if later {
-			fourth = h.queue(context.Background(), b, 0) // queued for the next batch
-		}
-		h.c.co.beforeBatch = nil
-		close(proceed)
-		granted := 0
-		for _, ch := range []<-chan takeResult{second, third, fourth} {
-			if ch == nil {
-				continue
+	for _, c := range []struct {
+		name string
+		// fourth: when a fourth caller queues, if at all: "before" the
+		// call is sent, or "after" its answer came.
+		fourth string
+		// want: granted of the three left, and stranded permits.
+		granted, stranded int
+		charged           int
+	}{
+		{"queued before the call", "before", 3, 0, 3},
+		{"queued after the call", "after", 3, 1, 4},
+		{"nobody queued", "", 2, 1, 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := NewTokenBucket(rdb, "cancel-"+c.fourth, 10, time.Hour)
+			if err != nil {
+				t.Fatal(err)
 			}
-			r := <-ch
-			if r.err != nil || !r.d.Granted {
-				t.Fatalf("later=%v: %+v, %v; want granted", later, r.d, r.err)
+			h := coalescingOf(t, b, "")
+			inFlight, proceed := make(chan struct{}), make(chan struct{})
+			h.c.co.beforeBatch = func(int64) {
+				h.c.co.beforeBatch = nil
+				close(inFlight)
+				<-proceed
 			}
-			granted++
-		}
-		waitInflight(t, h.c)
-		stranded := h.c.co.stranded.Load()
-		if left := drain(t, b); left != 10-3 {
-			t.Fatalf("later=%v: %d left, want 7: the batch of 3 was charged %d", later, left, 10-left)
-		}
-		if later && (granted != 3 || stranded != 0) {
-			t.Fatalf("%d granted, %d stranded; want the cancelled caller's permit to go to the next in line", granted, stranded)
-		}
-		if !later && (granted != 2 || stranded != 1) {
-			t.Fatalf("%d granted, %d stranded; want 2 granted and the third permit counted as stranded", granted, stranded)
-		}
+			var fourth <-chan takeResult
+			if c.fourth == "after" {
+				h.c.co.afterBatch = func() {
+					h.c.co.afterBatch = nil
+					fourth = h.queue(context.Background(), b, 0)
+				}
+			}
+			h.hold()
+			cctx, cancel := context.WithCancel(context.Background())
+			first := h.queue(cctx, b, 0)
+			second := h.queue(context.Background(), b, 0)
+			third := h.queue(context.Background(), b, 0)
+			h.release()
+			<-inFlight
+			cancel()
+			r := <-first
+			var be *throttle.BackendError
+			if !errors.As(r.err, &be) || !errors.Is(r.err, context.Canceled) {
+				t.Fatalf("cancelled caller: %+v, %v; want a BackendError wrapping context.Canceled", r.d, r.err)
+			}
+			if c.fourth == "before" {
+				fourth = h.queue(context.Background(), b, 0) // queued for the next batch
+			}
+			close(proceed)
+			granted := 0
+			for _, ch := range []<-chan takeResult{second, third} {
+				r := <-ch
+				if r.err != nil || !r.d.Granted {
+					t.Fatalf("%+v, %v; want granted", r.d, r.err)
+				}
+				granted++
+			}
+			if c.fourth != "" {
+				if r := <-fourth; r.err != nil || !r.d.Granted {
+					t.Fatalf("fourth caller: %+v, %v; want granted", r.d, r.err)
+				}
+				granted++
+			}
+			waitInflight(t, h.c)
+			stranded := h.c.co.stranded.Load()
+			if left := drain(t, b); left != 10-c.charged {
+				t.Fatalf("%d left, want %d: the store was charged %d", left, 10-c.charged, 10-left)
+			}
+			if granted != c.granted || stranded != int64(c.stranded) {
+				t.Fatalf("%d granted, %d stranded; want %d and %d", granted, stranded, c.granted, c.stranded)
+			}
+		})
 	}
 }
 
@@ -344,6 +392,77 @@ func TestCoalescedUnpacedTokenBucketPlacesTheCallersThatCanWait(t *testing.T) {
 	checkOnlyThoseThatCanWaitPlaced(t, got, waits, calls, time.Second/2)
 	if gap := places[1].Sub(places[3]).Abs(); gap > 10*time.Millisecond {
 		t.Fatalf("places %v apart, want the same (unpaced, both when the first permits stop counting)", gap)
+	}
+}
+
+// Unpaced, a batch only some of whose callers fit at once gives those one
+// place at once and places the others each in turn within its own wait,
+// in the same call.
+func TestCoalescedUnpacedTokenBucketPlacesTheCallersRoomLeavesOut(t *testing.T) {
+	srv := redisenv.New(t)
+	rdb := srv.Client()
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	const limit = 2000
+	b, err := NewTokenBucket(rdb, "unpaced-partial", limit, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := b.Take(context.Background(), "", limit-2, 0); err != nil || !d.Granted {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	waits := []time.Duration{5 * time.Second, 5 * time.Second, 0, 5 * time.Second, 5 * time.Second}
+	got, _, calls := coalescedBatch(t, b, hook, waits)
+	if calls != 1 {
+		t.Fatalf("%d calls to Redis for the batch, want 1", calls)
+	}
+	// The least wait first: the caller without a wait and one other at
+	// once, the three others when the first permits stop counting.
+	var now, later int
+	for i, d := range got {
+		switch {
+		case !d.Granted:
+			t.Fatalf("caller %d (wait %v) refused: %+v", i, waits[i], d)
+		case d.Delay < time.Second/2:
+			now++
+		case d.Delay <= waits[i]:
+			later++
+		default:
+			t.Fatalf("caller %d: placed in %v, beyond its wait %v", i, d.Delay, waits[i])
+		}
+	}
+	if now != 2 || later != 3 || got[2].Delay >= time.Second/2 {
+		t.Fatalf("%d placed at once and %d when the first permits stop counting (the caller without a wait in %v), want 2 and 3, and it at once", now, later, got[2].Delay)
+	}
+	if count := scheduleConsistent(t, rdb, b.rootKeys[0], time.Second); count != limit+3 {
+		t.Fatalf("the schedule counts %d permits, want %d", count, limit+3)
+	}
+}
+
+// Unpaced, a take is placed as early as the limit allows: permits given
+// back free room at once, whatever the places given before (only a paced
+// key's places follow the last one given).
+func TestUnpacedTokenBucketPlacesAtOnceWhenPermitsAreGivenBack(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	const limit = 2000
+	b, err := NewTokenBucket(srv.Client(), "unpaced-given-back", limit, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := b.Take(ctx, "", limit, 0)
+	if err != nil || !all.Granted || all.Cancel == nil {
+		t.Fatalf("%+v, %v", all, err)
+	}
+	u, err := b.run(ctx, "", -2, throttle.Forever, nil)
+	if err != nil || u.forCaller(1).Delay < time.Second/2 {
+		t.Fatalf("two callers when the limit's permits stop counting: %+v, %v", u, err)
+	}
+	if err := all.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := b.Take(ctx, "", 1, 5*time.Second); err != nil || !d.Granted || d.Delay > time.Second/2 {
+		t.Fatalf("a take once the limit's permits are given back: %+v, %v; want a place at once", d, err)
 	}
 }
 
@@ -703,23 +822,27 @@ func TestCoalescedStuckCallBypassed(t *testing.T) {
 	if took := time.Since(start); took < 30*time.Millisecond {
 		t.Fatalf("left the line after %v, before stallAfter", took)
 	}
-	if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted || h.queued() != 1 {
-		t.Fatalf("caller arriving after the stall: %+v, %v, %d queued; want granted at once, not queued", d, err, h.queued())
+	if d, err := b.Take(ctx, "", 1, 0); err != nil || !d.Granted || h.waiting() != 0 {
+		t.Fatalf("caller arriving after the stall: %+v, %v, %d waiting; want granted at once, not queued", d, err, h.waiting())
 	}
 	if left := drain(t, b); left != 8 {
 		t.Fatalf("%d left, want 8", left)
 	}
+	// With nobody waiting behind the stuck call, its line stops looking.
+	deadline := time.Now().Add(5 * time.Second)
+	for h.watching() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the line's stall watch still set 5 s after its last caller left (%d queued)", h.queued())
+		}
+		time.Sleep(time.Millisecond) // a timer firing: no channel to wait on
+	}
 }
 
-// TestRefillUnlockStalledAcquireInTime: the refill
-// used to end with an unlock that ran on a context of its own (the lock's
-// expiry, 200 ms); with Redis stalled right after the refill's reply,
-// Acquire(maxWait = 50 ms) returned after ~240 ms. The refill is now part
-// of the take script: nothing runs after the reply, and Acquire returns
-// with the permit as soon as the reply is in. Judged from the reply, not
-// from the call: the wait is long enough for a proxied round trip on a
-// busy machine (a stress run took more than the 35 ms a 50 ms wait left
-// it).
+// TestRefillUnlockStalledAcquireInTime: with Redis stalled right after the
+// reply that grants a refill's permit, Acquire returns with the permit as
+// soon as the reply is in: no call (an unlock, a second command) runs
+// after the reply to hold it. Judged from the reply, not from the call:
+// the wait is long enough for a proxied round trip on a busy machine.
 func TestRefillUnlockStalledAcquireInTime(t *testing.T) {
 	srv := redisenv.New(t)
 	p, err := faultproxy.New(srv.Addr())
@@ -806,9 +929,7 @@ func (h *stallAfterGrant) check(cmd redis.Cmder) {
 }
 
 // TestCrowdOnOneKey: 10,000 goroutines ask for one permit of one key in the
-// same instant, through one Limiter, with a binding limit (this
-// crowd used to saturate a 512-connection pool and time out refill-lock
-// attempts). No error: every caller is granted; and the crowd costs fewer
+// same instant, through one Limiter, with a binding limit. No error: every caller is granted; and the crowd costs fewer
 // Redis commands than grants, because each batch serves many callers.
 // The callers wait without a bound of their own (how long 10,000
 // goroutines take under the race detector is the machine's speed: beside

@@ -13,9 +13,9 @@ import (
 // the caller has left when the batch is sent, not within the whole
 // maxWait again. The next free slot is 400 ms away; the caller below asks
 // maxWait 300 ms and waits 150 ms in line (a call in flight before it):
-// the slot, 250 ms after the batch, used to be reserved for it, 400 ms
-// after its Take, beyond its maxWait (a Limiter then gives up on it: the
-// slot is lost and the caller gets ErrTimeout anyway).
+// the slot, 250 ms after the batch, is 400 ms after its Take, beyond its
+// maxWait, so it is not reserved for it (a Limiter would give up on it:
+// the slot would be lost and the caller get ErrTimeout anyway).
 func TestCoalescedGCRAReservesWithinWaitLeft(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()

@@ -67,10 +67,9 @@
 // wait (a place, a reserved slot), and refuse alone a caller whose wait no
 // place fits. Where the configured limit puts places less than a
 // millisecond apart (above 1,000 permits a second) the waits go to Redis
-// by the millisecond: a caller
-// whose batch holds a shorter wait in the same millisecond is bounded by
-// that one, so it may be refused a place in the last millisecond of its
-// own.
+// by the millisecond: a caller whose batch holds a shorter wait in the
+// same millisecond is bounded by that one, so it may be refused a place
+// in the last millisecond of its own.
 //
 // A take of n > 1 permits (AcquireN) is not coalesced: it goes to Redis on
 // its own, all or nothing. A caller whose context ends while queued leaves
@@ -78,12 +77,15 @@
 // once with a [*throttle.BackendError] (as an uncoalesced call cut off
 // mid-flight does), and the permit the batch took for it goes to a later
 // caller of the batch that was refused and can wait for it, or to the next
-// caller in line that can, or, if none is left, is lost as an abandoned
+// caller in line that can and was in line before the batch's call was sent
+// (the permit was counted during the call: one who came later might get
+// it after its window ended), or, if none is left, is lost as an abandoned
 // uncoalesced call's permit is. A key's batches run on a goroutine of its
 // own that ends when no caller is left in line; each call ends at the
-// latest a few milliseconds after the latest deadline of its callers. When a call in flight has not returned
-// for 50 ms (a dead connection), one caller of its key at a time asks Redis
-// around it; the others stay in line.
+// latest a few milliseconds after the latest deadline of its callers.
+// When a call in flight has not returned for 50 ms (a dead connection),
+// one caller of its key at a time asks Redis around it; the others stay
+// in line.
 //
 // # Keys and Redis Cluster
 //

@@ -27,9 +27,8 @@ func (c *userWrapper) Unwrap() throttle.Bucket { return c.Bucket }
 // TestUserWrapperKeepsTheTokenBucketsCapabilities: through a user's
 // counting wrapper, a Limiter over a Redis token bucket still adapts the
 // fleet's rate in Redis, pauses the fleet on a retry hint, and under
-// FailLocal grants this instance's share while Redis is paused (the
-// wrapper used to hide all three: the rate stayed in memory, nothing was
-// paused, and FailLocal refused).
+// FailLocal grants this instance's share while Redis is paused: the
+// wrapper hides none of the three.
 func TestUserWrapperKeepsTheTokenBucketsCapabilities(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {

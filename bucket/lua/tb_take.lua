@@ -83,7 +83,7 @@ if pace < 1000 then pace = 0 end
 local function place(c)
   local w = s:earliest(c, limit)
   if w == nil then return nil, nil end
-  local p = math.ceil(math.max(w, s.tat))
+  local p = math.ceil(pace > 0 and math.max(w, s.tat) or w) -- unpaced: as early as the limit allows
   if maxWait < 0 or p - now <= maxWait then
     s.tat = p + c * pace
   elseif w - now <= maxWait then
@@ -103,19 +103,22 @@ if upTo then
   end
 end
 if upTo and n > 1 and pace == 0 then
-  -- Unpaced, an up-to take's permits that fit at once share one place.
+  -- Unpaced, an up-to take's permits that fit at once share one place
+  -- (the reply's -k form when all fit); the others, a place each in turn,
+  -- as below.
   local c = math.min(n, limit - s.count)
   local p, w, e
   if c > 0 then p, w, e = place(c) end
-  if p then
-    if c < n then later = (s:earliest(1, limit) or now + interval) - now end
+  if p and c == n then
     if s:changed() then s:save() end
     return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -c, p - now, e}
   end
-  -- None fit at once: a place for each caller in turn, as below.
+  if p then
+    for i = 1, c do out[i], ends[i] = p - now, e end
+  end
 end
 local refused = false
-for i = 1, upTo and n or 1 do
+for i = #out + 1, upTo and n or 1 do
   maxWait = waits[i] or maxWait
   local p, w, e = place(upTo and 1 or n)
   if p == nil then
