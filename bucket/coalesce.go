@@ -17,8 +17,9 @@ import (
 // ("Coalesced takes"). The permit of a caller that gave up while its batch
 // was in flight goes to a later caller of the batch that was refused and
 // can wait for it, or to the first still queued for the next batch that
-// can and was queued before the call was sent, never to two; only when
-// nobody is left is it lost, and the bucket counts it (see stranded).
+// can (for a bucket that does not place its permits, one queued before
+// the call was sent), never to two; only when nobody is left is it lost,
+// and the bucket counts it (see stranded).
 
 // upTo is one coalesced call's answer: got callers are granted, the first
 // got unless delays says otherwise (caller i's Delay is delays[i] when
@@ -161,7 +162,7 @@ type coalescer struct {
 	seed   maphash.Seed
 	shards [coalesceShards]shard
 	// stranded counts permits granted to a batch whose callers had all
-	// given up, with nobody queued before its call to take them.
+	// given up, with nobody in line who could take them.
 	stranded atomic.Int64
 	// stallAfter: see the constant; tests that hold a line set it longer.
 	stallAfter time.Duration
@@ -458,10 +459,12 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 	}
 	// The permit of a caller that gave up (the earliest such first) goes
 	// to the next one refused that can wait for it, or to the first
-	// queued for the next batch that can and was queued before the call
-	// was sent; never to two. The store decided the permit during the
-	// call: a caller that came later might get it after the window it
-	// was counted in has ended.
+	// queued for the next batch that can; never to two. A placed permit
+	// (byWait: a place, a slot) carries its time, and fresh counts from
+	// it for whoever holds it. Any other bucket's permit counts from when
+	// the store decided it, in the call: it goes only to a caller queued
+	// before the call was sent, so that every grant is decided after its
+	// caller asked.
 	var spare []int64
 	for i, w := range batch {
 		d := u.forCaller(int64(i))
@@ -485,7 +488,7 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 	s.mu.Lock()
 	kept := ln.q[:0]
 	for _, w := range ln.q {
-		if len(spare) > 0 && w.since.Before(sent) && w.state.Load() == waiting {
+		if len(spare) > 0 && (b.co.byWait || w.since.Before(sent)) && w.state.Load() == waiting {
 			d := u.forCaller(spare[0])
 			if d.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: d, at: at}) {
 				spare = spare[1:]

@@ -203,10 +203,11 @@ func TestCoalescedPartialGrant(t *testing.T) {
 // TestCoalescedWaiterCancelledInFlight: a caller whose context ends while
 // its batch is in flight returns at once; the permit the batch took for it
 // goes to the next caller in line, so it is neither lost nor granted
-// twice. Only a caller queued before the call was sent may get it: the
-// store counted the permit in that call, and one who came later might get
-// it after the window it was counted in. With nobody such in line, the
-// permit is counted as stranded.
+// twice. A token bucket's permit carries its place and goes to a caller
+// that queued while the call was in flight too; a fixed window's counts
+// from when the store decided it, and goes only to a caller queued before
+// the call was sent (one who came later gets a permit of its own). With
+// nobody such in line, the permit is counted as stranded.
 func TestCoalescedWaiterCancelledInFlight(t *testing.T) {
 	srv := redisenv.New(t)
 	rdb := srv.Client()
@@ -215,73 +216,82 @@ func TestCoalescedWaiterCancelledInFlight(t *testing.T) {
 		// fourth: when a fourth caller queues, if at all: "before" the
 		// call is sent, or "after" its answer came.
 		fourth string
-		// want: granted of the three left, and stranded permits.
-		granted, stranded int
-		charged           int
+		// want, for the token bucket and the fixed window: callers
+		// granted, permits stranded, and permits the store was charged.
+		granted, stranded, charged [2]int
 	}{
-		{"queued before the call", "before", 3, 0, 3},
-		{"queued after the call", "after", 3, 1, 4},
-		{"nobody queued", "", 2, 1, 3},
+		{"queued before the call", "before", [2]int{3, 3}, [2]int{0, 0}, [2]int{3, 3}},
+		{"queued after the call was sent", "after", [2]int{3, 3}, [2]int{0, 1}, [2]int{3, 4}},
+		{"nobody queued", "", [2]int{2, 2}, [2]int{1, 1}, [2]int{3, 3}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			b, err := NewTokenBucket(rdb, "cancel-"+c.fourth, 10, time.Hour)
-			if err != nil {
-				t.Fatal(err)
-			}
-			h := coalescingOf(t, b, "")
-			inFlight, proceed := make(chan struct{}), make(chan struct{})
-			h.c.co.beforeBatch = func(int64) {
-				h.c.co.beforeBatch = nil
-				close(inFlight)
-				<-proceed
-			}
-			var fourth <-chan takeResult
-			if c.fourth == "after" {
-				h.c.co.afterBatch = func() {
-					h.c.co.afterBatch = nil
-					fourth = h.queue(context.Background(), b, 0)
+		for k, kind := range []string{"TokenBucket", "FixedWindow"} {
+			t.Run(c.name+"/"+kind, func(t *testing.T) {
+				key := "cancel-" + kind + "-" + c.fourth
+				var b throttle.Bucket
+				var err error
+				if kind == "TokenBucket" {
+					b, err = NewTokenBucket(rdb, key, 10, time.Hour)
+				} else {
+					b, err = NewFixedWindow(rdb, key, 10, time.Hour)
 				}
-			}
-			h.hold()
-			cctx, cancel := context.WithCancel(context.Background())
-			first := h.queue(cctx, b, 0)
-			second := h.queue(context.Background(), b, 0)
-			third := h.queue(context.Background(), b, 0)
-			h.release()
-			<-inFlight
-			cancel()
-			r := <-first
-			var be *throttle.BackendError
-			if !errors.As(r.err, &be) || !errors.Is(r.err, context.Canceled) {
-				t.Fatalf("cancelled caller: %+v, %v; want a BackendError wrapping context.Canceled", r.d, r.err)
-			}
-			if c.fourth == "before" {
-				fourth = h.queue(context.Background(), b, 0) // queued for the next batch
-			}
-			close(proceed)
-			granted := 0
-			for _, ch := range []<-chan takeResult{second, third} {
-				r := <-ch
-				if r.err != nil || !r.d.Granted {
-					t.Fatalf("%+v, %v; want granted", r.d, r.err)
+				if err != nil {
+					t.Fatal(err)
 				}
-				granted++
-			}
-			if c.fourth != "" {
-				if r := <-fourth; r.err != nil || !r.d.Granted {
-					t.Fatalf("fourth caller: %+v, %v; want granted", r.d, r.err)
+				h := coalescingOf(t, b, "")
+				inFlight, proceed := make(chan struct{}), make(chan struct{})
+				h.c.co.beforeBatch = func(int64) {
+					h.c.co.beforeBatch = nil
+					close(inFlight)
+					<-proceed
 				}
-				granted++
-			}
-			waitInflight(t, h.c)
-			stranded := h.c.co.stranded.Load()
-			if left := drain(t, b); left != 10-c.charged {
-				t.Fatalf("%d left, want %d: the store was charged %d", left, 10-c.charged, 10-left)
-			}
-			if granted != c.granted || stranded != int64(c.stranded) {
-				t.Fatalf("%d granted, %d stranded; want %d and %d", granted, stranded, c.granted, c.stranded)
-			}
-		})
+				var fourth <-chan takeResult
+				if c.fourth == "after" {
+					h.c.co.afterBatch = func() {
+						h.c.co.afterBatch = nil
+						fourth = h.queue(context.Background(), b, 0)
+					}
+				}
+				h.hold()
+				cctx, cancel := context.WithCancel(context.Background())
+				first := h.queue(cctx, b, 0)
+				second := h.queue(context.Background(), b, 0)
+				third := h.queue(context.Background(), b, 0)
+				h.release()
+				<-inFlight
+				cancel()
+				r := <-first
+				var be *throttle.BackendError
+				if !errors.As(r.err, &be) || !errors.Is(r.err, context.Canceled) {
+					t.Fatalf("cancelled caller: %+v, %v; want a BackendError wrapping context.Canceled", r.d, r.err)
+				}
+				if c.fourth == "before" {
+					fourth = h.queue(context.Background(), b, 0) // queued for the next batch
+				}
+				close(proceed)
+				granted := 0
+				for _, ch := range []<-chan takeResult{second, third} {
+					r := <-ch
+					if r.err != nil || !r.d.Granted {
+						t.Fatalf("%+v, %v; want granted", r.d, r.err)
+					}
+					granted++
+				}
+				if c.fourth != "" {
+					if r := <-fourth; r.err != nil || !r.d.Granted {
+						t.Fatalf("fourth caller: %+v, %v; want granted", r.d, r.err)
+					}
+					granted++
+				}
+				waitInflight(t, h.c)
+				stranded := h.c.co.stranded.Load()
+				if left := drain(t, b); left != 10-c.charged[k] {
+					t.Fatalf("%d left, want %d: the store was charged %d", left, 10-c.charged[k], 10-left)
+				}
+				if granted != c.granted[k] || stranded != int64(c.stranded[k]) {
+					t.Fatalf("%d granted, %d stranded; want %d and %d", granted, stranded, c.granted[k], c.stranded[k])
+				}
+			})
+		}
 	}
 }
 

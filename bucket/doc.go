@@ -77,10 +77,11 @@
 // once with a [*throttle.BackendError] (as an uncoalesced call cut off
 // mid-flight does), and the permit the batch took for it goes to a later
 // caller of the batch that was refused and can wait for it, or to the next
-// caller in line that can and was in line before the batch's call was sent
-// (the permit was counted during the call: one who came later might get
-// it after its window ended), or, if none is left, is lost as an abandoned
-// uncoalesced call's permit is. A key's batches run on a goroutine of its
+// caller in line that can (for a bucket other than the TokenBucket and
+// GCRA, whose permits carry their times, one in line before the batch's
+// call was sent: its permits count from when the store decided them, and
+// every grant is decided after its caller asked), or, if none is left, is lost as an abandoned uncoalesced call's
+// permit is. A key's batches run on a goroutine of its
 // own that ends when no caller is left in line; each call ends at the
 // latest a few milliseconds after the latest deadline of its callers.
 // When a call in flight has not returned for 50 ms (a dead connection),

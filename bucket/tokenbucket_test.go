@@ -459,10 +459,12 @@ func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
 	for _, c := range []struct {
 		limit    int64
 		interval time.Duration
+		prefill  int64 // permits taken first, so that batches find part of the room they ask
 	}{
-		{500, time.Minute}, // nothing stops counting during the test
-		{8, 20 * time.Millisecond},
-		{500, 20 * time.Millisecond},
+		{500, time.Minute, 0},                // paced; nothing stops counting during the test
+		{100_000, time.Minute, 100_000 - 12}, // unpaced, at the edge of its room
+		{8, 20 * time.Millisecond, 0},
+		{500, 20 * time.Millisecond, 0},
 	} {
 		t.Run(fmt.Sprintf("%d per %v", c.limit, c.interval), func(t *testing.T) {
 			b := newTB(t, rdb, fmt.Sprintf("counted-%d-%v", c.limit, c.interval), c.limit, c.interval)
@@ -470,6 +472,12 @@ func TestTokenBucketScheduleCountsEveryPermitPlaced(t *testing.T) {
 			rng := rand.New(rand.NewPCG(3, 4))
 			waits := []time.Duration{0, time.Millisecond, 100 * time.Millisecond, 10 * time.Second, throttle.Forever}
 			placedN := int64(0)
+			if c.prefill > 0 {
+				if d, err := b.Take(context.Background(), "", c.prefill, 0); err != nil || !d.Granted {
+					t.Fatalf("prefill: %+v, %v", d, err)
+				}
+				placedN = c.prefill
+			}
 			for range 300 {
 				n := int64(1 + rng.IntN(4))
 				wait := waits[rng.IntN(len(waits))]
