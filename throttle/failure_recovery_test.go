@@ -19,8 +19,8 @@ import (
 // TestFailLocalWeightedTakesKeepTheShare: in degraded mode an instance
 // grants at most its share in any span of one interval, weighted takes
 // included. With a share of 5 per second (one slot every 200 ms), takes of
-// 3 used to be granted 600 ms apart: 6 in one second; and a take of 1
-// followed by one of 5, 200 ms later: 6 as well.
+// 3 are granted at least a second apart, not 600 ms (6 in one second), and
+// a take of 5 at least a second after one of 1, not 200 ms (6 as well).
 func TestFailLocalWeightedTakesKeepTheShare(t *testing.T) {
 	for _, seq := range [][]int64{{3}, {1, 5}, {2, 4}} {
 		t.Run(fmt.Sprint(seq), func(t *testing.T) {
@@ -63,9 +63,9 @@ func TestFailLocalWeightedTakesKeepTheShare(t *testing.T) {
 
 // TestFailLocalKeepsPerKeyLimitsOfIdleKeys: a tenant whose limit was
 // lowered live keeps it while the store is down even after it was idle for
-// a while and many other keys were used meanwhile. The record of its last
-// decision used to be swept with those of ended periods, and the outage
-// then gave it the base key's limit (100 per second instead of 3).
+// a while and many other keys were used meanwhile: the record of its last
+// decision is not swept with those of ended periods, so the outage gives
+// it its own limit (3 per second), not the base key's (100).
 func TestFailLocalKeepsPerKeyLimitsOfIdleKeys(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	s := &keyedStore{base: 100, inst: 1, limits: map[string]int64{"tenant": 3}}
@@ -130,9 +130,9 @@ func (s *periodStore) Fallback() (int64, time.Duration, int64) { return s.limit,
 // TestFailLocalRecoveryChargesTheDebtFirstOnEveryKey: after an outage the
 // permits a key granted locally are charged to the shared bucket before
 // its next shared grant, for every key, not only the key of the call that
-// found the store up again. Key "b" used to be granted its permit first
-// and charged its debt only from what was left after it: one permit above
-// the limit in the period.
+// found the store up again (here "a"): key "b" is charged its debt before
+// it is granted a permit, not from what is left after it, which would put
+// the period one permit above the limit.
 func TestFailLocalRecoveryChargesTheDebtFirstOnEveryKey(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	s := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 1}
@@ -161,8 +161,8 @@ func TestFailLocalRecoveryChargesTheDebtFirstOnEveryKey(t *testing.T) {
 
 // TestFailLocalSecondOutageStartsAfresh: a key that granted locally in one
 // outage and was not called while the store was up again must not carry
-// its old pace into the next outage. Its pace from the first outage let
-// it grant at once in a period the rest of the fleet had used up.
+// its old pace into the next outage, which would let it grant at once in
+// a period the rest of the fleet had used up.
 func TestFailLocalSecondOutageStartsAfresh(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	start := clock.Now()
@@ -256,9 +256,10 @@ func acquireDriven(ctx context.Context, lim *throttle.Limiter, clock *clockwork.
 
 // TestRecoveryDebtStaysWithinTheWait: accounting for the local grants
 // after an outage shares the caller's deadline with the caller's own store
-// call; it used to get a deadline of its own, the whole wait again, and
-// Acquire(50 ms) returned after about 75 ms. Judged on the Limiter's fake
-// clock, which the store's round trips and the Limiter's own waits move.
+// call rather than getting a deadline of its own, the whole wait again:
+// Acquire(50 ms) returns ErrTimeout within its wait, not after about
+// 75 ms. Judged on the Limiter's fake clock, which the store's round trips
+// and the Limiter's own waits move.
 func TestRecoveryDebtStaysWithinTheWait(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	s := &slowRecovery{clock: clock}
@@ -361,9 +362,9 @@ func (h *heldProbe) release() error {
 // scenario's resume second): the probe that finds the store up again was
 // sent while it was down and carries what the instance had granted
 // locally until then; the permits granted locally while it waited for the
-// store are owed too. They used to be forgotten when the probe's grant
-// came back, and the fleet's burst at the resume came on top of them:
-// 600 to 880 calls in the provider's second for a limit of 500.
+// store are owed too, not forgotten when the probe's grant comes back, so
+// that the fleet's burst at the resume does not come on top of them: the
+// period keeps to its limit of 10.
 func TestFailLocalChargesGrantsMadeWhileTheProbeWaited(t *testing.T) {
 	h, inPeriod := startHeldProbe(t)
 	ctx := context.Background()
@@ -384,9 +385,9 @@ func TestFailLocalChargesGrantsMadeWhileTheProbeWaited(t *testing.T) {
 
 // TestFailLocalLongProbeChargesOnlyRecentGrants: grants made
 // while a probe waited several intervals are owed only as far as they
-// fall in the last two intervals, as any local grant is; they used to be
-// charged in full to the period the probe came back in, long after the
-// provider had counted them.
+// fall in the last two intervals, as any local grant is; they are not
+// charged in full to the period the probe comes back in, long after the
+// provider counted them.
 func TestFailLocalLongProbeChargesOnlyRecentGrants(t *testing.T) {
 	h, _ := startHeldProbe(t)
 	ctx := context.Background()
@@ -455,9 +456,8 @@ func bothLocal(clock *clockwork.FakeClock, ps *periodStore, a, b throttle.Bucket
 // other still grants its local share. In the first shared period after
 // its return, the first instance takes at most its share less what it
 // owes; the second's local grants and, once back, its debt and shared
-// grants fit the rest. The first back used to take the whole period, and
-// the fleet granted 10 + the other's share in it (the 649 and 691 calls in
-// a second for a limit of 500 at the counting provider).
+// grants fit the rest. The first back does not take the whole period,
+// which would let the fleet grant 10 + the other's share in it.
 func TestFailLocalFirstBackKeepsToItsShare(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 2}
@@ -484,8 +484,8 @@ func TestFailLocalFirstBackKeepsToItsShare(t *testing.T) {
 
 // TestFailLocalIdleKeyIsNotCappedLater: a key that granted
 // locally in an outage and was not called again until long after it is
-// not held to its share when it is: it owes nothing any more. It used to
-// get half the limit, then refusals until the period's end, an hour on.
+// not held to its share when it is: it owes nothing any more, and gets
+// the whole limit, not half of it and refusals until the period's end.
 func TestFailLocalIdleKeyIsNotCappedLater(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 2}
@@ -526,8 +526,8 @@ func (s *lostStore) Take(ctx context.Context, key string, n int64, w time.Durati
 // instance back finds its period held (or spent): its first answer is a
 // refusal. Its cap goes on through the next period, the first it can take
 // from, with its share as the room, while the other still grants locally.
-// The cap used to end with the held period, and the first back took the
-// whole next one: 15 in a period of 10.
+// The cap does not end with the held period, which would let the first
+// back take the whole next one: 15 in a period of 10.
 func TestFailLocalFirstBackRefusedKeepsToItsShareNext(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	ps := &periodStore{clock: clock, start: clock.Now(), limit: 10, interval: time.Second, inst: 2}

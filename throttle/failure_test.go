@@ -320,7 +320,7 @@ func TestFailLocalWithoutAKnownShareFailsClosed(t *testing.T) {
 }
 
 // TestUnknownFailurePolicyIsRefused: a policy outside the three named ones
-// is a mistake, reported by every call; it used to fall back silently to
+// is a mistake, reported by every call; it does not fall back silently to
 // FailLocal.
 func TestUnknownFailurePolicyIsRefused(t *testing.T) {
 	b, err := throttle.NewLocal(10, time.Second)

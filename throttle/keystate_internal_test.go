@@ -54,8 +54,8 @@ func (s *downStore) Fallback() (int64, time.Duration, int64) { return 1000, time
 
 // TestKeysAskedDuringAnOutageAreForgotten: 1,000 keys granted locally
 // during an outage and never asked again once the store is back are
-// forgotten once their grants no longer count (they were kept for ever,
-// and kept every shared decision of every key taking a Limiter-wide lock).
+// forgotten once their grants no longer count, not kept for ever: only
+// the key still asked is left.
 func TestKeysAskedDuringAnOutageAreForgotten(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	s := &downStore{}
@@ -269,9 +269,9 @@ func (s *hungStore) Fallback() (int64, time.Duration, int64) { return 1000, time
 
 // TestLeasingDecidesByThePolicyWhileARefillProbes: with the store down,
 // while one caller's refill probes it (and hangs), the others decide by
-// the failure policy at once instead of waiting on that refill: FailLocal
-// grants them locally. (They used to wait for the probe, which held every
-// caller of the key through an outage.)
+// the failure policy at once instead of waiting on that refill, which
+// would hold every caller of the key through an outage: FailLocal grants
+// them locally, and only the probe asks the store.
 func TestLeasingDecidesByThePolicyWhileARefillProbes(t *testing.T) {
 	s := &hungStore{}
 	lim := New(s, WithLeasing(Leasing{}))

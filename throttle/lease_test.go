@@ -599,9 +599,9 @@ func TestLeasingWaiterRefillsWithinItsWait(t *testing.T) {
 
 // TestLeasingWaiterWaitsForTheRefillUntilItsWaitsEnd: a caller waiting
 // on another's refill waits for it until the end of its wait, on the
-// Limiter's clock. (It used to give up when a store call's bound of its
-// own would have ended: storeMargin before the wait's end, on the real
-// clock, though the refill it waited for was no store call of its.)
+// Limiter's clock, not only as long as a store call's bound of its own
+// (storeMargin before the wait's end, on the real clock) would last: the
+// refill it waits for is no store call of its.
 func TestLeasingWaiterWaitsForTheRefillUntilItsWaitsEnd(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	inner := &slowFirstTake{entered: make(chan struct{}), release: make(chan struct{})}

@@ -171,8 +171,9 @@ func TestProviderRefusesBadFlags(t *testing.T) {
 
 // TestCommandLine checks the conventions every example tool keeps (see
 // internal/cli): usage on -h, exit 2 with one line for bad usage or setup
-// (a stray argument used to hide every flag after it), and the summary on
-// SIGTERM. The provider has no check of its own to fail.
+// (a stray argument is refused, not left to hide every flag after it),
+// and the summary on SIGTERM. The provider has no check of its own to
+// fail.
 func TestCommandLine(t *testing.T) {
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -390,8 +390,9 @@ func TestCostOfNothingIsRefused(t *testing.T) {
 // io.EOF, has read the whole usage: json.Decoder stops at the value's last
 // byte, OpenAI's SDKs stop at `data: [DONE]`, a loop over Anthropic's
 // events at message_stop, and over HTTP/2 the EOF comes only with a later
-// Read (the bodies here, over strings.Reader, do the same). Such a body
-// used to keep its estimate, so that every call was charged its worst case.
+// Read (the bodies here, over strings.Reader, do the same). Such a body is
+// settled with its usage, not left at its estimate, which would charge
+// every call its worst case.
 func TestCostIsSettledWhenTheCallerStopsAtTheAnswersEnd(t *testing.T) {
 	anthropic := func(u httpclient.Usage) throttle.Cost {
 		return throttle.Cost{"input_tokens": u.InputTokens + u.CacheCreationInputTokens, "output_tokens": u.OutputTokens}
@@ -439,7 +440,7 @@ func TestCostIsSettledWhenTheCallerStopsAtTheAnswersEnd(t *testing.T) {
 
 // OpenAI's Responses API streams its usage in its last event, inside the
 // response it completes (`response.usage`), not at the top: such a stream
-// used to keep its estimate.
+// is settled with that usage, not left at its estimate.
 func TestCostIsSettledWithTheUsageOfAnOpenAIResponsesStream(t *testing.T) {
 	const stream = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"usage\":null}}\n\n" +
 		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n" +
@@ -458,9 +459,9 @@ func TestCostIsSettledWithTheUsageOfAnOpenAIResponsesStream(t *testing.T) {
 // Anthropic's message_start counts the output begun (output_tokens 1), not
 // what the call generates: the count comes with message_delta. A stream
 // that ends without it (an error event mid-stream, as Anthropic sends
-// when overloaded, then the stream's end) used to settle the output with
-// that 1, giving back the tokens the provider did generate; it keeps the
-// estimate, as a stream abandoned does.
+// when overloaded, then the stream's end) keeps the estimate, as a stream
+// abandoned does, rather than settle the output with that 1, which would
+// give back the tokens the provider did generate.
 func TestCostOfAnAnthropicStreamEndingBeforeItsCountStaysEstimated(t *testing.T) {
 	const stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":30,\"output_tokens\":1}}}\n\n" +
 		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n" +
@@ -479,8 +480,8 @@ func TestCostOfAnAnthropicStreamEndingBeforeItsCountStaysEstimated(t *testing.T)
 }
 
 // An answer that is no JSON object (speech audio, a file's content) has no
-// usage to find: its body is not kept while it is read. It used to be
-// copied, up to 8 MiB per call in flight, then parsed in vain.
+// usage to find: its body is not kept while it is read (reading 4 MiB
+// allocates less than 1 MiB), and its estimate stands.
 func TestCostBodyKeepsNothingOfAnAnswerThatIsNoJSONObject(t *testing.T) {
 	audio := strings.Repeat("\xff\xfb\x90\x64", 1<<20) // 4 MiB
 	est := throttle.Cost{"requests": 1, "tokens": 500}

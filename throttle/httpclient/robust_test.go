@@ -13,8 +13,8 @@ import (
 	"github.com/headway-go/headway/throttle/httpclient"
 )
 
-// No exported function panics on a nil or empty input: RetryAfter(nil, now)
-// used to.
+// No exported function panics on a nil or empty input, RetryAfter(nil,
+// now) included.
 func TestExportedFunctionsTakeNilWithoutPanicking(t *testing.T) {
 	if d, ok := httpclient.RetryAfter(nil, headerNow); d != 0 || ok {
 		t.Errorf("RetryAfter(nil) = %v, %v; want 0, false", d, ok)
@@ -59,10 +59,10 @@ func (s staticBase) RoundTrip(r *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: s.body, Request: r}, nil
 }
 
-// A WithAnswer hook that panics after the send used to leave the response
-// body open, and its connection with it: the body is closed, and the panic
-// still reaches the caller, as net/http's client lets a RoundTripper's
-// panic through.
+// A WithAnswer hook that panics after the send, before reading the body or
+// after swapping it, does not leave the response body open, and its
+// connection with it: the body is closed, and the panic still reaches the
+// caller, as net/http's client lets a RoundTripper's panic through.
 func TestPanickingAnswerHookClosesTheResponseBody(t *testing.T) {
 	for name, hook := range map[string]func(*http.Response, *throttle.Answer){
 		"before reading": func(*http.Response, *throttle.Answer) { panic("a broken hook") },
@@ -103,7 +103,7 @@ type nothingBase struct{}
 func (nothingBase) RoundTrip(*http.Request) (*http.Response, error) { return nil, nil }
 
 // A base RoundTripper that answers neither a response nor an error (a
-// test double's zero answer) used to make RoundTrip panic on the missing
+// test double's zero answer) does not make RoundTrip panic on the missing
 // response: it is an error naming the base, as http.Client makes it, and
 // the request's slot is given back.
 func TestBaseGivingNoResponseAndNoErrorIsAnError(t *testing.T) {

@@ -12,9 +12,9 @@ import (
 )
 
 // An absolute reset is a time on the provider's clock: it is read against
-// the response's Date, not against the instance's clock. An instance 5 s
-// behind the provider used to turn a reset 2 s ahead into a 7 s pause for
-// the whole fleet, and one 5 s ahead into none at all.
+// the response's Date, not against the instance's clock: a reset 2 s
+// ahead is a 2 s pause to an instance 5 s behind the provider, not a 7 s
+// pause for the whole fleet, and to one 5 s ahead, not none at all.
 func TestAbsoluteResetsAreReadAgainstTheResponsesDate(t *testing.T) {
 	server := headerNow // the provider's clock when it answered
 	reset := server.Add(2 * time.Second)

@@ -1012,8 +1012,8 @@ func (w *countingWrapper) Unwrap() throttle.Bucket { return w.Bucket }
 
 // TestTransportPausesTheBucketBehindAWrapper: a provider's pause reaches
 // the bucket behind a user's wrapper that offers Unwrap, as the Limiter
-// finds the bucket's other methods (the Transport used to look at the
-// wrapper only, and paused nothing for the fleet).
+// finds the bucket's other methods (the Transport does not look at the
+// wrapper only, which would pause nothing for the fleet).
 func TestTransportPausesTheBucketBehindAWrapper(t *testing.T) {
 	clk := clockwork.NewFakeClockAt(time.Unix(1_800_000_000, 0))
 	srv := newCountingServer(t, clk, func(n int, w http.ResponseWriter, r *http.Request) {

@@ -477,7 +477,7 @@ func FuzzMiddlewareRequest(f *testing.F) {
 
 // TestMiddlewareMatchesCleanedPaths: variants of a limited path that reach
 // the same handler (a trailing slash, "..", other case) count against the
-// same limit; they used to pass unlimited.
+// same limit: none of them passes unlimited.
 func TestMiddlewareMatchesCleanedPaths(t *testing.T) {
 	clk := clockwork.NewFakeClockAt(windowStart)
 	h, served := newTestMiddleware(t, clk, []httpserver.SLA{getProduct(throttle.Tier{Period: time.Minute, Limit: 1})})
@@ -493,9 +493,9 @@ func TestMiddlewareMatchesCleanedPaths(t *testing.T) {
 	}
 }
 
-// TestNewMiddlewareNeedsATenant: there is no default tenant (it used to be
-// the client-set header X-Tenant-Id, which let a client rotate its way to
-// unlimited budgets): a nil tenant function is refused.
+// TestNewMiddlewareNeedsATenant: there is no default tenant (such as the
+// client-set header X-Tenant-Id, which would let a client rotate its way
+// to unlimited budgets): a nil tenant function is refused.
 func TestNewMiddlewareNeedsATenant(t *testing.T) {
 	_, err := httpserver.NewMiddleware([]httpserver.SLA{getProduct(throttle.Tier{Period: time.Second, Limit: 1})}, httpserver.LocalWindows(nil), nil)
 	if !errors.Is(err, throttle.ErrInvalid) || !strings.Contains(err.Error(), "tenant") {

@@ -115,8 +115,8 @@ func TestCommandLine(t *testing.T) {
 }
 
 // TestTerminate: SIGTERM stops the soak early and it still prints its
-// summary; what ran is judged by the same checks. (It used to fail with
-// "context canceled" when the signal came during a sample.)
+// summary; what ran is judged by the same checks. A signal that comes
+// during a sample does not fail it with "context canceled".
 func TestTerminate(t *testing.T) {
 	srv := redisenv.New(t)
 	redisenv.NeedReal(t, srv, "a soak that samples Redis's memory")
