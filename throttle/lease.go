@@ -45,7 +45,9 @@ import (
 // (the fleet is at its limit), a batch would be a burst at one time: the
 // callers the lease cannot serve then ask the bucket each for their own
 // permits (the bucket shares round trips among concurrent takes), until
-// one is free at once again. For buckets whose Reset is the end
+// one is free at once again; meanwhile a caller whose wait ends before
+// the bucket's next place, as its last refusal named it, is refused from
+// memory. For buckets whose Reset is the end
 // of their period (fixed window, counter), every permit is handed out
 // within the period it was taken in, and the bucket's guarantee holds
 // exactly. For GCRA and [Local] (Reset is the time until full), a permit
@@ -136,6 +138,10 @@ type lease struct {
 	dryUntil atomic.Int64
 	// atLimit: the bucket placed the key's last batch ahead (askAtLimit).
 	atLimit atomic.Bool
+	// nextPlace: at the limit, the earliest place the bucket named when
+	// it last refused a caller beyond its wait; a caller whose wait ends
+	// before it is refused from memory (askAtLimit). 0: none.
+	nextPlace atomic.Int64
 
 	// Under mu, which guards nothing else:
 	mu       sync.Mutex
@@ -354,14 +360,25 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 // batch's permits would share one place, a burst. A grant free at once
 // ends the key's time at its limit: the next refill leases again. A
 // refusal beyond w's wait is w's alone: the key's gate stays open for
-// callers with longer waits (the lease's batch may serve them now).
+// callers with longer waits, which the bucket can place at once (or the
+// lease's batch may serve). It names the bucket's next place: until
+// then, a caller whose wait ends before it is refused without a round
+// trip.
 func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
+	ls := &st.lease
+	if next, now := ls.nextPlace.Load(), l.tb.now(); next > now && w.gateDeadline() < next {
+		return decision{n: w.n, err: w.tb.err(time.Duration(next - now))}
+	}
 	w.ahead = true
 	c := l.ask(w, st, w.n, 0)
 	c.alone = w.beyondWait(c)
 	w.ahead = false
-	if c.src == fromStore && c.err == nil && c.Granted && c.Delay == 0 {
-		st.lease.atLimit.Store(false)
+	switch {
+	case c.alone && c.answered != 0:
+		atLeast(&ls.nextPlace, addSat(c.answered, c.Delay))
+	case c.src == fromStore && c.err == nil && c.Granted && c.Delay == 0:
+		ls.nextPlace.Store(0)
+		ls.atLimit.Store(false)
 	}
 	return c
 }

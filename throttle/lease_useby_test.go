@@ -179,3 +179,53 @@ func TestAWeightedCallerOfAPlacingLeaseTakesItsPermitsAtOneTime(t *testing.T) {
 	require.NoError(t, outcome(t, done))
 	assert.Equal(t, []int64{1, 3}, b.ns, "the three permits in one take, at one time")
 }
+
+// TestALeaseAtItsLimitRefusesFromMemoryTheWaitsThatEndBeforeItsNextPlace:
+// at its limit, a leased key's refusal beyond a caller's wait names the
+// bucket's next place; until then, callers whose waits end before it are
+// refused without a round trip, and one whose wait reaches it asks the
+// bucket at once. A permit free at once ends it.
+func TestALeaseAtItsLimitRefusesFromMemoryTheWaitsThatEndBeforeItsNextPlace(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	const margin, next = 10 * time.Millisecond, 2 * time.Second
+	free := throttle.Decision{Granted: true, Margin: margin, Limit: 100, Remaining: 50, Reset: time.Second}
+	placed := func(d time.Duration) throttle.Decision {
+		p := free
+		p.Delay = d
+		return p
+	}
+	refused := throttle.Decision{Delay: next, Limit: 100, Reset: time.Second}
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{free, placed(20 * time.Millisecond), refused, free, placed(20 * time.Millisecond), placed(30 * time.Millisecond)}}
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+	defer lim.Close()
+	ctx := context.Background()
+	takes := func() int { n, _ := b.counts(); return n }
+	atLimit := func() {
+		t.Helper()
+		clock.Advance(time.Millisecond)
+		refiller := acquireAsync(t, clock, lim, ctx, time.Second)
+		clock.Advance(20 * time.Millisecond)
+		require.NoError(t, outcome(t, refiller), "a batch placed ahead: the key is at its limit")
+		clock.Advance(margin) // the rest of the batch expires
+	}
+
+	require.NoError(t, lim.Acquire(ctx, time.Second), "the first batch: the caller's own permit, free at once")
+	atLimit()
+	require.ErrorIs(t, lim.Acquire(ctx, time.Second), throttle.ErrTimeout, "the bucket's next place is after the wait")
+	require.Equal(t, 3, takes())
+	for i := range 5 {
+		clock.Advance(10 * time.Millisecond)
+		require.ErrorIsf(t, outcome(t, acquireAsync(t, clock, lim, ctx, time.Second)), throttle.ErrTimeout, "caller %d", i)
+	}
+	assert.Equal(t, 3, takes(), "callers whose waits end before the bucket's next place were refused from memory")
+
+	require.NoError(t, lim.Acquire(ctx, 3*time.Second), "a wait that reaches the next place asks")
+	require.Equal(t, 4, takes())
+	// Its permit was free at once (others were given back): the key is
+	// below its limit, and the next place named before is forgotten.
+	atLimit()
+	short := acquireAsync(t, clock, lim, ctx, time.Second)
+	assert.Equal(t, 6, takes(), "at the limit again, a short wait asks the bucket")
+	clock.Advance(30 * time.Millisecond)
+	require.NoError(t, outcome(t, short))
+}
