@@ -1,12 +1,17 @@
 package bucket
 
 import (
+	"context"
 	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/headway-go/headway/internal/redisenv"
 )
 
 // stallMeter measures how late this test process runs its goroutines:
@@ -153,6 +158,79 @@ func (m *stallMeter) stalls(from, to time.Time) []span {
 	return out
 }
 
+// storeMeter measures how late the store answers, as the stall meter does
+// this process: a goroutine pings it on a connection of its own every
+// storeTick and keeps each ping that took storeSlow or longer (or
+// failed). A bound on when the failure policy may decide allows what the
+// store's own delays explain: a host that deschedules redis-server cuts
+// off the callers' store calls as a stall of this process would (the
+// meter's pings are held by either), and that is not the code under
+// test.
+type storeMeter struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	mu   sync.Mutex
+	late []span // each slow ping, from when it was sent to its answer
+}
+
+// storeTick is how often the store meter pings; storeSlow, the round trip
+// that counts as late (a healthy loopback Redis answers in well under a
+// millisecond).
+const storeTick, storeSlow = 2 * time.Millisecond, 5 * time.Millisecond
+
+// startStoreMeter starts a store meter on the Redis at addr, which stops
+// when t ends (or earlier, at Stop).
+func startStoreMeter(t *testing.T, addr string) *storeMeter {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	m := &storeMeter{stop: make(chan struct{})}
+	m.wg.Go(func() {
+		defer rdb.Close()
+		for {
+			select {
+			case <-m.stop:
+				return
+			case <-time.After(storeTick):
+			}
+			sent := time.Now()
+			err := rdb.Ping(context.Background()).Err()
+			if back := time.Now(); err != nil || back.Sub(sent) >= storeSlow {
+				m.mu.Lock()
+				m.late = append(m.late, span{sent, back})
+				m.mu.Unlock()
+			}
+		}
+	})
+	t.Cleanup(m.Stop)
+	return m
+}
+
+// Stop ends the measurement; later calls do nothing.
+func (m *storeMeter) Stop() {
+	select {
+	case <-m.stop:
+	default:
+		close(m.stop)
+	}
+	m.wg.Wait()
+}
+
+// lateDuring is the longest round trip of a slow ping in flight at some
+// time from from to to; 0 when the store answered every ping then in
+// time.
+func (m *storeMeter) lateDuring(from, to time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var longest time.Duration
+	for _, p := range m.late {
+		if p.from.Before(to) && p.to.After(from) {
+			longest = max(longest, p.to.Sub(p.from))
+		}
+	}
+	return longest
+}
+
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
@@ -215,5 +293,34 @@ func TestStallMeterCountsOverlappingStallsOnce(t *testing.T) {
 	}
 	if got, want := m.longestStall(at(85), at(100)), 5*time.Millisecond; got != want {
 		t.Errorf("longest stall from 85 ms = %v, want %v", got, want)
+	}
+}
+
+// TestStoreMeterSeesAStoppedStore: a Redis stopped for 50 ms answers the
+// meter's pings that long late, and the meter names the stretch.
+func TestStoreMeterSeesAStoppedStore(t *testing.T) {
+	srv := redisenv.New(t)
+	redisenv.NeedReal(t, srv, "SIGSTOP")
+	m := startStoreMeter(t, srv.Addr())
+	begin := time.Now()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the fault's duration
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now()
+	m.Stop()
+	if got := m.lateDuring(begin, end); got < 40*time.Millisecond {
+		t.Fatalf("store meter saw a ping at most %v late while Redis was stopped for 50 ms, want ≥ 40 ms", got)
+	}
+	if got := m.lateDuring(end.Add(time.Second), end.Add(2*time.Second)); got != 0 {
+		t.Fatalf("store meter names %v of lateness after it stopped", got)
 	}
 }

@@ -138,9 +138,10 @@ type lease struct {
 	dryUntil atomic.Int64
 	// atLimit: the bucket placed the key's last batch ahead (askAtLimit).
 	atLimit atomic.Bool
-	// nextPlace: at the limit, the earliest place the bucket named when
-	// it last refused a caller beyond its wait; a caller whose wait ends
-	// before it is refused from memory (askAtLimit). 0: none.
+	// nextPlace: at the limit, the earliest place for one permit the
+	// bucket named when it last refused a caller beyond its wait; a
+	// caller whose wait ends before it is refused from memory
+	// (askAtLimit). 0: none.
 	nextPlace atomic.Int64
 
 	// Under mu, which guards nothing else:
@@ -361,9 +362,10 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 // ends the key's time at its limit: the next refill leases again. A
 // refusal beyond w's wait is w's alone: the key's gate stays open for
 // callers with longer waits, which the bucket can place at once (or the
-// lease's batch may serve). It names the bucket's next place: until
-// then, a caller whose wait ends before it is refused without a round
-// trip.
+// lease's batch may serve). A refusal of one permit names the bucket's
+// next place: until then, a caller whose wait ends before it is refused
+// without a round trip. A grant placed before it (permits were given
+// back) or free at once forgets it.
 func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
 	ls := &st.lease
 	if next, now := ls.nextPlace.Load(), l.tb.now(); next > now && w.gateDeadline() < next {
@@ -374,11 +376,16 @@ func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
 	c.alone = w.beyondWait(c)
 	w.ahead = false
 	switch {
-	case c.alone && c.answered != 0:
-		atLeast(&ls.nextPlace, addSat(c.answered, c.Delay))
-	case c.src == fromStore && c.err == nil && c.Granted && c.Delay == 0:
+	case c.alone && c.answered != 0 && w.n == 1:
+		// (n permits' place says nothing of one permit's: it may come
+		// sooner.)
+		ls.nextPlace.Store(addSat(c.answered, c.Delay))
+	case c.src != fromStore || c.err != nil || !c.Granted:
+	case c.Delay == 0:
 		ls.nextPlace.Store(0)
 		ls.atLimit.Store(false)
+	case addSat(c.answered, c.Delay) < ls.nextPlace.Load():
+		ls.nextPlace.Store(0) // placed before it: permits were given back
 	}
 	return c
 }

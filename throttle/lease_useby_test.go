@@ -229,3 +229,67 @@ func TestALeaseAtItsLimitRefusesFromMemoryTheWaitsThatEndBeforeItsNextPlace(t *t
 	clock.Advance(30 * time.Millisecond)
 	require.NoError(t, outcome(t, short))
 }
+
+// TestALeaseAtItsLimitRefusesFromMemoryOnlyWhatTheBucketWould: the next
+// place a leased key at its limit remembers is one permit's: a weighted
+// caller's refusal (n permits may come later than one) sets none, and a
+// grant placed before the place remembered (permits were given back)
+// forgets it, so that a short wait asks the bucket again.
+func TestALeaseAtItsLimitRefusesFromMemoryOnlyWhatTheBucketWould(t *testing.T) {
+	const margin, next = 10 * time.Millisecond, 2 * time.Second
+	free := throttle.Decision{Granted: true, Margin: margin, Limit: 100, Remaining: 50, Reset: time.Second}
+	placed := func(d time.Duration) throttle.Decision {
+		p := free
+		p.Delay = d
+		return p
+	}
+	refused := throttle.Decision{Delay: next, Limit: 100, Reset: time.Second}
+	atLimit := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter) {
+		t.Helper()
+		require.NoError(t, lim.Acquire(context.Background(), time.Second), "the first batch: the caller's own permit, free at once")
+		clock.Advance(time.Millisecond)
+		refiller := acquireAsync(t, clock, lim, context.Background(), time.Second)
+		clock.Advance(20 * time.Millisecond)
+		require.NoError(t, outcome(t, refiller), "a batch placed ahead: the key is at its limit")
+		clock.Advance(margin) // the rest of the batch expires
+	}
+	// asks runs a one-permit Acquire with a wait of a second, which the
+	// bucket places 30 ms ahead, and reports whether it asked.
+	asks := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter, b *placingBucket) bool {
+		t.Helper()
+		before, _ := b.counts()
+		one := acquireAsync(t, clock, lim, context.Background(), time.Second)
+		after, _ := b.counts()
+		clock.Advance(30 * time.Millisecond)
+		err := outcome(t, one)
+		if after == before {
+			require.ErrorIs(t, err, throttle.ErrTimeout)
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}
+
+	t.Run("weighted refusal", func(t *testing.T) {
+		clock := clockwork.NewFakeClock()
+		b := &placingBucket{clock: clock, decisions: []throttle.Decision{free, placed(20 * time.Millisecond), refused, placed(30 * time.Millisecond)}}
+		lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+		defer lim.Close()
+		atLimit(t, clock, lim)
+		require.ErrorIs(t, lim.AcquireN(context.Background(), 3, time.Second), throttle.ErrTimeout)
+		assert.True(t, asks(t, clock, lim, b), "one permit asks the bucket after three were refused")
+	})
+	t.Run("placed before the place remembered", func(t *testing.T) {
+		clock := clockwork.NewFakeClock()
+		b := &placingBucket{clock: clock, decisions: []throttle.Decision{free, placed(20 * time.Millisecond), refused, placed(30 * time.Millisecond)}}
+		lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+		defer lim.Close()
+		atLimit(t, clock, lim)
+		require.ErrorIs(t, lim.Acquire(context.Background(), time.Second), throttle.ErrTimeout)
+		assert.False(t, asks(t, clock, lim, b), "refused from memory")
+		long := acquireAsync(t, clock, lim, context.Background(), 3*time.Second)
+		clock.Advance(30 * time.Millisecond)
+		require.NoError(t, outcome(t, long), "placed 30 ms ahead, long before the place remembered")
+		assert.True(t, asks(t, clock, lim, b), "the place remembered is forgotten")
+	})
+}
