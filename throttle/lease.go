@@ -47,10 +47,9 @@ import (
 // permits (the bucket shares round trips among concurrent takes), until
 // one is free at once again; meanwhile a caller whose wait ends before
 // the bucket's next place, as its last refusal named it, is refused from
-// memory. For buckets whose Reset is the end
-// of their period (fixed window, counter), every permit is handed out
-// within the period it was taken in, and the bucket's guarantee holds
-// exactly. For GCRA and [Local] (Reset is the time until full), a permit
+// memory. For buckets whose Reset is the end of their period (fixed
+// window, counter), every permit is handed out within the period it was
+// taken in, and the bucket's guarantee holds exactly. For GCRA and [Local] (Reset is the time until full), a permit
 // held for h shifts its grant by up to h: "≤ burst + rate·t in any span
 // t" becomes "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding
 // log of window W, TTL h keeps at most limit in any window of W−h. A
