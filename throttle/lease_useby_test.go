@@ -180,6 +180,35 @@ func TestAWeightedCallerOfAPlacingLeaseTakesItsPermitsAtOneTime(t *testing.T) {
 	assert.Equal(t, []int64{1, 3}, b.ns, "the three permits in one take, at one time")
 }
 
+// The answers of a placing bucket in the tests of a leased key at its
+// limit: permits free at once, placed d ahead, or refused until
+// atLimitNext; every permit lives atLimitMargin after its time.
+const atLimitMargin, atLimitNext = 10 * time.Millisecond, 2 * time.Second
+
+var (
+	atLimitFree    = throttle.Decision{Granted: true, Margin: atLimitMargin, Limit: 100, Remaining: 50, Reset: time.Second}
+	atLimitRefused = throttle.Decision{Delay: atLimitNext, Limit: 100, Reset: time.Second}
+)
+
+func atLimitPlaced(d time.Duration) throttle.Decision {
+	p := atLimitFree
+	p.Delay = d
+	return p
+}
+
+// bringToItsLimit has a caller of lim refill its lease with a batch the
+// bucket places 20 ms ahead (the next answer must be atLimitPlaced(20 ms)),
+// so that the key is at its limit, and lets the rest of that batch
+// expire.
+func bringToItsLimit(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter) {
+	t.Helper()
+	clock.Advance(time.Millisecond)
+	refiller := acquireAsync(t, clock, lim, context.Background(), time.Second)
+	clock.Advance(20 * time.Millisecond)
+	require.NoError(t, outcome(t, refiller), "a batch placed ahead: the key is at its limit")
+	clock.Advance(atLimitMargin)
+}
+
 // TestALeaseAtItsLimitRefusesFromMemoryTheWaitsThatEndBeforeItsNextPlace:
 // at its limit, a leased key's refusal beyond a caller's wait names the
 // bucket's next place; until then, callers whose waits end before it are
@@ -187,30 +216,14 @@ func TestAWeightedCallerOfAPlacingLeaseTakesItsPermitsAtOneTime(t *testing.T) {
 // bucket at once. A permit free at once ends it.
 func TestALeaseAtItsLimitRefusesFromMemoryTheWaitsThatEndBeforeItsNextPlace(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	const margin, next = 10 * time.Millisecond, 2 * time.Second
-	free := throttle.Decision{Granted: true, Margin: margin, Limit: 100, Remaining: 50, Reset: time.Second}
-	placed := func(d time.Duration) throttle.Decision {
-		p := free
-		p.Delay = d
-		return p
-	}
-	refused := throttle.Decision{Delay: next, Limit: 100, Reset: time.Second}
-	b := &placingBucket{clock: clock, decisions: []throttle.Decision{free, placed(20 * time.Millisecond), refused, free, placed(20 * time.Millisecond), placed(30 * time.Millisecond)}}
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond), atLimitRefused, atLimitFree, atLimitPlaced(20 * time.Millisecond), atLimitPlaced(30 * time.Millisecond)}}
 	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
 	defer lim.Close()
 	ctx := context.Background()
 	takes := func() int { n, _ := b.counts(); return n }
-	atLimit := func() {
-		t.Helper()
-		clock.Advance(time.Millisecond)
-		refiller := acquireAsync(t, clock, lim, ctx, time.Second)
-		clock.Advance(20 * time.Millisecond)
-		require.NoError(t, outcome(t, refiller), "a batch placed ahead: the key is at its limit")
-		clock.Advance(margin) // the rest of the batch expires
-	}
 
 	require.NoError(t, lim.Acquire(ctx, time.Second), "the first batch: the caller's own permit, free at once")
-	atLimit()
+	bringToItsLimit(t, clock, lim)
 	require.ErrorIs(t, lim.Acquire(ctx, time.Second), throttle.ErrTimeout, "the bucket's next place is after the wait")
 	require.Equal(t, 3, takes())
 	for i := range 5 {
@@ -223,7 +236,7 @@ func TestALeaseAtItsLimitRefusesFromMemoryTheWaitsThatEndBeforeItsNextPlace(t *t
 	require.Equal(t, 4, takes())
 	// Its permit was free at once (others were given back): the key is
 	// below its limit, and the next place named before is forgotten.
-	atLimit()
+	bringToItsLimit(t, clock, lim)
 	short := acquireAsync(t, clock, lim, ctx, time.Second)
 	assert.Equal(t, 6, takes(), "at the limit again, a short wait asks the bucket")
 	clock.Advance(30 * time.Millisecond)
@@ -236,22 +249,10 @@ func TestALeaseAtItsLimitRefusesFromMemoryTheWaitsThatEndBeforeItsNextPlace(t *t
 // grant placed before the place remembered (permits were given back)
 // forgets it, so that a short wait asks the bucket again.
 func TestALeaseAtItsLimitRefusesFromMemoryOnlyWhatTheBucketWould(t *testing.T) {
-	const margin, next = 10 * time.Millisecond, 2 * time.Second
-	free := throttle.Decision{Granted: true, Margin: margin, Limit: 100, Remaining: 50, Reset: time.Second}
-	placed := func(d time.Duration) throttle.Decision {
-		p := free
-		p.Delay = d
-		return p
-	}
-	refused := throttle.Decision{Delay: next, Limit: 100, Reset: time.Second}
 	atLimit := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter) {
 		t.Helper()
 		require.NoError(t, lim.Acquire(context.Background(), time.Second), "the first batch: the caller's own permit, free at once")
-		clock.Advance(time.Millisecond)
-		refiller := acquireAsync(t, clock, lim, context.Background(), time.Second)
-		clock.Advance(20 * time.Millisecond)
-		require.NoError(t, outcome(t, refiller), "a batch placed ahead: the key is at its limit")
-		clock.Advance(margin) // the rest of the batch expires
+		bringToItsLimit(t, clock, lim)
 	}
 	// asks runs a one-permit Acquire with a wait of a second, which the
 	// bucket places 30 ms ahead, and reports whether it asked.
@@ -272,7 +273,7 @@ func TestALeaseAtItsLimitRefusesFromMemoryOnlyWhatTheBucketWould(t *testing.T) {
 
 	t.Run("weighted refusal", func(t *testing.T) {
 		clock := clockwork.NewFakeClock()
-		b := &placingBucket{clock: clock, decisions: []throttle.Decision{free, placed(20 * time.Millisecond), refused, placed(30 * time.Millisecond)}}
+		b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond), atLimitRefused, atLimitPlaced(30 * time.Millisecond)}}
 		lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
 		defer lim.Close()
 		atLimit(t, clock, lim)
@@ -281,7 +282,7 @@ func TestALeaseAtItsLimitRefusesFromMemoryOnlyWhatTheBucketWould(t *testing.T) {
 	})
 	t.Run("placed before the place remembered", func(t *testing.T) {
 		clock := clockwork.NewFakeClock()
-		b := &placingBucket{clock: clock, decisions: []throttle.Decision{free, placed(20 * time.Millisecond), refused, placed(30 * time.Millisecond)}}
+		b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond), atLimitRefused, atLimitPlaced(30 * time.Millisecond)}}
 		lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
 		defer lim.Close()
 		atLimit(t, clock, lim)
