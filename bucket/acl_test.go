@@ -67,7 +67,7 @@ func TestConformanceUnderACLUser(t *testing.T) {
 func TestConcurrencyGuaranteesUnderACLUser(t *testing.T) {
 	t.Parallel()
 	srv := redisenv.New(t)
-	env := capEnv{client: managedUser(t, srv), admin: srv.Client(), opts: []ConcurrencyOption{WithLease(300 * time.Millisecond)}, rounds: 5}
+	env := capEnv{client: managedUser(t, srv), admin: srv.Client(), addr: srv.Addr(), opts: []ConcurrencyOption{WithLease(300 * time.Millisecond)}, rounds: 5}
 	t.Run("NeverMoreThanCapacity", func(t *testing.T) { checkNeverMoreThanCapacity(t, env) })
 	t.Run("ArrivalOrder", func(t *testing.T) { checkArrivalOrder(t, env) })
 	t.Run("DeadHolder", func(t *testing.T) { checkDeadHolder(t, env) })

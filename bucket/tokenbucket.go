@@ -52,10 +52,12 @@ import (
 // Its limit can be changed live, for the whole fleet, with
 // [TokenBucket.SetLimit]; the change applies from the next take. A Limiter
 // can pause a TokenBucket for the whole fleet (a provider's Retry-After).
-// A granted permit that will not be sent (its caller left before its
-// time, or woke too late to use it) is given back exactly, by its
-// Decision.Cancel; there is no other refund. It is safe for concurrent
-// use.
+// A granted permit that will not be sent is given back exactly by its
+// Decision.Cancel; there is no other refund. A Limiter gives back the
+// permit of a caller that left before its time. It does not give back one
+// whose caller woke too late to use it: that place has passed, and the
+// next places of a key at its limit come after its last, which the
+// give-back would not move. It is safe for concurrent use.
 type TokenBucket struct {
 	common
 	limit      int64
