@@ -152,6 +152,8 @@ func TestCommandLine(t *testing.T) {
 		cli.Case{Name: "scenario sets the limit", Args: []string{"-scenario=matrix", "-limit=7"}, Code: cli.ExitUsage, Stderr: "-limit: not with -scenario"},
 		cli.Case{Name: "only matches nothing", Args: []string{"-scenario=matrix", "-only=^nothing$"}, Code: cli.ExitUsage, Stderr: "matches no row"},
 		cli.Case{Name: "only without a scenario", Args: []string{"-only=lease"}, Code: cli.ExitUsage, Stderr: "needs -scenario"},
+		cli.Case{Name: "margin not below the interval", Args: []string{"-interval=250ms", "-margin=250ms"}, Code: cli.ExitUsage, Stderr: "below the interval"},
+		cli.Case{Name: "margin of a bucket without one", Args: []string{"-bucket=gcra", "-margin=3ms"}, Code: cli.ExitUsage, Stderr: "only the tokenbucket and slidinglog"},
 	)
 	cli.Check(t, command, cases)
 }

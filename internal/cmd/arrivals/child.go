@@ -42,6 +42,7 @@ type childConfig struct {
 	Bucket   string        `json:"bucket"`
 	Limit    int64         `json:"limit"`
 	Interval time.Duration `json:"interval"`
+	Margin   time.Duration `json:"margin,omitempty"` // 0: the bucket's default
 	Lease    bool          `json:"lease"`
 	Workers  int           `json:"workers"`
 	Waits    string        `json:"waits"`
@@ -113,15 +114,24 @@ func childMain(spec string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// newBucket builds a bucket of kind on rdb, as a user would.
-func newBucket(rdb redis.UniversalClient, kind, key string, limit int64, interval time.Duration) (throttle.Bucket, error) {
+// newBucket builds a bucket of kind on rdb, as a user would; a margin
+// above 0 is the bucket's WithArrivalMargin (tokenbucket and slidinglog,
+// which check says).
+func newBucket(rdb redis.UniversalClient, kind, key string, limit int64, interval, margin time.Duration) (throttle.Bucket, error) {
 	switch kind {
 	case "tokenbucket":
+		if margin > 0 {
+			return bucket.NewTokenBucket(rdb, key, limit, interval, bucket.WithArrivalMargin(margin))
+		}
 		return bucket.NewTokenBucket(rdb, key, limit, interval)
 	case "gcra":
 		return bucket.NewGCRA(rdb, key, limit, interval)
 	case "slidinglog":
-		return bucket.NewSlidingLog(rdb, key, []throttle.Tier{{Limit: limit, Period: interval}})
+		tiers := []throttle.Tier{{Limit: limit, Period: interval}}
+		if margin > 0 {
+			return bucket.NewSlidingLog(rdb, key, tiers, bucket.WithArrivalMargin(margin))
+		}
+		return bucket.NewSlidingLog(rdb, key, tiers)
 	case "fixedwindow":
 		return bucket.NewFixedWindow(rdb, key, limit, interval)
 	}
@@ -135,7 +145,7 @@ const maxPool = 256
 func runChild(c childConfig, stdin io.Reader, stdout io.Writer) (childResult, error) {
 	rdb := redis.NewClient(&redis.Options{Addr: c.Redis, PoolSize: min(c.Workers+4, maxPool)})
 	defer rdb.Close()
-	b, err := newBucket(rdb, c.Bucket, c.Key, c.Limit, c.Interval)
+	b, err := newBucket(rdb, c.Bucket, c.Key, c.Limit, c.Interval, c.Margin)
 	if err != nil {
 		return childResult{}, err
 	}

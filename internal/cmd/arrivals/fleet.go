@@ -35,9 +35,11 @@ type scenario struct {
 	Processes int           `json:"processes"`
 	// Workers per process; 0 when the scenario is built means auto
 	// (autoWorkers), filled in by check.
-	Workers  int           `json:"workers"`
-	Waits    string        `json:"waits"`
-	Lease    bool          `json:"lease"`
+	Workers int    `json:"workers"`
+	Waits   string `json:"waits"`
+	Lease   bool   `json:"lease"`
+	// Margin is the bucket's WithArrivalMargin; 0: its default.
+	Margin   time.Duration `json:"margin,omitempty"`
 	Stops    []stopSpec    `json:"stops,omitempty"`
 	Duration time.Duration `json:"duration"`
 	// ProviderLimit, when positive, makes the provider refuse (429) above
@@ -164,7 +166,7 @@ func runRound(ctx context.Context, sc scenario, redis, exe string, round int, st
 	for i := range sc.Processes {
 		spec, _ := json.Marshal(childConfig{
 			Process: i, Redis: redis, Key: key, Bucket: sc.Bucket, Limit: sc.Limit, Interval: sc.Interval,
-			Lease: sc.Lease, Workers: sc.Workers, Waits: sc.Waits, URL: prov.URL(), Trace: sc.Trace,
+			Margin: sc.Margin, Lease: sc.Lease, Workers: sc.Workers, Waits: sc.Waits, URL: prov.URL(), Trace: sc.Trace,
 		})
 		k, err := startChild(exe, i, string(spec), &prefixed{mu: &mu, w: stderr, prefix: fmt.Sprintf("arrivals: process %d: ", i)})
 		if err != nil {

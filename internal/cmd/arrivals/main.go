@@ -13,7 +13,8 @@
 // -processes child processes (its own binary, re-executed), each built
 // only from headway's public API as a deployed worker would be: its own
 // go-redis client, its own bucket on the shared key (-bucket: tokenbucket,
-// the default, or gcra, slidinglog, fixedwindow), its own throttle.Limiter
+// the default, or gcra, slidinglog, fixedwindow; -margin sets the
+// arrival margin of the first and third), its own throttle.Limiter
 // (-lease: throttle.WithLeasing), an httpclient.Transport on that Limiter,
 // and -workers goroutines calling the provider through an http.Client on
 // it in a closed loop (demand above the limit; 0 workers: half as many
@@ -172,6 +173,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&sc.Processes, "processes", 1, "child processes, each with its own Redis client, bucket, Limiter and Transport")
 	fs.IntVar(&sc.Workers, "workers", 0, "goroutines per process calling in a closed loop (0: 1.5 × limit ÷ processes, at least 8)")
 	fs.StringVar(&sc.Waits, "waits", "mixed", "each call's wait: mixed (a third each: a deadline in 50–200ms, one in 1–3s, none), none, short, long")
+	fs.DurationVar(&sc.Margin, "margin", 0, "the bucket's arrival margin (bucket.WithArrivalMargin; tokenbucket and slidinglog); 0: its default")
 	fs.BoolVar(&sc.Lease, "lease", false, "each Limiter leases permits (throttle.WithLeasing with defaults)")
 	fs.Var(&stopList, "stop", "process:every:for, e.g. 0:1s:30ms: stop that child (SIGSTOP) for `for` every `every` (repeatable)")
 	fs.DurationVar(&sc.Duration, "duration", 10*time.Second, "how long each round (each scenario's) runs")
@@ -267,6 +269,10 @@ func (s *scenario) check() error {
 		return fmt.Errorf("provider-policy = %q: must be sliding, periods or aligned", s.ProviderPolicy)
 	case s.Latency < 0:
 		return fmt.Errorf("latency = %v: must not be negative", s.Latency)
+	case s.Margin < 0 || s.Margin >= s.Interval:
+		return fmt.Errorf("margin = %v: must be 0 (the bucket's default) or positive and below the interval", s.Margin)
+	case s.Margin > 0 && s.Bucket != "tokenbucket" && s.Bucket != "slidinglog":
+		return fmt.Errorf("margin = %v: only the tokenbucket and slidinglog buckets take one, not %s", s.Margin, s.Bucket)
 	}
 	for _, st := range s.Stops {
 		if st.Process >= s.Processes {
@@ -296,6 +302,9 @@ func (s scenario) describe() string {
 	name := fmt.Sprintf("%d/%v %s %dp", s.Limit, s.Interval, s.Waits, s.Processes)
 	if s.Lease {
 		name += " lease"
+	}
+	if s.Margin > 0 {
+		name += " margin " + s.Margin.String()
 	}
 	for _, st := range s.Stops {
 		name += " stop " + st.String()
