@@ -227,7 +227,7 @@ type answer struct {
 }
 
 // fresh returns d, a decision of the store's answer that came at at, as of
-// now: a grant's time and margin count from when Take returns
+// now: a grant's time, margin and next place count from when Take returns
 // ([throttle.Decision]), so the time the answer took to reach its caller
 // (a runner or a caller descheduled on a busy machine, a process stalled)
 // comes off them, as the round trip does. A refusal is left as it is: its
@@ -242,6 +242,7 @@ func fresh(d throttle.Decision, at time.Time) throttle.Decision {
 		d.Margin = max(d.Margin-late, 1) // 0 would bound nothing
 	}
 	d.Delay = max(d.Delay-age, 0)
+	d.Next = max(d.Next-age, 0)
 	return d
 }
 

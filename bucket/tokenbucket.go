@@ -230,10 +230,12 @@ func tbKeys(tag string) []string {
 // Take implements [throttle.Bucket]: it places n permits at the earliest
 // time the limit allows within maxWait (see the type's doc), or refuses
 // with the earliest time one permit could have (Decision.Delay) when that
-// is beyond maxWait. Concurrent takes of one permit for the same key are
-// coalesced into one round trip (see the package doc), each permit placed
-// within its own caller's maxWait. A place is within maxWait less the
-// recent round trip of a take: the caller has it only when the answer
+// is beyond maxWait. A grant names the earliest place one more permit
+// could have now (Decision.Next; 0 when one is free at once, or for an
+// idle key's first take). Concurrent takes of one permit for the same key
+// are coalesced into one round trip (see the package doc), each permit
+// placed within its own caller's maxWait. A place is within maxWait less
+// the recent round trip of a take: the caller has it only when the answer
 // comes.
 func (b *TokenBucket) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	return b.takeBy(ctx, key, n, b.limit, maxWait, b.run)
@@ -315,7 +317,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 			got++
 		}
 	}
-	granted := throttle.Decision{Granted: true, Delay: us(max(places[0], 0)), Margin: margin, Limit: limit, Remaining: remaining, Reset: reset}
+	granted := throttle.Decision{Granted: true, Delay: us(max(places[0], 0)), Margin: margin, Next: max(next, 0), Limit: limit, Remaining: remaining, Reset: reset}
 	refused.Remaining = 0
 	u := upTo{granted: granted, got: got * shared, rest: refused, at: now}
 	if len(ends) == len(places) {

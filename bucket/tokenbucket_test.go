@@ -619,6 +619,53 @@ func TestTokenBucketCallersRefusedInABatchAreToldThePlaceLeft(t *testing.T) {
 	}
 }
 
+// TestTokenBucketGrantNamesTheNextPlace: a grant at a key at its limit
+// names the earliest place one more permit could have (Decision.Next),
+// exactly on the server's clock: a take whose wait ends before it is
+// refused with that place, and one whose wait reaches it gets it.
+func TestTokenBucketGrantNamesTheNextPlace(t *testing.T) {
+	srv := redisenv.New(t)
+	ctx := context.Background()
+	const limit, interval = 2, time.Second // paced 500 ms apart
+	b := newTB(t, srv.Client(), "next-place", limit, interval)
+	// The limit at once, its two permits 20 ms or more apart: the key is
+	// full, the first stops counting first.
+	first := takePlaces(t, b, "", 1, 0)
+	time.Sleep(20 * time.Millisecond) // the server's clock moving is what is tested
+	second := takePlaces(t, b, "", 1, 0)
+	if len(first.places) != 1 || len(second.places) != 1 {
+		t.Fatalf("placed %v and %v, want one place at once each", first.places, second.places)
+	}
+	u, err := b.run(ctx, "", 1, throttle.Forever, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := u.forCaller(0)
+	// Its place is where the first permit stops counting; the next is
+	// where the second does, as far after it as the second came after
+	// the first.
+	if !g.Granted || g.Delay <= 0 || g.Next < g.Delay+15*time.Millisecond {
+		t.Fatalf("a take at the full key: %+v; want a place ahead that names the next one, 20 ms or so after it", g)
+	}
+	next := u.at + g.Next.Microseconds() // on the server's clock
+	u, err = b.run(ctx, "", 1, g.Next/2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := u.forCaller(0); r.Granted || u.at+r.Delay.Microseconds() != next {
+		t.Fatalf("a wait ending before the next place named: %+v at %d; want refused with the place %d", r, u.at, next)
+	}
+	// A wait that reaches it (and not the pace after the last place,
+	// 500 ms after it).
+	u, err = b.run(ctx, "", 1, g.Next+200*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := u.forCaller(0); !d.Granted || u.at+d.Delay.Microseconds() != next {
+		t.Fatalf("a wait that reaches the next place named: %+v at %d; want placed at %d", d, u.at, next)
+	}
+}
+
 // The schedule lives until its last permit stops counting, also when a
 // fleet redeployed with a longer interval merges a permit into its last
 // entry.

@@ -94,6 +94,18 @@ type Decision struct {
 	// permits to its caller within it (a store that answered late, a
 	// stalled process) asks for others instead. 0: no bound.
 	Margin time.Duration
+	// Next, when positive on a grant, is the time until the earliest
+	// place one more permit of the key could have now that this grant is
+	// made, counted as Delay is (it may come before the grant's own
+	// place, which pacing may have put later): a bucket that places its
+	// permits may say it (package bucket's TokenBucket does). A leasing
+	// Limiter at the key's limit then refuses a caller whose wait ends
+	// before it without asking the bucket, until a give-back of its own
+	// (a place may then come sooner). It holds as of the answer: permits
+	// given back elsewhere or a raised live limit may bring the place
+	// sooner, and a bucket must never name one later than a take of one
+	// permit could have then. 0: not known, or a permit is free now.
+	Next time.Duration
 	// Limit is the bucket's capacity per interval for this key, for
 	// rate-limit headers. 0 if unknown.
 	Limit int64

@@ -45,6 +45,10 @@ type decision struct {
 	// batch is the lease's batch the grant is in, which takes back the
 	// permits of a caller that leaves them unused (nil: none).
 	batch *leaseBatch
+	// atLimit is the key's lease, for a grant asked for at the key's
+	// limit (askAtLimit): giving the grant back forgets the next place
+	// the lease remembers, which may then come sooner.
+	atLimit *lease
 	// The gate's reading of a refusal (waiter.leaveGate): ask again in
 	// retryIn; shared: the refusal holds for every caller of the key;
 	// alone: it holds for this caller's wait only (a lease's caller at the

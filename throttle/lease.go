@@ -45,15 +45,16 @@ import (
 // (the fleet is at its limit), a batch would be a burst at one time: the
 // callers the lease cannot serve then ask the bucket each for their own
 // permits (the bucket shares round trips among concurrent takes), until
-// one is free at once again; meanwhile a caller whose wait ends before
-// the bucket's next place, as its last refusal named it, is refused from
-// memory. For buckets whose Reset is the end of their period (fixed
-// window, counter), every permit is handed out within the period it was
-// taken in, and the bucket's guarantee holds exactly. For GCRA and [Local] (Reset is the time until full), a permit
-// held for h shifts its grant by up to h: "≤ burst + rate·t in any span
-// t" becomes "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding
-// log of window W, TTL h keeps at most limit in any window of W−h. A
-// bucket that reports no Reset, with no TTL, leases nothing.
+// one is free at once again; meanwhile a caller whose wait ends before the
+// bucket's next place, as its last refusal or grant named it
+// (Decision.Next), is refused from memory. For buckets whose Reset is the
+// end of their period (fixed window, counter), every permit is handed out
+// within the period it was taken in, and the bucket's guarantee holds
+// exactly. For GCRA and [Local] (Reset is the time until full), a permit
+// held for h shifts its grant by up to h: "≤ burst + rate·t in any span t"
+// becomes "≤ burst + rate·(t+h)"; set TTL to bound h. For a sliding log of
+// window W, TTL h keeps at most limit in any window of W−h. A bucket that
+// reports no Reset, with no TTL, leases nothing.
 //
 // With the failure policy: permits leased before an outage are the
 // store's already, and are handed out during it first (they owe the store
@@ -138,10 +139,15 @@ type lease struct {
 	// atLimit: the bucket placed the key's last batch ahead (askAtLimit).
 	atLimit atomic.Bool
 	// nextPlace: at the limit, the earliest place for one permit the
-	// bucket named when it last refused a caller beyond its wait; a
-	// caller whose wait ends before it is refused from memory
-	// (askAtLimit). 0: none.
+	// bucket named when it last refused a caller beyond its wait, or
+	// with its last grant (Decision.Next); a caller whose wait ends
+	// before it is refused from memory (askAtLimit). 0: none. A
+	// give-back of the key's permits forgets it: the place may come
+	// sooner.
 	nextPlace atomic.Int64
+	// namesNext: the bucket's grants name its next place: one that names
+	// none says a permit is free now.
+	namesNext atomic.Bool
 
 	// Under mu, which guards nothing else:
 	mu       sync.Mutex
@@ -362,9 +368,12 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 // refusal beyond w's wait is w's alone: the key's gate stays open for
 // callers with longer waits, which the bucket can place at once (or the
 // lease's batch may serve). A refusal of one permit names the bucket's
-// next place: until then, a caller whose wait ends before it is refused
-// without a round trip. A grant placed before it (permits were given
-// back) or free at once forgets it.
+// next place, and so does a grant that says it (Decision.Next): until
+// then, a caller whose wait ends before it is refused without a round
+// trip. A grant that names none forgets it when it is free at once, when
+// the bucket's grants name their next place (none: one is free now), or
+// when placed before it (permits were given back); so does giving back a
+// grant of the key.
 func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
 	ls := &st.lease
 	if next, now := ls.nextPlace.Load(), l.tb.now(); next > now && w.gateDeadline() < next {
@@ -374,17 +383,33 @@ func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
 	c := l.ask(w, st, w.n, 0)
 	c.alone = w.beyondWait(c)
 	w.ahead = false
+	// A place the bucket named counts from when the call was sent: it
+	// decided after that, so the place is never later than the bucket's
+	// (counted from the answer, the answer's way back would be added).
+	from := c.sent
+	if from == 0 {
+		from = c.answered
+	}
 	switch {
-	case c.alone && c.answered != 0 && w.n == 1:
+	case c.alone && from != 0 && w.n == 1:
 		// (n permits' place says nothing of one permit's: it may come
 		// sooner.)
-		ls.nextPlace.Store(addSat(c.answered, c.Delay))
+		ls.nextPlace.Store(addSat(from, c.Delay))
 	case c.src != fromStore || c.err != nil || !c.Granted:
-	case c.Delay == 0:
-		ls.nextPlace.Store(0)
-		ls.atLimit.Store(false)
+		return c
+	case c.Next > 0 && from != 0:
+		ls.namesNext.Store(true)
+		ls.nextPlace.Store(addSat(from, c.Next))
+	case c.Delay == 0 || ls.namesNext.Load():
+		ls.nextPlace.Store(0) // a permit is free now
 	case addSat(c.answered, c.Delay) < ls.nextPlace.Load():
 		ls.nextPlace.Store(0) // placed before it: permits were given back
+	}
+	if c.Granted {
+		c.atLimit = ls // a give-back of the grant forgets the next place
+		if c.Delay == 0 {
+			ls.atLimit.Store(false)
+		}
 	}
 	return c
 }
@@ -492,6 +517,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		return c, false
 	case c.Granted && c.Delay > 0 && !placed:
 		// A reservation, though none was asked for: treat it as "not yet".
+		ls.nextPlace.Store(0) // the permits given back may come sooner
 		l.giveBack(w.ctx, w.giveBackBound(), st.key, need+c.got, nil, c.Decision)
 		c.Granted = false
 	}
@@ -534,6 +560,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	ls.cur.Store(b)
 	st.lease.mu.Unlock()
 	if extra > 0 {
+		ls.nextPlace.Store(0)
 		l.giveBack(w.ctx, w.giveBackBound(), st.key, extra, nil, Decision{})
 	}
 	if expired {

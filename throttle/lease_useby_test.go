@@ -196,6 +196,14 @@ func atLimitPlaced(d time.Duration) throttle.Decision {
 	return p
 }
 
+// placedNext is atLimitPlaced(d) naming the bucket's next place, next
+// after the answer (Decision.Next).
+func placedNext(d, next time.Duration) throttle.Decision {
+	p := atLimitPlaced(d)
+	p.Next = next
+	return p
+}
+
 // bringToItsLimit has a caller of lim refill its lease with a batch the
 // bucket places 20 ms ahead (the next answer must be atLimitPlaced(20 ms)),
 // so that the key is at its limit, and lets the rest of that batch
@@ -292,5 +300,100 @@ func TestALeaseAtItsLimitRefusesFromMemoryOnlyWhatTheBucketWould(t *testing.T) {
 		clock.Advance(30 * time.Millisecond)
 		require.NoError(t, outcome(t, long), "placed 30 ms ahead, long before the place remembered")
 		assert.True(t, asks(t, clock, lim, b), "the place remembered is forgotten")
+	})
+}
+
+// TestALeaseAtItsLimitRemembersTheNextPlaceAGrantNames: a grant at a
+// leased key's limit that names the bucket's next place (Decision.Next)
+// sets it as a refusal does, so that no caller asks only to learn it:
+// callers whose waits end before it are refused without a round trip, one
+// whose wait reaches it asks; and the next grant's place replaces it,
+// sooner or later.
+func TestALeaseAtItsLimitRemembersTheNextPlaceAGrantNames(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond),
+		placedNext(30*time.Millisecond, atLimitNext), placedNext(30*time.Millisecond, 40*time.Millisecond), atLimitPlaced(30 * time.Millisecond)}}
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+	defer lim.Close()
+	ctx := context.Background()
+	takes := func() int { n, _ := b.counts(); return n }
+	placed := func(wait time.Duration, what string) {
+		t.Helper()
+		done := acquireAsync(t, clock, lim, ctx, wait)
+		clock.Advance(30 * time.Millisecond)
+		require.NoError(t, outcome(t, done), what)
+	}
+
+	require.NoError(t, lim.Acquire(ctx, time.Second), "the first batch: the caller's own permit, free at once")
+	bringToItsLimit(t, clock, lim)
+	placed(3*time.Second, "placed 30 ms ahead; the next place 2 s after the answer")
+	require.Equal(t, 3, takes())
+	for i := range 3 {
+		clock.Advance(10 * time.Millisecond)
+		require.ErrorIsf(t, outcome(t, acquireAsync(t, clock, lim, ctx, time.Second)), throttle.ErrTimeout, "caller %d", i)
+	}
+	assert.Equal(t, 3, takes(), "callers whose waits end before the next place the grant named were refused from memory")
+
+	placed(3*time.Second, "a wait that reaches the next place asks; placed 30 ms ahead, the next place 40 ms after")
+	require.Equal(t, 4, takes())
+	placed(time.Second, "the next place the last grant named is within a second's wait: it asks")
+	assert.Equal(t, 5, takes())
+}
+
+// TestALeaseAtItsLimitForgetsTheNextPlaceWhenAPermitIsFreeSooner: the
+// next place a grant named is forgotten when a grant of the key is given
+// back (its place is free again), and when a bucket whose grants name
+// their next place grants one naming none (a permit is free now, though
+// this one was paced later): a short wait then asks the bucket.
+func TestALeaseAtItsLimitForgetsTheNextPlaceWhenAPermitIsFreeSooner(t *testing.T) {
+	setup := func(t *testing.T, then ...throttle.Decision) (*clockwork.FakeClock, *placingBucket, *throttle.Limiter) {
+		t.Helper()
+		clock := clockwork.NewFakeClock()
+		b := &placingBucket{clock: clock, decisions: append([]throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond)}, then...)}
+		lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+		t.Cleanup(func() { lim.Close() })
+		require.NoError(t, lim.Acquire(context.Background(), time.Second), "the first batch: the caller's own permit, free at once")
+		bringToItsLimit(t, clock, lim)
+		return clock, b, lim
+	}
+	// asksWithin runs a one-permit Acquire with wait, which the bucket
+	// places 30 ms ahead, and requires that it asked the bucket.
+	asksWithin := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter, b *placingBucket, wait time.Duration) {
+		t.Helper()
+		before, _ := b.counts()
+		done := acquireAsync(t, clock, lim, context.Background(), wait)
+		after, _ := b.counts()
+		require.Equal(t, before+1, after, "a wait ending before the place once named asks the bucket")
+		clock.Advance(30 * time.Millisecond)
+		require.NoError(t, outcome(t, done))
+	}
+
+	t.Run("given back", func(t *testing.T) {
+		clock, b, lim := setup(t, placedNext(30*time.Millisecond, atLimitNext), atLimitPlaced(30*time.Millisecond))
+		ctx, cancel := context.WithCancel(context.Background())
+		left := acquireAsync(t, clock, lim, ctx, 3*time.Second)
+		cancel()
+		require.ErrorIs(t, outcome(t, left), context.Canceled)
+		_, cancelled := b.counts()
+		require.Equal(t, 1, cancelled, "the grant that named the next place, given back")
+		asksWithin(t, clock, lim, b, time.Second)
+	})
+	t.Run("a grant naming none", func(t *testing.T) {
+		clock, b, lim := setup(t, placedNext(30*time.Millisecond, time.Second), atLimitPlaced(1500*time.Millisecond), atLimitPlaced(30*time.Millisecond))
+		first := acquireAsync(t, clock, lim, context.Background(), 3*time.Second)
+		clock.Advance(30 * time.Millisecond)
+		require.NoError(t, outcome(t, first), "placed 30 ms ahead, the next place a second after")
+		long := acquireAsync(t, clock, lim, context.Background(), 3*time.Second) // placed 1.5 s ahead, naming none
+		short := make(chan error, 1)
+		go func() { short <- lim.Acquire(context.Background(), 500*time.Millisecond) }()
+		bctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, clock.BlockUntilContext(bctx, 2), "the short wait asked the bucket and sleeps for its place, beside the long one")
+		takes, _ := b.counts()
+		require.Equal(t, 5, takes)
+		clock.Advance(30 * time.Millisecond)
+		require.NoError(t, outcome(t, short))
+		clock.Advance(1470 * time.Millisecond) // the long one's place, 1.5 s after its answer
+		require.NoError(t, outcome(t, long))
 	})
 }

@@ -547,10 +547,14 @@ func (w *waiter) giveBackBound() time.Duration {
 
 // giveBack gives back the grant c that the caller leaves: into the key's
 // lease batch it came from while that can still be used, else to the
-// bucket if it came from the bucket's store or the key's lease. (A grant
-// of the failure policy was made in this process alone: it stays counted
-// in the local share, which only slows this process.)
+// bucket if it came from the bucket's store or the key's lease (and the
+// lease forgets the next place it remembers for the key at its limit).
+// (A grant of the failure policy was made in this process alone: it
+// stays counted in the local share, which only slows this process.)
 func (w *waiter) giveBack(c *decision) {
+	if c.atLimit != nil {
+		c.atLimit.nextPlace.Store(0)
+	}
 	if c.batch != nil && c.batch.back(w.n, w.l.tb.now()) {
 		return // for the next caller of the lease
 	}

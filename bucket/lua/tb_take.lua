@@ -39,9 +39,11 @@
 --             given (ARGV[8..]).
 --   status 0: refused, no place within the wait (or a pause).
 --   status 4: n is above the limit and can never be granted.
--- later: for a refusal, or callers of an up-to take left without a place,
--- the earliest place they could have after the places given, less now;
--- else -1.
+-- later: the earliest place one more permit could have after the places
+-- given (n permits, for a refused all-or-nothing take), less now: what a
+-- caller refused could have, and after a grant the earliest any next
+-- caller can (a paced one may get a later place); -1 for an idle key's
+-- first place and for status 4.
 -- remaining: LIMIT less the permits counted, at least 0 (-1 in a pause);
 -- for an up-to take with a place per caller not clamped (the Go side adds
 -- the permits placed after each caller's, and clamps); reset: until the
@@ -110,6 +112,7 @@ if upTo and n > 1 and pace == 0 then
   local p, w, e
   if c > 0 then p, w, e = place(c) end
   if p and c == n then
+    later = (s:earliest(1, limit) or now + interval) - now
     if s:changed() then s:save() end
     return {1, limit, math.max(limit - s.count, 0), s:reset(), now, later, s.born, -c, p - now, e}
   end
@@ -131,8 +134,9 @@ for i = #out + 1, upTo and n or 1 do
   end
 end
 while out[#out] == -1 do out[#out], ends[#ends] = nil, nil end
--- After the places given: the earliest a caller refused could have.
-if refused then later = (s:earliest(upTo and 1 or n, limit) or now + interval) - now end
+-- After the places given: the earliest one more permit could have (n
+-- for a refused all-or-nothing take).
+if refused or #out > 0 then later = (s:earliest((upTo or not refused) and 1 or n, limit) or now + interval) - now end
 if s:changed() then s:save() end
 local res = {#out > 0 and 1 or 0, limit, upTo and limit - s.count or math.max(limit - s.count, 0), s:reset(), now, later, s.born}
 for _, d in ipairs(out) do res[#res + 1] = d end
