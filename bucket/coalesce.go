@@ -491,6 +491,11 @@ func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many
 	for _, w := range ln.q {
 		if len(spare) > 0 && (b.co.byWait || w.since.Before(sent)) && w.state.Load() == waiting {
 			d := u.forCaller(spare[0])
+			if !w.since.Before(sent) {
+				// Its caller's own call would be sent after the store
+				// decided: a next place counted from that would be late.
+				d.Next = 0
+			}
 			if d.Delay <= w.waitLeft(time.Now()) && w.send(answer{d: d, at: at}) {
 				spare = spare[1:]
 				continue

@@ -626,7 +626,11 @@ func TestTokenBucketCallersRefusedInABatchAreToldThePlaceLeft(t *testing.T) {
 func TestTokenBucketGrantNamesTheNextPlace(t *testing.T) {
 	srv := redisenv.New(t)
 	ctx := context.Background()
-	const limit, interval = 2, time.Second // paced 500 ms apart
+	// Paced 2 s apart: however slowly the takes below go, the pace after
+	// the last place stays beyond the waits that reach the next place.
+	// (The schedule's slots are 15.6 ms: the first two permits, 20 ms or
+	// more apart, are in two.)
+	const limit, interval = 2, 4 * time.Second
 	b := newTB(t, srv.Client(), "next-place", limit, interval)
 	// The limit at once, its two permits 20 ms or more apart: the key is
 	// full, the first stops counting first.
@@ -655,8 +659,8 @@ func TestTokenBucketGrantNamesTheNextPlace(t *testing.T) {
 	if r := u.forCaller(0); r.Granted || u.at+r.Delay.Microseconds() != next {
 		t.Fatalf("a wait ending before the next place named: %+v at %d; want refused with the place %d", r, u.at, next)
 	}
-	// A wait that reaches it (and not the pace after the last place,
-	// 500 ms after it).
+	// A wait that reaches it (and not the pace after the last place, 2 s
+	// after it).
 	u, err = b.run(ctx, "", 1, g.Next+200*time.Millisecond, nil)
 	if err != nil {
 		t.Fatal(err)

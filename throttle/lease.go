@@ -141,9 +141,9 @@ type lease struct {
 	// nextPlace: at the limit, the earliest place for one permit the
 	// bucket named when it last refused a caller beyond its wait, or
 	// with its last grant (Decision.Next); a caller whose wait ends
-	// before it is refused from memory (askAtLimit). 0: none. A
-	// give-back of the key's permits forgets it: the place may come
-	// sooner.
+	// before it is refused from memory (askAtLimit). 0: none. Giving
+	// back a grant asked for at the limit, or a refill's permits,
+	// forgets it: the place may come sooner.
 	nextPlace atomic.Int64
 	// namesNext: the bucket's grants name its next place: one that names
 	// none says a permit is free now.

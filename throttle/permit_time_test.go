@@ -16,9 +16,11 @@ import (
 // placingBucket gives its permits a time and a margin, as package bucket's
 // TokenBucket does: each Take answers the next of its decisions (the last
 // one again when they run out). It counts the Takes and the permits given
-// back, and can be paused.
+// back, and can be paused. With took set, each Take moves the clock on by
+// that much before it answers, as a round trip would.
 type placingBucket struct {
 	clock *clockwork.FakeClock
+	took  time.Duration
 
 	mu        sync.Mutex
 	decisions []throttle.Decision
@@ -36,6 +38,9 @@ func (b *placingBucket) Take(_ context.Context, _ string, n int64, maxWait time.
 	b.ns = append(b.ns, n)
 	d := b.decisions[min(b.takes, len(b.decisions))-1]
 	b.mu.Unlock()
+	if b.took > 0 {
+		b.clock.Advance(b.took)
+	}
 	if d.Granted {
 		d.Cancel = func(context.Context) error {
 			b.mu.Lock()

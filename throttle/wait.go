@@ -547,8 +547,9 @@ func (w *waiter) giveBackBound() time.Duration {
 
 // giveBack gives back the grant c that the caller leaves: into the key's
 // lease batch it came from while that can still be used, else to the
-// bucket if it came from the bucket's store or the key's lease (and the
-// lease forgets the next place it remembers for the key at its limit).
+// bucket if it came from the bucket's store or the key's lease. A grant
+// asked for at the key's limit (askAtLimit) also makes the lease forget
+// the next place it remembers.
 // (A grant of the failure policy was made in this process alone: it
 // stays counted in the local share, which only slows this process.)
 func (w *waiter) giveBack(c *decision) {
