@@ -307,8 +307,8 @@ func TestALeaseAtItsLimitRefusesFromMemoryOnlyWhatTheBucketWould(t *testing.T) {
 // leased key's limit that names the bucket's next place (Decision.Next)
 // sets it as a refusal does, so that no caller asks only to learn it:
 // callers whose waits end before it are refused without a round trip, one
-// whose wait reaches it asks; and the next grant's place replaces it,
-// sooner or later.
+// whose wait reaches it asks; and the next grant's place replaces it (here
+// a sooner one).
 func TestALeaseAtItsLimitRemembersTheNextPlaceAGrantNames(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond),
