@@ -217,6 +217,19 @@ func bringToItsLimit(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Lim
 	clock.Advance(atLimitMargin)
 }
 
+// leasedAtItsLimit is a leased Limiter on a placing bucket whose key
+// bringToItsLimit has brought to its limit; the bucket answers then next.
+func leasedAtItsLimit(t *testing.T, then ...throttle.Decision) (*clockwork.FakeClock, *placingBucket, *throttle.Limiter) {
+	t.Helper()
+	clock := clockwork.NewFakeClock()
+	b := &placingBucket{clock: clock, decisions: append([]throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond)}, then...)}
+	lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
+	t.Cleanup(func() { lim.Close() })
+	require.NoError(t, lim.Acquire(context.Background(), time.Second), "the first batch: the caller's own permit, free at once")
+	bringToItsLimit(t, clock, lim)
+	return clock, b, lim
+}
+
 // TestALeaseAtItsLimitRefusesFromMemoryTheWaitsThatEndBeforeItsNextPlace:
 // at its limit, a leased key's refusal beyond a caller's wait names the
 // bucket's next place; until then, callers whose waits end before it are
@@ -257,11 +270,6 @@ func TestALeaseAtItsLimitRefusesFromMemoryTheWaitsThatEndBeforeItsNextPlace(t *t
 // grant placed before the place remembered (permits were given back)
 // forgets it, so that a short wait asks the bucket again.
 func TestALeaseAtItsLimitRefusesFromMemoryOnlyWhatTheBucketWould(t *testing.T) {
-	atLimit := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter) {
-		t.Helper()
-		require.NoError(t, lim.Acquire(context.Background(), time.Second), "the first batch: the caller's own permit, free at once")
-		bringToItsLimit(t, clock, lim)
-	}
 	// asks runs a one-permit Acquire with a wait of a second, which the
 	// bucket places 30 ms ahead, and reports whether it asked.
 	asks := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter, b *placingBucket) bool {
@@ -280,20 +288,12 @@ func TestALeaseAtItsLimitRefusesFromMemoryOnlyWhatTheBucketWould(t *testing.T) {
 	}
 
 	t.Run("weighted refusal", func(t *testing.T) {
-		clock := clockwork.NewFakeClock()
-		b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond), atLimitRefused, atLimitPlaced(30 * time.Millisecond)}}
-		lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
-		defer lim.Close()
-		atLimit(t, clock, lim)
+		clock, b, lim := leasedAtItsLimit(t, atLimitRefused, atLimitPlaced(30*time.Millisecond))
 		require.ErrorIs(t, lim.AcquireN(context.Background(), 3, time.Second), throttle.ErrTimeout)
 		assert.True(t, asks(t, clock, lim, b), "one permit asks the bucket after three were refused")
 	})
 	t.Run("placed before the place remembered", func(t *testing.T) {
-		clock := clockwork.NewFakeClock()
-		b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond), atLimitRefused, atLimitPlaced(30 * time.Millisecond)}}
-		lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
-		defer lim.Close()
-		atLimit(t, clock, lim)
+		clock, b, lim := leasedAtItsLimit(t, atLimitRefused, atLimitPlaced(30*time.Millisecond))
 		require.ErrorIs(t, lim.Acquire(context.Background(), time.Second), throttle.ErrTimeout)
 		assert.False(t, asks(t, clock, lim, b), "refused from memory")
 		long := acquireAsync(t, clock, lim, context.Background(), 3*time.Second)
@@ -346,16 +346,6 @@ func TestALeaseAtItsLimitRemembersTheNextPlaceAGrantNames(t *testing.T) {
 // their next place grants one naming none (a permit is free now, though
 // this one was paced later): a short wait then asks the bucket.
 func TestALeaseAtItsLimitForgetsTheNextPlaceWhenAPermitIsFreeSooner(t *testing.T) {
-	setup := func(t *testing.T, then ...throttle.Decision) (*clockwork.FakeClock, *placingBucket, *throttle.Limiter) {
-		t.Helper()
-		clock := clockwork.NewFakeClock()
-		b := &placingBucket{clock: clock, decisions: append([]throttle.Decision{atLimitFree, atLimitPlaced(20 * time.Millisecond)}, then...)}
-		lim := throttle.New(b, throttle.WithClock(clock), throttle.WithLeasing(throttle.Leasing{}))
-		t.Cleanup(func() { lim.Close() })
-		require.NoError(t, lim.Acquire(context.Background(), time.Second), "the first batch: the caller's own permit, free at once")
-		bringToItsLimit(t, clock, lim)
-		return clock, b, lim
-	}
 	// asksWithin runs a one-permit Acquire with wait, which the bucket
 	// places 30 ms ahead, and requires that it asked the bucket.
 	asksWithin := func(t *testing.T, clock *clockwork.FakeClock, lim *throttle.Limiter, b *placingBucket, wait time.Duration) {
@@ -369,7 +359,7 @@ func TestALeaseAtItsLimitForgetsTheNextPlaceWhenAPermitIsFreeSooner(t *testing.T
 	}
 
 	t.Run("given back", func(t *testing.T) {
-		clock, b, lim := setup(t, placedNext(30*time.Millisecond, atLimitNext), atLimitPlaced(30*time.Millisecond))
+		clock, b, lim := leasedAtItsLimit(t, placedNext(30*time.Millisecond, atLimitNext), atLimitPlaced(30*time.Millisecond))
 		ctx, cancel := context.WithCancel(context.Background())
 		left := acquireAsync(t, clock, lim, ctx, 3*time.Second)
 		cancel()
@@ -377,7 +367,7 @@ func TestALeaseAtItsLimitForgetsTheNextPlaceWhenAPermitIsFreeSooner(t *testing.T
 		asksWithin(t, clock, lim, b, time.Second)
 	})
 	t.Run("a grant naming none", func(t *testing.T) {
-		clock, b, lim := setup(t, placedNext(30*time.Millisecond, time.Second), atLimitPlaced(1500*time.Millisecond), atLimitPlaced(30*time.Millisecond))
+		clock, b, lim := leasedAtItsLimit(t, placedNext(30*time.Millisecond, time.Second), atLimitPlaced(1500*time.Millisecond), atLimitPlaced(30*time.Millisecond))
 		first := acquireAsync(t, clock, lim, context.Background(), 3*time.Second)
 		clock.Advance(30 * time.Millisecond)
 		require.NoError(t, outcome(t, first), "placed 30 ms ahead, the next place a second after")
