@@ -98,9 +98,9 @@ type Decision struct {
 	// place one more permit of the key could have now that this grant is
 	// made, counted as Delay is (it may come before the grant's own
 	// place, which pacing may have put later): a bucket that places its
-	// permits may say it (package bucket's TokenBucket does). A leasing
-	// Limiter at the key's limit then refuses a caller whose wait ends
-	// before it without asking the bucket, until a give-back of its own
+	// permits may say it (package bucket's TokenBucket does). A Limiter
+	// then refuses a caller of the key whose wait ends before it without
+	// asking the bucket, as after a refusal, until a give-back of the key
 	// (a place may then come sooner). It holds as of the answer: permits
 	// given back elsewhere or a raised live limit may bring the place
 	// sooner, and a bucket must never name one later than a take of one

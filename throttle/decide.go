@@ -7,7 +7,8 @@ import (
 )
 
 // The decision stage: one round's decision for the caller's permits, from
-// the key's lease (lease.go), the bucket, or, while the bucket's store
+// the key's lease (lease.go), the bucket (unless the key's next place
+// refuses the caller from memory, place.go), or, while the bucket's store
 // fails, the failure policy (failure.go, degraded.go); for a Cost, from its
 // CostBucket (cost.go). The decision is one value (decision) that the
 // bucket call's answer becomes and that the stages after it read and
@@ -45,10 +46,6 @@ type decision struct {
 	// batch is the lease's batch the grant is in, which takes back the
 	// permits of a caller that leaves them unused (nil: none).
 	batch *leaseBatch
-	// atLimit is the key's lease, for a grant asked for at the key's
-	// limit (askAtLimit): giving the grant back forgets the next place
-	// the lease remembers, which may then come sooner.
-	atLimit *lease
 	// The gate's reading of a refusal (waiter.leaveGate): ask again in
 	// retryIn; shared: the refusal holds for every caller of the key;
 	// alone: it holds for this caller's wait only (a lease's caller at the
@@ -67,7 +64,7 @@ func (w *waiter) decide(st *keyState) decision {
 	case l.leasing != nil:
 		return l.leased(w, st)
 	}
-	return l.ask(w, st, w.n, 0)
+	return l.askPlaced(w, st)
 }
 
 // ask asks the bucket for n permits of st's key, and up to want more for

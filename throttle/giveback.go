@@ -70,7 +70,9 @@ func (g *giveBacks) close() {
 // reservation d by its Settle; n permits by d's Cancel (exact, for a
 // reservation) or else the bucket's Refunder. With neither, the permits
 // only cost throughput. The caller waits for it at most bound (handBack).
-func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, key string, n int64, cost Cost, d Decision) {
+// next is the key's next place (nil: a cost's), which a give-back of
+// permits forgets while it is under way (place.go).
+func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, next *nextPlace, key string, n int64, cost Cost, d Decision) {
 	var give func(context.Context) error
 	switch {
 	case cost != nil && d.Settle != nil:
@@ -88,7 +90,12 @@ func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, key string,
 	if give == nil {
 		return
 	}
+	end := func() {}
+	if next != nil {
+		end = next.givingBack()
+	}
 	l.handBack(ctx, bound, func(rctx context.Context) {
+		defer end()
 		if err := give(rctx); err != nil {
 			l.cfg.logger.Warn("throttle: giving back permits failed", "key", key, "what", whatOf(n, cost), "err", err)
 		}

@@ -36,7 +36,8 @@ func (t *timeBase) wall(now int64) time.Time { return t.epoch.Add(time.Duration(
 // callers queue after a refusal (gate, gate.go), what it last saw of the
 // key's adaptive rate (adapt, adaptive_state.go), the failure policy's ledger of the
 // shared period, its local share during an outage and the first-back cap
-// after one (out, degraded.go), and the lease (lease, lease.go). No lock
+// after one (out, degraded.go), the lease (lease, lease.go), and the
+// bucket's next place for one permit (next, place.go). No lock
 // guards two of them: a mechanism's lock is never held while another's is
 // taken. One map holds the states, with one rule for forgetting them
 // (keyStates).
@@ -51,6 +52,7 @@ type keyState struct {
 	adapt adaptKey
 	out   outageKey
 	lease lease
+	next  nextPlace
 
 	// limit is the key's limit as its last shared Decision reported it
 	// (a limit changed live included); 0 when none was reported.
@@ -98,7 +100,8 @@ func spend(a *atomic.Int64, n int64) (left int64, ok bool) {
 }
 
 // holds reports whether st keeps something that must outlive an idle
-// spell: callers queued or a gate closed, a lease with permits, a refill
+// spell: callers queued or a gate closed, a lease with permits, a next
+// place ahead or a give-back under way, a refill
 // or background task running, permits granted locally that the store has
 // not been charged for, a first-back cap, an adaptive rate (kept in memory,
 // or seen in the store within adaptMemory),
@@ -107,7 +110,7 @@ func spend(a *atomic.Int64, n int64) (left int64, ok bool) {
 // the key (forgotten, it would fall back to base). A limit raised above
 // base is forgotten: base is the stricter.
 func (st *keyState) holds(now, base int64, wall time.Time) bool {
-	if st.adapt.busy.Load() || !st.gate.idle(now) || st.lease.holds(now) {
+	if st.adapt.busy.Load() || !st.gate.idle(now) || st.lease.holds(now) || !st.next.idle(now) {
 		return true
 	}
 	if l := st.limit.Load(); l > 0 && l < base {

@@ -138,16 +138,6 @@ type lease struct {
 	dryUntil atomic.Int64
 	// atLimit: the bucket placed the key's last batch ahead (askAtLimit).
 	atLimit atomic.Bool
-	// nextPlace: at the limit, the earliest place for one permit the
-	// bucket named when it last refused a caller beyond its wait, or
-	// with its last grant (Decision.Next); a caller whose wait ends
-	// before it is refused from memory (askAtLimit). 0: none. Giving
-	// back a grant asked for at the limit, or a refill's permits,
-	// forgets it: the place may come sooner.
-	nextPlace atomic.Int64
-	// namesNext: the bucket's grants name its next place: one that names
-	// none says a permit is free now.
-	namesNext atomic.Bool
 
 	// Under mu, which guards nothing else:
 	mu       sync.Mutex
@@ -331,7 +321,7 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 			// alone, as without leasing, and says if it can never grant
 			// them.
 			st.lease.mu.Unlock()
-			return l.ask(w, st, n, 0)
+			return l.askPlaced(w, st)
 		}
 		// This caller refills: it uses what the lease still holds and
 		// fetches the rest.
@@ -361,55 +351,21 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 }
 
 // askAtLimit asks the bucket for w's permits alone, placed within w's
-// wait, as a caller without leasing is (the bucket paces them, and
-// coalesces concurrent takes into shared round trips): at the limit, a
-// batch's permits would share one place, a burst. A grant free at once
-// ends the key's time at its limit: the next refill leases again. A
-// refusal beyond w's wait is w's alone: the key's gate stays open for
-// callers with longer waits, which the bucket can place at once (or the
-// lease's batch may serve). A refusal of one permit names the bucket's
-// next place, and so does a grant that says it (Decision.Next): until
-// then, a caller whose wait ends before it is refused without a round
-// trip. A grant that names none forgets it when it is free at once, when
-// the bucket's grants name their next place (none: one is free now), or
-// when placed before it (permits were given back); so does giving back a
-// grant of the key.
+// wait, as a caller without leasing is (askPlaced: the bucket paces them,
+// coalesces concurrent takes into shared round trips, and the key's next
+// place refuses, from memory, a caller whose wait ends before it): at
+// the limit, a batch's permits would share one place, a burst. A grant
+// free at once ends the key's time at its limit: the next refill leases
+// again. A refusal beyond w's wait is w's alone: the key's gate stays
+// open for callers with longer waits, which the bucket can place at once
+// (or the lease's batch may serve).
 func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
-	ls := &st.lease
-	if next, now := ls.nextPlace.Load(), l.tb.now(); next > now && w.gateDeadline() < next {
-		return decision{n: w.n, err: w.tb.err(time.Duration(next - now))}
-	}
 	w.ahead = true
-	c := l.ask(w, st, w.n, 0)
+	c := l.askPlaced(w, st)
 	c.alone = w.beyondWait(c)
 	w.ahead = false
-	// A place the bucket named counts from when the call was sent: it
-	// decided after that, so the place is never later than the bucket's
-	// (counted from the answer, the answer's way back would be added).
-	from := c.sent
-	if from == 0 {
-		from = c.answered
-	}
-	switch {
-	case c.alone && from != 0 && w.n == 1:
-		// (n permits' place says nothing of one permit's: it may come
-		// sooner.)
-		ls.nextPlace.Store(addSat(from, c.Delay))
-	case c.src != fromStore || c.err != nil || !c.Granted:
-		return c
-	case c.Next > 0 && from != 0:
-		ls.namesNext.Store(true)
-		ls.nextPlace.Store(addSat(from, c.Next))
-	case c.Delay == 0 || ls.namesNext.Load():
-		ls.nextPlace.Store(0) // a permit is free now
-	case addSat(c.answered, c.Delay) < ls.nextPlace.Load():
-		ls.nextPlace.Store(0) // placed before it: permits were given back
-	}
-	if c.Granted {
-		c.atLimit = ls // a give-back of the grant forgets the next place
-		if c.Delay == 0 {
-			ls.atLimit.Store(false)
-		}
+	if c.src == fromStore && c.err == nil && c.Granted && c.Delay == 0 {
+		st.lease.atLimit.Store(false)
 	}
 	return c
 }
@@ -517,8 +473,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		return c, false
 	case c.Granted && c.Delay > 0 && !placed:
 		// A reservation, though none was asked for: treat it as "not yet".
-		ls.nextPlace.Store(0) // the permits given back may come sooner
-		l.giveBack(w.ctx, w.giveBackBound(), st.key, need+c.got, nil, c.Decision)
+		l.giveBack(w.ctx, w.giveBackBound(), &st.next, st.key, need+c.got, nil, c.Decision)
 		c.Granted = false
 	}
 	if !c.Granted {
@@ -560,8 +515,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	ls.cur.Store(b)
 	st.lease.mu.Unlock()
 	if extra > 0 {
-		ls.nextPlace.Store(0)
-		l.giveBack(w.ctx, w.giveBackBound(), st.key, extra, nil, Decision{})
+		l.giveBack(w.ctx, w.giveBackBound(), &st.next, st.key, extra, nil, Decision{})
 	}
 	if expired {
 		return decision{}, true

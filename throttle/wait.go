@@ -22,8 +22,9 @@ import (
 //     the time the bucket named, and are let in a few at a time;
 //  3. the pace (adaptive_state.go): while the key adapts, an evenly spaced slot;
 //  4. the decision (decide.go): from the key's lease (lease.go), the
-//     bucket, or the failure policy; for a Cost, the CostBucket or the
-//     failure policy (cost.go);
+//     bucket, or the failure policy; a caller whose wait ends before the
+//     key's next place is refused from memory (place.go); for a Cost, the
+//     CostBucket or the failure policy (cost.go);
 //  5. the outcome (here): a grant's time slept out (a bucket that places
 //     its permits names it, Decision.Delay), and the permits handed over
 //     if still within their margin, else given back and asked anew; a
@@ -102,6 +103,9 @@ func (l *Limiter) wait(ctx context.Context, dm demand, maxWait time.Duration) (D
 		defer l.release(st)
 	}
 	w := l.newWaiter(ctx, dm, maxWait, now)
+	if st != nil {
+		w.next = &st.next
+	}
 	c, err := l.waitLoop(&w, st)
 	return c.Decision, c.src, err
 }
@@ -227,6 +231,9 @@ type waiter struct {
 	// ahead: the wait refills its key's lease from a bucket that places
 	// its permits; the refill books ahead within the wait (bookAhead).
 	ahead bool
+	// next is the next place of the wait's key, which a give-back
+	// forgets; nil for a cost.
+	next *nextPlace
 }
 
 // newWaiter starts a wait for dm at now (0: not read yet): its deadline
@@ -547,20 +554,15 @@ func (w *waiter) giveBackBound() time.Duration {
 
 // giveBack gives back the grant c that the caller leaves: into the key's
 // lease batch it came from while that can still be used, else to the
-// bucket if it came from the bucket's store or the key's lease. A grant
-// asked for at the key's limit (askAtLimit) also makes the lease forget
-// the next place it remembers.
+// bucket if it came from the bucket's store or the key's lease.
 // (A grant of the failure policy was made in this process alone: it
 // stays counted in the local share, which only slows this process.)
 func (w *waiter) giveBack(c *decision) {
-	if c.atLimit != nil {
-		c.atLimit.nextPlace.Store(0)
-	}
 	if c.batch != nil && c.batch.back(w.n, w.l.tb.now()) {
 		return // for the next caller of the lease
 	}
 	if c.src == fromStore || c.src == fromLease {
-		w.l.giveBack(w.ctx, w.giveBackBound(), w.key, w.n, w.cost, c.Decision)
+		w.l.giveBack(w.ctx, w.giveBackBound(), w.next, w.key, w.n, w.cost, c.Decision)
 	}
 }
 
