@@ -244,13 +244,22 @@ func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) err
 		return l.bad
 	}
 	delta := make(Cost, len(actual))
+	back := false
 	for name, v := range actual {
 		if d := v - g.cost[name]; d != 0 {
 			delta[name] = d
+			back = back || d < 0
 		}
 	}
 	if len(delta) == 0 {
 		return nil
+	}
+	if back {
+		// Permits of the key go back to the bucket: its next place may
+		// come sooner (place.go).
+		st := l.stateAt(g.key, 0)
+		defer l.release(st)
+		defer st.next.givingBack()()
 	}
 	// Bounded as the store calls of a wait of none are.
 	w := l.newWaiter(ctx, demand{key: g.key}, 0, 0)

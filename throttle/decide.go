@@ -48,8 +48,8 @@ type decision struct {
 	batch *leaseBatch
 	// The gate's reading of a refusal (waiter.leaveGate): ask again in
 	// retryIn; shared: the refusal holds for every caller of the key;
-	// alone: it holds for this caller's wait only (a lease's caller at the
-	// limit refused beyond its wait), never shared.
+	// alone: it holds for this caller's wait only (refused beyond its
+	// wait, askPlaced), never shared.
 	retryIn time.Duration
 	shared  bool
 	alone   bool

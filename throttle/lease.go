@@ -356,13 +356,10 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 // place refuses, from memory, a caller whose wait ends before it): at
 // the limit, a batch's permits would share one place, a burst. A grant
 // free at once ends the key's time at its limit: the next refill leases
-// again. A refusal beyond w's wait is w's alone: the key's gate stays
-// open for callers with longer waits, which the bucket can place at once
-// (or the lease's batch may serve).
+// again.
 func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
 	w.ahead = true
 	c := l.askPlaced(w, st)
-	c.alone = w.beyondWait(c)
 	w.ahead = false
 	if c.src == fromStore && c.err == nil && c.Granted && c.Delay == 0 {
 		st.lease.atLimit.Store(false)

@@ -11,12 +11,15 @@ import (
 // refuses one permit and when it grants one (Decision.Next), the earliest
 // place one more permit of the key can have. A Limiter remembers it for
 // the key: until then, a caller whose wait ends before it is refused
-// without a round trip (its answer would be the same refusal). A place
+// without a round trip (its answer would be the same refusal; a caller of
+// n > 1 permits only once the key's limit is known to hold n, so that
+// the bucket tells one that asks for more than it ever grants). A place
 // counts from when the call that named it was sent: the bucket decided
 // after that, so the place remembered is never later than the bucket's.
 //
 // It is forgotten when a permit may be free sooner:
-//   - a give-back of the key to the bucket begins;
+//   - a give-back of the key to the bucket begins (a caller's, a lease
+//     refill's, a cost settled below its estimate);
 //   - a grant names none while the bucket's grants name it (a permit is
 //     free now), is free at once, or is placed before it;
 //   - a call ran beside a give-back of the key: its place may count the
@@ -24,7 +27,11 @@ import (
 //
 // A remembered place that comes too early only costs the round trip that
 // finds the later one; one that comes too late refuses callers the bucket
-// would have granted, which the rules above prevent.
+// would have granted, which the rules above prevent for this Limiter's
+// own give-backs. Permits given back by another process, a limit raised
+// live, or a give-back the store applies after its call timed out
+// (giveBackTimeout) may bring the place sooner unseen: short waits are
+// then refused until the place remembered, never beyond it.
 
 // nextPlace is a key's next place (keyState.next). Lock-free.
 type nextPlace struct {
@@ -41,10 +48,12 @@ type nextPlace struct {
 
 // refusal is w's refusal from memory at the key's next place, if its
 // wait ends before it (ok). It reads the clock only while a place is
-// remembered.
-func (p *nextPlace) refusal(w *waiter) (c decision, ok bool) {
+// remembered. A caller of n > 1 permits is refused only when the key's
+// limit is known to hold them: the bucket must tell one that asks for
+// more than it can ever grant (ErrExceedsLimit).
+func (p *nextPlace) refusal(w *waiter, st *keyState) (c decision, ok bool) {
 	at := p.at.Load()
-	if at == 0 || w.gateDeadline() >= at {
+	if at == 0 || w.gateDeadline() >= at || w.n > 1 && w.n > st.limit.Load() {
 		return decision{}, false
 	}
 	now := w.l.tb.now()
@@ -68,36 +77,39 @@ func (p *nextPlace) learn(w *waiter, c *decision, mark uint64) {
 	if from == 0 {
 		from = c.answered
 	}
-	if p.turns.Load() != mark || p.backs.Load() != 0 {
-		p.forget()
-		return
-	}
+	var at int64
 	switch {
 	case from == 0:
+		return
 	case !c.Granted:
-		if w.n == 1 && c.Delay > 0 {
+		if w.n > 1 || c.Delay <= 0 {
 			// (A refusal of n permits says nothing of one permit's
 			// place: it may come sooner.)
-			p.set(addSat(from, c.Delay), mark)
+			return
 		}
+		at = addSat(from, c.Delay)
 	case c.Next > 0:
 		if !p.named.Load() {
 			p.named.Store(true)
 		}
-		p.set(addSat(from, c.Next), mark)
+		at = addSat(from, c.Next)
 	case c.Delay == 0 || p.named.Load():
 		p.forget() // a permit is free now
+		return
 	case addSat(c.answered, c.Delay) < p.at.Load():
 		p.forget() // placed before it: permits were given back
+		return
+	default:
+		return
 	}
-}
-
-// set remembers the place at, unless a give-back of the key began since
-// mark: one that began as it was set forgets it (givingBack), one that
-// began before is seen here.
-func (p *nextPlace) set(at int64, mark uint64) {
+	if p.backs.Load() != 0 {
+		p.forget() // a give-back under way as the answer came
+		return
+	}
 	p.at.Store(at)
 	if p.turns.Load() != mark {
+		// A give-back began since the call was sent (one that begins
+		// after this reading forgets the place itself).
 		p.forget()
 	}
 }
@@ -131,12 +143,20 @@ func (p *nextPlace) idle(now int64) bool {
 // askPlaced asks the bucket for w's permits of st's key, unless the key's
 // next place refuses them from memory, and learns the place the answer
 // names.
+//
+// A refusal beyond w's wait from a bucket that places its permits (its
+// grants name the next place, or w refills a lease that books ahead) is
+// w's alone: the key's gate stays open for callers with longer waits,
+// which the bucket can place at once, and the next place holds back the
+// shorter ones. Any other refusal of one permit closes the gate
+// (waiter.leaveGate).
 func (l *Limiter) askPlaced(w *waiter, st *keyState) decision {
-	if c, ok := st.next.refusal(w); ok {
+	if c, ok := st.next.refusal(w, st); ok {
 		return c
 	}
 	mark := st.next.mark()
 	c := l.ask(w, st, w.n, 0)
 	st.next.learn(w, &c, mark)
+	c.alone = (w.ahead || st.next.named.Load()) && c.src == fromStore && c.err == nil && !c.Granted && (w.noWait() || c.Delay > w.left())
 	return c
 }

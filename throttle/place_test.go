@@ -2,6 +2,7 @@ package throttle_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -45,7 +46,8 @@ func TestAKeyRefusesFromMemoryTheWaitsThatEndBeforeTheNextPlaceAGrantNames(t *te
 // 1; 0: none) answers only once answer is closed.
 type slowBackBucket struct {
 	*placingBucket
-	giving  chan struct{} // gets a value when a give-back begins
+	giving  chan struct{} // signalled when a give-back begins
+	given   chan struct{} // signalled when it has reached the bucket
 	release chan struct{}
 	hold    int
 	holding chan struct{} // closed when take number hold has been asked
@@ -64,6 +66,7 @@ func newSlowBackBucket(clock *clockwork.FakeClock, hold int, decisions ...thrott
 	return &slowBackBucket{
 		placingBucket: &placingBucket{clock: clock, decisions: decisions},
 		giving:        make(chan struct{}, 1),
+		given:         make(chan struct{}, 1),
 		release:       make(chan struct{}),
 		hold:          hold,
 		holding:       make(chan struct{}),
@@ -79,8 +82,9 @@ func (b *slowBackBucket) Take(ctx context.Context, key string, n int64, maxWait 
 	}
 	if cancel := d.Cancel; cancel != nil {
 		d.Cancel = func(ctx context.Context) error {
-			b.giving <- struct{}{}
+			signal(b.giving)
 			<-b.release
+			defer signal(b.given)
 			return cancel(ctx)
 		}
 	}
@@ -128,9 +132,8 @@ func TestANextPlaceNamedBesideAGiveBackIsNotRemembered(t *testing.T) {
 		require.NoError(t, lim.Acquire(context.Background(), time.Second), "answered while the permit is on its way back")
 		asks(t, b, lim)
 		b.giveBacksReach()
+		signalled(t, b.given, "the permit reached the bucket")
 		require.ErrorIs(t, outcome(t, left), context.Canceled)
-		_, cancelled := b.counts()
-		assert.Equal(t, 1, cancelled, "the permit reached the bucket")
 	})
 	t.Run("begun and ended while the call was out", func(t *testing.T) {
 		b, lim, leave, left := setup(t, 2)
@@ -140,13 +143,20 @@ func TestANextPlaceNamedBesideAGiveBackIsNotRemembered(t *testing.T) {
 		go func() { out <- lim.Acquire(context.Background(), 2*time.Second) }()
 		signalled(t, b.holding, "the call is out")
 		leave()
+		signalled(t, b.given, "the permit reached the bucket")
 		require.ErrorIs(t, outcome(t, left), context.Canceled)
-		_, cancelled := b.counts()
-		require.Equal(t, 1, cancelled, "the permit reached the bucket")
 		b.heldTakeAnswers()
 		require.NoError(t, outcome(t, out), "answered after the give-back")
 		asks(t, b, lim)
 	})
+}
+
+// signal gives ch (buffered) a value unless it holds one.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
 
 // signalled waits for ch to be ready (a value, or closed).
@@ -157,4 +167,152 @@ func signalled(t *testing.T, ch chan struct{}, what string) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("never: " + what)
 	}
+}
+
+// TestARefusalBeyondAWaitHoldsBackOnlyShorterWaitsUntilAGiveBack: from a
+// bucket that places its permits (its grants name the next place), a
+// refusal beyond a caller's wait holds back, from memory, the callers
+// whose waits end before the place it named, and nobody else (the key's
+// gate stays open: a longer wait asks at once, and the bucket places
+// it); a give-back of the key forgets it, and so does a refusal
+// answered while one is under way.
+func TestARefusalBeyondAWaitHoldsBackOnlyShorterWaitsUntilAGiveBack(t *testing.T) {
+	// The bucket's answers: its first grant names the next place (10 ms
+	// on), so that the Limiter knows it places its permits; a caller
+	// placed a second ahead (naming none: the first place is free); a
+	// refusal until after that place; a caller placed a second ahead, or
+	// 100 ms ahead (in the place given back).
+	named := placedNext(0, 10*time.Millisecond)
+	leaving := atLimitPlaced(time.Second)
+	refused := throttle.Decision{Delay: time.Second + 10*time.Millisecond, Limit: 100}
+	placed := placedNext(time.Second, time.Second+10*time.Millisecond)
+	soon := placedNext(100*time.Millisecond, 110*time.Millisecond)
+
+	// setup has the first grant made and its next place passed.
+	setup := func(t *testing.T, decisions ...throttle.Decision) (*clockwork.FakeClock, *slowBackBucket, *throttle.Limiter) {
+		clock := clockwork.NewFakeClock()
+		b := newSlowBackBucket(clock, 0, append([]throttle.Decision{named}, decisions...)...)
+		lim := throttle.New(b, throttle.WithClock(clock))
+		t.Cleanup(func() { b.giveBacksReach(); lim.Close() })
+		require.NoError(t, lim.Acquire(context.Background(), 0), "free at once, naming a place 10 ms after")
+		clock.Advance(10 * time.Millisecond)
+		return clock, b, lim
+	}
+	// asks runs an Acquire with wait, which must ask the bucket and is
+	// placed at in.
+	asks := func(t *testing.T, clock *clockwork.FakeClock, b *slowBackBucket, lim *throttle.Limiter, wait, in time.Duration, what string) {
+		t.Helper()
+		before, _ := b.counts()
+		done := acquireAsync(t, clock, lim, context.Background(), wait)
+		after, _ := b.counts()
+		require.Equal(t, before+1, after, what)
+		clock.Advance(in)
+		require.NoError(t, outcome(t, done), what)
+	}
+
+	t.Run("a longer wait asks, a shorter one is refused", func(t *testing.T) {
+		clock, b, lim := setup(t, refused, placed)
+		require.ErrorIs(t, lim.Acquire(context.Background(), 0), throttle.ErrTimeout)
+		require.ErrorIs(t, lim.Acquire(context.Background(), 500*time.Millisecond), throttle.ErrTimeout)
+		takes, _ := b.counts()
+		require.Equal(t, 2, takes, "a wait ending before the place named is refused from memory")
+		asks(t, clock, b, lim, 3*time.Second, time.Second, "a wait reaching past the place asks at once")
+	})
+	t.Run("given back after the refusal", func(t *testing.T) {
+		clock, b, lim := setup(t, leaving, refused, soon)
+		b.giveBacksReach()
+		ctx, leave := context.WithCancel(context.Background())
+		left := acquireAsync(t, clock, lim, ctx, 3*time.Second)
+		require.ErrorIs(t, lim.Acquire(context.Background(), 0), throttle.ErrTimeout, "refused until after the first caller's place")
+		leave()
+		signalled(t, b.given, "the permit reached the bucket")
+		require.ErrorIs(t, outcome(t, left), context.Canceled)
+		asks(t, clock, b, lim, 500*time.Millisecond, 100*time.Millisecond, "a give-back of the key forgets its next place")
+	})
+	t.Run("refused while a permit is on its way back", func(t *testing.T) {
+		clock, b, lim := setup(t, leaving, refused, soon)
+		ctx, leave := context.WithCancel(context.Background())
+		left := acquireAsync(t, clock, lim, ctx, 3*time.Second)
+		leave()
+		signalled(t, b.giving, "the caller that left gives its permit back")
+		require.ErrorIs(t, lim.Acquire(context.Background(), 0), throttle.ErrTimeout, "refused, counting the permit on its way back")
+		b.giveBacksReach()
+		signalled(t, b.given, "the permit reached the bucket")
+		require.ErrorIs(t, outcome(t, left), context.Canceled)
+		asks(t, clock, b, lim, 500*time.Millisecond, 100*time.Millisecond, "a refusal answered beside a give-back holds nobody back")
+	})
+}
+
+// cappedBucket answers decisions in turn (the last one again), refuses
+// more than capacity permits at once with ErrExceedsLimit, as the
+// library's buckets do, and takes permits back (Refund).
+type cappedBucket struct {
+	capacity  int64
+	decisions []throttle.Decision
+
+	mu       sync.Mutex
+	takes    int
+	refunded int64
+}
+
+func (b *cappedBucket) Take(_ context.Context, _ string, n int64, _ time.Duration) (throttle.Decision, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.takes++
+	if n > b.capacity {
+		return throttle.Decision{}, fmt.Errorf("%d permits at once, more than %d: %w", n, b.capacity, throttle.ErrExceedsLimit)
+	}
+	return b.decisions[min(b.takes, len(b.decisions))-1], nil
+}
+
+func (b *cappedBucket) Refund(_ context.Context, _ string, n int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refunded += n
+	return nil
+}
+
+func (b *cappedBucket) counts() (takes int, refunded int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.takes, b.refunded
+}
+
+// TestANextPlaceTellsNoCallerItCouldWaitForWhatTheBucketCanNeverGrant:
+// a caller of more permits than the bucket ever grants at once gets
+// ErrExceedsLimit, as the bucket says, not a wait that ran out because
+// a place is remembered; one of a few permits, within the key's limit,
+// is refused from memory.
+func TestANextPlaceTellsNoCallerItCouldWaitForWhatTheBucketCanNeverGrant(t *testing.T) {
+	named := placedNext(0, atLimitNext) // Limit 100
+	named.Limit = 10
+	b := &cappedBucket{capacity: 10, decisions: []throttle.Decision{named}}
+	lim := throttle.New(b, throttle.WithClock(clockwork.NewFakeClock()))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, time.Second), "free at once, naming a place 2 s after")
+	require.ErrorIs(t, lim.AcquireN(ctx, 11, time.Second), throttle.ErrExceedsLimit)
+	takes, _ := b.counts()
+	require.Equal(t, 2, takes, "the bucket was asked")
+	require.ErrorIs(t, lim.AcquireN(ctx, 3, time.Second), throttle.ErrTimeout)
+	takes, _ = b.counts()
+	assert.Equal(t, 2, takes, "three permits, within the limit, refused from memory")
+}
+
+// TestASettleThatGivesBackForgetsTheNextPlace: a cost settled below its
+// estimate gives permits back to the bucket (Refund): the key's next
+// place may come sooner, so a short wait asks the bucket again.
+func TestASettleThatGivesBackForgetsTheNextPlace(t *testing.T) {
+	b := &cappedBucket{capacity: 10, decisions: []throttle.Decision{placedNext(0, atLimitNext), atLimitFree}}
+	lim := throttle.New(b, throttle.WithClock(clockwork.NewFakeClock()))
+	defer lim.Close()
+	ctx := context.Background()
+	g, err := lim.AcquireCost(ctx, throttle.Cost{"calls": 5}, time.Second)
+	require.NoError(t, err, "free at once, naming a place 2 s after")
+	require.NoError(t, g.Settle(ctx, throttle.Cost{"calls": 1}))
+	_, refunded := b.counts()
+	require.EqualValues(t, 4, refunded)
+	require.NoError(t, lim.Acquire(ctx, time.Second), "a wait ending before the place named asks the bucket")
+	takes, _ := b.counts()
+	assert.Equal(t, 2, takes)
 }

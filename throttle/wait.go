@@ -19,7 +19,10 @@ import (
 //
 //  1. held permits (permit.go): the caller's own, once, before the loop;
 //  2. the gate (gate.go): after a refusal, callers of the key queue until
-//     the time the bucket named, and are let in a few at a time;
+//     the time the bucket named, and are let in a few at a time (not
+//     after a refusal beyond the caller's wait from a bucket that places
+//     its permits: the key's next place holds back the shorter waits,
+//     place.go, and the longer ones are placed at once);
 //  3. the pace (adaptive_state.go): while the key adapts, an evenly spaced slot;
 //  4. the decision (decide.go): from the key's lease (lease.go), the
 //     bucket, or the failure policy; a caller whose wait ends before the
