@@ -252,6 +252,14 @@ func (w *waiter) pace(st *keyState) error {
 		}
 		return nil
 	}
+	if l.leasing == nil || !st.lease.holds(l.tb.now()) {
+		// A caller the key's next place refuses takes no slot of the
+		// pace (a store call, a slot of the fleet's); one the lease may
+		// serve goes on.
+		if c, ok := st.next.refusal(w, st); ok {
+			return c.err
+		}
+	}
 	for {
 		horizon, err := w.paceHorizon()
 		if err != nil {

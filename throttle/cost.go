@@ -257,7 +257,7 @@ func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) err
 	if back {
 		// Permits of the key go back to the bucket: its next place may
 		// come sooner (place.go).
-		st := l.stateAt(g.key, 0)
+		st := l.state(g.key)
 		defer l.release(st)
 		defer st.next.givingBack()()
 	}

@@ -11,15 +11,16 @@ import (
 // refuses one permit and when it grants one (Decision.Next), the earliest
 // place one more permit of the key can have. A Limiter remembers it for
 // the key: until then, a caller whose wait ends before it is refused
-// without a round trip (its answer would be the same refusal; a caller of
-// n > 1 permits only once the key's limit is known to hold n, so that
-// the bucket tells one that asks for more than it ever grants). A place
+// without a round trip, by the adaptive pace too (its answer would be the
+// same refusal; a caller of n > 1 permits only when n is within the key's
+// limit as last reported, so that a bucket whose burst is its limit, the
+// token bucket's, tells one that asks for more than it ever grants). A place
 // counts from when the call that named it was sent: the bucket decided
 // after that, so the place remembered is never later than the bucket's.
 //
 // It is forgotten when a permit may be free sooner:
-//   - a give-back of the key to the bucket begins (a caller's, a lease
-//     refill's, a cost settled below its estimate);
+//   - a give-back of the key to the bucket begins (a caller's, a cost's,
+//     a lease refill's, a cost settled below its estimate);
 //   - a grant names none while the bucket's grants name it (a permit is
 //     free now), is free at once, or is placed before it;
 //   - a call ran beside a give-back of the key: its place may count the
@@ -148,7 +149,9 @@ func (p *nextPlace) idle(now int64) bool {
 // grants name the next place, or w refills a lease that books ahead) is
 // w's alone: the key's gate stays open for callers with longer waits,
 // which the bucket can place at once, and the next place holds back the
-// shorter ones. Any other refusal of one permit closes the gate
+// shorter ones (unless it was named beside a give-back of the key, which
+// may have freed an earlier one: they then ask the bucket until a place
+// is remembered again). Any other refusal of one permit closes the gate
 // (waiter.leaveGate).
 func (l *Limiter) askPlaced(w *waiter, st *keyState) decision {
 	if c, ok := st.next.refusal(w, st); ok {

@@ -316,3 +316,149 @@ func TestASettleThatGivesBackForgetsTheNextPlace(t *testing.T) {
 	takes, _ := b.counts()
 	assert.Equal(t, 2, takes)
 }
+
+// adaptingBucket is a placingBucket that keeps the key's adaptive state
+// (an AdaptiveStore) and counts the adaptive pace's calls: every slot is
+// free at once.
+type adaptingBucket struct {
+	*placingBucket
+
+	amu   sync.Mutex
+	state throttle.AdaptiveState
+	paces int
+}
+
+func (b *adaptingBucket) PaceAdaptive(context.Context, string, int64, time.Duration, time.Duration) (throttle.AdaptivePace, error) {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	b.paces++
+	s := b.state
+	s.At = b.clock.Now()
+	return throttle.AdaptivePace{Granted: true, State: s}, nil
+}
+
+func (b *adaptingBucket) SwapAdaptive(_ context.Context, _ string, old, next throttle.AdaptiveState, _ time.Duration) (throttle.AdaptiveState, bool, error) {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	swapped := old.Version == b.state.Version
+	if swapped {
+		next.Version = b.state.Version + 1
+		b.state = next
+	}
+	s := b.state
+	s.At = b.clock.Now()
+	return s, swapped, nil
+}
+
+func (b *adaptingBucket) paceCalls() int {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	return b.paces
+}
+
+// TestAWaitTheNextPlaceRefusesTakesNoSlotOfTheAdaptivePace: while a key
+// adapts, a caller whose wait ends before the key's next place is refused
+// before the pace: no store call, no slot of the fleet's pace taken from
+// a caller that would use it.
+func TestAWaitTheNextPlaceRefusesTakesNoSlotOfTheAdaptivePace(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	refused := throttle.Decision{Delay: 30 * time.Second, Limit: 10, Reset: time.Second}
+	b := &adaptingBucket{placingBucket: &placingBucket{clock: clock, decisions: []throttle.Decision{placedNext(0, 10*time.Millisecond), refused}}}
+	b.state = throttle.AdaptiveState{Rate: 5, Version: 1}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true}), "the key adapts")
+	require.NoError(t, lim.Acquire(ctx, 0), "paced, then free at once, naming a place 10 ms after")
+	clock.Advance(10 * time.Millisecond)
+	require.ErrorIs(t, lim.Acquire(ctx, 100*time.Millisecond), throttle.ErrTimeout, "refused beyond its wait: the place is 30 s on")
+	paces := b.paceCalls()
+	require.Positive(t, paces, "the pace was asked")
+	for i := range 5 {
+		require.ErrorIsf(t, lim.Acquire(ctx, 100*time.Millisecond), throttle.ErrTimeout, "caller %d", i)
+	}
+	takes, _ := b.counts()
+	assert.Equal(t, 2, takes, "refused from memory")
+	assert.Equal(t, paces, b.paceCalls(), "without asking the pace")
+}
+
+// TestARefusalWithinTheWaitsQueuesTheLongerWaitsAtTheGate: a refusal
+// within the caller's wait (a pause, say: the bucket refuses every take
+// until its end) closes the key's gate, so that the callers with long
+// waits queue in the Limiter instead of each asking the bucket.
+func TestARefusalWithinTheWaitsQueuesTheLongerWaitsAtTheGate(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	paused := throttle.Decision{Delay: 30 * time.Second, Limit: 10, Reset: time.Second}
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{placedNext(0, 10*time.Millisecond), paused}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, lim.Acquire(ctx, 0), "free at once, naming a place 10 ms after: the bucket places its permits")
+	clock.Advance(10 * time.Millisecond)
+
+	var waits []chan error
+	for range 4 {
+		w := make(chan error, 1)
+		go func() { w <- lim.Acquire(ctx, time.Minute) }()
+		waits = append(waits, w)
+	}
+	// Queued: each caller's deadline on the clock, and the gate's
+	// reopening.
+	waitForSleepers(t, clock, 5)
+	takes, _ := b.counts()
+	assert.Equal(t, 2, takes, "the first long wait asked; the others queue at the gate it closed")
+	cancel()
+	for _, w := range waits {
+		require.ErrorIs(t, outcome(t, w), context.Canceled)
+	}
+}
+
+// costPlacingBucket is a placingBucket that takes costs too
+// (CostBucket): each cost is reserved a second ahead, and settled back
+// exactly (Decision.Settle).
+type costPlacingBucket struct {
+	*placingBucket
+	settled chan throttle.Cost // gets each Settle's delta
+}
+
+func (b *costPlacingBucket) TakeCost(context.Context, string, throttle.Cost, time.Duration) (throttle.Decision, error) {
+	d := atLimitPlaced(time.Second)
+	d.Settle = func(_ context.Context, delta throttle.Cost) error {
+		b.settled <- delta
+		return nil
+	}
+	return d, nil
+}
+
+// TestACostGivenBackForgetsTheNextPlace: a cost's reservation given back
+// (its caller left before its time) returns what the key's permits are
+// taken from: the key's next place may come sooner, so a short wait asks
+// the bucket again.
+func TestACostGivenBackForgetsTheNextPlace(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &costPlacingBucket{placingBucket: &placingBucket{clock: clock, decisions: []throttle.Decision{placedNext(0, atLimitNext), atLimitFree}}, settled: make(chan throttle.Cost, 1)}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, time.Second), "free at once, naming a place 2 s after")
+
+	cctx, leave := context.WithCancel(ctx)
+	left := make(chan error, 1)
+	go func() {
+		_, err := lim.AcquireCost(cctx, throttle.Cost{"calls": 1}, 3*time.Second)
+		left <- err
+	}()
+	waitForSleepers(t, clock, 1) // for its reservation's time
+	leave()
+	require.ErrorIs(t, outcome(t, left), context.Canceled)
+	select {
+	case delta := <-b.settled:
+		require.Equal(t, throttle.Cost{"calls": -1}, delta, "the reservation given back")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the cost was not given back")
+	}
+	require.NoError(t, lim.Acquire(ctx, time.Second), "a wait ending before the place named asks the bucket")
+	takes, _ := b.counts()
+	assert.Equal(t, 2, takes)
+}

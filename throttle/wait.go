@@ -235,7 +235,7 @@ type waiter struct {
 	// its permits; the refill books ahead within the wait (bookAhead).
 	ahead bool
 	// next is the next place of the wait's key, which a give-back
-	// forgets; nil for a cost.
+	// forgets; nil for a cost (its give-back looks the key's up).
 	next *nextPlace
 }
 
@@ -565,7 +565,14 @@ func (w *waiter) giveBack(c *decision) {
 		return // for the next caller of the lease
 	}
 	if c.src == fromStore || c.src == fromLease {
-		w.l.giveBack(w.ctx, w.giveBackBound(), w.next, w.key, w.n, w.cost, c.Decision)
+		next := w.next
+		if next == nil {
+			// A cost's: the key's permits are in the same bucket.
+			st := w.l.state(w.key)
+			defer w.l.release(st)
+			next = &st.next
+		}
+		w.l.giveBack(w.ctx, w.giveBackBound(), next, w.key, w.n, w.cost, c.Decision)
 	}
 }
 
