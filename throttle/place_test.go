@@ -398,13 +398,19 @@ func TestARefusalWithinTheWaitsQueuesTheLongerWaitsAtTheGate(t *testing.T) {
 	clock.Advance(10 * time.Millisecond)
 
 	var waits []chan error
-	for range 4 {
+	wait := func() {
 		w := make(chan error, 1)
 		go func() { w <- lim.Acquire(ctx, time.Minute) }()
 		waits = append(waits, w)
 	}
-	// Queued: each caller's deadline on the clock, and the gate's
-	// reopening.
+	// The first asks, is refused, and queues at the gate it closed (on
+	// the clock: its deadline, and the gate's reopening); the others
+	// come after it and queue (their deadlines).
+	wait()
+	waitForSleepers(t, clock, 2)
+	for range 3 {
+		wait()
+	}
 	waitForSleepers(t, clock, 5)
 	takes, _ := b.counts()
 	assert.Equal(t, 2, takes, "the first long wait asked; the others queue at the gate it closed")
