@@ -61,10 +61,12 @@ func (w *waiter) leaveGate(st *keyState, c *decision, gated bool) {
 		}
 	}
 	c.shared = st != nil && c.src != fromPolicy && w.n == 1 && !c.alone
-	if gated {
-		st.gate.leave(refused && c.shared, c.retryIn)
-	} else if refused && c.shared {
-		st.gate.closeFor(c.retryIn)
+	var closes time.Duration
+	if refused && c.shared {
+		closes = c.retryIn
+	}
+	if gated || closes > 0 {
+		st.gate.leave(gated, closes)
 	}
 }
 
@@ -74,12 +76,18 @@ func (w *waiter) leaveGate(st *keyState, c *decision, gated bool) {
 // come back refused), callers queue in order, the gate sleeps once until
 // the bucket's time, and then admits them a few at a time. While the
 // bucket grants freely, callers pass the gate with two atomic loads.
+//
+// The time is the key's next place (place.go), the one memory of "no
+// permit before": a refusal that closes the gate sets it, and whatever
+// forgets it (a give-back, a grant free at once) opens the gate too.
+// Callers whose wait ends before it are turned away at once.
 type gate struct {
-	tb *timeBase
-	// closedUntil is the time before which the bucket said asking is
-	// useless; queued is len(q), for the lock-free check.
-	closedUntil atomic.Int64
-	queued      atomic.Int32
+	tb   *timeBase
+	next *nextPlace // the key's
+	// queued is len(q), for the lock-free check; closed: a refusal
+	// closed the gate until the key's next place.
+	queued atomic.Int32
+	closed atomic.Bool
 
 	mu      sync.Mutex
 	q       []*gateWaiter // FIFO
@@ -98,23 +106,24 @@ type gateWaiter struct {
 	err      error
 }
 
+// until is the time the gate is closed until: the key's next place
+// while a refusal closed the gate, else 0.
+func (g *gate) until() int64 {
+	if !g.closed.Load() {
+		return 0
+	}
+	return g.next.at.Load()
+}
+
 // open reports whether a caller may ask the bucket without queueing. It
-// reads the clock only while the gate has a closing time (closedUntil is
-// reset to 0 once the gate has reopened with nobody queued).
+// reads the clock only while the gate is closed (closed is reset once the
+// gate has reopened with nobody queued).
 func (g *gate) open() bool {
 	if g.queued.Load() != 0 {
 		return false
 	}
-	until := g.closedUntil.Load()
+	until := g.until()
 	return until == 0 || until <= g.tb.now()
-}
-
-// closeFor records a refusal: asking again is useless for d.
-func (g *gate) closeFor(d time.Duration) {
-	g.mu.Lock()
-	g.closedUntil.Store(addSat(g.tb.now(), d))
-	g.admitLocked()
-	g.mu.Unlock()
 }
 
 // enter queues the caller (first in line if retry, as it was already
@@ -129,19 +138,20 @@ func (g *gate) enter(ctx context.Context, retry bool, deadline int64, tb timeout
 	if deadline != noDeadline {
 		left = time.Duration(max(deadline-now, 0))
 	}
-	if wait := time.Duration(g.closedUntil.Load() - now); wait > 0 && wait > left {
+	until := g.until()
+	if wait := time.Duration(until - now); wait > 0 && wait > left {
 		g.mu.Unlock()
 		return tb.err(wait)
 	}
 	// An open gate admits at once while fewer than admitWave are in
 	// flight; a caller that may not wait at all is admitted while the
 	// gate is open however many are in flight (it cannot queue).
-	if g.closedUntil.Load() <= now && (left == 0 || len(g.q) == 0 && g.active < admitWave) {
+	if until <= now && (left == 0 || len(g.q) == 0 && g.active < admitWave) {
 		g.active++
 		g.mu.Unlock()
 		return nil
 	}
-	if g.closedUntil.Load() > now {
+	if until > now {
 		pacenote.MarkPaced(ctx) // queued behind a refusal's retry time
 	}
 	w := &gateWaiter{ready: make(chan struct{}, 1), deadline: deadline, timeout: tb}
@@ -193,12 +203,16 @@ func (g *gate) enter(ctx context.Context, retry bool, deadline int64, tb timeout
 	return err
 }
 
-// leave ends an admission. A refusal closes the gate for d.
-func (g *gate) leave(refused bool, d time.Duration) {
+// leave ends an admission (admitted), and records a refusal that closes
+// the gate for d (0: none), the key's next place with it.
+func (g *gate) leave(admitted bool, d time.Duration) {
 	g.mu.Lock()
-	g.active--
-	if refused {
-		g.closedUntil.Store(addSat(g.tb.now(), d))
+	if admitted {
+		g.active--
+	}
+	if d > 0 {
+		g.next.at.Store(addSat(g.tb.now(), d))
+		g.closed.Store(true)
 	}
 	g.admitLocked()
 	g.mu.Unlock()
@@ -210,7 +224,7 @@ func (g *gate) leave(refused bool, d time.Duration) {
 // it.
 func (g *gate) admitLocked() {
 	now := g.tb.now()
-	until := g.closedUntil.Load()
+	until := g.until()
 	if until > now {
 		kept := g.q[:0]
 		for _, w := range g.q {
@@ -234,10 +248,10 @@ func (g *gate) admitLocked() {
 		}
 		return
 	}
-	if until != 0 && len(g.q) == 0 {
+	if len(g.q) == 0 && g.closed.Load() {
 		// Reopened, nobody waiting: callers may pass without reading
 		// the clock (see open).
-		g.closedUntil.Store(0)
+		g.closed.Store(false)
 	}
 	for len(g.q) > 0 && g.active < admitWave {
 		w := g.q[0]
@@ -262,5 +276,5 @@ func (g *gate) reopen() {
 func (g *gate) idle(now int64) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.q) == 0 && g.active == 0 && g.timer == nil && g.closedUntil.Load() <= now
+	return len(g.q) == 0 && g.active == 0 && g.timer == nil && g.until() <= now
 }

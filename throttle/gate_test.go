@@ -159,7 +159,7 @@ func TestAForeverWaitQueuesAtAClosedGateWhenTheClockWentBack(t *testing.T) {
 	lim := New(grantAll{}, WithClock(clock))
 	defer lim.Close()
 	st := lim.state("")
-	st.gate.closeFor(time.Hour)
+	st.gate.leave(false, time.Hour)
 	lim.release(st)
 	clock.Advance(-2 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())

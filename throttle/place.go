@@ -17,6 +17,9 @@ import (
 // token bucket's, tells one that asks for more than it ever grants). A place
 // counts from when the call that named it was sent: the bucket decided
 // after that, so the place remembered is never later than the bucket's.
+// A refusal that closes the key's gate (gate.go) sets it too, from its
+// answer: the gate is closed until it, so whatever forgets it opens the
+// gate.
 //
 // It is forgotten when a permit may be free sooner:
 //   - a give-back of the key to the bucket begins (a caller's, a cost's,

@@ -420,6 +420,47 @@ func TestARefusalWithinTheWaitsQueuesTheLongerWaitsAtTheGate(t *testing.T) {
 	}
 }
 
+// TestAGiveBackOpensTheGateARefusalClosed: the time a refusal closes the
+// key's gate until is the key's next place, so a give-back of the key,
+// which may free a permit sooner, opens the gate as it forgets the place:
+// a wait that the gate turned away before asks the bucket, and the
+// callers queued are let in with it.
+func TestAGiveBackOpensTheGateARefusalClosed(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	paused := throttle.Decision{Delay: 30 * time.Second, Limit: 100, Reset: time.Second}
+	soon := placedNext(100*time.Millisecond, 110*time.Millisecond)
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{placedNext(0, 10*time.Millisecond), atLimitPlaced(time.Second), paused, soon}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0), "free at once, naming a place 10 ms after")
+	clock.Advance(10 * time.Millisecond)
+
+	lctx, leave := context.WithCancel(ctx)
+	left := acquireAsync(t, clock, lim, lctx, 3*time.Second) // placed a second ahead
+	queued := make(chan error, 1)
+	go func() { queued <- lim.Acquire(ctx, time.Minute) }()
+	// On the clock: the first's time; the second's deadline and the
+	// gate's reopening (its refusal closed the gate for 30 s).
+	waitForSleepers(t, clock, 3)
+	require.ErrorIs(t, lim.Acquire(ctx, 500*time.Millisecond), throttle.ErrTimeout, "turned away at the closed gate")
+	takes, _ := b.counts()
+	require.Equal(t, 3, takes, "turned away without asking")
+
+	leave()
+	require.ErrorIs(t, outcome(t, left), context.Canceled)
+	_, cancelled := b.counts()
+	require.Equal(t, 1, cancelled, "the permit given back")
+	short := make(chan error, 1)
+	go func() { short <- lim.Acquire(ctx, 500*time.Millisecond) }()
+	require.Eventually(t, func() bool { takes, _ := b.counts(); return takes == 5 }, 5*time.Second, time.Millisecond, "the short wait and the one queued ask")
+	// Both placed 100 ms ahead, on the clock with the gate's timer.
+	waitForSleepers(t, clock, 3)
+	clock.Advance(100 * time.Millisecond)
+	require.NoError(t, outcome(t, short))
+	require.NoError(t, outcome(t, queued))
+}
+
 // costPlacingBucket is a placingBucket that takes costs too
 // (CostBucket): each cost is reserved a second ahead, and settled back
 // exactly (Decision.Settle).

@@ -125,7 +125,7 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			}
 			if err := w.pace(st); err != nil {
 				if gated {
-					st.gate.leave(false, 0)
+					st.gate.leave(true, 0)
 				}
 				return decision{}, err
 			}
