@@ -77,17 +77,19 @@ func (w *waiter) leaveGate(st *keyState, c *decision, gated bool) {
 // the bucket's time, and then admits them a few at a time. While the
 // bucket grants freely, callers pass the gate with two atomic loads.
 //
-// The time is the key's next place (place.go), the one memory of "no
-// permit before": a refusal that closes the gate sets it, and whatever
-// forgets it (a give-back, a grant free at once) opens the gate too.
-// Callers whose wait ends before it are turned away at once.
+// A give-back of the key (place.go) may free a permit before the time
+// the bucket named: one begun since the refusal opens the gate. A grant
+// does not: its answer may have been decided before the refusal's.
 type gate struct {
 	tb   *timeBase
-	next *nextPlace // the key's
-	// queued is len(q), for the lock-free check; closed: a refusal
-	// closed the gate until the key's next place.
-	queued atomic.Int32
-	closed atomic.Bool
+	next *nextPlace // the key's, whose turns count its give-backs
+	// closedUntil is the time before which the bucket said asking is
+	// useless, unless the key's give-back turns have moved from
+	// closedTurns (their low bits) since; queued is len(q), for the
+	// lock-free check.
+	closedUntil atomic.Int64
+	queued      atomic.Int32
+	closedTurns atomic.Uint32
 
 	mu      sync.Mutex
 	q       []*gateWaiter // FIFO
@@ -106,18 +108,18 @@ type gateWaiter struct {
 	err      error
 }
 
-// until is the time the gate is closed until: the key's next place
-// while a refusal closed the gate, else 0.
+// until is the time the gate is closed until, 0 if open.
 func (g *gate) until() int64 {
-	if !g.closed.Load() {
+	until := g.closedUntil.Load()
+	if until == 0 || g.closedTurns.Load() != uint32(g.next.turns.Load()) {
 		return 0
 	}
-	return g.next.at.Load()
+	return until
 }
 
 // open reports whether a caller may ask the bucket without queueing. It
-// reads the clock only while the gate is closed (closed is reset once the
-// gate has reopened with nobody queued).
+// reads the clock only while the gate has a closing time (closedUntil is
+// reset to 0 once the gate has reopened with nobody queued).
 func (g *gate) open() bool {
 	if g.queued.Load() != 0 {
 		return false
@@ -204,15 +206,15 @@ func (g *gate) enter(ctx context.Context, retry bool, deadline int64, tb timeout
 }
 
 // leave ends an admission (admitted), and records a refusal that closes
-// the gate for d (0: none), the key's next place with it.
+// the gate for d (0: none).
 func (g *gate) leave(admitted bool, d time.Duration) {
 	g.mu.Lock()
 	if admitted {
 		g.active--
 	}
 	if d > 0 {
-		g.next.at.Store(addSat(g.tb.now(), d))
-		g.closed.Store(true)
+		g.closedTurns.Store(uint32(g.next.turns.Load()))
+		g.closedUntil.Store(addSat(g.tb.now(), d))
 	}
 	g.admitLocked()
 	g.mu.Unlock()
@@ -248,10 +250,10 @@ func (g *gate) admitLocked() {
 		}
 		return
 	}
-	if len(g.q) == 0 && g.closed.Load() {
+	if len(g.q) == 0 && g.closedUntil.Load() != 0 {
 		// Reopened, nobody waiting: callers may pass without reading
 		// the clock (see open).
-		g.closed.Store(false)
+		g.closedUntil.Store(0)
 	}
 	for len(g.q) > 0 && g.active < admitWave {
 		w := g.q[0]

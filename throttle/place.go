@@ -17,13 +17,11 @@ import (
 // token bucket's, tells one that asks for more than it ever grants). A place
 // counts from when the call that named it was sent: the bucket decided
 // after that, so the place remembered is never later than the bucket's.
-// A refusal that closes the key's gate (gate.go) sets it too, from its
-// answer: the gate is closed until it, so whatever forgets it opens the
-// gate.
 //
 // It is forgotten when a permit may be free sooner:
 //   - a give-back of the key to the bucket begins (a caller's, a cost's,
-//     a lease refill's, a cost settled below its estimate);
+//     a lease refill's, a cost settled below its estimate; it opens the
+//     key's gate too, gate.go);
 //   - a grant names none while the bucket's grants name it (a permit is
 //     free now), is free at once, or is placed before it;
 //   - a call ran beside a give-back of the key: its place may count the
