@@ -274,7 +274,7 @@ func (b *Budget) run(ctx context.Context, mode, key string, keys []string, wait 
 		}
 		args = append(args, d.Name, d.Limit, ceilUs(d.Interval), amt[i], b.ends.get(endsKey(key, i)).end, at)
 	}
-	r, err := b.eval(ctx, b.script, keys, args...)
+	r, _, err := b.eval(ctx, b.script, keys, args...)
 	if err := replyErr(err, len(r) == 6+len(b.dims) && r[3] >= 0 && r[3] <= int64(len(b.dims)), "budget.lua"); err != nil {
 		return budgetReply{}, backend(mode, keys[2], err)
 	}

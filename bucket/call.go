@@ -145,14 +145,6 @@ func (s *calls) noteLive(n int64) {
 	}
 }
 
-// eval runs script s with keys (all of one budget's hash tag) as one
-// command that go-redis must not resend, and a heartbeat pipelined with it
-// when one is due.
-func (c *common) eval(ctx context.Context, s *redis.Script, keys []string, args ...any) ([]int64, error) {
-	r, _, err := c.evalAt(ctx, s, keys, args...)
-	return r, err
-}
-
 // replyErr is err, a script's failure, or when the script ran but its
 // reply is not one file returns (ok false), an error saying so.
 func replyErr(err error, ok bool, file string) error {
@@ -162,34 +154,32 @@ func replyErr(err error, ok bool, file string) error {
 	return err
 }
 
-// evalAt is eval, and also when the attempt that ran the script was sent
-// (after a NOSCRIPT, the second): the script decided between then and the
-// return.
-func (c *common) evalAt(ctx context.Context, s *redis.Script, keys []string, args ...any) ([]int64, time.Time, error) {
-	if !c.calls.beatDue() {
-		cmd, sent := c.evalNoRetry(ctx, s, keys, args)
-		r, err := cmd.Int64Slice()
-		return r, sent, err
+// eval runs script s with keys (all of one budget's hash tag) as one
+// command that go-redis must not resend, and a heartbeat pipelined with it
+// when one is due. It returns too when the attempt that ran the script
+// was sent (after a NOSCRIPT, the second): the script decided between
+// then and the return.
+func (c *common) eval(ctx context.Context, s *redis.Script, keys []string, args ...any) ([]int64, time.Time, error) {
+	if c.calls.beatDue() {
+		sent := time.Now()
+		pipe := c.rdb.Pipeline()
+		// EVAL, not EVALSHA: the heartbeat is tiny and rare, and never
+		// hits NOSCRIPT after a restart.
+		hb := pipe.Eval(ctx, srcHeartbeat, []string{c.calls.liveKey}, c.calls.nonce, c.calls.window.Milliseconds())
+		take := evalSHA(ctx, s, keys, args)
+		_ = pipe.Process(ctx, take)
+		_, _ = pipe.Exec(ctx)
+		if n, err := hb.Int64(); err == nil {
+			c.calls.noteLive(n)
+		} else {
+			c.calls.lastBeat.Store(0) // beat again at the next call
+		}
+		if r, err := take.Int64Slice(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			return r, sent, err
+		}
 	}
-	sent := time.Now()
-	pipe := c.rdb.Pipeline()
-	// EVAL, not EVALSHA: the heartbeat is tiny and rare, and never hits
-	// NOSCRIPT after a restart.
-	hb := pipe.Eval(ctx, srcHeartbeat, []string{c.calls.liveKey}, c.calls.nonce, c.calls.window.Milliseconds())
-	take := evalSHA(ctx, s, keys, args)
-	_ = pipe.Process(ctx, take)
-	_, _ = pipe.Exec(ctx)
-	if n, err := hb.Int64(); err == nil {
-		c.calls.noteLive(n)
-	} else {
-		c.calls.lastBeat.Store(0) // beat again at the next call
-	}
-	r, err := take.Int64Slice()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd, sent := c.evalNoRetry(ctx, s, keys, args) // loads it
-		r, err := cmd.Int64Slice()
-		return r, sent, err
-	}
+	cmd, sent := c.evalNoRetry(ctx, s, keys, args) // (after a NOSCRIPT, loads it)
+	r, err := cmd.Int64Slice()
 	return r, sent, err
 }
 

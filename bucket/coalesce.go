@@ -13,13 +13,9 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// Coalesced takes: what they do and guarantee is in the package doc
-// ("Coalesced takes"). The permit of a caller that gave up while its batch
-// was in flight goes to a later caller of the batch that was refused and
-// can wait for it, or to the first still queued for the next batch that
-// can (for a bucket that does not place its permits, one queued before
-// the call was sent), never to two; only when nobody is left is it lost,
-// and the bucket counts it (see stranded).
+// Coalesced takes: what they do and guarantee, and where the permit of a
+// caller that gave up goes, is in the package doc ("Coalesced takes");
+// one lost counts as stranded.
 
 // upTo is one coalesced call's answer: got callers are granted, the first
 // got unless delays says otherwise (caller i's Delay is delays[i] when

@@ -72,7 +72,7 @@ func (b *Counter) run(ctx context.Context, key string, n int64, _ time.Duration,
 		return upTo{}, err
 	}
 	keys := []string{tag + ":ctr", tag + ":pause"}
-	r, err := b.eval(ctx, scriptCounterTake, keys, n, b.limit)
+	r, _, err := b.eval(ctx, scriptCounterTake, keys, n, b.limit)
 	if err := replyErr(err, len(r) == 5, "counter_take.lua"); err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}

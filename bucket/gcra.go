@@ -107,7 +107,7 @@ func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Durati
 	if n < -1 && len(waits) == int(-n) {
 		args = append(args, waitGroups(waits, waitGrid(us(b.emission)), waitUs)...)
 	}
-	r, err := b.eval(ctx, scriptGCRA, keys, args...)
+	r, _, err := b.eval(ctx, scriptGCRA, keys, args...)
 	if err := replyErr(err, len(r) >= 9, "gcra.lua"); err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}

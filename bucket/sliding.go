@@ -86,7 +86,7 @@ func (b *SlidingLog) run(ctx context.Context, key string, n int64, _ time.Durati
 	args := make([]any, 0, 3+len(b.args))
 	args = append(args, n, b.nonce+strconv.FormatUint(b.seq.Add(1), 36), b.longest)
 	args = append(args, b.args...)
-	r, err := b.eval(ctx, scriptSliding, keys, args...)
+	r, _, err := b.eval(ctx, scriptSliding, keys, args...)
 	if err := replyErr(err, len(r) >= 7 || len(r) == 6 && r[0] != 1, "sliding.lua"); err != nil {
 		return upTo{}, backend("take", keys[0], err)
 	}

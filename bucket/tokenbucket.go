@@ -280,7 +280,7 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 	if n < -1 && len(waits) == int(-n) {
 		args = append(args, waitGroups(waits, waitGrid(us(b.intervalUs/b.limit)), waitUs)...) // the pace
 	}
-	r, sent, err := b.evalAt(ctx, scriptTBTake, keys, args...)
+	r, sent, err := b.eval(ctx, scriptTBTake, keys, args...)
 	took := time.Since(sent)
 	b.noteRTT(took)
 	margin := max(us(b.marginUs+extra)-took, 1)
@@ -311,14 +311,14 @@ func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time
 		latest = max(latest, ends[len(ends)-1])
 	}
 	b.ends.note(key, latest, born, now-b.intervalUs)
+	granted := throttle.Decision{Granted: true, Delay: us(max(places[0], 0)), Margin: margin, Next: max(next, 0), Limit: limit, Remaining: remaining, Reset: reset}
+	refused.Remaining = 0
 	got := int64(0) // places: one for each caller in turn, -1 for one refused
 	for _, p := range places {
 		if p >= 0 {
 			got++
 		}
 	}
-	granted := throttle.Decision{Granted: true, Delay: us(max(places[0], 0)), Margin: margin, Next: max(next, 0), Limit: limit, Remaining: remaining, Reset: reset}
-	refused.Remaining = 0
 	u := upTo{granted: granted, got: got * shared, rest: refused, at: now}
 	if len(ends) == len(places) {
 		each := max(n, 1) // all n at one place, or one each

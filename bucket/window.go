@@ -87,7 +87,7 @@ func (w *windows) run(ctx context.Context, key string, n int64, _ time.Duration,
 	args := make([]any, 0, 1+len(w.args))
 	args = append(args, n)
 	args = append(args, w.args...)
-	r, err := w.eval(ctx, scriptWindow, keys, args...)
+	r, _, err := w.eval(ctx, scriptWindow, keys, args...)
 	if err := replyErr(err, len(r) >= 7 || len(r) == 6 && r[0] != 1, "window.lua"); err != nil {
 		return upTo{}, backend("take", keys[1], err)
 	}

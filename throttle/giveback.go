@@ -70,8 +70,8 @@ func (g *giveBacks) close() {
 // reservation d by its Settle; n permits by d's Cancel (exact, for a
 // reservation) or else the bucket's Refunder. With neither, the permits
 // only cost throughput. The caller waits for it at most bound (handBack).
-// next is the key's next place (nil: a cost's), which a give-back of
-// permits forgets while it is under way (place.go).
+// next is the key's next place, which a give-back forgets while it is
+// under way (place.go).
 func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, next *nextPlace, key string, n int64, cost Cost, d Decision) {
 	var give func(context.Context) error
 	switch {
@@ -90,10 +90,7 @@ func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, next *nextP
 	if give == nil {
 		return
 	}
-	end := func() {}
-	if next != nil {
-		end = next.givingBack()
-	}
+	end := next.givingBack()
 	l.handBack(ctx, bound, func(rctx context.Context) {
 		defer end()
 		if err := give(rctx); err != nil {

@@ -18,13 +18,9 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local s = openSchedule(KEYS[1], tonumber(ARGV[1]), now)
 if s.older then return 0 end -- the previous version's key: nothing of ours to give back
-local born = tonumber(ARGV[4] or '0')
-if born > 0 and born ~= s.born then
-  -- Not the schedule they were placed in (Redis lost it): an entry of
-  -- the same slot here holds other permits.
-  if s:changed() then s:save() end
-  return 0
-end
-local took = s:giveBack(tonumber(ARGV[2]), tonumber(ARGV[3]))
-if took > 0 or s:changed() then s:save() end
+local born, took = tonumber(ARGV[4] or '0'), 0
+-- Not in the schedule they were placed in (Redis lost it), an entry of
+-- the same slot holds other permits: nothing is given back.
+if born <= 0 or born == s.born then took = s:giveBack(tonumber(ARGV[2]), tonumber(ARGV[3])) end
+if s:changed() then s:save() end
 return took
