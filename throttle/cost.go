@@ -259,7 +259,7 @@ func (l *Limiter) settleCost(ctx context.Context, g *CostGrant, actual Cost) err
 		// come sooner (place.go).
 		st := l.state(g.key)
 		defer l.release(st)
-		defer st.next.givingBack()()
+		defer st.givingBack()()
 	}
 	// Bounded as the store calls of a wait of none are.
 	w := l.newWaiter(ctx, demand{key: g.key}, 0, 0)

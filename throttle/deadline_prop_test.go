@@ -372,11 +372,15 @@ func (t deadlineTrial) run() (err error, took, end time.Duration, _ error) {
 		stopAt = start.Add(t.stop)
 		end = min(end, t.stop)
 	}
-	// A caller queued at the key's gate waits for the gate's AfterFunc:
-	// it is blocked on the clock too.
+	// A caller queued at the key's gate of a wait with no end (Forever)
+	// waits for the gate's AfterFunc alone: it is blocked on the clock
+	// too. A wait with an end arms a timer of its own before it blocks
+	// (the end, from the time read as it queued), and is blocked on that:
+	// counting it as blocked from the moment it queued would move the
+	// clock before the timer is armed, which then ends past the wait's end.
 	st := lim.stateAt("k", 0)
 	defer lim.release(st)
-	gated := func() bool { return st.gate.queued.Load() > 0 }
+	gated := func() bool { return t.maxWait == Forever && st.gate.queued.Load() > 0 }
 	done := make(chan struct{})
 	var aerr error
 	var atook time.Duration

@@ -78,11 +78,14 @@ func (w *waiter) leaveGate(st *keyState, c *decision, gated bool) {
 // bucket grants freely, callers pass the gate with two atomic loads.
 //
 // A give-back of the key (place.go) may free a permit before the time
-// the bucket named: one begun since the refusal opens the gate. A grant
-// does not: its answer may have been decided before the refusal's.
+// the bucket named: one that begins or ends after the refusal closed the
+// gate opens it, and lets the callers queued in when it ends; not before
+// the end of a pause reported for the key (its permits are no use until
+// then). A grant does not open it: its answer may have been decided
+// before the refusal's.
 type gate struct {
-	tb   *timeBase
-	next *nextPlace // the key's, whose turns count its give-backs
+	tb *timeBase
+	st *keyState // the gate's: its next place's turns count its give-backs
 	// closedUntil is the time before which the bucket said asking is
 	// useless, unless the key's give-back turns have moved from
 	// closedTurns (their low bits) since; queued is len(q), for the
@@ -111,8 +114,8 @@ type gateWaiter struct {
 // until is the time the gate is closed until, 0 if open.
 func (g *gate) until() int64 {
 	until := g.closedUntil.Load()
-	if until == 0 || g.closedTurns.Load() != uint32(g.next.turns.Load()) {
-		return 0
+	if until != 0 && g.closedTurns.Load() != uint32(g.st.next.turns.Load()) {
+		return min(until, g.st.pausedUntil.Load()) // a give-back since
 	}
 	return until
 }
@@ -168,10 +171,11 @@ func (g *gate) enter(ctx context.Context, retry bool, deadline int64, tb timeout
 
 	// A gate that closes again past our deadline turns us away at once;
 	// the timer bounds the wait behind callers in flight (an open gate
-	// with admitWave calls to a slow store).
+	// with admitWave calls to a slow store). It is set from the clock
+	// read now, not under the lock: the time between would make it late.
 	var end <-chan time.Time
 	if deadline != noDeadline {
-		t := g.tb.clock.NewTimer(left)
+		t := g.tb.clock.NewTimer(time.Duration(max(deadline-g.tb.now(), 0)))
 		defer t.Stop()
 		end = t.Chan()
 	}
@@ -213,7 +217,7 @@ func (g *gate) leave(admitted bool, d time.Duration) {
 		g.active--
 	}
 	if d > 0 {
-		g.closedTurns.Store(uint32(g.next.turns.Load()))
+		g.closedTurns.Store(uint32(g.st.next.turns.Load()))
 		g.closedUntil.Store(addSat(g.tb.now(), d))
 	}
 	g.admitLocked()
@@ -252,8 +256,12 @@ func (g *gate) admitLocked() {
 	}
 	if len(g.q) == 0 && g.closedUntil.Load() != 0 {
 		// Reopened, nobody waiting: callers may pass without reading
-		// the clock (see open).
+		// the clock (see open), and no timer keeps the key (idle).
 		g.closedUntil.Store(0)
+		if g.timer != nil {
+			g.timer.Stop()
+			g.timer = nil
+		}
 	}
 	for len(g.q) > 0 && g.active < admitWave {
 		w := g.q[0]
@@ -279,4 +287,19 @@ func (g *gate) idle(now int64) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return len(g.q) == 0 && g.active == 0 && g.timer == nil && g.until() <= now
+}
+
+// givingBack records that a give-back of the key to its bucket begins
+// (nextPlace.givingBack); end records that it ended, and lets the callers
+// queued at the key's gate in if it opened it.
+func (st *keyState) givingBack() (end func()) {
+	ended := st.next.givingBack()
+	return func() {
+		ended()
+		if st.gate.queued.Load() != 0 {
+			st.gate.mu.Lock()
+			st.gate.admitLocked()
+			st.gate.mu.Unlock()
+		}
+	}
 }

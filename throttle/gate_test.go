@@ -180,3 +180,21 @@ type grantAll struct{}
 func (grantAll) Take(context.Context, string, int64, time.Duration) (Decision, error) {
 	return Decision{Granted: true, Limit: 100, Remaining: 50, Reset: time.Second}, nil
 }
+
+// TestAGateOpenedByAGiveBackKeepsNothing: once a give-back has opened a
+// gate closed for an hour and its queue has drained, the gate keeps no
+// timer for the hour's end, so the key can be forgotten when idle.
+func TestAGateOpenedByAGiveBackKeepsNothing(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := New(grantAll{}, WithClock(clock))
+	defer lim.Close()
+	st := lim.state("k")
+	defer lim.release(st)
+	st.gate.leave(false, time.Hour)
+	done := make(chan error, 1)
+	go func() { done <- lim.Key("k").Acquire(context.Background(), 2*time.Hour) }()
+	eventually(t, func() bool { return st.gate.queued.Load() == 1 }, "the caller queued at the closed gate")
+	st.givingBack()() // a give-back of the key begins and ends
+	require.NoError(t, <-done, "let in and granted")
+	assert.True(t, st.gate.idle(lim.tb.now()), "no timer kept for the hour's end")
+}

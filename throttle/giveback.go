@@ -70,9 +70,9 @@ func (g *giveBacks) close() {
 // reservation d by its Settle; n permits by d's Cancel (exact, for a
 // reservation) or else the bucket's Refunder. With neither, the permits
 // only cost throughput. The caller waits for it at most bound (handBack).
-// next is the key's next place, which a give-back forgets while it is
-// under way (place.go).
-func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, next *nextPlace, key string, n int64, cost Cost, d Decision) {
+// st is the key's state: a give-back forgets its next place while it is
+// under way (place.go), and opens its gate (gate.go).
+func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, st *keyState, key string, n int64, cost Cost, d Decision) {
 	var give func(context.Context) error
 	switch {
 	case cost != nil && d.Settle != nil:
@@ -90,7 +90,7 @@ func (l *Limiter) giveBack(ctx context.Context, bound time.Duration, next *nextP
 	if give == nil {
 		return
 	}
-	end := next.givingBack()
+	end := st.givingBack()
 	l.handBack(ctx, bound, func(rctx context.Context) {
 		defer end()
 		if err := give(rctx); err != nil {

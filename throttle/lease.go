@@ -470,7 +470,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 		return c, false
 	case c.Granted && c.Delay > 0 && !placed:
 		// A reservation, though none was asked for: treat it as "not yet".
-		l.giveBack(w.ctx, w.giveBackBound(), &st.next, st.key, need+c.got, nil, c.Decision)
+		l.giveBack(w.ctx, w.giveBackBound(), st, st.key, need+c.got, nil, c.Decision)
 		c.Granted = false
 	}
 	if !c.Granted {
@@ -512,7 +512,7 @@ func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want i
 	ls.cur.Store(b)
 	st.lease.mu.Unlock()
 	if extra > 0 {
-		l.giveBack(w.ctx, w.giveBackBound(), &st.next, st.key, extra, nil, Decision{})
+		l.giveBack(w.ctx, w.giveBackBound(), st, st.key, extra, nil, Decision{})
 	}
 	if expired {
 		return decision{}, true

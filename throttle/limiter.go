@@ -125,7 +125,7 @@ func New(b Bucket, opts ...LimiterOption) *Limiter {
 }
 
 // initState prepares a new key state.
-func (l *Limiter) initState(st *keyState) { st.gate.tb, st.gate.next = &l.tb, &st.next }
+func (l *Limiter) initState(st *keyState) { st.gate.tb, st.gate.st = &l.tb, st }
 
 // validate returns the configuration mistake every call of l reports.
 func (l *Limiter) validate() error {

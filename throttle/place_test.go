@@ -420,11 +420,9 @@ func TestARefusalWithinTheWaitsQueuesTheLongerWaitsAtTheGate(t *testing.T) {
 	}
 }
 
-// TestAGiveBackOpensTheGateARefusalClosed: the time a refusal closes the
-// key's gate until is the key's next place, so a give-back of the key,
-// which may free a permit sooner, opens the gate as it forgets the place:
-// a wait that the gate turned away before asks the bucket, and the
-// callers queued are let in with it.
+// TestAGiveBackOpensTheGateARefusalClosed: a give-back of the key, which
+// may free a permit before the time the refusal named, opens the key's
+// gate: a wait that the gate turned away before asks the bucket.
 func TestAGiveBackOpensTheGateARefusalClosed(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	paused := throttle.Decision{Delay: 30 * time.Second, Limit: 100, Reset: time.Second}
@@ -454,11 +452,96 @@ func TestAGiveBackOpensTheGateARefusalClosed(t *testing.T) {
 	short := make(chan error, 1)
 	go func() { short <- lim.Acquire(ctx, 500*time.Millisecond) }()
 	require.Eventually(t, func() bool { takes, _ := b.counts(); return takes == 5 }, 5*time.Second, time.Millisecond, "the short wait and the one queued ask")
-	// Both placed 100 ms ahead, on the clock with the gate's timer.
-	waitForSleepers(t, clock, 3)
+	waitForSleepers(t, clock, 2) // both placed 100 ms ahead
 	clock.Advance(100 * time.Millisecond)
 	require.NoError(t, outcome(t, short))
 	require.NoError(t, outcome(t, queued))
+}
+
+// TestARefusalAfterAGiveBackClosesTheGate: a give-back opens the gate
+// only when it comes after the refusal that closed it: a long wait
+// refused after one queues at the gate (on the clock) instead of asking
+// again at once.
+func TestARefusalAfterAGiveBackClosesTheGate(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	paused := throttle.Decision{Delay: 30 * time.Second, Limit: 100, Reset: time.Second}
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitPlaced(time.Second), paused}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	lctx, leave := context.WithCancel(context.Background())
+	left := acquireAsync(t, clock, lim, lctx, 3*time.Second)
+	leave()
+	require.ErrorIs(t, outcome(t, left), context.Canceled)
+	_, cancelled := b.counts()
+	require.Equal(t, 1, cancelled, "the permit given back")
+
+	ctx, stop := context.WithCancel(context.Background())
+	queued := make(chan error, 1)
+	go func() { queued <- lim.Acquire(ctx, time.Minute) }()
+	waitForSleepers(t, clock, 2) // the gate's reopening and its deadline
+	takes, _ := b.counts()
+	assert.Equal(t, 2, takes, "asked once, then queued at the gate its refusal closed")
+	stop()
+	require.ErrorIs(t, outcome(t, queued), context.Canceled)
+}
+
+// TestAGiveBackLetsTheCallersQueuedAtTheGateIn: when a give-back that
+// opened the key's gate ends, the callers queued there ask the bucket,
+// with no new caller and no time passing.
+func TestAGiveBackLetsTheCallersQueuedAtTheGateIn(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	paused := throttle.Decision{Delay: 30 * time.Second, Limit: 100, Reset: time.Second}
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitPlaced(time.Second), paused, atLimitFree}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	lctx, leave := context.WithCancel(context.Background())
+	left := acquireAsync(t, clock, lim, lctx, 3*time.Second)
+	queued := make(chan error, 1)
+	go func() { queued <- lim.Acquire(context.Background(), time.Minute) }()
+	waitForSleepers(t, clock, 3) // the first's time; the second's deadline, the gate's reopening
+	leave()
+	require.ErrorIs(t, outcome(t, left), context.Canceled)
+	require.NoError(t, outcome(t, queued), "let in by the give-back's end, and granted")
+	takes, _ := b.counts()
+	assert.Equal(t, 3, takes)
+}
+
+// TestPermitsGivenBackInAPauseDoNotOpenTheGate: permits given back
+// because a pause was reported for the key (their time came in it) are
+// no use before the pause ends: the gate the pause's refusal closed stays
+// closed, and nobody asks the paused bucket.
+func TestPermitsGivenBackInAPauseDoNotOpenTheGate(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	paused := throttle.Decision{Delay: 30 * time.Second, Limit: 100, Reset: time.Second}
+	b := &placingBucket{clock: clock, decisions: []throttle.Decision{atLimitPlaced(time.Second), atLimitPlaced(time.Second), paused}}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	holders := make(chan error, 2)
+	for range 2 {
+		go func() { holders <- lim.Acquire(ctx, 5*time.Second) }()
+	}
+	waitForSleepers(t, clock, 2)
+	require.NoError(t, lim.Report(ctx, throttle.Answer{Retry: true, RetryAfter: 30 * time.Second}))
+	queued := make(chan error, 2)
+	for range 2 {
+		go func() { queued <- lim.Acquire(ctx, time.Minute) }()
+	}
+	waitForSleepers(t, clock, 5) // the holders' times; the gate's reopening and the queued's deadlines
+	before, _ := b.counts()
+	clock.Advance(time.Second) // the holders' time, in the pause: given back
+	for range 2 {
+		require.ErrorIs(t, outcome(t, holders), throttle.ErrTimeout, "turned away: the pause outlasts the wait")
+	}
+	require.ErrorIs(t, lim.Acquire(ctx, 0), throttle.ErrTimeout)
+	takes, cancelled := b.counts()
+	assert.Equal(t, 2, cancelled, "both given back")
+	assert.Equal(t, before, takes, "nobody asked the bucket since")
+	stop()
+	for range 2 {
+		require.ErrorIs(t, outcome(t, queued), context.Canceled)
+	}
 }
 
 // costPlacingBucket is a placingBucket that takes costs too

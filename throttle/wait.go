@@ -19,7 +19,8 @@ import (
 //
 //  1. held permits (permit.go): the caller's own, once, before the loop;
 //  2. the gate (gate.go): after a refusal, callers of the key queue until
-//     the time the bucket named, and are let in a few at a time (not
+//     the time the bucket named, or a give-back of the key outside a
+//     pause, and are let in a few at a time (not
 //     after a refusal beyond the caller's wait from a bucket that places
 //     its permits: the key's next place holds back the shorter waits,
 //     place.go, and the longer ones are placed at once);
@@ -107,7 +108,7 @@ func (l *Limiter) wait(ctx context.Context, dm demand, maxWait time.Duration) (D
 	}
 	w := l.newWaiter(ctx, dm, maxWait, now)
 	if st != nil {
-		w.next = &st.next
+		w.st = st
 	}
 	c, err := l.waitLoop(&w, st)
 	return c.Decision, c.src, err
@@ -234,9 +235,9 @@ type waiter struct {
 	// ahead: the wait refills its key's lease from a bucket that places
 	// its permits; the refill books ahead within the wait (bookAhead).
 	ahead bool
-	// next is the next place of the wait's key, which a give-back
-	// forgets; nil for a cost (its give-back looks the key's up).
-	next *nextPlace
+	// st is the state of the wait's key, whose next place and gate a
+	// give-back touches; nil for a cost (its give-back looks it up).
+	st *keyState
 }
 
 // newWaiter starts a wait for dm at now (0: not read yet): its deadline
@@ -565,14 +566,13 @@ func (w *waiter) giveBack(c *decision) {
 		return // for the next caller of the lease
 	}
 	if c.src == fromStore || c.src == fromLease {
-		next := w.next
-		if next == nil {
+		st := w.st
+		if st == nil {
 			// A cost's: the key's permits are in the same bucket.
-			st := w.l.state(w.key)
+			st = w.l.state(w.key)
 			defer w.l.release(st)
-			next = &st.next
 		}
-		w.l.giveBack(w.ctx, w.giveBackBound(), next, w.key, w.n, w.cost, c.Decision)
+		w.l.giveBack(w.ctx, w.giveBackBound(), st, w.key, w.n, w.cost, c.Decision)
 	}
 }
 
