@@ -206,6 +206,7 @@ func (g *gate) enter(ctx context.Context, retry bool, deadline int64, tb timeout
 			break
 		}
 	}
+	g.admitLocked() // (an open gate left empty keeps no timer)
 	return err
 }
 
