@@ -49,18 +49,12 @@ type exhaustion struct {
 	// time until the dimension is fully restored, Anthropic's the time
 	// at which it is.
 	reset time.Duration
-	// hold is how long the dimension is held back. On a refusal (any
-	// status but a success), the reset. On a success, for a requests
-	// dimension that names its limit, the reset's share of one request,
-	// reset / limit (rounded up): the fleet used the last request with
-	// that call, and a provider that restores requests as its calls age
-	// (a sliding window, a continuous refill) has one back by then,
-	// where the reset is when the window's last call leaves. A provider
-	// of aligned windows refuses a call sent then, and that refusal
-	// holds the dimension until its reset (the Transport remembers it:
-	// see Transport.holds). A tokens dimension is held for its reset: the
-	// next call's tokens, not one token, must come back, and the
-	// headers do not say how many that is.
+	// hold is how long the dimension is held back: the reset, except on
+	// a success for a requests dimension that names its limit, where it
+	// is the reset's share of one request, reset / limit rounded up (see
+	// RetryAfter, step 5; for aligned windows, Transport.holds). A tokens
+	// dimension is held for its reset: the next call's tokens, not one
+	// token, must come back, and the headers do not say how many that is.
 	hold time.Duration
 }
 
@@ -94,22 +88,19 @@ func accountingExhausted(h http.Header, now time.Time, success bool) []exhaustio
 	return out
 }
 
-// accountingReset reads the accounting headers of h: when some dimension
-// has nothing remaining, the latest of those dimensions' holds (every
-// exhausted dimension must recover before a call can pass; see
-// exhaustion.hold). The reset of a dimension with some remaining says
+// accountingReset is RetryAfter's step 5: when some dimension of h has
+// nothing remaining, the latest of those dimensions' holds (every
+// exhausted dimension must recover before a call can pass). Others say
 // nothing, even on a 429: the provider may have refused for a limit it
 // does not report (concurrency, a long request), and a pause until a
 // window's end would idle the fleet for nothing.
 func accountingReset(h http.Header, now time.Time, success bool) (time.Duration, bool) {
-	var (
-		latest    time.Duration
-		exhausted bool
-	)
-	for _, e := range accountingExhausted(h, now, success) {
-		latest, exhausted = max(latest, e.hold), true
+	ex := accountingExhausted(h, now, success)
+	var latest time.Duration
+	for _, e := range ex {
+		latest = max(latest, e.hold)
 	}
-	return latest, exhausted
+	return latest, len(ex) > 0
 }
 
 // accountingLimit is the smallest requests limit the accounting headers
@@ -134,14 +125,11 @@ func accountingLimit(h http.Header) int64 {
 func parseGoDuration(v string, _ time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" || v[0] < '0' || v[0] > '9' {
-		return 0, false // no sign
+		return 0, false // no sign (so ParseDuration gives no negative)
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
 		return parseSeconds(v, true)
-	}
-	if d < 0 {
-		return 0, false
 	}
 	return min(d, maxHeaderSeconds*time.Second), true
 }

@@ -42,20 +42,17 @@ import (
 //     Window (in a [WithAnswer] hook for the Transport; see the
 //     example of ReadAnswer).
 //   - The accounting headers of LLM providers (OpenAI's x-ratelimit-*,
-//     Anthropic's anthropic-ratelimit-*; see [RetryAfter]) count each
-//     dimension apart: any dimension with nothing remaining, requests or
-//     tokens, and a reset time sets Retry until the latest such reset, or,
-//     for requests after a success, for the reset's share of one request
-//     (see [RetryAfter]: the reset is when the dimension is full again).
-//     (The Transport does better for a budget of those dimensions, a
-//     bucket.Budget, which pauses dimensions apart, when it takes
-//     its calls' costs ([WithCost]): it holds back each exhausted
-//     dimension alone. And it learns, per key and dimension, a provider
-//     that restores requests only at its window's end: a refusal (429)
-//     of a request sent after a success's hold ended and before the
-//     reset it named; for 10 minutes from then a success with nothing
-//     remaining holds that dimension until its reset.)
-//     A tokens limit is not a limit on calls: it sets no Limit.
+//     Anthropic's anthropic-ratelimit-*) count each dimension apart: any
+//     dimension with nothing remaining, requests or tokens, and a reset
+//     time sets Retry until the latest such reset, or, for requests after
+//     a success, for the reset's share of one request (see [RetryAfter]).
+//     A tokens limit is not a limit on calls: it sets no Limit. (The
+//     Transport does better: [WithCost] over a bucket.Budget holds back
+//     each exhausted dimension alone; and it learns, per key and
+//     dimension, a provider that restores requests only at its window's
+//     end, from a refusal (429) of a request sent after a success's hold
+//     ended and before the reset it named: for 10 minutes from then a
+//     success with nothing remaining holds that dimension until its reset.)
 //
 // Absolute times (HTTP dates, Unix times, RFC 3339) are read against
 // the response's Date header, as [RetryAfter] says, and RetryAfter is
@@ -89,15 +86,11 @@ func ReadAnswer(resp *http.Response, now time.Time) throttle.Answer {
 	return a
 }
 
-// report tells k's Limiter what the provider answered (see
-// [throttle.Limiter.Report]), so that the fleet adapts to a provider that
-// refuses (429, with a retry time or without), or advertises a lower
-// limit. The retry time of an answer on a limit status is left to
-// RoundTrip, which pauses the bucket itself (and this Transport); the
-// refusal is still reported, so that the fleet paces its grants below the
-// rate that was refused rather than burst into the provider again when
-// the pause ends. A retry time of zero (Retry-After: 0, a reset already
-// past) pauses nothing.
+// report tells k's Limiter what the provider answered (see the Transport
+// doc, "Adapting"). The retry time of an answer on a limit status is left
+// to RoundTrip, which pauses the bucket itself (and this Transport); the
+// refusal is still reported, for the adaptive rate. A retry time of zero
+// (Retry-After: 0, a reset already past) pauses nothing.
 func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Response, sent, now time.Time) {
 	a := ReadAnswer(resp, now)
 	read := a
@@ -133,10 +126,8 @@ func (t *Transport) report(ctx context.Context, k throttle.Keyed, resp *http.Res
 // advertisedLimit is the tightest limit the headers advertise, and its
 // window (0: unknown).
 func advertisedLimit(h http.Header) (int64, time.Duration) {
-	var (
-		best   int64
-		window time.Duration
-	)
+	var best int64
+	var window time.Duration
 	// consider keeps the smaller rate; a limit without a window is
 	// compared as if its window were one second.
 	consider := func(q int64, w time.Duration) {
@@ -147,10 +138,8 @@ func advertisedLimit(h http.Header) (int64, time.Duration) {
 			best, window = q, w
 		}
 	}
-	if v := h.Get("X-RateLimit-Limit"); v != "" {
-		if q, _, ok := parseDecimal(v, false); ok {
-			consider(q, 0)
-		}
+	if q, _, ok := parseDecimal(h.Get("X-RateLimit-Limit"), false); ok {
+		consider(q, 0)
 	}
 	consider(accountingLimit(h), accountingWindow)
 	for _, name := range []string{"RateLimit-Limit", "RateLimit-Policy"} {

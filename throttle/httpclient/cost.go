@@ -14,9 +14,6 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// The accounting of an LLM call: its estimated cost taken before the
-// request, settled with the usage the provider's answer reports.
-
 // Usage is what an LLM provider's answer says a call used, read from its
 // JSON `usage` object: OpenAI's (prompt_tokens, completion_tokens) or
 // Anthropic's (input_tokens, output_tokens and the cache counts).
@@ -143,7 +140,7 @@ func (t *Transport) settleOnClose(ctx context.Context, k throttle.Keyed, resp *h
 	b := &costBody{body: resp.Body, usage: newUsageReader(resp.Header.Get("Content-Type"))}
 	b.settle = func(u Usage) { t.settle(ctx, k, g, t.cost.actual(u)) }
 	if rw, ok := resp.Body.(io.ReadWriteCloser); ok {
-		resp.Body = &costBodyRW{costBody: b, w: rw}
+		resp.Body = &costBodyRW{b, rw}
 	} else {
 		resp.Body = b
 	}
@@ -181,12 +178,11 @@ func (b *costBody) Read(p []byte) (int, error) {
 func (b *costBody) Close() error {
 	err := b.body.Close()
 	b.mu.Lock()
-	first := !b.done
-	b.done = true
 	u, ok := Usage{}, false
-	if first {
+	if !b.done {
 		u, ok = b.usage.result(b.eof)
 	}
+	b.done = true
 	b.mu.Unlock()
 	if ok {
 		b.settle(u)
@@ -197,10 +193,8 @@ func (b *costBody) Close() error {
 // costBodyRW is costBody for a writable body.
 type costBodyRW struct {
 	*costBody
-	w io.ReadWriteCloser
+	io.Writer
 }
-
-func (b *costBodyRW) Write(p []byte) (int, error) { return b.w.Write(p) }
 
 // Bounds of what a usage reader keeps of a body.
 const (

@@ -9,17 +9,14 @@ import (
 
 // Header parsing: how long a provider asks its callers to stay away.
 
-// epochSeconds is the smallest reset value read as a Unix time in
-// seconds rather than a number of seconds from now: 10⁹ s is about 31.7
-// years as a delay and 2001-09-09 as a date; no window is 31 years long
-// and no provider sends a reset time before 2001, so the two readings
-// never overlap.
-const epochSeconds = 1_000_000_000
-
-// epochMillis is the smallest reset value read as a Unix time in
-// milliseconds: 10¹² ms is 2001-09-09 again, while 10¹² s is a date in
-// the year 33658 that no provider sends.
-const epochMillis = 1_000_000_000_000
+// epochSeconds and epochMillis are the smallest reset values read as a
+// Unix time in seconds, rather than seconds from now, and in milliseconds
+// (see RetryAfter): no window is 31 years long, no provider sends a reset
+// before 2001, and 10¹² s, unlike 10¹² ms, is a date in the year 33658.
+const (
+	epochSeconds = 1_000_000_000
+	epochMillis  = 1_000_000_000_000
+)
 
 // maxHeaderSeconds caps every number of seconds read from a header, so that
 // converting it to a time.Duration cannot overflow (2³³ s ≈ 272 years).
@@ -51,14 +48,13 @@ const maxHeaderSeconds = 1 << 33
 //     with -reset (RFC 3339 times), when some dimension has nothing
 //     remaining: the latest among those dimensions of its reset, or, for
 //     requests on a success (2xx) that names the requests limit, the
-//     reset's share of one request (reset / limit). Both providers'
-//     reset is when the dimension is fully restored, the window's last
-//     call gone: a provider that restores requests as its calls age (a
-//     sliding window, a continuous refill) has one back far sooner, and
-//     a caller that waited the whole reset would idle most of the
-//     window. Any other status, and tokens, hold the whole reset. A dimension with some remaining says
-//     nothing, even on a 429 (the provider may have refused for a limit
-//     it does not report, such as concurrency).
+//     reset's share of one request (reset / limit): both providers'
+//     reset is when the window's last call is gone, and a provider that
+//     restores requests as its calls age (a sliding window, a continuous
+//     refill) has one back far sooner. Tokens, and any other status, hold
+//     the whole reset. A dimension with some remaining says nothing, even
+//     on a 429 (the provider may have refused for a limit it does not
+//     report, such as concurrency).
 //
 // A reset header tells when a window ends, not that the caller must wait
 // for it: it applies only when its remaining count (RateLimit-Remaining,
@@ -134,10 +130,9 @@ func retryHeaders(resp *http.Response, now time.Time) (time.Duration, bool) {
 }
 
 // providerNow is the time against which the absolute times of a response
-// with header h are read, now being the local clock's when it came: the
-// provider's clock, from its Date header, when it has one that parses.
-// Date names a whole second; when now falls within it, the two clocks
-// agree, and now, the finer, is kept.
+// with header h that came at now are read: its Date, or now when Date is
+// missing, does not parse, or names the second now falls in (see
+// RetryAfter).
 func providerNow(h http.Header, now time.Time) time.Time {
 	v := h.Get("Date")
 	if v == "" {
@@ -202,25 +197,15 @@ func parseDecimal(s string, fraction bool) (secs, nanos int64, ok bool) {
 	if hasFrac && (!fraction || frac == "" || !allDigits(frac)) {
 		return 0, 0, false
 	}
+	// ParseInt cannot fail below: digits only, at most 18, then 9.
 	whole = strings.TrimLeft(whole, "0")
 	if len(whole) > 18 { // beyond 10¹⁸: cap
 		secs = 1_000_000_000_000_000_000
 	} else if whole != "" {
-		v, err := strconv.ParseInt(whole, 10, 64)
-		if err != nil {
-			return 0, 0, false
-		}
-		secs = v
+		secs, _ = strconv.ParseInt(whole, 10, 64)
 	}
 	if hasFrac {
-		if len(frac) > 9 {
-			frac = frac[:9]
-		}
-		f, err := strconv.ParseInt(frac+strings.Repeat("0", 9-len(frac)), 10, 64)
-		if err != nil {
-			return 0, 0, false
-		}
-		nanos = f
+		nanos, _ = strconv.ParseInt((frac + "000000000")[:9], 10, 64)
 	}
 	return secs, nanos, true
 }
@@ -244,33 +229,28 @@ func allDigits(s string) bool {
 func parseRateLimitField(v string, now time.Time) (time.Duration, bool) {
 	var best time.Duration
 	found := false
-	var dictRemaining, dictReset string
-	dict := false
+	var dictRemaining, dictReset string // "" (a member missing) does not parse
 	for _, item := range splitOutsideQuotes(v, ',') {
 		params := splitOutsideQuotes(item, ';')
 		if k, val, isMember := strings.Cut(strings.TrimSpace(params[0]), "="); isMember {
 			// A dictionary member (draft -07).
 			switch strings.TrimSpace(k) {
 			case "remaining":
-				dictRemaining, dict = val, true
+				dictRemaining = val
 			case "reset":
-				dictReset, dict = val, true
+				dictReset = val
 			}
 			continue
 		}
-		var r, t string
-		hasR, hasT := false, false
+		var r, t string // "" (a parameter missing) does not parse
 		for _, p := range params[1:] {
 			k, val, _ := strings.Cut(strings.TrimSpace(p), "=")
 			switch k {
 			case "r":
-				r, hasR = val, true
+				r = val
 			case "t":
-				t, hasT = val, true
+				t = val
 			}
-		}
-		if !hasR || !hasT {
-			continue
 		}
 		if rem, _, ok := parseDecimal(r, false); !ok || rem != 0 {
 			continue
@@ -286,10 +266,8 @@ func parseRateLimitField(v string, now time.Time) (time.Duration, bool) {
 	if found {
 		return best, true
 	}
-	if dict {
-		if rem, _, ok := parseDecimal(dictRemaining, false); ok && rem == 0 {
-			return parseReset(dictReset, now, false)
-		}
+	if rem, _, ok := parseDecimal(dictRemaining, false); ok && rem == 0 {
+		return parseReset(dictReset, now, false)
 	}
 	return 0, false
 }

@@ -43,11 +43,10 @@ const maxPause = time.Hour
 // once, and nothing is sent. Several retries of one request share one
 // maxWait. A permit the request's context holds for the same budget
 // ([throttle.Keyed.ContextWithPermit]: a consumer's, for the attempt)
-// serves its first send at once, unless the Transport must first wait
-// out a pause: then the permit is given up and
-// a new one taken. See the package doc, "With a Kafka consumer". With
-// [WithCost], a request takes its estimated cost (requests and tokens)
-// instead of a permit, and settles it with the provider's usage.
+// serves its first send at once, unless a pause must be waited out
+// first: then it is given up and a new one taken (see the package doc,
+// "With a Kafka consumer"). With [WithCost], a request takes its
+// estimated cost instead of a permit, and settles it with the usage.
 //
 // Reacting. When the provider answers with a status that signals a limit
 // (by default 429, 503 and 403; see [WithLimitStatuses]) and a retry time
@@ -70,21 +69,19 @@ const maxPause = time.Hour
 //
 // Adapting. Every answer is also read by [ReadAnswer] (then by the hook
 // of [WithAnswer], if any) and reported to the request's Limiter
-// ([throttle.Limiter.Report]): a 429, with a retry time
-// or without, lowers the fleet's adaptive rate and paces its grants (so
-// that the bucket's next burst does not meet the provider's refusal
-// again), an advertised limit below the configured one lowers its
-// ceiling, and a success with nothing remaining (in any dimension an LLM
-// provider reports: requests or tokens) pauses the bucket until the
+// ([throttle.Limiter.Report]): a 429, with a retry time or without,
+// lowers the fleet's adaptive rate and paces its grants (so that the
+// bucket's next burst does not meet the refusal again), an advertised
+// limit below the configured one lowers its ceiling, and a success with
+// nothing remaining (requests or tokens) pauses the bucket until the
 // reset. When only the accounting headers name the time (OpenAI's
 // x-ratelimit-remaining-tokens: 0 with its reset; a 429 without
-// Retry-After too), the Transport takes its calls' costs ([WithCost])
-// and the bucket pauses dimensions apart (bucket.Budget), each
-// exhausted dimension is held back until its own reset instead, for the
-// fleet, and a cost needing none of it goes on; the Transport pauses
-// nothing of its own then. (Without WithCost, a call takes a permit of
-// one dimension, maybe from a lease, and spends the others unseen: the
-// whole key is paused.)
+// Retry-After too), a Transport [WithCost] over a bucket that pauses
+// dimensions apart (bucket.Budget) holds back each exhausted dimension
+// until its own reset, for the fleet, and pauses nothing of its own: a
+// cost needing none of them goes on. Otherwise the whole key is paused
+// (without WithCost, a call takes a permit of one dimension, maybe from
+// a lease, and spends the others unseen).
 //
 // Errors. RoundTrip's errors do not repeat the request's method and URL:
 // http.Client wraps them in a *url.Error that names both.
@@ -368,6 +365,10 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 	if c.base == nil {
 		c.base = defaultBase()
 	}
+	var learned *callTimes
+	if c.learn {
+		learned = &callTimes{}
+	}
 	return &Transport{
 		lim:     lim,
 		base:    c.base,
@@ -381,8 +382,9 @@ func NewTransport(lim *throttle.Limiter, opts ...Option) (*Transport, error) {
 		answer:  c.answer,
 		cost:    c.cost,
 		call:    c.call,
-		learned: learnedIf(c.learn),
+		learned: learned,
 		paused:  make(map[throttle.Keyed]time.Time),
+		edges:   make(map[edgeID]edge),
 	}, nil
 }
 
@@ -434,10 +436,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return fail(err)
 		}
 		if ranLate(ctx, call) {
-			// Granted within the wait, but run again too late (a busy
-			// machine) to leave the call its time: not sent. The cost
-			// is settled at nothing; a permit stays spent (it may be
-			// the failure policy's, which the bucket never counted).
+			// Not sent (see WithCallTime). A permit stays spent: it may
+			// be the failure policy's, which the bucket never counted.
 			if grant != nil {
 				settleCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 				_ = grant.Settle(settleCtx, zeroOf(est)) // best effort
@@ -559,10 +559,9 @@ func (t *Transport) admit(ctx context.Context, clock clockwork.Clock, k throttle
 //
 // A panic on the way (a WithAnswer hook's, a Pauser's) closes resp's
 // body, the provider's and any the hook put in its place, so that the
-// connection is not held for the life of the process, and goes on to
-// RoundTrip's caller unrecovered, with its stack: http.Client lets a
-// RoundTripper's panic through, and a hook's panic is a bug to see, not
-// a failed call to retry.
+// connection is not held for the life of the process, and goes on
+// unrecovered (see WithAnswer): a hook's panic is a bug to see, not a
+// failed call to retry.
 func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Response, sent, now time.Time) (pause time.Duration, hinted bool) {
 	body := resp.Body
 	done := false
@@ -584,9 +583,7 @@ func (t *Transport) react(ctx context.Context, k throttle.Keyed, resp *http.Resp
 		// store calls come after. A retry time from the accounting
 		// headers alone holds back only the dimensions they name, each
 		// until its own reset, when the bucket can (a Budget).
-		if ex := t.exhaustedOnly(k, resp, sent, now); len(ex) > 0 && t.pauseDimensions(ctx, k, ex) {
-			// paused per dimension
-		} else {
+		if ex := t.exhaustedOnly(k, resp, sent, now); len(ex) == 0 || !t.pauseDimensions(ctx, k, ex) {
 			t.pause(ctx, k, pause)
 		}
 	}
@@ -601,11 +598,9 @@ const (
 	idleInAll   = 1024
 )
 
-// defaultBase is a clone of http.DefaultTransport, with its proxy, dial,
-// TLS and HTTP/2 settings, that keeps enough idle connections for a
-// fleet's bursts (see WithBase). A DefaultTransport the program replaced
-// by another kind of RoundTripper (one that traces, say) is used as it
-// is: its pool is its own business.
+// defaultBase is WithBase's default: a clone of http.DefaultTransport,
+// with its proxy, dial, TLS and HTTP/2 settings, and more idle
+// connections.
 func defaultBase() http.RoundTripper {
 	tr, ok := http.DefaultTransport.(*http.Transport)
 	if !ok {
@@ -667,13 +662,11 @@ func (t *Transport) abandoned(ctx context.Context, clock clockwork.Clock, sent t
 		return release
 	}
 	return func() {
-		if ctx.Err() == nil {
-			release()
-			return
-		}
-		if wait := sent.Add(t.callTime(clock.Now())).Sub(clock.Now()); wait > 0 {
-			clock.AfterFunc(wait, release)
-			return
+		if ctx.Err() != nil {
+			if wait := sent.Add(t.callTime(clock.Now())).Sub(clock.Now()); wait > 0 {
+				clock.AfterFunc(wait, release)
+				return
+			}
 		}
 		release()
 	}
@@ -688,19 +681,8 @@ func (t *Transport) callTime(now time.Time) time.Duration {
 	return max(t.call, t.learned.p90(now))
 }
 
-// learnedIf returns a record of calls' times when learn is true.
-func learnedIf(learn bool) *callTimes {
-	if !learn {
-		return nil
-	}
-	return &callTimes{}
-}
-
 // Calls counted for WithCallTimeLearned, the fewest before they say
-// anything, and how long one counts. A call time longer than what the
-// callers leave before their deadlines sends nothing, and so counts no
-// faster call that would lower it: the calls of a slow spell are
-// forgotten after learnedAge, and the floor applies again.
+// anything, and how long one counts (see WithCallTimeLearned for why).
 const (
 	learnedCalls    = 100
 	learnedAtLeast  = 10
@@ -822,10 +804,8 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 			// after it, it would come on top of what the bucket grants
 			// then. Wait, then take a new one.
 			k.Forfeit(ctx)
-			ctxBound := false
-			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-				ctxBound = true
-			}
+			dl, hasDeadline := ctx.Deadline()
+			ctxBound := hasDeadline && time.Until(dl) < wait
 			if ctxBound || wait > remaining {
 				return nil, pausedErr(left, wait, ctxBound)
 			}
@@ -904,10 +884,9 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 	}
 	now := k.Limiter().Clock().Now()
 	until := now.Add(d)
-	pk := k
 	t.mu.Lock()
-	if until.After(t.paused[pk]) {
-		t.paused[pk] = until
+	if until.After(t.paused[k]) {
+		t.paused[k] = until
 	}
 	for key, u := range t.paused { // few keys: one per paused limit
 		if !u.After(now) {
@@ -954,9 +933,8 @@ type edge struct {
 	// last unit was held until holdEnd (a unit's share of its reset);
 	// the provider said the dimension would be full again at restored.
 	holdEnd, restored time.Time
-	// alignedUntil: a call sent after holdEnd was refused (429) before
-	// restored: the provider restores the dimension only at its
-	// window's end. Until then a success holds its whole reset.
+	// alignedUntil: until then the provider is known to restore the
+	// dimension only at its window's end (see holds).
 	alignedUntil time.Time
 }
 
@@ -1009,9 +987,6 @@ func (t *Transport) holds(k throttle.Keyed, ex []exhaustion, status int, sent, n
 // say nothing any more (restored and no longer aligned), so that a
 // Transport of many keys keeps only the recent ones. t.mu is held.
 func (t *Transport) keepEdge(id edgeID, ed edge, now time.Time) {
-	if t.edges == nil {
-		t.edges = make(map[edgeID]edge)
-	}
 	t.edges[id] = ed
 	if len(t.edges) <= 2*t.edgesKept+16 {
 		return
@@ -1025,13 +1000,12 @@ func (t *Transport) keepEdge(id edgeID, ed edge, now time.Time) {
 }
 
 // pauseDimensions pauses the dimensions ex of k's bucket, for the whole
-// fleet, when the bucket pauses dimensions apart and the Transport
-// takes its calls' costs (WithCost); it reports whether it did (a failed
-// pause is logged: the Transport's own pause would be of every
-// dimension). Without WithCost a call takes a permit of the bucket's
-// Take dimension alone, from the Limiter's lease when it leases: a pause
-// of the other dimensions would not hold it, though it spends them at
-// the provider, nor would a pause in the bucket stop the lease; the
+// fleet, when the bucket pauses dimensions apart and the Transport takes
+// its calls' costs (WithCost); it reports whether it did (a failure is
+// logged, and the caller pauses the whole key). Without WithCost a call
+// takes a permit of the bucket's Take dimension alone, maybe from the
+// Limiter's lease, which neither a pause of the other dimensions (spent
+// at the provider all the same) nor one in the bucket would hold: the
 // whole key is paused then, the lease with it (Limiter.Report).
 func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []throttle.Exhausted) bool {
 	if t.cost == nil {
@@ -1064,11 +1038,10 @@ func fits(ctx context.Context, pause, maxWait, waited, call time.Duration) bool 
 	return ctx.Err() == nil
 }
 
-// roomFor is how long a send of a request with ctx may still wait for its
-// slot, permit or pause so as to leave a call of call (0: none) its time
-// before ctx's deadline (WithCallTime, WithCallTimeLearned), now; 0 when
-// none is left; ok is false when ctx has no deadline. RoundTrip checks
-// it before every send, so that it counts what the sends before took.
+// roomFor is how long a send of a request with ctx may still wait, now,
+// for its slot, permit or pause so as to leave a call of call (0: none)
+// its time before ctx's deadline; 0 when none is left; ok is false when
+// ctx has no deadline.
 func roomFor(ctx context.Context, call time.Duration) (room time.Duration, ok bool) {
 	dl, ok := ctx.Deadline()
 	if !ok {
