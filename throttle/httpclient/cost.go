@@ -126,7 +126,7 @@ func (t *Transport) settle(ctx context.Context, k throttle.Keyed, g *throttle.Co
 	}
 }
 
-// settleOnClose makes resp's body settle est with the usage it reports
+// settleOnClose makes resp's body settle g with the usage it reports
 // when it is closed (see WithCost), for a 2xx answer; any other answer is
 // settled now, as a call that generated nothing.
 func (t *Transport) settleOnClose(ctx context.Context, k throttle.Keyed, resp *http.Response, g *throttle.CostGrant) *http.Response {

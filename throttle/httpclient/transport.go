@@ -63,7 +63,7 @@ const maxPause = time.Hour
 // (with [WithCallTime], the call's time before the deadline, counted
 // after the sends so far) and the request is safe to repeat by net/http's rule (its body can be
 // had again, and its method is idempotent or it carries an
-// Idempotency-Key); [WithRetryAnyMethod] also resends POST, PATCH, PUT and
+// Idempotency-Key or X-Idempotency-Key); [WithRetryAnyMethod] also resends POST, PATCH, PUT and
 // DELETE. Otherwise the limit response itself is returned. The bodies of
 // responses not returned are read (up to 64 KiB) and closed.
 //
@@ -194,7 +194,7 @@ func WithLimitStatuses(codes ...int) Option {
 // WithRetryAnyMethod makes a [Transport] resend, after a provider's pause,
 // requests of any method whose body can be had again, not only those safe
 // to repeat by net/http's rule (GET, HEAD, OPTIONS, TRACE, or an
-// Idempotency-Key header). Use it only for a provider that refuses a
+// Idempotency-Key or X-Idempotency-Key header). Use it only for a provider that refuses a
 // limited request before acting on it. Default: off.
 func WithRetryAnyMethod() Option {
 	return transportOption(func(c *transportConfig) { c.anyVerb = true })
@@ -230,8 +230,9 @@ func WithAnswer(f func(resp *http.Response, a *throttle.Answer)) Option {
 	return transportOption(func(c *transportConfig) { c.answer = f })
 }
 
-// WithLogger sets the logger for a Pause of the bucket that failed.
-// Default: slog.Default(). A nil logger keeps the default.
+// WithLogger sets the logger for what a [Transport] cannot do in the
+// store (a pause, a report or a cost's settling that failed: logged at
+// Warn) and for what it learns of a provider (Info). Default: slog.Default(). A nil logger keeps the default.
 func WithLogger(l *slog.Logger) Option {
 	return transportOption(func(c *transportConfig) {
 		if l != nil {
