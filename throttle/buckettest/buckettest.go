@@ -154,12 +154,10 @@ func Run(t *testing.T, spec Spec) {
 	s, err := newSuite(spec)
 	if err != nil {
 		t.Fatalf("buckettest: %v", err)
-		return
 	}
 	probe := s.New(t)
 	if probe == nil {
 		t.Fatalf("buckettest: Spec.New returned nil")
-		return
 	}
 	for _, c := range checks {
 		if c.applies != nil && !c.applies(s, probe) {
@@ -178,17 +176,14 @@ type check struct {
 	run     func(t *testing.T, s *suite)
 }
 
-func isPauser(_ *suite, b throttle.Bucket) bool {
-	_, ok := throttle.BucketAs[throttle.Pauser](b)
+// offers reports whether b offers T (throttle.BucketAs).
+func offers[T any](_ *suite, b throttle.Bucket) bool {
+	_, ok := throttle.BucketAs[T](b)
 	return ok
 }
 func isCostBucket(s *suite, b throttle.Bucket) bool {
 	_, ok := b.(throttle.CostBucket)
 	return ok && s.CostDimension != ""
-}
-func isRefunder(_ *suite, b throttle.Bucket) bool {
-	_, ok := throttle.BucketAs[throttle.Refunder](b)
-	return ok
 }
 func hasMaxKey(s *suite, _ throttle.Bucket) bool { return s.MaxKeyLen > 0 }
 func noMaxKey(s *suite, _ throttle.Bucket) bool  { return s.MaxKeyLen == 0 }
@@ -202,12 +197,12 @@ var checks = []check{
 	{name: "n above the burst exceeds the limit at once", run: checkExceedsLimit},
 	{name: "n below one is invalid", run: checkInvalidN},
 	{name: "decision fields agree with the decision", run: checkDecisionFields},
-	{name: "pause holds every value sharing the budget", applies: isPauser, run: checkPauseShared},
-	{name: "shorter pause never shortens a longer one", applies: isPauser, run: checkPauseNotShortened},
-	{name: "pause ends after its length", applies: isPauser, run: checkPauseEnds},
-	{name: "pause above MaxPause is clamped", applies: isPauser, run: checkPauseClamped},
-	{name: "pause of zero or less does nothing", applies: isPauser, run: checkPauseZero},
-	{name: "refunds never exceed the guarantee", applies: isRefunder, run: checkRefunds},
+	{name: "pause holds every value sharing the budget", applies: offers[throttle.Pauser], run: checkPauseShared},
+	{name: "shorter pause never shortens a longer one", applies: offers[throttle.Pauser], run: checkPauseNotShortened},
+	{name: "pause ends after its length", applies: offers[throttle.Pauser], run: checkPauseEnds},
+	{name: "pause above MaxPause is clamped", applies: offers[throttle.Pauser], run: checkPauseClamped},
+	{name: "pause of zero or less does nothing", applies: offers[throttle.Pauser], run: checkPauseZero},
+	{name: "refunds never exceed the guarantee", applies: offers[throttle.Refunder], run: checkRefunds},
 	{name: "late give-backs of costs never exceed the guarantee", applies: isCostBucket, run: checkCostGiveBacks},
 	{name: "concurrent takes stay within the guarantee", run: checkConcurrent},
 	{name: "guarantee holds over several intervals", run: checkGuarantee},

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -162,7 +164,7 @@ func (b *budget) checkDecision(key string, n int64, maxWait time.Duration, d thr
 		b.violation("remaining above limit", "Take(%q, n=%d) = %+v: Remaining above Limit", key, n, d)
 	}
 	if d.Limit != 0 && !s.limits[d.Limit] {
-		b.violation("unknown limit", "Take(%q, n=%d) = %+v: Limit is none of the Spec's limits %v", key, n, d, keysOf(s.limits))
+		b.violation("unknown limit", "Take(%q, n=%d) = %+v: Limit is none of the Spec's limits %v", key, n, d, slices.Collect(maps.Keys(s.limits)))
 	}
 	if !b.free(key) {
 		return
@@ -180,14 +182,6 @@ func (b *budget) checkDecision(key string, n int64, maxWait time.Duration, d thr
 	if d.Reset > far {
 		b.violation("reset beyond the horizon", "Take(%q, n=%d) = %+v: Reset more than twice the longest a key takes to be full again (%v)", key, n, d, s.horizon)
 	}
-}
-
-func keysOf(m map[int64]bool) []int64 {
-	var out []int64
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
 
 // now reads the clock the bucket decides on.

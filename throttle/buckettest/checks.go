@@ -57,11 +57,10 @@ func checkAllOrNothing(t *testing.T, s *suite) {
 		b := s.fresh(t)
 		x, y := fmt.Sprintf("x%d", attempt), fmt.Sprintf("y%d", attempt)
 		b.prepare(x, y)
-		if _, ok := b.grant(0, x, pre, "a fresh key grants Burst"); !ok {
-			return
-		}
-		if _, ok := b.grant(0, y, pre, "a fresh key grants Burst"); !ok {
-			return
+		for _, k := range []string{x, y} {
+			if _, ok := b.grant(0, k, pre, "a fresh key grants Burst"); !ok {
+				return
+			}
 		}
 		d, err := b.take(0, y, extra, 0)
 		if err != nil {
@@ -172,14 +171,13 @@ func checkKeysIndependent(t *testing.T, s *suite) {
 // wrapping throttle.ErrInvalidKey and throttle.ErrInvalid that names the
 // key, by Take and Pause, never cut short or sent on to the store.
 func checkLongKey(t *testing.T, s *suite) {
+	b := s.fresh(t)
 	if s.MaxKeyLen == 0 {
-		b := s.fresh(t)
 		k := strings.Repeat("k", 64<<10)
 		b.prepare(k)
 		b.grant(0, k, s.Burst, "a key of 64 KiB, where Spec.MaxKeyLen sets no maximum")
 		return
 	}
-	b := s.fresh(t)
 	base := strings.Repeat("k", s.MaxKeyLen)
 	for _, k := range []string{base + "x", base + "y", base + base} {
 		d, err := b.takeReturns(context.Background(), 0, k, 1, 0)
@@ -598,11 +596,10 @@ func checkConcurrent(t *testing.T, s *suite) {
 }
 
 // checkGuarantee: goroutines take, and wait what refusals name, for
-// several intervals (or, on a fake clock, over many instants, half of
-// them the earliest a refusal named, a few after the key has idled); some
-// accept a reservation; a Pauser is paused for a while. The
-// permits granted keep the guarantee, and every bound of Also, judged on
-// their times. Takes are of one permit for bounds that only hold for
+// several intervals (on a fake clock, over many instants: see
+// fakeRounds); some accept a reservation; a Pauser is paused for a while.
+// The permits granted keep the guarantee, and every bound of Also, judged
+// on their times. Takes are of one permit for bounds that only hold for
 // those (OnePermit), and weighted in a second run otherwise.
 func checkGuarantee(t *testing.T, s *suite) {
 	runs := []load{{goroutines: 6, reserve: true}}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/fnv"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ type load struct {
 	weighted   bool // n from 1 to Burst; otherwise 1
 	reserve    bool // some takes accept a reservation (maxWait > 0)
 	refund     bool // refund some granted permits unused (a Refunder)
-	pause      bool // pause the key for a while, a third of the way through (a Pauser)
+	pause      bool // pause the key for a quarter of an interval, a third of the way through (a Pauser)
 }
 
 // seeded returns a generator whose sequence depends on the test's name
@@ -59,17 +60,16 @@ type recorder struct {
 	mu      sync.Mutex
 	permits []permit
 	// start is the earliest start of a Take recorded, whatever its
-	// outcome: a take whose permits were handed back, or one refused,
-	// may have started the bucket's period before any permit kept.
+	// outcome (see judge).
 	start time.Time
 	// minDelay is the shortest refusal Delay seen since it was last reset.
 	minDelay time.Duration
 }
 
 func (r *recorder) add(lo, hi time.Time, n int64) {
+	r.began(lo)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.startAt(lo)
 	for range n {
 		r.permits = append(r.permits, permit{lo, hi})
 	}
@@ -79,10 +79,6 @@ func (r *recorder) add(lo, hi time.Time, n int64) {
 func (r *recorder) began(lo time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.startAt(lo)
-}
-
-func (r *recorder) startAt(lo time.Time) {
 	if r.start.IsZero() || lo.Before(r.start) {
 		r.start = lo
 	}
@@ -128,9 +124,7 @@ func (b *budget) do(i int, key string, a ask, r *recorder) (throttle.Decision, b
 // then the clock moves on, half the time to the earliest moment a refusal
 // named (as Limiters would wake), otherwise by a random step of up to
 // half an interval, and now and then by up to twice the time a key takes
-// to be full again (an idle key). With l.pause, a third of the way
-// through the key is paused for a quarter of an interval. It returns what
-// the rounds recorded.
+// to be full again (an idle key). It returns what the rounds recorded.
 func (b *budget) fakeRounds(key string, rounds int, l load) *recorder {
 	s, r := b.s, &recorder{}
 	rng := seeded(b.t, 0)
@@ -175,9 +169,8 @@ func (b *budget) fakeRounds(key string, rounds int, l load) *recorder {
 
 // realRun drives key in real time for d: each of l.goroutines goroutines
 // takes, and sleeps what a refusal names (as a Limiter would) or the
-// Delay of a reservation, until d has passed. With l.pause, a third of
-// the way through the key is paused for a quarter of an interval. It
-// returns what the run recorded.
+// Delay of a reservation, until d has passed. It returns what the run
+// recorded.
 func (b *budget) realRun(key string, d time.Duration, l load) *recorder {
 	b.warm(l.goroutines)
 	r := &recorder{}
@@ -231,12 +224,7 @@ func (s *suite) runLength() time.Duration {
 // onePermitOnly reports whether some guarantee holds for takes of one
 // permit only, so that a workload must not mix in weighted takes.
 func (s *suite) onePermitOnly() bool {
-	for _, g := range s.guarantees {
-		if g.OnePermit {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(s.guarantees, func(g Guarantee) bool { return g.OnePermit })
 }
 
 // warmKey is the key the suite warms a bucket's connections on; nothing

@@ -131,10 +131,7 @@ type BucketFactory func(s SLA) (throttle.Bucket, error)
 type Middleware struct {
 	rules   []rule
 	cfg     middlewareConfig
-	log     *slog.Logger
 	limiter logLimiter
-	// storeTimeout bounds each bucket call ([WithStoreTimeout]).
-	storeTimeout time.Duration
 }
 
 type rule struct {
@@ -153,7 +150,6 @@ type Option interface {
 
 type middlewareConfig struct {
 	draft        bool                   // WithDraftHeaders
-	failClosed   bool                   // WithFailurePolicy(throttle.FailClosed)
 	policy       throttle.FailurePolicy // WithFailurePolicy; default FailOpen
 	logger       *slog.Logger           // WithLogger; default slog.Default()
 	storeTimeout time.Duration          // WithStoreTimeout; default throttle.DefaultStoreTimeout
@@ -179,10 +175,7 @@ func WithDraftHeaders() Option {
 // [throttle.FailClosed] answers 503 Service Unavailable. NewMiddleware
 // refuses [throttle.FailLocal], which the Middleware does not implement.
 func WithFailurePolicy(p throttle.FailurePolicy) Option {
-	return middlewareOption(func(c *middlewareConfig) {
-		c.policy = p
-		c.failClosed = p == throttle.FailClosed
-	})
+	return middlewareOption(func(c *middlewareConfig) { c.policy = p })
 }
 
 // WithRefusedHandler sets the handler that answers a refused request,
@@ -266,8 +259,6 @@ func NewMiddleware(slas []SLA, newBucket BucketFactory, tenant func(*http.Reques
 	if tenant == nil {
 		return nil, errs.Invalid("httpserver: NewMiddleware", "tenant", nil, "must return the request's authenticated tenant (see NewMiddleware)")
 	}
-	m.log, m.storeTimeout = m.cfg.logger, m.cfg.storeTimeout
-	m.limiter.every = StoreErrorLogInterval
 	seen := make(map[string]bool, len(slas))
 	for i, s := range slas {
 		if err := validateSLA(s); err != nil {
@@ -365,22 +356,21 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		tenant := tenantKey(rl.tenant(r))
-		// Bounded like a Limiter's call that may not wait, so that a hung
-		// store delays a request by at most the store timeout.
+		// Bounded like a Limiter's call that may not wait: see WithStoreTimeout.
 		tctx, cancel := r.Context(), context.CancelFunc(func() {})
-		if m.storeTimeout > 0 {
-			tctx, cancel = context.WithTimeout(tctx, m.storeTimeout)
+		if m.cfg.storeTimeout > 0 {
+			tctx, cancel = context.WithTimeout(tctx, m.cfg.storeTimeout)
 		}
 		d, err := rl.bucket.Take(tctx, rl.sla.ID+":"+tenant, 1, 0)
 		cancel()
 		if err != nil {
-			if m.cfg.failClosed {
+			if m.cfg.policy == throttle.FailClosed {
 				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
 				return
 			}
 			if r.Context().Err() == nil { // not merely a client gone
 				if n, ok := m.limiter.allow(time.Now()); ok {
-					m.log.Warn("httpserver: Middleware serves requests unlimited: a bucket's store failed", "sla", rl.sla.ID, "requests", n, "err", err)
+					m.cfg.logger.Warn("httpserver: Middleware serves requests unlimited: a bucket's store failed", "sla", rl.sla.ID, "requests", n, "err", err)
 				}
 			}
 			next.ServeHTTP(w, r)
@@ -464,11 +454,9 @@ func cleanPath(p string) string {
 // requests served unlimited since the one before, not sixty thousand.
 const StoreErrorLogInterval = 10 * time.Second
 
-// logLimiter lets one log line through per interval and counts the events
-// in between.
+// logLimiter lets one log line through per StoreErrorLogInterval and
+// counts the events in between.
 type logLimiter struct {
-	every time.Duration
-
 	mu      sync.Mutex
 	last    time.Time
 	skipped int64
@@ -480,7 +468,7 @@ func (l *logLimiter) allow(now time.Time) (int64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.skipped++
-	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+	if !l.last.IsZero() && now.Sub(l.last) < StoreErrorLogInterval {
 		return 0, false
 	}
 	n := l.skipped
@@ -527,10 +515,12 @@ func LocalWindows(clock clockwork.Clock) BucketFactory {
 		if len(s.Tiers) == 0 {
 			return nil, errs.Invalid("httpserver: LocalWindows", "Tiers", "[]", "must have at least one tier")
 		}
+		maxN := s.Tiers[0].Limit
 		for j, t := range s.Tiers {
 			if t.Period <= 0 || t.Limit < 1 {
 				return nil, errs.Invalid("httpserver: LocalWindows", fmt.Sprintf("Tiers[%d]", j), fmt.Sprintf("%+v", t), "must have a positive Period and a Limit of at least 1")
 			}
+			maxN = min(maxN, t.Limit)
 		}
 		w := &localWindow{
 			tiers:     append([]throttle.Tier(nil), s.Tiers...),
@@ -538,10 +528,7 @@ func LocalWindows(clock clockwork.Clock) BucketFactory {
 			clock:     clock,
 			keys:      make(map[string]*windowState),
 			sweepSize: 64,
-			maxN:      s.Tiers[0].Limit,
-		}
-		for _, t := range s.Tiers {
-			w.maxN = min(w.maxN, t.Limit)
+			maxN:      maxN,
 		}
 		return w, nil
 	}
@@ -605,12 +592,8 @@ func (w *localWindow) Take(_ context.Context, key string, n int64, _ time.Durati
 	if !refused {
 		w.grant(st, n, now)
 	}
-	t := w.tiers[report]
-	d := throttle.Decision{Granted: !refused, Limit: t.Limit, Remaining: max(reportLeft, 0), Reset: w.reset(st, report, now)}
-	if refused {
-		d.Delay = delay
-	}
-	return d, nil
+	// delay is 0 unless refused.
+	return throttle.Decision{Granted: !refused, Limit: w.tiers[report].Limit, Remaining: max(reportLeft, 0), Reset: w.reset(st, report, now), Delay: delay}, nil
 }
 
 // state returns key's windowState, creating it. The caller holds w.mu.

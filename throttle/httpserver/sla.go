@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,9 +35,8 @@ type SLAError struct {
 	// File is the file's name, when [LoadSLAs] read it.
 	File string
 	// Line is the 1-based line of the offending field; 0 if unknown. For
-	// a YAML syntax error it is the line the YAML parser reports, which for some
-	// errors is the start of the enclosing block rather than the
-	// offending line itself: look there or just after.
+	// a YAML syntax error it is the line the parser reports, for some
+	// errors the start of the enclosing block: look there or just after.
 	Line int
 	// Field is the path to the offending field, such as
 	// "slas[1].tiers[0].period"; "" for a YAML syntax error.
@@ -83,10 +83,7 @@ func LoadSLAs(name string) ([]SLA, error) {
 	if e, ok := err.(*SLAError); ok {
 		e.File = name
 	}
-	if err != nil {
-		return nil, err
-	}
-	return slas, nil
+	return slas, err // slas is nil with an error
 }
 
 // ParseSLAs reads a limits file (its format is in the package
@@ -100,20 +97,17 @@ func ParseSLAs(data []byte) ([]SLA, error) {
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, &SLAError{Line: 1, Field: "slas", Msg: "the file is empty: want a top-level slas: list"}
-		}
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, syntaxError(err)
+	}
+	if len(doc.Content) == 0 { // io.EOF: no document at all
+		return nil, &SLAError{Line: 1, Field: "slas", Msg: "the file is empty: want a top-level slas: list"}
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
 		return nil, &SLAError{Line: extra.Line, Msg: "a second YAML document: want one"}
 	} else if !errors.Is(err, io.EOF) {
 		return nil, syntaxError(err)
-	}
-	if len(doc.Content) == 0 {
-		return nil, &SLAError{Line: 1, Field: "slas", Msg: "the file is empty: want a top-level slas: list"}
 	}
 	return parseFile(doc.Content[0])
 }
@@ -155,7 +149,7 @@ func mapping(n *yaml.Node, field string, known ...string) (map[string]*yaml.Node
 		if k.Kind != yaml.ScalarNode {
 			return nil, fail(k, field, "keys must be plain names")
 		}
-		if !contains(known, name) {
+		if !slices.Contains(known, name) {
 			return nil, fail(k, sub, "unknown field (want %s)", strings.Join(known, ", "))
 		}
 		if _, dup := out[name]; dup {
@@ -182,15 +176,6 @@ func join(field, name string) string {
 		return name
 	}
 	return field + "." + name
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // scalar returns n's value, refusing a non-scalar or null.

@@ -7,16 +7,10 @@ import (
 	"unicode/utf8"
 )
 
-// Tenant keys. A tenant goes into a bucket key in one of two forms:
-//
-//	<name>                  the tenant as it is (keptAsIs)
-//	sha256:<64 hex digits>  every other tenant, by its SHA-256
-//
-// A name kept as it is never begins with digestPrefix, and a digest
-// always does: the two forms cannot meet, distinct names kept are
-// distinct keys, and distinct digested names are distinct keys unless
-// SHA-256 collides. A tenant who picks its own name (an org slug, an
-// account name a gateway forwards) cannot choose the key of another.
+// Tenant keys (see NewMiddleware): a name kept as it is never begins
+// with digestPrefix, and a digest always does, so the two forms cannot
+// meet and a tenant who picks its own name cannot choose the key of
+// another (unless SHA-256 collides).
 
 // maxTenantLen is the longest tenant used in a key as it is.
 const maxTenantLen = 128

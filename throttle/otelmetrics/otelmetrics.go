@@ -121,10 +121,8 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	// attrs: none. Added to every measurement.
-	attrs []attribute.KeyValue
-	// keyAttr: nil, meaning no key attribute.
-	keyAttr func(string) string
+	attrs   []attribute.KeyValue // WithAttributes; added to every measurement
+	keyAttr func(string) string  // WithKeyAttribute; nil: no key attribute
 }
 
 // WithAttributes adds attributes to every measurement, for example the
@@ -263,7 +261,9 @@ func New(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 		metric.WithDescription("Decisions made without the bucket because its store failed, by failure policy and decision.")); err != nil {
 		return nil, instrumentErr(err)
 	}
-	if err = o.newAdaptive(m); err != nil {
+	if o.adaptive, err = m.Float64Gauge("headway.limiter.adaptive.rate",
+		metric.WithUnit("{permit}"),
+		metric.WithDescription("The fleet's adaptive rate in permits per interval of the bucket, after each change this process made; 0 when not adapting (grants not paced).")); err != nil {
 		return nil, instrumentErr(err)
 	}
 	o.plain = newMeasure(o.with())
@@ -362,7 +362,7 @@ func outcomeOf(err error) int {
 		// A store failure, even one cut by the Limiter's own store
 		// deadline (which wraps context.DeadlineExceeded).
 		return outError
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded): // Canceled is taken above
 		return outCanceled
 	default:
 		return outError
