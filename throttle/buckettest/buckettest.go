@@ -131,6 +131,7 @@ type Guarantee struct {
 	OnePermit bool
 }
 
+// String names g for a test's messages.
 func (g Guarantee) String() string {
 	s := fmt.Sprintf("%v %d per %v", g.Kind, g.Limit, g.Period)
 	if g.Kind == Rate {

@@ -599,8 +599,9 @@ func checkConcurrent(t *testing.T, s *suite) {
 // several intervals (on a fake clock, over many instants: see
 // fakeRounds); some accept a reservation; a Pauser is paused for a while.
 // The permits granted keep the guarantee, and every bound of Also, judged
-// on their times. Takes are of one permit for bounds that only hold for
-// those (OnePermit), and weighted in a second run otherwise.
+// on their times. On a fake clock, a run of one permit per take, and a
+// weighted one when Burst > 1; in real time, one run, weighted unless a
+// bound holds for one permit only (OnePermit).
 func checkGuarantee(t *testing.T, s *suite) {
 	runs := []load{{goroutines: 6, reserve: true}}
 	if s.Burst > 1 {

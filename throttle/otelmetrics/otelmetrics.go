@@ -24,6 +24,7 @@
 //	headway.bucket.calls                counter    {call}      headway.result: granted, refused, error
 //	headway.bucket.call.duration        histogram  s           headway.result, as above
 //	headway.limiter.degraded.decisions  counter    {decision}  headway.policy, headway.granted
+//	headway.limiter.adaptive.rate       gauge      {permit}    the fleet's adaptive rate per interval, 0 when not adapting (Observer.Adapted)
 //
 // Names and units follow OpenTelemetry's semantic-convention rules: a
 // dotted namespace, counts of things named in the plural with a {thing}
