@@ -561,3 +561,51 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// hungBucket's Take waits for its context to end (10 s at most, so that
+// a missing bound fails the test rather than hanging it), and records
+// the deadline it had.
+type hungBucket struct {
+	mu        sync.Mutex
+	deadlines []time.Duration // from the call's start; -1: none
+}
+
+func (b *hungBucket) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (throttle.Decision, error) {
+	left := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok {
+		left = time.Until(dl)
+	}
+	b.mu.Lock()
+	b.deadlines = append(b.deadlines, left)
+	b.mu.Unlock()
+	select {
+	case <-ctx.Done():
+		return throttle.Decision{}, &throttle.BackendError{Op: "take", Err: ctx.Err()}
+	case <-time.After(10 * time.Second):
+		return throttle.Decision{Granted: true, Limit: 1}, nil
+	}
+}
+
+// TestMiddlewareStoreTimeoutBoundsABucketCall: a hung store holds a
+// request at most the store timeout (the bucket call's context ends
+// then), and the request is then answered by the failure policy.
+func TestMiddlewareStoreTimeoutBoundsABucketCall(t *testing.T) {
+	b := &hungBucket{}
+	slas := []httpserver.SLA{getProduct(throttle.Tier{Period: time.Second, Limit: 1})}
+	m, err := httpserver.NewMiddleware(slas, func(httpserver.SLA) (throttle.Bucket, error) { return b, nil },
+		httpserver.TenantHeader("X-Org-Id"), httpserver.WithStoreTimeout(20*time.Millisecond),
+		httpserver.WithFailurePolicy(throttle.FailClosed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := false
+	w := call(m.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served = true })), "GET", "/product/1", "acme")
+	if w.Code != http.StatusServiceUnavailable || served {
+		t.Errorf("status %d, served %v; want 503 and not served (FailClosed)", w.Code, served)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.deadlines) != 1 || b.deadlines[0] < 0 || b.deadlines[0] > 20*time.Millisecond {
+		t.Errorf("the bucket call's deadlines %v from its start; want one of at most 20ms", b.deadlines)
+	}
+}
