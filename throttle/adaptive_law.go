@@ -30,9 +30,7 @@ import (
 //     jitters). After two quiet intervals on the plateau it probes
 //     beyond, by a step that doubles every interval (from 4 % of the
 //     limit), so that a provider that raised its limit again is found in
-//     a few intervals (examples/adaptive: a limit back from 25 to 50 per
-//     second followed within 7 s, where four intervals on the plateau
-//     and steps from 2 % took longer than the 8 s it was given).
+//     a few intervals.
 //   - The rate never goes below the floor (5 % of the ceiling, at least
 //     one permit per interval unless the ceiling is lower) nor above the
 //     ceiling: the configured limit, or a lower limit the provider
@@ -40,13 +38,12 @@ import (
 //     has been refused at the ceiling itself, increases stop at 0.98 of
 //     it: there is nothing above to find, and a provider counting a
 //     sliding or fixed window refuses an even pace at exactly its limit
-//     now and then (network jitter), which cost a refusal on each probe
-//     to the ceiling (a second with 2.1 % refused in examples/adaptive).
+//     now and then (network jitter): each probe to the ceiling would cost
+//     a refusal.
 //   - A refusal with a retry hint (Retry-After and the like) also pauses
-//     the bucket until then; it counts here like one without: a provider
-//     counting a sliding window refuses a token bucket's period-start
-//     bursts with Retry-After at every period's edge, and only pacing
-//     ends that.
+//     the bucket until then; it counts here like one without (see
+//     Answer.Retry: only pacing ends a provider's refusals at every
+//     period's edge).
 //
 // Times are the store's (the Redis server's clock), which may step back (a
 // failover to a node whose clock is behind): a time in the state that lies
@@ -56,10 +53,8 @@ import (
 // Rates are compared in whole thousandths, as the Redis buckets keep them.
 //
 // The law is pure: [adaptLaw] takes the state and the time and returns the
-// next state. Where the state lives is the bucket's business: a bucket that
-// offers a AdaptiveStore (the Redis buckets) keeps it in its shared
-// store, so every instance of the fleet paces at one rate; for any other
-// bucket the Limiter keeps it in memory, for this process alone.
+// next state. Where the state lives: see AdaptiveStore and
+// adaptive_state.go.
 
 // Defaults of the law.
 const (
@@ -90,8 +85,7 @@ type adaptLaw struct {
 }
 
 // floor is the lowest rate a decrease goes to under ceiling c: 5 % of it,
-// at least one permit per interval when c allows one (a ceiling below
-// one permit per interval has a floor of 5 % of it), never below
+// at least one permit per interval when c allows one, never below
 // adaptMinRate.
 func (a adaptLaw) floor(c float64) float64 {
 	if c >= 1 {
@@ -206,14 +200,11 @@ func (a adaptLaw) increase(s AdaptiveState, now time.Time) (AdaptiveState, bool)
 	}
 	ceiling := a.top(s)
 	plateau := min(adaptPlateau*s.Peak, ceiling)
-	// A rate a store rounded down (thousandths, and float error) from the
-	// top is at it.
 	if now.Sub(last) < a.interval || milli(s.Rate) >= milli(ceiling) {
 		return s, clamped
 	}
-	// A store may round the rates it keeps (the Redis buckets keep
-	// thousandths): a rate within a hundredth of the plateau is on it,
-	// or rounding would keep it "approaching" forever.
+	// A rate within a hundredth of the plateau is on it: a store's
+	// rounding would keep it "approaching" forever.
 	base := a.stepBase(s)
 	if milli(s.Rate) < milli(plateau)-10 {
 		s.Rate = min(s.Rate+max(adaptApproach*(plateau-s.Rate), adaptProbe*base), plateau)

@@ -85,9 +85,8 @@ func (l *Limiter) note(st *keyState, s AdaptiveState, sent int64) {
 }
 
 // older reports whether s, read by a store call sent at sent, is older
-// than the view cur: of an earlier version, read by a call sent before
-// cur came back; or cur's own version read again at an earlier store time
-// (nothing newer to learn from it).
+// than the view cur (see note); cur's own version read again at an earlier
+// store time counts as older (nothing newer to learn from it).
 func older(s AdaptiveState, sent int64, cur *adaptView) bool {
 	switch {
 	case s.Version < cur.st.Version:
@@ -320,8 +319,7 @@ func (l *Limiter) paceFailed(w *waiter, st *keyState, cut storeCut, timedOut boo
 		// store's failure all the same.
 		w.failedFairly = true
 	}
-	// A slow or failed store must not let a burst through: pace this
-	// process at its share of the last rate seen.
+	// A slow or failed store must not let a burst through.
 	return l.paceLocal(w, st, remaining)
 }
 

@@ -40,9 +40,8 @@ import (
 // rewrite them alike, and one whose Take waits over an embedded Local
 // must define Immediate() bool { return false }. A wrapper that must see
 // one of those calls has that method itself and passes it on to the
-// wrapped bucket's. A reservation's exact
-// cancellation travels in the Decision ([Decision.Cancel]), so a wrapper
-// that returns the inner Decision keeps it.
+// wrapped bucket's. A reservation's exact cancellation travels in the
+// Decision ([Decision.Cancel]): a wrapper that returns it keeps it.
 //
 // Implementations must be safe for concurrent use.
 type Bucket interface {

@@ -49,10 +49,9 @@ type CostBucket interface {
 // beyond the wait. Give an estimate when the real cost is known only after
 // the call, and correct it with the grant's [CostGrant.Settle].
 //
-// The bucket should be a [CostBucket] (package bucket's Budget), found as
-// the Limiter finds the other optional interfaces (along Unwrap: a wrapper
-// is passed by). Any other bucket keeps one dimension: c
-// must then name exactly one with an amount above 0, and AcquireCost is
+// The bucket should be a [CostBucket] (package bucket's Budget), found
+// with [BucketAs]. Any other bucket keeps one dimension: c must then name
+// exactly one with an amount above 0, and AcquireCost is
 // [Limiter.AcquireN] of that amount.
 //
 // AcquireCost is simpler than Acquire: callers of a key do not queue
@@ -144,9 +143,7 @@ func (g *CostGrant) Settle(ctx context.Context, actual Cost) error {
 	}
 	err := g.l.settleCost(ctx, g, actual)
 	if errors.Is(err, ErrInvalid) {
-		// Refused before anything was sent (a settle-up of more than ten
-		// limits: the wrong units): the grant is still to settle.
-		g.settled.Store(false)
+		g.settled.Store(false) // bad input changed nothing: still to settle
 	}
 	return err
 }
@@ -204,9 +201,8 @@ func (l *Limiter) acquireCost(ctx context.Context, key string, c Cost, maxWait t
 		if !one {
 			return nil, invalid("throttle", "cost", fmt.Sprintf("%q", c.String()), "the bucket keeps one dimension (it is no throttle.CostBucket): name exactly one, or use a bucket of several dimensions such as bucket.NewBudget")
 		}
-		// A grant of the failure policy, or of the caller's held
-		// permits (taken by an earlier call), took nothing from the
-		// bucket for this call: its Settle must give nothing back.
+		// acquire leaves from as is on a grant of the failure policy or
+		// of held permits: nothing charged, so Settle gives nothing back.
 		from := fromPolicy
 		if err := l.acquire(ctx, key, n, maxWait, &from); err != nil {
 			return nil, err

@@ -107,10 +107,8 @@ func (l *Limiter) ask(w *waiter, st *keyState, n, want int64) decision {
 	}
 	c.sent = l.tb.now()
 	if l.cfg.policy == FailLocal && st.out.faulted.Load() {
-		// The call carries what this instance granted locally for the key
-		// (the probe, or the key's first call after it): the first thing
-		// the store does for the key when it answers again is to account
-		// for those permits, before any shared grant of the key here.
+		// The call (the probe, or the key's first call after it) carries
+		// the key's local grants not yet charged (claimDebt).
 		st.out.mu.Lock()
 		c.debt = st.out.claimDebt(c.sent)
 		st.out.mu.Unlock()
@@ -211,11 +209,10 @@ func (o *outageKey) reserveRecovery(n, want, now int64, probe bool) (refusal Dec
 }
 
 // afterShared does FailLocal's accounting after a shared decision c of
-// st's key, in w's wait:
-// the ledger notes the period, a carried debt is settled, what is still
-// owed is taken from the store, and a key that granted locally in the
-// outage is capped for its first shared period. What c reserved of the
-// cap is given back when it granted nothing.
+// st's key: the ledger notes the period, a carried debt is settled, what
+// is still owed is taken from the store (within w's wait), a key that
+// granted locally in the outage is capped for its first shared period,
+// and what c reserved of the cap is given back if c granted nothing.
 func (l *Limiter) afterShared(w *waiter, st *keyState, c *decision) {
 	d := c.Decision
 	if d.Reset > 0 {

@@ -8,46 +8,33 @@ import (
 	"time"
 )
 
-// FailLocal's degraded mode. While the store fails, each instance paces
-// its own grants of a key, evenly, at its share of the key's limit:
-// limit ÷ live instances per interval, one slot every
-// interval·instances/limit. Evenly spaced slots put at most the share in
-// any span of one interval, however the shared bucket aligns its periods,
-// so the fleet grants at most the limit per interval (a sliding limit
-// included) while the store is down. A take of n permits fills n slots and
-// is granted when the last of them has come.
+// FailLocal's degraded mode; [FailLocal] says what it guarantees. While
+// the store fails, each instance paces its own grants of a key evenly, one
+// slot every interval·instances/limit: evenly spaced slots put at most the
+// share in any span of one interval, however the shared bucket aligns its
+// periods (a sliding limit included). A take of n permits fills n slots
+// and is granted when the last of them has come.
 //
-// Where the pacing starts is what keeps the fleet from doubling at the
-// outage's edges:
-//
-//   - The period running when the store failed may have granted most of
-//     the limit already. The key's ledger (periodBound) says the fewest
-//     permits any shared decision of that period reported left
-//     (Remaining), and when the period ends (Reset): the instance takes at
-//     most its share of that, before the period's end. The fewest, not
-//     the last to arrive: answers of one period arrive in no particular
-//     order (concurrent calls, coalesced callers told different figures).
-//   - If the ledger knows no period running when the store failed (an idle
-//     key, or an instance that was refused until the period ended), the
-//     current period's grants are unknown: the instance assumes them all
-//     used, and starts one interval after the store failed, when any
-//     period begun before the failure has ended.
-//   - When the store answers again, the permits granted locally in the
-//     last two intervals are taken from the shared bucket (as far as it
-//     has them) before the key's next shared grant is handed out.
+// Where the pacing starts keeps the fleet from doubling at the outage's
+// edges. The key's ledger (periodBound) keeps the fewest permits any
+// shared decision of the running period reported left, not the last to
+// arrive: answers of one period arrive in no particular order (concurrent
+// calls, coalesced callers told different figures). With no period known
+// when the store failed (an idle key, or an instance that was refused
+// until the period ended), the instance assumes that period's grants all
+// used, and starts one interval after the failure, when any period begun
+// before it has ended. When the store answers again, settle takes the
+// local grants of the last two intervals from it, and the first-back cap
+// (recoveryCap) bounds the first shared period.
 //
 // The limit is the key's own, as its last shared decision reported it (a
 // limit set live per key stays in force, and a key whose limit was lowered
 // below the default is remembered however long it idles); a key never seen
-// uses the default, the limit of keys without a live one (Fallback). The instance count is the bucket's: the Redis
-// buckets report the largest count they saw when they have not heard from
-// the store recently. A share below one permit per interval (more
-// instances than the limit) is refused: evenly spread single permits
-// could still meet in one interval.
-//
-// What stays unbounded without a store: an outage seen by one instance
-// only (a network partition) lets the others go on sharing the full limit
-// while it grants its share; the fleet then grants up to limit·(1 + 1/k).
+// uses the default, the limit of keys without a live one (Fallback). The
+// instance count is the bucket's: the Redis buckets report the largest
+// count they saw when they have not heard from the store recently. A share
+// below one permit per interval (more instances than the limit) is
+// refused: evenly spread single permits could still meet in one interval.
 
 // periodBound is a key's ledger of the shared period running: when it
 // ends and the fewest permits a shared decision of it reported left. Two
@@ -139,11 +126,8 @@ type localShare struct {
 	// with its own permits (see claimDebt); nobody else charges them.
 	carried bool
 	// total counts every local grant of the key; claimed is total when
-	// the carried debt was claimed. A call sent while the store was down
-	// (a probe) claims what was granted until it was sent; what is
-	// granted while it waits for the store is still owed when it returns:
-	// at most after (when capped), the latest of the grants the windows
-	// count.
+	// the carried debt was claimed. Once it is settled, what was granted
+	// after the claim is still owed: at most after (capped; see settled).
 	total, claimed int64
 	capped         bool
 	after          int64
@@ -188,10 +172,9 @@ func (k *localShare) holds(now int64) bool { return k.carried || k.owed(now) > 0
 // take is the share's decision for n permits at now: granted, or refused
 // with the delay until its next slot.
 func (k *localShare) take(n, now int64) Decision {
-	// A take of n fills n slots: it is granted when the last of them has
-	// come (tat is the first free one), and the next take starts after
-	// them. Granted at the first slot instead, takes of 3 with a share of
-	// 5 came 3 slots apart: 6 permits in one interval.
+	// tat is the first free slot; the next take starts after these n.
+	// Granted at the first of them instead, takes of 3 with a share of 5
+	// would come 3 slots apart: 6 permits in one interval.
 	next := k.tat + (n-1)*k.emission
 	if now < k.until && k.budget < n {
 		next = max(next, k.until) // this instance's part of the running period is spent
@@ -253,9 +236,7 @@ func (l *Limiter) localTake(st *keyState, n int64) (d Decision, why string, err 
 		if end := st.out.ledger.end.Load(); end > down {
 			// The period of the ledger was still running when the store
 			// failed: this instance's share of the fewest permits it was
-			// reported to have left, before its end. (Otherwise that
-			// period's grants are unknown: nothing until any period
-			// begun before the failure has ended.)
+			// reported to have left, before its end.
 			nk.tat, nk.until, nk.budget = now, end, st.out.ledger.remaining.Load()/inst
 		}
 		if k != nil {
@@ -369,20 +350,16 @@ func (l *Limiter) settle(w *waiter, key string, owed int64) {
 // their debts, when they come back, would find nothing left to charge:
 // the fleet above the limit by the others' shares. So a key that granted
 // locally in the outage takes from the store, until the end of the first
-// shared period it sees afterwards, at most its share of the limit less
-// what it owed on its return (if the store's first answer refused it, the
-// period it reported is one it cannot take from: the cap goes on through
-// the next, with the share as its room); after that, the shared limit
-// alone decides. When every instance comes back at once, the shares add up
-// to the limit less the debts, as without the cap. Cost: an instance is
-// held to its share even when the others do not use theirs; with demand
-// on one instance of k, it gets 1/k of the limit in that period (or two).
-// A weighted take above the room is refused until the cap ends. The cap
-// counts what is taken from the store, a lease's batch included, so a
-// lease never holds permits the cap would not let out. Known gap: calls of
-// the key already on their way to the store when the first one comes back
-// are not capped (during an outage only the probe asks the store, so this
-// matters when another key's probe ended the outage).
+// shared period it sees afterwards (or the next: recoveryCap), at most its
+// share of the limit less what it owed on its return; after that, the
+// shared limit alone decides. When every instance comes back at once, the
+// shares add up to the limit less the debts, as without the cap; its cost
+// is in [FailLocal]'s doc. A weighted take above the room is refused until
+// the cap ends. The cap counts what is taken from the store, a lease's
+// batch included (see [Leasing]). Known gap: calls of the key already on
+// their way to the store when the first one comes back are not capped
+// (during an outage only the probe asks the store, so this matters when
+// another key's probe ended the outage).
 
 // recoveryCap is a key's room in its first shared period after an outage.
 // When the store's first answer was a refusal (the period it reported is

@@ -9,16 +9,9 @@ import (
 	"github.com/headway-go/headway/internal/nilcheck"
 )
 
-// What a bucket may offer beyond Take.
-//
-// A Limiter, and the Transport of package throttle/httpclient, look for
-// these interfaces on a [Bucket] with [BucketAs], as io.Copy looks for
-// io.WriterTo: a bucket that has the method is used through it, one that
-// lacks it goes without (each interface says what is lost). The buckets of
-// package bucket and [Local] implement those that fit them; a user's own
-// bucket implements what it can, and a wrapper passes each on by calling
-// the wrapped bucket's method, or keeps them all by an Unwrap method (see
-// [Bucket]).
+// What a bucket may offer beyond Take (see [Bucket]). A Limiter, and the
+// Transport of package throttle/httpclient, look for these interfaces with
+// [BucketAs]; a bucket that lacks one goes without (each says what is lost).
 
 // Refunder is implemented by buckets that can take back permits a caller
 // was granted but did not use (a reservation abandoned because the caller's

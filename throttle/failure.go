@@ -45,22 +45,21 @@ const (
 	// in the shared period running when the store failed, an instance
 	// grants at most its share of what that period had left (the fewest
 	// permits its shared decisions of that period reported left, until
-	// the period's end); if it knows nothing
-	// of that period, it grants nothing until one interval after the
-	// failure. A key keeps its own limit (one set live included, as its
-	// last shared decision reported it). When the store answers again,
-	// the permits granted locally in the last two intervals are taken from
-	// the shared bucket before the key's shared grants resume (permits
-	// leased before the outage and handed out during it were the store's
-	// already: they owe nothing), and until
-	// the end of that first shared period the instance takes at most its
-	// share less those permits (the other instances may still be granting
-	// theirs locally: a failover's clients find the new master one by
-	// one). If the store's first answer is a refusal (that period spent,
-	// or held because the store lost it: bucket.TokenBucket), the cap
-	// goes on through the next period, with the share as its room. The
-	// cap costs throughput when demand is uneven: an instance alone in
-	// asking gets its share, not the limit, in that period (or two).
+	// the period's end); if it knows nothing of that period, it grants
+	// nothing until one interval after the failure. A key keeps its own
+	// limit (one set live included, as its last shared decision reported
+	// it). When the store answers again, the permits granted locally in
+	// the last two intervals are taken from the shared bucket before the
+	// key's shared grants resume (leased permits owe nothing: see
+	// [Leasing]), and until the end of that first shared period the
+	// instance takes at most its share less those permits (the other
+	// instances may still be granting theirs locally: a failover's
+	// clients find the new master one by one). If the store's first
+	// answer is a refusal (that period spent, or held because the store
+	// lost it: bucket.TokenBucket), the cap goes on through the next
+	// period, with the share as its room. The cap costs throughput when
+	// demand is uneven: an instance alone in asking gets its share, not
+	// the limit, in that period (or two).
 	//
 	// Bound: while the store fails, the fleet grants at most the shared
 	// limit in any span of one interval, when every instance sees the
@@ -192,8 +191,7 @@ func (l *Limiter) degrade(w *waiter, st *keyState, n int64, err error, outOfTime
 		var lerr error
 		d, why, lerr = l.localTake(st, n)
 		switch {
-		case lerr != nil:
-			// n above one share: this instance cannot grant it alone.
+		case lerr != nil: // n above one share
 			policy, d, derr = FailClosed, Decision{}, fmt.Errorf("%w: %w", lerr, err)
 		case why != "":
 			policy, d = FailClosed, Decision{}

@@ -34,13 +34,12 @@ func (t *timeBase) wall(now int64) time.Time { return t.epoch.Add(time.Duration(
 // keyState is everything a Limiter keeps for one key, one small struct
 // per mechanism, each in its file with its lock rule: the gate where its
 // callers queue after a refusal (gate, gate.go), what it last saw of the
-// key's adaptive rate (adapt, adaptive_state.go), the failure policy's ledger of the
-// shared period, its local share during an outage and the first-back cap
-// after one (out, degraded.go), the lease (lease, lease.go), and the
-// bucket's next place for one permit (next, place.go). No lock
-// guards two of them: a mechanism's lock is never held while another's is
-// taken. One map holds the states, with one rule for forgetting them
-// (keyStates).
+// key's adaptive rate (adapt, adaptive_state.go), the failure policy's
+// ledger of the shared period, its local share during an outage and the
+// first-back cap after one (out, degraded.go), the lease (lease,
+// lease.go), and the bucket's next place for one permit (next, place.go).
+// No lock guards two of them, nor is held while another's is taken. One
+// map holds the states, with one rule for forgetting them (keyStates).
 type keyState struct {
 	key string
 	// refs counts the callers and background tasks using the state; used
@@ -64,8 +63,7 @@ type keyState struct {
 	pausedUntil atomic.Int64
 }
 
-// notePause records a pause of the key until until (on the Limiter's time
-// base), for the callers waiting for their grant's time.
+// notePause records a pause of the key until until (see pausedUntil).
 func (st *keyState) notePause(until int64) { atLeast(&st.pausedUntil, until) }
 
 // atLeast raises a to v if it is below; atMost lowers it if above.
@@ -100,15 +98,12 @@ func spend(a *atomic.Int64, n int64) (left int64, ok bool) {
 }
 
 // holds reports whether st keeps something that must outlive an idle
-// spell: callers queued or a gate closed, a lease with permits, a next
-// place ahead or a give-back under way, a refill
-// or background task running, permits granted locally that the store has
-// not been charged for, a first-back cap, an adaptive rate (kept in memory,
-// or seen in the store within adaptMemory),
-// or a limit lowered live below base, the limit of keys without one of
-// their own (the bucket's Fallback), which the failure policy must keep applying to
-// the key (forgotten, it would fall back to base). A limit raised above
-// base is forgotten: base is the stricter.
+// spell: a mechanism at work or holding something (each one's holds,
+// idle, filling or busy says), an adaptive rate seen in the store within
+// adaptMemory, or a limit lowered live below base, the limit of keys
+// without one of their own (the bucket's Fallback), which the failure
+// policy must keep applying to the key (forgotten, it would fall back to
+// base). A limit raised above base is forgotten: base is the stricter.
 func (st *keyState) holds(now, base int64, wall time.Time) bool {
 	if st.adapt.busy.Load() || !st.gate.idle(now) || st.lease.holds(now) || !st.next.idle(now) {
 		return true
@@ -217,11 +212,9 @@ func (s *keyStates) acquire(key string, now int64) *keyState {
 	return st
 }
 
-// sweepTurn sweeps one more shard in turn, other than sh (the caller's
-// own, nil for key ""), if it is due, so that every shard is swept while
-// any key is used, key "" included, not only the shards of the keys still
-// in use. It costs two atomic operations when the shard is not due, and
-// never waits for a shard's lock.
+// sweepTurn sweeps one more shard in turn (see keyStates), other than sh
+// (the caller's own, nil for key ""), if it is due. It costs two atomic
+// operations when the shard is not due, and never waits for a shard's lock.
 func (s *keyStates) sweepTurn(sh *stateShard, now int64) {
 	if o := &s.shards[s.next.Add(1)%stateShards]; o != sh && now-o.swept.Load() >= s.idle && o.mu.TryLock() {
 		s.sweep(o, now)

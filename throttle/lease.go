@@ -63,10 +63,9 @@ import (
 // out. A pause ([Limiter.Report] with a retry time) drops the key's lease
 // at once.
 type Leasing struct {
-	// Horizon is how far ahead the Limiter leases: each batch is about the
-	// permits the key's demand uses in Horizon. Default (0): 50 ms.
-	// Longer means fewer round trips and more permits held per instance
-	// (more left unused when a period ends); must not be negative.
+	// Horizon is how far ahead the Limiter leases (see above). Default
+	// (0): 50 ms. Longer means fewer round trips and more permits held per
+	// instance (more left unused when a period ends); must not be negative.
 	Horizon time.Duration
 	// TTL bounds how long leased permits stay valid. Default (0): no
 	// bound but the bucket's Decision.Reset, right for token buckets,
@@ -237,10 +236,9 @@ func (ls *lease) measure(prev *leaseBatch, now int64) {
 // The caller holds ls.mu.
 func (ls *lease) want(c *leaseConfig, prev *leaseBatch, need, now int64) int64 {
 	if prev == nil || ls.noLease || prev.placed {
-		// Start small: the first refill fetches only its own. And while
-		// the bucket places the key's permits ahead (the fleet is at its
-		// limit), each caller's permit has a place of its own, as without
-		// leasing: a batch's permits would share one, a burst.
+		// Start small: the first refill fetches only its own. And at the
+		// limit (placed), each caller's permit has a place of its own: a
+		// batch's permits would share one, a burst.
 		return 0
 	}
 	w := min(ls.rate*float64(c.horizon), float64(leaseGrowth*max(prev.size, 1)))
@@ -351,12 +349,9 @@ func (l *Limiter) leased(w *waiter, st *keyState) decision {
 }
 
 // askAtLimit asks the bucket for w's permits alone, placed within w's
-// wait, as a caller without leasing is (askPlaced: the bucket paces them,
-// coalesces concurrent takes into shared round trips, and the key's next
-// place refuses, from memory, a caller whose wait ends before it): at
-// the limit, a batch's permits would share one place, a burst. A grant
-// free at once ends the key's time at its limit: the next refill leases
-// again.
+// wait, as a caller without leasing is (askPlaced; see Leasing): at the
+// limit, a batch's permits would share one place, a burst. A grant free
+// at once ends the key's time at its limit: the next refill leases again.
 func (l *Limiter) askAtLimit(w *waiter, st *keyState) decision {
 	w.ahead = true
 	c := l.askPlaced(w, st)
@@ -433,10 +428,8 @@ func (w *waiter) waitFill(f *leaseFill) error {
 // across a period's end would hand out old permits in a period that also
 // grants its full limit.
 //
-// When the lease books ahead (w.ahead), the bucket places the batch
-// within w's wait, paced as it paces callers without leasing; a refusal
-// beyond the wait is this caller's alone (beyondWait) and does not dry
-// the key.
+// When the lease books ahead (w.ahead), a refusal beyond w's wait is this
+// caller's alone (beyondWait) and does not dry the key.
 func (l *Limiter) refill(w *waiter, st *keyState, prev *leaseBatch, held, want int64) (c decision, again bool) {
 	ls, need := &st.lease, w.n-held
 	restore := func() {

@@ -100,10 +100,9 @@ func New(b Bucket, opts ...LimiterOption) *Limiter {
 	l := &Limiter{bucket: b, cfg: cfg, tb: newTimeBase(cfg.clock)}
 	l.bad = l.validate()
 	l.caps = findCapabilities(b)
-	base := int64(0)
 	if fb := l.caps.fallbacker; fb != nil {
 		limit, interval, _ := fb.Fallback()
-		base, l.interval = limit, max(int64(interval), 0)
+		l.interval = max(int64(interval), 0)
 		l.adapt = adapter{ok: limit >= 1 && interval > 0, base: limit, interval: interval, store: l.caps.adaptive}
 	}
 	if cfg.leasing != nil && l.bad == nil {
@@ -119,7 +118,7 @@ func New(b Bucket, opts ...LimiterOption) *Limiter {
 			limit, _, _ := fb.Fallback()
 			return limit
 		}
-		return base
+		return 0
 	}, l.initState)
 	return l
 }
@@ -204,9 +203,6 @@ func (l *Limiter) release(st *keyState) {
 // (Decision.Margin); a permit it could not hand over by then (a stalled
 // process) is not used: Acquire asks for another within what is left of
 // the wait.
-//
-// A stop given to ctx with [ContextWithWaitStop] ends the wait as ctx's
-// end would, without ending ctx.
 //
 // When ctx carries permits of the same budget that the caller acquired
 // already ([Keyed.ContextWithPermit]), Acquire uses one of them and

@@ -7,10 +7,7 @@ import (
 	"github.com/jonboulle/clockwork"
 )
 
-// Each constructor has its own option type, so that an option given to a
-// constructor that does not read it fails to compile: [LimiterOption] for
-// [New], [LocalOption] for [NewLocal]. [WithClock], read by both, returns
-// a [ClockOption], which is each of them. A nil option is ignored.
+// The option types: see the package doc. A nil option is ignored.
 
 // LimiterOption configures [New]: [WithClock], [WithLogger],
 // [WithObserver], [WithFailurePolicy], [WithStoreTimeout], [WithLeasing].

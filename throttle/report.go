@@ -91,15 +91,15 @@ func (e *AnswerError) Unwrap() error { return e.Err }
 //
 // An answer that says nothing new (a success within the limit) costs
 // nothing: no store call. Report needs the bucket's limit per interval:
-// every bucket of package bucket and [Local] give it (a bucket of
-// your own through a Fallback method, see [Bucket]); for another bucket
-// only the pause applies. It returns the
-// store's errors, if any, joined: the pause and the adaptation are each
-// best effort, and one may have been made when the other failed.
+// every bucket of package bucket and [Local] give it (a bucket of your own
+// through a Fallback method, see [Bucket]); for another bucket only the
+// pause applies. It returns the store's errors, if any, joined: the pause
+// and the adaptation are each best effort, and one may have been made
+// when the other failed.
 //
 // When Report returns nil, the fleet's adaptive state (in the bucket's
-// shared store for the buckets of package bucket, else in l) holds the answer once
-// Report returns: a refusal's decrease is written, or the state already
+// shared store for the buckets of package bucket, else in l) holds the
+// answer: a refusal's decrease is written, or the state already
 // held a decrease made within the interval before it (another caller's
 // report of the same refusals), which counts for it; an advertised limit
 // is the ceiling. l paces by that state from its next call on: a reply of
@@ -118,9 +118,8 @@ func (k Keyed) Report(ctx context.Context, a Answer) error {
 	return k.l.report(ctx, k.key, a)
 }
 
-// maxAnswerPause caps the pause one answer can impose (a provider that
-// names a reset days ahead is most likely wrong), as the Transport and
-// ReadAnswer of package throttle/httpclient cap their own: see Answer.
+// maxAnswerPause caps the pause one answer can impose (see Answer.Retry),
+// as the Transport and ReadAnswer of package throttle/httpclient do.
 const maxAnswerPause = time.Hour
 
 func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
@@ -155,10 +154,7 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 		}))
 	}
 	if ans.Refused {
-		// With a hint or without: a provider that refuses the fleet's
-		// bursts with a retry time is answered by pacing, not only by
-		// pausing. After the advertised limit: the refusal is measured
-		// against it.
+		// With a hint or without, after the advertised limit (see Report).
 		errs = append(errs, l.update(ctx, st, law.refused))
 	}
 	return errors.Join(errs...)

@@ -18,17 +18,12 @@ import (
 // one file per stage:
 //
 //  1. held permits (permit.go): the caller's own, once, before the loop;
-//  2. the gate (gate.go): after a refusal, callers of the key queue until
-//     the time the bucket named, or a give-back of the key outside a
-//     pause, and are let in a few at a time (not
-//     after a refusal beyond the caller's wait from a bucket that places
-//     its permits: the key's next place holds back the shorter waits,
-//     place.go, and the longer ones are placed at once);
+//  2. the gate (gate.go): after a refusal, callers of the key queue and
+//     are let in a few at a time (not after a refusal beyond the caller's
+//     wait from a bucket that places its permits: askPlaced, place.go);
 //  3. the pace (adaptive_state.go): while the key adapts, an evenly spaced slot;
-//  4. the decision (decide.go): from the key's lease (lease.go), the
-//     bucket, or the failure policy; a caller whose wait ends before the
-//     key's next place is refused from memory (place.go); for a Cost, the
-//     CostBucket or the failure policy (cost.go);
+//  4. the decision (decide.go): from the key's lease, the bucket (for a
+//     Cost, its CostBucket: cost.go), or the failure policy;
 //  5. the outcome (here): a grant's time slept out (a bucket that places
 //     its permits names it, Decision.Delay), and the permits handed over
 //     if still within their margin, else given back and asked anew; a
@@ -107,9 +102,7 @@ func (l *Limiter) wait(ctx context.Context, dm demand, maxWait time.Duration) (D
 		defer l.release(st)
 	}
 	w := l.newWaiter(ctx, dm, maxWait, now)
-	if st != nil {
-		w.st = st
-	}
+	w.st = st
 	c, err := l.waitLoop(&w, st)
 	return c.Decision, c.src, err
 }
@@ -194,8 +187,7 @@ func (l *Limiter) lateGrant(late int64) {
 func (w *waiter) usable(st *keyState, c *decision) bool {
 	if c.Delay <= 0 && (c.src == fromLease || c.Margin <= 0) {
 		// Served from memory a moment ago, or with no margin to keep:
-		// nothing to check, and no clock reading (on some hosts 100 ns,
-		// as much as a leased grant costs otherwise).
+		// nothing to check, and no clock reading (see wait).
 		return true
 	}
 	l, now := w.l, w.l.tb.now()
@@ -264,21 +256,12 @@ func (l *Limiter) newWaiter(ctx context.Context, dm demand, maxWait time.Duratio
 // The wait's end is fixed when it starts (newWaiter): w.deadline on the
 // Limiter's clock when measured (maxWait, or ctx's deadline if earlier);
 // a wait of none (maxWait 0) has no end but its store calls' share of the
-// store timeout; Forever has none but ctx's end.
-//
-//   - left: what is left; a grant's time or a refusal's retry time beyond
-//     it fails fast with ErrTimeout (waitLoop, sleepReservation).
-//   - storeCall: each store call (the bucket's Take, the adaptive pace,
-//     FailLocal's settle, a cost's settle) ends a quarter of what is
-//     left, at most storeMargin, before the wait's end, so that the
-//     failure policy can still decide in it.
-//   - bookAhead: how far ahead Take may book (its maxWait).
-//   - gateDeadline: until when the caller queues at its key's gate.
-//   - paceHorizon and paceCall: how far ahead a paced slot may be, and
-//     the pace's store call.
-//   - refillBound: how long the caller waits for another's lease refill.
-//   - storeFailure: what a store call that failed within the wait decides.
-//   - giveBackBound: how long the caller waits to give permits back.
+// store timeout; Forever has none but ctx's end. Each bound is a method
+// below: left (a grant's time or a refusal's retry time beyond it fails
+// fast with ErrTimeout), storeCall (every store call: the bucket's Take,
+// the adaptive pace, FailLocal's settle, a cost's settle), bookAhead,
+// gateDeadline, paceHorizon and paceCall, refillBound, storeFailure and
+// giveBackBound.
 
 // left is what is left of the wait now: to its end when measured, else
 // 0 (a wait of none) or Forever.
@@ -304,10 +287,9 @@ const (
 )
 
 // storeCall returns the context of one store call of w's wait (left of
-// it: w.left(), read by the caller), bounded by the wait's deadline, and
-// the bound: d (0: none of its own) and
-// whether the wait's end set it (budgetBound: the caller's maxWait or
-// ctx's deadline, rather than the store timeout).
+// it: w.left(), read by the caller), its bound d (0: none of its own), and
+// whether the wait's end set d (budgetBound: maxWait or ctx's deadline,
+// rather than the store timeout).
 //
 // A wait that can run out gives each call what is left of it, less a
 // margin of a quarter, at most storeMargin, so that the failure policy can
@@ -440,12 +422,9 @@ func deadlinePassed(ctx context.Context) bool {
 //     no evidence that the store is down (not a probe, and the store did
 //     not fail the wait's pace in time), is a wait that ran out: ErrTimeout;
 //   - else the failure policy answers at once, as a bucket would
-//     (degrade): FailOpen grants now; FailLocal grants now or refuses
-//     with the Delay until this process's next local slot, slept out as
-//     any refusal within the wait (ErrTimeout at once if beyond it);
-//     FailClosed, and FailLocal when it cannot decide, refuse with an
-//     error that also matches ErrTimeout when the call took the rest of
-//     the wait.
+//     (degrade): a refusal's Delay is slept out as any within the wait,
+//     and an error also matches ErrTimeout when the call took the rest
+//     of the wait.
 //
 // A cost's store call neither probes nor begins an outage.
 func (w *waiter) storeFailure(c *decision, st *keyState, cut storeCut, probe bool, err error) {
@@ -545,9 +524,7 @@ func (w *waiter) refillBound() (d time.Duration, ok bool) {
 // of none until the end of its store timeout; a wait that cannot run out
 // the store timeout. Never more than the store timeout: a caller that
 // leaves long before its wait's end (cancelled, or its wait stopped) is
-// not kept for a store that does not answer. (A give-back the caller no
-// longer waits for goes on in the background; with maxGiveBacks of them
-// under way, or to an in-memory bucket, the caller waits for its own.)
+// not kept for a store that does not answer.
 func (w *waiter) giveBackBound() time.Duration {
 	bound := w.l.storeBound()
 	if w.measured || w.noWait() && w.deadline != 0 {
@@ -621,9 +598,7 @@ func (w *waiter) failed(err error) error {
 		return err
 	}
 	if errors.Is(ctxErr, context.DeadlineExceeded) {
-		// The deadline ran out while the bucket was asked (its error may
-		// wrap the deadline or not): a wait that ran out, as the doc
-		// says, ErrTimeout.
+		// The bucket's error may wrap the deadline or not.
 		return fmt.Errorf("%w: the context's deadline passed while the bucket was asked for %s (%w; the bucket: %v)", ErrTimeout, w.what(), context.DeadlineExceeded, err)
 	}
 	if cause := context.Cause(w.ctx); cause != ctxErr || !errors.Is(err, ctxErr) {
