@@ -148,5 +148,5 @@ type Tier struct {
 }
 
 // MaxPause is the longest pause the buckets of this module keep; a longer
-// one is clamped to it (see Pause in [Bucket]).
+// one is clamped to it (see [Pauser]).
 const MaxPause = 365 * 24 * time.Hour

@@ -73,7 +73,8 @@
 //     the caller's wait.
 //   - A cancelled context ends a wait at once; no goroutine outlives a call,
 //     but the Limiter's own updates of the adaptive rate, each at most the
-//     store timeout long ([Limiter.Close] waits for them).
+//     store timeout long, and give-backs of permits unused, each at most
+//     a second ([Limiter.Close] waits for both).
 //   - Bad arguments are refused with an error matching [ErrInvalid] that
 //     names the argument; nothing here panics on user input.
 //   - Acquire returns by the end of the caller's wait even when the

@@ -179,7 +179,8 @@ func (l *Limiter) lateGrant(late int64) {
 // within its margin (Decision.Margin), and, when it waited for its time,
 // with no pause of st's key reported meanwhile (Report with a retry time:
 // the caller must not call the provider in the pause it asked for). Else
-// it gives the grant back and the caller asks anew. A grant past its
+// the caller asks anew; a grant in a pause is given back first, one past
+// its margin is not (it still counts at the bucket). A grant past its
 // margin is one whose store answer came late, or whose caller woke late
 // or was descheduled after the answer (a stalled process, a starved CPU):
 // used now, its call could meet the calls of permits placed an interval
