@@ -10,8 +10,7 @@
 -- ARGV[3]  horizon in µs (≥ 0): reserve only a slot at most this far ahead
 --
 -- Returns {code, delay_us, now_us, state...} where state is the hash's
--- fields r, c, p, s (rates in thousandths of a permit per interval),
--- d, i, x (µs since the epoch) and v (version), 0 when absent:
+-- fields r, c, p, s, d, i, x, v (see adapt_swap.lua), 0 when absent:
 --   code 2: no adaptive state: nothing paced, nothing changed.
 --   code 1: n slots reserved, the first delay_us from now (0: now).
 --   code 0: the first free slot is delay_us away, beyond the horizon;

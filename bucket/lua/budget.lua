@@ -4,17 +4,14 @@
 --
 -- Each dimension is a schedule. A take places the call at one time for
 -- every dimension it names: the earliest at which each has room for its
--- amount, when that is within the wait and at most MARGIN ahead (a call
--- that would come later waits in its caller and asks again then, to be
--- placed with what the calls settled meanwhile: placed ahead, it would
--- hold its whole estimate until then); each records its amount ending at
--- the place plus MARGIN. Costs are not paced: paced by their estimates, a
--- fleet whose calls spend less than estimated would go slower than its
--- limits. A settle corrects a grant in the entry it was recorded in (the
--- take returns its end), while that counts: a give-back takes from it,
--- never below 0; a charge adds to it. Once it has stopped counting, a
--- give-back does nothing and a charge counts from now. A pause of a
--- dimension holds the takes naming it; a shorter never shortens a longer.
+-- amount, when that is within the wait and at most MARGIN ahead; each
+-- records its amount ending at the place plus MARGIN. Costs are not paced
+-- (Budget's doc says why, and why a call is not placed further ahead). A
+-- settle corrects a grant in the entry it was recorded in (the take
+-- returns its end), while that counts: a give-back takes from it, never
+-- below 0; a charge adds to it. Once it has stopped counting, a give-back
+-- does nothing and a charge counts from now. A pause of a dimension holds
+-- the takes naming it; a shorter never shortens a longer.
 --
 -- Guarantee: schedule.lua's, per dimension: at most LIMIT placed in any
 -- span of INTERVAL + MARGIN, net of give-backs; charges come on top, and
@@ -112,8 +109,6 @@ for i, d in ipairs(dims) do
 end
 if held > 0 then return reply(0, held, worst, -1, held) end
 
--- The earliest place at which every dimension has room (p): taken when
--- within the wait and at most MARGIN ahead, else refused, told p.
 open()
 local p = now
 for i, d in ipairs(dims) do

@@ -101,20 +101,17 @@ elseif upTo then
   if n < 1 then n = 1 end
 end
 local new = tat + n * em
-local wait = new - tol - now
-if wait < pl then wait = pl end
+local wait = math.max(new - tol - now, pl)
 
 if wait > maxWait then
-  local rem = math.floor((now + tol - tat) / em)
-  if rem < 0 then rem = 0 end
+  local rem = math.max(math.floor((now + tol - tat) / em), 0)
   return {0, wait, rem, tat - now, live, 0, em, pl, wait}
 end
 
 redis.call('SET', KEYS[1], string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000) + 1)
 local rem = math.floor((now + tol - new) / em)
 if wait < 0 then wait = 0 end
-local nxt = new + em - tol - now
-if nxt < pl then nxt = pl end
+local nxt = math.max(new + em - tol - now, pl)
 local res = {1, wait, rem, new - now, live, n, em, pl, nxt, first}
 for _, d in ipairs(each) do res[#res + 1] = d end
 return res

@@ -32,11 +32,10 @@ local function openSchedule(key, interval, now)
     count = 0, tat = 0, cur = 1, before = 0, stored = {}, added = {}}, Schedule)
   s.head = redis.pcall('LINDEX', key, 0)
   if type(s.head) == 'table' then
-    -- Not a list: the previous version's key (the token bucket's tokens
-    -- before issue 41, a string expiring at its period's end), met during
-    -- an upgrade. Read as no schedule; older is until when its grants may
-    -- still be sent (its Limiters spread them over the period), for the
-    -- caller to count; save replaces the key.
+    -- Not a list: the previous version's token bucket key (a string
+    -- expiring at its period's end), met during an upgrade: read as no
+    -- schedule. older is until when its grants may still be sent (spread
+    -- over the period), for the caller to count; save replaces the key.
     s.head, s.older = nil, now + math.max(redis.call('PTTL', key), 0) * 1000
   end
   s.limit, s.len = 0, 0
@@ -146,12 +145,11 @@ function Schedule:earliest(need, limit)
   end
 end
 
--- lost counts limit permits ending at known (µs), the latest end a
+-- lost counts limit permits ending at known (µs), the latest end the
 -- caller's instance was given, in the schedule born at born (0: unknown),
--- when the schedule lacks it: Redis lost it (an empty restart, a
--- failover, the key deleted), and the permits that end may belong to are
--- unknown. The schedule lacks it when it ends before known, or was born
--- since (begun again by an instance that knew nothing of the loss).
+-- when Redis lost that end, and how many permits it held (an empty
+-- restart, a failover, the key deleted): when the schedule ends before
+-- known, or was born since (begun again by one that knew nothing of it).
 function Schedule:lost(known, born, limit)
   if known <= 0 or known + self.interval <= self.now then return end
   if self.last == nil or known > self.last[1] or born > 0 and born ~= self.born then
@@ -170,7 +168,6 @@ function Schedule:save()
   local key = self.key
   if self.older then redis.call('DEL', key) end
   local hdr = string.format('%d %d %d %d %d %d', self.count, math.ceil(self.tat), self.cur - self.gone, self.before, self.limit, self.born)
-  local last = self.last
   for i, x in pairs(self.stored) do -- before the trim below: indices as read
     if x.dirty and i > self.gone then
       redis.call('LSET', key, i, string.format('%d %d', x[1], x[2]))
@@ -184,18 +181,16 @@ function Schedule:save()
   for i = 1, #push, 1000 do -- in chunks: unpack() takes at most 8000 values
     redis.call('RPUSH', key, unpack(push, i, math.min(i + 999, #push)))
   end
-  if not self.head then
-    -- the header went first, with the entries
-  elseif self.gone > 0 then
+  if self.head and self.gone > 0 then
     redis.call('LTRIM', key, self.gone + 1, -1)
     redis.call('LPUSH', key, hdr)
-  else
+  elseif self.head then
     redis.call('LSET', key, 0, hdr)
   end
-  if last then
+  if self.last then
     -- Rounded up, and a millisecond more: Redis sets the expiry on its
     -- clock truncated to the millisecond.
-    redis.call('PEXPIRE', key, math.ceil((last[1] + self.interval - self.now) / 1000) + 1)
+    redis.call('PEXPIRE', key, math.ceil((self.last[1] + self.interval - self.now) / 1000) + 1)
   else
     redis.call('DEL', key) -- nothing counts any more
   end
@@ -208,10 +203,8 @@ function Schedule:reset()
 end
 
 -- giveBack takes c permits that will not be sent off the entry they were
--- counted in (find: the one of the slot of e, their recorded end), never
--- below 0. The permits of a place that has passed unused can be given
--- back without harm: no call was made for them. It returns how many it
--- took off (0 when the entry has stopped counting).
+-- counted in (find: that of e's slot, e their recorded end), never below
+-- 0; it returns how many it took off (0 when the entry stopped counting).
 function Schedule:giveBack(e, c)
   local i, x = self:find(e)
   if i == nil then return 0 end

@@ -28,16 +28,13 @@
 -- than its lease.
 --
 -- Every script begins with generation() (which calls silence()) and ends
--- with keep() then publish(), after its last write: a user without the
--- channel's rights (Redis 7 gives new users none) gets no wake-ups, but
--- the script's writes all happen, the keys keep their time to live and
--- the script succeeds. Instances then learn of their promotions from their renewals
--- (slots_renew.lua).
+-- with keep() then publish(), after its last write: without the channel's
+-- rights (Redis 7 gives new users none) only the wake-ups are lost, and
+-- instances learn of their promotions from their renewals (slots_renew.lua).
 --
 -- gone(m) tells that member m has left (released, or gave up): a renewal
--- or a Hold's script of m that reaches Redis after the release (its
--- client gave up on it, but it was on its way) must not put it back, or
--- the slot would stay taken by nobody for a lease.
+-- or a Hold's script of m still on its way at the release must not put it
+-- back, or the slot would stay taken by nobody for a lease.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cap = tonumber(ARGV[1])
@@ -65,12 +62,10 @@ end
 -- lost are still in their calls, and their renewals put them back, each
 -- within lease/3 of Redis answering again plus its round trip (at most
 -- min(lease/3, 1 s)): span. Until then the free slots are not free: no
--- Hold takes one, no waiter is promoted. It is called by the first script
--- that can tell of the loss: one that finds the cap's generation gone or
--- new (generation()), or holders' leases that ended while no script ran
--- for longer than span (silence()), a renewal that finds a member missing
--- (slots_renew.lua), a Hold whose instance's witness is missing
--- (slots_hold.lua). frozen() tells until when (ms), or false.
+-- Hold takes one, no waiter is promoted. The first script that can tell
+-- of the loss calls it (each of generation(), silence(), evicted(),
+-- slots_renew.lua, slots_hold.lua says how it tells). frozen() tells until
+-- when (ms), or false.
 local third = math.floor(lease / 3)
 local span = third + math.min(third, 1000)
 
@@ -99,24 +94,21 @@ end
 -- span (since at, the last one's server time, nil if unknown) and a
 -- holder's lease ended in that silence (a holder's end in (at, now],
 -- looked at before tidy() drops it). A live holder renews every lease/3:
--- a silence that long means that Redis did not answer (paused, a
--- failover, the network) or that every process that used the cap
--- stopped; the holders whose leases ended in it may be live and cut
--- off, in their calls, their renewals on their way. The generation
--- cannot tell: Redis kept it. Nor can an instance with nothing in the
--- key: it would take their slots. A waiter's lease that ended in the
--- silence frees no slot (a waiter holds none; a waiter promoted before
--- it is a holder, in KEYS[1]), and its renewal queues it again. The
--- cost: a cap whose holders all died (processes killed) and that nobody
--- used since is closed for span at its next script, as if they lived.
+-- so long a silence means that Redis did not answer (paused, a failover,
+-- the network) or that every process using the cap stopped; the holders
+-- whose leases ended in it may be live, cut off in their calls, their
+-- renewals on their way. Neither the generation (Redis kept it) nor an
+-- instance with nothing in the key (it would take their slots) can tell.
+-- A waiter's lease that ended in the silence frees no slot (a waiter
+-- holds none; one promoted before it is a holder, in KEYS[1]), and its
+-- renewal queues it again. (What it costs: see Concurrency's doc.)
 --
--- A silence of at most span counts too for a holder whose lease ended
--- at least lease - span after its start: its renewal was then due
--- (with its round trip) after the last script, and the silence may
--- have cut it off (a renewal late within its allowance, then Redis out
--- until just after the lease's end). A holder whose lease ends sooner
--- after the last script (its renewal overdue by more, while others used
--- the cap) is one whose process alone is cut off: not told.
+-- A shorter silence counts too for a holder whose lease ended at least
+-- lease - span after at: its renewal was then due (with its round trip)
+-- after the last script, and the silence may have cut it off (late
+-- within its allowance, then Redis out until just after the lease's
+-- end). A holder whose lease ends sooner (its renewal overdue by more,
+-- while others used the cap) is cut off alone: not told.
 local function silence(at)
   if not at then
     return
@@ -142,20 +134,19 @@ local function evicted(e, m)
   end
 end
 
--- generation() returns the cap's generation, and tells from it whether
--- Redis lost the cap since the caller last heard of it; it records the
+-- generation() returns the cap's generation, tells from it whether Redis
+-- lost the cap since the caller last heard of it, and records the
 -- script's time (field at) after silence() looked at the last one's. The
 -- first script that finds none creates one, unique (the server's time in
--- µs, then the arrival counter), and every reply carries it; it outlives
--- the other keys' idle expiry (two leases) by far: max(1 h, 4 leases),
--- refreshed by every script, never shortened. An instance remembers it
--- per key, and passes it (ARGV[4]) while the key's generation can still
--- be there: a script that then finds none, or another one created less
--- than a freeze ago, knows that Redis lost the cap (restarted empty, a
--- failover that lost the key, keys deleted) while holders of it may be
--- live: freeze() from the moment the generation was created. An instance
--- that remembers none (new, or idle longer than that) cannot tell: as
--- before the loss, it takes a free slot.
+-- µs, then the arrival counter); every reply carries it. It lives
+-- max(1 h, 4 leases), far past the other keys' idle expiry (two leases),
+-- refreshed by every script, never shortened. An instance passes the one
+-- it remembers of the key (ARGV[4]) while it can still be there: a script
+-- that then finds none, or another one created less than a freeze ago,
+-- knows that Redis lost the cap (restarted empty, a failover that lost the
+-- key, keys deleted) while holders of it may be live, and freezes from the
+-- generation's creation. An instance that remembers none (new, or idle
+-- longer than that) cannot tell: as before the loss, it takes a free slot.
 local genTTL = math.max(3600000, 4 * lease)
 
 local function generation()
@@ -220,14 +211,13 @@ local function publish()
 end
 
 -- keep() records the latest lease end of the holders and its holder (see
--- evicted()). It lets the keys of an idle cap vanish two leases after the last
--- write: by then every lease in them has ended. The holders (KEYS[1])
--- stay as long as the record of the last script (KEYS[6]): silence()
--- must find the holders whose leases ended while Redis was out for
--- longer than two leases. (Holders that all released leave no key.) It
--- never shortens a key's time to live, so that an instance with a
--- shorter lease (a rolling deploy) cannot make the keys vanish under the
--- holders of a longer one.
+-- evicted()), and lets the keys of an idle cap vanish two leases after the
+-- last write, when every lease in them has ended; the holders (KEYS[1])
+-- stay as long as the record (KEYS[6]), for silence() to find those whose
+-- leases ended while Redis was out for longer than two leases. (Holders
+-- that all released leave no key.) It never shortens a key's time to live:
+-- an instance with a shorter lease (a rolling deploy) cannot make the keys
+-- vanish under the holders of a longer one.
 local function keep()
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   if #last == 2 then
@@ -236,10 +226,7 @@ local function keep()
     redis.call('HSET', KEYS[6], 'end', 0)
   end
   for i = 1, 5 do
-    local ttl = 2 * lease
-    if i == 1 then
-      ttl = genTTL
-    end
+    local ttl = i == 1 and genTTL or 2 * lease
     if redis.call('PTTL', KEYS[i]) < ttl then
       redis.call('PEXPIRE', KEYS[i], ttl)
     end

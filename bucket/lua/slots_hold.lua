@@ -6,12 +6,11 @@
 --          "wait": else join the queue (or stay in it)
 -- ARGV[7]  a witness: another member of the asking instance that Redis
 --          had told it holds a slot or waits, and that has not left ("":
---          none). Redis has lost members if it has no record of it
---          (neither the generation nor silence() can tell when the
---          member's lease ended while its instance alone was cut off
---          from Redis, others using the cap, or when a failover lost the
---          member's write but not the generation): the cap then admits
---          nobody new until the renewals put them back (see freeze()).
+--          none). If Redis has no record of it, it lost members, and
+--          the cap admits nobody new until the renewals put them back
+--          (see freeze()): a loss neither the generation nor silence()
+--          tells (the member's instance alone cut off from Redis while
+--          others used the cap; a failover that lost its write only).
 --
 -- Returns {generation, 1, 0} when the member holds a slot (its lease ends
 -- lease ms from now, or earlier if it was promoted from the queue),

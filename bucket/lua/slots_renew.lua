@@ -9,18 +9,15 @@
 -- slot after the script: those promoted since they last looked, whose
 -- wake-up may not have come (lost, or no channel rights).
 --
--- A holder's lease is extended, and a holder Redis no longer has (it
--- restarted empty, a failover lost the write, or its lease ended while
--- its process was cut off) is put back: its call is still running, and
--- the cap must count it. A waiter Redis no longer has joins the queue
--- again, at its end. Either loss freezes the cap to newcomers until the
--- other instances' renewals have put theirs back. The instance never
--- renews a member that has left (released, or gave up), nor one whose
--- Hold has not had its first reply; a renewal that reaches Redis after a
--- member's release (it was on its way) skips the member, gone.
--- The renewal also tidies and promotes, so the slot of a dead holder goes
--- to the queue's head within one renewal period of its lease's end, even
--- with no other activity.
+-- A holder's lease is extended; a holder Redis no longer has (it
+-- restarted empty, a failover lost the write, or the lease ended while
+-- its process was cut off) is put back, as its call still runs, and a
+-- waiter Redis no longer has joins the queue again, at its end. Either
+-- loss freezes the cap (see freeze()). The instance renews no member that
+-- has left, nor one whose Hold has not had its first reply; one released
+-- while this renewal was on its way is gone, and skipped. It also tidies
+-- and promotes: a dead holder's slot goes to the queue's head within a
+-- renewal period of its lease's end, even with no other activity.
 local gen = generation()
 tidy()
 local n = tonumber(ARGV[5])
@@ -47,7 +44,6 @@ for i = 6, #ARGV do
   end
 end
 if lost then
-  -- Redis lost members: the other instances' renewals are on their way
   freeze()
 end
 promote()

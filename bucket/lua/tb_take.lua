@@ -1,12 +1,10 @@
 -- tb_take.lua: give permits of a token bucket their places in time (after
 -- schedule.lua, which says what a place and a schedule are).
 --
--- A take places its permits at the earliest time at which the schedule
--- leaves room for them, within the caller's wait. An idle key grants its
--- whole limit at once; a caller that can wait for it is paced besides, at
--- INTERVAL/LIMIT per permit after the previous paced place (the
--- schedule's tat), so that a crowd goes at the limit's pace rather than in
--- bursts an interval apart.
+-- A take places its permits at the earliest time the schedule leaves
+-- room for them, within the caller's wait. An idle key grants its whole
+-- limit at once; a caller that can wait is paced besides (see
+-- TokenBucket), at INTERVAL/LIMIT per permit after the last paced place.
 --
 -- Guarantee: schedule.lua's, at most LIMIT places in any span of
 -- INTERVAL + MARGIN; a refused take changes nothing but dropping entries
@@ -134,8 +132,6 @@ for i = #out + 1, upTo and n or 1 do
   end
 end
 while out[#out] == -1 do out[#out], ends[#ends] = nil, nil end
--- After the places given: the earliest one more permit could have (n
--- for a refused all-or-nothing take).
 if refused or #out > 0 then later = (s:earliest((upTo or not refused) and 1 or n, limit) or now + interval) - now end
 if s:changed() then s:save() end
 local res = {#out > 0 and 1 or 0, limit, upTo and limit - s.count or math.max(limit - s.count, 0), s:reset(), now, later, s.born}

@@ -1,10 +1,11 @@
--- window.lua: fixed windows aligned to the server's clock, one or more
--- tiers that must all pass (FixedWindow is one tier, Tiers several).
+-- window.lua: fixed windows aligned to the epoch on the server's clock
+-- (start = now - now mod length, now its TIME), one or more tiers that
+-- must all pass (FixedWindow is one tier, Tiers several).
 --
 -- KEYS[1]    pause key of the budget (see pause.lua)
 -- KEYS[1+i]  tier i's counter: a hash {w = window start (µs since the Unix
---            epoch), c = permits granted in that window}, expiring at the
---            window's end
+--            epoch), c = permits granted in that window, l = its limit,
+--            fixed by its first grant}, expiring at the window's end
 -- ARGV[1]    n, permits asked (integer ≥ 1), all or nothing. A negative
 --            value -k asks for up to k (coalesced callers): as many as
 --            every tier has room for, from 1 to k.
@@ -14,18 +15,12 @@
 --            string set by an operator (SetLimit); when present it
 --            replaces ARGV[2i] from the next window on (read only)
 --
--- A window's limit is fixed by its first grant and kept in its hash
--- (field l), so a live change applies from the next window.
---
--- Windows are aligned to the epoch: start = now - now mod length, with now
--- the server's TIME.
---
 -- Returns {granted, delay_us, remaining, reset_us, limit}, the last three
--- for the tier with the fewest permits left; granted 2: refused, and n is
--- above some tier's limit in force, so it can never pass in this window. Denied: delay_us is when every
--- full tier's window has ended (or the pause). A sixth element is the
--- permits granted; a seventh, when granted, the wait for one more permit
--- after them (0 if one is free at once).
+-- for the tier with the fewest permits left. Denied: delay_us is when
+-- every full tier's window has ended (or the pause); granted 2: n is
+-- above some tier's limit in force and can never pass in this window. A
+-- sixth element is the permits granted; a seventh, when granted, the wait
+-- for one more permit after them (0 if one is free at once).
 --
 -- Guarantee: for each tier, at most limit permits per aligned window; all
 -- tiers or none are charged, and a denied call charges nothing.
