@@ -15,7 +15,8 @@
 -- Returns {generation, 1, 0} when the member holds a slot (its lease ends
 -- lease ms from now, or earlier if it was promoted from the queue),
 -- {generation, 0, -1} when "try" found none ({generation, 0, -1, ms} when
--- the cap is closed after a loss, for ms more), {generation, 0, ms} when the
+-- the cap is closed after a loss, for ms more) or the member has left
+-- already (its Hold gave up: nobody reads it), {generation, 0, ms} when the
 -- member waits in the queue: ms is how long until the earliest holder's
 -- lease ends (or the cap is no longer frozen), the latest time to look
 -- again if no wake-up comes.
