@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,14 +71,13 @@ const maxDimensions = 16
 // the call. A negative amount (the call used less) is taken back from the
 // grant's entry while it still counts, never below 0, so an over-estimate
 // does not idle the budget; once the entry has stopped counting, a
-// give-back does nothing
-// (given to later calls, it would count twice). A
+// give-back does nothing (given to later calls, it would count twice). A
 // positive amount (the call used more) is added to the grant's entry while
 // it counts, else counted from now. Over all its calls, a grant's Settle
-// gives back at most what the grant took of a dimension plus what it was
-// charged since (a second Settle, or a give-back beyond the take, is cut
-// to that). A settle-up above ten times a dimension's Limit is refused as
-// an error in the caller's units (ErrInvalid), nothing charged. A grant's
+// gives back at most what it took of a dimension plus what it was charged
+// since (a second Settle, or a give-back beyond the take, is cut to that).
+// A settle-up above ten times a dimension's Limit is refused as an error
+// in the caller's units (ErrInvalid), nothing charged. A grant's
 // Decision.Cancel gives all it holds back the same way (a Limiter's, for a
 // grant its caller cannot use).
 //
@@ -85,22 +85,17 @@ const maxDimensions = 16
 // failure policy (FailLocal refuses: several dimensions have no local
 // share). Redis losing a key's schedules (an empty restart, a failover to
 // a replica that had not received them, keys deleted) is met as a
-// TokenBucket meets it, per dimension: each instance remembers, per key
-// and dimension, the end of the latest grant it was given, and a call that
-// finds the dimension's schedule without it counts its Limit there (at
-// most an Interval of grants lost, once per loss). An instance that knew
-// nothing of the key cannot tell. A step back of the server's clock only
+// [TokenBucket] meets it, per key and dimension (at most an Interval of
+// grants lost, once per loss). A step back of the server's clock only
 // keeps grants counting longer.
 //
-// Take(n) takes n of the dimension named "requests" if there is one,
-// else of the first. Budget implements [throttle.Bucket] and
+// Budget implements [throttle.Bucket] (see [Budget.Take]) and
 // [throttle.CostBucket]; a Limiter can pause it for the whole fleet (every
 // dimension of a key, or, from the accounting headers the Transport of
 // throttle/httpclient reads, only the dimensions a provider names
-// exhausted), and it gives FailLocal Take's dimension's limit. It takes no
-// refunds (a refund does not say which grant it gives back): a grant is
-// given back by its Decision.Cancel or Settle. It is safe for concurrent
-// use.
+// exhausted). It takes no refunds (a refund does not say which grant it
+// gives back): a grant is given back by its Decision.Cancel or Settle. It
+// is safe for concurrent use.
 type Budget struct {
 	common
 	dims     []Dimension
@@ -215,14 +210,11 @@ func (b *Budget) amounts(field string, c throttle.Cost, take bool) ([]int64, boo
 }
 
 func (b *Budget) names() string {
-	s := ""
-	for i, d := range b.dims {
-		if i > 0 {
-			s += ", "
-		}
-		s += fmt.Sprintf("%q", d.Name)
+	var s []string
+	for _, d := range b.dims {
+		s = append(s, strconv.Quote(d.Name))
 	}
-	return s
+	return strings.Join(s, ", ")
 }
 
 // keysOf lists the keys of the budget under tag: the whole budget's pause,
@@ -238,14 +230,7 @@ func (b *Budget) keysOf(tag string) []string {
 
 // keys returns the keys of key's budget.
 func (b *Budget) keys(key string) ([]string, error) {
-	if key == "" {
-		return b.rootKeys, nil
-	}
-	tag, err := b.ks.tag(b.name, key)
-	if err != nil {
-		return nil, err
-	}
-	return b.keysOf(tag), nil
+	return b.budgetKeys(key, b.rootKeys, b.keysOf)
 }
 
 // endsKey names dimension i of key in b.ends.
@@ -353,12 +338,11 @@ type budgetGrant struct {
 	took throttle.Cost
 }
 
-// settle is the grant's Decision.Settle. Over all its calls, a grant gives
-// back at most what it took of a dimension (plus what it was charged
-// since): a give-back beyond is cut to that, so a grant settled twice, or
-// with a give-back larger than its take, never hands its entry what other
-// grants took. A give-back whose round trip failed counts as given (it may
-// have reached Redis); a charge counts once Redis confirmed it.
+// settle is the grant's Decision.Settle, cut as the type's doc says, so
+// that a grant settled twice, or with a give-back larger than its take,
+// never hands its entry what other grants took. A give-back whose round
+// trip failed counts as given (it may have reached Redis); a charge counts
+// once Redis confirmed it.
 func (g *budgetGrant) settle(ctx context.Context, delta throttle.Cost) error {
 	if _, _, err := g.b.amounts("delta", delta, false); err != nil {
 		return err
@@ -400,11 +384,10 @@ func (g *budgetGrant) cancel(ctx context.Context) error {
 	return g.settle(ctx, back)
 }
 
-// settle changes key's dimensions by delta for a grant recorded at ends
-// (µs on the server's clock, per dimension; nil: unknown), in one round
-// trip (see the type's doc). Amounts of 0 change nothing, and a delta of
-// nothing sends nothing. A charge above ten times a dimension's limit is
-// refused (ErrInvalid), nothing charged.
+// settle changes key's dimensions by delta (checked by amounts) for a
+// grant recorded at ends (µs on the server's clock, per dimension; nil:
+// unknown), in one round trip (see the type's doc). Amounts of 0 change
+// nothing, and a delta of nothing sends nothing.
 func (b *Budget) settle(ctx context.Context, key string, ends []int64, delta throttle.Cost) error {
 	amt, some, err := b.amounts("delta", delta, false)
 	if err != nil || !some {

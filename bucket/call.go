@@ -22,13 +22,12 @@ import (
 // client was built with ContextTimeoutEnabled, so unless it was, Take runs
 // its round trips in a goroutine and returns at the deadline with a
 // [*throttle.BackendError] wrapping the context's error. That goroutine
-// ends when go-redis gives up on its own: after the client's ReadTimeout
-// (default 3 s) per round trip for a server that stopped answering, at
-// once for a closed connection;
-// go-redis does not retry once the context has ended. With a ReadTimeout
-// of -1 (no timeout) it lasts as long as the server stalls. A client with
-// ContextTimeoutEnabled needs no goroutine and none is started: that is the
-// recommended setting.
+// ends when go-redis gives up on its own (it does not retry once the
+// context has ended): after the client's ReadTimeout (default 3 s) per
+// round trip for a server that stopped answering, at once for a closed
+// connection; with a ReadTimeout of -1, as long as the server stalls. A
+// client with ContextTimeoutEnabled needs no goroutine and none is
+// started: that is the recommended setting.
 //
 // No double spending: go-redis resends a command after some failures (a
 // reset connection, EOF, a timeout; MaxRetries, 3 by default), including a
@@ -42,10 +41,8 @@ import (
 // that the Limiter's failure policy handles. This costs nothing per call:
 // no extra key, no extra command.
 //
-// Heartbeats: at most once per beat interval (see [WithHeartbeat]), a take
-// carries, pipelined in the same round trip, a heartbeat that records the
-// instance in the bucket's instance set and reads how many instances are
-// live; the bucket remembers that count for the Limiter's FailLocal.
+// Heartbeats (see [WithHeartbeat]): a heartbeat due goes pipelined with a
+// take, in the same round trip (eval).
 
 //go:embed lua/heartbeat.lua
 var srcHeartbeat string
@@ -251,9 +248,7 @@ func bounded(ctx context.Context, c *common, key string, f func(context.Context)
 
 // Fallback implements [throttle.Fallbacker]: the constructor's limit per
 // interval (that of every key without a live limit of its own, see
-// [TokenBucket.SetLimit]), and the live instances last counted. A
-// throttle.Limiter under throttle.FailLocal limits this instance with
-// its share while Redis is down.
+// [TokenBucket.SetLimit]), and the live instances last counted.
 func (b *TokenBucket) Fallback() (int64, time.Duration, int64) {
 	return b.limit, us(b.intervalUs), b.calls.instances()
 }
@@ -308,12 +303,11 @@ func tightest(tiers []throttle.Tier) (int64, time.Duration) {
 // tests, which wait for it to reach 0 before checking for leaks.
 func (c *common) inflight() int64 { return c.calls.inflight.Load() }
 
-// Check checks Redis with one round trip, for [throttle.Limiter.Check]: the heartbeat
-// that takes carry now and then, which records this instance in the
-// bucket's set of live instances and reads how many are live. So it tells
-// whether Redis answers (for a service's readiness probe, through
-// throttle.Limiter.Check), and, once it has, a Limiter's FailLocal knows
-// this instance's share even before its first take. It returns by ctx's
+// Check checks Redis with one round trip, for [throttle.Limiter.Check] (a
+// service's readiness probe): the heartbeat that takes carry now and then,
+// which records this instance in the bucket's set of live instances and
+// reads how many are live, so that a Limiter's FailLocal knows this
+// instance's share even before its first take. It returns by ctx's
 // deadline, with a [*throttle.BackendError] when Redis fails.
 func (c *common) Check(ctx context.Context) error {
 	_, err := bounded(ctx, c, "", func(ctx context.Context) (throttle.Decision, error) {

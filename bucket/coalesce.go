@@ -13,9 +13,7 @@ import (
 	"github.com/headway-go/headway/throttle"
 )
 
-// Coalesced takes: what they do and guarantee, and where the permit of a
-// caller that gave up goes, is in the package doc ("Coalesced takes");
-// one lost counts as stranded.
+// Coalesced takes: what they do and guarantee is in the package doc.
 
 // upTo is one coalesced call's answer: got callers are granted, the first
 // got unless delays says otherwise (caller i's Delay is delays[i] when
@@ -85,10 +83,7 @@ func (u *upTo) eachCaller(places []int64) {
 // group (the batch's least wait, maxWait, then bounds each caller). A
 // caller is so placed within its own wait, and refused a place only when
 // that place is past its wait, or within grid of its wait's end and past
-// a shorter wait in its group. Buckets whose places are a millisecond or
-// more apart pass a grid of a microsecond; faster ones a millisecond: under
-// load a batch's waits differ by microseconds, and sent one each, they
-// cost a third of the throughput.
+// a shorter wait in its group. grid: see waitGrid.
 func waitGroups(waits []time.Duration, grid time.Duration, conv func(time.Duration) int64) []any {
 	var args []any
 	var group time.Duration
@@ -111,7 +106,9 @@ func waitGroups(waits []time.Duration, grid time.Duration, conv func(time.Durati
 }
 
 // waitGrid is waitGroups' grid for places spacing apart: a millisecond
-// when they are closer than that, else a microsecond.
+// when they are closer than that (under load a batch's waits differ by
+// microseconds, and sent one each, they cost a third of the throughput),
+// else a microsecond.
 func waitGrid(spacing time.Duration) time.Duration {
 	if spacing < time.Millisecond {
 		return time.Millisecond
@@ -182,9 +179,8 @@ type line struct {
 	q         []*queuedTake
 	since     time.Time // when the call in flight began
 	bypassing bool      // a caller asks around a stuck call (at most one)
-	// watch, while callers are queued, checks whether the call in flight
-	// has stalled (see watchStall): one timer for the line, not one per
-	// caller.
+	// watch checks, while callers are queued, whether the call in flight
+	// has stalled (watchStall): one timer per line, not per caller.
 	watch    *time.Timer
 	watching bool // watch is set to fire
 }
@@ -275,8 +271,7 @@ func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duratio
 	}
 	stalled := c.stallAfter - now.Sub(ln.since)
 	if stalled <= 0 && !ln.bypassing {
-		// The call in flight is stuck (a stalled store, a dead
-		// connection): ask on our own, one caller at a time.
+		// The call in flight is stuck: ask around it (see stallAfter).
 		ln.bypassing = true
 		s.mu.Unlock()
 		return b.bypass(ctx, s, ln, key, one)
@@ -303,12 +298,11 @@ func (b *common) coalesced(ctx context.Context, key string, maxWait time.Duratio
 	return fresh(a.d, a.at), a.err
 }
 
-// watchStall sets ln's watch to fire after d (s.mu held): then, if the
-// call in flight has run stallAfter or longer and nobody asks around it,
-// the first caller still waiting is told to (one at a time, never a
-// crowd: that would fill the connection pool); while callers wait, it
-// looks again every stallAfter/4 at least. Callers that gave up leave the
-// line then. It ends with the line, or when nobody in it waits.
+// watchStall sets ln's watch to fire after d (s.mu held): then callers
+// that gave up leave the line and, if the call in flight has run
+// stallAfter or longer and nobody asks around it, the first caller still
+// waiting is told to (see stallAfter); while callers wait, it looks again
+// every stallAfter/4 at least. It ends with the line, or when nobody waits.
 func (b *common) watchStall(s *shard, key string, ln *line, d time.Duration) {
 	ln.watching = true
 	if ln.watch != nil {
@@ -415,12 +409,10 @@ func (b *common) run(s *shard, key string, ln *line, many roundTrip) {
 	}
 }
 
-// serve makes one coalesced call for batch and hands out its answer. For
-// a bucket that places each caller within its own wait (byWait), the
-// batch goes in order of the wait its callers have left, least first
-// (arrival order when their waits are alike): the earliest places go to
-// those who can wait least, and the bucket refuses only those its places
-// do not fit. Otherwise it goes in arrival order.
+// serve makes one coalesced call for batch and hands out its answer. The
+// batch goes in arrival order, or for a byWait bucket least wait left
+// first (see the package doc): the earliest places go to those who can
+// wait least.
 func (b *common) serve(s *shard, ln *line, key string, batch []*queuedTake, many roundTrip) {
 	now := time.Now()
 	if b.co.byWait {

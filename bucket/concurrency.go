@@ -44,13 +44,12 @@ const defaultSlotLease = 10 * time.Second
 const slotCallTimeout = time.Second
 
 // WithLease sets how long a [Concurrency] slot, or a place in its queue,
-// outlives its holder: a live holder renews its lease every lease/3 in
-// the background, so a long call keeps its slot; a holder that died
-// (process killed, network lost) gives its slot back at most one lease
-// after its last renewal. Default: 10 s. A shorter lease frees the slots
-// of dead holders sooner and costs more renewals (one round trip per key
-// held, per lease/3, per process). It must be between 30 ms and
-// [MaxInterval].
+// outlives its holder's last renewal; a live holder renews every lease/3
+// in the background (see [Concurrency]). Default: 10 s. A shorter lease
+// frees the slots of dead holders sooner and costs more renewals: one
+// round trip per key held, per lease/3, per process, 16 at a time, so a
+// process holding slots of thousands of keys at once needs a longer
+// lease. It must be between 30 ms and [MaxInterval].
 func WithLease(d time.Duration) ConcurrencyOption {
 	return concurrencyOnly(func(c *config) { c.slotLease = d })
 }
@@ -129,16 +128,15 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // long, whichever instance sent it (new, idle or busy), while the live
 // holders' renewals put them back. The record and the holders' entries
 // last max(1 h, 4 leases) past the last script: a longer outage goes
-// untold. The cost: a cap whose
-// holders all stopped without a release (processes killed) and that
-// nobody used since looks the same, and its next Hold waits that long
-// (4.3 s with the default lease; a Hold with maxWait 0 fails with
-// [throttle.ErrTimeout]), once. A silence shorter than that counts too
-// for a holder whose renewal was due after it began (late within its
-// round trip, then cut off). A cap whose holders released and an idle
-// one pay nothing; one with live renewals too, except that with a lease
-// under 6 s a killed holder's lease ending about a renewal period after
-// the last script closes it once.
+// untold. The cost: a cap whose holders all stopped without a release
+// (processes killed) and that nobody used since looks the same, and its
+// next Hold waits that long, once (4.3 s with the default lease; with
+// maxWait 0 it fails with [throttle.ErrTimeout]). A silence shorter than
+// that counts too for a holder whose renewal was due after it began (late
+// within its round trip, then cut off). A cap whose holders released and
+// an idle one pay nothing; one with live renewals too, except that with a
+// lease under 6 s a killed holder's lease ending about a renewal period
+// after the last script closes it once.
 //
 // What stays open: a holder whose process alone loses Redis for longer
 // than a lease, while others use the cap, loses its slot while its call
@@ -152,15 +150,11 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // the first script that closed the cap: go-redis, after PoolSize failed
 // dials in a row (a failover, a restart), refuses new connections and
 // probes once a second, which a lease under 3 s does not cover; its slot
-// can then be taken until its renewal lands (measured with a 300 ms
-// lease, a Sentinel failover and PoolSize 3: 4 calls in flight against a
-// cap of 2, 6 of 6 runs; with the default pool, 1 run in about 33). On a
-// busy machine, whatever the pool: a renewal's round trip is cut at
-// min(lease/3, 1 s), and a client's first connection to the new master
-// can take longer while newcomers' Holds, which have 1 s, get through
-// (PoolSize 1000, two busy loops on 2 cores: 3 calls in flight against
-// a cap of 2, 1 run in about 23). With a lease of 3 s or more, the
-// renewal has 1 s like a Hold.
+// can then be taken until its renewal lands. On a busy machine, whatever
+// the pool: a renewal's round trip is cut at min(lease/3, 1 s), and a
+// client's first connection to the new master can take longer while
+// newcomers' Holds, which have 1 s, get through. With a lease of 3 s or
+// more, the renewal has 1 s like a Hold. (docs/limits.md measures both.)
 // Redis evicting one of the cap's keys (a maxmemory policy: every key
 // of the cap has a time to live, so volatile-* ones may pick any): the
 // holders' key (<tag>:slots) closes the cap at the next script, which
@@ -171,9 +165,7 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // deploy from a version before <tag>:slots-gen, the previous version's
 // processes neither record nor check it: what is said here of Redis out
 // longer than a lease, an empty restart and an eviction holds once every
-// process runs this one. Renewals are one round trip per
-// key held, 16 at a time, within lease/3: a process holding slots of
-// thousands of keys at once needs a longer lease.
+// process runs this one.
 //
 // A release makes one round trip to Redis (at most a second, after a
 // renewal of that slot already on its way); if it fails, the slot comes
@@ -554,8 +546,7 @@ func (s *Concurrency) renew() {
 		}
 		s.mu.Unlock()
 		// Keys renewed side by side, a few at a time: in series, the
-		// renewals of many keys held at once did not fit in lease/3,
-		// and the later keys' leases ended under live holders.
+		// renewals of many keys held at once may not fit in lease/3.
 		ctx, cancel := context.WithTimeout(s.life, min(s.lease/3, slotCallTimeout))
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, renewParallel)
@@ -615,8 +606,7 @@ func (s *Concurrency) subscribe() <-chan struct{} {
 
 // listen subscribes to this instance's wake-up channel, outside every
 // lock (opening the connection may stall), and delivers wake-ups to the
-// waiters they name until Close. A message lost while the connection is
-// down costs a waiter at most the time until its process's next renewal.
+// waiters they name until Close (a lost one: see Concurrency's doc).
 func (s *Concurrency) listen(ps *redis.PubSub, ready chan struct{}) {
 	defer s.wg.Done()
 	// An error here (a failed dial) needs nothing: go-redis keeps the
@@ -687,14 +677,13 @@ func (s *Concurrency) wake(ids []string) {
 	}
 }
 
-// Check checks Redis with one round trip, for a readiness probe: an empty
+// Check checks Redis with one round trip, for a readiness probe (call it
+// at start to hear of missing rights before the first wait): an empty
 // wake-up published on this instance's own channel. It returns a
-// [*throttle.BackendError] when Redis does not answer (by ctx's
-// deadline, at most a second), and nil when it does, even when the
-// Redis user may not publish on the channel: the cap still holds, its
-// waiters learn of their slots from renewals; Check then logs, once, a
-// warning that says what the user lacks. Call it at start (a readiness
-// probe) to hear of it before the first wait.
+// [*throttle.BackendError] when Redis does not answer (by ctx's deadline,
+// at most a second), and nil when it does, even when the Redis user may
+// not publish on the channel (the cap still holds: see [Concurrency]);
+// Check then logs, once, a warning that says what the user lacks.
 func (s *Concurrency) Check(ctx context.Context) error {
 	err := s.call(ctx, "check", s.channel, func(ctx context.Context) error {
 		return s.c.rdb.Publish(ctx, s.channel, "").Err()

@@ -80,13 +80,13 @@
 // caller in line that can (for a bucket other than the TokenBucket and
 // GCRA, whose permits carry their times, one in line before the batch's
 // call was sent: its permits count from when the store decided them, and
-// every grant is decided after its caller asked), or, if none is left, is lost as an abandoned uncoalesced call's
-// permit is. A key's batches run on a goroutine of its
-// own that ends when no caller is left in line; each call ends at the
-// latest a few milliseconds after the latest deadline of its callers.
-// When a call in flight has not returned for 50 ms (a dead connection),
-// one caller of its key at a time asks Redis around it; the others stay
-// in line.
+// every grant is decided after its caller asked), or, if none is left, is
+// lost as an abandoned uncoalesced call's permit is. A key's batches run
+// on a goroutine of its own that ends when no caller is left in line; each
+// call ends at the latest a few milliseconds after the latest deadline of
+// its callers. When a call in flight has not returned for 50 ms (a dead
+// connection), one caller of its key at a time asks Redis around it; the
+// others stay in line.
 //
 // # Keys and Redis Cluster
 //
@@ -98,11 +98,10 @@
 //	<prefix>:{<key>/<tenant>}:<kind>  a per-call key
 //
 // kind is tb and tb:limit (TokenBucket: tb is the schedule of its
-// permits' places, which expires when the last of them stops counting),
-// fw:<µs> and
-// fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog), gcra
-// and gcra:limit (GCRA), ctr and ctr:lock (Counter), budget (Budget: one
-// hash for every dimension), slots, slots-queue, slots-waiting,
+// permits' places, expiring when the last of them stops counting), fw:<µs>
+// and fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog),
+// gcra and gcra:limit (GCRA), ctr and ctr:lock (Counter), budget (Budget:
+// one hash for every dimension), slots, slots-queue, slots-waiting,
 // slots-seq, slots-gone and slots-gen (Concurrency; slots and slots-gen
 // live max(1 h, 4 leases) past the last call), and pause for every
 // bucket; under the constructor's tag only, every bucket also writes live
@@ -149,17 +148,15 @@
 // ContextTimeoutEnabled, the round trip goes on in a goroutine until the
 // client's ReadTimeout). Build the client with ContextTimeoutEnabled: true:
 // that bound then costs nothing, where otherwise each call pays for a
-// goroutine. A take is never charged twice: scripts go out as
-// commands go-redis must not resend once they may have reached the server,
-// so a take whose reply was lost fails (and the failure policy decides)
-// instead of running again. Each instance beats, piggybacked on a take at
-// most once a second, into a sorted set of live instances, and gives the
-// Limiter's FailLocal the count last seen ([WithHeartbeat]).
+// goroutine. A take is never charged twice: scripts go out as commands
+// go-redis must not resend once they may have reached the server, so a
+// take whose reply was lost fails (and the failure policy decides) instead
+// of running again. A Limiter's FailLocal shares the limit among the live
+// instances, counted by heartbeats piggybacked on takes ([WithHeartbeat]).
 //
-// Constructors refuse bad configuration with an error wrapping
-// [throttle.ErrInvalid] that names the field. Take refuses n above what the
-// bucket can ever grant with [throttle.ErrExceedsLimit], without a round
-// trip. Redis failures come back as [*throttle.BackendError].
+// Constructors refuse bad configuration with an error naming the field,
+// wrapping [throttle.ErrInvalid]; Take refuses n above what the bucket
+// can ever grant with [throttle.ErrExceedsLimit], without a round trip.
 //
 // # Options
 //

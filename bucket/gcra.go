@@ -26,10 +26,9 @@ import (
 // to maxWait ahead and answers Granted with Delay = the time until it; the
 // Limiter sleeps exactly that long, so waiters are served in order and
 // nobody polls. A reservation the caller abandons is not given back: GCRA
-// takes no refunds, because a refund cannot tell
-// which of several queued reservations it frees, and freeing one in the
-// middle of the queue would put two permits in one slot. An abandoned
-// slot only costs throughput.
+// takes no refunds, as a refund cannot tell which of several queued
+// reservations it frees, and freeing one in the middle of the queue would
+// put two permits in one slot. An abandoned slot only costs throughput.
 //
 // Its rate can be changed live, for the whole fleet, with [GCRA.SetLimit];
 // the change applies at once.
@@ -116,9 +115,8 @@ func (b *GCRA) run(ctx context.Context, key string, n int64, maxWait time.Durati
 		return upTo{}, exceeds(b.name, max(n, -n), limit) // the burst in force is below n
 	}
 	rest := throttle.Decision{Delay: us(r[8]), Limit: limit, Remaining: 0, Reset: us(r[3])}
-	// With a burst above the limit more than Limit permits can be free
-	// at once; Remaining, for rate-limit headers, never says more than
-	// Limit.
+	// A burst above the limit can free more than Limit permits at once;
+	// Remaining, for rate-limit headers, never says more.
 	if r[0] != 1 {
 		rest.Remaining = min(r[2], limit)
 		return upTo{granted: rest, rest: rest}, nil

@@ -23,16 +23,10 @@ const MaxKeyLen = 512
 // maxPrefixLen bounds WithPrefix.
 const maxPrefixLen = 64
 
-// Key layout. Every key a bucket touches for one budget shares one hash tag:
-//
-//	<prefix>:{<base>}:<kind>          the constructor's key (Take key "")
-//	<prefix>:{<base>/<key>}:<kind>    the budget of a per-call key
-//
-// <base> and <key> are percent-escaped ('%' → %25, '{' → %7B, '}' → %7D, and
-// in <base> also '/' → %2F), so no user key can end the hash tag early or
-// make two budgets share a name. Each per-call key has its own tag, so
-// tenants spread over a cluster's slots, while the keys of one budget
-// (tokens, lock, pause) stay in one slot for the scripts.
+// Key layout: see the package doc ("Keys and Redis Cluster"). escKey
+// escapes a per-call key, escBase the constructor's ('/' too: it parts
+// base and key), so that no user key can end the hash tag early or make
+// two budgets share a name.
 var (
 	escKey  = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 	escBase = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D", "/", "%2F")
@@ -57,11 +51,22 @@ func (k keyspace) tag(pkg, key string) (string, error) {
 		return k.root, nil
 	}
 	if len(key) > MaxKeyLen {
-		// A per-call key (a tenant's): that call's problem, not the
-		// configuration's.
 		return "", errs.InvalidKey(pkg, fmt.Sprintf("%.32q… (%d bytes)", key, len(key)), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
 	}
 	return k.prefix + "/" + escKey.Replace(key) + "}", nil
+}
+
+// budgetKeys returns the keys of key's budget: root, built once for key
+// "" (the hot path), or of(its tag).
+func (c *common) budgetKeys(key string, root []string, of func(tag string) []string) ([]string, error) {
+	if key == "" {
+		return root, nil
+	}
+	tag, err := c.ks.tag(c.name, key)
+	if err != nil {
+		return nil, err
+	}
+	return of(tag), nil
 }
 
 // common holds what every bucket shares: the client, the key layout, the

@@ -5,10 +5,7 @@ import (
 	"time"
 )
 
-// Each constructor has its own option type, so that an option given to a
-// constructor that does not read it fails to compile. An option read by
-// several constructors implements several of these interfaces. A nil
-// option is ignored.
+// Option types: see the package doc ("Options"). A nil option is ignored.
 
 // TokenBucketOption configures [NewTokenBucket]: [WithPrefix],
 // [WithHeartbeat], [WithArrivalMargin].
@@ -115,14 +112,9 @@ func (commonOption) gcraOption()        {}
 func (commonOption) counterOption()     {}
 func (commonOption) slidingLogOption()  {}
 
-type prefixOption func(*config)
+// prefixOption is read by every bucket and by a Concurrency.
+type prefixOption struct{ commonOption }
 
-func (f prefixOption) apply(c *config)  { f(c) }
-func (prefixOption) tokenBucketOption() {}
-func (prefixOption) budgetOption()      {}
-func (prefixOption) gcraOption()        {}
-func (prefixOption) counterOption()     {}
-func (prefixOption) slidingLogOption()  {}
 func (prefixOption) concurrencyOption() {}
 
 type concurrencyOnly func(*config)
@@ -136,11 +128,9 @@ func (f leaderOption) apply(c *config) { f(c) }
 func (leaderOption) counterOption()    {}
 func (leaderOption) resetterOption()   {}
 
-type loggerOption func(*config)
+// loggerOption is read by a Counter's resetters and by a Concurrency.
+type loggerOption struct{ leaderOption }
 
-func (f loggerOption) apply(c *config)  { f(c) }
-func (loggerOption) counterOption()     {}
-func (loggerOption) resetterOption()    {}
 func (loggerOption) concurrencyOption() {}
 
 type retryOption func(*config)
@@ -201,7 +191,7 @@ func newConfig[O interface{ apply(*config) }](opts []O) config {
 // must be non-empty, at most 64 bytes, and contain no '{' or '}' (they would
 // change the keys' cluster hash slot); constructors refuse it otherwise.
 func WithPrefix(p string) PrefixOption {
-	return prefixOption(func(c *config) { c.prefix = p })
+	return prefixOption{func(c *config) { c.prefix = p }}
 }
 
 // WithLogger sets the logger for rare events: a Resetter's winning or
@@ -210,11 +200,11 @@ func WithPrefix(p string) PrefixOption {
 // Default: slog.Default(). Nothing is logged per permit or per slot. A
 // nil logger keeps the default.
 func WithLogger(l *slog.Logger) LoggerOption {
-	return loggerOption(func(c *config) {
+	return loggerOption{func(c *config) {
 		if l != nil {
 			c.logger = l
 		}
-	})
+	}}
 }
 
 // WithBurst sets how many permits a [GCRA] bucket may grant at once after a
@@ -224,10 +214,8 @@ func WithBurst(n int64) GCRAOption {
 	return gcraOnly(func(c *config) { c.burst = n })
 }
 
-// WithLeaderLease sets a [Resetter]'s leadership lease: the Redsync mutex's
-// expiry, extended every lease/3 while the leader is alive. When the leader
-// dies without releasing it, another Resetter takes over within about one
-// lease. Default: 1 s. It must be at least 30 ms.
+// WithLeaderLease sets a [Resetter]'s leadership lease, the Redsync
+// mutex's expiry (see Resetter). Default: 1 s. It must be at least 30 ms.
 func WithLeaderLease(d time.Duration) LeaderOption {
 	return leaderOption(func(c *config) { c.lease = d })
 }
@@ -249,8 +237,7 @@ func WithRetry(d time.Duration) RetryOption {
 // [NewTokenBucket], [NewBudget]: the margin of every permit
 // (Decision.Margin); a Limiter that cannot hand a permit to its caller
 // within it takes another. Default: [DefaultArrivalMargin] (of the
-// shortest dimension's Interval, for a Budget). [NewSlidingLog]: default
-// 0.
+// shortest dimension's Interval, for a Budget); [NewSlidingLog]: 0.
 //
 // It costs throughput: at most interval/(interval+d) of the limit is used
 // (10 ms on a 1 s interval: 1 %). Set it above the store's round trip and

@@ -9,9 +9,8 @@ import (
 // The Lua scripts, one per file under lua/, each with a header comment
 // giving its KEYS/ARGV contract and its guarantee; a script built on a
 // library file (schedule.lua) is that file and its own, in that order
-// (uses). They run with EVALSHA; go-redis's Script.Run falls back to EVAL
-// (which loads the script) when the server answers NOSCRIPT, as it does
-// after a restart or a failover.
+// (uses). Most go out through eval or evalNoRetry (call.go); the others
+// with Script.Run (EVALSHA, and EVAL after NOSCRIPT: a restart, a failover).
 var (
 	//go:embed lua/schedule.lua
 	srcSchedule string

@@ -161,12 +161,9 @@ func (c *common) state(ctx context.Context, key, kind string, def int64, interva
 	return st, s, err
 }
 
-// State reads key's budget ("" for the constructor's key): the limit
-// configured, the permits that count now (granted within the last interval
-// and its margin, or placed ahead), the permits that could be had at
-// once, the time until the last of them stops counting, the pause left and
-// the live instances. It takes two round trips (the budget's keys, then
-// the instances) and changes nothing.
+// State reads key's budget ("" for the constructor's key), as [State]
+// says for a TokenBucket. It takes two round trips (the budget's keys,
+// then the instances) and changes nothing.
 func (b *TokenBucket) State(ctx context.Context, key string) (State, error) {
 	st, s, err := b.state(ctx, key, ":tb", b.limit, us(b.intervalUs))
 	if err != nil {
@@ -200,10 +197,8 @@ func (b *TokenBucket) State(ctx context.Context, key string) (State, error) {
 	return st, nil
 }
 
-// State reads key's budget ("" for the constructor's key): the limit
-// configured and the running window's, the permits granted and left in
-// it, the time until it ends, the pause left and the live instances. It
-// takes two round trips and changes nothing.
+// State reads key's budget ("" for the constructor's key), as [State]
+// says for a FixedWindow. It takes two round trips and changes nothing.
 func (b *FixedWindow) State(ctx context.Context, key string) (State, error) {
 	t := b.windows.tiers[0]
 	st, s, err := b.windows.state(ctx, key, b.windows.kinds[0], t.Limit, us(ceilUs(t.Period)))
@@ -225,11 +220,8 @@ func (b *FixedWindow) State(ctx context.Context, key string) (State, error) {
 	return st, nil
 }
 
-// State reads key's budget ("" for the constructor's key): the rate
-// configured (in force at once), the permits that could be had at once,
-// those still counted against the burst, the time until the bucket is full
-// again, the pause left and the live instances. It takes two round trips
-// and changes nothing.
+// State reads key's budget ("" for the constructor's key), as [State]
+// says for a GCRA. It takes two round trips and changes nothing.
 func (b *GCRA) State(ctx context.Context, key string) (State, error) {
 	st, s, err := b.state(ctx, key, ":gcra", b.limit, us(b.ivUs))
 	if err != nil {

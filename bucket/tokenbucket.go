@@ -37,8 +37,7 @@ import (
 // crowd goes at the limit's even pace rather than in bursts a window apart.
 // The schedule is one Redis list per key (entries of the permits' ends, a
 // slot of at most interval/256 each), read and written by one script: one
-// round trip per take. Concurrent takes of one permit for a key in one
-// process share one round trip (coalesced, see the package doc).
+// round trip per take (coalesced: see [TokenBucket.Take]).
 //
 // Redis losing a key's schedule (an empty restart, a failover to a replica
 // that had not received it, the key deleted) would let the whole limit
@@ -93,15 +92,14 @@ func (b *TokenBucket) noteRTT(d time.Duration) {
 
 // latestEnds remembers, per key, the end (place plus margin) of the latest
 // permit this instance was given, and when the schedule that holds it was
-// born, in µs on the clock of the Redis server that gave it, so that a
-// take can tell tb_take.lua of a schedule the server has lost (one that
-// ends before it, or was born since). No clock of this machine is
-// involved. An entry is
+// born, in µs on the clock of the Redis server that gave it (none of this
+// machine's), so that a take can tell tb_take.lua of a schedule the server
+// has lost (one that ends before it, or was born since). An entry is
 // useless once its permit has stopped counting (an interval after its
 // end); each shard is swept when it has doubled since its last sweep, so
 // the map holds about the keys taken from in the last interval. Sharded
-// by key, so that takes of many keys do not queue on one lock.
-// The zero latestEnds is ready to use.
+// so that takes of many keys do not queue on one lock. The zero
+// latestEnds is ready to use.
 type latestEnds struct {
 	shards [endShards]endShard
 }
@@ -174,9 +172,8 @@ func (p *latestEnds) note(key string, end, born, stale int64) {
 // per interval.
 //
 // limit must be at least 1 and interval at least 1 ms. Options:
-// [WithPrefix], [WithHeartbeat], [WithArrivalMargin] (default: a
-// hundredth of the interval, at least 5 ms and at most a tenth of the
-// interval).
+// [WithPrefix], [WithHeartbeat], [WithArrivalMargin] (default:
+// [DefaultArrivalMargin]).
 func NewTokenBucket(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...TokenBucketOption) (*TokenBucket, error) {
 	const name = "bucket: NewTokenBucket"
 	c, err := newCommon(name, rdb, key, opts)
@@ -241,22 +238,10 @@ func (b *TokenBucket) Take(ctx context.Context, key string, n int64, maxWait tim
 	return b.takeBy(ctx, key, n, b.limit, maxWait, b.run)
 }
 
-// keys returns the keys of key's budget.
-func (b *TokenBucket) keys(key string) ([]string, error) {
-	if key == "" {
-		return b.rootKeys, nil
-	}
-	tag, err := b.ks.tag(b.name, key)
-	if err != nil {
-		return nil, err
-	}
-	return tbKeys(tag), nil
-}
-
 // run is one round trip of tb_take.lua; n < 0 asks for up to -n permits.
 // The answer for an all-or-nothing take is in granted (also when refused).
 func (b *TokenBucket) run(ctx context.Context, key string, n int64, maxWait time.Duration, waits []time.Duration) (upTo, error) {
-	keys, err := b.keys(key)
+	keys, err := b.budgetKeys(key, b.rootKeys, tbKeys)
 	if err != nil {
 		return upTo{}, err
 	}
