@@ -108,10 +108,11 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // them, keys deleted), the cap closes to newcomers for lease/3 plus a
 // renewal's round trip, the time the live holders' renewals need to put
 // them back, from the first script of any instance that used the key
-// within the last 54 minutes (nine tenths of max(1 h, 4 leases)): the
-// keys carry a generation that every reply tells and every instance
-// passes back (it remembers those of at most 16384 keys), and a script
-// that finds it gone, or new, knows that Redis lost the cap. A renewal,
+// within nine tenths of max(1 h, 4 leases) (54 minutes for leases up to
+// 15 minutes): the keys carry a generation that every reply tells and
+// every instance passes back (it remembers those of at most 16384
+// keys), and a script that finds it gone, or new, knows that Redis lost
+// the cap. A renewal,
 // or a Hold of an instance that holds or waits in the key, that finds a
 // member of its own missing does the same. The cap then admits nobody
 // until the holders are fewer than capacity. Only Holds of instances that

@@ -100,8 +100,9 @@
 // kind is tb and tb:limit (TokenBucket: tb is the schedule of its
 // permits' places, expiring when the last of them stops counting), fw:<µs>
 // and fw:<µs>:limit (FixedWindow), tier:<µs> (Tiers), log (SlidingLog),
-// gcra and gcra:limit (GCRA), ctr and ctr:lock (Counter), budget (Budget:
-// one hash for every dimension), slots, slots-queue, slots-waiting,
+// gcra and gcra:limit (GCRA), ctr and ctr:lock (Counter), budget:<name>
+// (Budget: one list per dimension) and pause:dims, adapt and adapt:tat
+// (the adaptive rate of a bucket that keeps it), slots, slots-queue, slots-waiting,
 // slots-seq, slots-gone and slots-gen (Concurrency; slots and slots-gen
 // live max(1 h, 4 leases) past the last call), and pause for every
 // bucket; under the constructor's tag only, every bucket also writes live
@@ -137,7 +138,7 @@
 // running window (a TokenBucket: more than the new one in any span of one
 // interval from the next take on), and Decision.Limit reports the limit
 // in force (the running window's). State reads a budget's limit,
-// usage, reset and pause in one round trip; cmd/headwayctl does both
+// usage, reset and pause in two round trips; cmd/headwayctl does both
 // from a shell.
 //
 // # Errors

@@ -51,7 +51,7 @@ type GCRA struct {
 //
 // limit must be at least 1 and at most one per microsecond of interval;
 // interval at least 1 ms; burst at least 1. Options: [WithBurst],
-// [WithPrefix].
+// [WithPrefix], [WithHeartbeat].
 func NewGCRA(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...GCRAOption) (*GCRA, error) {
 	const name = "bucket: NewGCRA"
 	c, err := newCommon(name, rdb, key, opts)

@@ -65,8 +65,8 @@ type PrefixOption interface {
 }
 
 // CommonOption configures every bucket constructor: [WithPrefix],
-// [WithHeartbeat]. [NewFixedWindow], [NewTiers] and [NewSlidingLog] read
-// no other options.
+// [WithHeartbeat]. [NewFixedWindow] and [NewTiers] read no other options,
+// [NewSlidingLog] only [WithArrivalMargin] besides.
 type CommonOption interface {
 	TokenBucketOption
 	BudgetOption

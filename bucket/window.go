@@ -143,7 +143,7 @@ type FixedWindow struct {
 // gets its own budget.
 //
 // limit must be at least 1 and interval at least 1 ms. Options:
-// [WithPrefix].
+// [WithPrefix], [WithHeartbeat].
 func NewFixedWindow(rdb redis.UniversalClient, key string, limit int64, interval time.Duration, opts ...CommonOption) (*FixedWindow, error) {
 	const name = "bucket: NewFixedWindow"
 	if err := checkRate(name, limit, "interval", interval); err != nil {
