@@ -112,9 +112,8 @@ func WithLease(d time.Duration) ConcurrencyOption {
 // 15 minutes): the keys carry a generation that every reply tells and
 // every instance passes back (it remembers those of at most 16384
 // keys), and a script that finds it gone, or new, knows that Redis lost
-// the cap. A renewal,
-// or a Hold of an instance that holds or waits in the key, that finds a
-// member of its own missing does the same. The cap then admits nobody
+// the cap. A renewal, or a Hold of an instance that holds or waits in
+// the key, that finds a member of its own missing does the same. The cap then admits nobody
 // until the holders are fewer than capacity. Only Holds of instances that
 // did not use the key in that time (new, or idle), asking before any of
 // those scripts, can be admitted beyond capacity: up to capacity of them,
