@@ -338,9 +338,9 @@ type budgetGrant struct {
 	took throttle.Cost
 }
 
-// settle is the grant's Decision.Settle, cut as the type's doc says, so
-// that a grant settled twice, or with a give-back larger than its take,
-// never hands its entry what other grants took. A give-back whose round
+// settle is the grant's Decision.Settle, cut as Budget's doc says
+// ("Settling"), so that a grant settled twice, or with a give-back larger
+// than its take, never hands its entry what other grants took. A give-back whose round
 // trip failed counts as given (it may have reached Redis); a charge counts
 // once Redis confirmed it.
 func (g *budgetGrant) settle(ctx context.Context, delta throttle.Cost) error {

@@ -9,8 +9,9 @@ import (
 // The Lua scripts, one per file under lua/, each with a header comment
 // giving its KEYS/ARGV contract and its guarantee; a script built on a
 // library file (schedule.lua) is that file and its own, in that order
-// (uses). Most go out through eval or evalNoRetry (call.go); the others
-// with Script.Run (EVALSHA, and EVAL after NOSCRIPT: a restart, a failover).
+// (uses). Most go out through eval or evalNoRetry (call.go), heartbeat.lua
+// as plain EVAL (call.go); the others with Script.Run (EVALSHA, and EVAL
+// after NOSCRIPT: a restart, a failover).
 var (
 	//go:embed lua/schedule.lua
 	srcSchedule string

@@ -30,7 +30,9 @@ import (
 //     jitters). After two quiet intervals on the plateau it probes
 //     beyond, by a step that doubles every interval (from 4 % of the
 //     limit), so that a provider that raised its limit again is found in
-//     a few intervals.
+//     a few intervals (examples/adaptive: a limit back from 25 to 50 per
+//     second followed within 7 s, where four intervals on the plateau
+//     and steps from 2 % took longer than the 8 s it was given).
 //   - The rate never goes below the floor (5 % of the ceiling, at least
 //     one permit per interval unless the ceiling is lower) nor above the
 //     ceiling: the configured limit, or a lower limit the provider

@@ -147,9 +147,9 @@ end
 
 -- lost counts limit permits ending at known (µs), the latest end the
 -- caller's instance was given, in the schedule born at born (0: unknown),
--- when Redis lost that end, and how many permits it held (an empty
--- restart, a failover, the key deleted): when the schedule ends before
--- known, or was born since (begun again by one that knew nothing of it).
+-- when Redis lost that end (an empty restart, a failover, the key
+-- deleted): how many permits it held is unknown. Lost: the schedule ends
+-- before known, or was born since (begun again by one that knew nothing).
 function Schedule:lost(known, born, limit)
   if known <= 0 or known + self.interval <= self.now then return end
   if self.last == nil or known > self.last[1] or born > 0 and born ~= self.born then

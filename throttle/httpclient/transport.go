@@ -1019,7 +1019,7 @@ func (t *Transport) pauseDimensions(ctx context.Context, k throttle.Keyed, ex []
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	if err := dp.PauseDimensions(pctx, k.Key(), ex); err != nil {
-		t.log.Warn("httpclient: pausing the budget's exhausted dimensions failed; paused this Transport only", "key", k.Key(), "err", err)
+		t.log.Warn("httpclient: pausing the budget's exhausted dimensions failed; pausing the whole key instead", "key", k.Key(), "err", err)
 		return false
 	}
 	return true
