@@ -51,11 +51,13 @@ const maxPause = time.Hour
 // Reacting. When the provider answers with a status that signals a limit
 // (by default 429, 503 and 403; see [WithLimitStatuses]) and a retry time
 // (read by [RetryAfter]; capped at one hour), the Transport pauses the
-// request's bucket key until then: through the bucket's pause for every
-// instance sharing the bucket (the Redis buckets; a bucket of your own
-// with a Pause method, see [throttle.Bucket]), and always in the
-// Transport itself, so its own requests wait even when the bucket does
-// not pause or its pause failed. A 403 or 503 without a retry time, or whose
+// request's bucket key until then: through its Limiter, as
+// [throttle.Limiter.Report] pauses for a retry time (the Limiter's lease
+// and its callers waiting for their permit's time, and the bucket for
+// every instance sharing it: the Redis buckets; a bucket of your own with
+// a Pause method, see [throttle.Bucket]), and always in the Transport
+// itself, so its own requests wait even when the bucket does not pause
+// or its pause failed. A 403 or 503 without a retry time, or whose
 // reset headers show calls remaining, is an answer like any other.
 //
 // Retrying. The request is sent again after the pause, at most n times
@@ -825,13 +827,14 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 		} else if err := k.Acquire(ctx, remaining); err != nil {
 			return nil, err
 		}
-		// A pause that began while we waited for a reserved permit holds
-		// too: give the permit back if we can, and wait again.
+		// A pause that began as we were granted holds too (one that
+		// began while we waited for our permit's time, the Limiter
+		// honours itself): wait again. A cost is settled at nothing; a
+		// permit stays spent, as it may be the failure policy's, which
+		// the bucket never counted.
 		if t.pauseLeft(k) > 0 {
 			if grant != nil {
 				_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est)) // best effort
-			} else if r, ok := throttle.BucketAs[throttle.Refunder](k.Limiter().Bucket()); ok {
-				_ = r.Refund(ctx, k.Key(), 1) // best effort
 			}
 			continue
 		}
@@ -878,7 +881,10 @@ func pausedErr(maxWait, pause time.Duration, ctxBound bool) error {
 	return fmt.Errorf("%w: the provider paused the limit for %v, beyond maxWait %v", throttle.ErrTimeout, pause, maxWait)
 }
 
-// pause stops k for d: in the bucket when it is a Pauser, and locally.
+// pause stops k for d: in this Transport, and through k's Limiter, as
+// [throttle.Limiter.Report] does with a retry time: its lease, its
+// callers waiting for their permit's time, and the bucket, for the whole
+// fleet, when it is a Pauser.
 func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration) {
 	if d <= 0 {
 		return
@@ -895,14 +901,10 @@ func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration
 		}
 	}
 	t.mu.Unlock()
-	if p, ok := throttle.BucketAs[throttle.Pauser](k.Limiter().Bucket()); ok {
-		// The pause matters beyond this request: do not let its
-		// cancellation skip it, but do not hang on a sick store either.
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		if err := p.Pause(pctx, k.Key(), d); err != nil {
-			t.log.Warn("httpclient: pausing the bucket failed; paused this Transport only", "key", k.Key(), "pause", d, "err", err)
-		}
+	// (Report does not let ctx's cancellation skip the pause, and bounds
+	// the bucket's call.)
+	if err := k.Report(ctx, throttle.Answer{Retry: true, RetryAfter: d}); err != nil {
+		t.log.Warn("httpclient: pausing the bucket failed; paused this process only", "key", k.Key(), "pause", d, "err", err)
 	}
 }
 
