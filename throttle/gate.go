@@ -83,6 +83,10 @@ func (w *waiter) leaveGate(st *keyState, c *decision, gated bool) {
 // the end of a pause reported for the key (its permits are no use until
 // then). A grant does not open it: its answer may have been decided
 // before the refusal's.
+//
+// A pause reported for the key closes the gate until the pause's end
+// (hold), and no refusal opens it sooner: the provider asked the whole
+// process to wait, whether the bucket paused or not.
 type gate struct {
 	tb *timeBase
 	st *keyState // the gate's: its next place's turns count its give-backs
@@ -218,11 +222,30 @@ func (g *gate) leave(admitted bool, d time.Duration) {
 		g.active--
 	}
 	if d > 0 {
-		g.closedTurns.Store(uint32(g.st.next.turns.Load()))
-		g.closedUntil.Store(addSat(g.tb.now(), d))
+		g.closeUntil(addSat(g.tb.now(), d))
 	}
 	g.admitLocked()
 	g.mu.Unlock()
+}
+
+// hold closes the gate until at least until: the end of a pause reported
+// for the key (Limiter.pause), which its callers in this process wait
+// out whatever the bucket answers (it may not pause, or its pause may
+// have failed).
+func (g *gate) hold(until int64) {
+	g.mu.Lock()
+	if until > g.until() {
+		g.closeUntil(until)
+	}
+	g.admitLocked()
+	g.mu.Unlock()
+}
+
+// closeUntil closes the gate until at, or the end of a pause reported
+// for the key if later. g.mu is held.
+func (g *gate) closeUntil(at int64) {
+	g.closedTurns.Store(uint32(g.st.next.turns.Load()))
+	g.closedUntil.Store(max(at, g.st.pausedUntil.Load()))
 }
 
 // admitLocked admits queued callers while the gate is open and fewer than

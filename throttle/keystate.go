@@ -59,7 +59,8 @@ type keyState struct {
 	// pausedUntil is the end of the latest pause reported for the key
 	// through this Limiter (Report with a retry time), on the Limiter's
 	// time base; 0 none. Callers waiting for their grant's time read it
-	// when the time comes (waiter.usable).
+	// when the time comes (waiter.usable), and the key's gate stays
+	// closed until then (gate.hold).
 	pausedUntil atomic.Int64
 }
 

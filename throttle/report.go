@@ -79,9 +79,11 @@ func (e *AnswerError) Unwrap() error { return e.Err }
 // its permits, so that the fleet sharing l's bucket adapts (docs/adaptive.md
 // gives the law):
 //
-//   - an answer with a retry time (Answer.Retry) pauses the bucket until
-//     then (at most an hour), for the whole fleet when the bucket pauses
-//     (see Pause in [Bucket]);
+//   - an answer with a retry time (Answer.Retry) pauses the key until
+//     then (at most an hour): l's callers of it wait for the pause's end
+//     (at once ErrTimeout for a wait that ends first; one waiting for its
+//     permit's time gives the permit back), whatever the bucket answers,
+//     and so does the whole fleet when the bucket pauses (a [Pauser]);
 //   - a refusal, with a retry time or without, lowers the adaptive rate
 //     (at most once per interval, however many callers report it) and
 //     paces grants evenly;
@@ -160,19 +162,19 @@ func (l *Limiter) report(ctx context.Context, key string, ans Answer) error {
 	return errors.Join(errs...)
 }
 
-// pause stops key for d: this instance's lease of the key at once (with
-// leasing), and the bucket, for the whole fleet, when it pauses.
+// pause stops key for d: in this instance at once (its callers wait at
+// the key's gate, its lease hands out nothing), and in the bucket, for
+// the whole fleet, when it pauses.
 func (l *Limiter) pause(ctx context.Context, key string, d time.Duration) error {
-	p := l.caps.pauser
-	if l.leasing != nil || p != nil {
-		st := l.state(key)
-		until := addSat(l.tb.now(), d)
-		if l.leasing != nil {
-			st.lease.pause(until)
-		}
-		st.notePause(until) // for callers waiting for their grant's time (waiter.usable)
-		l.release(st)
+	st := l.state(key)
+	until := addSat(l.tb.now(), d)
+	if l.leasing != nil {
+		st.lease.pause(until)
 	}
+	st.notePause(until) // for callers waiting for their grant's time (waiter.usable)
+	st.gate.hold(until)
+	l.release(st)
+	p := l.caps.pauser
 	if p == nil {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,9 +62,11 @@ func TestReportRefusalPacesGrants(t *testing.T) {
 	require.NoError(t, <-done)
 }
 
-// A refusal with a retry hint pauses the bucket for the hint's time and
-// also lowers the adaptive rate, as one without: a provider that refuses
-// every period's burst with Retry-After is answered by pacing.
+// A refusal with a retry hint pauses the bucket for the hint's time, and
+// the Limiter's callers of the key however the bucket answers (this one
+// records its pauses only), and also lowers the adaptive rate, as one
+// without: a provider that refuses every period's burst with Retry-After
+// is answered by pacing.
 func TestReportRefusalWithHintPausesAndLowersTheRate(t *testing.T) {
 	ctx := context.Background()
 	clock := clockwork.NewFakeClock()
@@ -72,13 +75,15 @@ func TestReportRefusalWithHintPausesAndLowersTheRate(t *testing.T) {
 
 	// Many callers see the same burst refused, each with the hint.
 	for range 5 {
-		require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: 2 * time.Second}))
+		require.NoError(t, lim.Report(ctx, throttle.Answer{Refused: true, Retry: true, RetryAfter: 200 * time.Millisecond}))
 	}
 	assert.Len(t, b.pauses, 5, "every hint pauses the bucket")
-	assert.Equal(t, 2*time.Second, b.pauses[0])
+	assert.Equal(t, 200*time.Millisecond, b.pauses[0])
 	s, err := lim.Key("").AdaptiveState(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, 9, s.Rate, 1e-9, "the refusals lower the rate, once per interval")
+	require.ErrorIs(t, lim.Acquire(ctx, 100*time.Millisecond), throttle.ErrTimeout, "the pause holds the Limiter's callers, though this bucket grants")
+	clock.Advance(200 * time.Millisecond)
 
 	// Grants are paced at 9 per second: one slot now, the next 1/9 s later.
 	require.NoError(t, lim.Acquire(ctx, 0))
@@ -145,4 +150,105 @@ func TestAnswerError(t *testing.T) {
 	assert.ErrorIs(t, wrapped, base)
 	assert.Contains(t, err.Error(), "refused the call")
 	assert.False(t, errors.As(base, &ae))
+}
+
+// countingTakes is a bucket that counts its Takes, and nothing else: it
+// cannot pause.
+type countingTakes struct {
+	throttle.Bucket
+	takes atomic.Int64
+}
+
+func (b *countingTakes) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
+	b.takes.Add(1)
+	return b.Bucket.Take(ctx, key, n, maxWait)
+}
+
+// TestAReportedPauseHoldsTheKeysCallersWhenTheBucketCannotPause: a retry
+// time reported for a key holds this Limiter's callers of it until then,
+// though the bucket cannot pause (or its pause failed): a caller whose
+// wait ends first is refused at once, and one waiting for its permit's
+// time gives it back and waits for the pause's end, asking the bucket
+// once more then, not over and over.
+func TestAReportedPauseHoldsTheKeysCallersWhenTheBucketCannotPause(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &countingTakes{Bucket: newLocal(t, clock, 1, time.Second)}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	// The test's bound, on the real clock; the waits are on the fake one.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bg := context.Background()
+	require.NoError(t, lim.Acquire(bg, 0))
+	start := clock.Now()
+	returned := make(chan time.Duration, 1)
+	go func() {
+		assert.NoError(t, lim.Acquire(bg, 20*time.Second), "the waiting caller")
+		returned <- clock.Since(start)
+	}()
+	require.NoError(t, clock.BlockUntilContext(ctx, 1), "the caller sleeps until its permit's time, a second away")
+
+	require.NoError(t, lim.Report(bg, throttle.Answer{Retry: true, RetryAfter: 10 * time.Second}))
+	require.ErrorIs(t, lim.Acquire(bg, 500*time.Millisecond), throttle.ErrTimeout, "a wait that ends in the pause")
+	require.Equal(t, int64(2), b.takes.Load(), "refused without asking the bucket")
+
+	clock.Advance(time.Second) // the waiting caller's time, in the pause
+	blocked := make(chan error, 1)
+	go func() { blocked <- clock.BlockUntilContext(ctx, 2) }()
+	select {
+	case at := <-returned:
+		t.Fatalf("the waiting caller returned at +%v, in the pause (until +10s)", at)
+	case err := <-blocked:
+		require.NoError(t, err, "it waits at the key's gate (its deadline's timer and the gate's)")
+	}
+	assert.Equal(t, int64(2), b.takes.Load(), "the waiting caller did not ask again in the pause")
+
+	clock.Advance(9 * time.Second)
+	select {
+	case at := <-returned:
+		assert.GreaterOrEqual(t, at, 10*time.Second, "the waiting caller returns at the pause's end")
+	case <-ctx.Done():
+		t.Fatal("the waiting caller did not return after the pause")
+	}
+	assert.Equal(t, int64(3), b.takes.Load(), "one ask after the pause")
+}
+
+// answeredLater is a bucket whose Takes wait for the test's answer.
+type answeredLater struct {
+	asked   chan struct{}
+	answers chan throttle.Decision
+}
+
+func (b *answeredLater) Take(ctx context.Context, _ string, _ int64, _ time.Duration) (throttle.Decision, error) {
+	b.asked <- struct{}{}
+	select {
+	case d := <-b.answers:
+		return d, nil
+	case <-ctx.Done():
+		return throttle.Decision{}, ctx.Err()
+	}
+}
+
+// TestARefusalAnsweredInAPauseDoesNotShortenIt: a refusal that closes the
+// key's gate for less than a pause reported meanwhile (a bucket that did
+// not pause) leaves it closed until the pause's end: its caller, whose
+// wait ends before, is turned away without asking again.
+func TestARefusalAnsweredInAPauseDoesNotShortenIt(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &answeredLater{asked: make(chan struct{}, 2), answers: make(chan throttle.Decision, 2)}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	bg := context.Background()
+	done := make(chan error, 1)
+	go func() { done <- lim.Acquire(bg, 5*time.Second) }()
+	<-b.asked
+	require.NoError(t, lim.Report(bg, throttle.Answer{Retry: true, RetryAfter: 10 * time.Second}))
+	b.answers <- throttle.Decision{Delay: 100 * time.Millisecond}
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, throttle.ErrTimeout)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the caller did not return: the refusal's 100 ms reopened the gate in the pause")
+	}
+	assert.Len(t, b.asked, 0, "the bucket was not asked again")
 }

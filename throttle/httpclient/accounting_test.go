@@ -438,14 +438,12 @@ func TestTransportLearnsAlignedWindowsFromARefusal(t *testing.T) {
 
 // pausingLocal is a throttle.Local that a Limiter can pause (a bucket's
 // Pause method, found by a type assertion), on its clock: a take before
-// the pause's end is refused until then. refused, when set, gets a value
-// at such a refusal (dropped while it holds one).
+// the pause's end is refused until then.
 type pausingLocal struct {
 	*throttle.Local
-	clock   clockwork.Clock
-	mu      sync.Mutex
-	until   time.Time
-	refused chan struct{}
+	clock clockwork.Clock
+	mu    sync.Mutex
+	until time.Time
 }
 
 func (b *pausingLocal) Pause(_ context.Context, _ string, d time.Duration) error {
@@ -460,10 +458,6 @@ func (b *pausingLocal) Take(ctx context.Context, key string, n int64, maxWait ti
 	left := b.until.Sub(b.clock.Now())
 	b.mu.Unlock()
 	if left > 0 {
-		select {
-		case b.refused <- struct{}{}:
-		default:
-		}
 		return throttle.Decision{Delay: left}, nil
 	}
 	return b.Local.Take(ctx, key, n, maxWait)

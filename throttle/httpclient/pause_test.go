@@ -24,7 +24,7 @@ func TestAProvidersPauseHoldsTheLimitersWaitingCallers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &pausingLocal{Local: local, clock: clk, refused: make(chan struct{}, 1)}
+	b := &pausingLocal{Local: local, clock: clk}
 	lim := throttle.New(b, throttle.WithClock(clk))
 	defer lim.Close()
 	srv := newCountingServer(t, clk, func(_ int, w http.ResponseWriter, _ *http.Request) {
@@ -64,15 +64,15 @@ func TestAProvidersPauseHoldsTheLimitersWaitingCallers(t *testing.T) {
 	}
 
 	clk.Advance(time.Second) // the waiting caller's time, in the pause
+	blocked := make(chan error, 1)
+	go func() { blocked <- clk.BlockUntilContext(ctx, 2) }() // its deadline's timer and its key's gate's
 	select {
 	case at := <-returned:
 		t.Fatalf("the waiting caller returned at +%v, in the provider's pause (until +10s)", at)
-	case <-b.refused: // it gave its permit back and asked again
-	case <-ctx.Done():
-		t.Fatal("the waiting caller neither returned nor asked again")
-	}
-	if err := clk.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
+	case err := <-blocked:
+		if err != nil {
+			t.Fatalf("the waiting caller neither returned nor waited for the pause's end: %v", err)
+		}
 	}
 	clk.Advance(9 * time.Second)
 	select {

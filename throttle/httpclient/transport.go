@@ -51,13 +51,12 @@ const maxPause = time.Hour
 // Reacting. When the provider answers with a status that signals a limit
 // (by default 429, 503 and 403; see [WithLimitStatuses]) and a retry time
 // (read by [RetryAfter]; capped at one hour), the Transport pauses the
-// request's bucket key until then: through its Limiter, as
-// [throttle.Limiter.Report] pauses for a retry time (the Limiter's lease
-// and its callers waiting for their permit's time, and the bucket for
-// every instance sharing it: the Redis buckets; a bucket of your own with
-// a Pause method, see [throttle.Bucket]), and always in the Transport
-// itself, so its own requests wait even when the bucket does not pause
-// or its pause failed. A 403 or 503 without a retry time, or whose
+// request's bucket key until then, through its Limiter as
+// [throttle.Limiter.Report] does for a retry time: the Limiter's callers
+// of the key wait for the pause's end, and so does every instance sharing
+// the bucket when it pauses (the Redis buckets; a bucket of your own with
+// a Pause method, see [throttle.Pauser]). Requests that hold a permit
+// taken before the pause (a consumer's) give it up and wait too. A 403 or 503 without a retry time, or whose
 // reset headers show calls remaining, is an answer like any other.
 //
 // Retrying. The request is sent again after the pause, at most n times
@@ -827,9 +826,8 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 		} else if err := k.Acquire(ctx, remaining); err != nil {
 			return nil, err
 		}
-		// A pause that began as we were granted holds too (one that
-		// began while we waited for our permit's time, the Limiter
-		// honours itself): wait again. A cost is settled at nothing; a
+		// A pause that began as we were granted holds too (the Limiter
+		// honours one that began earlier itself): wait again. A cost is settled at nothing; a
 		// permit stays spent, as it may be the failure policy's, which
 		// the bucket never counted.
 		if t.pauseLeft(k) > 0 {
