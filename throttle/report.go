@@ -83,7 +83,8 @@ func (e *AnswerError) Unwrap() error { return e.Err }
 //     then (at most an hour): l's callers of it wait for the pause's end
 //     (at once ErrTimeout for a wait that ends first; one waiting for its
 //     permit's time gives the permit back), whatever the bucket answers,
-//     and so does the whole fleet when the bucket pauses (a [Pauser]);
+//     and so does the whole fleet when the bucket pauses (a [Pauser]; the
+//     callers of a Cost are held by the bucket's pause only);
 //   - a refusal, with a retry time or without, lowers the adaptive rate
 //     (at most once per interval, however many callers report it) and
 //     paces grants evenly;
