@@ -288,8 +288,10 @@ func (w *waiter) pace(st *keyState) error {
 		case p.Granted && p.Delay <= 0:
 			return nil
 		case p.Granted:
+			w.pacedSleep = true
 			return l.sleep(w.ctx, p.Delay)
 		}
+		w.pacedSleep = true
 		if err := l.sleep(w.ctx, min(max(p.Delay-horizon, retryFloor), remaining)); err != nil {
 			return err
 		}
@@ -378,6 +380,7 @@ func (l *Limiter) paceLocal(w *waiter, st *keyState, left time.Duration) error {
 	if p.Delay <= 0 {
 		return nil
 	}
+	w.pacedSleep = true
 	return l.sleep(w.ctx, p.Delay)
 }
 

@@ -125,14 +125,25 @@ func (g *gate) until() int64 {
 }
 
 // open reports whether a caller may ask the bucket without queueing. It
-// reads the clock only while the gate has a closing time (closedUntil is
-// reset to 0 once the gate has reopened with nobody queued).
+// reads the clock only while the gate has a closing time: the first
+// caller past it resets it to 0 (admitLocked), unless another holds the
+// lock.
 func (g *gate) open() bool {
 	if g.queued.Load() != 0 {
 		return false
 	}
 	until := g.until()
-	return until == 0 || until <= g.tb.now()
+	if until == 0 {
+		return true
+	}
+	if until > g.tb.now() {
+		return false
+	}
+	if g.mu.TryLock() {
+		g.admitLocked()
+		g.mu.Unlock()
+	}
+	return true
 }
 
 // enter queues the caller (first in line if retry, as it was already

@@ -203,3 +203,18 @@ func TestAGateOpenedByAGiveBackKeepsNothing(t *testing.T) {
 	}
 	assert.True(t, st.gate.idle(lim.tb.now()), "no timer kept for the hour's end")
 }
+
+// TestAGatePastAPauseStopsReadingTheClock: after a pause nobody queued
+// at, the first caller past it resets the gate, so that the next callers
+// pass it with two atomic loads, without reading the clock.
+func TestAGatePastAPauseStopsReadingTheClock(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	lim := New(grantAll{}, WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Report(ctx, Answer{Retry: true, RetryAfter: time.Second}))
+	require.ErrorIs(t, lim.Acquire(ctx, 0), ErrTimeout, "held in the pause")
+	clock.Advance(time.Second)
+	require.NoError(t, lim.Acquire(ctx, 0))
+	assert.Zero(t, lim.root.gate.closedUntil.Load(), "the gate forgot the pause")
+}

@@ -30,8 +30,11 @@ import (
 // permit's margin (Decision.Margin), after which the permit is not used:
 // a call made then takes a permit of its own, whose time is its own.
 // Permits held from an Acquire of the caller's own carry no such bound:
-// hand them on at once, for a call made at once. n < 1, or a zero Keyed,
-// holds nothing and returns ctx.
+// hand them on at once, for a call made at once. A pause reported for the
+// key ([Limiter.Report] with a retry time) gives up the permits held when
+// they are asked for in it, as [Keyed.Forfeit] does: they were taken for
+// a time the provider refused. n < 1, or a zero Keyed, holds nothing and
+// returns ctx.
 func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
 	if k.l == nil || n < 1 {
 		return ctx
@@ -81,9 +84,20 @@ type heldPermits struct {
 }
 
 // useHeld takes n permits of l's key from those ctx holds, if it holds
-// enough of the same budget.
+// enough of the same budget; while a pause reported for the key lasts, it
+// gives them up instead (see ContextWithPermit).
 func (l *Limiter) useHeld(ctx context.Context, key string, n int64) bool {
 	h, _ := ctx.Value(heldKey{}).(*heldPermits)
+	if h == nil {
+		return false
+	}
+	st := l.state(key)
+	paused := st.pausedUntil.Load() > l.tb.now()
+	l.release(st)
+	if paused {
+		Keyed{l: l, key: key}.Forfeit(ctx)
+		return false
+	}
 	for ; h != nil; h = h.outer {
 		if h.key != key || h.l != l && !sameBucket(h.l.bucket, l.bucket) {
 			continue

@@ -152,16 +152,16 @@ func TestAnswerError(t *testing.T) {
 	assert.False(t, errors.As(base, &ae))
 }
 
-// countingTakes is a bucket that counts its Takes, and nothing else: it
-// cannot pause.
+// countingTakes is a Local bucket that counts its Takes; it cannot
+// pause.
 type countingTakes struct {
-	throttle.Bucket
+	*throttle.Local
 	takes atomic.Int64
 }
 
 func (b *countingTakes) Take(ctx context.Context, key string, n int64, maxWait time.Duration) (throttle.Decision, error) {
 	b.takes.Add(1)
-	return b.Bucket.Take(ctx, key, n, maxWait)
+	return b.Local.Take(ctx, key, n, maxWait)
 }
 
 // TestAReportedPauseHoldsTheKeysCallersWhenTheBucketCannotPause: a retry
@@ -172,7 +172,7 @@ func (b *countingTakes) Take(ctx context.Context, key string, n int64, maxWait t
 // once more then, not over and over.
 func TestAReportedPauseHoldsTheKeysCallersWhenTheBucketCannotPause(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	b := &countingTakes{Bucket: newLocal(t, clock, 1, time.Second)}
+	b := &countingTakes{Local: newLocal(t, clock, 1, time.Second)}
 	lim := throttle.New(b, throttle.WithClock(clock))
 	defer lim.Close()
 	// The test's bound, on the real clock; the waits are on the fake one.
@@ -251,4 +251,66 @@ func TestARefusalAnsweredInAPauseDoesNotShortenIt(t *testing.T) {
 		t.Fatal("the caller did not return: the refusal's 100 ms reopened the gate in the pause")
 	}
 	assert.Len(t, b.asked, 0, "the bucket was not asked again")
+}
+
+// TestACallerAsleepForItsPacedSlotIsHeldByAPauseReportedMeanwhile: a
+// caller asleep for its slot of the adaptive pace when a retry time is
+// reported waits for the pause's end, though the bucket cannot pause.
+func TestACallerAsleepForItsPacedSlotIsHeldByAPauseReportedMeanwhile(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &countingTakes{Local: newLocal(t, clock, 10, time.Second)}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the test's bound, real time
+	defer cancel()
+	bg := context.Background()
+	require.NoError(t, lim.Report(bg, throttle.Answer{Refused: true})) // paced at 9 per second
+	require.NoError(t, lim.Acquire(bg, 0))                             // the slot now
+	start := clock.Now()
+	returned := make(chan time.Duration, 1)
+	go func() {
+		assert.NoError(t, lim.Acquire(bg, 30*time.Second), "the paced caller")
+		returned <- clock.Since(start)
+	}()
+	require.NoError(t, clock.BlockUntilContext(ctx, 1), "asleep until its slot, 1/9 s away")
+	require.NoError(t, lim.Report(bg, throttle.Answer{Retry: true, RetryAfter: 10 * time.Second}))
+	takes := b.takes.Load()
+
+	clock.Advance(time.Second / 9)
+	blocked := make(chan error, 1)
+	go func() { blocked <- clock.BlockUntilContext(ctx, 2) }() // its deadline's timer and the gate's
+	select {
+	case at := <-returned:
+		t.Fatalf("the paced caller returned at +%v, in the pause (until +10s)", at)
+	case err := <-blocked:
+		require.NoError(t, err, "it waits at the key's gate")
+	}
+	assert.Equal(t, takes, b.takes.Load(), "it did not ask the bucket in the pause")
+	clock.Advance(10 * time.Second)
+	select {
+	case at := <-returned:
+		assert.GreaterOrEqual(t, at, 10*time.Second)
+	case <-ctx.Done():
+		t.Fatal("the paced caller did not return after the pause")
+	}
+}
+
+// TestPermitsHeldWhenAPauseIsReportedAreGivenUp: permits a context holds
+// (a consumer's attempt's) that are asked for in a pause reported since
+// are given up, as Forfeit does: the caller waits for the pause's end and
+// takes its own.
+func TestPermitsHeldWhenAPauseIsReportedAreGivenUp(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := &countingTakes{Local: newLocal(t, clock, 10, time.Second)}
+	lim := throttle.New(b, throttle.WithClock(clock))
+	defer lim.Close()
+	ctx := context.Background()
+	require.NoError(t, lim.Acquire(ctx, 0))
+	held := lim.Key("").ContextWithPermit(ctx, 1)
+	require.NoError(t, lim.Report(ctx, throttle.Answer{Retry: true, RetryAfter: 10 * time.Second}))
+	require.ErrorIs(t, lim.Acquire(held, 0), throttle.ErrTimeout, "the held permit is not used in the pause")
+	assert.Equal(t, int64(1), lim.Key("").Forfeit(held), "given up, never used")
+	clock.Advance(10 * time.Second)
+	require.NoError(t, lim.Acquire(held, 0))
+	assert.Equal(t, int64(2), b.takes.Load(), "after the pause, the caller took a permit of its own")
 }

@@ -117,7 +117,19 @@ func (l *Limiter) waitLoop(w *waiter, st *keyState) (decision, error) {
 			if gated, err = w.queue(st, retry); err != nil {
 				return decision{}, err
 			}
-			if err := w.pace(st); err != nil {
+			err = w.pace(st)
+			if err == nil && w.pacedSleep {
+				// A pause reported while the caller slept for its slot
+				// holds it at the gate (gate.hold), as anyone else.
+				w.pacedSleep = false
+				if st.pausedUntil.Load() > l.tb.now() {
+					if gated {
+						st.gate.leave(true, 0)
+					}
+					continue
+				}
+			}
+			if err != nil {
 				if gated {
 					st.gate.leave(true, 0)
 				}
@@ -231,6 +243,9 @@ type waiter struct {
 	// st is the state of the wait's key, whose next place and gate a
 	// give-back touches; nil for a cost (its give-back looks it up).
 	st *keyState
+	// pacedSleep: the round's pace slept for its slot (a pause may have
+	// been reported meanwhile).
+	pacedSleep bool
 }
 
 // newWaiter starts a wait for dm at now (0: not read yet): its deadline
