@@ -28,20 +28,21 @@ type Stats struct {
 	// a worker that came late (the record then takes another), and
 	// permits passed to a handler that had not used them when the margin
 	// passed (counted when the handler returns, whether or not it called
-	// later: a call made then takes a permit of its own). A count that
-	// grows steadily says the instance cannot keep up with its permits'
-	// times (too few workers for the limiter's pace, a starved process, a
-	// handler slow to make its call).
+	// later: a call made then takes a permit of its own; a permit given up
+	// for a provider's pause counts too when the handler waited out the
+	// pause). A count that grows steadily outside pauses says the instance
+	// cannot keep up with its permits' times (too few workers for the
+	// limiter's pace, a starved process, a handler slow to make its call).
 	PermitsStale int64
 	// PermitsUnused counts permits the consumer took that no call used:
 	// PermitsStale's, and those whose record went away before its call
 	// (its partition revoked, the consumer stopping, the record parked),
 	// or whose handler returned without using it (a call cut by a
 	// revocation, a handler that made no call through the Limiter, a
-	// Transport that gave it up for a provider's pause). Each counts at
-	// the bucket as a call does, and the provider never sees it: the
-	// permits a Limiter's Observer counts are the calls made through it
-	// plus these.
+	// Transport or an Acquire that gave it up for a provider's pause).
+	// Each counts at the bucket as a call does, and the provider never
+	// sees it: the permits a Limiter's Observer counts are the calls made
+	// through it plus these.
 	PermitsUnused int64
 	// LimiterErrors counts failures of the limiter's store (a Redis
 	// error), after which the partition backed off and asked again.

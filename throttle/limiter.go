@@ -206,7 +206,8 @@ func (l *Limiter) release(st *keyState) {
 //
 // When ctx carries permits of the same budget that the caller acquired
 // already ([Keyed.ContextWithPermit]), Acquire uses one of them and
-// returns nil at once.
+// returns nil at once, unless they are past their margin or a pause
+// reported for the key is in force (they are then given up).
 func (l *Limiter) Acquire(ctx context.Context, maxWait time.Duration) error {
 	return l.acquire(ctx, "", 1, maxWait, nil)
 }

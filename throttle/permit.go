@@ -31,9 +31,9 @@ import (
 // a call made then takes a permit of its own, whose time is its own.
 // Permits held from an Acquire of the caller's own carry no such bound:
 // hand them on at once, for a call made at once. A pause reported for the
-// key ([Limiter.Report] with a retry time) gives up the permits held when
-// they are asked for in it, as [Keyed.Forfeit] does: they were taken for
-// a time the provider refused. n < 1, or a zero Keyed, holds nothing and
+// key to the Limiter asked ([Limiter.Report] with a retry time) gives up
+// the permits held when they are asked for in it, as [Keyed.Forfeit]
+// does: they were taken for a time the provider refused. n < 1, or a zero Keyed, holds nothing and
 // returns ctx.
 func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
 	if k.l == nil || n < 1 {
@@ -88,19 +88,17 @@ type heldPermits struct {
 // gives them up instead (see ContextWithPermit).
 func (l *Limiter) useHeld(ctx context.Context, key string, n int64) bool {
 	h, _ := ctx.Value(heldKey{}).(*heldPermits)
-	if h == nil {
-		return false
-	}
-	st := l.state(key)
-	paused := st.pausedUntil.Load() > l.tb.now()
-	l.release(st)
-	if paused {
-		Keyed{l: l, key: key}.Forfeit(ctx)
-		return false
-	}
+	checked := false
 	for ; h != nil; h = h.outer {
-		if h.key != key || h.l != l && !sameBucket(h.l.bucket, l.bucket) {
+		if h.key != key || h.l != l && !sameBucket(h.l.bucket, l.bucket) || h.left.Load() < n {
 			continue
+		}
+		if !checked {
+			checked = true
+			if l.pausedNow(key) {
+				Keyed{l: l, key: key}.Forfeit(ctx)
+				return false
+			}
 		}
 		if !h.until.IsZero() && l.cfg.clock.Now().After(h.until) {
 			continue // past their margin: a call now would come late
@@ -110,6 +108,14 @@ func (l *Limiter) useHeld(ctx context.Context, key string, n int64) bool {
 		}
 	}
 	return false
+}
+
+// pausedNow reports whether a pause reported for key is in force.
+func (l *Limiter) pausedNow(key string) bool {
+	now := l.tb.now()
+	st := l.stateAt(key, now)
+	defer l.release(st)
+	return st.pausedUntil.Load() > now
 }
 
 // sameBucket reports whether a and b are the same bucket value; buckets
