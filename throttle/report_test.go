@@ -180,12 +180,7 @@ func TestAReportedPauseHoldsTheKeysCallersWhenTheBucketCannotPause(t *testing.T)
 	defer cancel()
 	bg := context.Background()
 	require.NoError(t, lim.Acquire(bg, 0))
-	start := clock.Now()
-	returned := make(chan time.Duration, 1)
-	go func() {
-		assert.NoError(t, lim.Acquire(bg, 20*time.Second), "the waiting caller")
-		returned <- clock.Since(start)
-	}()
+	returned := acquireTimed(t, lim, clock, 20*time.Second, "the waiting caller")
 	require.NoError(t, clock.BlockUntilContext(ctx, 1), "the caller sleeps until its permit's time, a second away")
 
 	require.NoError(t, lim.Report(bg, throttle.Answer{Retry: true, RetryAfter: 10 * time.Second}))
@@ -193,23 +188,11 @@ func TestAReportedPauseHoldsTheKeysCallersWhenTheBucketCannotPause(t *testing.T)
 	require.Equal(t, int64(2), b.takes.Load(), "refused without asking the bucket")
 
 	clock.Advance(time.Second) // the waiting caller's time, in the pause
-	blocked := make(chan error, 1)
-	go func() { blocked <- clock.BlockUntilContext(ctx, 2) }()
-	select {
-	case at := <-returned:
-		t.Fatalf("the waiting caller returned at +%v, in the pause (until +10s)", at)
-	case err := <-blocked:
-		require.NoError(t, err, "it waits at the key's gate (its deadline's timer and the gate's)")
-	}
+	heldAtTheGate(ctx, t, clock, returned)
 	assert.Equal(t, int64(2), b.takes.Load(), "the waiting caller did not ask again in the pause")
 
 	clock.Advance(9 * time.Second)
-	select {
-	case at := <-returned:
-		assert.GreaterOrEqual(t, at, 10*time.Second, "the waiting caller returns at the pause's end")
-	case <-ctx.Done():
-		t.Fatal("the waiting caller did not return after the pause")
-	}
+	returnsAtThePausesEnd(ctx, t, returned, 10*time.Second)
 	assert.Equal(t, int64(3), b.takes.Load(), "one ask after the pause")
 }
 
@@ -266,32 +249,53 @@ func TestACallerAsleepForItsPacedSlotIsHeldByAPauseReportedMeanwhile(t *testing.
 	bg := context.Background()
 	require.NoError(t, lim.Report(bg, throttle.Answer{Refused: true})) // paced at 9 per second
 	require.NoError(t, lim.Acquire(bg, 0))                             // the slot now
-	start := clock.Now()
-	returned := make(chan time.Duration, 1)
-	go func() {
-		assert.NoError(t, lim.Acquire(bg, 30*time.Second), "the paced caller")
-		returned <- clock.Since(start)
-	}()
+	returned := acquireTimed(t, lim, clock, 30*time.Second, "the paced caller")
 	require.NoError(t, clock.BlockUntilContext(ctx, 1), "asleep until its slot, 1/9 s away")
 	require.NoError(t, lim.Report(bg, throttle.Answer{Retry: true, RetryAfter: 10 * time.Second}))
 	takes := b.takes.Load()
 
 	clock.Advance(time.Second / 9)
-	blocked := make(chan error, 1)
-	go func() { blocked <- clock.BlockUntilContext(ctx, 2) }() // its deadline's timer and the gate's
-	select {
-	case at := <-returned:
-		t.Fatalf("the paced caller returned at +%v, in the pause (until +10s)", at)
-	case err := <-blocked:
-		require.NoError(t, err, "it waits at the key's gate")
-	}
+	heldAtTheGate(ctx, t, clock, returned)
 	assert.Equal(t, takes, b.takes.Load(), "it did not ask the bucket in the pause")
 	clock.Advance(10 * time.Second)
+	returnsAtThePausesEnd(ctx, t, returned, 10*time.Second)
+}
+
+// acquireTimed runs lim.Acquire(maxWait) in the background, and sends
+// when it returned, on clock from now (who: the caller, for a failure).
+func acquireTimed(t *testing.T, lim *throttle.Limiter, clock *clockwork.FakeClock, maxWait time.Duration, who string) <-chan time.Duration {
+	start := clock.Now()
+	returned := make(chan time.Duration, 1)
+	go func() {
+		assert.NoError(t, lim.Acquire(context.Background(), maxWait), who)
+		returned <- clock.Since(start)
+	}()
+	return returned
+}
+
+// heldAtTheGate fails t if the caller of returned returns before it waits
+// at its key's gate (two sleepers: its deadline's timer and the gate's).
+func heldAtTheGate(ctx context.Context, t *testing.T, clock *clockwork.FakeClock, returned <-chan time.Duration) {
+	t.Helper()
+	blocked := make(chan error, 1)
+	go func() { blocked <- clock.BlockUntilContext(ctx, 2) }()
 	select {
 	case at := <-returned:
-		assert.GreaterOrEqual(t, at, 10*time.Second)
+		t.Fatalf("the caller returned at +%v, in the pause", at)
+	case err := <-blocked:
+		require.NoError(t, err, "the caller waits at the key's gate")
+	}
+}
+
+// returnsAtThePausesEnd fails t unless the caller of returned returns,
+// at end at the earliest.
+func returnsAtThePausesEnd(ctx context.Context, t *testing.T, returned <-chan time.Duration, end time.Duration) {
+	t.Helper()
+	select {
+	case at := <-returned:
+		assert.GreaterOrEqual(t, at, end, "the caller returns at the pause's end")
 	case <-ctx.Done():
-		t.Fatal("the paced caller did not return after the pause")
+		t.Fatal("the caller did not return after the pause")
 	}
 }
 
