@@ -33,8 +33,8 @@ import (
 // hand them on at once, for a call made at once. A pause reported for the
 // key to the Limiter asked ([Limiter.Report] with a retry time) gives up
 // the permits held when they are asked for in it, as [Keyed.Forfeit]
-// does: they were taken for a time the provider refused. n < 1, or a zero Keyed, holds nothing and
-// returns ctx.
+// does: they were taken for a time the provider refused. n < 1, or a
+// zero Keyed, holds nothing and returns ctx.
 func (k Keyed) ContextWithPermit(ctx context.Context, n int64) context.Context {
 	if k.l == nil || n < 1 {
 		return ctx
