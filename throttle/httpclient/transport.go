@@ -56,8 +56,9 @@ const maxPause = time.Hour
 // of the key wait for the pause's end, and so does every instance sharing
 // the bucket when it pauses (the Redis buckets; a bucket of your own with
 // a Pause method, see [throttle.Pauser]). Requests that hold a permit
-// taken before the pause (a consumer's) give it up and wait too. A 403 or 503 without a retry time, or whose
-// reset headers show calls remaining, is an answer like any other.
+// taken before the pause (a consumer's) give it up and wait too. A 403 or
+// 503 without a retry time, or whose reset headers show calls remaining,
+// is an answer like any other.
 //
 // Retrying. The request is sent again after the pause, at most n times
 // ([WithRetries]; default 2), when the pause ends within the request's wait
@@ -827,9 +828,9 @@ func (t *Transport) acquire(ctx context.Context, k throttle.Keyed, left time.Dur
 			return nil, err
 		}
 		// A pause that began as we were granted holds too (the Limiter
-		// honours one that began earlier itself): wait again. A cost is settled at nothing; a
-		// permit stays spent, as it may be the failure policy's, which
-		// the bucket never counted.
+		// honours one that began earlier itself): wait again. A cost is
+		// settled at nothing; a permit stays spent, as it may be the
+		// failure policy's, which the bucket never counted.
 		if t.pauseLeft(k) > 0 {
 			if grant != nil {
 				_ = grant.Settle(context.WithoutCancel(ctx), zeroOf(est)) // best effort
@@ -880,9 +881,8 @@ func pausedErr(maxWait, pause time.Duration, ctxBound bool) error {
 }
 
 // pause stops k for d: in this Transport, and through k's Limiter, as
-// [throttle.Limiter.Report] does with a retry time: its lease, its
-// callers waiting for their permit's time, and the bucket, for the whole
-// fleet, when it is a Pauser.
+// [throttle.Limiter.Report] does with a retry time: the Limiter's callers
+// of the key, and the bucket, for the whole fleet, when it is a Pauser.
 func (t *Transport) pause(ctx context.Context, k throttle.Keyed, d time.Duration) {
 	if d <= 0 {
 		return
